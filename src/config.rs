@@ -1,0 +1,256 @@
+//! Configuration: agent definitions (`agents/*.toml`) in two stages.
+//!
+//! file ──parse (deny unknown keys)──▶ [`AgentFile`] ──resolve (tools exist, model built)──▶ [`Agent`]
+//!
+//! An agent names its tools from the registry, its limits and optionally its
+//! own model endpoint. Secrets stay out of agent files: an override names
+//! the environment variable holding the key (`api_key_env`), never the key.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::model::openai::ClientOptions;
+use crate::model::{ModelEndpoint, SharedModel, ToolSpec, model_for};
+use crate::tools::ToolRegistry;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("agent {agent} names tool '{tool}', which is not registered")]
+    UnknownTool { agent: String, tool: String },
+    #[error("agent '{name}' is defined twice: {first} and {second}")]
+    DuplicateAgent {
+        name: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+    #[error("agent {agent}: {message}")]
+    Invalid { agent: String, message: String },
+}
+
+/// An agent file as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentFile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub system_prompt: String,
+    #[serde(default)]
+    pub tools: Vec<String>,
+    #[serde(default = "default_max_iterations")]
+    pub max_iterations: u32,
+    #[serde(default = "default_history_window")]
+    pub history_window: usize,
+    /// Deadline of one tool batch (the sub-agent), in seconds.
+    #[serde(default = "default_tool_batch_timeout_s")]
+    pub tool_batch_timeout_s: u64,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    #[serde(default)]
+    pub model: Option<ModelOverride>,
+}
+
+/// Per-agent model endpoint; unset fields fall back to the server's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelOverride {
+    pub base_url: Option<String>,
+    /// Name of the environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    pub model: Option<String>,
+}
+
+fn default_max_iterations() -> u32 {
+    3
+}
+fn default_history_window() -> usize {
+    20
+}
+fn default_tool_batch_timeout_s() -> u64 {
+    120
+}
+
+impl AgentFile {
+    pub fn parse(path: &Path, text: &str) -> Result<AgentFile, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// A resolved agent, ready to serve turns.
+pub struct Agent {
+    pub name: String,
+    pub description: String,
+    pub system_prompt: String,
+    pub tools: Vec<String>,
+    pub max_iterations: u32,
+    pub history_window: usize,
+    pub tool_batch_timeout: Duration,
+    pub temperature: Option<f32>,
+    pub max_tokens: Option<u32>,
+    /// Model name sent in requests (empty: the client's default).
+    pub model_name: String,
+    pub model: SharedModel,
+}
+
+impl Agent {
+    pub fn resolve(
+        file: AgentFile,
+        registry: &ToolRegistry,
+        server_endpoint: &ModelEndpoint,
+        shared_model: Option<&SharedModel>,
+        options: &ClientOptions,
+    ) -> Result<Agent, ConfigError> {
+        for tool in &file.tools {
+            if !registry.contains(tool) {
+                return Err(ConfigError::UnknownTool {
+                    agent: file.name.clone(),
+                    tool: tool.clone(),
+                });
+            }
+        }
+        if file.history_window == 0 {
+            return Err(ConfigError::Invalid {
+                agent: file.name,
+                message: "history_window must be at least 1".into(),
+            });
+        }
+        let over = file.model.clone().unwrap_or_default();
+        let endpoint = server_endpoint.overridden_by(&ModelEndpoint {
+            base_url: over.base_url.clone(),
+            api_key: over
+                .api_key_env
+                .as_deref()
+                .and_then(|k| std::env::var(k).ok()),
+            model: over.model.clone(),
+        });
+        let has_override = over.base_url.is_some() || over.api_key_env.is_some();
+        let model = match shared_model {
+            Some(m) if !has_override => m.clone(),
+            _ => model_for(&endpoint, options),
+        };
+        Ok(Agent {
+            name: file.name,
+            description: file.description,
+            system_prompt: file.system_prompt,
+            tools: file.tools,
+            max_iterations: file.max_iterations,
+            history_window: file.history_window,
+            tool_batch_timeout: Duration::from_secs(file.tool_batch_timeout_s.max(1)),
+            temperature: file.temperature,
+            max_tokens: file.max_tokens,
+            model_name: endpoint.model.unwrap_or_default(),
+            model,
+        })
+    }
+
+    pub fn tool_specs(&self, registry: &ToolRegistry) -> Vec<ToolSpec> {
+        registry.specs_for(&self.tools)
+    }
+}
+
+/// Reads every `*.toml` directly in `dir` (sub-folders hold tools and
+/// workflows). A missing directory is no agents, not an error.
+pub fn load_agent_files(dir: &Path) -> Result<Vec<(PathBuf, AgentFile)>, ConfigError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(ConfigError::Read {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    paths.sort();
+    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut out = Vec::new();
+    for path in paths {
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let file = AgentFile::parse(&path, &text)?;
+        if let Some(first) = seen.insert(file.name.clone(), path.clone()) {
+            return Err(ConfigError::DuplicateAgent {
+                name: file.name,
+                first,
+                second: path,
+            });
+        }
+        out.push((path, file));
+    }
+    Ok(out)
+}
+
+/// The agents a server runs, by name.
+#[derive(Clone, Default)]
+pub struct Agents {
+    by_name: Arc<BTreeMap<String, Arc<Agent>>>,
+}
+
+impl Agents {
+    pub fn new(agents: Vec<Agent>) -> Self {
+        Agents {
+            by_name: Arc::new(
+                agents
+                    .into_iter()
+                    .map(|a| (a.name.clone(), Arc::new(a)))
+                    .collect(),
+            ),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
+        self.by_name.get(name).cloned()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.by_name.keys().cloned().collect()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Agent>> {
+        self.by_name.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_refused_with_the_key_named() {
+        let err = AgentFile::parse(
+            Path::new("a.toml"),
+            "name = 'a'\nsystem_prompt = 's'\nmax_iteration = 2\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("max_iteration"), "{err}");
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let f = AgentFile::parse(Path::new("a.toml"), "name = 'a'\nsystem_prompt = 's'\n").unwrap();
+        assert_eq!((f.max_iterations, f.history_window), (3, 20));
+    }
+}

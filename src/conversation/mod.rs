@@ -1,0 +1,18 @@
+//! Conversations: one actor per chat session, driven by a pure machine.
+//!
+//! http ──▶ [`Sessions`] ──▶ [`actor::Conversation`] ──▶ model / ToolSubAgent / store
+//!
+//! - [`machine`]: the decisions of a turn (no IO).
+//! - [`actor`]: the actor that performs them.
+//! - [`sessions`]: the registry of live conversations and the session API.
+//! - [`summary`]: tool usage summaries.
+
+pub mod actor;
+pub mod machine;
+pub mod sessions;
+pub mod summary;
+
+pub use actor::TurnError;
+pub use machine::{CallReport, TurnOutcome};
+pub use sessions::{NewSession, SessionError, SessionSummary, Sessions};
+pub use summary::ToolUsageSummary;

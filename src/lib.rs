@@ -1,0 +1,26 @@
+//! cadre: an actor-based runtime for LLM tool calling.
+//!
+//! A turn flows through the modules in this order:
+//!
+//! - [`http`]: the axum API; turns requests into calls on the handles below.
+//! - [`conversation`]: one actor per chat session; a pure `ConversationMachine`
+//!   decides each step of a turn, the actor performs the IO it asks for.
+//! - [`model`]: the `ChatModel` trait, the OpenAI-compatible client and the
+//!   offline intent router that serves when no endpoint is configured.
+//! - [`tools`]: tool definitions, the registry, builtin handlers and the
+//!   per-batch `ToolSubAgent` actor.
+//! - [`executor`]: the supervised actor every tool call passes through.
+//! - [`store`]: redb tables and the group-committing writer.
+//! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
+//! - [`config`]: server config and agent definitions.
+
+pub mod config;
+pub mod conversation;
+pub mod executor;
+pub mod http;
+pub mod model;
+pub mod runtime;
+pub mod store;
+pub mod tools;
+
+pub use runtime::{Runtime, RuntimeBuilder, RuntimeError};

@@ -1,0 +1,217 @@
+//! Model: how a conversation talks to a language model.
+//!
+//! conversation ──ChatRequest──▶ ChatModel ──▶ OpenAI-compatible endpoint (async-openai)
+//!      ▲                          │           or the offline intent router
+//!      └──── ChatResponse ────────┘
+//!
+//! The types here are cadre's own; async-openai's types never leave
+//! [`openai`]. A [`ChatMessage`] is both what the model sees and what the
+//! store keeps, so history needs no translation on its way back to the model.
+//! Owns: the wire protocol, retries against the endpoint. Does not: run tools.
+
+pub mod offline;
+pub mod openai;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// One tool call as the model asked for it. `arguments` is the raw string the
+/// model sent: it may not be valid JSON, and the executor says so.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// One message of a conversation, in the shape the model and the store share.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: Option<String>,
+    #[serde(default)]
+    pub tool_calls: Vec<ToolCall>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// For `role = tool`: the tool's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn system(text: impl Into<String>) -> Self {
+        Self::plain(Role::System, text)
+    }
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::plain(Role::User, text)
+    }
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::plain(Role::Assistant, text)
+    }
+    pub fn assistant_tool_calls(content: Option<String>, calls: Vec<ToolCall>) -> Self {
+        ChatMessage {
+            role: Role::Assistant,
+            content,
+            tool_calls: calls,
+            tool_call_id: None,
+            name: None,
+        }
+    }
+    pub fn tool_result(call: &ToolCall, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: Role::Tool,
+            content: Some(content.into()),
+            tool_calls: Vec::new(),
+            tool_call_id: Some(call.id.clone()),
+            name: Some(call.name.clone()),
+        }
+    }
+    fn plain(role: Role, text: impl Into<String>) -> Self {
+        ChatMessage {
+            role,
+            content: Some(text.into()),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+/// A tool as offered to the model (OpenAI function format on the wire).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// A JSON Schema object.
+    pub parameters: Value,
+}
+
+impl ToolSpec {
+    /// The OpenAI function definition: `{"type":"function","function":{...}}`.
+    pub fn to_openai_json(&self) -> Value {
+        serde_json::json!({
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            }
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model may call tools.
+    Auto,
+    /// The model must answer in text.
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<ChatMessage>,
+    pub tools: Vec<ToolSpec>,
+    pub tool_choice: ToolChoice,
+    pub temperature: Option<f32>,
+    pub max_tokens: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct ChatResponse {
+    pub content: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    pub usage: Option<Usage>,
+}
+
+/// Why a model call failed, after cadre's own retries.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ModelError {
+    /// The endpoint could not be reached or kept answering 429/5xx.
+    #[error("model endpoint unavailable after {attempts} attempt(s): {last}")]
+    Unavailable { attempts: u32, last: String },
+    /// No answer within the request timeout.
+    #[error("model endpoint did not answer within {after:?}")]
+    Timeout { after: Duration },
+    /// The endpoint answered with something that is not a chat completion.
+    #[error("model endpoint returned an invalid response: {detail}")]
+    InvalidResponse { detail: String },
+    /// The endpoint refused the request (4xx other than 429): retrying will not help.
+    #[error("model endpoint refused the request (HTTP {status}): {message}")]
+    Rejected { status: u16, message: String },
+}
+
+/// A language model cadre can ask for the next message.
+#[async_trait::async_trait]
+pub trait ChatModel: Send + Sync + 'static {
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError>;
+    /// One line for logs and `GET /v1/providers`: provider and model.
+    fn describe(&self) -> String;
+}
+
+pub type SharedModel = Arc<dyn ChatModel>;
+
+/// Where the model lives; resolved from `CADRE_MODEL_*` (or `OPENAI_API_KEY`)
+/// and optionally overridden per agent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelEndpoint {
+    pub base_url: Option<String>,
+    pub api_key: Option<String>,
+    pub model: Option<String>,
+}
+
+impl ModelEndpoint {
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        ModelEndpoint {
+            base_url: var("CADRE_MODEL_BASE_URL"),
+            api_key: var("CADRE_MODEL_API_KEY").or_else(|| var("OPENAI_API_KEY")),
+            model: var("CADRE_MODEL"),
+        }
+    }
+
+    /// Fields set in `over` replace ours.
+    pub fn overridden_by(&self, over: &ModelEndpoint) -> ModelEndpoint {
+        ModelEndpoint {
+            base_url: over.base_url.clone().or_else(|| self.base_url.clone()),
+            api_key: over.api_key.clone().or_else(|| self.api_key.clone()),
+            model: over.model.clone().or_else(|| self.model.clone()),
+        }
+    }
+
+    /// An endpoint is configured when a base URL or an API key is set; with
+    /// neither, the offline provider serves.
+    pub fn is_configured(&self) -> bool {
+        self.base_url.is_some() || self.api_key.is_some()
+    }
+}
+
+/// Builds the model for an endpoint: OpenAI-compatible when configured,
+/// the offline intent router otherwise.
+pub fn model_for(endpoint: &ModelEndpoint, options: &openai::ClientOptions) -> SharedModel {
+    if endpoint.is_configured() {
+        Arc::new(openai::OpenAiModel::new(endpoint, options.clone()))
+    } else {
+        Arc::new(offline::OfflineModel::new())
+    }
+}

@@ -1,0 +1,312 @@
+//! The offline provider: a deterministic intent router that serves when no
+//! model endpoint is configured, so cadre runs with no key and no network.
+//!
+//! It is not a language model. Given the conversation it:
+//! 1. after tool results: composes the answer from them (the calculator's
+//!    `expression = result`, an echo's message, a data tool's summary with
+//!    its `source_id`, or the tool's error);
+//! 2. after a user message, when tools are offered with `tool_choice = auto`:
+//!    picks one tool by keywords (an arithmetic expression in the message
+//!    picks a tool with an `expression` parameter; otherwise the tool whose
+//!    name, tags and description share the most words with the message) and
+//!    fills its required parameters (the expression, or the message text);
+//! 3. otherwise: says what it is and which tools it could use.
+//!
+//! Same input, same output: tool call ids derive from the message count.
+
+use std::collections::HashSet;
+
+use serde_json::{Map, Value, json};
+
+use super::{
+    ChatMessage, ChatModel, ChatRequest, ChatResponse, ModelError, Role, ToolCall, ToolChoice,
+    ToolSpec,
+};
+
+#[derive(Debug, Default)]
+pub struct OfflineModel;
+
+impl OfflineModel {
+    pub fn new() -> Self {
+        OfflineModel
+    }
+}
+
+#[async_trait::async_trait]
+impl ChatModel for OfflineModel {
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
+        Ok(route(&request))
+    }
+
+    fn describe(&self) -> String {
+        "offline intent router (no model endpoint configured)".into()
+    }
+}
+
+fn text(content: String) -> ChatResponse {
+    ChatResponse {
+        content: Some(content),
+        tool_calls: Vec::new(),
+        usage: None,
+    }
+}
+
+/// The whole decision, pure.
+pub fn route(request: &ChatRequest) -> ChatResponse {
+    let last_user = request.messages.iter().rposition(|m| m.role == Role::User);
+    let since_user = last_user.map(|i| &request.messages[i + 1..]).unwrap_or(&[]);
+    let results: Vec<&ChatMessage> = since_user.iter().filter(|m| m.role == Role::Tool).collect();
+    if !results.is_empty() {
+        return text(compose_from_results(&results));
+    }
+    let Some(user) = last_user.map(|i| &request.messages[i]) else {
+        return text("Hello. I am cadre's offline model.".into());
+    };
+    let question = user.content.clone().unwrap_or_default();
+    if request.tool_choice == ToolChoice::Auto
+        && let Some((tool, args)) = pick_tool(&question, &request.tools)
+    {
+        return ChatResponse {
+            content: None,
+            tool_calls: vec![ToolCall {
+                id: format!("offline_call_{}", request.messages.len()),
+                name: tool.name.clone(),
+                arguments: args.to_string(),
+            }],
+            usage: None,
+        };
+    }
+    let tools: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
+    text(if tools.is_empty() {
+        "I am cadre's offline model and have no tools for this agent. Configure \
+         CADRE_MODEL_BASE_URL (and CADRE_MODEL_API_KEY) to use a real model."
+            .into()
+    } else {
+        format!(
+            "I am cadre's offline model: I answer through my tools ({}). I could not \
+             match your message to one of them. Configure CADRE_MODEL_BASE_URL to use a real model.",
+            tools.join(", ")
+        )
+    })
+}
+
+fn compose_from_results(results: &[&ChatMessage]) -> String {
+    let parts: Vec<String> = results
+        .iter()
+        .map(|m| {
+            let name = m.name.clone().unwrap_or_else(|| "tool".into());
+            let content = m.content.clone().unwrap_or_default();
+            let Ok(v) = serde_json::from_str::<Value>(&content) else {
+                return format!("{name} returned: {content}");
+            };
+            if let Some(err) = v.get("error").and_then(Value::as_str) {
+                return format!("The {name} tool failed: {err}");
+            }
+            if let (Some(expr), Some(result)) = (
+                v.get("expression").and_then(Value::as_str),
+                v.get("formatted").and_then(Value::as_str),
+            ) {
+                return format!("{expr} = {result}");
+            }
+            if let Some(msg) = v.get("message").and_then(Value::as_str) {
+                return msg.to_string();
+            }
+            if let Some(source) = v.get("source_id").and_then(Value::as_str) {
+                let data = v.get("data").map(Value::to_string).unwrap_or_default();
+                return format!("{name}: {data} [{source}]");
+            }
+            format!("{name} returned: {content}")
+        })
+        .collect();
+    parts.join("\n")
+}
+
+const FUNCTIONS: [&str; 5] = ["sqrt", "abs", "min", "max", "round"];
+
+/// The longest arithmetic expression in `s`, if it has an operator or a function.
+pub fn extract_expression(s: &str) -> Option<String> {
+    let chars: Vec<char> = s.chars().collect();
+    let mut best: Option<String> = None;
+    let mut i = 0;
+    while i < chars.len() {
+        let mut j = i;
+        let mut span = String::new();
+        while j < chars.len() {
+            let c = chars[j];
+            if c.is_ascii_digit() || "+-*/%^()., ×÷".contains(c) {
+                span.push(c);
+                j += 1;
+            } else if let Some(f) = FUNCTIONS.iter().find(|f| {
+                let w: String = chars[j..].iter().take(f.len()).collect();
+                w.eq_ignore_ascii_case(f)
+            }) {
+                span.push_str(f);
+                j += f.len();
+            } else {
+                break;
+            }
+        }
+        let trimmed = span
+            .trim()
+            .trim_end_matches(|c: char| "+-*/%^.,×÷ ".contains(c))
+            .trim_start_matches([',', '.', ' '])
+            .to_string();
+        let has_digit = trimmed.chars().any(|c| c.is_ascii_digit());
+        let has_op = trimmed.chars().skip(1).any(|c| "+-*/%^×÷".contains(c))
+            || FUNCTIONS.iter().any(|f| trimmed.contains(f));
+        if has_digit && has_op && best.as_ref().is_none_or(|b| trimmed.len() > b.len()) {
+            best = Some(trimmed);
+        }
+        i = j.max(i + 1);
+    }
+    best
+}
+
+const STOPWORDS: [&str; 16] = [
+    "the", "a", "an", "is", "what", "of", "to", "me", "please", "for", "and", "my", "i", "you",
+    "can", "it",
+];
+
+fn words(s: &str) -> HashSet<String> {
+    s.split(|c: char| !c.is_alphanumeric() && c != '_')
+        .flat_map(|w| w.split('_'))
+        .map(str::to_lowercase)
+        .filter(|w| w.len() > 1 && !STOPWORDS.contains(&w.as_str()))
+        .collect()
+}
+
+fn pick_tool<'a>(question: &str, tools: &'a [ToolSpec]) -> Option<(&'a ToolSpec, Value)> {
+    let expression = extract_expression(question);
+    if let Some(expr) = &expression
+        && let Some(tool) = tools.iter().find(|t| has_param(t, "expression"))
+    {
+        return Some((tool, json!({"expression": expr})));
+    }
+    let asked = words(question);
+    let (tool, score) = tools
+        .iter()
+        .map(|t| {
+            let mut vocab = words(&t.name);
+            vocab.extend(words(&t.description));
+            (t, asked.intersection(&vocab).count())
+        })
+        .max_by_key(|(_, score)| *score)?;
+    if score == 0 {
+        return None;
+    }
+    let args = fill_arguments(tool, question);
+    Some((tool, args))
+}
+
+fn has_param(tool: &ToolSpec, name: &str) -> bool {
+    tool.parameters["properties"].get(name).is_some()
+}
+
+/// Required string parameters get the message with the tool's name stripped
+/// ("echo hello" -> "hello"); other required parameters are left out, and the
+/// executor's validation tells what is missing.
+fn fill_arguments(tool: &ToolSpec, question: &str) -> Value {
+    let mut args = Map::new();
+    let required: Vec<&str> = tool.parameters["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let stripped = strip_leading_word(question, &tool.name);
+    for name in required {
+        if tool.parameters["properties"][name]["type"] == "string" {
+            args.insert(name.to_string(), Value::String(stripped.clone()));
+        }
+    }
+    Value::Object(args)
+}
+
+fn strip_leading_word(question: &str, word: &str) -> String {
+    let q = question.trim();
+    match q.get(..word.len()) {
+        Some(head) if head.eq_ignore_ascii_case(word) => q[word.len()..]
+            .trim_start_matches([':', ',', ' '])
+            .to_string(),
+        _ => q.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ToolChoice;
+
+    fn tools() -> Vec<ToolSpec> {
+        crate::tools::builtin::register_all(&crate::tools::ToolRegistry::new());
+        vec![
+            crate::tools::builtin::echo::definition().spec(),
+            crate::tools::builtin::calculator::definition().spec(),
+        ]
+    }
+
+    fn ask(q: &str) -> ChatResponse {
+        route(&ChatRequest {
+            model: String::new(),
+            messages: vec![ChatMessage::system("s"), ChatMessage::user(q)],
+            tools: tools(),
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+            max_tokens: None,
+        })
+    }
+
+    #[test]
+    fn extracts_the_arithmetic_from_a_question() {
+        assert_eq!(extract_expression("What is 6*7?").as_deref(), Some("6*7"));
+        assert_eq!(
+            extract_expression("What is (2+3)*4?").as_deref(),
+            Some("(2+3)*4")
+        );
+        assert_eq!(
+            extract_expression("compute sqrt(16) + 1 please").as_deref(),
+            Some("sqrt(16) + 1")
+        );
+        assert_eq!(extract_expression("I have 3 cats"), None);
+        assert_eq!(
+            extract_expression("the year 2024-2025").as_deref(),
+            Some("2024-2025")
+        );
+    }
+
+    #[test]
+    fn arithmetic_goes_to_the_calculator_and_text_to_echo() {
+        let r = ask("What is 6*7?");
+        assert_eq!(r.tool_calls[0].name, "calculator");
+        assert_eq!(r.tool_calls[0].arguments, r#"{"expression":"6*7"}"#);
+        let r = ask("echo hello world");
+        assert_eq!(r.tool_calls[0].name, "echo");
+        assert_eq!(r.tool_calls[0].arguments, r#"{"message":"hello world"}"#);
+        let r = ask("tell me a story");
+        assert!(r.tool_calls.is_empty());
+        assert!(r.content.unwrap().contains("offline"));
+    }
+
+    #[test]
+    fn answers_from_tool_results() {
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "calculator".into(),
+            arguments: "{}".into(),
+        };
+        let r = route(&ChatRequest {
+            model: String::new(),
+            messages: vec![
+                ChatMessage::user("What is 6*7?"),
+                ChatMessage::assistant_tool_calls(None, vec![call.clone()]),
+                ChatMessage::tool_result(
+                    &call,
+                    r#"{"expression":"6*7","result":42.0,"formatted":"42"}"#,
+                ),
+            ],
+            tools: tools(),
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+            max_tokens: None,
+        });
+        assert_eq!(r.content.as_deref(), Some("6*7 = 42"));
+    }
+}

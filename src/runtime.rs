@@ -1,0 +1,401 @@
+//! Runtime: wires store, tools, executor, agents, sessions and HTTP on one
+//! tokio runtime shared with actix.
+//!
+//! server thread: tokio multi-thread runtime (Arc) ─┬─ actix System (this thread)
+//!                                                  ├─ arbiter × cores: conversations
+//!                                                  ├─ arbiter: the supervised executor
+//!                                                  └─ axum on the tokio workers
+//!
+//! [`RuntimeBuilder::start`] runs all of it on a thread of its own and
+//! returns once the store is open and the listener is bound, so the same
+//! code serves `cadre serve`, `cadre chat` (no listener) and the tests
+//! (several independent runtimes in one process). Dropping the [`Runtime`]
+//! stops accepting, lets running requests finish, flushes the store, stops
+//! the actors and closes the database file before it returns.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::Arbiter;
+use tokio::sync::oneshot;
+
+use crate::config::{Agent, Agents, ConfigError, load_agent_files};
+use crate::conversation::Sessions;
+use crate::executor::{ExecutorConfig, ExecutorHandle};
+use crate::http::{AppState, router};
+use crate::model::openai::ClientOptions;
+use crate::model::{ModelEndpoint, SharedModel};
+use crate::store::{Store, StoreError};
+use crate::tools::{ToolDefinition, ToolHandler, ToolRegistry, builtin};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("tool {name}: {message}")]
+    Tool { name: String, message: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the runtime: {0}")]
+    Start(#[from] std::io::Error),
+    #[error("the runtime thread stopped during startup")]
+    Died,
+}
+
+pub struct RuntimeBuilder {
+    data_dir: PathBuf,
+    agents_dir: PathBuf,
+    listen: Option<SocketAddr>,
+    endpoint: ModelEndpoint,
+    model: Option<SharedModel>,
+    tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
+    client_options: ClientOptions,
+    executor_config: ExecutorConfig,
+    workers: usize,
+    handle_signals: bool,
+    shutdown_grace: Duration,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        RuntimeBuilder {
+            data_dir: PathBuf::from("./data"),
+            agents_dir: PathBuf::from("./agents"),
+            listen: None,
+            endpoint: ModelEndpoint::from_env(),
+            model: None,
+            tools: Vec::new(),
+            client_options: ClientOptions::default(),
+            executor_config: ExecutorConfig::default(),
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            handle_signals: false,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = dir.into();
+        self
+    }
+    pub fn agents_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.agents_dir = dir.into();
+        self
+    }
+    /// Serve HTTP on this address (port 0 picks a free one).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = Some(addr);
+        self
+    }
+    /// The model endpoint (default: from `CADRE_MODEL_*` / `OPENAI_API_KEY`).
+    pub fn model_endpoint(mut self, endpoint: ModelEndpoint) -> Self {
+        self.endpoint = endpoint;
+        self
+    }
+    /// Use this model for every agent without its own endpoint override.
+    pub fn model(mut self, model: SharedModel) -> Self {
+        self.model = Some(model);
+        self
+    }
+    pub fn client_options(mut self, options: ClientOptions) -> Self {
+        self.client_options = options;
+        self
+    }
+    pub fn executor_config(mut self, config: ExecutorConfig) -> Self {
+        self.executor_config = config;
+        self
+    }
+    /// Registers a tool of the embedding program (a `custom` entry).
+    pub fn tool(mut self, definition: ToolDefinition, handler: Arc<dyn ToolHandler>) -> Self {
+        self.tools.push((definition, handler));
+        self
+    }
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n.max(1);
+        self
+    }
+    /// Stop on SIGINT / SIGTERM (for `cadre serve`).
+    pub fn handle_signals(mut self, yes: bool) -> Self {
+        self.handle_signals = yes;
+        self
+    }
+
+    /// Starts the runtime on its own thread; returns when it is ready.
+    pub fn start(self) -> Result<Runtime, RuntimeError> {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("cadre-runtime".into())
+            .spawn(move || run(self, ready_tx, stop_rx))?;
+        match ready_rx.recv() {
+            Ok(Ok(ready)) => Ok(Runtime {
+                addr: ready.addr,
+                sessions: Some(ready.sessions),
+                registry: ready.registry,
+                providers: ready.providers,
+                stop: Some(stop_tx),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(RuntimeError::Died)
+            }
+        }
+    }
+}
+
+struct Ready {
+    addr: Option<SocketAddr>,
+    sessions: Sessions,
+    registry: ToolRegistry,
+    providers: Vec<String>,
+}
+
+/// A running cadre. Dropping it shuts it down cleanly.
+pub struct Runtime {
+    addr: Option<SocketAddr>,
+    sessions: Option<Sessions>,
+    registry: ToolRegistry,
+    providers: Vec<String>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The bound HTTP address, when listening.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    pub fn sessions(&self) -> &Sessions {
+        self.sessions.as_ref().expect("sessions live until drop")
+    }
+
+    pub fn registry(&self) -> &ToolRegistry {
+        &self.registry
+    }
+
+    /// One line per agent: which model serves it.
+    pub fn providers(&self) -> &[String] {
+        &self.providers
+    }
+
+    /// Blocks until the server stops by itself (a signal, with
+    /// `handle_signals`), then finishes the shutdown.
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        // Our own clone of the store must go before the writer can close.
+        self.sessions.take();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(
+    builder: RuntimeBuilder,
+    ready: std::sync::mpsc::Sender<Result<Ready, RuntimeError>>,
+    stop: oneshot::Receiver<()>,
+) {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(builder.workers)
+        .thread_name("cadre-worker")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Arc::new(rt),
+        Err(e) => {
+            let _ = ready.send(Err(e.into()));
+            return;
+        }
+    };
+    let system = actix::System::with_tokio_rt({
+        let rt = rt.clone();
+        move || rt
+    });
+    let arbiters: Vec<Arbiter> = (0..builder.workers + 1)
+        .map(|_| {
+            let rt = rt.clone();
+            Arbiter::with_tokio_rt(move || rt)
+        })
+        .collect();
+    let handles: Vec<_> = arbiters.iter().map(Arbiter::handle).collect();
+    system.block_on(serve(builder, handles, ready, stop));
+    for arbiter in arbiters {
+        arbiter.stop();
+        let _ = arbiter.join();
+    }
+    actix::System::current().stop();
+    drop(system);
+    if let Ok(rt) = Arc::try_unwrap(rt) {
+        rt.shutdown_timeout(Duration::from_secs(5));
+    }
+}
+
+fn setup(
+    builder: &mut RuntimeBuilder,
+    arbiters: &[actix::dev::ArbiterHandle],
+) -> Result<(Store, Sessions, ToolRegistry, Vec<String>), RuntimeError> {
+    let store = Store::open(&builder.data_dir)?;
+    let registry = ToolRegistry::new();
+    builtin::register_all(&registry);
+    for (definition, handler) in builder.tools.drain(..) {
+        let name = definition.name.clone();
+        registry
+            .register(definition, handler)
+            .map_err(|e| RuntimeError::Tool {
+                name,
+                message: e.to_string(),
+            })?;
+    }
+    let mut agents = Vec::new();
+    let mut providers = Vec::new();
+    for (_path, file) in load_agent_files(&builder.agents_dir)? {
+        let agent = Agent::resolve(
+            file,
+            &registry,
+            &builder.endpoint,
+            builder.model.as_ref(),
+            &builder.client_options,
+        )?;
+        let line = format!("agent {}: {}", agent.name, agent.model.describe());
+        tracing::info!("{line}");
+        providers.push(line);
+        agents.push(agent);
+    }
+    if agents.is_empty() {
+        tracing::warn!(dir = %builder.agents_dir.display(), "no agents defined");
+    }
+    let (executor_arbiter, conversation_arbiters) = arbiters.split_first().expect("arbiters");
+    let executor = ExecutorHandle::start(
+        executor_arbiter,
+        registry.clone(),
+        store.clone(),
+        builder.executor_config.clone(),
+    );
+    let sessions = Sessions::new(
+        store.clone(),
+        Agents::new(agents),
+        registry.clone(),
+        executor,
+        conversation_arbiters.to_vec(),
+    );
+    Ok((store, sessions, registry, providers))
+}
+
+async fn serve(
+    mut builder: RuntimeBuilder,
+    arbiters: Vec<actix::dev::ArbiterHandle>,
+    ready: std::sync::mpsc::Sender<Result<Ready, RuntimeError>>,
+    stop: oneshot::Receiver<()>,
+) {
+    let (store, sessions, registry, providers) = match setup(&mut builder, &arbiters) {
+        Ok(parts) => parts,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let listener = match builder.listen {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(source) => {
+                let _ = ready.send(Err(RuntimeError::Bind { addr, source }));
+                return;
+            }
+        },
+        None => None,
+    };
+    let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
+    let _ = ready.send(Ok(Ready {
+        addr,
+        sessions: sessions.clone(),
+        registry: registry.clone(),
+        providers,
+    }));
+    let shutdown = shutdown_signal(stop, builder.handle_signals);
+    match listener {
+        Some(listener) => {
+            let app = router(AppState {
+                sessions,
+                registry,
+                store: store.clone(),
+            });
+            let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
+            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+                shutdown.await;
+                let _ = stopping_tx.send(());
+            });
+            let grace = builder.shutdown_grace;
+            let bounded = async move {
+                let _ = stopping_rx.await;
+                tokio::time::sleep(grace).await;
+            };
+            tokio::select! {
+                result = server => {
+                    if let Err(e) = result {
+                        tracing::error!(error = %e, "HTTP server failed");
+                    }
+                }
+                _ = bounded => tracing::warn!("shutdown grace period over; closing open requests"),
+            }
+        }
+        None => {
+            drop((sessions, registry));
+            shutdown.await;
+        }
+    }
+    if let Err(e) = store.flush().await {
+        tracing::error!(error = %e, "final flush failed");
+    }
+}
+
+async fn shutdown_signal(stop: oneshot::Receiver<()>, signals: bool) {
+    if !signals {
+        let _ = stop.await;
+        return;
+    }
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = stop => {}
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; shutting down"),
+        _ = term => tracing::info!("SIGTERM received; shutting down"),
+    }
+}

@@ -1,0 +1,514 @@
+//! Store: sessions, messages and tool-call records in one redb file.
+//!
+//! conversation / executor ──write(ops, durable)──▶ writer thread ──▶ redb
+//!                          ◀──────── Ok once committed ──────────┘
+//! http / conversation ──read──▶ spawn_blocking read transaction
+//!
+//! One writer thread owns every write transaction and batches whatever is
+//! queued into one commit (group commit). A batch commits with
+//! `Durability::Immediate` (an fsync) when any request in it asked for
+//! durability, else with `Durability::None`; an immediate commit also makes the
+//! earlier non-durable ones durable. A turn therefore writes its steps cheaply
+//! and pays one fsync before it is acknowledged.
+//! Readers use their own read transactions on blocking threads and never wait
+//! for the writer. Owns: the file layout ([`tables`]). Does not: decide what to write.
+
+pub mod tables;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+
+use jiff::Timestamp;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::model::ChatMessage;
+use tables::*;
+
+/// Requests the writer drains into one transaction at most.
+const MAX_BATCH: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the database at {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: redb::DatabaseError,
+    },
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("storage error: {0}")]
+    Redb(#[from] redb::Error),
+    #[error("a stored value could not be decoded: {0}")]
+    Corrupt(#[from] serde_json::Error),
+    #[error("the store writer has stopped")]
+    WriterGone,
+    #[error("commit failed: {0}")]
+    CommitFailed(Arc<StoreError>),
+    #[error("the data was written by schema version {found}, this build reads {expected}")]
+    SchemaMismatch { found: u64, expected: u64 },
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self { StoreError::Redb(e.into()) }
+        }
+    )*};
+}
+from_redb!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);
+
+/// A chat session: who it belongs to and which agent serves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    pub id: String,
+    pub agent: String,
+    #[serde(default)]
+    pub user_id: Option<String>,
+    #[serde(default)]
+    pub plan: Option<String>,
+    #[serde(default)]
+    pub metadata: Value,
+    pub created_at: Timestamp,
+}
+
+/// A message as stored: its place in the session and when it was written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredMessage {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub message: ChatMessage,
+    pub created_at: Timestamp,
+}
+
+/// One tool call from any caller, with its outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallRecord {
+    pub record_id: String,
+    pub tool_name: String,
+    /// The model's tool_call_id, when a conversation made the call.
+    pub tool_call_id: Option<String>,
+    pub params: Value,
+    pub output: Option<Value>,
+    pub is_success: bool,
+    pub error: Option<String>,
+    pub error_type: Option<String>,
+    pub execution_time_ms: u64,
+    pub attempts: u32,
+    pub caller_id: String,
+    pub caller_type: String,
+    pub conversation_id: Option<String>,
+    pub workflow_id: Option<String>,
+    pub user_id: Option<String>,
+    pub created_at: Timestamp,
+}
+
+/// Per-tool counters, kept in the transaction that adds each record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolStats {
+    pub total_calls: u64,
+    pub successful_calls: u64,
+    pub failed_calls: u64,
+    pub total_execution_time_ms: u64,
+}
+
+/// One change the writer applies.
+#[derive(Debug)]
+pub enum WriteOp {
+    PutSession(Session),
+    AppendMessages {
+        session_id: String,
+        messages: Vec<StoredMessage>,
+    },
+    RecordToolCall(Box<ToolCallRecord>),
+}
+
+struct WriteRequest {
+    ops: Vec<WriteOp>,
+    durable: bool,
+    done: oneshot::Sender<Result<(), Arc<StoreError>>>,
+}
+
+/// Cheap to clone; every clone talks to the same file and writer thread.
+/// When the last clone drops, the writer finishes what is queued and the
+/// file is closed before the drop returns, so the same process can reopen it.
+#[derive(Clone)]
+pub struct Store {
+    db: Arc<Database>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    writer: Option<std_mpsc::Sender<WriteRequest>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.writer.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Store {
+    /// Opens (or creates) `<data_dir>/cadre.redb` and starts its writer thread.
+    pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
+            path: data_dir.to_path_buf(),
+            source,
+        })?;
+        let path = data_dir.join("cadre.redb");
+        let db = Database::create(&path).map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        init_schema(&db)?;
+        let db = Arc::new(db);
+        let (tx, rx) = std_mpsc::channel();
+        let writer_db = db.clone();
+        let thread = std::thread::Builder::new()
+            .name("cadre-store-writer".into())
+            .spawn(move || writer_loop(writer_db, rx))
+            .expect("spawn the store writer thread");
+        Ok(Store {
+            db,
+            inner: Arc::new(Inner {
+                writer: Some(tx),
+                thread: Some(thread),
+                path,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Applies `ops` in one transaction (possibly shared with other callers').
+    /// With `durable`, returns only after the data is on disk.
+    pub async fn write(&self, ops: Vec<WriteOp>, durable: bool) -> Result<(), StoreError> {
+        let (done, rx) = oneshot::channel();
+        let writer = self.inner.writer.as_ref().ok_or(StoreError::WriterGone)?;
+        writer
+            .send(WriteRequest { ops, durable, done })
+            .map_err(|_| StoreError::WriterGone)?;
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::CommitFailed(e)),
+            Err(_) => Err(StoreError::WriterGone),
+        }
+    }
+
+    /// Makes everything written so far durable.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.write(Vec::new(), true).await
+    }
+
+    pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        let id = id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(SESSIONS)?;
+            match table.get(id.as_str())? {
+                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// Every message of a session, oldest first.
+    pub async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>, StoreError> {
+        self.messages_after(session_id, 0).await
+    }
+
+    /// Messages with seq > `after`, oldest first.
+    pub async fn messages_after(
+        &self,
+        session_id: &str,
+        after: u64,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let id = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(MESSAGES)?;
+            let mut out = Vec::new();
+            for row in table.range((id.as_str(), after + 1)..=(id.as_str(), u64::MAX))? {
+                let (_, v) = row?;
+                out.push(serde_json::from_slice(v.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// The last `n` messages of a session (oldest first) and the session's last seq.
+    pub async fn recent_messages(
+        &self,
+        session_id: &str,
+        n: usize,
+    ) -> Result<(Vec<StoredMessage>, u64), StoreError> {
+        let id = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(MESSAGES)?;
+            let mut out = Vec::new();
+            let mut last_seq = 0;
+            for row in table
+                .range((id.as_str(), 1)..=(id.as_str(), u64::MAX))?
+                .rev()
+            {
+                let (k, v) = row?;
+                last_seq = last_seq.max(k.value().1);
+                if out.len() == n {
+                    break;
+                }
+                out.push(serde_json::from_slice::<StoredMessage>(v.value())?);
+            }
+            out.reverse();
+            Ok((out, last_seq))
+        })
+        .await
+    }
+
+    pub async fn message_count(&self, session_id: &str) -> Result<u64, StoreError> {
+        let id = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(MESSAGES)?;
+            let mut n = 0;
+            for row in table.range((id.as_str(), 1)..=(id.as_str(), u64::MAX))? {
+                row?;
+                n += 1;
+            }
+            Ok(n)
+        })
+        .await
+    }
+
+    /// Every tool call a conversation made, oldest first.
+    pub async fn calls_for_conversation(
+        &self,
+        conversation_id: &str,
+    ) -> Result<Vec<ToolCallRecord>, StoreError> {
+        let id = conversation_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let index = txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
+            let records = txn.open_table(TOOL_CALLS)?;
+            let mut out = Vec::new();
+            for row in index.range((id.as_str(), "")..(id.as_str(), "\u{10FFFF}"))? {
+                let (k, _) = row?;
+                if let Some(v) = records.get(k.value().1)? {
+                    out.push(serde_json::from_slice(v.value())?);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    pub async fn tool_stats(&self, tool: &str) -> Result<ToolStats, StoreError> {
+        let tool = tool.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(TOOL_STATS)?;
+            match table.get(tool.as_str())? {
+                Some(v) => Ok(serde_json::from_slice(v.value())?),
+                None => Ok(ToolStats::default()),
+            }
+        })
+        .await
+    }
+
+    pub async fn record_count(&self) -> Result<u64, StoreError> {
+        self.read(|db| Ok(db.begin_read()?.open_table(TOOL_CALLS)?.len()?))
+            .await
+    }
+
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(|_| StoreError::WriterGone)?
+    }
+}
+
+fn init_schema(db: &Database) -> Result<(), StoreError> {
+    let txn = db.begin_write()?;
+    {
+        let mut meta = txn.open_table(META)?;
+        let found = meta.get("schema_version")?.map(|v| v.value());
+        match found {
+            Some(v) if v != SCHEMA_VERSION => {
+                return Err(StoreError::SchemaMismatch {
+                    found: v,
+                    expected: SCHEMA_VERSION,
+                });
+            }
+            Some(_) => {}
+            None => {
+                meta.insert("schema_version", SCHEMA_VERSION)?;
+            }
+        }
+        // Create every table so read transactions never meet a missing one.
+        txn.open_table(SESSIONS)?;
+        txn.open_table(MESSAGES)?;
+        txn.open_table(TOOL_CALLS)?;
+        txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
+        txn.open_table(TOOL_CALLS_BY_TOOL)?;
+        txn.open_table(TOOL_STATS)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+fn writer_loop(db: Arc<Database>, rx: std_mpsc::Receiver<WriteRequest>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(req) => batch.push(req),
+                Err(_) => break,
+            }
+        }
+        let durable = batch.iter().any(|r| r.durable);
+        let result = commit_batch(&db, &batch, durable).map_err(|e| {
+            tracing::error!(error = %e, requests = batch.len(), "store commit failed");
+            Arc::new(e)
+        });
+        for req in batch {
+            let _ = req.done.send(result.clone());
+        }
+    }
+}
+
+fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<(), StoreError> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    })?;
+    {
+        let mut sessions = txn.open_table(SESSIONS)?;
+        let mut messages = txn.open_table(MESSAGES)?;
+        let mut calls = txn.open_table(TOOL_CALLS)?;
+        let mut by_conv = txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
+        let mut by_tool = txn.open_table(TOOL_CALLS_BY_TOOL)?;
+        let mut stats = txn.open_table(TOOL_STATS)?;
+        for op in batch.iter().flat_map(|r| r.ops.iter()) {
+            match op {
+                WriteOp::PutSession(s) => {
+                    sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
+                }
+                WriteOp::AppendMessages {
+                    session_id,
+                    messages: msgs,
+                } => {
+                    for m in msgs {
+                        messages.insert(
+                            (session_id.as_str(), m.seq),
+                            serde_json::to_vec(m)?.as_slice(),
+                        )?;
+                    }
+                }
+                WriteOp::RecordToolCall(rec) => {
+                    let id = rec.record_id.as_str();
+                    calls.insert(id, serde_json::to_vec(rec)?.as_slice())?;
+                    if let Some(conv) = &rec.conversation_id {
+                        by_conv.insert((conv.as_str(), id), ())?;
+                    }
+                    by_tool.insert((rec.tool_name.as_str(), id), ())?;
+                    let mut s: ToolStats = match stats.get(rec.tool_name.as_str())? {
+                        Some(v) => serde_json::from_slice(v.value())?,
+                        None => ToolStats::default(),
+                    };
+                    s.total_calls += 1;
+                    if rec.is_success {
+                        s.successful_calls += 1;
+                    } else {
+                        s.failed_calls += 1;
+                    }
+                    s.total_execution_time_ms += rec.execution_time_ms;
+                    stats.insert(rec.tool_name.as_str(), serde_json::to_vec(&s)?.as_slice())?;
+                }
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ChatMessage;
+
+    fn msg(seq: u64, text: &str) -> StoredMessage {
+        StoredMessage {
+            seq,
+            message: ChatMessage::user(text),
+            created_at: Timestamp::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn messages_come_back_in_order_per_session_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store
+                .write(
+                    vec![
+                        WriteOp::AppendMessages {
+                            session_id: "a".into(),
+                            messages: vec![msg(1, "one"), msg(2, "two")],
+                        },
+                        WriteOp::AppendMessages {
+                            session_id: "b".into(),
+                            messages: vec![msg(1, "other")],
+                        },
+                    ],
+                    false,
+                )
+                .await
+                .unwrap();
+            store.flush().await.unwrap();
+            let (recent, last) = store.recent_messages("a", 1).await.unwrap();
+            assert_eq!(last, 2);
+            assert_eq!(recent[0].message.content.as_deref(), Some("two"));
+        }
+        // Dropping the last clone closed the file: it reopens at once.
+        let store = Store::open(dir.path()).unwrap();
+        let all = store.messages("a").await.unwrap();
+        let texts: Vec<_> = all
+            .iter()
+            .map(|m| m.message.content.clone().unwrap())
+            .collect();
+        assert_eq!(texts, ["one", "two"]);
+        assert_eq!(store.message_count("b").await.unwrap(), 1);
+        assert_eq!(store.message_count("missing").await.unwrap(), 0);
+    }
+}

@@ -1,0 +1,223 @@
+//! What goes into a tool call (the execution context) and what comes out (the
+//! result), for every caller alike: conversation, workflow node, direct HTTP.
+//!
+//! [`ErrorType`] is the one table of tool failures: its code, whether a retry
+//! may help, and the HTTP status a direct caller sees. The model sees
+//! [`ToolExecutionResult::model_content`], built from the same fields.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallerType {
+    ConversationAgent,
+    WorkflowNode,
+    Direct,
+}
+
+impl CallerType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallerType::ConversationAgent => "conversation_agent",
+            CallerType::WorkflowNode => "workflow_node",
+            CallerType::Direct => "direct",
+        }
+    }
+}
+
+/// Who calls, on whose behalf, and with which limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecutionContext {
+    pub caller_id: String,
+    pub caller_type: CallerType,
+    pub conversation_id: Option<String>,
+    pub workflow_id: Option<String>,
+    pub user_id: Option<String>,
+    pub plan: Option<String>,
+    /// Overrides the tool's and the executor's default timeout.
+    #[serde(skip)]
+    pub timeout: Option<Duration>,
+    pub max_retries: u32,
+    #[serde(default)]
+    pub variables: Value,
+}
+
+impl ExecutionContext {
+    pub fn new(caller_type: CallerType, caller_id: impl Into<String>) -> Self {
+        ExecutionContext {
+            caller_id: caller_id.into(),
+            caller_type,
+            conversation_id: None,
+            workflow_id: None,
+            user_id: None,
+            plan: None,
+            timeout: None,
+            max_retries: 0,
+            variables: Value::Null,
+        }
+    }
+}
+
+/// Why a call did not succeed; the stable codes of architecture §4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorType {
+    ToolNotFound,
+    PlanRequired,
+    RateLimited,
+    ValidationError,
+    QueueFull,
+    Timeout,
+    ExecutionError,
+    PendingConfirmation,
+}
+
+impl ErrorType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorType::ToolNotFound => "tool_not_found",
+            ErrorType::PlanRequired => "plan_required",
+            ErrorType::RateLimited => "rate_limited",
+            ErrorType::ValidationError => "validation_error",
+            ErrorType::QueueFull => "queue_full",
+            ErrorType::Timeout => "timeout",
+            ErrorType::ExecutionError => "execution_error",
+            ErrorType::PendingConfirmation => "pending_confirmation",
+        }
+    }
+
+    /// Whether the same call may succeed if tried again later.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorType::RateLimited | ErrorType::QueueFull | ErrorType::Timeout
+        )
+    }
+
+    /// The HTTP status a direct caller gets.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorType::ToolNotFound => 404,
+            ErrorType::PlanRequired => 403,
+            ErrorType::RateLimited | ErrorType::QueueFull => 429,
+            ErrorType::ValidationError => 422,
+            ErrorType::Timeout => 504,
+            ErrorType::ExecutionError => 500,
+            ErrorType::PendingConfirmation => 202,
+        }
+    }
+}
+
+/// One field's validation failure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FieldError {
+    /// Dotted path of the parameter (`""` for the arguments as a whole).
+    pub field: String,
+    /// The JSON Schema keyword that failed (`required`, `type`, `pattern`...),
+    /// or `invalid_json` when the arguments did not parse.
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResultMetadata {
+    pub cached: bool,
+    pub attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<String>,
+}
+
+/// The outcome of one tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolExecutionResult {
+    pub is_success: bool,
+    pub tool_name: String,
+    pub output: Option<Value>,
+    pub error: Option<String>,
+    pub error_type: Option<ErrorType>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validation_errors: Vec<FieldError>,
+    pub execution_time_ms: u64,
+    pub executed_at: Timestamp,
+    pub metadata: ResultMetadata,
+}
+
+impl ToolExecutionResult {
+    pub fn success(tool_name: &str, output: Value, elapsed: Duration, attempts: u32) -> Self {
+        let source_id = output
+            .get("source_id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let as_of = output
+            .get("as_of")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        ToolExecutionResult {
+            is_success: true,
+            tool_name: tool_name.into(),
+            output: Some(output),
+            error: None,
+            error_type: None,
+            validation_errors: Vec::new(),
+            execution_time_ms: elapsed.as_millis() as u64,
+            executed_at: Timestamp::now(),
+            metadata: ResultMetadata {
+                cached: false,
+                attempts,
+                source_id,
+                as_of,
+            },
+        }
+    }
+
+    pub fn failure(tool_name: &str, error_type: ErrorType, error: impl Into<String>) -> Self {
+        ToolExecutionResult {
+            is_success: false,
+            tool_name: tool_name.into(),
+            output: None,
+            error: Some(error.into()),
+            error_type: Some(error_type),
+            validation_errors: Vec::new(),
+            execution_time_ms: 0,
+            executed_at: Timestamp::now(),
+            metadata: ResultMetadata::default(),
+        }
+    }
+
+    pub fn with_elapsed(mut self, elapsed: Duration, attempts: u32) -> Self {
+        self.execution_time_ms = elapsed.as_millis() as u64;
+        self.metadata.attempts = attempts;
+        self
+    }
+
+    /// The `role: tool` message content the model reads: the output on
+    /// success, else the error with its type (and field errors), so the model
+    /// can correct itself.
+    pub fn model_content(&self) -> String {
+        if self.is_success {
+            match &self.output {
+                Some(Value::String(s)) => s.clone(),
+                Some(v) => v.to_string(),
+                None => "null".into(),
+            }
+        } else {
+            let mut body = json!({
+                "error": self.error,
+                "error_type": self.error_type.map(ErrorType::as_str),
+            });
+            if !self.validation_errors.is_empty() {
+                body["validation_errors"] = json!(self.validation_errors);
+            }
+            if let Some(t) = self.error_type {
+                body["retryable"] = json!(t.is_retryable());
+            }
+            body.to_string()
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! ToolSubAgent: one short-lived actor per batch of tool calls.
+//!
+//! conversation ──start(calls, deadline)──▶ ToolSubAgent ──ExecuteTool × n (concurrently)──▶ executor
+//!      ▲                                        │
+//!      └──────────── ToolBatchReport ───────────┘ then it stops
+//!
+//! Isolation: the batch runs in its own mailbox, so a conversation never
+//! awaits a tool itself. The report holds one outcome per call, in the order
+//! the model asked for them; calls still open at the deadline are reported
+//! as `timeout` (the executor still finishes and records them).
+
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
+use crate::model::ToolCall;
+use crate::tools::{ErrorType, ExecutionContext, ToolExecutionResult};
+
+/// The outcomes of one batch, sent to the conversation that started it.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct ToolBatchReport {
+    /// Which batch of the conversation this answers.
+    pub batch_id: u64,
+    pub outcomes: Vec<(ToolCall, ToolExecutionResult)>,
+    /// One line for logs: "2 calls: 1 succeeded, 1 failed (echo: validation_error)".
+    pub summary: String,
+}
+
+pub struct ToolSubAgent {
+    batch_id: u64,
+    calls: Vec<ToolCall>,
+    results: Vec<Option<ToolExecutionResult>>,
+    context: ExecutionContext,
+    executor: ExecutorHandle,
+    reply_to: Recipient<ToolBatchReport>,
+    deadline: Duration,
+    reported: bool,
+}
+
+impl ToolSubAgent {
+    /// Starts a sub-agent on the current arbiter.
+    pub fn spawn(
+        batch_id: u64,
+        calls: Vec<ToolCall>,
+        context: ExecutionContext,
+        executor: ExecutorHandle,
+        reply_to: Recipient<ToolBatchReport>,
+        deadline: Duration,
+    ) {
+        let results = vec![None; calls.len()];
+        ToolSubAgent {
+            batch_id,
+            calls,
+            results,
+            context,
+            executor,
+            reply_to,
+            deadline,
+            reported: false,
+        }
+        .start();
+    }
+
+    fn report(&mut self, ctx: &mut Context<Self>) {
+        if self.reported {
+            return;
+        }
+        self.reported = true;
+        let deadline_ms = self.deadline.as_millis();
+        let outcomes: Vec<(ToolCall, ToolExecutionResult)> = self
+            .calls
+            .drain(..)
+            .zip(self.results.drain(..))
+            .map(|(call, result)| {
+                let result = result.unwrap_or_else(|| {
+                    ToolExecutionResult::failure(
+                        &call.name,
+                        ErrorType::Timeout,
+                        format!(
+                            "the tool batch deadline of {deadline_ms} ms passed before {} finished",
+                            call.name
+                        ),
+                    )
+                });
+                (call, result)
+            })
+            .collect();
+        let summary = summarize(&outcomes);
+        tracing::debug!(batch = self.batch_id, %summary, "tool batch done");
+        self.reply_to.do_send(ToolBatchReport {
+            batch_id: self.batch_id,
+            outcomes,
+            summary,
+        });
+        ctx.stop();
+    }
+}
+
+fn summarize(outcomes: &[(ToolCall, ToolExecutionResult)]) -> String {
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|(_, r)| !r.is_success)
+        .map(|(c, r)| {
+            format!(
+                "{}: {}",
+                c.name,
+                r.error_type.map_or("error", |t| t.as_str())
+            )
+        })
+        .collect();
+    let mut s = format!(
+        "{} call(s): {} succeeded, {} failed",
+        outcomes.len(),
+        outcomes.len() - failed.len(),
+        failed.len()
+    );
+    if !failed.is_empty() {
+        s.push_str(&format!(" ({})", failed.join(", ")));
+    }
+    s
+}
+
+impl Actor for ToolSubAgent {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        if self.calls.is_empty() {
+            self.report(ctx);
+            return;
+        }
+        for (i, call) in self.calls.iter().enumerate() {
+            let executor = self.executor.clone();
+            let request = ExecuteTool {
+                tool_name: call.name.clone(),
+                arguments: Arguments::Raw(call.arguments.clone()),
+                tool_call_id: Some(call.id.clone()),
+                ctx: self.context.clone(),
+            };
+            ctx.spawn(
+                async move { executor.execute(request).await }
+                    .into_actor(self)
+                    .map(move |result, act, ctx| {
+                        act.results[i] = Some(result);
+                        if act.results.iter().all(Option::is_some) {
+                            act.report(ctx);
+                        }
+                    }),
+            );
+        }
+        ctx.run_later(self.deadline, |act, ctx| act.report(ctx));
+    }
+}

@@ -1,0 +1,170 @@
+//! Parameter validation: raw model arguments in, validated parameters out.
+//!
+//! executor ──(raw arguments)──▶ ParamValidator ──▶ params with defaults | every field error
+//!
+//! Each tool's JSON Schema is compiled once (jsonschema, no remote `$ref`)
+//! when the tool is registered. Validation reports every error found, not
+//! just the first, as `{field, code, message}`; `field` is the parameter's
+//! dotted path and `code` the schema keyword that failed. Defaults declared
+//! on top-level properties are filled in before validation.
+
+use serde_json::Value;
+
+use super::FieldError;
+
+pub struct ParamValidator {
+    schema: Value,
+    compiled: jsonschema::Validator,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid parameter schema: {0}")]
+pub struct SchemaError(pub String);
+
+impl ParamValidator {
+    pub fn new(schema: &Value) -> Result<Self, SchemaError> {
+        let compiled = jsonschema::validator_for(schema).map_err(|e| SchemaError(e.to_string()))?;
+        Ok(ParamValidator {
+            schema: schema.clone(),
+            compiled,
+        })
+    }
+
+    /// Parses the model's raw argument string, then validates it.
+    /// An empty string counts as `{}` (some models send it for no arguments).
+    pub fn validate_raw(&self, raw: &str) -> Result<Value, Vec<FieldError>> {
+        let raw = raw.trim();
+        let value = if raw.is_empty() {
+            Value::Object(Default::default())
+        } else {
+            serde_json::from_str(raw).map_err(|e| {
+                vec![FieldError {
+                    field: String::new(),
+                    code: "invalid_json".into(),
+                    message: format!("arguments are not valid JSON: {e}"),
+                }]
+            })?
+        };
+        self.validate(value)
+    }
+
+    pub fn validate(&self, mut params: Value) -> Result<Value, Vec<FieldError>> {
+        let Some(obj) = params.as_object_mut() else {
+            return Err(vec![FieldError {
+                field: String::new(),
+                code: "type".into(),
+                message: format!(
+                    "arguments must be a JSON object, got {}",
+                    json_type_name(&params)
+                ),
+            }]);
+        };
+        if let Some(props) = self.schema.get("properties").and_then(Value::as_object) {
+            for (name, prop) in props {
+                if let Some(default) = prop.get("default") {
+                    obj.entry(name.clone()).or_insert_with(|| default.clone());
+                }
+            }
+        }
+        let errors: Vec<FieldError> = self
+            .compiled
+            .iter_errors(&params)
+            .map(|e| {
+                let mut field = pointer_to_dotted(e.instance_path().as_str());
+                if let jsonschema::error::ValidationErrorKind::Required { property } = e.kind() {
+                    let name = property.as_str().unwrap_or_default();
+                    field = if field.is_empty() {
+                        name.to_string()
+                    } else {
+                        format!("{field}.{name}")
+                    };
+                }
+                FieldError {
+                    field,
+                    code: e.kind().keyword().to_string(),
+                    message: e.to_string(),
+                }
+            })
+            .collect();
+        if errors.is_empty() {
+            Ok(params)
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+fn pointer_to_dotted(pointer: &str) -> String {
+    pointer
+        .trim_start_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.replace("~1", "/").replace("~0", "~"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+fn json_type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn validator() -> ParamValidator {
+        ParamValidator::new(&json!({
+            "type": "object",
+            "properties": {
+                "expression": {"type": "string", "maxLength": 10},
+                "precision": {"type": "integer", "default": 2}
+            },
+            "required": ["expression"],
+            "additionalProperties": false
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn fills_defaults_and_accepts_valid_arguments() {
+        let v = validator().validate_raw(r#"{"expression":"1+1"}"#).unwrap();
+        assert_eq!(v, json!({"expression": "1+1", "precision": 2}));
+    }
+
+    #[test]
+    fn reports_every_error_with_its_field() {
+        let errs = validator()
+            .validate_raw(r#"{"precision":"x","extra":1}"#)
+            .unwrap_err();
+        let mut codes: Vec<_> = errs
+            .iter()
+            .map(|e| (e.field.as_str(), e.code.as_str()))
+            .collect();
+        codes.sort();
+        assert_eq!(
+            codes,
+            [
+                ("", "additionalProperties"),
+                ("expression", "required"),
+                ("precision", "type")
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_json_and_non_objects_are_field_errors() {
+        let errs = validator().validate_raw("{not json").unwrap_err();
+        assert_eq!(errs[0].code, "invalid_json");
+        let errs = validator().validate_raw("[1,2]").unwrap_err();
+        assert_eq!(errs[0].code, "type");
+        assert!(errs[0].message.contains("an array"));
+    }
+}

@@ -1,0 +1,922 @@
+//! A scripted, in-process fake of an OpenAI-compatible chat-completions server.
+//!
+//! # Where this sits
+//!
+//! cadre's integration tests run everything for real (actors, storage, the
+//! HTTP API, the async-openai client, cadre's retry and timeout handling)
+//! except one part: the model. The model is faked here, and it is faked at the
+//! wire. `MockModel` is a real HTTP server on `127.0.0.1:<random port>` that
+//! answers `POST /v1/chat/completions` with OpenAI-shaped JSON, SSE streams
+//! and error bodies. So every byte still goes through async-openai's
+//! serialisation, its retry middleware and its response parsing, and through
+//! cadre's own HTTP layer, just as in production. Point cadre's model
+//! `base_url` at [`MockModel::base_url`] and nothing else changes.
+//!
+//! # How to script it
+//!
+//! The mock answers from a FIFO script, one [`Reply`] per request:
+//!
+//! ```ignore
+//! mod support;
+//! use support::mock_model::*;
+//!
+//! let model = MockModel::start().await;
+//! model.push(Reply::tool_call("call_1", "read_file", r#"{"path":"a.txt"}"#));
+//! model.push(Reply::text("done"));
+//! // ... configure cadre with model.base_url() and run the scenario ...
+//! assert_eq!(model.request_count(), 2);
+//! assert_eq!(model.remaining(), 0);
+//! assert_eq!(model.overruns(), 0);
+//! let second = &model.requests()[1];          // the parsed JSON body
+//! assert_eq!(second["messages"].as_array().unwrap().last().unwrap()["role"], "tool");
+//! ```
+//!
+//! * Reply kinds: [`Reply::text`], [`Reply::tool_call`], [`Reply::tool_calls`],
+//!   [`Reply::fail`] / [`Reply::error`] (an OpenAI error body with a status),
+//!   [`Reply::rate_limited`] (429 with `Retry-After`), [`Reply::garbage`]
+//!   (200 but not JSON) and [`Reply::slow`] (sleeps, then answers).
+//! * Every request body is recorded, in arrival order, overruns included:
+//!   [`MockModel::requests`], [`MockModel::request_count`].
+//!   [`MockModel::wait_for_requests`] waits without polling.
+//! * When the script runs out, the request is an *overrun*: it is counted
+//!   ([`MockModel::overruns`]), a loud line goes to stderr, and the answer is
+//!   HTTP 500 with the message `mock model script exhausted`. So a test that
+//!   forgot a reply fails clearly. For load tests,
+//!   [`MockModel::set_default`] gives a reply to use instead whenever the
+//!   script is empty.
+//! * Requests with `"stream": true` get a `text/event-stream` answer: a role
+//!   delta, content in pieces of a few characters (or tool-call deltas with
+//!   the arguments split across several chunks), a chunk with
+//!   `finish_reason`, an optional usage chunk when
+//!   `stream_options.include_usage` is set, then `data: [DONE]`. Error replies
+//!   (`fail`, `error`, `rate_limited`) answer with their plain status even for
+//!   streaming requests. `garbage` sends an SSE event whose data is not JSON.
+//!
+//! # Watch out: retries
+//!
+//! cadre turns async-openai's own retry layer off and retries 429 and 5xx
+//! itself (`ClientOptions::max_retries`, honouring `Retry-After`). **Each
+//! retry is a new request and takes the next scripted reply.** A single
+//! `Reply::fail(500)` followed by `Reply::text("ok")` therefore reads as
+//! success to the caller; to make a call fail for good, script one failure
+//! per attempt (`max_retries + 1`). The same goes for an overrun: each retry
+//! is another overrun.
+//!
+//! Token usage is made up but deterministic: `prompt_tokens` is
+//! `len(serialized messages) / 4` and `completion_tokens` is
+//! `len(content or arguments) / 4`, each at least 1.
+
+// This file is compiled into every integration-test crate that says
+// `mod support;`, and most crates use only part of it.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+/// The path async-openai posts to when `base_url` is `http://HOST:PORT/v1`.
+const CHAT_PATH: &str = "/v1/chat/completions";
+/// The error message of an overrun (a request that found the script empty).
+pub const SCRIPT_EXHAUSTED: &str = "mock model script exhausted";
+/// Characters per streamed content delta.
+const CONTENT_PIECE: usize = 4;
+/// Characters per streamed tool-call `arguments` delta.
+const ARGUMENTS_PIECE: usize = 5;
+
+/// One tool call in a scripted [`Reply::ToolCalls`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// Sent as-is as the `arguments` string. It may be invalid JSON on purpose.
+    pub arguments: String,
+}
+
+/// One scripted answer. Each request takes one from the front of the script.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// 200, `finish_reason: "stop"`, assistant message with this content.
+    Text(String),
+    /// 200, `finish_reason: "tool_calls"`, `content: null`, these calls.
+    ToolCalls(Vec<ToolCall>),
+    /// This HTTP status with an OpenAI error body of this `type` and `message`.
+    Error {
+        status: u16,
+        error_type: String,
+        message: String,
+    },
+    /// 429 with a `Retry-After: <secs>` header and a `rate_limit_error` body.
+    RateLimited { retry_after_secs: u64 },
+    /// 200 with a body that is not JSON (for streams, an event that is not JSON).
+    Garbage,
+    /// Sleeps (tokio time) for the delay, then answers with the inner reply.
+    Slow(Duration, Box<Reply>),
+}
+
+impl Reply {
+    /// A plain assistant text answer.
+    pub fn text(content: &str) -> Reply {
+        Reply::Text(content.to_owned())
+    }
+
+    /// One tool call. `arguments` is the raw string sent and may be invalid JSON.
+    pub fn tool_call(id: &str, name: &str, arguments: &str) -> Reply {
+        Reply::tool_calls(&[(id, name, arguments)])
+    }
+
+    /// Several tool calls in one answer, as `(id, name, arguments)`.
+    pub fn tool_calls(calls: &[(&str, &str, &str)]) -> Reply {
+        Reply::ToolCalls(
+            calls
+                .iter()
+                .map(|(id, name, arguments)| ToolCall {
+                    id: (*id).to_owned(),
+                    name: (*name).to_owned(),
+                    arguments: (*arguments).to_owned(),
+                })
+                .collect(),
+        )
+    }
+
+    /// An OpenAI-shaped error with this HTTP status. The `type` follows the
+    /// status: `invalid_request_error`, `authentication_error`,
+    /// `permission_error`, `not_found_error`, `rate_limit_error` or
+    /// `server_error`.
+    pub fn fail(status: u16) -> Reply {
+        let error_type = match status {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            500..=599 => "server_error",
+            _ => "invalid_request_error",
+        };
+        Reply::error(
+            status,
+            error_type,
+            &format!("mock model failure: HTTP {status}"),
+        )
+    }
+
+    /// An OpenAI-shaped error with a chosen status, `type` and message, e.g.
+    /// `Reply::error(429, "insufficient_quota", "quota")`, which async-openai
+    /// does not retry.
+    pub fn error(status: u16, error_type: &str, message: &str) -> Reply {
+        assert!(
+            StatusCode::from_u16(status).is_ok_and(|s| !s.is_success()),
+            "Reply::error/fail needs a valid non-2xx HTTP status, got {status}"
+        );
+        Reply::Error {
+            status,
+            error_type: error_type.to_owned(),
+            message: message.to_owned(),
+        }
+    }
+
+    /// 429 with `Retry-After: <retry_after_secs>`.
+    pub fn rate_limited(retry_after_secs: u64) -> Reply {
+        Reply::RateLimited { retry_after_secs }
+    }
+
+    /// 200 with a body that is not JSON.
+    pub fn garbage() -> Reply {
+        Reply::Garbage
+    }
+
+    /// Waits `delay` (tokio::time::sleep), then answers with `then`.
+    pub fn slow(delay: Duration, then: Reply) -> Reply {
+        Reply::Slow(delay, Box::new(then))
+    }
+}
+
+#[derive(Default)]
+struct Script {
+    replies: VecDeque<Reply>,
+    default: Option<Reply>,
+    requests: Vec<Value>,
+    overruns: usize,
+}
+
+struct Shared {
+    script: Mutex<Script>,
+    /// Woken (notify_waiters) after each recorded request.
+    arrived: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Script> {
+        // A test that panicked while holding the lock must not hide the
+        // recorded requests from the next assertion.
+        self.script.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Aborts the server task when the last clone of a [`MockModel`] goes.
+struct ServerTask(tokio::task::JoinHandle<()>);
+
+impl Drop for ServerTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A fake OpenAI-compatible model server. Clones share the same script and
+/// records; the server stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct MockModel {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    _server: Arc<ServerTask>,
+}
+
+impl std::fmt::Debug for MockModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.shared.lock();
+        f.debug_struct("MockModel")
+            .field("addr", &self.addr)
+            .field("remaining", &s.replies.len())
+            .field("requests", &s.requests.len())
+            .field("overruns", &s.overruns)
+            .finish()
+    }
+}
+
+impl MockModel {
+    /// Binds `127.0.0.1:0` and serves on the current tokio runtime.
+    pub async fn start() -> MockModel {
+        let shared = Arc::new(Shared {
+            script: Mutex::new(Script::default()),
+            arrived: Notify::new(),
+        });
+        let app = Router::new()
+            .route(CHAT_PATH, post(chat_completions))
+            .fallback(unknown_route)
+            .layer(DefaultBodyLimit::disable())
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("mock model: bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("mock model: local_addr");
+        let server = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                eprintln!("mock model: server on {addr} stopped: {e}");
+            }
+        });
+        MockModel {
+            shared,
+            addr,
+            _server: Arc::new(ServerTask(server)),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT/v1`, the `base_url` for async-openai.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Appends one reply to the script.
+    pub fn push(&self, reply: Reply) {
+        self.shared.lock().replies.push_back(reply);
+    }
+
+    /// Appends several replies, in order.
+    pub fn push_all(&self, replies: impl IntoIterator<Item = Reply>) {
+        self.shared.lock().replies.extend(replies);
+    }
+
+    /// Every request body received, in arrival order, overruns included.
+    /// A body that was not JSON is recorded as a JSON string.
+    pub fn requests(&self) -> Vec<Value> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// How many requests have arrived so far.
+    pub fn request_count(&self) -> usize {
+        self.shared.lock().requests.len()
+    }
+
+    /// Scripted replies not yet taken.
+    pub fn remaining(&self) -> usize {
+        self.shared.lock().replies.len()
+    }
+
+    /// Requests that found the script empty with no default set.
+    pub fn overruns(&self) -> usize {
+        self.shared.lock().overruns
+    }
+
+    /// A reply for when the script is empty, used instead of an overrun.
+    /// `None` restores overrun behaviour.
+    pub fn set_default(&self, reply: Option<Reply>) {
+        self.shared.lock().default = reply;
+    }
+
+    /// Resolves once at least `n` requests have arrived. It has no timeout of
+    /// its own: wrap it in `tokio::time::timeout` if the test might stall.
+    pub async fn wait_for_requests(&self, n: usize) {
+        loop {
+            let notified = self.shared.arrived.notified();
+            tokio::pin!(notified);
+            // Register before checking, so a request that lands between the
+            // check and the await still wakes us.
+            notified.as_mut().enable();
+            if self.request_count() >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Server side
+// ---------------------------------------------------------------------------
+
+async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let request: Value = serde_json::from_slice(&body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+
+    let (number, reply) = {
+        let mut script = shared.lock();
+        script.requests.push(request.clone());
+        let number = script.requests.len();
+        let reply = match script.replies.pop_front() {
+            Some(reply) => Some(reply),
+            None => {
+                let default = script.default.clone();
+                if default.is_none() {
+                    script.overruns += 1;
+                }
+                default
+            }
+        };
+        (number, reply)
+    };
+    shared.arrived.notify_waiters();
+
+    let Some(mut reply) = reply else {
+        eprintln!(
+            "\n!!!!! MOCK MODEL SCRIPT EXHAUSTED: request #{number} to {CHAT_PATH} found no \
+             scripted Reply left (push more replies or call set_default). Answering HTTP 500. \
+             Last message: {} !!!!!\n",
+            last_message_excerpt(&request)
+        );
+        return error_response(500, "mock_script_exhausted", SCRIPT_EXHAUSTED);
+    };
+
+    while let Reply::Slow(delay, inner) = reply {
+        tokio::time::sleep(delay).await;
+        reply = *inner;
+    }
+
+    let streaming = request.get("stream").and_then(Value::as_bool) == Some(true);
+    let ctx = ReplyContext::new(&request, number);
+    match reply {
+        Reply::Error {
+            status,
+            error_type,
+            message,
+        } => error_response(status, &error_type, &message),
+        Reply::RateLimited { retry_after_secs } => {
+            let mut response = error_response(
+                429,
+                "rate_limit_error",
+                &format!("Rate limit reached (mock). Retry after {retry_after_secs}s."),
+            );
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from(retry_after_secs),
+            );
+            response
+        }
+        Reply::Garbage if streaming => sse_response(vec![
+            "data: this is not json {{{\n\n".to_owned(),
+            "data: [DONE]\n\n".to_owned(),
+        ]),
+        Reply::Garbage => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            "<html><body>502 Bad Gateway (mock garbage, not JSON)</body></html>",
+        )
+            .into_response(),
+        Reply::Text(content) if streaming => sse_response(ctx.text_stream(&content)),
+        Reply::Text(content) => axum::Json(ctx.text_completion(&content)).into_response(),
+        Reply::ToolCalls(calls) if streaming => sse_response(ctx.tool_call_stream(&calls)),
+        Reply::ToolCalls(calls) => axum::Json(ctx.tool_call_completion(&calls)).into_response(),
+        Reply::Slow(..) => unreachable!("Slow replies are unwrapped above"),
+    }
+}
+
+async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    eprintln!(
+        "\n!!!!! MOCK MODEL: unexpected {method} {uri} (only POST {CHAT_PATH} is served; \
+         is base_url missing /v1?) !!!!!\n"
+    );
+    error_response(
+        404,
+        "invalid_request_error",
+        &format!("mock model: unknown route {method} {uri}"),
+    )
+}
+
+fn error_response(status: u16, error_type: &str, message: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = json!({
+        "error": {
+            "message": message,
+            "type": error_type,
+            "param": null,
+            "code": null,
+        }
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+fn sse_response(events: Vec<String>) -> Response {
+    let body = Body::from_stream(futures::stream::iter(
+        events.into_iter().map(Ok::<_, Infallible>),
+    ));
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn last_message_excerpt(request: &Value) -> String {
+    let last = request
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|messages| messages.last());
+    let Some(last) = last else {
+        return "<no messages>".to_owned();
+    };
+    let text = last.to_string();
+    if text.chars().count() > 200 {
+        format!("{}...", text.chars().take(200).collect::<String>())
+    } else {
+        text
+    }
+}
+
+/// Splits on character boundaries into pieces of at most `n` characters.
+fn pieces(s: &str, n: usize) -> Vec<String> {
+    let chars: Vec<char> = s.chars().collect();
+    chars.chunks(n).map(|c| c.iter().collect()).collect()
+}
+
+fn tokens(len: usize) -> u64 {
+    (len / 4).max(1) as u64
+}
+
+/// What every answer to one request shares.
+struct ReplyContext {
+    id: String,
+    created: u64,
+    model: String,
+    prompt_tokens: u64,
+    include_usage: bool,
+}
+
+impl ReplyContext {
+    fn new(request: &Value, number: usize) -> ReplyContext {
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let model = request
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("mock-model")
+            .to_owned();
+        let prompt_len = request
+            .get("messages")
+            .map(|m| m.to_string().len())
+            .unwrap_or(0);
+        let include_usage = request
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            == Some(true);
+        ReplyContext {
+            id: format!("chatcmpl-mock-{number}"),
+            created,
+            model,
+            prompt_tokens: tokens(prompt_len),
+            include_usage,
+        }
+    }
+
+    fn usage(&self, completion_len: usize) -> Value {
+        let completion_tokens = tokens(completion_len);
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        })
+    }
+
+    fn completion(&self, message: Value, finish_reason: &str, completion_len: usize) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason,
+                "logprobs": null,
+            }],
+            "usage": self.usage(completion_len),
+        })
+    }
+
+    fn text_completion(&self, content: &str) -> Value {
+        let message = json!({"role": "assistant", "content": content, "refusal": null});
+        self.completion(message, "stop", content.len())
+    }
+
+    fn tool_call_completion(&self, calls: &[ToolCall]) -> Value {
+        let tool_calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                })
+            })
+            .collect();
+        let message = json!({
+            "role": "assistant",
+            "content": null,
+            "refusal": null,
+            "tool_calls": tool_calls,
+        });
+        self.completion(message, "tool_calls", arguments_len(calls))
+    }
+
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> String {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "delta": delta,
+                "finish_reason": finish_reason,
+                "logprobs": null,
+            }],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        sse_event(&chunk)
+    }
+
+    /// The closing events: finish chunk, optional usage chunk, `[DONE]`.
+    fn finish(&self, events: &mut Vec<String>, finish_reason: &str, completion_len: usize) {
+        events.push(self.chunk(json!({}), Some(finish_reason)));
+        if self.include_usage {
+            events.push(sse_event(&json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": self.usage(completion_len),
+            })));
+        }
+        events.push("data: [DONE]\n\n".to_owned());
+    }
+
+    fn text_stream(&self, content: &str) -> Vec<String> {
+        let mut events = vec![self.chunk(json!({"role": "assistant", "content": ""}), None)];
+        for piece in pieces(content, CONTENT_PIECE) {
+            events.push(self.chunk(json!({"content": piece}), None));
+        }
+        self.finish(&mut events, "stop", content.len());
+        events
+    }
+
+    fn tool_call_stream(&self, calls: &[ToolCall]) -> Vec<String> {
+        let mut events = vec![self.chunk(json!({"role": "assistant", "content": null}), None)];
+        for (index, call) in calls.iter().enumerate() {
+            events.push(self.chunk(
+                json!({"tool_calls": [{
+                    "index": index,
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                }]}),
+                None,
+            ));
+            for piece in pieces(&call.arguments, ARGUMENTS_PIECE) {
+                events.push(self.chunk(
+                    json!({"tool_calls": [{
+                        "index": index,
+                        "function": {"arguments": piece},
+                    }]}),
+                    None,
+                ));
+            }
+        }
+        self.finish(&mut events, "tool_calls", arguments_len(calls));
+        events
+    }
+}
+
+fn arguments_len(calls: &[ToolCall]) -> usize {
+    calls.iter().map(|c| c.arguments.len()).sum()
+}
+
+fn sse_event(value: &Value) -> String {
+    format!("data: {value}\n\n")
+}
+
+// ---------------------------------------------------------------------------
+// Self-check of the mock itself (runs in every test crate that includes it).
+// ---------------------------------------------------------------------------
+
+#[cfg(test)]
+mod self_test {
+    use super::*;
+
+    fn client() -> reqwest::Client {
+        reqwest::Client::new()
+    }
+
+    fn url(model: &MockModel) -> String {
+        format!("{}/chat/completions", model.base_url())
+    }
+
+    fn body(stream: bool) -> Value {
+        json!({
+            "model": "gpt-test",
+            "messages": [{"role": "user", "content": "hello"}],
+            "stream": stream,
+        })
+    }
+
+    async fn post(model: &MockModel, body: &Value) -> reqwest::Response {
+        client()
+            .post(url(model))
+            .json(body)
+            .send()
+            .await
+            .expect("mock model reachable")
+    }
+
+    /// Parses an SSE body into its `data:` payloads, checking the framing.
+    fn sse_data(text: &str) -> Vec<String> {
+        assert!(
+            text.ends_with("data: [DONE]\n\n"),
+            "stream must end with [DONE]: {text}"
+        );
+        text.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                e.strip_prefix("data: ")
+                    .unwrap_or_else(|| panic!("not a data line: {e:?}"))
+                    .to_owned()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn text_reply_and_recorded_request() {
+        let model = MockModel::start().await;
+        assert!(model.base_url().starts_with("http://127.0.0.1:"));
+        assert!(model.base_url().ends_with("/v1"));
+        model.push(Reply::text("hi there"));
+        assert_eq!(model.remaining(), 1);
+
+        let response = post(&model, &body(false)).await;
+        assert_eq!(response.status(), 200);
+        let reply: Value = response.json().await.unwrap();
+
+        assert_eq!(reply["object"], "chat.completion");
+        assert!(reply["id"].as_str().unwrap().starts_with("chatcmpl-"));
+        assert!(reply["created"].as_u64().unwrap() > 1_600_000_000);
+        assert_eq!(reply["model"], "gpt-test");
+        let choice = &reply["choices"][0];
+        assert_eq!(choice["index"], 0);
+        assert_eq!(choice["message"]["role"], "assistant");
+        assert_eq!(choice["message"]["content"], "hi there");
+        assert_eq!(choice["finish_reason"], "stop");
+        assert!(choice["logprobs"].is_null());
+        let usage = &reply["usage"];
+        assert_eq!(
+            usage["total_tokens"].as_u64().unwrap(),
+            usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+        );
+
+        assert_eq!(model.request_count(), 1);
+        assert_eq!(model.requests(), vec![body(false)]);
+        assert_eq!(model.remaining(), 0);
+        assert_eq!(model.overruns(), 0);
+    }
+
+    #[tokio::test]
+    async fn tool_calls_reply_shape() {
+        let model = MockModel::start().await;
+        model.push_all([
+            Reply::tool_call("call_1", "echo", r#"{"x":1}"#),
+            Reply::tool_calls(&[("a", "f", "{}"), ("b", "g", "not json{")]),
+        ]);
+
+        let reply: Value = post(&model, &body(false)).await.json().await.unwrap();
+        let choice = &reply["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert!(choice["message"]["content"].is_null());
+        let call = &choice["message"]["tool_calls"][0];
+        assert_eq!(call["id"], "call_1");
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "echo");
+        assert_eq!(call["function"]["arguments"], r#"{"x":1}"#);
+
+        let reply: Value = post(&model, &body(false)).await.json().await.unwrap();
+        let calls = reply["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[1]["function"]["arguments"], "not json{");
+    }
+
+    #[tokio::test]
+    async fn overrun_then_default() {
+        let model = MockModel::start().await;
+        let response = post(&model, &body(false)).await;
+        assert_eq!(response.status(), 500);
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["message"], SCRIPT_EXHAUSTED);
+        assert!(error["error"]["param"].is_null());
+        assert!(error["error"]["code"].is_null());
+        assert_eq!(model.overruns(), 1);
+        assert_eq!(model.request_count(), 1, "overruns are recorded too");
+
+        model.set_default(Some(Reply::text("default")));
+        let reply: Value = post(&model, &body(false)).await.json().await.unwrap();
+        assert_eq!(reply["choices"][0]["message"]["content"], "default");
+        assert_eq!(model.overruns(), 1);
+        assert_eq!(model.request_count(), 2);
+
+        model.set_default(None);
+        assert_eq!(post(&model, &body(false)).await.status(), 500);
+        assert_eq!(model.overruns(), 2);
+    }
+
+    #[tokio::test]
+    async fn failures_rate_limit_garbage_and_slow() {
+        let model = MockModel::start().await;
+        model.push_all([
+            Reply::fail(503),
+            Reply::rate_limited(7),
+            Reply::garbage(),
+            Reply::slow(Duration::from_millis(50), Reply::text("late")),
+            Reply::fail(400),
+        ]);
+
+        let response = post(&model, &body(false)).await;
+        assert_eq!(response.status(), 503);
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["type"], "server_error");
+
+        let response = post(&model, &body(false)).await;
+        assert_eq!(response.status(), 429);
+        assert_eq!(response.headers()["retry-after"], "7");
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["type"], "rate_limit_error");
+
+        let response = post(&model, &body(false)).await;
+        assert_eq!(response.status(), 200);
+        let text = response.text().await.unwrap();
+        assert!(serde_json::from_str::<Value>(&text).is_err());
+
+        let started = std::time::Instant::now();
+        let reply: Value = post(&model, &body(false)).await.json().await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(50));
+        assert_eq!(reply["choices"][0]["message"]["content"], "late");
+
+        // Fail-type replies keep their plain status for streaming requests.
+        let response = post(&model, &body(true)).await;
+        assert_eq!(response.status(), 400);
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert_eq!(model.remaining(), 0);
+        assert_eq!(model.overruns(), 0);
+    }
+
+    #[tokio::test]
+    async fn streaming_text_and_tool_calls() {
+        let model = MockModel::start().await;
+        model.push(Reply::text("streamed content here"));
+        model.push(Reply::tool_calls(&[
+            ("c1", "alpha", r#"{"path":"a/b.txt"}"#),
+            ("c2", "beta", "{}"),
+        ]));
+
+        let mut request = body(true);
+        request["stream_options"] = json!({"include_usage": true});
+        let response = post(&model, &request).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let data = sse_data(&response.text().await.unwrap());
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        assert!(
+            chunks
+                .iter()
+                .all(|c| c["object"] == "chat.completion.chunk")
+        );
+        let content: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(content, "streamed content here");
+        assert!(chunks.len() > 4, "content comes in several pieces");
+        let finish = &chunks[chunks.len() - 2];
+        assert_eq!(finish["choices"][0]["finish_reason"], "stop");
+        let usage = chunks.last().unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert!(usage["usage"]["total_tokens"].as_u64().unwrap() > 0);
+
+        let response = post(&model, &body(true)).await;
+        let data = sse_data(&response.text().await.unwrap());
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let mut ids = Vec::new();
+        let mut names = Vec::new();
+        let mut arguments = vec![String::new(), String::new()];
+        let mut argument_deltas = 0;
+        for chunk in &chunks {
+            for delta in chunk["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let index = delta["index"].as_u64().unwrap() as usize;
+                if let Some(id) = delta["id"].as_str() {
+                    assert_eq!(delta["type"], "function");
+                    ids.push(id.to_owned());
+                    names.push(delta["function"]["name"].as_str().unwrap().to_owned());
+                }
+                if let Some(piece) = delta["function"]["arguments"].as_str() {
+                    if !piece.is_empty() {
+                        argument_deltas += 1;
+                    }
+                    arguments[index].push_str(piece);
+                }
+            }
+        }
+        assert_eq!(ids, ["c1", "c2"]);
+        assert_eq!(names, ["alpha", "beta"]);
+        assert_eq!(arguments, [r#"{"path":"a/b.txt"}"#, "{}"]);
+        assert!(argument_deltas > 2, "arguments split across several deltas");
+        assert_eq!(
+            chunks.last().unwrap()["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
+    }
+
+    #[tokio::test]
+    async fn wait_for_requests_wakes_on_arrival() {
+        let model = MockModel::start().await;
+        model.set_default(Some(Reply::text("ok")));
+        let waiter = {
+            let model = model.clone();
+            tokio::spawn(async move { model.wait_for_requests(3).await })
+        };
+        for _ in 0..3 {
+            post(&model, &body(false)).await;
+        }
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("wait_for_requests resolved")
+            .unwrap();
+        // Already satisfied: returns at once.
+        model.wait_for_requests(2).await;
+        assert_eq!(model.overruns(), 0);
+    }
+}

@@ -1,0 +1,215 @@
+//! Shared test harness: a real cadre (HTTP on a loopback port, redb in a temp
+//! dir, real actors) against a model faked at the wire by [`mock_model`].
+//!
+//! `spawn_app(...)` returns a [`TestApp`]; request helpers return
+//! `(StatusCode, Value)`. Dropping the app shuts cadre down and closes the
+//! database, so a test can start a second app on the same data dir.
+#![allow(dead_code)]
+
+pub mod mock_model;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cadre::Runtime;
+use cadre::model::ModelEndpoint;
+use cadre::model::openai::ClientOptions;
+use cadre::tools::{ToolDefinition, ToolHandler};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+#[allow(unused_imports)]
+pub use mock_model::{MockModel, Reply};
+
+/// The repository's own agents folder (ships `assistant`).
+pub fn repo_agents() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("agents")
+}
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub runtime: Option<Runtime>,
+    pub data_dir: PathBuf,
+    /// Kept alive for the test's duration.
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+pub struct AppOptions {
+    /// `None`: the offline provider.
+    pub model_url: Option<String>,
+    pub agents_dir: PathBuf,
+    pub data_dir: Option<PathBuf>,
+    pub tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
+    pub max_retries: u32,
+    pub request_timeout: Duration,
+}
+
+impl AppOptions {
+    pub fn offline() -> Self {
+        AppOptions {
+            model_url: None,
+            agents_dir: repo_agents(),
+            data_dir: None,
+            tools: Vec::new(),
+            max_retries: 2,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub fn with_model(model: &MockModel) -> Self {
+        AppOptions {
+            model_url: Some(model.base_url()),
+            ..Self::offline()
+        }
+    }
+
+    pub fn agents(mut self, dir: &Path) -> Self {
+        self.agents_dir = dir.to_path_buf();
+        self
+    }
+
+    pub fn data_dir(mut self, dir: &Path) -> Self {
+        self.data_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    pub fn tool(mut self, def: ToolDefinition, handler: Arc<dyn ToolHandler>) -> Self {
+        self.tools.push((def, handler));
+        self
+    }
+}
+
+pub fn spawn_app(options: AppOptions) -> TestApp {
+    let mut dirs = Vec::new();
+    let data_dir = match options.data_dir {
+        Some(d) => d,
+        None => {
+            let d = tempfile::tempdir().expect("temp dir");
+            let p = d.path().to_path_buf();
+            dirs.push(d);
+            p
+        }
+    };
+    let endpoint = ModelEndpoint {
+        base_url: options.model_url,
+        api_key: None,
+        model: None,
+    };
+    let endpoint = if endpoint.base_url.is_some() {
+        ModelEndpoint {
+            api_key: Some("test-key".into()),
+            model: Some("mock-model".into()),
+            ..endpoint
+        }
+    } else {
+        endpoint
+    };
+    let mut builder = Runtime::builder()
+        .data_dir(&data_dir)
+        .agents_dir(&options.agents_dir)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .model_endpoint(endpoint)
+        .workers(2)
+        .client_options(ClientOptions {
+            request_timeout: options.request_timeout,
+            max_retries: options.max_retries,
+            retry_base_delay: Duration::from_millis(5),
+            max_retry_after: Duration::from_secs(5),
+        });
+    for (def, handler) in options.tools {
+        builder = builder.tool(def, handler);
+    }
+    let runtime = builder.start().expect("cadre starts");
+    let addr = runtime.addr().expect("listening");
+    TestApp {
+        base: format!("http://{addr}"),
+        client: reqwest::Client::new(),
+        runtime: Some(runtime),
+        data_dir,
+        _dirs: dirs,
+    }
+}
+
+/// Writes agent files into a fresh temp dir; returns it.
+pub fn agents_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("write agent file");
+    }
+    dir
+}
+
+impl TestApp {
+    pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .expect("request sent");
+        read(r).await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request sent");
+        read(r).await
+    }
+
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("request sent");
+        read(r).await
+    }
+
+    /// Creates a session of `agent`; returns its id.
+    pub async fn session(&self, agent: &str) -> String {
+        let (status, body) = self
+            .post("/v1/sessions", &serde_json::json!({"agent": agent}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["id"].as_str().expect("session id").to_string()
+    }
+
+    pub async fn say(&self, session: &str, content: &str) -> (StatusCode, Value) {
+        self.post(
+            &format!("/v1/sessions/{session}/messages"),
+            &serde_json::json!({"content": content}),
+        )
+        .await
+    }
+
+    /// Shuts cadre down (closing the database) and keeps the temp dirs.
+    pub fn stop(&mut self) {
+        self.runtime.take();
+    }
+}
+
+async fn read(r: reqwest::Response) -> (StatusCode, Value) {
+    let status = r.status();
+    let text = r.text().await.expect("body read");
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, body)
+}
+
+/// An agent file with the given tools and limits.
+pub fn agent_toml(name: &str, tools: &[&str], max_iterations: u32) -> String {
+    let tools: Vec<String> = tools.iter().map(|t| format!("{t:?}")).collect();
+    format!(
+        "name = {name:?}\nsystem_prompt = \"You are a test agent.\"\ntools = [{}]\nmax_iterations = {max_iterations}\n",
+        tools.join(", ")
+    )
+}
