@@ -62,6 +62,7 @@ pub struct RuntimeBuilder {
     workers: usize,
     handle_signals: bool,
     shutdown_grace: Duration,
+    http_allowlist: Vec<String>,
 }
 
 impl Default for RuntimeBuilder {
@@ -78,6 +79,7 @@ impl Default for RuntimeBuilder {
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             handle_signals: false,
             shutdown_grace: Duration::from_secs(30),
+            http_allowlist: Vec::new(),
         }
     }
 }
@@ -121,6 +123,11 @@ impl RuntimeBuilder {
     }
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = n.max(1);
+        self
+    }
+    /// Hosts the HTTP tools may reach even on loopback or private addresses.
+    pub fn http_allowlist(mut self, hosts: Vec<String>) -> Self {
+        self.http_allowlist = hosts;
         self
     }
     /// Stop on SIGINT / SIGTERM (for `cadre serve`).
@@ -265,7 +272,15 @@ fn setup(
 ) -> Result<(Store, Sessions, ToolRegistry, Vec<String>), RuntimeError> {
     let store = Store::open(&builder.data_dir)?;
     let registry = ToolRegistry::new();
-    builtin::register_all(&registry);
+    let builtin_ctx = builtin::BuiltinContext {
+        store: store.clone(),
+        data_dir: builder.agents_dir.join("data"),
+        http_allowlist: builder.http_allowlist.clone(),
+    };
+    builtin::register_all(&registry, &builtin_ctx).map_err(|e| RuntimeError::Tool {
+        name: "builtin".into(),
+        message: e.to_string(),
+    })?;
     for (definition, handler) in builder.tools.drain(..) {
         let name = definition.name.clone();
         registry

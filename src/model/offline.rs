@@ -236,7 +236,6 @@ mod tests {
     use crate::model::ToolChoice;
 
     fn tools() -> Vec<ToolSpec> {
-        crate::tools::builtin::register_all(&crate::tools::ToolRegistry::new());
         vec![
             crate::tools::builtin::echo::definition().spec(),
             crate::tools::builtin::calculator::definition().spec(),

@@ -135,6 +135,15 @@ pub enum WriteOp {
         messages: Vec<StoredMessage>,
     },
     RecordToolCall(Box<ToolCallRecord>),
+    PutDoc {
+        namespace: String,
+        key: String,
+        value: Value,
+    },
+    DeleteDoc {
+        namespace: String,
+        key: String,
+    },
 }
 
 struct WriteRequest {
@@ -338,6 +347,73 @@ impl Store {
         .await
     }
 
+    /// A document of a namespace, if present.
+    pub async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
+        let (ns, key) = (namespace.to_string(), key.to_string());
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(DOCS)?;
+            match table.get((ns.as_str(), key.as_str()))? {
+                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// Every document of a namespace whose key starts with `prefix`, by key.
+    pub async fn list_docs(
+        &self,
+        namespace: &str,
+        prefix: &str,
+    ) -> Result<Vec<(String, Value)>, StoreError> {
+        let (ns, prefix) = (namespace.to_string(), prefix.to_string());
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(DOCS)?;
+            let mut out = Vec::new();
+            for row in table.range((ns.as_str(), prefix.as_str())..)? {
+                let (k, v) = row?;
+                let (row_ns, key) = k.value();
+                if row_ns != ns || !key.starts_with(prefix.as_str()) {
+                    break;
+                }
+                out.push((key.to_string(), serde_json::from_slice(v.value())?));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Writes a document; durable before returning when `durable`.
+    pub async fn put_doc(
+        &self,
+        namespace: &str,
+        key: &str,
+        value: Value,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let op = WriteOp::PutDoc {
+            namespace: namespace.into(),
+            key: key.into(),
+            value,
+        };
+        self.write(vec![op], durable).await
+    }
+
+    pub async fn delete_doc(
+        &self,
+        namespace: &str,
+        key: &str,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let op = WriteOp::DeleteDoc {
+            namespace: namespace.into(),
+            key: key.into(),
+        };
+        self.write(vec![op], durable).await
+    }
+
     pub async fn record_count(&self) -> Result<u64, StoreError> {
         self.read(|db| Ok(db.begin_read()?.open_table(TOOL_CALLS)?.len()?))
             .await
@@ -379,6 +455,7 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
         txn.open_table(TOOL_CALLS_BY_TOOL)?;
         txn.open_table(TOOL_STATS)?;
+        txn.open_table(DOCS)?;
     }
     txn.commit()?;
     Ok(())
@@ -418,6 +495,7 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
         let mut by_conv = txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
         let mut by_tool = txn.open_table(TOOL_CALLS_BY_TOOL)?;
         let mut stats = txn.open_table(TOOL_STATS)?;
+        let mut docs = txn.open_table(DOCS)?;
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
             match op {
                 WriteOp::PutSession(s) => {
@@ -453,6 +531,19 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                     }
                     s.total_execution_time_ms += rec.execution_time_ms;
                     stats.insert(rec.tool_name.as_str(), serde_json::to_vec(&s)?.as_slice())?;
+                }
+                WriteOp::PutDoc {
+                    namespace,
+                    key,
+                    value,
+                } => {
+                    docs.insert(
+                        (namespace.as_str(), key.as_str()),
+                        serde_json::to_vec(value)?.as_slice(),
+                    )?;
+                }
+                WriteOp::DeleteDoc { namespace, key } => {
+                    docs.remove((namespace.as_str(), key.as_str()))?;
                 }
             }
         }

@@ -30,3 +30,7 @@ pub const TOOL_CALLS_BY_TOOL: TableDefinition<(&str, &str), ()> =
 
 /// tool_name -> `ToolStats` (json), updated in the transaction that adds the record.
 pub const TOOL_STATS: TableDefinition<&str, &[u8]> = TableDefinition::new("tool_stats");
+
+/// (namespace, key) -> json document: small per-user state of tools
+/// (paper orders, alerts, watchlists...) and pending confirmations.
+pub const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("docs");

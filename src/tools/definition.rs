@@ -1,8 +1,14 @@
 //! A tool's definition: what the model is told and what the executor enforces.
 //!
-//! For now definitions are built in Rust (builtins, embedders' custom tools);
-//! the declarative YAML/TOML files of the tools issue will deserialize into
-//! this same struct.
+//! tool file (YAML | TOML) ──parse──▶ [`ToolFile`] ──resolve──▶ [`ToolDefinition`] (+ handler)
+//! Rust code (builtins, embedders) ─────────────────────────────▶ [`ToolDefinition`]
+//!
+//! One struct, two formats: the ToolEngine's YAML layout (`name, version,
+//! description, category, tags, parameters, entry, output`) plus cadre's
+//! `required_plan`, `rate_limit`, `cache`, `post_processor` and `timeout_s`.
+//! `parameters` is either the list form or a JSON Schema object; both become
+//! one JSON Schema ([`super::schema`]) used for validation and for the
+//! OpenAI export.
 
 use std::time::Duration;
 
@@ -11,40 +17,136 @@ use serde_json::Value;
 
 use crate::model::ToolSpec;
 
+/// Subscription plans, ordered: free < pro < premium.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Plan {
+    #[default]
+    Free,
+    Pro,
+    Premium,
+}
+
+impl Plan {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Plan::Free => "free",
+            Plan::Pro => "pro",
+            Plan::Premium => "premium",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Plan> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "free" => Some(Plan::Free),
+            "pro" => Some(Plan::Pro),
+            "premium" => Some(Plan::Premium),
+            _ => None,
+        }
+    }
+}
+
+/// Calls allowed per user and tool in each window; unset windows are unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub per_minute: Option<u32>,
+    pub per_hour: Option<u32>,
+    pub per_day: Option<u32>,
+}
+
+impl RateLimit {
+    pub fn is_unlimited(&self) -> bool {
+        self.per_minute.is_none() && self.per_hour.is_none() && self.per_day.is_none()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSpec {
+    /// 0 disables caching for this tool.
+    pub ttl_seconds: u64,
+}
+
+/// What runs when the tool is called.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum Entry {
+    /// A handler compiled into cadre, by name (defaults to the tool's name).
+    Builtin {
+        #[serde(default)]
+        handler: Option<String>,
+    },
+    /// A command run with the parameters as JSON on stdin, JSON expected on
+    /// stdout; or an HTTP endpoint that receives them as a JSON POST.
+    External {
+        #[serde(default)]
+        command: Option<Vec<String>>,
+        #[serde(default)]
+        url: Option<String>,
+        /// Largest output read, in bytes (default 1 MiB).
+        #[serde(default)]
+        max_output_bytes: Option<usize>,
+    },
+    /// A Rust handler registered through the library API, by name.
+    Custom {
+        #[serde(default)]
+        handler: Option<String>,
+    },
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Entry::Builtin { handler: None }
+    }
+}
+
+/// The resolved definition the executor and the model see.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDefinition {
     pub name: String,
-    #[serde(default = "default_version")]
     pub version: String,
     pub description: String,
-    #[serde(default = "default_category")]
     pub category: String,
-    #[serde(default)]
     pub tags: Vec<String>,
     /// JSON Schema of the parameters (an object schema).
     pub parameters: Value,
+    #[serde(default)]
+    pub entry: Entry,
+    #[serde(default)]
+    pub output: Option<Value>,
+    #[serde(default)]
+    pub required_plan: Plan,
+    #[serde(default)]
+    pub rate_limit: RateLimit,
+    #[serde(default)]
+    pub cache: Option<CacheSpec>,
+    #[serde(default)]
+    pub post_processor: Option<String>,
     /// Per-call timeout; the execution context or the executor default otherwise.
     #[serde(default, with = "opt_millis")]
     pub timeout: Option<Duration>,
 }
 
-fn default_version() -> String {
-    "1.0.0".into()
-}
-
-fn default_category() -> String {
-    "custom".into()
-}
+pub const REQUIRE_CONFIRMATION: &str = "require_confirmation";
 
 impl ToolDefinition {
     pub fn new(name: &str, description: &str, parameters: Value) -> Self {
         ToolDefinition {
             name: name.into(),
-            version: default_version(),
+            version: "1.0.0".into(),
             description: description.into(),
-            category: default_category(),
+            category: "custom".into(),
             tags: Vec::new(),
             parameters,
+            entry: Entry::default(),
+            output: None,
+            required_plan: Plan::Free,
+            rate_limit: RateLimit::default(),
+            cache: None,
+            post_processor: None,
             timeout: None,
         }
     }
@@ -62,6 +164,45 @@ impl ToolDefinition {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
+    }
+
+    pub fn with_plan(mut self, plan: Plan) -> Self {
+        self.required_plan = plan;
+        self
+    }
+
+    pub fn with_rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate_limit = limit;
+        self
+    }
+
+    /// Shorthand for a per-minute limit only.
+    pub fn per_minute(self, n: u32) -> Self {
+        self.with_rate_limit(RateLimit {
+            per_minute: Some(n),
+            ..RateLimit::default()
+        })
+    }
+
+    pub fn with_cache_ttl(mut self, seconds: u64) -> Self {
+        self.cache = Some(CacheSpec {
+            ttl_seconds: seconds,
+        });
+        self
+    }
+
+    pub fn with_post_processor(mut self, name: &str) -> Self {
+        self.post_processor = Some(name.into());
+        self
+    }
+
+    pub fn with_entry(mut self, entry: Entry) -> Self {
+        self.entry = entry;
+        self
+    }
+
+    pub fn requires_confirmation(&self) -> bool {
+        self.post_processor.as_deref() == Some(REQUIRE_CONFIRMATION)
     }
 
     /// What the model is offered.

@@ -1,23 +1,46 @@
-//! Builtin tools, one file per family. [`register_all`] puts them in a
-//! registry; agents choose which of them to offer by name.
+//! Builtin tools, one file (or folder) per family. [`register_all`] puts them
+//! in a registry; agents choose which of them to offer by name, and tool
+//! files (`entry.type = builtin`) refer to them by handler name.
+//!
+//! Every family exposes `tools(&BuiltinContext) -> Vec<(ToolDefinition,
+//! Arc<dyn ToolHandler>)>`; what a handler needs (the store for per-user
+//! state, the data folder, the network policy) comes in the context.
 
 pub mod calc_eval;
 pub mod calculator;
 pub mod echo;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::ToolRegistry;
+use super::validate::SchemaError;
+use super::{ToolDefinition, ToolHandler, ToolRegistry};
+use crate::store::Store;
 
-pub fn register_all(registry: &ToolRegistry) {
-    let builtins: [(super::ToolDefinition, Arc<dyn super::ToolHandler>); 2] = [
+/// What builtin handlers may use.
+#[derive(Clone)]
+pub struct BuiltinContext {
+    pub store: Store,
+    /// `agents/data`: JSON master files of the data tools.
+    pub data_dir: PathBuf,
+    /// Hosts `http_request` / `fetch_page` may reach even when they resolve
+    /// to loopback or private addresses (`host` or `host:port`).
+    pub http_allowlist: Vec<String>,
+}
+
+pub type ToolEntry = (ToolDefinition, Arc<dyn ToolHandler>);
+
+/// Every builtin tool.
+pub fn all(_ctx: &BuiltinContext) -> Vec<ToolEntry> {
+    vec![
         (echo::definition(), Arc::new(echo::Echo)),
         (calculator::definition(), Arc::new(calculator::Calculator)),
-    ];
-    for (def, handler) in builtins {
-        let name = def.name.clone();
-        registry
-            .register(def, handler)
-            .unwrap_or_else(|e| panic!("builtin tool {name} has a bad schema: {e}"));
+    ]
+}
+
+pub fn register_all(registry: &ToolRegistry, ctx: &BuiltinContext) -> Result<(), SchemaError> {
+    for (def, handler) in all(ctx) {
+        registry.register(def, handler)?;
     }
+    Ok(())
 }
