@@ -354,7 +354,7 @@ mod tests {
 
     #[test]
     fn the_window_keeps_recent_history_without_orphan_tool_results() {
-        let mut m = ConversationMachine::new(settings(3, 3), vec![]);
+        let mut m = ConversationMachine::new(settings(3, 2), vec![]);
         m.start_turn("one".into());
         m.on_model_reply(tools_reply(&["a"]));
         m.on_tool_results(vec![ok("a")]);
@@ -363,8 +363,8 @@ mod tests {
             tool_calls: vec![],
             usage: None,
         });
-        // history: user, assistant(tool_calls), tool, assistant -> window 3
-        // would start on the tool result, which is dropped.
+        // history: user, assistant(tool_calls), tool, assistant -> a window
+        // of 2 would start on the tool result, which is dropped.
         let step = m.start_turn("two".into());
         let req = request_of(&step);
         let contents: Vec<_> = req
