@@ -1,0 +1,246 @@
+//! The real `cadre serve` binary, run as a child process with no model
+//! endpoint configured: the built-in offline provider answers through the
+//! calculator, and a session's history, tool usage summary and ability to
+//! take further turns survive `kill -9` and a restart on the same data dir.
+
+mod support;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// One `cadre serve` child process. Dropping it kills the process (SIGKILL
+/// on unix), so a failing assertion never leaves a server behind.
+struct Server {
+    child: Child,
+    base: String,
+    client: reqwest::Client,
+    /// Kept open so the child's stdout never turns into a broken pipe.
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Server {
+    /// Starts `cadre serve` on a free loopback port over `data_dir` and
+    /// returns once it has printed its `cadre listening on` line. Its stderr
+    /// goes to `log`, which is shown if it never gets ready.
+    async fn start(data_dir: &Path, log: PathBuf) -> Server {
+        let data_dir = data_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || Server::start_blocking(&data_dir, &log))
+            .await
+            .expect("the start thread finished")
+    }
+
+    fn start_blocking(data_dir: &Path, log: &Path) -> Server {
+        let stderr = File::create(log).expect("create the server log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cadre"))
+            .arg("serve")
+            .arg("--addr")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--agents")
+            .arg(support::repo_agents())
+            .env_remove("CADRE_MODEL_BASE_URL")
+            .env_remove("CADRE_MODEL_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("CADRE_MODEL")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("the cadre binary starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        // From here on the guard owns the child: a panic below kills it.
+        let mut server = Server {
+            child,
+            base: String::new(),
+            client: reqwest::Client::new(),
+            _stdout: BufReader::new(stdout),
+        };
+        let mut line = String::new();
+        let read = server
+            ._stdout
+            .read_line(&mut line)
+            .expect("read the server's stdout");
+        let addr = line
+            .trim_end()
+            .strip_prefix("cadre listening on http://")
+            .map(str::to_owned);
+        let Some(addr) = addr.filter(|_| read > 0) else {
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            panic!("cadre did not report its address; stdout: {line:?}; stderr:\n{log}");
+        };
+        server.base = format!("http://{addr}");
+        server
+    }
+
+    /// SIGKILL (kill -9 on unix), then reap the process.
+    fn kill_9(mut self) {
+        self.child.kill().expect("kill the server");
+        let status = self.child.wait().expect("reap the server");
+        assert!(!status.success(), "a killed server does not exit cleanly");
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .expect("request sent");
+        read(r).await
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let r = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .expect("request sent");
+        read(r).await
+    }
+
+    async fn session(&self, agent: &str) -> String {
+        let (status, body) = self.post("/v1/sessions", &json!({"agent": agent})).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["id"].as_str().expect("session id").to_owned()
+    }
+
+    /// One turn; asserts it succeeded and returns the outcome.
+    async fn say(&self, session: &str, content: &str) -> Value {
+        let (status, body) = self
+            .post(
+                &format!("/v1/sessions/{session}/messages"),
+                &json!({"content": content}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+
+    async fn messages(&self, session: &str) -> Vec<Value> {
+        let (status, body) = self.get(&format!("/v1/sessions/{session}/messages")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["session_id"], session);
+        body["messages"].as_array().expect("messages array").clone()
+    }
+
+    async fn summary(&self, session: &str) -> Value {
+        let (status, body) = self.get(&format!("/v1/sessions/{session}/summary")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn read(r: reqwest::Response) -> (StatusCode, Value) {
+    let status = r.status();
+    let text = r.text().await.expect("body read");
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, body)
+}
+
+fn roles(messages: &[Value]) -> Vec<&str> {
+    messages
+        .iter()
+        .map(|m| m["role"].as_str().expect("role"))
+        .collect()
+}
+
+#[tokio::test]
+async fn offline_provider_answers_6_times_7_with_42_via_the_calculator() {
+    let data = tempfile::tempdir().expect("data dir");
+    let logs = tempfile::tempdir().expect("log dir");
+    let server = Server::start(data.path(), logs.path().join("server.log")).await;
+    let session = server.session("assistant").await;
+
+    let outcome = server.say(&session, "What is 6*7?").await;
+
+    let answer = outcome["answer"].as_str().expect("answer");
+    assert!(answer.contains("42"), "answer: {answer}");
+    let calls = outcome["tool_calls"].as_array().expect("tool_calls");
+    assert_eq!(calls.len(), 1, "{outcome}");
+    assert_eq!(calls[0]["name"], "calculator");
+    assert_eq!(calls[0]["is_success"], true);
+    assert_eq!(calls[0]["arguments"], json!({"expression": "6*7"}));
+}
+
+#[tokio::test]
+async fn history_survives_kill_9_and_restart() {
+    let data = tempfile::tempdir().expect("data dir");
+    let logs = tempfile::tempdir().expect("log dir");
+    let first = Server::start(data.path(), logs.path().join("first.log")).await;
+    let session = first.session("assistant").await;
+
+    let arithmetic = first.say(&session, "What is (2+3)*4?").await;
+    let answer = arithmetic["answer"].as_str().expect("answer");
+    assert!(answer.contains("20"), "answer: {answer}");
+    assert_eq!(arithmetic["tool_calls"][0]["name"], "calculator");
+    let echoed = first.say(&session, "echo hello there").await;
+    assert_eq!(echoed["tool_calls"][0]["name"], "echo");
+    assert_eq!(echoed["tool_calls"][0]["is_success"], true);
+    assert!(
+        echoed["answer"]
+            .as_str()
+            .expect("answer")
+            .contains("hello there"),
+        "{echoed}"
+    );
+
+    let before = first.messages(&session).await;
+    // Each turn: user, assistant (tool call), tool result, assistant answer.
+    let turn = ["user", "assistant", "tool", "assistant"];
+    assert_eq!(roles(&before), [turn, turn].concat());
+    let seqs: Vec<u64> = before.iter().map(|m| m["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (1..=8).collect::<Vec<u64>>());
+    let summary_before = first.summary(&session).await;
+    let usage = &summary_before["tool_usage_summary"];
+    assert_eq!(usage["tool_usage"]["calculator"], 1, "{summary_before}");
+    assert_eq!(usage["tool_usage"]["echo"], 1, "{summary_before}");
+    assert_eq!(usage["total_calls"], 2, "{summary_before}");
+    assert_eq!(usage["successful_calls"], 2, "{summary_before}");
+    assert_eq!(summary_before["message_count"], 8, "{summary_before}");
+
+    first.kill_9();
+    let second = Server::start(data.path(), logs.path().join("second.log")).await;
+
+    let after = second.messages(&session).await;
+    assert_eq!(after, before, "history changed across kill -9 and restart");
+    let summary_after = second.summary(&session).await;
+    assert_eq!(summary_after, summary_before);
+
+    let third = second.say(&session, "What is 10-3?").await;
+    let answer = third["answer"].as_str().expect("answer");
+    assert!(answer.contains('7'), "answer: {answer}");
+    assert_eq!(third["tool_calls"][0]["name"], "calculator");
+    assert_eq!(third["tool_calls"][0]["is_success"], true);
+
+    let latest = second.messages(&session).await;
+    assert_eq!(latest.len(), before.len() + 4);
+    assert_eq!(latest[..before.len()], before[..]);
+    assert_eq!(roles(&latest[before.len()..]), turn);
+    let new_seqs: Vec<u64> = latest[before.len()..]
+        .iter()
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(new_seqs, [9, 10, 11, 12]);
+    let tool_call_id = latest[9]["tool_calls"][0]["id"].clone();
+    assert_eq!(latest[10]["tool_call_id"], tool_call_id);
+    let summary = second.summary(&session).await;
+    assert_eq!(summary["tool_usage_summary"]["tool_usage"]["calculator"], 2);
+    assert_eq!(summary["tool_usage_summary"]["total_calls"], 3);
+    assert_eq!(summary["message_count"], 12);
+}
