@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use crate::model::openai::ClientOptions;
 use crate::model::{ModelEndpoint, SharedModel, ToolSpec, model_for};
-use crate::tools::ToolRegistry;
+use crate::tools::{Plan, ToolRegistry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -160,8 +160,9 @@ impl Agent {
         })
     }
 
-    pub fn tool_specs(&self, registry: &ToolRegistry) -> Vec<ToolSpec> {
-        registry.specs_for(&self.tools)
+    /// The agent's tools that `plan` may call, as offered to the model.
+    pub fn tool_specs(&self, registry: &ToolRegistry, plan: Plan) -> Vec<ToolSpec> {
+        registry.specs_for(&self.tools, plan)
     }
 }
 

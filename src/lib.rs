@@ -12,14 +12,17 @@
 //! - [`executor`]: the supervised actor every tool call passes through.
 //! - [`store`]: redb tables and the group-committing writer.
 //! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
-//! - [`config`]: server config and agent definitions.
+//! - [`events`]: the broadcast bus of runtime events.
+//! - [`config`]: agent definitions; [`server_config`]: the server's config file.
 
 pub mod config;
 pub mod conversation;
+pub mod events;
 pub mod executor;
 pub mod http;
 pub mod model;
 pub mod runtime;
+pub mod server_config;
 pub mod store;
 pub mod tools;
 

@@ -23,12 +23,19 @@ use tokio::sync::oneshot;
 
 use crate::config::{Agent, Agents, ConfigError, load_agent_files};
 use crate::conversation::Sessions;
-use crate::executor::{ExecutorConfig, ExecutorHandle};
+use crate::events::EventBus;
+use crate::executor::cache::ResultCache;
+use crate::executor::concurrency::ConcurrencyController;
+use crate::executor::confirmations::Confirmations;
+use crate::executor::limits::RateLimiter;
+use crate::executor::{ExecutorHandle, ExecutorShared};
+use crate::http::rate_limit::ApiRateLimit;
 use crate::http::{AppState, router};
 use crate::model::openai::ClientOptions;
 use crate::model::{ModelEndpoint, SharedModel};
+use crate::server_config::ServerConfig;
 use crate::store::{Store, StoreError};
-use crate::tools::{ToolDefinition, ToolHandler, ToolRegistry, builtin};
+use crate::tools::{ToolDefinition, ToolHandler, ToolRegistry, builtin, watch};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -57,12 +64,12 @@ pub struct RuntimeBuilder {
     endpoint: ModelEndpoint,
     model: Option<SharedModel>,
     tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
+    handlers: Vec<(String, Arc<dyn ToolHandler>)>,
     client_options: ClientOptions,
-    executor_config: ExecutorConfig,
+    config: ServerConfig,
     workers: usize,
     handle_signals: bool,
     shutdown_grace: Duration,
-    http_allowlist: Vec<String>,
 }
 
 impl Default for RuntimeBuilder {
@@ -74,12 +81,12 @@ impl Default for RuntimeBuilder {
             endpoint: ModelEndpoint::from_env(),
             model: None,
             tools: Vec::new(),
+            handlers: Vec::new(),
             client_options: ClientOptions::default(),
-            executor_config: ExecutorConfig::default(),
+            config: ServerConfig::default(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             handle_signals: false,
             shutdown_grace: Duration::from_secs(30),
-            http_allowlist: Vec::new(),
         }
     }
 }
@@ -112,22 +119,23 @@ impl RuntimeBuilder {
         self.client_options = options;
         self
     }
-    pub fn executor_config(mut self, config: ExecutorConfig) -> Self {
-        self.executor_config = config;
+    /// Server settings: concurrency, API limit, executor, tools.
+    pub fn config(mut self, config: ServerConfig) -> Self {
+        self.config = config;
         self
     }
-    /// Registers a tool of the embedding program (a `custom` entry).
+    /// Registers a tool of the embedding program.
     pub fn tool(mut self, definition: ToolDefinition, handler: Arc<dyn ToolHandler>) -> Self {
         self.tools.push((definition, handler));
         self
     }
-    pub fn workers(mut self, n: usize) -> Self {
-        self.workers = n.max(1);
+    /// Registers a handler that tool files name with `entry: {type: custom, handler: NAME}`.
+    pub fn handler(mut self, name: &str, handler: Arc<dyn ToolHandler>) -> Self {
+        self.handlers.push((name.into(), handler));
         self
     }
-    /// Hosts the HTTP tools may reach even on loopback or private addresses.
-    pub fn http_allowlist(mut self, hosts: Vec<String>) -> Self {
-        self.http_allowlist = hosts;
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = n.max(1);
         self
     }
     /// Stop on SIGINT / SIGTERM (for `cadre serve`).
@@ -148,6 +156,7 @@ impl RuntimeBuilder {
                 addr: ready.addr,
                 sessions: Some(ready.sessions),
                 registry: ready.registry,
+                executor: Some(ready.executor),
                 providers: ready.providers,
                 stop: Some(stop_tx),
                 thread: Some(thread),
@@ -168,6 +177,7 @@ struct Ready {
     addr: Option<SocketAddr>,
     sessions: Sessions,
     registry: ToolRegistry,
+    executor: ExecutorHandle,
     providers: Vec<String>,
 }
 
@@ -176,6 +186,7 @@ pub struct Runtime {
     addr: Option<SocketAddr>,
     sessions: Option<Sessions>,
     registry: ToolRegistry,
+    executor: Option<ExecutorHandle>,
     providers: Vec<String>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -199,6 +210,15 @@ impl Runtime {
         &self.registry
     }
 
+    /// The runtime's event bus (`subscribe()` for tool and execution events).
+    pub fn events(&self) -> &EventBus {
+        self.registry.events()
+    }
+
+    pub fn executor(&self) -> &ExecutorHandle {
+        self.executor.as_ref().expect("executor lives until drop")
+    }
+
     /// One line per agent: which model serves it.
     pub fn providers(&self) -> &[String] {
         &self.providers
@@ -215,8 +235,9 @@ impl Runtime {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        // Our own clone of the store must go before the writer can close.
+        // Our own clones of the store must go before the writer can close.
         self.sessions.take();
+        self.executor.take();
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -266,30 +287,48 @@ fn run(
     }
 }
 
+struct Parts {
+    store: Store,
+    sessions: Sessions,
+    registry: ToolRegistry,
+    executor: ExecutorHandle,
+    providers: Vec<String>,
+}
+
 fn setup(
     builder: &mut RuntimeBuilder,
     arbiters: &[actix::dev::ArbiterHandle],
-) -> Result<(Store, Sessions, ToolRegistry, Vec<String>), RuntimeError> {
+) -> Result<Parts, RuntimeError> {
+    let config = &builder.config;
     let store = Store::open(&builder.data_dir)?;
-    let registry = ToolRegistry::new();
+    let events = EventBus::new();
+    let registry = ToolRegistry::with_events(events.clone(), config.tools.strict_validation);
     let builtin_ctx = builtin::BuiltinContext {
         store: store.clone(),
         data_dir: builder.agents_dir.join("data"),
-        http_allowlist: builder.http_allowlist.clone(),
+        http_allowlist: config.tools.http_allowlist.clone(),
     };
-    builtin::register_all(&registry, &builtin_ctx).map_err(|e| RuntimeError::Tool {
-        name: "builtin".into(),
-        message: e.to_string(),
-    })?;
+    let tool_error = |name: String| {
+        move |e: crate::tools::validate::SchemaError| RuntimeError::Tool {
+            name,
+            message: e.to_string(),
+        }
+    };
+    builtin::register_all(&registry, &builtin_ctx).map_err(tool_error("builtin".into()))?;
     for (definition, handler) in builder.tools.drain(..) {
         let name = definition.name.clone();
         registry
-            .register(definition, handler)
-            .map_err(|e| RuntimeError::Tool {
-                name,
-                message: e.to_string(),
-            })?;
+            .register_custom(definition, handler)
+            .map_err(tool_error(name))?;
     }
+    for (name, handler) in builder.handlers.drain(..) {
+        registry.add_custom_handler(&name, handler);
+    }
+    let report = registry.reload_dir(&builder.agents_dir.join("tools"));
+    for e in &report.errors {
+        tracing::error!("{e}");
+    }
+    registry.announce();
     let mut agents = Vec::new();
     let mut providers = Vec::new();
     for (_path, file) in load_agent_files(&builder.agents_dir)? {
@@ -308,21 +347,33 @@ fn setup(
     if agents.is_empty() {
         tracing::warn!(dir = %builder.agents_dir.display(), "no agents defined");
     }
+    let executor_config = config.executor_config();
+    let shared = ExecutorShared {
+        registry: registry.clone(),
+        store: store.clone(),
+        limiter: Arc::new(RateLimiter::new()),
+        concurrency: Arc::new(ConcurrencyController::new(config.concurrency.clone())),
+        cache: ResultCache::new(),
+        confirmations: Confirmations::new(store.clone(), executor_config.confirmation_ttl),
+        events,
+        config: executor_config,
+    };
     let (executor_arbiter, conversation_arbiters) = arbiters.split_first().expect("arbiters");
-    let executor = ExecutorHandle::start(
-        executor_arbiter,
-        registry.clone(),
-        store.clone(),
-        builder.executor_config.clone(),
-    );
+    let executor = ExecutorHandle::start(executor_arbiter, shared);
     let sessions = Sessions::new(
         store.clone(),
         Agents::new(agents),
         registry.clone(),
-        executor,
+        executor.clone(),
         conversation_arbiters.to_vec(),
     );
-    Ok((store, sessions, registry, providers))
+    Ok(Parts {
+        store,
+        sessions,
+        registry,
+        executor,
+        providers,
+    })
 }
 
 async fn serve(
@@ -331,13 +382,34 @@ async fn serve(
     ready: std::sync::mpsc::Sender<Result<Ready, RuntimeError>>,
     stop: oneshot::Receiver<()>,
 ) {
-    let (store, sessions, registry, providers) = match setup(&mut builder, &arbiters) {
+    let Parts {
+        store,
+        sessions,
+        registry,
+        executor,
+        providers,
+    } = match setup(&mut builder, &arbiters) {
         Ok(parts) => parts,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
+    let api_limit = match ApiRateLimit::new(&builder.config.api_limit) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(RuntimeError::Tool {
+                name: "api_limit".into(),
+                message: e.to_string(),
+            }));
+            return;
+        }
+    };
+    watch::spawn(
+        registry.clone(),
+        builder.agents_dir.join("tools"),
+        builder.config.reload_interval(),
+    );
     let listener = match builder.listen {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => Some(l),
@@ -353,16 +425,24 @@ async fn serve(
         addr,
         sessions: sessions.clone(),
         registry: registry.clone(),
+        executor: executor.clone(),
         providers,
     }));
     let shutdown = shutdown_signal(stop, builder.handle_signals);
     match listener {
         Some(listener) => {
-            let app = router(AppState {
-                sessions,
-                registry,
-                store: store.clone(),
-            });
+            let events = registry.events().clone();
+            let app = router(
+                AppState {
+                    sessions,
+                    registry,
+                    store: store.clone(),
+                    executor,
+                    events,
+                },
+                api_limit,
+            )
+            .into_make_service_with_connect_info::<SocketAddr>();
             let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
             let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                 shutdown.await;
@@ -383,7 +463,7 @@ async fn serve(
             }
         }
         None => {
-            drop((sessions, registry));
+            drop((sessions, registry, executor, api_limit));
             shutdown.await;
         }
     }

@@ -206,7 +206,7 @@ impl Conversation {
         let mut c = ExecutionContext::new(CallerType::ConversationAgent, self.session.id.clone());
         c.conversation_id = Some(self.session.id.clone());
         c.user_id = self.session.user_id.clone();
-        c.plan = self.session.plan.clone();
+        c.plan = self.session.plan;
         c
     }
 }

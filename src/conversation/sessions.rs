@@ -24,7 +24,7 @@ use super::summary::ToolUsageSummary;
 use crate::config::Agents;
 use crate::executor::ExecutorHandle;
 use crate::store::{Session, Store, StoreError, StoredMessage, WriteOp};
-use crate::tools::ToolRegistry;
+use crate::tools::{Plan, ToolRegistry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -43,7 +43,7 @@ pub enum SessionError {
 pub struct NewSession {
     pub agent: String,
     pub user_id: Option<String>,
-    pub plan: Option<String>,
+    pub plan: Plan,
     pub metadata: Value,
 }
 
@@ -187,7 +187,7 @@ impl Sessions {
         let settings = TurnSettings {
             system_prompt: agent.system_prompt.clone(),
             model: agent.model_name.clone(),
-            tools: agent.tool_specs(&self.inner.registry),
+            tools: agent.tool_specs(&self.inner.registry, session.plan),
             max_iterations: agent.max_iterations,
             history_window: agent.history_window,
             temperature: agent.temperature,

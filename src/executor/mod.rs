@@ -1,25 +1,43 @@
 //! Executor: the one gate every tool call passes.
 //!
 //! sub-agent / workflow / HTTP ──ExecuteTool──▶ executor ──▶ handler (spawned task, panics caught)
-//!            ▲                                   │ lookup · validation · timeout · retries · record
+//!            ▲                                   │
 //!            └──────── ToolExecutionResult ──────┘
 //!
-//! Admission (lookup, argument parsing and validation) is cheap and runs
-//! inside the actor; the tool body runs in a spawned tokio task so a slow
-//! tool never stalls admission, and a panicking one only fails its own call
-//! (`execution_error`). The actor is started under an actix `Supervisor`: if
-//! admission itself ever panics, the panic is caught, the caller gets an
-//! `execution_error`, and the actor stops so the supervisor restarts it with
-//! fresh state. Callers reach it through [`ExecutorHandle`], which turns an
-//! unreachable executor into an `execution_error` outcome, never a hang.
+//! The pipeline, in order (each refusal is a typed outcome, never a crash):
+//! 1. lookup (`tool_not_found`)
+//! 2. plan (`plan_required`, naming the plan needed)
+//! 3. rate limit per user and tool: minute, hour, day ([`limits`]; `rate_limited`
+//!    with `retry_after_ms`)
+//! 4. validation against the tool's schema, defaults filled (`validation_error`)
+//! 5. cache ([`cache`]; a hit has `metadata.cached = true`)
+//! 6. confirmation ([`confirmations`]): a `require_confirmation` tool does not
+//!    run; the call is stored and `pending_confirmation` returned
+//! 7. concurrency admission ([`concurrency`]; `queue_full`, `timeout`);
+//!    workflow-node callers bypass it and are not counted
+//! 8. run with timeout and retries (exponential backoff with jitter, only
+//!    for retryable failures: timeouts, transient errors)
+//! 9. cache store, one `ToolCallRecord`, and an execution event.
 //!
-//! Retries: only failures that may pass on a second try (a handler's
-//! `Transient` error, a timeout) are retried, up to `max_retries` of the
-//! execution context, with exponential backoff and jitter.
-//! Every call, refused or run, leaves one `ToolCallRecord`. Records from
-//! conversations are written non-durably and made durable by the turn's
-//! final commit; records of direct calls are durable before the reply.
+//! Steps 1-4 are cheap and run inside the actor; the rest runs in the reply
+//! future, and the tool body in a spawned tokio task, so a slow tool never
+//! stalls admission and a panicking one fails only its own call
+//! (`execution_error`). The actor runs under an actix `Supervisor`: if
+//! admission itself panics, the caller gets an `execution_error` and the
+//! actor stops so the supervisor restarts it; limits, pool and cache live in
+//! shared handles and survive the restart. Callers reach it through
+//! [`ExecutorHandle`], which turns an unreachable executor into an
+//! `execution_error` outcome, never a hang.
+//!
+//! Records: calls from conversations are written non-durably and made
+//! durable by the turn's single fsync before the turn is acknowledged; every
+//! other caller's record is durable before the reply.
 //! Owns: admission, retries, call records. Does not: talk to the model.
+
+pub mod cache;
+pub mod concurrency;
+pub mod confirmations;
+pub mod limits;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -27,13 +45,18 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures::FutureExt;
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use crate::events::{EventBus, EventKind};
 use crate::store::{Store, ToolCallRecord, WriteOp};
 use crate::tools::{
     CallerType, ErrorType, ExecutionContext, RegisteredTool, ToolError, ToolExecutionResult,
     ToolRegistry,
 };
+use cache::ResultCache;
+use concurrency::{AdmissionRequest, ConcurrencyController};
+use confirmations::Confirmations;
+use limits::RateLimiter;
 
 /// Executor-wide settings.
 #[derive(Debug, Clone)]
@@ -42,6 +65,8 @@ pub struct ExecutorConfig {
     pub default_timeout: Duration,
     /// First retry delay; doubles per attempt, with ±50 % jitter.
     pub retry_base_delay: Duration,
+    /// How long a pending confirmation stays approvable.
+    pub confirmation_ttl: Duration,
 }
 
 impl Default for ExecutorConfig {
@@ -49,6 +74,7 @@ impl Default for ExecutorConfig {
         ExecutorConfig {
             default_timeout: Duration::from_secs(30),
             retry_base_delay: Duration::from_millis(100),
+            confirmation_ttl: Duration::from_secs(600),
         }
     }
 }
@@ -69,12 +95,39 @@ pub struct ExecuteTool {
     /// The model's id for this call, kept in the record.
     pub tool_call_id: Option<String>,
     pub ctx: ExecutionContext,
+    /// Set when a person approved this call: plan, rate limit and the
+    /// confirmation step were passed when it was first made.
+    pub confirmed: bool,
+}
+
+impl ExecuteTool {
+    pub fn new(tool_name: &str, arguments: Arguments, ctx: ExecutionContext) -> Self {
+        ExecuteTool {
+            tool_name: tool_name.into(),
+            arguments,
+            tool_call_id: None,
+            ctx,
+            confirmed: false,
+        }
+    }
+}
+
+/// The parts of the executor that outlive an actor restart and that the
+/// HTTP layer reads (limits, metrics).
+#[derive(Clone)]
+pub struct ExecutorShared {
+    pub registry: ToolRegistry,
+    pub store: Store,
+    pub limiter: Arc<RateLimiter>,
+    pub concurrency: Arc<ConcurrencyController>,
+    pub cache: ResultCache,
+    pub confirmations: Confirmations,
+    pub events: EventBus,
+    pub config: ExecutorConfig,
 }
 
 struct Executor {
-    registry: ToolRegistry,
-    store: Store,
-    config: ExecutorConfig,
+    shared: ExecutorShared,
 }
 
 impl Actor for Executor {
@@ -95,20 +148,44 @@ enum Admission {
 
 impl Executor {
     fn admit(&self, msg: &ExecuteTool) -> Admission {
+        let s = &self.shared;
         let raw_params = match &msg.arguments {
             Arguments::Json(v) => v.clone(),
             Arguments::Raw(s) => {
                 serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone()))
             }
         };
-        let Some(tool) = self.registry.get(&msg.tool_name) else {
+        let name = msg.tool_name.as_str();
+        let Some(tool) = s.registry.get(name) else {
             let result = ToolExecutionResult::failure(
-                &msg.tool_name,
+                name,
                 ErrorType::ToolNotFound,
-                format!("no tool named '{}'", msg.tool_name),
+                format!("no tool named '{name}'"),
             );
             return Admission::Refused(result, raw_params);
         };
+        let def = &tool.definition;
+        if !msg.confirmed && def.required_plan > msg.ctx.plan {
+            let needed = def.required_plan.as_str();
+            let result = ToolExecutionResult::failure(
+                name,
+                ErrorType::PlanRequired,
+                format!(
+                    "{name} requires the {needed} plan; the caller is on the {} plan. Upgrade to {needed} to use it.",
+                    msg.ctx.plan.as_str()
+                ),
+            );
+            return Admission::Refused(result, raw_params);
+        }
+        if !msg.confirmed && !def.rate_limit.is_unlimited() {
+            let user = msg.ctx.user_id.as_deref().unwrap_or("anonymous");
+            if let Err(limited) = s.limiter.check(name, &def.rate_limit, user) {
+                let mut result =
+                    ToolExecutionResult::failure(name, ErrorType::RateLimited, limited.to_string());
+                result.metadata.retry_after_ms = Some(limited.retry_after_ms());
+                return Admission::Refused(result, raw_params);
+            }
+        }
         let validated = match &msg.arguments {
             Arguments::Raw(s) => tool.validator.validate_raw(s),
             Arguments::Json(v) => tool.validator.validate(v.clone()),
@@ -127,10 +204,14 @@ impl Executor {
                     })
                     .collect::<Vec<_>>()
                     .join("; ");
+                s.events.publish(EventKind::ValidationError {
+                    tool: name.into(),
+                    fields: errors.iter().map(|e| e.field.clone()).collect(),
+                });
                 let mut result = ToolExecutionResult::failure(
-                    &msg.tool_name,
+                    name,
                     ErrorType::ValidationError,
-                    format!("invalid arguments for {}: {summary}", msg.tool_name),
+                    format!("invalid arguments for {name}: {summary}"),
                 );
                 result.validation_errors = errors;
                 Admission::Refused(result, raw_params)
@@ -157,22 +238,118 @@ impl Handler<ExecuteTool> for Executor {
                 return Box::pin(std::future::ready(result));
             }
         };
-        let store = self.store.clone();
-        let config = self.config.clone();
+        let shared = self.shared.clone();
         Box::pin(async move {
+            shared.events.publish(EventKind::ExecutionStarted {
+                tool: msg.tool_name.clone(),
+                caller_type: msg.ctx.caller_type.as_str().into(),
+                conversation_id: msg.ctx.conversation_id.clone(),
+                workflow_id: msg.ctx.workflow_id.clone(),
+            });
             let (result, params) = match admission {
                 Admission::Refused(result, params) => (result, params),
                 Admission::Run(tool, params) => {
-                    let result = run_with_retries(&tool, params.clone(), &msg.ctx, &config).await;
+                    let result = execute(&shared, &tool, &params, &msg).await;
                     (result, params)
                 }
             };
             let attempts = result.metadata.attempts;
             let result = result.with_elapsed(started.elapsed(), attempts);
-            record(&store, &msg, params, &result).await;
+            record(&shared.store, &msg, params, &result).await;
+            shared
+                .events
+                .publish(match (result.is_success, result.error_type) {
+                    (true, _) => EventKind::ExecutionCompleted {
+                        tool: msg.tool_name.clone(),
+                        execution_time_ms: result.execution_time_ms,
+                        cached: result.metadata.cached,
+                    },
+                    (false, t) => EventKind::ExecutionFailed {
+                        tool: msg.tool_name.clone(),
+                        error_type: t.map_or("execution_error", ErrorType::as_str).into(),
+                        error: result.error.clone().unwrap_or_default(),
+                    },
+                });
             result
         })
     }
+}
+
+/// Steps 5-9 for an admitted call.
+async fn execute(
+    s: &ExecutorShared,
+    tool: &Arc<RegisteredTool>,
+    params: &Value,
+    msg: &ExecuteTool,
+) -> ToolExecutionResult {
+    let def = &tool.definition;
+    let ttl = ResultCache::ttl(def);
+    let key = ttl.map(|_| {
+        ResultCache::key(
+            &def.name,
+            msg.ctx.user_id.as_deref(),
+            params,
+            &msg.ctx.variables,
+        )
+    });
+    if let Some(k) = &key
+        && let Some(hit) = s.cache.get(k).await
+    {
+        return hit;
+    }
+    if def.requires_confirmation() && !msg.confirmed {
+        return match s
+            .confirmations
+            .create(
+                &def.name,
+                params.clone(),
+                msg.tool_call_id.clone(),
+                msg.ctx.clone(),
+            )
+            .await
+        {
+            Ok(p) => {
+                let mut r = ToolExecutionResult::failure(
+                    &def.name,
+                    ErrorType::PendingConfirmation,
+                    format!(
+                        "{} needs confirmation before it runs; confirmation id {}",
+                        def.name, p.confirmation_id
+                    ),
+                );
+                r.output = Some(json!({
+                    "confirmation_id": p.confirmation_id,
+                    "summary": p.summary,
+                    "expires_at": p.expires_at,
+                }));
+                r.metadata.confirmation_id = Some(p.confirmation_id);
+                r
+            }
+            Err(e) => ToolExecutionResult::failure(
+                &def.name,
+                ErrorType::ExecutionError,
+                format!("the confirmation could not be stored: {e}"),
+            ),
+        };
+    }
+    let request = AdmissionRequest::for_caller(def.category.clone(), msg.ctx.caller_type)
+        .with_priority(msg.ctx.priority);
+    let permit = match s.concurrency.acquire(request).await {
+        Ok(p) => p,
+        Err(refusal) => {
+            return ToolExecutionResult::failure(
+                &def.name,
+                refusal.error_type(),
+                refusal.to_string(),
+            );
+        }
+    };
+    let result = run_with_retries(tool, params.clone(), &msg.ctx, &s.config).await;
+    drop(permit);
+    if let (Some(k), Some(ttl)) = (key, ttl) {
+        s.cache.put(k, &result, ttl).await;
+    }
+    result
 }
 
 async fn run_with_retries(
@@ -196,10 +373,9 @@ async fn run_with_retries(
                 return ToolExecutionResult::success(name, output, started.elapsed(), attempt);
             }
             Err(RunFailure::Tool(e)) => {
-                let error_type = ErrorType::ExecutionError;
                 let retryable = e.is_retryable();
                 (
-                    ToolExecutionResult::failure(name, error_type, e.to_string()),
+                    ToolExecutionResult::failure(name, ErrorType::ExecutionError, e.to_string()),
                     retryable,
                 )
             }
@@ -309,22 +485,28 @@ async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolEx
 #[derive(Clone)]
 pub struct ExecutorHandle {
     addr: Addr<Executor>,
+    shared: ExecutorShared,
 }
 
 impl ExecutorHandle {
     /// Starts the executor under a supervisor on the given arbiter.
-    pub fn start(
-        arbiter: &actix::dev::ArbiterHandle,
-        registry: ToolRegistry,
-        store: Store,
-        config: ExecutorConfig,
-    ) -> Self {
-        let addr = Supervisor::start_in_arbiter(arbiter, move |_| Executor {
-            registry,
-            store,
-            config,
+    pub fn start(arbiter: &actix::dev::ArbiterHandle, shared: ExecutorShared) -> Self {
+        let for_actor = shared.clone();
+        let addr = Supervisor::start_in_arbiter(arbiter, move |_| Executor { shared: for_actor });
+        let limiter = shared.limiter.clone();
+        // Keyed limiter state grows with users: trim it now and then.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                limiter.retain_recent();
+            }
         });
-        ExecutorHandle { addr }
+        ExecutorHandle { addr, shared }
+    }
+
+    pub fn shared(&self) -> &ExecutorShared {
+        &self.shared
     }
 
     /// Runs one call. Never fails: an unreachable executor is an

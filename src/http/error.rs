@@ -99,6 +99,12 @@ impl From<TurnError> for ApiError {
     }
 }
 
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        storage_error(&e)
+    }
+}
+
 fn storage_error(e: &crate::store::StoreError) -> ApiError {
     tracing::error!(error = %e, "storage error");
     ApiError::new(

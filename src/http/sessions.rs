@@ -11,6 +11,7 @@ use super::AppState;
 use super::error::{ApiError, ApiJson};
 use crate::conversation::{NewSession, TurnOutcome};
 use crate::store::Session;
+use crate::tools::Plan;
 
 /// Longest message content accepted, in bytes (the body cap is larger to
 /// leave room for JSON escapes).
@@ -55,12 +56,18 @@ async fn create(
     if !(body.metadata.is_null() || body.metadata.is_object()) {
         return Err(ApiError::validation("metadata must be an object"));
     }
+    let plan = match body.plan.as_deref() {
+        None => Plan::Free,
+        Some(p) => Plan::parse(p).ok_or_else(|| {
+            ApiError::validation(format!("unknown plan '{p}' (free, pro or premium)"))
+        })?,
+    };
     let session = state
         .sessions
         .create(NewSession {
             agent: body.agent,
             user_id: body.user_id,
-            plan: body.plan,
+            plan,
             metadata: body.metadata,
         })
         .await?;

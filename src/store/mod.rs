@@ -26,6 +26,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::model::ChatMessage;
+use crate::tools::Plan;
 use tables::*;
 
 /// Requests the writer drains into one transaction at most.
@@ -80,7 +81,7 @@ pub struct Session {
     #[serde(default)]
     pub user_id: Option<String>,
     #[serde(default)]
-    pub plan: Option<String>,
+    pub plan: Plan,
     #[serde(default)]
     pub metadata: Value,
     pub created_at: Timestamp,

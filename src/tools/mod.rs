@@ -10,16 +10,20 @@
 
 pub mod builtin;
 pub mod definition;
+pub mod external;
+pub mod loader;
 pub mod outcome;
 pub mod registry;
+pub mod schema;
 pub mod subagent;
 pub mod validate;
+pub mod watch;
 
-pub use definition::ToolDefinition;
+pub use definition::{Plan, RateLimit, ToolDefinition};
 pub use outcome::{
     CallerType, ErrorType, ExecutionContext, FieldError, ResultMetadata, ToolExecutionResult,
 };
-pub use registry::{RegisteredTool, ToolRegistry};
+pub use registry::{RegisteredTool, ReloadReport, ToolRegistry, ToolSource};
 
 use serde_json::Value;
 

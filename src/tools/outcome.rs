@@ -30,18 +30,25 @@ impl CallerType {
 }
 
 /// Who calls, on whose behalf, and with which limits.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionContext {
     pub caller_id: String,
     pub caller_type: CallerType,
     pub conversation_id: Option<String>,
     pub workflow_id: Option<String>,
     pub user_id: Option<String>,
-    pub plan: Option<String>,
+    #[serde(default)]
+    pub plan: super::Plan,
     /// Overrides the tool's and the executor's default timeout.
     #[serde(skip)]
     pub timeout: Option<Duration>,
     pub max_retries: u32,
+    /// Queue order under the `priority` strategy: higher first.
+    #[serde(default)]
+    pub priority: i32,
+    /// The workflow node making the call, for workflow callers.
+    #[serde(default)]
+    pub node_id: Option<String>,
     #[serde(default)]
     pub variables: Value,
 }
@@ -54,9 +61,11 @@ impl ExecutionContext {
             conversation_id: None,
             workflow_id: None,
             user_id: None,
-            plan: None,
+            plan: super::Plan::Free,
             timeout: None,
             max_retries: 0,
+            priority: 0,
+            node_id: None,
             variables: Value::Null,
         }
     }
@@ -106,7 +115,7 @@ impl ErrorType {
             ErrorType::RateLimited | ErrorType::QueueFull => 429,
             ErrorType::ValidationError => 422,
             ErrorType::Timeout => 504,
-            ErrorType::ExecutionError => 500,
+            ErrorType::ExecutionError => 502,
             ErrorType::PendingConfirmation => 202,
         }
     }
@@ -131,6 +140,12 @@ pub struct ResultMetadata {
     pub source_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub as_of: Option<String>,
+    /// For `rate_limited`: when a retry may pass.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+    /// For `pending_confirmation`: what to approve or deny.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmation_id: Option<String>,
 }
 
 /// The outcome of one tool call.
@@ -172,6 +187,7 @@ impl ToolExecutionResult {
                 attempts,
                 source_id,
                 as_of,
+                ..ResultMetadata::default()
             },
         }
     }

@@ -1,82 +1,402 @@
 //! The tool registry: name -> definition, compiled validator and handler.
 //!
-//! Shared by the executor (lookup), the conversations (what to offer the
-//! model) and `GET /v1/tools`. Reads take a snapshot `Arc` so a call keeps
-//! the version of the tool it started with even if the tool is replaced
-//! meanwhile.
+//! builtins + custom (code) ─┐
+//! agents/tools/* (files)  ──┼─▶ ToolRegistry ──▶ executor (lookup), conversations (offer), HTTP (list)
+//!                            └── reload_dir(): diff ──▶ events (tool_added / updated / removed ...)
+//!
+//! Tools from code form the base; tools from files are laid over it (a file
+//! may redeclare a builtin, e.g. to give `http_request` a rate limit; remove
+//! the file and the builtin's own definition comes back). Reload rules:
+//! - a file whose text did not change is not parsed again;
+//! - a bad file is reported (`load_error`, with file and line) and, if an
+//!   earlier version of it loaded, that last good version stays live;
+//! - two files declaring one tool name: the first by path keeps it, the other
+//!   is reported naming both files;
+//! - a removed file's tool goes away (or falls back to the builtin).
+//! Reads take a snapshot `Arc`, so a running call keeps the version it
+//! started with.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use super::definition::Plan;
+use super::loader::{HandlerCatalog, LoadError, is_tool_file, parse_file, resolve};
 use super::validate::{ParamValidator, SchemaError};
 use super::{ToolDefinition, ToolHandler};
+use crate::events::{EventBus, EventKind};
 use crate::model::ToolSpec;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolSource {
+    Builtin,
+    Custom,
+    File(PathBuf),
+}
+
+impl ToolSource {
+    pub fn describe(&self) -> String {
+        match self {
+            ToolSource::Builtin => "builtin".into(),
+            ToolSource::Custom => "custom".into(),
+            ToolSource::File(p) => p.display().to_string(),
+        }
+    }
+}
 
 pub struct RegisteredTool {
     pub definition: ToolDefinition,
     pub validator: ParamValidator,
     pub handler: Arc<dyn ToolHandler>,
+    pub source: ToolSource,
 }
 
-#[derive(Clone, Default)]
+/// What a reload changed.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ReloadReport {
+    pub added: Vec<String>,
+    pub updated: Vec<String>,
+    pub removed: Vec<String>,
+    pub errors: Vec<LoadError>,
+}
+
+impl ReloadReport {
+    pub fn changed(&self) -> bool {
+        !(self.added.is_empty() && self.updated.is_empty() && self.removed.is_empty())
+    }
+}
+
+struct FileState {
+    text: String,
+    /// The last version of this file that loaded.
+    tool: Option<Arc<RegisteredTool>>,
+}
+
+#[derive(Default)]
+struct State {
+    base: BTreeMap<String, Arc<RegisteredTool>>,
+    files: BTreeMap<PathBuf, FileState>,
+    merged: BTreeMap<String, Arc<RegisteredTool>>,
+    catalog: HandlerCatalog,
+}
+
+#[derive(Clone)]
 pub struct ToolRegistry {
-    tools: Arc<RwLock<BTreeMap<String, Arc<RegisteredTool>>>>,
+    state: Arc<RwLock<State>>,
+    events: EventBus,
+    strict: bool,
+}
+
+impl Default for ToolRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl ToolRegistry {
     pub fn new() -> Self {
-        Self::default()
+        Self::with_events(EventBus::new(), false)
     }
 
-    /// Adds or replaces a tool; refuses a parameter schema that does not compile.
+    /// `strict`: validation refuses parameters a tool does not declare.
+    pub fn with_events(events: EventBus, strict: bool) -> Self {
+        ToolRegistry {
+            state: Arc::default(),
+            events,
+            strict,
+        }
+    }
+
+    pub fn events(&self) -> &EventBus {
+        &self.events
+    }
+
+    /// Adds or replaces a builtin tool; its handler becomes nameable by
+    /// tool files as `entry: {type: builtin, handler: <name>}`.
     pub fn register(
         &self,
         definition: ToolDefinition,
         handler: Arc<dyn ToolHandler>,
     ) -> Result<(), SchemaError> {
-        let validator = ParamValidator::new(&definition.parameters)?;
+        self.register_from(definition, handler, ToolSource::Builtin)
+    }
+
+    /// Adds or replaces a tool of the embedding program (`entry.type = custom`).
+    pub fn register_custom(
+        &self,
+        definition: ToolDefinition,
+        handler: Arc<dyn ToolHandler>,
+    ) -> Result<(), SchemaError> {
+        self.register_from(definition, handler, ToolSource::Custom)
+    }
+
+    fn register_from(
+        &self,
+        definition: ToolDefinition,
+        handler: Arc<dyn ToolHandler>,
+        source: ToolSource,
+    ) -> Result<(), SchemaError> {
+        let validator = ParamValidator::new(&definition.parameters, self.strict)?;
         let name = definition.name.clone();
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let catalog = match source {
+            ToolSource::Custom => &mut state.catalog.custom,
+            _ => &mut state.catalog.builtin,
+        };
+        catalog.insert(name.clone(), handler.clone());
         let tool = Arc::new(RegisteredTool {
             definition,
             validator,
             handler,
+            source,
         });
-        self.tools
-            .write()
-            .expect("tool registry lock poisoned")
-            .insert(name, tool);
+        state.base.insert(name, tool);
+        let (merged, _) = merge(&state.base, &state.files);
+        state.merged = merged;
         Ok(())
     }
 
-    pub fn get(&self, name: &str) -> Option<Arc<RegisteredTool>> {
-        self.tools
-            .read()
+    /// A handler tool files may name as `entry: {type: custom, handler: NAME}`.
+    pub fn add_custom_handler(&self, name: &str, handler: Arc<dyn ToolHandler>) {
+        self.state
+            .write()
             .expect("tool registry lock poisoned")
-            .get(name)
-            .cloned()
+            .catalog
+            .custom
+            .insert(name.into(), handler);
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<RegisteredTool>> {
+        self.read().merged.get(name).cloned()
     }
 
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
 
+    /// All live tools, sorted by name.
+    pub fn tools(&self) -> Vec<Arc<RegisteredTool>> {
+        self.read().merged.values().cloned().collect()
+    }
+
     /// All definitions, sorted by name.
     pub fn definitions(&self) -> Vec<ToolDefinition> {
-        self.tools
-            .read()
-            .expect("tool registry lock poisoned")
-            .values()
+        self.tools().iter().map(|t| t.definition.clone()).collect()
+    }
+
+    /// Definitions a plan may call.
+    pub fn definitions_for_plan(&self, plan: Plan) -> Vec<ToolDefinition> {
+        self.tools()
+            .iter()
+            .filter(|t| t.definition.required_plan <= plan)
             .map(|t| t.definition.clone())
             .collect()
     }
 
-    /// The specs of the named tools that exist, in the order given.
-    pub fn specs_for(&self, names: &[String]) -> Vec<ToolSpec> {
-        let tools = self.tools.read().expect("tool registry lock poisoned");
+    /// The specs of the named tools that exist and `plan` may call, in the order given.
+    pub fn specs_for(&self, names: &[String], plan: Plan) -> Vec<ToolSpec> {
+        let state = self.read();
         names
             .iter()
-            .filter_map(|n| tools.get(n))
+            .filter_map(|n| state.merged.get(n))
+            .filter(|t| t.definition.required_plan <= plan)
             .map(|t| t.definition.spec())
             .collect()
     }
+
+    /// Announces every live tool (`tool_loaded`), once at startup.
+    pub fn announce(&self) {
+        for t in self.tools() {
+            self.events.publish(EventKind::ToolLoaded {
+                tool: t.definition.name.clone(),
+                version: t.definition.version.clone(),
+                source: t.source.describe(),
+            });
+        }
+    }
+
+    /// Brings the file-defined tools in line with `dir` (not recursive).
+    /// Blocking (file IO): call it from a blocking thread.
+    pub fn reload_dir(&self, dir: &Path) -> ReloadReport {
+        let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && is_tool_file(p))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        paths.sort();
+        let texts: Vec<(PathBuf, Option<String>)> = paths
+            .into_iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(&p).ok();
+                (p, text)
+            })
+            .collect();
+
+        let mut report = ReloadReport::default();
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let unchanged = texts.len() == state.files.len()
+            && texts.iter().all(|(p, t)| {
+                state
+                    .files
+                    .get(p)
+                    .is_some_and(|f| Some(&f.text) == t.as_ref())
+            });
+        if unchanged {
+            return report;
+        }
+        self.events.publish(EventKind::ReloadStarted);
+        let mut files = BTreeMap::new();
+        let mut reparsed = Vec::new();
+        for (path, text) in texts {
+            let Some(text) = text else {
+                report.errors.push(LoadError {
+                    file: path.clone(),
+                    line: None,
+                    message: "cannot read the file".into(),
+                });
+                continue;
+            };
+            let previous = state.files.remove(&path);
+            let last_good = match previous {
+                Some(prev) if prev.text == text => {
+                    files.insert(path, prev);
+                    continue;
+                }
+                Some(prev) => prev.tool,
+                None => None,
+            };
+            reparsed.push(path.clone());
+            let loaded = parse_file(&path, &text)
+                .and_then(|f| resolve(&path, f, &state.catalog))
+                .and_then(|(definition, handler)| {
+                    let validator = ParamValidator::new(&definition.parameters, self.strict)
+                        .map_err(|e| LoadError {
+                            file: path.clone(),
+                            line: None,
+                            message: e.to_string(),
+                        })?;
+                    Ok(Arc::new(RegisteredTool {
+                        definition,
+                        validator,
+                        handler,
+                        source: ToolSource::File(path.clone()),
+                    }))
+                });
+            let tool = match loaded {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    report.errors.push(e);
+                    last_good
+                }
+            };
+            files.insert(path, FileState { text, tool });
+        }
+        let (merged, duplicates) = merge(&state.base, &files);
+        for e in duplicates {
+            if reparsed.contains(&e.file) {
+                report.errors.push(e);
+            }
+        }
+        for (name, tool) in &merged {
+            match state.merged.get(name) {
+                None => report.added.push(name.clone()),
+                Some(old) if old.definition != tool.definition || old.source != tool.source => {
+                    report.updated.push(name.clone())
+                }
+                Some(_) => {}
+            }
+        }
+        for name in state.merged.keys() {
+            if !merged.contains_key(name) {
+                report.removed.push(name.clone());
+            }
+        }
+        state.files = files;
+        state.merged = merged;
+        drop(state);
+        self.publish_report(&report);
+        report
+    }
+
+    fn publish_report(&self, report: &ReloadReport) {
+        for e in &report.errors {
+            tracing::warn!(file = %e.file.display(), line = ?e.line, "tool file not loaded: {}", e.message);
+            self.events.publish(EventKind::LoadError {
+                file: e.file.display().to_string(),
+                line: e.line,
+                message: e.message.clone(),
+            });
+        }
+        for (names, added) in [(&report.added, true), (&report.updated, false)] {
+            for name in names {
+                if let Some(t) = self.get(name) {
+                    let (tool, version, source) = (
+                        name.clone(),
+                        t.definition.version.clone(),
+                        t.source.describe(),
+                    );
+                    tracing::info!(%tool, %version, %source, added, "tool live");
+                    self.events.publish(if added {
+                        EventKind::ToolAdded {
+                            tool,
+                            version,
+                            source,
+                        }
+                    } else {
+                        EventKind::ToolUpdated {
+                            tool,
+                            version,
+                            source,
+                        }
+                    });
+                }
+            }
+        }
+        for name in &report.removed {
+            tracing::info!(tool = %name, "tool removed");
+            self.events
+                .publish(EventKind::ToolRemoved { tool: name.clone() });
+        }
+        self.events.publish(EventKind::ReloadCompleted {
+            tools: self.read().merged.len(),
+            errors: report.errors.len(),
+        });
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().expect("tool registry lock poisoned")
+    }
+}
+
+/// Base tools, then file tools in path order; a name declared by two files
+/// stays with the first, and the second is reported.
+fn merge(
+    base: &BTreeMap<String, Arc<RegisteredTool>>,
+    files: &BTreeMap<PathBuf, FileState>,
+) -> (BTreeMap<String, Arc<RegisteredTool>>, Vec<LoadError>) {
+    let mut merged = base.clone();
+    let mut owner: BTreeMap<String, &Path> = BTreeMap::new();
+    let mut errors = Vec::new();
+    for (path, f) in files {
+        let Some(tool) = &f.tool else { continue };
+        let name = &tool.definition.name;
+        if let Some(first) = owner.get(name) {
+            errors.push(LoadError {
+                file: path.clone(),
+                line: None,
+                message: format!(
+                    "tool '{name}' is defined in both {} and {}; {} is skipped",
+                    first.display(),
+                    path.display(),
+                    path.display()
+                ),
+            });
+            continue;
+        }
+        owner.insert(name.clone(), path);
+        merged.insert(name.clone(), tool.clone());
+    }
+    (merged, errors)
 }

@@ -137,6 +137,7 @@ impl Actor for ToolSubAgent {
                 arguments: Arguments::Raw(call.arguments.clone()),
                 tool_call_id: Some(call.id.clone()),
                 ctx: self.context.clone(),
+                confirmed: false,
             };
             ctx.spawn(
                 async move { executor.execute(request).await }

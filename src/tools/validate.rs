@@ -22,8 +22,18 @@ pub struct ParamValidator {
 pub struct SchemaError(pub String);
 
 impl ParamValidator {
-    pub fn new(schema: &Value) -> Result<Self, SchemaError> {
-        let compiled = jsonschema::validator_for(schema).map_err(|e| SchemaError(e.to_string()))?;
+    /// `strict` also refuses parameters the schema does not declare (unless
+    /// the schema says otherwise with its own `additionalProperties`).
+    pub fn new(schema: &Value, strict: bool) -> Result<Self, SchemaError> {
+        let mut checked = schema.clone();
+        if strict
+            && let Some(obj) = checked.as_object_mut()
+            && !obj.contains_key("additionalProperties")
+        {
+            obj.insert("additionalProperties".into(), Value::Bool(false));
+        }
+        let compiled =
+            jsonschema::validator_for(&checked).map_err(|e| SchemaError(e.to_string()))?;
         Ok(ParamValidator {
             schema: schema.clone(),
             compiled,
@@ -121,15 +131,18 @@ mod tests {
     use serde_json::json;
 
     fn validator() -> ParamValidator {
-        ParamValidator::new(&json!({
-            "type": "object",
-            "properties": {
-                "expression": {"type": "string", "maxLength": 10},
-                "precision": {"type": "integer", "default": 2}
-            },
-            "required": ["expression"],
-            "additionalProperties": false
-        }))
+        ParamValidator::new(
+            &json!({
+                "type": "object",
+                "properties": {
+                    "expression": {"type": "string", "maxLength": 10},
+                    "precision": {"type": "integer", "default": 2}
+                },
+                "required": ["expression"],
+                "additionalProperties": false
+            }),
+            false,
+        )
         .unwrap()
     }
 
@@ -157,6 +170,16 @@ mod tests {
                 ("precision", "type")
             ]
         );
+    }
+
+    #[test]
+    fn strict_mode_refuses_undeclared_parameters() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let lax = ParamValidator::new(&schema, false).unwrap();
+        assert!(lax.validate(json!({"a": "x", "b": 1})).is_ok());
+        let strict = ParamValidator::new(&schema, true).unwrap();
+        let errs = strict.validate(json!({"a": "x", "b": 1})).unwrap_err();
+        assert_eq!(errs[0].code, "additionalProperties");
     }
 
     #[test]

@@ -6,9 +6,13 @@
 //! Arc<dyn ToolHandler>)>`; what a handler needs (the store for per-user
 //! state, the data folder, the network policy) comes in the context.
 
+pub mod brokerage;
 pub mod calc_eval;
 pub mod calculator;
 pub mod echo;
+pub mod http;
+pub mod net_guard;
+pub mod trading;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,155 @@
+//! The event bus: what happens in the runtime, for anyone listening.
+//!
+//! registry (loads, reloads) ─┐
+//! executor (calls)          ─┼─▶ EventBus (tokio broadcast) ─▶ subscribe() / GET /v1/events (SSE)
+//!
+//! Publishing never blocks and never fails: with no subscriber an event is
+//! dropped; a subscriber that falls more than [`CAPACITY`] events behind
+//! misses the oldest (and is told how many, by the broadcast channel).
+
+use jiff::Timestamp;
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// Events buffered per subscriber before the slowest one starts losing them.
+pub const CAPACITY: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// A tool was in the registry at startup.
+    ToolLoaded {
+        tool: String,
+        version: String,
+        source: String,
+    },
+    ToolAdded {
+        tool: String,
+        version: String,
+        source: String,
+    },
+    ToolUpdated {
+        tool: String,
+        version: String,
+        source: String,
+    },
+    ToolRemoved {
+        tool: String,
+    },
+    ReloadStarted,
+    ReloadCompleted {
+        tools: usize,
+        errors: usize,
+    },
+    /// A tool file could not be loaded (the last good version, if any, stays).
+    LoadError {
+        file: String,
+        line: Option<usize>,
+        message: String,
+    },
+    /// A call was refused by parameter validation.
+    ValidationError {
+        tool: String,
+        fields: Vec<String>,
+    },
+    ExecutionStarted {
+        tool: String,
+        caller_type: String,
+        conversation_id: Option<String>,
+        workflow_id: Option<String>,
+    },
+    ExecutionCompleted {
+        tool: String,
+        execution_time_ms: u64,
+        cached: bool,
+    },
+    ExecutionFailed {
+        tool: String,
+        error_type: String,
+        error: String,
+    },
+}
+
+impl EventKind {
+    /// The SSE event name: the `type` tag.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::ToolLoaded { .. } => "tool_loaded",
+            EventKind::ToolAdded { .. } => "tool_added",
+            EventKind::ToolUpdated { .. } => "tool_updated",
+            EventKind::ToolRemoved { .. } => "tool_removed",
+            EventKind::ReloadStarted => "reload_started",
+            EventKind::ReloadCompleted { .. } => "reload_completed",
+            EventKind::LoadError { .. } => "load_error",
+            EventKind::ValidationError { .. } => "validation_error",
+            EventKind::ExecutionStarted { .. } => "execution_started",
+            EventKind::ExecutionCompleted { .. } => "execution_completed",
+            EventKind::ExecutionFailed { .. } => "execution_failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    pub at: Timestamp,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+#[derive(Clone)]
+pub struct EventBus {
+    tx: broadcast::Sender<Event>,
+}
+
+impl Default for EventBus {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EventBus {
+    pub fn new() -> Self {
+        EventBus {
+            tx: broadcast::channel(CAPACITY).0,
+        }
+    }
+
+    pub fn publish(&self, kind: EventKind) {
+        // Nobody listening is fine.
+        let _ = self.tx.send(Event {
+            at: Timestamp::now(),
+            kind,
+        });
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.tx.subscribe()
+    }
+
+    pub fn subscribers(&self) -> usize {
+        self.tx.receiver_count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn subscribers_get_events_in_order_with_their_type_tag() {
+        let bus = EventBus::new();
+        bus.publish(EventKind::ReloadStarted);
+        let mut rx = bus.subscribe();
+        bus.publish(EventKind::ToolRemoved { tool: "x".into() });
+        bus.publish(EventKind::ReloadCompleted {
+            tools: 1,
+            errors: 0,
+        });
+        let first = rx.recv().await.unwrap();
+        assert_eq!(first.kind.name(), "tool_removed");
+        let json = serde_json::to_value(&first).unwrap();
+        assert_eq!(json["type"], "tool_removed");
+        assert_eq!(json["tool"], "x");
+        assert_eq!(rx.recv().await.unwrap().kind.name(), "reload_completed");
+    }
+}

@@ -1,0 +1,190 @@
+//! The result cache: executor step after validation, before admission to
+//! the concurrency pool. A hit skips the pool and the handler.
+//!
+//! Key: (tool, user, canonical parameters, the context's variables):
+//! serde_json objects serialize with sorted keys, so equal parameters give
+//! equal keys; the variables carry per-agent settings (e.g. `fetch_page`'s
+//! site), so two agents never share an answer meant for the other. TTL: the tool
+//! definition's `cache.ttl_seconds` when set (0 = never cache), else by
+//! category: market 5 s, news 300 s, ml 60 s, portfolio 10 s, calculate
+//! never, trading and alerts never, http never (requests may have side
+//! effects; a tool opts in through its definition, as `fetch_page` does),
+//! anything else 30 s. Only successes are cached.
+//!
+//! Expiry is decided on tokio's clock (so tests can pause and advance
+//! time); moka's own TTL only bounds memory.
+
+use std::time::Duration;
+
+use moka::Expiry;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::tools::{ToolDefinition, ToolExecutionResult};
+
+/// Entries kept at most.
+const CAPACITY: u64 = 100_000;
+
+#[derive(Clone)]
+struct Entry {
+    result: ToolExecutionResult,
+    expires_at: Instant,
+    ttl: Duration,
+}
+
+struct ByEntry;
+
+impl Expiry<String, Entry> for ByEntry {
+    fn expire_after_create(
+        &self,
+        _key: &String,
+        value: &Entry,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(value.ttl)
+    }
+}
+
+#[derive(Clone)]
+pub struct ResultCache {
+    entries: moka::future::Cache<String, Entry>,
+}
+
+impl Default for ResultCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ResultCache {
+    pub fn new() -> Self {
+        ResultCache {
+            entries: moka::future::Cache::builder()
+                .max_capacity(CAPACITY)
+                .expire_after(ByEntry)
+                .build(),
+        }
+    }
+
+    /// How long results of this tool are kept; `None`: not cached.
+    pub fn ttl(def: &ToolDefinition) -> Option<Duration> {
+        let seconds = match def.cache {
+            Some(c) => c.ttl_seconds,
+            None => match def.category.as_str() {
+                "market" => 5,
+                "news" => 300,
+                "ml" => 60,
+                "portfolio" => 10,
+                "calculate" | "trading" | "alerts" | "http" => 0,
+                _ => 30,
+            },
+        };
+        (seconds > 0).then(|| Duration::from_secs(seconds))
+    }
+
+    pub fn key(tool: &str, user: Option<&str>, params: &Value, variables: &Value) -> String {
+        format!(
+            "{tool}\u{1}{}\u{1}{params}\u{1}{variables}",
+            user.unwrap_or("")
+        )
+    }
+
+    pub async fn get(&self, key: &str) -> Option<ToolExecutionResult> {
+        let entry = self.entries.get(key).await?;
+        if Instant::now() >= entry.expires_at {
+            self.entries.invalidate(key).await;
+            return None;
+        }
+        let mut result = entry.result;
+        result.metadata.cached = true;
+        Some(result)
+    }
+
+    pub async fn put(&self, key: String, result: &ToolExecutionResult, ttl: Duration) {
+        if !result.is_success {
+            return;
+        }
+        let entry = Entry {
+            result: result.clone(),
+            expires_at: Instant::now() + ttl,
+            ttl,
+        };
+        self.entries.insert(key, entry).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn def(category: &str) -> ToolDefinition {
+        ToolDefinition::new("t", "d", json!({"type": "object"})).with_category(category)
+    }
+
+    #[test]
+    fn ttl_follows_the_definition_then_the_category() {
+        assert_eq!(
+            ResultCache::ttl(&def("market")),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(
+            ResultCache::ttl(&def("news")),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(ResultCache::ttl(&def("ml")), Some(Duration::from_secs(60)));
+        assert_eq!(
+            ResultCache::ttl(&def("portfolio")),
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(
+            ResultCache::ttl(&def("custom")),
+            Some(Duration::from_secs(30))
+        );
+        for never in ["calculate", "trading", "alerts", "http"] {
+            assert_eq!(ResultCache::ttl(&def(never)), None, "{never}");
+        }
+        assert_eq!(
+            ResultCache::ttl(&def("trading").with_cache_ttl(7)),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(ResultCache::ttl(&def("market").with_cache_ttl(0)), None);
+    }
+
+    #[test]
+    fn keys_ignore_parameter_order_and_separate_users() {
+        let none = Value::Null;
+        let a = ResultCache::key("t", Some("u"), &json!({"a": 1, "b": 2}), &none);
+        let b = ResultCache::key(
+            "t",
+            Some("u"),
+            &serde_json::from_str(r#"{"b":2,"a":1}"#).unwrap(),
+            &none,
+        );
+        assert_eq!(a, b);
+        assert_ne!(
+            a,
+            ResultCache::key("t", Some("v"), &json!({"a": 1, "b": 2}), &none)
+        );
+        let site = json!({"site": {"base_url": "http://a"}});
+        assert_ne!(
+            a,
+            ResultCache::key("t", Some("u"), &json!({"a": 1, "b": 2}), &site)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hits_until_the_ttl_passes_and_never_for_failures() {
+        let cache = ResultCache::new();
+        let ok = ToolExecutionResult::success("t", json!(1), Duration::ZERO, 1);
+        cache.put("k".into(), &ok, Duration::from_secs(5)).await;
+        let hit = cache.get("k").await.unwrap();
+        assert!(hit.metadata.cached);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(cache.get("k").await.is_none());
+        let failed =
+            ToolExecutionResult::failure("t", crate::tools::ErrorType::ExecutionError, "x");
+        cache.put("f".into(), &failed, Duration::from_secs(5)).await;
+        assert!(cache.get("f").await.is_none());
+    }
+}

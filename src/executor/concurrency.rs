@@ -1,0 +1,1202 @@
+//! Concurrency controller: how many tool calls run at once, and who waits.
+//!
+//! ExecuteTool ──▶ lookup · validation · cache ──▶ acquire ──▶ handler ──▶ Permit dropped
+//!                                                  │ pool slot + bucket slot: run now
+//!                                                  │ none free: wait in the queue, or refusal
+//!                                                  └ workflow node: bypass, permit at once
+//!
+//! The executor asks for a [`Permit`] after a call passed validation and
+//! missed the cache (a cached or refused call needs no slot), and holds it
+//! while the handler runs, retries included; dropping the permit frees its
+//! slots and admits the next waiter(s).
+//!
+//! Slots. A counted call needs one slot of the global pool (`max_concurrent`)
+//! and, when its category has a `bucket_limits` entry, one slot of that
+//! bucket. Categories without an entry need only the pool slot.
+//!
+//! Strategies. `fifo` admits waiters in arrival order (their priority is
+//! ignored); `priority` admits the highest `priority` first and keeps arrival
+//! order among equals; `reject` has no queue: a call that finds no slot is
+//! refused at once with [`Refusal::QueueFull`]. Under `fifo` and `priority`
+//! at most `queue_size` callers wait; one more is refused with `QueueFull`
+//! (no eviction: a high-priority newcomer does not push out a waiter).
+//!
+//! Buckets never block other categories. When slots free up, the queue is
+//! scanned in strategy order and every waiter that can run now is admitted; a
+//! waiter whose bucket is full is skipped, not a head-of-line blocker. The
+//! invariant after every change is "no queued waiter could run now", which
+//! is why a newcomer that fits may start at once without overtaking anyone
+//! who could have started.
+//!
+//! Timeouts. A waiter waits at most its request's timeout (else
+//! `default_timeout_s`), then leaves with [`Refusal::Timeout`]. The queue
+//! itself decides who holds what: a waiter leaves the queue in exactly one of
+//! two ways, both under the lock: the release scan removes it and hands it
+//! its slots, or the waiter removes itself (deadline or cancellation). So
+//! when the deadline and a grant land together, the waiter looks once under
+//! the lock: still queued means timeout; gone means the slots are already
+//! its and it keeps them (a grant is never thrown away, nor leaked). A
+//! dropped `acquire` future does the same from a drop guard: still queued, it
+//! just leaves; already granted, it returns the slots, which admits the next
+//! waiter.
+//!
+//! Bypass. Workflow nodes (`caller_type = workflow_node`) run outside the
+//! limits: their permit is handed out at once and counted only in
+//! `total_bypassed`, not in the pool, the buckets, `total_acquired` or the
+//! average hold time.
+//!
+//! The decisions live in `State`, a plain struct with no IO and no awaits
+//! (`admit`, `release`, `leave`); `acquire` only waits between them. One
+//! `std::sync::Mutex` guards it: every critical section is a few map
+//! operations and never spans an `.await`, so a tokio mutex would add cost
+//! and nothing else. A poisoned lock is used as is: `State` has no
+//! multi-step update that a panic could leave half done.
+//!
+//! Owns: slots, the wait queue, admission metrics. Does not: time out the
+//! handler (the executor does), rate-limit per plan (the governor does).
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::tools::{CallerType, ErrorType};
+
+/// How many tool calls may run at once, and what happens to the rest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConcurrencyConfig {
+    /// Slots of the global pool; every counted call holds one while it runs.
+    pub max_concurrent: usize,
+    /// Most callers that may wait for a slot; the next one is refused.
+    pub queue_size: usize,
+    /// How long a caller waits for a slot when its request sets no timeout.
+    pub default_timeout_s: f64,
+    pub strategy: Strategy,
+    /// Slot limits per tool category (`{"http": 5, "ai": 2}`), on top of the
+    /// pool. Categories not named here need only a pool slot.
+    pub bucket_limits: BTreeMap<String, usize>,
+}
+
+impl Default for ConcurrencyConfig {
+    fn default() -> Self {
+        ConcurrencyConfig {
+            max_concurrent: 10,
+            queue_size: 100,
+            default_timeout_s: 30.0,
+            strategy: Strategy::Fifo,
+            bucket_limits: BTreeMap::new(),
+        }
+    }
+}
+
+impl ConcurrencyConfig {
+    /// Checks the values serde cannot: every limit admits at least one call
+    /// and the timeout is a usable duration. `queue_size = 0` is allowed (no
+    /// waiting: a call that finds no slot is refused, like `reject`).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_concurrent == 0 {
+            return Err(ConfigError::MaxConcurrentZero);
+        }
+        if let Some((bucket, _)) = self.bucket_limits.iter().find(|(_, limit)| **limit == 0) {
+            return Err(ConfigError::BucketLimitZero {
+                bucket: bucket.clone(),
+            });
+        }
+        match Duration::try_from_secs_f64(self.default_timeout_s) {
+            Ok(timeout) if !timeout.is_zero() => Ok(()),
+            _ => Err(ConfigError::DefaultTimeout {
+                value: self.default_timeout_s,
+            }),
+        }
+    }
+
+    /// `default_timeout_s` as a duration; 30 s if it is not a valid one
+    /// (which [`validate`](Self::validate) reports).
+    pub fn default_timeout(&self) -> Duration {
+        match Duration::try_from_secs_f64(self.default_timeout_s) {
+            Ok(timeout) if !timeout.is_zero() => timeout,
+            _ => Duration::from_secs(30),
+        }
+    }
+}
+
+/// The order in which waiting calls get free slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    /// Arrival order.
+    #[default]
+    Fifo,
+    /// Highest `priority` first, arrival order among equals.
+    Priority,
+    /// No queue: refused at once when no slot is free.
+    Reject,
+}
+
+/// A [`ConcurrencyConfig`] value that cannot work; names the key.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("max_concurrent must be at least 1, got 0")]
+    MaxConcurrentZero,
+    #[error("bucket_limits.{bucket} must be at least 1, got 0")]
+    BucketLimitZero { bucket: String },
+    #[error("default_timeout_s must be a positive, finite number of seconds, got {value}")]
+    DefaultTimeout { value: f64 },
+}
+
+impl ConfigError {
+    /// The offending key, dotted (`bucket_limits.http`).
+    pub fn key(&self) -> String {
+        match self {
+            ConfigError::MaxConcurrentZero => "max_concurrent".into(),
+            ConfigError::BucketLimitZero { bucket } => format!("bucket_limits.{bucket}"),
+            ConfigError::DefaultTimeout { .. } => "default_timeout_s".into(),
+        }
+    }
+}
+
+/// One call asking to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionRequest {
+    /// The tool's category; picks the bucket, if one is configured.
+    pub category: String,
+    /// Higher runs first under [`Strategy::Priority`]; ignored otherwise.
+    pub priority: i32,
+    /// Skip the limits entirely (workflow nodes).
+    pub bypass: bool,
+    /// Longest wait for a slot; `None` means the config's default.
+    pub timeout: Option<Duration>,
+}
+
+impl AdmissionRequest {
+    /// A counted call of `category`: priority 0, default timeout.
+    pub fn new(category: impl Into<String>) -> Self {
+        AdmissionRequest {
+            category: category.into(),
+            priority: 0,
+            bypass: false,
+            timeout: None,
+        }
+    }
+
+    /// A call made by `caller`: workflow nodes bypass the limits.
+    pub fn for_caller(category: impl Into<String>, caller: CallerType) -> Self {
+        AdmissionRequest {
+            bypass: caller == CallerType::WorkflowNode,
+            ..AdmissionRequest::new(category)
+        }
+    }
+
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+/// Why a call was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// No free slot and no place to wait (`queue_size` is 0 under `reject`).
+    #[error("no free execution slot and the wait queue is full ({queue_size} places)")]
+    QueueFull { queue_size: usize },
+    /// Waited for a slot until the timeout.
+    #[error("no execution slot became free within {} ms", waited.as_millis())]
+    Timeout { waited: Duration },
+}
+
+impl Refusal {
+    /// The tool failure this refusal is reported as.
+    pub fn error_type(&self) -> ErrorType {
+        match self {
+            Refusal::QueueFull { .. } => ErrorType::QueueFull,
+            Refusal::Timeout { .. } => ErrorType::Timeout,
+        }
+    }
+}
+
+/// The right to run one call. Dropping it frees its slots and admits the
+/// next waiter(s) that fit.
+#[must_use = "dropping a permit frees its slot at once"]
+pub struct Permit {
+    category: String,
+    /// The controller's state, to give the slots back; `None` for a bypass
+    /// permit, which holds no slot.
+    owner: Option<Arc<Mutex<State>>>,
+    since: Instant,
+}
+
+impl Permit {
+    pub fn category(&self) -> &str {
+        &self.category
+    }
+
+    /// Whether this permit skipped the limits (workflow node).
+    pub fn is_bypass(&self) -> bool {
+        self.owner.is_none()
+    }
+}
+
+impl fmt::Debug for Permit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permit")
+            .field("category", &self.category)
+            .field("bypass", &self.is_bypass())
+            .field("held", &self.since.elapsed())
+            .finish()
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(state) = self.owner.take() {
+            lock(&state).release(&self.category, Some(self.since.elapsed()));
+        }
+    }
+}
+
+/// A snapshot of the controller.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConcurrencyMetrics {
+    /// Pool slots held now (bypass permits excluded).
+    pub current_concurrent: usize,
+    /// Callers waiting for a slot.
+    pub queue_length: usize,
+    /// Permits handed out to counted calls.
+    pub total_acquired: u64,
+    /// Calls refused with `queue_full`.
+    pub total_rejected: u64,
+    /// Waiters that gave up at their timeout.
+    pub total_timeout: u64,
+    /// Permits handed out to bypassing calls (workflow nodes).
+    pub total_bypassed: u64,
+    /// Mean time counted permits were held, over those released so far.
+    pub avg_execution_time_ms: f64,
+    /// One entry per configured bucket.
+    pub buckets: BTreeMap<String, BucketMetrics>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BucketMetrics {
+    /// Slots of this bucket held now.
+    pub current: usize,
+    pub limit: usize,
+    /// Callers of this category waiting.
+    pub queue: usize,
+}
+
+/// Admission for every counted tool call; cheap to clone (one shared state).
+#[derive(Debug, Clone)]
+pub struct ConcurrencyController {
+    state: Arc<Mutex<State>>,
+    default_timeout: Duration,
+}
+
+impl ConcurrencyController {
+    /// Expects a config that passed [`ConcurrencyConfig::validate`]; with
+    /// `max_concurrent = 0` every counted call would wait until its timeout.
+    pub fn new(config: ConcurrencyConfig) -> Self {
+        ConcurrencyController {
+            default_timeout: config.default_timeout(),
+            state: Arc::new(Mutex::new(State::new(&config))),
+        }
+    }
+
+    /// A permit to run one call: at once when its slots are free (or it
+    /// bypasses), else after waiting in the queue, or a refusal.
+    ///
+    /// Cancel-safe: dropping the future gives up its place in the queue, and
+    /// any slot granted to it meanwhile goes to the next waiter.
+    pub async fn acquire(&self, req: AdmissionRequest) -> Result<Permit, Refusal> {
+        let AdmissionRequest {
+            category,
+            priority,
+            bypass,
+            timeout,
+        } = req;
+        if bypass {
+            lock(&self.state).total_bypassed += 1;
+            return Ok(Permit {
+                category,
+                owner: None,
+                since: Instant::now(),
+            });
+        }
+        let admitted = lock(&self.state).admit(&category, priority);
+        let (key, mut granted) = match admitted {
+            Admit::Now => return Ok(self.permit(category)),
+            Admit::Refused(refusal) => return Err(refusal),
+            Admit::Queued(key, granted) => (key, granted),
+        };
+        // Declared after `granted`, so dropped before it: the guard leaves
+        // the queue before the receiver goes, and the scan never sends to a
+        // waiter nobody will answer for.
+        let waiter = QueuedWaiter {
+            state: &self.state,
+            key,
+            category,
+            armed: true,
+        };
+        let started = Instant::now();
+        // Whether woken by the grant or the deadline, the queue decides below.
+        match started.checked_add(timeout.unwrap_or(self.default_timeout)) {
+            Some(deadline) => {
+                let _ = tokio::time::timeout_at(deadline, &mut granted).await;
+            }
+            None => {
+                let _ = (&mut granted).await;
+            }
+        }
+        let mut state = lock(&self.state);
+        let left = state.leave(&key);
+        let category = waiter.disarm();
+        match left {
+            Left::Queued => {
+                state.total_timeout += 1;
+                Err(Refusal::Timeout {
+                    waited: started.elapsed(),
+                })
+            }
+            Left::Granted => {
+                state.total_acquired += 1;
+                drop(state);
+                Ok(self.permit(category))
+            }
+        }
+    }
+
+    pub fn metrics(&self) -> ConcurrencyMetrics {
+        lock(&self.state).metrics()
+    }
+
+    /// A permit for slots already taken in the state.
+    fn permit(&self, category: String) -> Permit {
+        Permit {
+            category,
+            owner: Some(Arc::clone(&self.state)),
+            since: Instant::now(),
+        }
+    }
+}
+
+/// A waiter's place in the queue while its `acquire` future waits; if the
+/// future is dropped, takes the waiter out (or returns its granted slots).
+struct QueuedWaiter<'a> {
+    state: &'a Mutex<State>,
+    key: WaitKey,
+    category: String,
+    armed: bool,
+}
+
+impl QueuedWaiter<'_> {
+    /// The waiter left the queue by itself; nothing to undo. Takes no lock.
+    fn disarm(mut self) -> String {
+        self.armed = false;
+        std::mem::take(&mut self.category)
+    }
+}
+
+impl Drop for QueuedWaiter<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut state = lock(self.state);
+        if let Left::Granted = state.leave(&self.key) {
+            state.release(&self.category, None);
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Queue order: `rank` first (the negated priority, or 0 under fifo), then
+/// arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct WaitKey {
+    rank: Reverse<i32>,
+    seq: u64,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    category: String,
+    /// Fired when the scan has taken this waiter's slots for it.
+    granted: oneshot::Sender<()>,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    limit: usize,
+    current: usize,
+}
+
+/// What [`State::admit`] decided.
+#[derive(Debug)]
+enum Admit {
+    /// Slots taken: run now.
+    Now,
+    /// Waiting; the receiver fires when the slots are taken for it.
+    Queued(WaitKey, oneshot::Receiver<()>),
+    Refused(Refusal),
+}
+
+/// How a waiter left the queue when it looked.
+#[derive(Debug, PartialEq, Eq)]
+enum Left {
+    /// It was still waiting and is now removed: it holds nothing.
+    Queued,
+    /// The scan had already granted it: its slots are taken and are its own.
+    Granted,
+}
+
+/// Slots, queue and counters; every decision, no IO.
+#[derive(Debug)]
+struct State {
+    strategy: Strategy,
+    max_concurrent: usize,
+    queue_size: usize,
+    current: usize,
+    buckets: BTreeMap<String, Bucket>,
+    waiters: BTreeMap<WaitKey, Waiter>,
+    next_seq: u64,
+    total_acquired: u64,
+    total_rejected: u64,
+    total_timeout: u64,
+    total_bypassed: u64,
+    /// Counted permits dropped so far, and how long they were held in all.
+    released: u64,
+    held: Duration,
+}
+
+impl State {
+    fn new(config: &ConcurrencyConfig) -> Self {
+        State {
+            strategy: config.strategy,
+            max_concurrent: config.max_concurrent,
+            queue_size: config.queue_size,
+            current: 0,
+            buckets: config
+                .bucket_limits
+                .iter()
+                .map(|(name, &limit)| (name.clone(), Bucket { limit, current: 0 }))
+                .collect(),
+            waiters: BTreeMap::new(),
+            next_seq: 0,
+            total_acquired: 0,
+            total_rejected: 0,
+            total_timeout: 0,
+            total_bypassed: 0,
+            released: 0,
+            held: Duration::ZERO,
+        }
+    }
+
+    fn fits(&self, category: &str) -> bool {
+        self.current < self.max_concurrent
+            && self
+                .buckets
+                .get(category)
+                .is_none_or(|bucket| bucket.current < bucket.limit)
+    }
+
+    fn take(&mut self, category: &str) {
+        self.current += 1;
+        if let Some(bucket) = self.buckets.get_mut(category) {
+            bucket.current += 1;
+        }
+    }
+
+    /// A counted call asks to run: slots now, a place in the queue, or a
+    /// refusal. A newcomer that fits overtakes nobody: by the invariant, no
+    /// queued waiter could run now.
+    fn admit(&mut self, category: &str, priority: i32) -> Admit {
+        if self.fits(category) {
+            self.take(category);
+            self.total_acquired += 1;
+            return Admit::Now;
+        }
+        let queue_size = match self.strategy {
+            Strategy::Reject => 0,
+            Strategy::Fifo | Strategy::Priority => self.queue_size,
+        };
+        if self.waiters.len() >= queue_size {
+            self.total_rejected += 1;
+            return Admit::Refused(Refusal::QueueFull { queue_size });
+        }
+        let rank = match self.strategy {
+            Strategy::Priority => Reverse(priority),
+            Strategy::Fifo | Strategy::Reject => Reverse(0),
+        };
+        let key = WaitKey {
+            rank,
+            seq: self.next_seq,
+        };
+        self.next_seq += 1;
+        let (granted, receiver) = oneshot::channel();
+        self.waiters.insert(
+            key,
+            Waiter {
+                category: category.to_owned(),
+                granted,
+            },
+        );
+        Admit::Queued(key, receiver)
+    }
+
+    /// A counted permit gives its slots back (`held` is `None` when the
+    /// permit never reached its caller); frees slots for the queue.
+    fn release(&mut self, category: &str, held: Option<Duration>) {
+        debug_assert!(self.current > 0, "released a pool slot nobody held");
+        self.current = self.current.saturating_sub(1);
+        if let Some(bucket) = self.buckets.get_mut(category) {
+            debug_assert!(bucket.current > 0, "released a {category} slot nobody held");
+            bucket.current = bucket.current.saturating_sub(1);
+        }
+        if let Some(held) = held {
+            self.released += 1;
+            self.held = self.held.saturating_add(held);
+        }
+        self.grant_waiters();
+    }
+
+    /// Admits, in queue order, every waiter that fits now, skipping those
+    /// whose bucket is full. Restores "no queued waiter could run now".
+    fn grant_waiters(&mut self) {
+        let mut granted = Vec::new();
+        for (key, waiter) in &self.waiters {
+            if self.current >= self.max_concurrent {
+                break;
+            }
+            match self.buckets.get_mut(&waiter.category) {
+                Some(bucket) if bucket.current >= bucket.limit => continue,
+                Some(bucket) => bucket.current += 1,
+                None => {}
+            }
+            self.current += 1;
+            granted.push(*key);
+        }
+        for key in granted {
+            if let Some(waiter) = self.waiters.remove(&key) {
+                // A send fails only if the waiting future is being dropped;
+                // its guard then finds itself granted and returns the slots.
+                let _ = waiter.granted.send(());
+            }
+        }
+    }
+
+    /// The waiter `key` stops waiting (woken, past its deadline or
+    /// cancelled) and learns whether it still held only a place in the queue
+    /// or had been granted its slots.
+    fn leave(&mut self, key: &WaitKey) -> Left {
+        match self.waiters.remove(key) {
+            Some(_) => Left::Queued,
+            None => Left::Granted,
+        }
+    }
+
+    fn metrics(&self) -> ConcurrencyMetrics {
+        let mut buckets: BTreeMap<String, BucketMetrics> = self
+            .buckets
+            .iter()
+            .map(|(name, bucket)| {
+                let metrics = BucketMetrics {
+                    current: bucket.current,
+                    limit: bucket.limit,
+                    queue: 0,
+                };
+                (name.clone(), metrics)
+            })
+            .collect();
+        for waiter in self.waiters.values() {
+            if let Some(bucket) = buckets.get_mut(&waiter.category) {
+                bucket.queue += 1;
+            }
+        }
+        let avg_execution_time_ms = if self.released == 0 {
+            0.0
+        } else {
+            self.held.as_secs_f64() * 1000.0 / self.released as f64
+        };
+        ConcurrencyMetrics {
+            current_concurrent: self.current,
+            queue_length: self.waiters.len(),
+            total_acquired: self.total_acquired,
+            total_rejected: self.total_rejected,
+            total_timeout: self.total_timeout,
+            total_bypassed: self.total_bypassed,
+            avg_execution_time_ms,
+            buckets,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use futures::FutureExt;
+    use serde_json::json;
+    use tokio::sync::mpsc;
+    use tokio::task::JoinHandle;
+
+    type Admitted = mpsc::UnboundedSender<(&'static str, Permit)>;
+
+    fn controller(config: ConcurrencyConfig) -> ConcurrencyController {
+        config.validate().expect("test config is valid");
+        ConcurrencyController::new(config)
+    }
+
+    fn one_slot() -> ConcurrencyConfig {
+        ConcurrencyConfig {
+            max_concurrent: 1,
+            ..ConcurrencyConfig::default()
+        }
+    }
+
+    fn buckets(limits: &[(&str, usize)]) -> BTreeMap<String, usize> {
+        limits.iter().map(|&(k, v)| (k.to_owned(), v)).collect()
+    }
+
+    fn req(category: &str) -> AdmissionRequest {
+        AdmissionRequest::new(category)
+    }
+
+    /// A caller that waits for its permit and hands it, with its name, to
+    /// the test, which decides when to drop it.
+    fn spawn_caller(
+        controller: &ConcurrencyController,
+        name: &'static str,
+        req: AdmissionRequest,
+        admitted: &Admitted,
+    ) -> JoinHandle<()> {
+        let controller = controller.clone();
+        let admitted = admitted.clone();
+        tokio::spawn(async move {
+            let permit = controller.acquire(req).await.expect("admitted");
+            let _ = admitted.send((name, permit));
+        })
+    }
+
+    /// Lets spawned callers run until `check` holds on the metrics.
+    async fn until(
+        controller: &ConcurrencyController,
+        check: impl Fn(&ConcurrencyMetrics) -> bool,
+    ) {
+        for _ in 0..100 {
+            if check(&controller.metrics()) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("never reached; metrics: {:?}", controller.metrics());
+    }
+
+    async fn queued(controller: &ConcurrencyController, n: usize) {
+        until(controller, |m| m.queue_length == n).await;
+    }
+
+    /// Receives the callers one by one, dropping each permit before the
+    /// next, and returns the order in which they got in.
+    async fn admission_order(
+        rx: &mut mpsc::UnboundedReceiver<(&'static str, Permit)>,
+        n: usize,
+    ) -> Vec<&'static str> {
+        let mut order = Vec::new();
+        for _ in 0..n {
+            let (name, permit) = rx.recv().await.expect("a caller got in");
+            order.push(name);
+            drop(permit);
+        }
+        order
+    }
+
+    fn assert_all_free(controller: &ConcurrencyController) {
+        let m = controller.metrics();
+        assert_eq!(m.current_concurrent, 0, "{m:?}");
+        assert_eq!(m.queue_length, 0, "{m:?}");
+        for (name, bucket) in &m.buckets {
+            assert_eq!(
+                (bucket.current, bucket.queue),
+                (0, 0),
+                "bucket {name}: {m:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn defaults_are_those_of_the_architecture() {
+        let config = ConcurrencyConfig::default();
+        assert_eq!(config.max_concurrent, 10);
+        assert_eq!(config.queue_size, 100);
+        assert_eq!(config.default_timeout(), Duration::from_secs(30));
+        assert_eq!(config.strategy, Strategy::Fifo);
+        assert!(config.bucket_limits.is_empty());
+        assert_eq!(config.validate(), Ok(()));
+    }
+
+    #[test]
+    fn config_parses_with_defaults_and_refuses_unknown_keys() {
+        let config: ConcurrencyConfig = toml::from_str(
+            "max_concurrent = 4\nstrategy = \"priority\"\ndefault_timeout_s = 5\n\
+             [bucket_limits]\nhttp = 2\nai = 1\n",
+        )
+        .unwrap();
+        assert_eq!(config.max_concurrent, 4);
+        assert_eq!(config.queue_size, 100);
+        assert_eq!(config.strategy, Strategy::Priority);
+        assert_eq!(config.default_timeout(), Duration::from_secs(5));
+        assert_eq!(config.bucket_limits, buckets(&[("ai", 1), ("http", 2)]));
+
+        assert!(toml::from_str::<ConcurrencyConfig>("max_concurent = 4").is_err());
+        assert!(toml::from_str::<ConcurrencyConfig>("strategy = \"lifo\"").is_err());
+        assert!(toml::from_str::<ConcurrencyConfig>("strategy = \"FIFO\"").is_err());
+        let reject: ConcurrencyConfig = toml::from_str("strategy = \"reject\"").unwrap();
+        assert_eq!(reject.strategy, Strategy::Reject);
+    }
+
+    #[test]
+    fn validate_names_the_bad_key() {
+        let zero_pool = ConcurrencyConfig {
+            max_concurrent: 0,
+            ..ConcurrencyConfig::default()
+        };
+        let err = zero_pool.validate().unwrap_err();
+        assert_eq!(err.key(), "max_concurrent");
+        assert!(err.to_string().contains("max_concurrent"));
+
+        let zero_bucket = ConcurrencyConfig {
+            bucket_limits: buckets(&[("ai", 2), ("http", 0)]),
+            ..ConcurrencyConfig::default()
+        };
+        let err = zero_bucket.validate().unwrap_err();
+        assert_eq!(err.key(), "bucket_limits.http");
+        assert!(err.to_string().contains("bucket_limits.http"));
+
+        for value in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let bad_timeout = ConcurrencyConfig {
+                default_timeout_s: value,
+                ..ConcurrencyConfig::default()
+            };
+            let err = bad_timeout.validate().unwrap_err();
+            assert_eq!(err.key(), "default_timeout_s", "{value}");
+            assert!(err.to_string().contains("default_timeout_s"));
+        }
+    }
+
+    #[tokio::test]
+    async fn fifo_admits_waiters_in_arrival_order_whatever_their_priority() {
+        let c = controller(one_slot());
+        let holder = c.acquire(req("x")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for (n, (name, priority)) in [("a", 1), ("b", 9), ("c", 5)].into_iter().enumerate() {
+            spawn_caller(&c, name, req("x").with_priority(priority), &tx);
+            queued(&c, n + 1).await;
+        }
+        drop(holder);
+        assert_eq!(admission_order(&mut rx, 3).await, ["a", "b", "c"]);
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn priority_admits_higher_first_and_arrival_order_among_equals() {
+        let c = controller(ConcurrencyConfig {
+            strategy: Strategy::Priority,
+            ..one_slot()
+        });
+        let holder = c.acquire(req("x")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let callers = [
+            ("low", 1),
+            ("high-1", 5),
+            ("high-2", 5),
+            ("mid", 3),
+            ("high-3", 5),
+        ];
+        for (n, (name, priority)) in callers.into_iter().enumerate() {
+            spawn_caller(&c, name, req("x").with_priority(priority), &tx);
+            queued(&c, n + 1).await;
+        }
+        drop(holder);
+        assert_eq!(
+            admission_order(&mut rx, 5).await,
+            ["high-1", "high-2", "high-3", "mid", "low"]
+        );
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn reject_strategy_refuses_at_once_when_no_slot_is_free() {
+        let c = controller(ConcurrencyConfig {
+            strategy: Strategy::Reject,
+            ..one_slot()
+        });
+        let holder = c.acquire(req("x")).await.unwrap();
+        let refused = c.acquire(req("x")).now_or_never().expect("no waiting");
+        assert_eq!(refused.unwrap_err(), Refusal::QueueFull { queue_size: 0 });
+        let m = c.metrics();
+        assert_eq!(
+            (m.total_rejected, m.queue_length, m.total_acquired),
+            (1, 0, 1)
+        );
+
+        drop(holder);
+        let again = c.acquire(req("x")).now_or_never().expect("slot is free");
+        assert!(again.is_ok());
+    }
+
+    #[tokio::test]
+    async fn full_queue_refuses_with_queue_full() {
+        let c = controller(ConcurrencyConfig {
+            queue_size: 2,
+            ..one_slot()
+        });
+        let holder = c.acquire(req("x")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn_caller(&c, "a", req("x"), &tx);
+        spawn_caller(&c, "b", req("x"), &tx);
+        queued(&c, 2).await;
+
+        let refused = c.acquire(req("x")).now_or_never().expect("no waiting");
+        let refusal = refused.unwrap_err();
+        assert_eq!(refusal, Refusal::QueueFull { queue_size: 2 });
+        assert_eq!(refusal.error_type(), ErrorType::QueueFull);
+        assert!(refusal.to_string().contains("queue is full (2 places)"));
+        let m = c.metrics();
+        assert_eq!((m.total_rejected, m.queue_length), (1, 2));
+
+        drop(holder);
+        assert_eq!(admission_order(&mut rx, 2).await, ["a", "b"]);
+        assert_all_free(&c);
+    }
+
+    // Real time, but only the few milliseconds of the timeouts under test:
+    // the crate's tokio has no `test-util`, so the clock cannot be paused.
+    #[tokio::test]
+    async fn waiter_past_its_timeout_leaves_the_queue_with_timeout() {
+        let c = controller(ConcurrencyConfig {
+            default_timeout_s: 0.02,
+            ..one_slot()
+        });
+        let holder = c.acquire(req("x")).await.unwrap();
+
+        let own = c
+            .acquire(req("x").with_timeout(Duration::from_millis(5)))
+            .await;
+        let Err(Refusal::Timeout { waited }) = own else {
+            panic!("expected a timeout, got {own:?}");
+        };
+        assert!(waited >= Duration::from_millis(5), "{waited:?}");
+
+        let default = c.acquire(req("x")).await;
+        let Err(refusal @ Refusal::Timeout { waited }) = default else {
+            panic!("expected a timeout, got {default:?}");
+        };
+        assert!(waited >= Duration::from_millis(20), "{waited:?}");
+        assert_eq!(refusal.error_type(), ErrorType::Timeout);
+
+        let m = c.metrics();
+        assert_eq!(
+            (m.total_timeout, m.queue_length, m.current_concurrent),
+            (2, 0, 1)
+        );
+        drop(holder);
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn full_bucket_does_not_block_other_categories() {
+        let c = controller(ConcurrencyConfig {
+            max_concurrent: 3,
+            bucket_limits: buckets(&[("http", 1)]),
+            ..ConcurrencyConfig::default()
+        });
+        let http = c.acquire(req("http")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn_caller(&c, "http-waiter", req("http"), &tx);
+        queued(&c, 1).await;
+
+        let market = c.acquire(req("market")).now_or_never().expect("not queued");
+        let market = market.unwrap();
+        let m = c.metrics();
+        assert_eq!(m.current_concurrent, 2);
+        let http_bucket = BucketMetrics {
+            current: 1,
+            limit: 1,
+            queue: 1,
+        };
+        assert_eq!(m.buckets["http"], http_bucket);
+
+        drop(http);
+        assert_eq!(admission_order(&mut rx, 1).await, ["http-waiter"]);
+        drop(market);
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn freed_slot_skips_a_waiter_whose_bucket_is_full() {
+        let c = controller(ConcurrencyConfig {
+            max_concurrent: 2,
+            bucket_limits: buckets(&[("http", 1)]),
+            ..ConcurrencyConfig::default()
+        });
+        let http = c.acquire(req("http")).await.unwrap();
+        let market = c.acquire(req("market")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn_caller(&c, "http-waiter", req("http"), &tx);
+        queued(&c, 1).await;
+        spawn_caller(&c, "market-waiter", req("market"), &tx);
+        queued(&c, 2).await;
+
+        // A pool slot frees; the first waiter's bucket is still full.
+        drop(market);
+        let (name, market_permit) = rx.recv().await.unwrap();
+        assert_eq!(name, "market-waiter");
+        assert_eq!(c.metrics().queue_length, 1);
+
+        drop(http);
+        let (name, http_permit) = rx.recv().await.unwrap();
+        assert_eq!(name, "http-waiter");
+        drop((market_permit, http_permit));
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn workflow_node_bypasses_a_full_pool_and_is_not_counted() {
+        let c = controller(ConcurrencyConfig {
+            bucket_limits: buckets(&[("http", 1)]),
+            ..one_slot()
+        });
+        let holder = c.acquire(req("http")).await.unwrap();
+
+        let node = AdmissionRequest::for_caller("http", CallerType::WorkflowNode);
+        assert!(node.bypass);
+        let bypass = c.acquire(node).now_or_never().expect("never waits");
+        let bypass = bypass.unwrap();
+        assert!(bypass.is_bypass());
+        assert!(!holder.is_bypass());
+        let m = c.metrics();
+        assert_eq!(m.current_concurrent, 1);
+        assert_eq!(m.buckets["http"].current, 1);
+        assert_eq!(
+            (m.total_acquired, m.total_bypassed, m.queue_length),
+            (1, 1, 0)
+        );
+
+        drop(bypass);
+        let m = c.metrics();
+        assert_eq!(m.current_concurrent, 1);
+        assert_eq!(
+            m.avg_execution_time_ms, 0.0,
+            "bypass hold times are not averaged"
+        );
+
+        for caller in [CallerType::ConversationAgent, CallerType::Direct] {
+            assert!(!AdmissionRequest::for_caller("http", caller).bypass);
+        }
+        drop(holder);
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn cancelled_acquire_frees_its_queue_place() {
+        let c = controller(ConcurrencyConfig {
+            queue_size: 1,
+            ..one_slot()
+        });
+        let holder = c.acquire(req("x")).await.unwrap();
+        let mut waiting = Box::pin(c.acquire(req("x")));
+        assert!((&mut waiting).now_or_never().is_none());
+        assert_eq!(c.metrics().queue_length, 1);
+        let full = c.acquire(req("x")).now_or_never().expect("no waiting");
+        assert_eq!(full.unwrap_err(), Refusal::QueueFull { queue_size: 1 });
+
+        drop(waiting);
+        assert_eq!(c.metrics().queue_length, 0);
+
+        // The place is free again, and the next slot goes to a live caller.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn_caller(&c, "next", req("x"), &tx);
+        queued(&c, 1).await;
+        drop(holder);
+        assert_eq!(admission_order(&mut rx, 1).await, ["next"]);
+        assert_all_free(&c);
+        assert_eq!(c.metrics().total_timeout, 0);
+    }
+
+    #[tokio::test]
+    async fn acquire_cancelled_after_its_grant_passes_the_slot_on() {
+        let c = controller(one_slot());
+        let holder = c.acquire(req("x")).await.unwrap();
+        let mut granted_then_dropped = Box::pin(c.acquire(req("x")));
+        assert!((&mut granted_then_dropped).now_or_never().is_none());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn_caller(&c, "behind", req("x"), &tx);
+        queued(&c, 2).await;
+
+        // The slot goes to the first waiter, which is dropped unpolled.
+        drop(holder);
+        let m = c.metrics();
+        assert_eq!((m.current_concurrent, m.queue_length), (1, 1));
+        drop(granted_then_dropped);
+
+        assert_eq!(admission_order(&mut rx, 1).await, ["behind"]);
+        assert_all_free(&c);
+        let m = c.metrics();
+        assert_eq!(m.total_acquired, 2, "the dropped waiter never got a permit");
+    }
+
+    #[test]
+    fn a_grant_that_lands_as_the_deadline_fires_is_kept_not_leaked() {
+        let mut state = State::new(&one_slot());
+        assert!(matches!(state.admit("x", 0), Admit::Now));
+        let Admit::Queued(key, mut granted) = state.admit("x", 0) else {
+            panic!("expected to wait");
+        };
+        // The holder leaves: the scan takes the slot for the waiter...
+        state.release("x", Some(Duration::from_millis(1)));
+        assert!(granted.try_recv().is_ok());
+        assert_eq!(state.current, 1);
+        // ...which, woken by its deadline instead, finds the slot is its own.
+        assert_eq!(state.leave(&key), Left::Granted);
+        assert_eq!(state.current, 1);
+
+        // A waiter that leaves before any grant holds nothing.
+        let Admit::Queued(late, _granted) = state.admit("x", 0) else {
+            panic!("expected to wait");
+        };
+        assert_eq!(state.leave(&late), Left::Queued);
+        assert_eq!((state.current, state.waiters.len()), (1, 0));
+        state.release("x", None);
+        assert_eq!(state.current, 0);
+    }
+
+    #[test]
+    fn average_hold_time_is_over_released_counted_permits() {
+        let mut state = State::new(&ConcurrencyConfig::default());
+        assert_eq!(state.metrics().avg_execution_time_ms, 0.0);
+        assert!(matches!(state.admit("x", 0), Admit::Now));
+        assert!(matches!(state.admit("x", 0), Admit::Now));
+        assert!(matches!(state.admit("x", 0), Admit::Now));
+        state.release("x", Some(Duration::from_millis(100)));
+        state.release("x", Some(Duration::from_millis(300)));
+        // Returned by a cancelled waiter: never ran, not averaged.
+        state.release("x", None);
+        assert_eq!(state.metrics().avg_execution_time_ms, 200.0);
+    }
+
+    #[tokio::test]
+    async fn metrics_report_counts_and_buckets() {
+        let c = controller(ConcurrencyConfig {
+            max_concurrent: 2,
+            queue_size: 10,
+            bucket_limits: buckets(&[("ai", 2), ("http", 1)]),
+            ..ConcurrencyConfig::default()
+        });
+        let http = c.acquire(req("http")).await.unwrap();
+        let market = c.acquire(req("market")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn_caller(&c, "http", req("http"), &tx);
+        spawn_caller(&c, "ai", req("ai"), &tx);
+        queued(&c, 2).await;
+        assert!(
+            c.acquire(req("x").with_timeout(Duration::ZERO))
+                .await
+                .is_err()
+        );
+
+        let m = c.metrics();
+        let json = serde_json::to_value(&m).unwrap();
+        assert_eq!(json["current_concurrent"], 2);
+        assert_eq!(json["queue_length"], 2);
+        assert_eq!(json["total_acquired"], 2);
+        assert_eq!(json["total_rejected"], 0);
+        assert_eq!(json["total_timeout"], 1);
+        assert_eq!(json["total_bypassed"], 0);
+        assert_eq!(json["avg_execution_time_ms"], 0.0);
+        assert_eq!(
+            json["buckets"],
+            json!({
+                "ai": {"current": 0, "limit": 2, "queue": 1},
+                "http": {"current": 1, "limit": 1, "queue": 1},
+            })
+        );
+
+        drop(market);
+        drop(http);
+        let mut admitted = Vec::new();
+        for _ in 0..2 {
+            admitted.push(rx.recv().await.unwrap());
+        }
+        let mut names: Vec<_> = admitted.iter().map(|(name, _)| *name).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["ai", "http"]);
+        let m = c.metrics();
+        assert_eq!((m.total_acquired, m.current_concurrent), (4, 2));
+        assert_eq!(m.buckets["http"].current, 1);
+        assert_eq!(m.buckets["ai"].current, 1);
+        drop(admitted);
+        assert_all_free(&c);
+        assert!(c.metrics().avg_execution_time_ms >= 0.0);
+    }
+
+    /// Property: whatever mix of grants, timeouts, refusals and
+    /// cancellations happens across threads, once everything is dropped no
+    /// slot and no waiter is left behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn churn_of_grants_timeouts_and_cancels_leaks_no_slot() {
+        let c = controller(ConcurrencyConfig {
+            max_concurrent: 3,
+            queue_size: 8,
+            strategy: Strategy::Priority,
+            bucket_limits: buckets(&[("ai", 2), ("http", 1)]),
+            ..ConcurrencyConfig::default()
+        });
+        let mut tasks = Vec::new();
+        for i in 0..48usize {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                for j in 0..40usize {
+                    let category = ["http", "ai", "market"][(i + j) % 3];
+                    let timeout = Duration::from_micros(((i * 7 + j * 13) % 400) as u64);
+                    let request = req(category)
+                        .with_priority((j % 4) as i32)
+                        .with_timeout(timeout);
+                    if j % 5 == 0 {
+                        // Cancelled at a random point: before or after a grant.
+                        tokio::select! {
+                            permit = c.acquire(request) => drop(permit),
+                            () = tokio::task::yield_now() => {}
+                        }
+                    } else if let Ok(permit) = c.acquire(request).await {
+                        tokio::task::yield_now().await;
+                        drop(permit);
+                    }
+                }
+            }));
+        }
+        // Some callers are aborted mid-flight, permits and waits included.
+        for task in tasks.iter().step_by(6) {
+            tokio::task::yield_now().await;
+            task.abort();
+        }
+        let all = futures::future::join_all(tasks);
+        tokio::time::timeout(Duration::from_secs(30), all)
+            .await
+            .expect("callers finish");
+        assert_all_free(&c);
+        assert!(c.metrics().total_acquired > 0);
+    }
+}

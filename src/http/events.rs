@@ -1,0 +1,39 @@
+//! `GET /v1/events`: runtime events as Server-Sent Events, one `event:` per
+//! kind (`tool_added`, `execution_completed`, ...) with the event as JSON
+//! data. A subscriber that falls behind gets a `lagged` event saying how
+//! many it missed, then continues.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::routing::get;
+use futures::Stream;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+
+use super::AppState;
+
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/v1/events", get(events))
+}
+
+async fn events(
+    State(state): State<AppState>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let stream = BroadcastStream::new(state.events.subscribe()).map(|item| {
+        Ok(match item {
+            Ok(event) => SseEvent::default()
+                .event(event.kind.name())
+                .json_data(&event)
+                .unwrap_or_else(|_| SseEvent::default().event("error")),
+            Err(BroadcastStreamRecvError::Lagged(n)) => SseEvent::default()
+                .event("lagged")
+                .data(format!("{{\"missed\":{n}}}")),
+        })
+    });
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+}

@@ -1,0 +1,256 @@
+//! Server configuration: `cadre serve --config PATH` (or `CADRE_CONFIG`),
+//! TOML, every key overridable from the environment.
+//!
+//! file (TOML) ──▶ table ──CADRE_<SECTION>_<KEY> overrides──▶ [`ServerConfig`] (deny unknown keys) ──validate──▶ runtime
+//!
+//! Sections: `[concurrency]` (the executor's pool), `[api_limit]` (HTTP
+//! requests per API key), `[executor]`, `[tools]`. An override's value is
+//! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
+//! `{http = 5}`) and as a string otherwise, so
+//! `CADRE_CONCURRENCY_MAX_CONCURRENT=1` and
+//! `CADRE_CONCURRENCY_BUCKET_LIMITS='{http = 5}'` both work. A file or
+//! override with an unknown key or a bad value is refused with the key named.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::executor::ExecutorConfig;
+use crate::executor::concurrency::ConcurrencyConfig;
+use crate::http::rate_limit::ApiLimitConfig;
+
+/// The sections an environment override may address.
+const SECTIONS: [&str; 4] = ["concurrency", "api_limit", "executor", "tools"];
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub concurrency: ConcurrencyConfig,
+    pub api_limit: ApiLimitConfig,
+    pub executor: ExecutorSection,
+    pub tools: ToolsSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecutorSection {
+    /// Per-call timeout when neither the call nor the tool sets one.
+    pub default_timeout_s: f64,
+    /// First retry delay of a retryable tool failure.
+    pub retry_base_delay_ms: u64,
+    /// How long a pending confirmation can be approved.
+    pub confirmation_ttl_s: u64,
+}
+
+impl Default for ExecutorSection {
+    fn default() -> Self {
+        ExecutorSection {
+            default_timeout_s: 30.0,
+            retry_base_delay_ms: 100,
+            confirmation_ttl_s: 600,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolsSection {
+    /// Refuse parameters a tool does not declare.
+    pub strict_validation: bool,
+    /// Seconds between rescans of the tool folder (the watcher's fallback).
+    pub reload_interval_s: f64,
+    /// Hosts `http_request` / `fetch_page` may reach on private addresses.
+    pub http_allowlist: Vec<String>,
+}
+
+impl Default for ToolsSection {
+    fn default() -> Self {
+        ToolsSection {
+            strict_validation: false,
+            reload_interval_s: 5.0,
+            http_allowlist: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerConfigError {
+    #[error("cannot read the config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
+impl ServerConfig {
+    /// Reads the file (if any), applies `CADRE_*` overrides from `env`, checks.
+    pub fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<ServerConfig, ServerConfigError> {
+        let (mut table, origin) = match path {
+            Some(p) => {
+                let text =
+                    std::fs::read_to_string(p).map_err(|source| ServerConfigError::Read {
+                        path: p.display().to_string(),
+                        source,
+                    })?;
+                let table: toml::Table =
+                    toml::from_str(&text).map_err(|e| ServerConfigError::Invalid {
+                        origin: p.display().to_string(),
+                        message: e.to_string(),
+                    })?;
+                (table, p.display().to_string())
+            }
+            None => (toml::Table::new(), "configuration".to_string()),
+        };
+        let mut overridden = Vec::new();
+        for (var, raw) in env {
+            let Some(rest) = var.strip_prefix("CADRE_") else {
+                continue;
+            };
+            let rest = rest.to_ascii_lowercase();
+            let Some(section) = SECTIONS.iter().find(|s| {
+                rest.strip_prefix(*s)
+                    .is_some_and(|r| r.starts_with('_') && r.len() > 1)
+            }) else {
+                continue;
+            };
+            let key = rest[section.len() + 1..].to_string();
+            let value = parse_value(&raw);
+            let entry = table
+                .entry(section.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let toml::Value::Table(t) = entry else {
+                return Err(ServerConfigError::Invalid {
+                    origin: origin.clone(),
+                    message: format!("[{section}] must be a table"),
+                });
+            };
+            t.insert(key, value);
+            overridden.push(var);
+        }
+        let origin = if overridden.is_empty() {
+            origin
+        } else {
+            format!("{origin} with {}", overridden.join(", "))
+        };
+        let config: ServerConfig =
+            toml::Value::Table(table)
+                .try_into()
+                .map_err(|e: toml::de::Error| ServerConfigError::Invalid {
+                    origin: origin.clone(),
+                    message: e.to_string(),
+                })?;
+        config
+            .validate()
+            .map_err(|message| ServerConfigError::Invalid { origin, message })?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        self.concurrency
+            .validate()
+            .map_err(|e| format!("concurrency: {e}"))?;
+        if !(self.executor.default_timeout_s > 0.0) {
+            return Err("executor.default_timeout_s must be greater than 0".into());
+        }
+        if !(self.tools.reload_interval_s >= 0.1) {
+            return Err("tools.reload_interval_s must be at least 0.1".into());
+        }
+        if self.api_limit.per_second == 0 || self.api_limit.burst == 0 {
+            return Err("api_limit.per_second and api_limit.burst must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    pub fn executor_config(&self) -> ExecutorConfig {
+        ExecutorConfig {
+            default_timeout: Duration::from_secs_f64(self.executor.default_timeout_s),
+            retry_base_delay: Duration::from_millis(self.executor.retry_base_delay_ms),
+            confirmation_ttl: Duration::from_secs(self.executor.confirmation_ttl_s),
+        }
+    }
+
+    pub fn reload_interval(&self) -> Duration {
+        Duration::from_secs_f64(self.tools.reload_interval_s)
+    }
+}
+
+fn parse_value(raw: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_file_sets_values_and_the_environment_overrides_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cadre.toml");
+        std::fs::write(
+            &path,
+            "[concurrency]\nmax_concurrent = 4\nstrategy = \"priority\"\n[tools]\nstrict_validation = true\n",
+        )
+        .unwrap();
+        let c = ServerConfig::load(
+            Some(&path),
+            env(&[
+                ("CADRE_CONCURRENCY_MAX_CONCURRENT", "1"),
+                ("CADRE_CONCURRENCY_BUCKET_LIMITS", "{http = 5}"),
+                ("CADRE_MODEL_BASE_URL", "http://ignored"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.concurrency.max_concurrent, 1);
+        assert_eq!(c.concurrency.bucket_limits["http"], 5);
+        assert!(c.tools.strict_validation);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused_with_the_key_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cadre.toml");
+        std::fs::write(&path, "[concurrency]\nmax_concurent = 4\n").unwrap();
+        let err = ServerConfig::load(Some(&path), env(&[])).unwrap_err();
+        assert!(err.to_string().contains("max_concurent"), "{err}");
+
+        let err =
+            ServerConfig::load(None, env(&[("CADRE_CONCURRENCY_STRATEGY", "random")])).unwrap_err();
+        assert!(
+            err.to_string().contains("CADRE_CONCURRENCY_STRATEGY"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("random"), "{err}");
+
+        let err = ServerConfig::load(None, env(&[("CADRE_TOOLS_COLOUR", "blue")])).unwrap_err();
+        assert!(err.to_string().contains("colour"), "{err}");
+
+        let err = ServerConfig::load(None, env(&[("CADRE_CONCURRENCY_MAX_CONCURRENT", "0")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("max_concurrent"), "{err}");
+    }
+
+    #[test]
+    fn no_file_gives_the_defaults() {
+        let c = ServerConfig::load(None, env(&[])).unwrap();
+        assert_eq!(c.concurrency.max_concurrent, 10);
+        assert_eq!(c.concurrency.queue_size, 100);
+        assert_eq!(c.tools.reload_interval_s, 5.0);
+    }
+}

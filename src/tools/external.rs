@@ -1,0 +1,193 @@
+//! External tool entries: a command or an HTTP endpoint outside cadre.
+//!
+//! executor ──params (JSON)──▶ ExternalHandler ──stdin──▶ command ──stdout (JSON)──▶ output
+//!                                            └─POST──▶ url ──JSON body──▶ output
+//!
+//! Commands run without a shell (argv as written), with the parameters as
+//! JSON on stdin; stdout must be one JSON value. Output beyond the cap is a
+//! failure, a non-zero exit is a failure carrying the first lines of stderr,
+//! and the child is killed when the call is dropped (the executor's timeout
+//! aborts the task). Endpoints get the parameters as a JSON POST; 5xx and
+//! transport errors are retryable. The operator writes these entries, so
+//! they are trusted: no SSRF policy applies (unlike `http_request`).
+
+use std::process::Stdio;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{ExecutionContext, ToolError, ToolHandler};
+
+pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
+
+pub struct ExternalHandler {
+    command: Option<Vec<String>>,
+    url: Option<String>,
+    max_output: usize,
+    http: reqwest::Client,
+}
+
+impl ExternalHandler {
+    pub fn new(command: Option<Vec<String>>, url: Option<String>, max_output: usize) -> Self {
+        ExternalHandler {
+            command,
+            url,
+            max_output,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn run_command(&self, argv: &[String], params: &Value) -> Result<Value, ToolError> {
+        let (program, args) = argv
+            .split_first()
+            .ok_or_else(|| ToolError::failed("external command is empty"))?;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| ToolError::failed(format!("cannot start '{program}': {e}")))?;
+        let input = serde_json::to_vec(params).expect("JSON values serialize");
+        if let Some(mut stdin) = child.stdin.take() {
+            // A command that exits without reading its input is not an error here.
+            let _ = stdin.write_all(&input).await;
+        }
+        let mut stdout = Vec::new();
+        let out = child.stdout.take().expect("piped stdout");
+        let read = out
+            .take(self.max_output as u64 + 1)
+            .read_to_end(&mut stdout)
+            .await;
+        let mut stderr = Vec::new();
+        if let Some(err) = child.stderr.take() {
+            let _ = err.take(4096).read_to_end(&mut stderr).await;
+        }
+        let status = child
+            .wait()
+            .await
+            .map_err(|e| ToolError::failed(format!("'{program}' could not be awaited: {e}")))?;
+        read.map_err(|e| ToolError::failed(format!("reading the output of '{program}': {e}")))?;
+        if !status.success() {
+            let err = String::from_utf8_lossy(&stderr);
+            let first: String = err.lines().take(5).collect::<Vec<_>>().join(" | ");
+            return Err(ToolError::failed(format!(
+                "'{program}' exited with {status}: {first}"
+            )));
+        }
+        if stdout.len() > self.max_output {
+            return Err(ToolError::failed(format!(
+                "'{program}' printed more than {} bytes",
+                self.max_output
+            )));
+        }
+        serde_json::from_slice(&stdout).map_err(|e| {
+            let head: String = String::from_utf8_lossy(&stdout).chars().take(120).collect();
+            ToolError::failed(format!(
+                "'{program}' did not print JSON ({e}); output starts with {head:?}"
+            ))
+        })
+    }
+
+    async fn post(&self, url: &str, params: &Value) -> Result<Value, ToolError> {
+        let response =
+            self.http
+                .post(url)
+                .json(params)
+                .send()
+                .await
+                .map_err(|e| ToolError::Transient {
+                    message: format!("cannot reach {url}: {e}"),
+                })?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(|e| ToolError::Transient {
+            message: format!("reading the reply of {url}: {e}"),
+        })?;
+        if body.len() > self.max_output {
+            return Err(ToolError::failed(format!(
+                "{url} answered more than {} bytes",
+                self.max_output
+            )));
+        }
+        if status.is_server_error() {
+            return Err(ToolError::Transient {
+                message: format!("{url} answered HTTP {status}"),
+            });
+        }
+        if !status.is_success() {
+            return Err(ToolError::failed(format!(
+                "{url} answered HTTP {status}: {}",
+                String::from_utf8_lossy(&body)
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
+            )));
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| ToolError::failed(format!("{url} did not answer JSON: {e}")))
+    }
+}
+
+#[async_trait::async_trait]
+impl ToolHandler for ExternalHandler {
+    async fn call(&self, params: Value, _ctx: &ExecutionContext) -> Result<Value, ToolError> {
+        match (&self.command, &self.url) {
+            (Some(argv), _) => self.run_command(argv, &params).await,
+            (None, Some(url)) => self.post(url, &params).await,
+            (None, None) => Err(ToolError::failed(
+                "external entry has neither command nor url",
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::CallerType;
+    use serde_json::json;
+
+    fn ctx() -> ExecutionContext {
+        ExecutionContext::new(CallerType::Direct, "test")
+    }
+
+    fn sh(script: &str) -> ExternalHandler {
+        ExternalHandler::new(
+            Some(vec!["sh".into(), "-c".into(), script.into()]),
+            None,
+            64,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_command_gets_params_on_stdin_and_answers_json() {
+        let h = sh("cat");
+        let out = h.call(json!({"a": 1}), &ctx()).await.unwrap();
+        assert_eq!(out, json!({"a": 1}));
+    }
+
+    #[tokio::test]
+    async fn non_zero_exit_garbage_and_oversized_output_are_failures() {
+        let err = sh("echo oops >&2; exit 3")
+            .call(json!({}), &ctx())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("oops"), "{err}");
+        let err = sh("echo not json")
+            .call(json!({}), &ctx())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("did not print JSON"), "{err}");
+        let err = sh("head -c 1000 /dev/zero | tr '\\0' 'a'")
+            .call(json!({}), &ctx())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("more than 64 bytes"), "{err}");
+        let err = ExternalHandler::new(Some(vec!["/no/such/program".into()]), None, 64)
+            .call(json!({}), &ctx())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("cannot start"), "{err}");
+    }
+}

@@ -1,0 +1,331 @@
+//! Tool files: `agents/tools/*.yaml|*.yml|*.toml`, one tool per file.
+//!
+//! file ──parse (deny unknown keys; file and line on error)──▶ [`ToolFile`]
+//!      ──resolve (schema compiled, handler found)──▶ (ToolDefinition, handler)
+//!
+//! Stage one ([`parse_file`]) needs nothing but the text, so `cadre tools
+//! check` runs it alone. Stage two ([`resolve`]) binds the entry to a
+//! handler: `builtin` by handler name (default: the tool's name),
+//! `external` to a command or an HTTP endpoint ([`super::external`]),
+//! `custom` to a handler the embedding program registered by name.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::definition::{CacheSpec, Entry, Plan, RateLimit};
+use super::schema::{Parameters, to_json_schema};
+use super::validate::ParamValidator;
+use super::{ToolDefinition, ToolHandler, external};
+
+/// A tool file as written (YAML or TOML, the same keys).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolFile {
+    pub name: String,
+    #[serde(default = "default_version")]
+    pub version: String,
+    pub description: String,
+    #[serde(default = "default_category")]
+    pub category: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub parameters: Parameters,
+    #[serde(default)]
+    pub entry: Entry,
+    #[serde(default)]
+    pub output: Option<Value>,
+    #[serde(default)]
+    pub required_plan: Plan,
+    #[serde(default)]
+    pub rate_limit: RateLimit,
+    #[serde(default)]
+    pub cache: Option<CacheSpec>,
+    #[serde(default)]
+    pub post_processor: Option<String>,
+    #[serde(default)]
+    pub timeout_s: Option<f64>,
+}
+
+fn default_version() -> String {
+    "1.0.0".into()
+}
+fn default_category() -> String {
+    "custom".into()
+}
+
+/// Why a tool file was not loaded.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+pub struct LoadError {
+    pub file: PathBuf,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl LoadError {
+    fn new(file: &Path, line: Option<usize>, message: impl Into<String>) -> Self {
+        LoadError {
+            file: file.to_path_buf(),
+            line,
+            message: message.into(),
+        }
+    }
+}
+
+/// Is this a tool file by its name?
+pub fn is_tool_file(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "toml")
+    )
+}
+
+/// Stage one: the text of a file into a checked [`ToolFile`].
+pub fn parse_file(path: &Path, text: &str) -> Result<ToolFile, LoadError> {
+    let file: ToolFile = match path.extension().and_then(|e| e.to_str()) {
+        Some("toml") => toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            LoadError::new(path, line, e.message().to_string())
+        })?,
+        _ => yaml_serde::from_str(text)
+            .map_err(|e| LoadError::new(path, e.location().map(|l| l.line()), e.to_string()))?,
+    };
+    check(path, &file)?;
+    Ok(file)
+}
+
+fn check(path: &Path, file: &ToolFile) -> Result<(), LoadError> {
+    let valid_name = !file.name.is_empty()
+        && file.name.len() <= 64
+        && file
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.');
+    if !valid_name {
+        return Err(LoadError::new(
+            path,
+            None,
+            format!(
+                "invalid tool name '{}': use 1-64 letters, digits, '_', '-' or '.'",
+                file.name
+            ),
+        ));
+    }
+    if let Some(t) = file.timeout_s
+        && !(t > 0.0 && t <= 3600.0)
+    {
+        return Err(LoadError::new(path, None, "timeout_s must be in (0, 3600]"));
+    }
+    if let Some(p) = &file.post_processor
+        && p != super::definition::REQUIRE_CONFIRMATION
+    {
+        return Err(LoadError::new(
+            path,
+            None,
+            format!("unknown post_processor '{p}' (known: require_confirmation)"),
+        ));
+    }
+    for (window, n) in [
+        ("per_minute", file.rate_limit.per_minute),
+        ("per_hour", file.rate_limit.per_hour),
+        ("per_day", file.rate_limit.per_day),
+    ] {
+        if n == Some(0) {
+            return Err(LoadError::new(
+                path,
+                None,
+                format!("rate_limit.{window} must be at least 1"),
+            ));
+        }
+    }
+    if let Entry::External { command, url, .. } = &file.entry {
+        match (command, url) {
+            (Some(c), None) if !c.is_empty() => {}
+            (None, Some(_)) => {}
+            _ => {
+                return Err(LoadError::new(
+                    path,
+                    None,
+                    "an external entry needs exactly one of `command` (non-empty list) or `url`",
+                ));
+            }
+        }
+    }
+    let schema =
+        to_json_schema(&file.parameters).map_err(|e| LoadError::new(path, None, e.to_string()))?;
+    ParamValidator::new(&schema, false).map_err(|e| LoadError::new(path, None, e.to_string()))?;
+    Ok(())
+}
+
+/// Handlers a tool file may name.
+#[derive(Clone, Default)]
+pub struct HandlerCatalog {
+    pub builtin: HashMap<String, Arc<dyn ToolHandler>>,
+    pub custom: HashMap<String, Arc<dyn ToolHandler>>,
+}
+
+/// Stage two: bind the file to its handler.
+pub fn resolve(
+    path: &Path,
+    file: ToolFile,
+    catalog: &HandlerCatalog,
+) -> Result<(ToolDefinition, Arc<dyn ToolHandler>), LoadError> {
+    let parameters =
+        to_json_schema(&file.parameters).map_err(|e| LoadError::new(path, None, e.to_string()))?;
+    let handler: Arc<dyn ToolHandler> = match &file.entry {
+        Entry::Builtin { handler } => {
+            let name = handler.as_deref().unwrap_or(&file.name);
+            catalog.builtin.get(name).cloned().ok_or_else(|| {
+                LoadError::new(path, None, format!("no builtin handler named '{name}'"))
+            })?
+        }
+        Entry::Custom { handler } => {
+            let name = handler.as_deref().unwrap_or(&file.name);
+            catalog.custom.get(name).cloned().ok_or_else(|| {
+                LoadError::new(
+                    path,
+                    None,
+                    format!("no custom handler named '{name}' was registered"),
+                )
+            })?
+        }
+        Entry::External {
+            command,
+            url,
+            max_output_bytes,
+        } => Arc::new(external::ExternalHandler::new(
+            command.clone(),
+            url.clone(),
+            max_output_bytes.unwrap_or(external::DEFAULT_MAX_OUTPUT),
+        )),
+    };
+    let definition = ToolDefinition {
+        name: file.name,
+        version: file.version,
+        description: file.description,
+        category: file.category,
+        tags: file.tags,
+        parameters,
+        entry: file.entry,
+        output: file.output,
+        required_plan: file.required_plan,
+        rate_limit: file.rate_limit,
+        cache: file.cache,
+        post_processor: file.post_processor,
+        timeout: file.timeout_s.map(Duration::from_secs_f64),
+    };
+    Ok((definition, handler))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HTTP_YAML: &str = r#"
+name: http_get
+version: "1.0.0"
+description: Send an HTTP request
+category: http
+tags: [network]
+parameters:
+  - name: url
+    type: string
+    required: true
+    validation:
+      pattern: "^https?://"
+  - name: timeout
+    type: number
+    default: 30
+    validation: { min: 1, max: 300 }
+entry:
+  type: builtin
+  handler: echo
+required_plan: pro
+rate_limit: { per_minute: 5 }
+cache: { ttl_seconds: 60 }
+"#;
+
+    #[test]
+    fn yaml_and_toml_give_the_same_definition() {
+        let yaml = parse_file(Path::new("t.yaml"), HTTP_YAML).unwrap();
+        let toml_text = r#"
+name = "http_get"
+version = "1.0.0"
+description = "Send an HTTP request"
+category = "http"
+tags = ["network"]
+required_plan = "pro"
+rate_limit = { per_minute = 5 }
+cache = { ttl_seconds = 60 }
+entry = { type = "builtin", handler = "echo" }
+
+[[parameters]]
+name = "url"
+type = "string"
+required = true
+validation = { pattern = "^https?://" }
+
+[[parameters]]
+name = "timeout"
+type = "number"
+default = 30
+validation = { min = 1, max = 300 }
+"#;
+        let toml = parse_file(Path::new("t.toml"), toml_text).unwrap();
+        let mut catalog = HandlerCatalog::default();
+        catalog.builtin.insert(
+            "echo".into(),
+            Arc::new(crate::tools::builtin::echo::Echo) as Arc<dyn ToolHandler>,
+        );
+        let (a, _) = resolve(Path::new("t.yaml"), yaml, &catalog).unwrap();
+        let (b, _) = resolve(Path::new("t.toml"), toml, &catalog).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.required_plan, Plan::Pro);
+        assert_eq!(a.rate_limit.per_minute, Some(5));
+        assert_eq!(a.parameters["properties"]["timeout"]["maximum"], 300);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let err =
+            parse_file(Path::new("bad.yaml"), "name: x\ndescription: d\nbogus: 1\n").unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        assert!(err.message.contains("bogus"), "{err}");
+        let err = parse_file(
+            Path::new("bad.toml"),
+            "name = \"x\"\ndescription = \"d\"\nrate_limit = { per_minute = \"many\" }\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.line, Some(3), "{err}");
+        assert!(err.to_string().starts_with("bad.toml:3:"), "{err}");
+    }
+
+    #[test]
+    fn semantic_errors_are_refused_at_parse() {
+        let bad_regex = "name: x\ndescription: d\nparameters:\n  - {name: a, type: string, validation: {pattern: '('}}\n";
+        assert!(parse_file(Path::new("a.yaml"), bad_regex).is_err());
+        let bad_name = "name: 'x y'\ndescription: d\n";
+        assert!(parse_file(Path::new("a.yaml"), bad_name).is_err());
+        let zero = "name: x\ndescription: d\nrate_limit: {per_day: 0}\n";
+        assert!(parse_file(Path::new("a.yaml"), zero).is_err());
+        let pp = "name: x\ndescription: d\npost_processor: explode\n";
+        assert!(parse_file(Path::new("a.yaml"), pp).is_err());
+    }
+
+    #[test]
+    fn an_unknown_handler_is_a_resolve_error() {
+        let f = parse_file(Path::new("a.yaml"), "name: x\ndescription: d\n").unwrap();
+        let Err(err) = resolve(Path::new("a.yaml"), f, &HandlerCatalog::default()) else {
+            panic!("resolved a tool whose handler does not exist");
+        };
+        assert!(err.message.contains("no builtin handler named 'x'"));
+    }
+}
