@@ -62,6 +62,17 @@ pub struct AgentFile {
     pub max_tokens: Option<u32>,
     #[serde(default)]
     pub model: Option<ModelOverride>,
+    /// The site `fetch_page` reads for this agent.
+    #[serde(default)]
+    pub site: Option<SiteConfig>,
+}
+
+/// A site assistant's site: `fetch_page` may read `allowed_paths` under `base_url`.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteConfig {
+    pub base_url: String,
+    pub allowed_paths: Vec<String>,
 }
 
 /// Per-agent model endpoint; unset fields fall back to the server's.
@@ -107,6 +118,9 @@ pub struct Agent {
     /// Model name sent in requests (empty: the client's default).
     pub model_name: String,
     pub model: SharedModel,
+    /// Handed to every tool call of this agent (`ExecutionContext.variables`):
+    /// `{"site": {...}}` when the agent has a site.
+    pub variables: serde_json::Value,
 }
 
 impl Agent {
@@ -141,6 +155,10 @@ impl Agent {
             model: over.model.clone(),
         });
         let has_override = over.base_url.is_some() || over.api_key_env.is_some();
+        let variables = match &file.site {
+            Some(site) => serde_json::json!({ "site": site }),
+            None => serde_json::Value::Null,
+        };
         let model = match shared_model {
             Some(m) if !has_override => m.clone(),
             _ => model_for(&endpoint, options),
@@ -157,6 +175,7 @@ impl Agent {
             max_tokens: file.max_tokens,
             model_name: endpoint.model.unwrap_or_default(),
             model,
+            variables,
         })
     }
 

@@ -156,10 +156,10 @@ impl ServerConfig {
         self.concurrency
             .validate()
             .map_err(|e| format!("concurrency: {e}"))?;
-        if !(self.executor.default_timeout_s > 0.0) {
+        if self.executor.default_timeout_s.is_nan() || self.executor.default_timeout_s <= 0.0 {
             return Err("executor.default_timeout_s must be greater than 0".into());
         }
-        if !(self.tools.reload_interval_s >= 0.1) {
+        if self.tools.reload_interval_s.is_nan() || self.tools.reload_interval_s < 0.1 {
             return Err("tools.reload_interval_s must be at least 0.1".into());
         }
         if self.api_limit.per_second == 0 || self.api_limit.burst == 0 {

@@ -207,6 +207,7 @@ impl Conversation {
         c.conversation_id = Some(self.session.id.clone());
         c.user_id = self.session.user_id.clone();
         c.plan = self.session.plan;
+        c.variables = self.agent.variables.clone();
         c
     }
 }

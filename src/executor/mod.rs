@@ -142,7 +142,7 @@ impl Supervised for Executor {
 
 /// What admission decided.
 enum Admission {
-    Refused(ToolExecutionResult, Value),
+    Refused(Box<ToolExecutionResult>, Value),
     Run(Arc<RegisteredTool>, Value),
 }
 
@@ -162,7 +162,7 @@ impl Executor {
                 ErrorType::ToolNotFound,
                 format!("no tool named '{name}'"),
             );
-            return Admission::Refused(result, raw_params);
+            return Admission::Refused(Box::new(result), raw_params);
         };
         let def = &tool.definition;
         if !msg.confirmed && def.required_plan > msg.ctx.plan {
@@ -175,7 +175,7 @@ impl Executor {
                     msg.ctx.plan.as_str()
                 ),
             );
-            return Admission::Refused(result, raw_params);
+            return Admission::Refused(Box::new(result), raw_params);
         }
         if !msg.confirmed && !def.rate_limit.is_unlimited() {
             let user = msg.ctx.user_id.as_deref().unwrap_or("anonymous");
@@ -183,7 +183,7 @@ impl Executor {
                 let mut result =
                     ToolExecutionResult::failure(name, ErrorType::RateLimited, limited.to_string());
                 result.metadata.retry_after_ms = Some(limited.retry_after_ms());
-                return Admission::Refused(result, raw_params);
+                return Admission::Refused(Box::new(result), raw_params);
             }
         }
         let validated = match &msg.arguments {
@@ -214,7 +214,7 @@ impl Executor {
                     format!("invalid arguments for {name}: {summary}"),
                 );
                 result.validation_errors = errors;
-                Admission::Refused(result, raw_params)
+                Admission::Refused(Box::new(result), raw_params)
             }
         }
     }
@@ -247,7 +247,7 @@ impl Handler<ExecuteTool> for Executor {
                 workflow_id: msg.ctx.workflow_id.clone(),
             });
             let (result, params) = match admission {
-                Admission::Refused(result, params) => (result, params),
+                Admission::Refused(result, params) => (*result, params),
                 Admission::Run(tool, params) => {
                     let result = execute(&shared, &tool, &params, &msg).await;
                     (result, params)

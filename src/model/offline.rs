@@ -112,13 +112,57 @@ fn compose_from_results(results: &[&ChatMessage]) -> String {
                 return msg.to_string();
             }
             if let Some(source) = v.get("source_id").and_then(Value::as_str) {
-                let data = v.get("data").map(Value::to_string).unwrap_or_default();
+                let data = v.get("data").map(describe_data).unwrap_or_default();
                 return format!("{name}: {data} [{source}]");
             }
             format!("{name} returned: {content}")
         })
         .collect();
     parts.join("\n")
+}
+
+/// A readable line from a data tool's `data`: its scalar fields, and for
+/// lists their length and the names of the first items.
+fn describe_data(data: &Value) -> String {
+    let scalar = |v: &Value| match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        _ => None,
+    };
+    match data {
+        Value::Object(map) => {
+            // Scalars first, then those of nested objects (one level down).
+            let nested = map.values().filter_map(Value::as_object).flatten();
+            let mut parts: Vec<String> = map
+                .iter()
+                .chain(nested)
+                .filter_map(|(k, v)| scalar(v).map(|s| format!("{} {s}", k.replace('_', " "))))
+                .take(12)
+                .collect();
+            for (k, v) in map {
+                if let Value::Array(items) = v {
+                    let names: Vec<String> = items
+                        .iter()
+                        .filter_map(|i| {
+                            ["symbol", "name", "title", "id"]
+                                .iter()
+                                .find_map(|f| i.get(*f).and_then(scalar))
+                        })
+                        .take(8)
+                        .collect();
+                    let mut s = format!("{} {}", items.len(), k.replace('_', " "));
+                    if !names.is_empty() {
+                        s.push_str(&format!(" ({})", names.join(", ")));
+                    }
+                    parts.push(s);
+                }
+            }
+            parts.join("; ")
+        }
+        Value::Array(items) => format!("{} items", items.len()),
+        other => scalar(other).unwrap_or_default(),
+    }
 }
 
 const FUNCTIONS: [&str; 5] = ["sqrt", "abs", "min", "max", "round"];
@@ -183,18 +227,28 @@ fn pick_tool<'a>(question: &str, tools: &'a [ToolSpec]) -> Option<(&'a ToolSpec,
         return Some((tool, json!({"expression": expr})));
     }
     let asked = words(question);
-    let (tool, score) = tools
+    // Words of the tool's name count double; each parameter the message
+    // fills (a ticker, an enum value) counts as much as a name word; a tool
+    // whose required parameters are all filled wins a tie.
+    let (tool, args, score) = tools
         .iter()
         .map(|t| {
-            let mut vocab = words(&t.name);
+            let name = words(&t.name);
+            let mut vocab = name.clone();
             vocab.extend(words(&t.description));
-            (t, asked.intersection(&vocab).count())
+            let matched =
+                2 * asked.intersection(&name).count() + asked.intersection(&vocab).count();
+            if matched == 0 {
+                return (t, Value::Null, 0);
+            }
+            let (args, complete) = fill_arguments(t, question);
+            let filled = args.as_object().map_or(0, Map::len);
+            (t, args, 2 * (matched + 2 * filled) + usize::from(complete))
         })
-        .max_by_key(|(_, score)| *score)?;
+        .max_by_key(|(_, _, score)| *score)?;
     if score == 0 {
         return None;
     }
-    let args = fill_arguments(tool, question);
     Some((tool, args))
 }
 
@@ -202,22 +256,107 @@ fn has_param(tool: &ToolSpec, name: &str) -> bool {
     tool.parameters["properties"].get(name).is_some()
 }
 
-/// Required string parameters get the message with the tool's name stripped
-/// ("echo hello" -> "hello"); other required parameters are left out, and the
-/// executor's validation tells what is missing.
-fn fill_arguments(tool: &ToolSpec, question: &str) -> Value {
+/// Fills parameters from the message: an enum value the message names, a
+/// ticker for a `symbol`, a path for a `path`, a URL for a `url`; other
+/// required strings get the message with the tool's name stripped ("echo
+/// hello" -> "hello"). Optional parameters are set only when the message
+/// names one of their enum values. Returns whether every required parameter
+/// was filled; what is missing, the executor's validation reports.
+fn fill_arguments(tool: &ToolSpec, question: &str) -> (Value, bool) {
     let mut args = Map::new();
     let required: Vec<&str> = tool.parameters["required"]
         .as_array()
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    let stripped = strip_leading_word(question, &tool.name);
-    for name in required {
-        if tool.parameters["properties"][name]["type"] == "string" {
-            args.insert(name.to_string(), Value::String(stripped.clone()));
+    let Some(props) = tool.parameters["properties"].as_object() else {
+        return (Value::Object(args), required.is_empty());
+    };
+    let asked: HashSet<String> = question
+        .split(|c: char| !c.is_alphanumeric() && c != '_')
+        .map(str::to_lowercase)
+        .collect();
+    let mut complete = true;
+    for (name, schema) in props {
+        let is_required = required.contains(&name.as_str());
+        let value = fill_one(name, schema, question, &asked, &tool.name, is_required);
+        match value {
+            Some(v) => {
+                args.insert(name.clone(), v);
+            }
+            None if is_required => complete = false,
+            None => {}
         }
     }
-    Value::Object(args)
+    (Value::Object(args), complete)
+}
+
+fn fill_one(
+    name: &str,
+    schema: &Value,
+    question: &str,
+    asked: &HashSet<String>,
+    tool: &str,
+    required: bool,
+) -> Option<Value> {
+    let named = |options: &Vec<Value>| -> Vec<Value> {
+        options
+            .iter()
+            .filter(|o| {
+                o.as_str()
+                    .is_some_and(|s| asked.contains(&s.to_lowercase()))
+            })
+            .cloned()
+            .collect()
+    };
+    if let Some(options) = schema["enum"].as_array() {
+        return named(options).into_iter().next();
+    }
+    if let Some(options) = schema["items"]["enum"].as_array() {
+        let chosen = named(options);
+        return (!chosen.is_empty()).then_some(Value::Array(chosen));
+    }
+    if !required || schema["type"] != "string" {
+        return None;
+    }
+    let lower = name.to_lowercase();
+    if lower.contains("symbol") || lower.contains("ticker") {
+        return ticker(question).map(Value::String);
+    }
+    if lower == "path" {
+        let path = question
+            .split_whitespace()
+            .find(|w| w.starts_with('/'))
+            .unwrap_or("/");
+        return Some(Value::String(
+            path.trim_end_matches(['?', '.', ',']).to_string(),
+        ));
+    }
+    if lower == "topic" {
+        return question
+            .split(|c: char| !c.is_alphanumeric() && c != '_')
+            .rfind(|w| w.len() > 2 && !STOPWORDS.contains(&w.to_lowercase().as_str()))
+            .map(|w| Value::String(w.to_lowercase()));
+    }
+    if lower == "url" {
+        return question
+            .split_whitespace()
+            .find(|w| w.starts_with("http://") || w.starts_with("https://"))
+            .map(|w| Value::String(w.trim_end_matches(['?', ',']).to_string()));
+    }
+    Some(Value::String(strip_leading_word(question, tool)))
+}
+
+/// The first all-capitals word of 1-5 letters that is not an everyday word.
+fn ticker(question: &str) -> Option<String> {
+    const NOT_TICKERS: [&str; 8] = ["I", "A", "OK", "US", "USD", "ETF", "IRA", "AND"];
+    question
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .find(|w| {
+            (1..=5).contains(&w.len())
+                && w.chars().all(|c| c.is_ascii_uppercase())
+                && !NOT_TICKERS.contains(w)
+        })
+        .map(str::to_string)
 }
 
 fn strip_leading_word(question: &str, word: &str) -> String {

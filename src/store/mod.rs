@@ -189,6 +189,22 @@ impl Store {
             path: path.clone(),
             source,
         })?;
+        Self::start(db, path)
+    }
+
+    /// A store in memory, gone when dropped: for listings and tests where a
+    /// file adds nothing.
+    pub fn open_in_memory() -> Result<Store, StoreError> {
+        let db = Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .map_err(|source| StoreError::Open {
+                path: PathBuf::from(":memory:"),
+                source,
+            })?;
+        Self::start(db, PathBuf::from(":memory:"))
+    }
+
+    fn start(db: Database, path: PathBuf) -> Result<Store, StoreError> {
         init_schema(&db)?;
         let db = Arc::new(db);
         let (tx, rx) = std_mpsc::channel();

@@ -13,6 +13,7 @@
 //! - two files declaring one tool name: the first by path keeps it, the other
 //!   is reported naming both files;
 //! - a removed file's tool goes away (or falls back to the builtin).
+//!
 //! Reads take a snapshot `Arc`, so a running call keeps the version it
 //! started with.
 

@@ -12,6 +12,7 @@ pub mod calculator;
 pub mod echo;
 pub mod http;
 pub mod net_guard;
+pub mod sleep;
 pub mod trading;
 
 use std::path::PathBuf;
@@ -35,11 +36,15 @@ pub struct BuiltinContext {
 pub type ToolEntry = (ToolDefinition, Arc<dyn ToolHandler>);
 
 /// Every builtin tool.
-pub fn all(_ctx: &BuiltinContext) -> Vec<ToolEntry> {
-    vec![
+pub fn all(ctx: &BuiltinContext) -> Vec<ToolEntry> {
+    let mut tools: Vec<ToolEntry> = vec![
         (echo::definition(), Arc::new(echo::Echo)),
         (calculator::definition(), Arc::new(calculator::Calculator)),
-    ]
+        (sleep::definition(), Arc::new(sleep::Sleep)),
+    ];
+    tools.extend(http::tools(ctx));
+    tools.extend(brokerage::tools(ctx));
+    tools
 }
 
 pub fn register_all(registry: &ToolRegistry, ctx: &BuiltinContext) -> Result<(), SchemaError> {

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use super::data::TradingData;
 use super::user_docs::{self, ALERTS, lock_user, user_key};
-use super::{Op, Shared, envelope, opt_str, req_f64, req_str, symbol_schema};
+use super::{NO_CACHE, Op, Shared, envelope, opt_str, req_f64, req_str, symbol_schema};
 use crate::tools::definition::Plan;
 use crate::tools::{ToolDefinition, ToolError};
 
@@ -92,7 +92,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("alerts")
             .with_tags(&["alert", "notify", "price level"])
             .with_plan(Plan::Pro)
-            .per_minute(20),
+            .per_minute(20)
+            .with_cache_ttl(NO_CACHE),
             Op::CreateAlert,
         ),
         (
@@ -108,7 +109,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("alerts")
             .with_tags(&["alerts", "list"])
             .with_plan(Plan::Pro)
-            .per_minute(30),
+            .per_minute(30)
+            .with_cache_ttl(NO_CACHE),
             Op::ListAlerts,
         ),
         (
@@ -131,7 +133,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("alerts")
             .with_tags(&["alert", "delete", "remove"])
             .with_plan(Plan::Pro)
-            .per_minute(20),
+            .per_minute(20)
+            .with_cache_ttl(NO_CACHE),
             Op::DeleteAlert,
         ),
     ]

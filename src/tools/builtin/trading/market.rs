@@ -401,7 +401,7 @@ fn compute(ind: Indicator, c: &Columns) -> Result<Value, IndicatorError> {
         }),
         Indicator::Obv => json!({
             "window_bars": c.close.len(),
-            "value": indicators::obv(&c.close, &c.volume)?.last().map(|v| v.round()),
+            "value": indicators::obv(&c.close, &c.volume)?.last().map(|v| v.round() as i64),
         }),
         Indicator::Adx => {
             let p = latest(&indicators::adx(&c.high, &c.low, &c.close, 14)?);

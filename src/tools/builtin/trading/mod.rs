@@ -22,7 +22,7 @@
 //! | get_ml_features         | premium | 20   | ml        | 60 s  |
 //! | get_portfolio           | pro     | 30   | portfolio | –     |
 //! | get_trade_history       | pro     | 20   | portfolio | –     |
-//! | create_paper_order      | pro     | 10   | trading   | –     | post-processor `require_confirmation`
+//! | create_paper_order      | pro     | 10   | trading   | –     |
 //! | cancel_paper_order      | pro     | 20   | trading   | –     |
 //! | get_pending_orders      | pro     | 30   | trading   | –     |
 //! | create_alert            | pro     | 20   | alerts    | –     |
@@ -34,14 +34,18 @@
 //! | add_to_watchlist        | free    | 30   | portfolio | –     |
 //! | remove_from_watchlist   | free    | 30   | portfolio | –     |
 //!
+//! `create_paper_order` carries the post-processor `require_confirmation`.
+//!
 //! Decisions (details in each file's header):
 //! - Plans and limits are the spec's; the spec has no hourly or daily limits,
 //!   so none are set. The spec's `get_ohlcv` limit (30/min) is the issue's.
 //! - Cache TTLs follow the spec's per-category table for the shared,
-//!   user-independent data (market 5 s, news 300 s, ml 60 s). Per-user tools
-//!   (portfolio, trading, alerts, watchlist) are not cached: their answer
-//!   depends on the caller and changes with every write. Calculators are not
-//!   cached (spec: TTL 0).
+//!   user-independent data (market 5 s, news 300 s, ml 60 s). Every other
+//!   tool sets TTL 0 explicitly, overriding the executor's category default
+//!   (portfolio 10 s): per-user state changes with the user's own writes
+//!   (a portfolio read right after an order must show it), and a cached
+//!   `add_to_watchlist` would silently skip a re-add after a remove.
+//!   Calculators are pure and cheap (spec: TTL 0).
 //! - Where the issue and the spec differ, the issue wins: `get_news.symbol`
 //!   optional, order types `market|limit`, alert conditions `above|below`,
 //!   calculator parameter names, watchlist category `portfolio`.
@@ -79,6 +83,9 @@ use data::DataSource;
 
 /// File name of the sample data inside the builtin data folder.
 pub const DATA_FILE: &str = "trading.json";
+
+/// Cache TTL of tools whose answer must never be reused (see the header).
+const NO_CACHE: u64 = 0;
 
 /// Every trading tool, sharing one data source and the store.
 pub fn tools(ctx: &BuiltinContext) -> Vec<ToolEntry> {
@@ -390,6 +397,13 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(got, want);
         for (d, _) in catalog() {
+            let ttl = match d.category.as_str() {
+                "market" => 5,
+                "news" => 300,
+                "ml" => 60,
+                _ => NO_CACHE,
+            };
+            assert_eq!(d.cache.map(|c| c.ttl_seconds), Some(ttl), "{}", d.name);
             assert_eq!(d.rate_limit.per_hour, None, "{}", d.name);
             assert_eq!(
                 d.requires_confirmation(),

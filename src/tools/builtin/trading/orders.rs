@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 
 use super::portfolio::{self, Reservations};
 use super::user_docs::{self, ORDERS, lock_user, user_key};
-use super::{Op, Shared, envelope, opt_f64, req_f64, req_str, round, symbol_schema};
+use super::{NO_CACHE, Op, Shared, envelope, opt_f64, req_f64, req_str, round, symbol_schema};
 use crate::store::Store;
 use crate::tools::definition::{Plan, REQUIRE_CONFIRMATION};
 use crate::tools::{ToolDefinition, ToolError};
@@ -148,6 +148,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_tags(&["order", "buy", "sell", "paper trading", "trade"])
             .with_plan(Plan::Pro)
             .per_minute(10)
+            .with_cache_ttl(NO_CACHE)
             .with_post_processor(REQUIRE_CONFIRMATION),
             Op::CreatePaperOrder,
         ),
@@ -165,7 +166,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("trading")
             .with_tags(&["order", "cancel", "paper trading"])
             .with_plan(Plan::Pro)
-            .per_minute(20),
+            .per_minute(20)
+            .with_cache_ttl(NO_CACHE),
             Op::CancelPaperOrder,
         ),
         (
@@ -177,7 +179,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("trading")
             .with_tags(&["orders", "pending", "open orders", "paper trading"])
             .with_plan(Plan::Pro)
-            .per_minute(30),
+            .per_minute(30)
+            .with_cache_ttl(NO_CACHE),
             Op::GetPendingOrders,
         ),
     ]

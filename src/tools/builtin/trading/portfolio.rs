@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::data::StartingPortfolio;
 use super::orders::{self, Order, OrderState, OrderType, Side};
-use super::{Op, Shared, envelope, opt_str, opt_u64, round, symbol_schema};
+use super::{NO_CACHE, Op, Shared, envelope, opt_str, opt_u64, round, symbol_schema};
 use crate::tools::definition::Plan;
 use crate::tools::{ToolDefinition, ToolError};
 
@@ -42,7 +42,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("portfolio")
             .with_tags(&["portfolio", "positions", "holdings", "balance", "pnl"])
             .with_plan(Plan::Pro)
-            .per_minute(30),
+            .per_minute(30)
+            .with_cache_ttl(NO_CACHE),
             Op::GetPortfolio,
         ),
         (
@@ -67,7 +68,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("portfolio")
             .with_tags(&["trades", "history", "fills", "pnl"])
             .with_plan(Plan::Pro)
-            .per_minute(20),
+            .per_minute(20)
+            .with_cache_ttl(NO_CACHE),
             Op::GetTradeHistory,
         ),
     ]

@@ -19,7 +19,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Op, req_f64, round};
+use super::{NO_CACHE, Op, req_f64, round};
 use crate::tools::definition::Plan;
 use crate::tools::{ToolDefinition, ToolError};
 
@@ -55,7 +55,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("calculate")
             .with_tags(&["position size", "risk", "calculate", "stop loss"])
             .with_plan(Plan::Free)
-            .per_minute(100),
+            .per_minute(100)
+            .with_cache_ttl(NO_CACHE),
             Op::CalculatePositionSize,
         ),
         (
@@ -77,7 +78,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("calculate")
             .with_tags(&["risk reward", "ratio", "calculate", "target"])
             .with_plan(Plan::Free)
-            .per_minute(100),
+            .per_minute(100)
+            .with_cache_ttl(NO_CACHE),
             Op::CalculateRiskReward,
         ),
     ]

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use super::data::TradingData;
 use super::user_docs::{self, WATCHLIST, lock_user, user_key};
-use super::{Op, Shared, envelope, req_str, round, symbol_schema};
+use super::{NO_CACHE, Op, Shared, envelope, req_str, round, symbol_schema};
 use crate::tools::definition::Plan;
 use crate::tools::{ToolDefinition, ToolError};
 
@@ -52,7 +52,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("portfolio")
             .with_tags(&["watchlist", "favorites", "tracked symbols"])
             .with_plan(Plan::Free)
-            .per_minute(60),
+            .per_minute(60)
+            .with_cache_ttl(NO_CACHE),
             Op::GetWatchlist,
         ),
         (
@@ -64,7 +65,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("portfolio")
             .with_tags(&["watchlist", "add", "track"])
             .with_plan(Plan::Free)
-            .per_minute(30),
+            .per_minute(30)
+            .with_cache_ttl(NO_CACHE),
             Op::AddToWatchlist,
         ),
         (
@@ -76,7 +78,8 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             .with_category("portfolio")
             .with_tags(&["watchlist", "remove", "untrack"])
             .with_plan(Plan::Free)
-            .per_minute(30),
+            .per_minute(30)
+            .with_cache_ttl(NO_CACHE),
             Op::RemoveFromWatchlist,
         ),
     ]
