@@ -357,6 +357,7 @@ fn setup(
         confirmations: Confirmations::new(store.clone(), executor_config.confirmation_ttl),
         events,
         config: executor_config,
+        restarts: Arc::default(),
     };
     let (executor_arbiter, conversation_arbiters) = arbiters.split_first().expect("arbiters");
     let executor = ExecutorHandle::start(executor_arbiter, shared);

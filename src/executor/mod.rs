@@ -41,6 +41,7 @@ pub mod limits;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -124,6 +125,8 @@ pub struct ExecutorShared {
     pub confirmations: Confirmations,
     pub events: EventBus,
     pub config: ExecutorConfig,
+    /// How often the supervisor restarted the actor.
+    pub restarts: Arc<AtomicU64>,
 }
 
 struct Executor {
@@ -136,7 +139,24 @@ impl Actor for Executor {
 
 impl Supervised for Executor {
     fn restarting(&mut self, _ctx: &mut Context<Self>) {
-        tracing::warn!("executor restarting");
+        let n = self.shared.restarts.fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::warn!(restarts = n, "executor restarting");
+    }
+}
+
+/// Fault injection: makes admission panic, as a bug in it would, to prove
+/// the supervisor's restart. Used by tests; harmless anywhere else.
+#[doc(hidden)]
+#[derive(Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct InjectFault;
+
+impl Handler<InjectFault> for Executor {
+    type Result = Result<(), String>;
+
+    fn handle(&mut self, _: InjectFault, ctx: &mut Context<Self>) -> Self::Result {
+        let outcome: Option<()> = self.guarded(ctx, || panic!("injected executor fault"));
+        outcome.ok_or_else(|| "the executor panicked and is restarting".into())
     }
 }
 
@@ -147,6 +167,18 @@ enum Admission {
 }
 
 impl Executor {
+    /// Runs `f`; on a panic, stops the actor so its supervisor restarts it.
+    fn guarded<T>(&mut self, ctx: &mut Context<Self>, f: impl FnOnce() -> T) -> Option<T> {
+        match std::panic::catch_unwind(AssertUnwindSafe(f)) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                tracing::error!("executor panicked; stopping for a supervisor restart");
+                ctx.stop();
+                None
+            }
+        }
+    }
+
     fn admit(&self, msg: &ExecuteTool) -> Admission {
         let s = &self.shared;
         let raw_params = match &msg.arguments {
@@ -225,7 +257,12 @@ impl Handler<ExecuteTool> for Executor {
 
     fn handle(&mut self, msg: ExecuteTool, ctx: &mut Context<Self>) -> Self::Result {
         let started = Instant::now();
-        let admission = match std::panic::catch_unwind(AssertUnwindSafe(|| self.admit(&msg))) {
+        let admitted = {
+            let this = &*self;
+            let msg = &msg;
+            std::panic::catch_unwind(AssertUnwindSafe(|| this.admit(msg)))
+        };
+        let admission = match admitted {
             Ok(a) => a,
             Err(_) => {
                 tracing::error!(tool = %msg.tool_name, "executor admission panicked; restarting");
@@ -507,6 +544,19 @@ impl ExecutorHandle {
 
     pub fn shared(&self) -> &ExecutorShared {
         &self.shared
+    }
+
+    /// How often the supervisor has restarted the executor.
+    pub fn restarts(&self) -> u64 {
+        self.shared.restarts.load(Ordering::Relaxed)
+    }
+
+    #[doc(hidden)]
+    pub async fn inject_fault(&self) -> Result<(), String> {
+        self.addr
+            .send(InjectFault)
+            .await
+            .map_err(|e| format!("the executor is unavailable: {e}"))?
     }
 
     /// Runs one call. Never fails: an unreachable executor is an

@@ -275,10 +275,26 @@ fn fill_arguments(tool: &ToolSpec, question: &str) -> (Value, bool) {
         .split(|c: char| !c.is_alphanumeric() && c != '_')
         .map(str::to_lowercase)
         .collect();
+    // Enum values (e.g. indicator names) are never taken for tickers.
+    let enum_words: HashSet<String> = props
+        .values()
+        .flat_map(|s| {
+            let direct = s["enum"].as_array().into_iter().flatten();
+            let items = s["items"]["enum"].as_array().into_iter().flatten();
+            direct.chain(items)
+        })
+        .filter_map(|v| v.as_str().map(str::to_uppercase))
+        .collect();
     let mut complete = true;
     for (name, schema) in props {
         let is_required = required.contains(&name.as_str());
-        let value = fill_one(name, schema, question, &asked, &tool.name, is_required);
+        let hints = Hints {
+            question,
+            asked: &asked,
+            tool: &tool.name,
+            enum_words: &enum_words,
+        };
+        let value = fill_one(name, schema, &hints, is_required);
         match value {
             Some(v) => {
                 args.insert(name.clone(), v);
@@ -290,14 +306,20 @@ fn fill_arguments(tool: &ToolSpec, question: &str) -> (Value, bool) {
     (Value::Object(args), complete)
 }
 
-fn fill_one(
-    name: &str,
-    schema: &Value,
-    question: &str,
-    asked: &HashSet<String>,
-    tool: &str,
-    required: bool,
-) -> Option<Value> {
+struct Hints<'a> {
+    question: &'a str,
+    asked: &'a HashSet<String>,
+    tool: &'a str,
+    enum_words: &'a HashSet<String>,
+}
+
+fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option<Value> {
+    let Hints {
+        question,
+        asked,
+        tool,
+        enum_words,
+    } = *hints;
     let named = |options: &Vec<Value>| -> Vec<Value> {
         options
             .iter()
@@ -320,7 +342,7 @@ fn fill_one(
     }
     let lower = name.to_lowercase();
     if lower.contains("symbol") || lower.contains("ticker") {
-        return ticker(question).map(Value::String);
+        return ticker(question, enum_words).map(Value::String);
     }
     if lower == "path" {
         let path = question
@@ -346,8 +368,9 @@ fn fill_one(
     Some(Value::String(strip_leading_word(question, tool)))
 }
 
-/// The first all-capitals word of 1-5 letters that is not an everyday word.
-fn ticker(question: &str) -> Option<String> {
+/// The first all-capitals word of 1-5 letters that is not an everyday word
+/// or one of the tool's enum values.
+fn ticker(question: &str, enum_words: &HashSet<String>) -> Option<String> {
     const NOT_TICKERS: [&str; 8] = ["I", "A", "OK", "US", "USD", "ETF", "IRA", "AND"];
     question
         .split(|c: char| !c.is_ascii_alphanumeric())
@@ -355,6 +378,7 @@ fn ticker(question: &str) -> Option<String> {
             (1..=5).contains(&w.len())
                 && w.chars().all(|c| c.is_ascii_uppercase())
                 && !NOT_TICKERS.contains(w)
+                && !enum_words.contains(*w)
         })
         .map(str::to_string)
 }

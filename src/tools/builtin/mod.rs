@@ -44,6 +44,7 @@ pub fn all(ctx: &BuiltinContext) -> Vec<ToolEntry> {
     ];
     tools.extend(http::tools(ctx));
     tools.extend(brokerage::tools(ctx));
+    tools.extend(trading::tools(ctx));
     tools
 }
 
