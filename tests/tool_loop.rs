@@ -51,7 +51,7 @@ async fn tool_result_reaches_the_second_model_request_with_its_call_id() {
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(offered, ["echo", "calculator"]);
+    assert_eq!(offered, ["echo", "calculator", "http_request"]);
     assert_eq!(messages(first)[0]["role"], "system");
     assert_eq!(
         messages(first).last().unwrap()["content"],
