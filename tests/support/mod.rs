@@ -15,6 +15,7 @@ use std::time::Duration;
 use cadre::Runtime;
 use cadre::model::ModelEndpoint;
 use cadre::model::openai::ClientOptions;
+use cadre::server_config::ServerConfig;
 use cadre::tools::{ToolDefinition, ToolHandler};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -44,6 +45,8 @@ pub struct AppOptions {
     pub tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
     pub max_retries: u32,
     pub request_timeout: Duration,
+    /// Server settings (concurrency, API limit, executor, tools).
+    pub config: ServerConfig,
 }
 
 impl AppOptions {
@@ -55,6 +58,7 @@ impl AppOptions {
             tools: Vec::new(),
             max_retries: 2,
             request_timeout: Duration::from_secs(10),
+            config: ServerConfig::default(),
         }
     }
 
@@ -72,6 +76,15 @@ impl AppOptions {
 
     pub fn data_dir(mut self, dir: &Path) -> Self {
         self.data_dir = Some(dir.to_path_buf());
+        self
+    }
+
+    /// Server settings from TOML text, as a config file would hold them.
+    pub fn config_toml(mut self, text: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("cadre.toml");
+        std::fs::write(&path, text).expect("write config");
+        self.config = ServerConfig::load(Some(&path), Vec::new()).expect("valid test config");
         self
     }
 
@@ -111,6 +124,7 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
         .agents_dir(&options.agents_dir)
         .listen("127.0.0.1:0".parse().unwrap())
         .model_endpoint(endpoint)
+        .config(options.config)
         .workers(2)
         .client_options(ClientOptions {
             request_timeout: options.request_timeout,
