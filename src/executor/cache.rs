@@ -9,7 +9,8 @@
 //! category: market 5 s, news 300 s, ml 60 s, portfolio 10 s, calculate
 //! never, trading and alerts never, http never (requests may have side
 //! effects; a tool opts in through its definition, as `fetch_page` does),
-//! anything else 30 s. Only successes are cached.
+//! anything else 30 s. Tools that need confirmation are never cached. Only
+//! successes are cached.
 //!
 //! Expiry is decided on tokio's clock (so tests can pause and advance
 //! time); moka's own TTL only bounds memory.
@@ -68,6 +69,11 @@ impl ResultCache {
 
     /// How long results of this tool are kept; `None`: not cached.
     pub fn ttl(def: &ToolDefinition) -> Option<Duration> {
+        if def.requires_confirmation() {
+            // Each approved call must run: an answer from the cache would
+            // report an action that never happened.
+            return None;
+        }
         let seconds = match def.cache {
             Some(c) => c.ttl_seconds,
             None => match def.category.as_str() {
@@ -149,6 +155,10 @@ mod tests {
             Some(Duration::from_secs(7))
         );
         assert_eq!(ResultCache::ttl(&def("market").with_cache_ttl(0)), None);
+        let confirmed = def("custom")
+            .with_cache_ttl(60)
+            .with_post_processor("require_confirmation");
+        assert_eq!(ResultCache::ttl(&confirmed), None);
     }
 
     #[test]

@@ -708,6 +708,16 @@ mod tests {
         until(controller, |m| m.queue_length == n).await;
     }
 
+    /// The next caller to get in; fails instead of hanging if none does.
+    async fn next_in(
+        rx: &mut mpsc::UnboundedReceiver<(&'static str, Permit)>,
+    ) -> (&'static str, Permit) {
+        let next = tokio::time::timeout(Duration::from_secs(10), rx.recv());
+        next.await
+            .expect("a caller got in within 10 s")
+            .expect("callers still running")
+    }
+
     /// Receives the callers one by one, dropping each permit before the
     /// next, and returns the order in which they got in.
     async fn admission_order(
@@ -716,7 +726,7 @@ mod tests {
     ) -> Vec<&'static str> {
         let mut order = Vec::new();
         for _ in 0..n {
-            let (name, permit) = rx.recv().await.expect("a caller got in");
+            let (name, permit) = next_in(rx).await;
             order.push(name);
             drop(permit);
         }
@@ -962,12 +972,12 @@ mod tests {
 
         // A pool slot frees; the first waiter's bucket is still full.
         drop(market);
-        let (name, market_permit) = rx.recv().await.unwrap();
+        let (name, market_permit) = next_in(&mut rx).await;
         assert_eq!(name, "market-waiter");
         assert_eq!(c.metrics().queue_length, 1);
 
         drop(http);
-        let (name, http_permit) = rx.recv().await.unwrap();
+        let (name, http_permit) = next_in(&mut rx).await;
         assert_eq!(name, "http-waiter");
         drop((market_permit, http_permit));
         assert_all_free(&c);
@@ -1138,7 +1148,7 @@ mod tests {
         drop(http);
         let mut admitted = Vec::new();
         for _ in 0..2 {
-            admitted.push(rx.recv().await.unwrap());
+            admitted.push(next_in(&mut rx).await);
         }
         let mut names: Vec<_> = admitted.iter().map(|(name, _)| *name).collect();
         names.sort_unstable();
@@ -1159,7 +1169,7 @@ mod tests {
     async fn churn_of_grants_timeouts_and_cancels_leaks_no_slot() {
         let c = controller(ConcurrencyConfig {
             max_concurrent: 3,
-            queue_size: 8,
+            queue_size: 32,
             strategy: Strategy::Priority,
             bucket_limits: buckets(&[("ai", 2), ("http", 1)]),
             ..ConcurrencyConfig::default()

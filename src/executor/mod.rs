@@ -16,7 +16,9 @@
 //! 7. concurrency admission ([`concurrency`]; `queue_full`, `timeout`);
 //!    workflow-node callers bypass it and are not counted
 //! 8. run with timeout and retries (exponential backoff with jitter, only
-//!    for retryable failures: timeouts, transient errors)
+//!    for retryable failures: timeouts, transient errors); a handler's
+//!    `InvalidInput` is reported as `validation_error` (the caller's input
+//!    is wrong), its other failures and panics as `execution_error`
 //! 9. cache store, one `ToolCallRecord`, and an execution event.
 //!
 //! Steps 1-4 are cheap and run inside the actor; the rest runs in the reply
@@ -410,9 +412,15 @@ async fn run_with_retries(
                 return ToolExecutionResult::success(name, output, started.elapsed(), attempt);
             }
             Err(RunFailure::Tool(e)) => {
+                // Input the tool cannot use (an unknown symbol, a division
+                // by zero) is the caller's to fix, like a schema violation.
+                let error_type = match e {
+                    ToolError::InvalidInput { .. } => ErrorType::ValidationError,
+                    _ => ErrorType::ExecutionError,
+                };
                 let retryable = e.is_retryable();
                 (
-                    ToolExecutionResult::failure(name, ErrorType::ExecutionError, e.to_string()),
+                    ToolExecutionResult::failure(name, error_type, e.to_string()),
                     retryable,
                 )
             }

@@ -108,7 +108,11 @@ async fn invoke(
         None => StatusCode::OK,
         Some(t) => StatusCode::from_u16(t.http_status()).unwrap_or(StatusCode::BAD_GATEWAY),
     };
-    let retry_after = result.metadata.retry_after_ms;
+    // A full queue frees up as calls finish: ask for a retry in a second.
+    let retry_after = result
+        .metadata
+        .retry_after_ms
+        .or((result.error_type == Some(crate::tools::ErrorType::QueueFull)).then_some(1000));
     let mut response = (status, Json(result)).into_response();
     if let Some(ms) = retry_after {
         let secs = ms.div_ceil(1000).max(1);

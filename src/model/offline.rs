@@ -112,6 +112,16 @@ fn compose_from_results(results: &[&ChatMessage]) -> String {
                 return msg.to_string();
             }
             if let Some(source) = v.get("source_id").and_then(Value::as_str) {
+                if let Some(text) = v.get("text").and_then(Value::as_str) {
+                    // A page: its title and first sentences, briefly.
+                    let title = v
+                        .get("title")
+                        .and_then(Value::as_str)
+                        .unwrap_or(name.as_str());
+                    let brief: String = text.split_inclusive(". ").take(3).collect();
+                    let brief: String = brief.chars().take(400).collect();
+                    return format!("{title}: {} [{source}]", brief.trim());
+                }
                 let data = v.get("data").map(describe_data).unwrap_or_default();
                 return format!("{name}: {data} [{source}]");
             }

@@ -295,9 +295,9 @@ impl ToolRegistry {
             files.insert(path, FileState { text, tool });
         }
         let (merged, duplicates) = merge(&state.base, &files);
-        for e in duplicates {
-            if reparsed.contains(&e.file) {
-                report.errors.push(e);
+        for (error, first) in duplicates {
+            if reparsed.contains(&error.file) || reparsed.contains(&first) {
+                report.errors.push(error);
             }
         }
         for (name, tool) in &merged {
@@ -372,11 +372,15 @@ impl ToolRegistry {
 }
 
 /// Base tools, then file tools in path order; a name declared by two files
-/// stays with the first, and the second is reported.
+/// stays with the first, and the second is reported (with the path of the
+/// first, so a clash is reported whichever of the two files changed).
 fn merge(
     base: &BTreeMap<String, Arc<RegisteredTool>>,
     files: &BTreeMap<PathBuf, FileState>,
-) -> (BTreeMap<String, Arc<RegisteredTool>>, Vec<LoadError>) {
+) -> (
+    BTreeMap<String, Arc<RegisteredTool>>,
+    Vec<(LoadError, PathBuf)>,
+) {
     let mut merged = base.clone();
     let mut owner: BTreeMap<String, &Path> = BTreeMap::new();
     let mut errors = Vec::new();
@@ -384,7 +388,7 @@ fn merge(
         let Some(tool) = &f.tool else { continue };
         let name = &tool.definition.name;
         if let Some(first) = owner.get(name) {
-            errors.push(LoadError {
+            let error = LoadError {
                 file: path.clone(),
                 line: None,
                 message: format!(
@@ -393,7 +397,8 @@ fn merge(
                     path.display(),
                     path.display()
                 ),
-            });
+            };
+            errors.push((error, first.to_path_buf()));
             continue;
         }
         owner.insert(name.clone(), path);
