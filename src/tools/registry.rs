@@ -371,16 +371,17 @@ impl ToolRegistry {
     }
 }
 
+type Tools = BTreeMap<String, Arc<RegisteredTool>>;
+/// A duplicate name: the error for the skipped file, and the path of the file that kept it.
+type Clash = (LoadError, PathBuf);
+
 /// Base tools, then file tools in path order; a name declared by two files
 /// stays with the first, and the second is reported (with the path of the
 /// first, so a clash is reported whichever of the two files changed).
 fn merge(
     base: &BTreeMap<String, Arc<RegisteredTool>>,
     files: &BTreeMap<PathBuf, FileState>,
-) -> (
-    BTreeMap<String, Arc<RegisteredTool>>,
-    Vec<(LoadError, PathBuf)>,
-) {
+) -> (Tools, Vec<Clash>) {
     let mut merged = base.clone();
     let mut owner: BTreeMap<String, &Path> = BTreeMap::new();
     let mut errors = Vec::new();
