@@ -10,6 +10,7 @@
 //! still holds unread data makes the kernel reset it, and the client would
 //! lose the 413.
 
+pub mod calls;
 pub mod confirmations;
 pub mod error;
 pub mod events;
@@ -59,6 +60,7 @@ pub fn router(state: AppState, api_limit: ApiRateLimit) -> Router {
         )
         .merge(sessions::routes())
         .merge(tools::routes())
+        .merge(calls::routes())
         .merge(confirmations::routes())
         .merge(events::routes())
         .merge(limits::routes())

@@ -118,6 +118,16 @@ pub struct ToolCallRecord {
     pub created_at: Timestamp,
 }
 
+/// Which call records to list.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallFilter {
+    pub conversation_id: Option<String>,
+    pub workflow_id: Option<String>,
+    pub tool: Option<String>,
+    /// At most this many (0: all).
+    pub limit: usize,
+}
+
 /// Per-tool counters, kept in the transaction that adds each record.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolStats {
@@ -334,17 +344,90 @@ impl Store {
         &self,
         conversation_id: &str,
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        let id = conversation_id.to_string();
+        let mut calls = self
+            .calls(CallFilter {
+                conversation_id: Some(conversation_id.to_string()),
+                ..CallFilter::default()
+            })
+            .await?;
+        calls.reverse();
+        Ok(calls)
+    }
+
+    /// Call records matching the filter, newest first, at most `limit`
+    /// (all when 0). With several fields set, a record must match them all;
+    /// the most selective index is scanned (workflow, conversation, tool).
+    pub async fn calls(&self, filter: CallFilter) -> Result<Vec<ToolCallRecord>, StoreError> {
         self.read(move |db| {
             let txn = db.begin_read()?;
-            let index = txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
             let records = txn.open_table(TOOL_CALLS)?;
+            let limit = if filter.limit == 0 {
+                usize::MAX
+            } else {
+                filter.limit
+            };
+            let keep = |r: &ToolCallRecord| {
+                filter.tool.as_ref().is_none_or(|t| &r.tool_name == t)
+                    && filter
+                        .conversation_id
+                        .as_ref()
+                        .is_none_or(|c| r.conversation_id.as_ref() == Some(c))
+                    && filter
+                        .workflow_id
+                        .as_ref()
+                        .is_none_or(|w| r.workflow_id.as_ref() == Some(w))
+            };
             let mut out = Vec::new();
-            for row in index.range((id.as_str(), "")..(id.as_str(), "\u{10FFFF}"))? {
-                let (k, _) = row?;
-                if let Some(v) = records.get(k.value().1)? {
-                    out.push(serde_json::from_slice(v.value())?);
+            let index = match (&filter.workflow_id, &filter.conversation_id, &filter.tool) {
+                (Some(w), _, _) => Some((txn.open_table(TOOL_CALLS_BY_WORKFLOW)?, w.clone())),
+                (None, Some(c), _) => {
+                    Some((txn.open_table(TOOL_CALLS_BY_CONVERSATION)?, c.clone()))
                 }
+                (None, None, Some(t)) => Some((txn.open_table(TOOL_CALLS_BY_TOOL)?, t.clone())),
+                _ => None,
+            };
+            match index {
+                Some((index, key)) => {
+                    for row in index
+                        .range((key.as_str(), "")..(key.as_str(), "\u{10FFFF}"))?
+                        .rev()
+                    {
+                        let (k, _) = row?;
+                        if let Some(v) = records.get(k.value().1)? {
+                            let r: ToolCallRecord = serde_json::from_slice(v.value())?;
+                            if keep(&r) {
+                                out.push(r);
+                                if out.len() >= limit {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+                None => {
+                    for row in records.iter()?.rev() {
+                        let (_, v) = row?;
+                        out.push(serde_json::from_slice(v.value())?);
+                        if out.len() >= limit {
+                            break;
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Counters of every tool, by name.
+    pub async fn all_tool_stats(&self) -> Result<Vec<(String, ToolStats)>, StoreError> {
+        self.read(|db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(TOOL_STATS)?;
+            let mut out = Vec::new();
+            for row in table.iter()? {
+                let (k, v) = row?;
+                out.push((k.value().to_string(), serde_json::from_slice(v.value())?));
             }
             Ok(out)
         })
@@ -471,6 +554,7 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(TOOL_CALLS)?;
         txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
         txn.open_table(TOOL_CALLS_BY_TOOL)?;
+        txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
         txn.open_table(TOOL_STATS)?;
         txn.open_table(DOCS)?;
     }
@@ -511,6 +595,7 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
         let mut calls = txn.open_table(TOOL_CALLS)?;
         let mut by_conv = txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
         let mut by_tool = txn.open_table(TOOL_CALLS_BY_TOOL)?;
+        let mut by_workflow = txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
         let mut stats = txn.open_table(TOOL_STATS)?;
         let mut docs = txn.open_table(DOCS)?;
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
@@ -536,6 +621,9 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                         by_conv.insert((conv.as_str(), id), ())?;
                     }
                     by_tool.insert((rec.tool_name.as_str(), id), ())?;
+                    if let Some(wf) = &rec.workflow_id {
+                        by_workflow.insert((wf.as_str(), id), ())?;
+                    }
                     let mut s: ToolStats = match stats.get(rec.tool_name.as_str())? {
                         Some(v) => serde_json::from_slice(v.value())?,
                         None => ToolStats::default(),

@@ -28,6 +28,10 @@ pub const TOOL_CALLS_BY_CONVERSATION: TableDefinition<(&str, &str), ()> =
 pub const TOOL_CALLS_BY_TOOL: TableDefinition<(&str, &str), ()> =
     TableDefinition::new("tool_calls_by_tool");
 
+/// (workflow_id, record_id) -> (): one workflow run's calls in time order.
+pub const TOOL_CALLS_BY_WORKFLOW: TableDefinition<(&str, &str), ()> =
+    TableDefinition::new("tool_calls_by_workflow");
+
 /// tool_name -> `ToolStats` (json), updated in the transaction that adds the record.
 pub const TOOL_STATS: TableDefinition<&str, &[u8]> = TableDefinition::new("tool_stats");
 
