@@ -65,6 +65,31 @@ pub struct AgentFile {
     /// The site `fetch_page` reads for this agent.
     #[serde(default)]
     pub site: Option<SiteConfig>,
+    /// Layer 2: tell the model to answer briefly (default on).
+    #[serde(default = "yes")]
+    pub brevity: bool,
+    /// Layer 3: pass the visitor fields of the session metadata to the model.
+    #[serde(default)]
+    pub include_visitor_info: bool,
+    /// Layer 4: tell the model to use a tool at most once per question.
+    #[serde(default)]
+    pub single_tool_use: bool,
+    /// A message arriving while a turn runs: `enqueue` (run in order) or
+    /// `reject` (409).
+    #[serde(default)]
+    pub multitask: Multitask,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Multitask {
+    #[default]
+    Enqueue,
+    Reject,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A site assistant's site: `fetch_page` may read `allowed_paths` under `base_url`.
@@ -121,6 +146,10 @@ pub struct Agent {
     /// Handed to every tool call of this agent (`ExecutionContext.variables`):
     /// `{"site": {...}}` when the agent has a site.
     pub variables: serde_json::Value,
+    pub brevity: bool,
+    pub include_visitor_info: bool,
+    pub single_tool_use: bool,
+    pub multitask: Multitask,
 }
 
 impl Agent {
@@ -176,6 +205,10 @@ impl Agent {
             model_name: endpoint.model.unwrap_or_default(),
             model,
             variables,
+            brevity: file.brevity,
+            include_visitor_info: file.include_visitor_info,
+            single_tool_use: file.single_tool_use,
+            multitask: file.multitask,
         })
     }
 

@@ -4,28 +4,38 @@
 //! UserTurn ─▶ queue ─▶ machine.start_turn ─▶ [persist] ─▶ model ─▶ machine ─▶ ToolSubAgent
 //!                                                                 ◀── ToolBatchReport ──┘
 //!            ◀── reply (after one durable commit) ◀── Finish ◀── machine ◀──┘
+//!                                              └─▶ summary (model, no tools) ─▶ store
 //!
 //! Turns are serialised: a `UserTurn` arriving during a turn waits in the
-//! actor's queue (in arrival order). The actor never blocks on IO: the model
-//! call, store writes and the tool batch run as spawned futures or actors, so
-//! the mailbox stays free for reports. Each step's messages are written
-//! non-durably as the turn goes; the final answer is written durably, which
-//! also makes the steps before it durable, and only then is the turn
-//! acknowledged. A turn that fails (model down, store error) flushes what it
-//! wrote and reports the error; its messages stay in the history.
+//! actor's queue (in arrival order), or is refused with `Busy` when the
+//! agent's `multitask` is `reject`. Messages recorded without a turn (an
+//! operator's reply) take their place in the same queue. The actor never
+//! blocks on IO: the model call, store writes and the tool batch run as
+//! spawned futures or actors, so the mailbox stays free for reports. Each
+//! step's messages are written non-durably as the turn goes; the final
+//! answer is written durably, which also makes the steps before it durable,
+//! and only then is the turn acknowledged. A turn that fails (model down,
+//! store error) flushes what it wrote and reports the error; its messages
+//! stay in the history. After a turn, the rolling summary is updated when
+//! the history outgrew the window; a failed summary is tried again after
+//! the next turn. A turn given an event sink streams its progress
+//! ([`TurnEvent`]): model deltas, tool calls started and completed, the
+//! outcome.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use actix::prelude::*;
 use jiff::Timestamp;
-use tokio::sync::oneshot;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
 
-use super::machine::{Action, ConversationMachine, Step, TurnOutcome};
-use crate::config::Agent;
+use super::machine::{Action, CallReport, ConversationMachine, Step, TurnOutcome, TurnSettings};
+use crate::config::{Agent, Multitask};
 use crate::executor::ExecutorHandle;
-use crate::model::ModelError;
-use crate::store::{Session, Store, StoreError, StoredMessage, WriteOp};
+use crate::model::{ChatMessage, ModelError};
+use crate::store::{Session, Store, StoreError, StoredMessage, StoredSummary, WriteOp};
 use crate::tools::subagent::{ToolBatchReport, ToolSubAgent};
 use crate::tools::{CallerType, ExecutionContext};
 
@@ -36,19 +46,95 @@ pub enum TurnError {
     Model(#[from] ModelError),
     #[error("the turn could not be stored: {0}")]
     Store(#[from] StoreError),
+    /// A turn is running and the agent refuses concurrent messages.
+    #[error("a turn is already running in this session")]
+    Busy,
     /// The conversation actor could not be reached (it stopped).
     #[error("the conversation is unavailable")]
     Unavailable,
 }
+
+/// Progress of a turn, for streaming callers.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TurnEvent {
+    TurnStarted {
+        session_id: String,
+    },
+    ModelDelta {
+        text: String,
+    },
+    ToolCallStarted {
+        id: String,
+        name: String,
+        arguments: Value,
+    },
+    ToolCallCompleted {
+        #[serde(flatten)]
+        call: CallReport,
+    },
+    /// The same body as the JSON reply.
+    TurnCompleted(Box<TurnOutcome>),
+}
+
+impl TurnEvent {
+    pub fn name(&self) -> &'static str {
+        match self {
+            TurnEvent::TurnStarted { .. } => "turn_started",
+            TurnEvent::ModelDelta { .. } => "model_delta",
+            TurnEvent::ToolCallStarted { .. } => "tool_call_started",
+            TurnEvent::ToolCallCompleted { .. } => "tool_call_completed",
+            TurnEvent::TurnCompleted(_) => "turn_completed",
+        }
+    }
+}
+
+pub type TurnSink = mpsc::UnboundedSender<TurnEvent>;
 
 /// Run one turn with this user message.
 #[derive(Message)]
 #[rtype(result = "Result<TurnOutcome, TurnError>")]
 pub struct UserTurn {
     pub content: String,
+    /// Settings for this turn (agent + tenant overrides + session metadata).
+    pub settings: Option<TurnSettings>,
+    pub events: Option<TurnSink>,
 }
 
-type Reply = oneshot::Sender<Result<TurnOutcome, TurnError>>;
+/// Store a message without a model turn (an operator's reply); answers its seq.
+#[derive(Message)]
+#[rtype(result = "Result<u64, TurnError>")]
+pub struct RecordMessage {
+    pub message: ChatMessage,
+}
+
+type TurnReply = oneshot::Sender<Result<TurnOutcome, TurnError>>;
+
+enum Pending {
+    Turn {
+        content: String,
+        settings: Option<TurnSettings>,
+        events: Option<TurnSink>,
+        reply: TurnReply,
+    },
+    Record {
+        message: ChatMessage,
+        reply: oneshot::Sender<Result<u64, TurnError>>,
+    },
+}
+
+struct Current {
+    reply: TurnReply,
+    events: Option<TurnSink>,
+}
+
+impl Current {
+    fn emit(&self, event: TurnEvent) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send(event);
+        }
+    }
+}
 
 pub struct Conversation {
     session: Session,
@@ -56,9 +142,10 @@ pub struct Conversation {
     store: Store,
     executor: ExecutorHandle,
     machine: ConversationMachine,
-    next_seq: u64,
-    current: Option<Reply>,
-    queue: VecDeque<(String, Reply)>,
+    /// The turn or record being performed.
+    current: Option<Current>,
+    busy: bool,
+    queue: VecDeque<Pending>,
     /// Id of the tool batch the current turn waits for; reports of other
     /// batches (from a turn that already failed) are ignored.
     batch_id: u64,
@@ -68,8 +155,15 @@ impl Actor for Conversation {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        for (_, reply) in self.queue.drain(..) {
-            let _ = reply.send(Err(TurnError::Unavailable));
+        for pending in self.queue.drain(..) {
+            match pending {
+                Pending::Turn { reply, .. } => {
+                    let _ = reply.send(Err(TurnError::Unavailable));
+                }
+                Pending::Record { reply, .. } => {
+                    let _ = reply.send(Err(TurnError::Unavailable));
+                }
+            }
         }
     }
 }
@@ -81,7 +175,6 @@ impl Conversation {
         store: Store,
         executor: ExecutorHandle,
         machine: ConversationMachine,
-        last_seq: u64,
     ) -> Self {
         Conversation {
             session,
@@ -89,40 +182,67 @@ impl Conversation {
             store,
             executor,
             machine,
-            next_seq: last_seq + 1,
             current: None,
+            busy: false,
             queue: VecDeque::new(),
             batch_id: 0,
         }
     }
 
     fn start_next(&mut self, ctx: &mut Context<Self>) {
-        if self.current.is_some() {
+        if self.busy {
             return;
         }
-        let Some((content, reply)) = self.queue.pop_front() else {
+        let Some(pending) = self.queue.pop_front() else {
             return;
         };
-        self.current = Some(reply);
-        let step = self.machine.start_turn(content);
-        self.perform(step, ctx);
+        self.busy = true;
+        match pending {
+            Pending::Turn {
+                content,
+                settings,
+                events,
+                reply,
+            } => {
+                if let Some(s) = settings {
+                    self.machine.set_settings(s);
+                }
+                let current = Current { reply, events };
+                current.emit(TurnEvent::TurnStarted {
+                    session_id: self.session.id.clone(),
+                });
+                self.current = Some(current);
+                let step = self.machine.start_turn(content);
+                self.perform(step, ctx);
+            }
+            Pending::Record { message, reply } => {
+                let (seq, message) = self.machine.record(message);
+                let ops = self.persist_ops(vec![(seq, message)]);
+                let store = self.store.clone();
+                ctx.spawn(
+                    async move { store.write(ops, true).await }
+                        .into_actor(self)
+                        .map(move |result, act, ctx| {
+                            let _ = reply.send(result.map(|()| seq).map_err(TurnError::from));
+                            act.busy = false;
+                            act.start_next(ctx);
+                        }),
+                );
+            }
+        }
     }
 
-    fn persist_ops(&mut self, messages: Vec<crate::model::ChatMessage>) -> Vec<WriteOp> {
+    fn persist_ops(&self, messages: Vec<(u64, ChatMessage)>) -> Vec<WriteOp> {
         if messages.is_empty() {
             return Vec::new();
         }
         let now = Timestamp::now();
         let stored = messages
             .into_iter()
-            .map(|message| {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                StoredMessage {
-                    seq,
-                    message,
-                    created_at: now,
-                }
+            .map(|(seq, message)| StoredMessage {
+                seq,
+                message,
+                created_at: now,
             })
             .collect();
         vec![WriteOp::AppendMessages {
@@ -131,17 +251,33 @@ impl Conversation {
         }]
     }
 
+    fn emit(&self, event: TurnEvent) {
+        if let Some(c) = &self.current {
+            c.emit(event);
+        }
+    }
+
     fn perform(&mut self, step: Step, ctx: &mut Context<Self>) {
         let ops = self.persist_ops(step.persist);
         let store = self.store.clone();
         match step.action {
             Action::CallModel(request) => {
                 let model = self.agent.model.clone();
+                let sink = self.current.as_ref().and_then(|c| c.events.clone());
                 let io = async move {
                     if !ops.is_empty() {
                         store.write(ops, false).await?;
                     }
-                    Ok::<_, TurnError>(model.complete(request).await?)
+                    let reply = match sink {
+                        Some(tx) => {
+                            let on_delta = move |text: &str| {
+                                let _ = tx.send(TurnEvent::ModelDelta { text: text.into() });
+                            };
+                            model.complete_streaming(request, &on_delta).await?
+                        }
+                        None => model.complete(request).await?,
+                    };
+                    Ok::<_, TurnError>(reply)
                 };
                 ctx.spawn(io.into_actor(self).map(|result, act, ctx| match result {
                     Ok(reply) => {
@@ -152,6 +288,14 @@ impl Conversation {
                 }));
             }
             Action::RunTools(calls) => {
+                for c in &calls {
+                    self.emit(TurnEvent::ToolCallStarted {
+                        id: c.id.clone(),
+                        name: c.name.clone(),
+                        arguments: serde_json::from_str(&c.arguments)
+                            .unwrap_or(Value::String(c.arguments.clone())),
+                    });
+                }
                 self.batch_id += 1;
                 let batch_id = self.batch_id;
                 let context = self.execution_context();
@@ -176,13 +320,63 @@ impl Conversation {
             Action::Finish(outcome) => {
                 let io = async move { store.write(ops, true).await };
                 ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
-                    if let Some(reply) = act.current.take() {
-                        let _ = reply.send(result.map(|()| outcome).map_err(TurnError::from));
+                    if let Some(current) = act.current.take() {
+                        if result.is_ok() {
+                            current.emit(TurnEvent::TurnCompleted(outcome.clone()));
+                        }
+                        let _ = current
+                            .reply
+                            .send(result.map(|()| *outcome).map_err(TurnError::from));
                     }
-                    act.start_next(ctx);
+                    act.summarise_then_next(ctx);
                 }));
             }
         }
+    }
+
+    /// Updates the rolling summary if needed, then starts what is queued.
+    fn summarise_then_next(&mut self, ctx: &mut Context<Self>) {
+        let Some(request) = self.machine.summary_request() else {
+            self.busy = false;
+            self.start_next(ctx);
+            return;
+        };
+        let model = self.agent.model.clone();
+        ctx.spawn(
+            async move { model.complete(request).await }
+                .into_actor(self)
+                .map(|result, act, ctx| {
+                    let text = match result {
+                        Ok(r) => r.content,
+                        Err(e) => {
+                            tracing::warn!(session = %act.session.id, error = %e, "summary not updated");
+                            None
+                        }
+                    };
+                    if let Some(summary) = act.machine.on_summary(text) {
+                        let op = WriteOp::PutSummary {
+                            session_id: act.session.id.clone(),
+                            summary: StoredSummary {
+                                text: summary.text,
+                                covers_until_seq: summary.covers_until_seq,
+                                updated_at: Timestamp::now(),
+                            },
+                        };
+                        let store = act.store.clone();
+                        // Derived data: made durable by the next durable commit.
+                        ctx.spawn(
+                            async move {
+                                if let Err(e) = store.write(vec![op], false).await {
+                                    tracing::warn!(error = %e, "summary not stored");
+                                }
+                            }
+                            .into_actor(act),
+                        );
+                    }
+                    act.busy = false;
+                    act.start_next(ctx);
+                }),
+        );
     }
 
     fn fail(&mut self, error: TurnError, ctx: &mut Context<Self>) {
@@ -194,9 +388,10 @@ impl Conversation {
             async move { store.flush().await }
                 .into_actor(self)
                 .map(move |_, act, ctx| {
-                    if let Some(reply) = act.current.take() {
-                        let _ = reply.send(Err(error));
+                    if let Some(current) = act.current.take() {
+                        let _ = current.reply.send(Err(error));
                     }
+                    act.busy = false;
                     act.start_next(ctx);
                 }),
         );
@@ -216,8 +411,30 @@ impl Handler<UserTurn> for Conversation {
     type Result = ResponseFuture<Result<TurnOutcome, TurnError>>;
 
     fn handle(&mut self, msg: UserTurn, ctx: &mut Context<Self>) -> Self::Result {
+        if self.busy && self.agent.multitask == Multitask::Reject {
+            return Box::pin(std::future::ready(Err(TurnError::Busy)));
+        }
         let (tx, rx) = oneshot::channel();
-        self.queue.push_back((msg.content, tx));
+        self.queue.push_back(Pending::Turn {
+            content: msg.content,
+            settings: msg.settings,
+            events: msg.events,
+            reply: tx,
+        });
+        self.start_next(ctx);
+        Box::pin(async move { rx.await.unwrap_or(Err(TurnError::Unavailable)) })
+    }
+}
+
+impl Handler<RecordMessage> for Conversation {
+    type Result = ResponseFuture<Result<u64, TurnError>>;
+
+    fn handle(&mut self, msg: RecordMessage, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.queue.push_back(Pending::Record {
+            message: msg.message,
+            reply: tx,
+        });
         self.start_next(ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(TurnError::Unavailable)) })
     }
@@ -234,7 +451,12 @@ impl Handler<ToolBatchReport> for Conversation {
             );
             return;
         }
+        let n = report.outcomes.len();
         let step = self.machine.on_tool_results(report.outcomes);
+        let calls = self.machine.turn_calls();
+        for call in &calls[calls.len().saturating_sub(n)..] {
+            self.emit(TurnEvent::ToolCallCompleted { call: call.clone() });
+        }
         self.perform(step, ctx);
     }
 }
@@ -251,9 +473,25 @@ impl ConversationHandle {
         ConversationHandle { addr }
     }
 
-    pub async fn turn(&self, content: String) -> Result<TurnOutcome, TurnError> {
+    pub async fn turn(
+        &self,
+        content: String,
+        settings: Option<TurnSettings>,
+        events: Option<TurnSink>,
+    ) -> Result<TurnOutcome, TurnError> {
         self.addr
-            .send(UserTurn { content })
+            .send(UserTurn {
+                content,
+                settings,
+                events,
+            })
+            .await
+            .unwrap_or(Err(TurnError::Unavailable))
+    }
+
+    pub async fn record(&self, message: ChatMessage) -> Result<u64, TurnError> {
+        self.addr
+            .send(RecordMessage { message })
             .await
             .unwrap_or(Err(TurnError::Unavailable))
     }

@@ -1,44 +1,65 @@
 //! ConversationMachine: the decisions of a turn, with no IO.
 //!
 //! user text ─▶ start_turn ─▶ CallModel ─▶ on_model_reply ─▶ RunTools ─▶ on_tool_results ─▶ CallModel ...
-//!                                            └─▶ Finish (answer)
+//!                                            └─▶ Finish (answer) ─▶ summary_request? ─▶ on_summary
 //!
-//! Every step returns the messages to persist and the next action; the
+//! Every step returns the messages to persist (with their sequence numbers:
+//! the machine owns the session's numbering) and the next action; the
 //! Conversation actor performs them. Rules:
-//! - the context sent is: system prompt (+ tool-use instructions when tools
-//!   are offered), the last `history_window` messages of earlier turns
-//!   (never starting on an orphan tool result), then the whole current turn;
+//! - the context is built in five layers ([`super::context`]): system
+//!   prompt, brevity, visitor info, tool-use instructions, then the rolling
+//!   summary, the last `history_window` messages and the current turn;
 //! - at most `max_iterations` rounds of tool calls; after the last round one
 //!   final call with `tool_choice = none` and an instruction to answer with
 //!   what it has (`fallback_used`). Tool calls in that final reply are ignored;
-//! - `iterations` in the outcome counts the model calls of the turn.
+//! - `iterations` in the outcome counts the model calls of the turn;
+//! - after a turn, when more than `history_window` messages are not yet
+//!   covered by the summary, the older ones are summarised (a separate model
+//!   call without tools) and leave the machine's memory; the window never
+//!   starts on a tool result cut from its assistant message;
+//! - citations: the `source_id`s the turn's tools returned; ids the answer
+//!   mentions (`tool:<domain>:v<n>`) that no tool of this conversation
+//!   returned are `ungrounded_citations`.
+
+use std::collections::BTreeSet;
 
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::model::{ChatMessage, ChatRequest, ChatResponse, Role, ToolCall, ToolChoice, ToolSpec};
+use crate::model::{
+    ChatMessage, ChatRequest, ChatResponse, Purpose, Role, ToolCall, ToolChoice, ToolSpec,
+};
 use crate::tools::{ErrorType, ToolExecutionResult};
 
+use super::context::{self, FALLBACK_INSTRUCTION, PromptLayers};
 use super::summary::ToolUsageSummary;
 
-pub const TOOL_USE_INSTRUCTIONS: &str = "When a tool can answer part of the question, call it \
-     instead of guessing, then answer from its result. If a tool reports an error, correct the \
-     arguments or explain the problem.";
+pub const SUMMARY_INSTRUCTIONS: &str = "This is a summary request, not a message from the user. \
+     You keep the running summary of a conversation for the assistant that continues it. Merge \
+     the current summary with the new messages into one updated summary: keep names, numbers, \
+     facts learned from tools, decisions and open questions; drop greetings and repetition. \
+     Write at most 200 words of plain text.";
 
-pub const FALLBACK_INSTRUCTION: &str = "You have used all the tool calls allowed for this \
-     question. Do not call any more tools: answer now with the information you already have, \
-     and say what is missing if anything is.";
-
-/// Per-agent settings the machine needs.
+/// Per-turn settings: the agent's, with the tenant's overrides applied.
 #[derive(Debug, Clone)]
 pub struct TurnSettings {
-    pub system_prompt: String,
+    /// Layers 1-3 and the single-tool-use option (whether tools are
+    /// offered is decided from `tools`).
+    pub layers: PromptLayers,
     pub model: String,
     pub tools: Vec<ToolSpec>,
     pub max_iterations: u32,
     pub history_window: usize,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
+}
+
+/// The stored summary of a session's older messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollingSummary {
+    pub text: String,
+    /// The last message seq the summary covers.
+    pub covers_until_seq: u64,
 }
 
 /// One tool call of a turn as the caller sees it.
@@ -55,6 +76,8 @@ pub struct CallReport {
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_type: Option<ErrorType>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
 }
 
 /// The result of a finished turn.
@@ -63,6 +86,10 @@ pub struct TurnOutcome {
     pub answer: String,
     pub tool_calls: Vec<CallReport>,
     pub tool_usage_summary: ToolUsageSummary,
+    /// Source ids of the data this turn's tools returned.
+    pub citations: Vec<String>,
+    /// Source ids the answer mentions that no tool returned.
+    pub ungrounded_citations: Vec<String>,
     pub iterations: u32,
     pub fallback_used: bool,
 }
@@ -71,19 +98,19 @@ pub struct TurnOutcome {
 pub enum Action {
     CallModel(ChatRequest),
     RunTools(Vec<ToolCall>),
-    Finish(TurnOutcome),
+    Finish(Box<TurnOutcome>),
 }
 
 /// What the actor must do: persist these messages (in order), then act.
 #[derive(Debug, Clone)]
 pub struct Step {
-    pub persist: Vec<ChatMessage>,
+    pub persist: Vec<(u64, ChatMessage)>,
     pub action: Action,
 }
 
 #[derive(Debug, Default)]
 struct Turn {
-    messages: Vec<ChatMessage>,
+    messages: Vec<(u64, ChatMessage)>,
     rounds: u32,
     model_calls: u32,
     calls: Vec<CallReport>,
@@ -92,28 +119,63 @@ struct Turn {
 
 pub struct ConversationMachine {
     settings: TurnSettings,
-    /// Earlier turns, at most `history_window` messages.
-    history: Vec<ChatMessage>,
+    /// Messages not covered by the summary, oldest first.
+    history: Vec<(u64, ChatMessage)>,
+    summary: Option<RollingSummary>,
+    next_seq: u64,
+    /// Source ids any tool of this conversation returned (since loaded).
+    known_sources: BTreeSet<String>,
+    /// What a summary request in flight will cover.
+    summarising_until: Option<u64>,
     turn: Option<Turn>,
 }
 
 impl ConversationMachine {
-    pub fn new(settings: TurnSettings, history: Vec<ChatMessage>) -> Self {
-        let mut m = ConversationMachine {
+    /// `history`: the messages after `summary` (all of them, or at least the
+    /// last window), oldest first; `last_seq`: the session's last seq.
+    pub fn new(
+        settings: TurnSettings,
+        history: Vec<(u64, ChatMessage)>,
+        summary: Option<RollingSummary>,
+        last_seq: u64,
+    ) -> Self {
+        ConversationMachine {
             settings,
             history,
+            summary,
+            next_seq: last_seq + 1,
+            known_sources: BTreeSet::new(),
+            summarising_until: None,
             turn: None,
-        };
-        m.trim_history();
-        m
+        }
     }
 
     pub fn in_turn(&self) -> bool {
         self.turn.is_some()
     }
 
+    /// The tool calls of the running turn so far.
+    pub fn turn_calls(&self) -> &[CallReport] {
+        self.turn.as_ref().map_or(&[], |t| t.calls.as_slice())
+    }
+
+    /// Settings for the next turn (the tenant's config or the session's
+    /// metadata may have changed). Ignored during a turn.
+    pub fn set_settings(&mut self, settings: TurnSettings) {
+        if self.turn.is_none() {
+            self.settings = settings;
+        }
+    }
+
+    /// Numbers a message that is not part of a turn (an operator's reply).
+    pub fn record(&mut self, message: ChatMessage) -> (u64, ChatMessage) {
+        let entry = (self.take_seq(), message);
+        self.history.push(entry.clone());
+        entry
+    }
+
     pub fn start_turn(&mut self, text: String) -> Step {
-        let user = ChatMessage::user(text);
+        let user = (self.take_seq(), ChatMessage::user(text));
         self.turn = Some(Turn {
             messages: vec![user.clone()],
             ..Turn::default()
@@ -125,34 +187,44 @@ impl ConversationMachine {
     }
 
     pub fn on_model_reply(&mut self, reply: ChatResponse) -> Step {
+        let seq = self.take_seq();
         let turn = self.turn.as_mut().expect("model reply outside a turn");
         if !reply.tool_calls.is_empty() && !turn.fallback {
             let msg = ChatMessage::assistant_tool_calls(reply.content, reply.tool_calls.clone());
-            turn.messages.push(msg.clone());
+            turn.messages.push((seq, msg.clone()));
             return Step {
-                persist: vec![msg],
+                persist: vec![(seq, msg)],
                 action: Action::RunTools(reply.tool_calls),
             };
         }
         let answer = reply.content.unwrap_or_default();
         let msg = ChatMessage::assistant(answer.clone());
-        turn.messages.push(msg.clone());
+        turn.messages.push((seq, msg.clone()));
         let outcome = self.finish(answer);
         Step {
-            persist: vec![msg],
-            action: Action::Finish(outcome),
+            persist: vec![(seq, msg)],
+            action: Action::Finish(Box::new(outcome)),
         }
     }
 
     /// `results` in the order of the calls of the last model reply.
     pub fn on_tool_results(&mut self, results: Vec<(ToolCall, ToolExecutionResult)>) -> Step {
         let max = self.settings.max_iterations;
-        let turn = self.turn.as_mut().expect("tool results outside a turn");
         let mut persist = Vec::with_capacity(results.len());
         for (call, result) in results {
+            let seq = self.take_seq();
+            let turn = self.turn.as_mut().expect("tool results outside a turn");
             let msg = ChatMessage::tool_result(&call, result.model_content());
-            turn.messages.push(msg.clone());
-            persist.push(msg);
+            turn.messages.push((seq, msg.clone()));
+            persist.push((seq, msg));
+            let source_id = result
+                .is_success
+                .then(|| result.metadata.source_id.clone())
+                .flatten();
+            if let Some(s) = &source_id {
+                self.known_sources.insert(s.clone());
+            }
+            let turn = self.turn.as_mut().expect("tool results outside a turn");
             turn.calls.push(CallReport {
                 arguments: serde_json::from_str(&call.arguments)
                     .unwrap_or(Value::String(call.arguments.clone())),
@@ -162,8 +234,10 @@ impl ConversationMachine {
                 output: result.output,
                 error: result.error,
                 error_type: result.error_type,
+                source_id,
             });
         }
+        let turn = self.turn.as_mut().expect("tool results outside a turn");
         turn.rounds += 1;
         if turn.rounds >= max {
             turn.fallback = true;
@@ -179,8 +253,68 @@ impl ConversationMachine {
     pub fn abort_turn(&mut self) {
         if let Some(turn) = self.turn.take() {
             self.history.extend(turn.messages);
-            self.trim_history();
         }
+    }
+
+    /// After a turn: the summary request to make, if the messages not yet
+    /// covered by the summary outgrew the window.
+    pub fn summary_request(&mut self) -> Option<ChatRequest> {
+        if self.turn.is_some() || self.summarising_until.is_some() {
+            return None;
+        }
+        let window = self.settings.history_window;
+        if self.history.len() <= window {
+            return None;
+        }
+        let mut cut = self.history.len() - window;
+        while cut < self.history.len() && self.history[cut].1.role == Role::Tool {
+            cut += 1;
+        }
+        let older = &self.history[..cut];
+        let covers_until = older.last()?.0;
+        let mut rendered = String::new();
+        for (_, m) in older {
+            rendered.push_str(&render_for_summary(m));
+            rendered.push('\n');
+        }
+        let current = self
+            .summary
+            .as_ref()
+            .map_or("(none yet)", |s| s.text.as_str());
+        self.summarising_until = Some(covers_until);
+        Some(ChatRequest {
+            model: self.settings.model.clone(),
+            messages: vec![
+                ChatMessage::system(SUMMARY_INSTRUCTIONS),
+                ChatMessage::user(format!(
+                    "Current summary:\n{current}\n\nNew messages to fold in:\n{rendered}"
+                )),
+            ],
+            tools: Vec::new(),
+            tool_choice: ToolChoice::None,
+            temperature: Some(0.2),
+            max_tokens: Some(400),
+            purpose: Purpose::Summary,
+        })
+    }
+
+    /// The summary came back: the summarised messages leave memory.
+    pub fn on_summary(&mut self, text: Option<String>) -> Option<RollingSummary> {
+        let until = self.summarising_until.take()?;
+        let text = text.filter(|t| !t.trim().is_empty())?;
+        self.history.retain(|(seq, _)| *seq > until);
+        let summary = RollingSummary {
+            text: text.trim().to_string(),
+            covers_until_seq: until,
+        };
+        self.summary = Some(summary.clone());
+        Some(summary)
+    }
+
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
     }
 
     fn finish(&mut self, answer: String) -> TurnOutcome {
@@ -188,46 +322,46 @@ impl ConversationMachine {
         let summary = ToolUsageSummary::from_calls(
             turn.calls.iter().map(|c| (c.name.as_str(), c.is_success)),
         );
+        let mut citations: Vec<String> = Vec::new();
+        for s in turn.calls.iter().filter_map(|c| c.source_id.clone()) {
+            if !citations.contains(&s) {
+                citations.push(s);
+            }
+        }
+        let ungrounded = cited_source_ids(&answer)
+            .into_iter()
+            .filter(|s| !self.known_sources.contains(s))
+            .collect();
         let outcome = TurnOutcome {
             answer,
             tool_usage_summary: summary,
+            citations,
+            ungrounded_citations: ungrounded,
             iterations: turn.model_calls,
             fallback_used: turn.fallback,
             tool_calls: turn.calls,
         };
         self.history.extend(turn.messages);
-        self.trim_history();
         outcome
-    }
-
-    fn trim_history(&mut self) {
-        let window = self.settings.history_window;
-        if self.history.len() > window {
-            self.history.drain(..self.history.len() - window);
-        }
-        // A tool result without the assistant message that asked for it is
-        // refused by OpenAI-compatible servers.
-        let orphans = self
-            .history
-            .iter()
-            .take_while(|m| m.role == Role::Tool)
-            .count();
-        self.history.drain(..orphans);
     }
 
     fn request(&mut self) -> ChatRequest {
         let s = &self.settings;
         let turn = self.turn.as_mut().expect("request outside a turn");
         turn.model_calls += 1;
-        let mut system = s.system_prompt.clone();
-        if !s.tools.is_empty() {
-            system.push_str("\n\n");
-            system.push_str(TOOL_USE_INSTRUCTIONS);
+        let layers = PromptLayers {
+            tools_offered: !s.tools.is_empty(),
+            ..s.layers.clone()
+        };
+        let earlier: Vec<ChatMessage> = self.history.iter().map(|(_, m)| m.clone()).collect();
+        let window = context::window(&earlier, s.history_window);
+        let mut messages = Vec::with_capacity(3 + window.len() + turn.messages.len());
+        messages.push(ChatMessage::system(context::system_prompt(&layers)));
+        if let Some(summary) = &self.summary {
+            messages.push(context::summary_message(&summary.text));
         }
-        let mut messages = Vec::with_capacity(2 + self.history.len() + turn.messages.len());
-        messages.push(ChatMessage::system(system));
-        messages.extend(self.history.iter().cloned());
-        messages.extend(turn.messages.iter().cloned());
+        messages.extend(window.iter().cloned());
+        messages.extend(turn.messages.iter().map(|(_, m)| m.clone()));
         if turn.fallback {
             messages.push(ChatMessage::system(FALLBACK_INSTRUCTION));
         }
@@ -242,8 +376,65 @@ impl ConversationMachine {
             },
             temperature: s.temperature,
             max_tokens: s.max_tokens,
+            purpose: Purpose::Turn,
         }
     }
+}
+
+fn render_for_summary(m: &ChatMessage) -> String {
+    let text: String = m
+        .content
+        .clone()
+        .unwrap_or_default()
+        .chars()
+        .take(600)
+        .collect();
+    match m.role {
+        Role::User => format!("user: {text}"),
+        Role::Assistant if !m.tool_calls.is_empty() => {
+            let calls: Vec<String> = m
+                .tool_calls
+                .iter()
+                .map(|c| format!("{}({})", c.name, c.arguments))
+                .collect();
+            format!("assistant called: {}", calls.join(", "))
+        }
+        Role::Assistant => match &m.name {
+            Some(who) => format!("{who}: {text}"),
+            None => format!("assistant: {text}"),
+        },
+        Role::Tool => format!(
+            "tool {} returned: {text}",
+            m.name.as_deref().unwrap_or("tool")
+        ),
+        Role::System => format!("system: {text}"),
+    }
+}
+
+/// Source ids mentioned in a text: `tool:<domain>:v<digits>`, in order, once each.
+pub fn cited_source_ids(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("tool:") {
+        let tail = &rest[i + 5..];
+        let domain_len = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+            .unwrap_or(tail.len());
+        let after = &tail[domain_len..];
+        if domain_len > 0 && after.starts_with(":v") {
+            let digits = after[2..]
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(after.len() - 2);
+            if digits > 0 {
+                let id = format!("tool:{}:v{}", &tail[..domain_len], &after[2..2 + digits]);
+                if !out.contains(&id) {
+                    out.push(id);
+                }
+            }
+        }
+        rest = &rest[i + 5..];
+    }
+    out
 }
 
 #[cfg(test)]
@@ -254,7 +445,10 @@ mod tests {
 
     fn settings(max_iterations: u32, window: usize) -> TurnSettings {
         TurnSettings {
-            system_prompt: "sys".into(),
+            layers: PromptLayers {
+                base_prompt: "sys".into(),
+                ..PromptLayers::default()
+            },
             model: "m".into(),
             tools: vec![ToolSpec {
                 name: "echo".into(),
@@ -266,6 +460,10 @@ mod tests {
             temperature: None,
             max_tokens: None,
         }
+    }
+
+    fn machine(max_iterations: u32, window: usize) -> ConversationMachine {
+        ConversationMachine::new(settings(max_iterations, window), vec![], None, 0)
     }
 
     fn call(id: &str) -> ToolCall {
@@ -280,6 +478,14 @@ mod tests {
         ChatResponse {
             content: None,
             tool_calls: ids.iter().map(|i| call(i)).collect(),
+            usage: None,
+        }
+    }
+
+    fn text(t: &str) -> ChatResponse {
+        ChatResponse {
+            content: Some(t.into()),
+            tool_calls: vec![],
             usage: None,
         }
     }
@@ -300,11 +506,14 @@ mod tests {
 
     #[test]
     fn tool_results_follow_the_assistant_message_with_their_ids() {
-        let mut m = ConversationMachine::new(settings(3, 20), vec![]);
-        m.start_turn("hi".into());
+        let mut m = machine(3, 20);
+        let step = m.start_turn("hi".into());
+        assert_eq!(step.persist[0].0, 1);
         let step = m.on_model_reply(tools_reply(&["a", "b"]));
+        assert_eq!(step.persist[0].0, 2);
         assert!(matches!(step.action, Action::RunTools(ref c) if c.len() == 2));
         let step = m.on_tool_results(vec![ok("a"), ok("b")]);
+        assert_eq!(step.persist.iter().map(|p| p.0).collect::<Vec<_>>(), [3, 4]);
         let req = request_of(&step);
         let roles: Vec<_> = req.messages.iter().map(|m| m.role).collect();
         assert_eq!(
@@ -320,11 +529,18 @@ mod tests {
         assert_eq!(req.messages[3].tool_call_id.as_deref(), Some("a"));
         assert_eq!(req.messages[4].tool_call_id.as_deref(), Some("b"));
         assert_eq!(req.tool_choice, ToolChoice::Auto);
+        assert!(
+            req.messages[0]
+                .content
+                .as_ref()
+                .unwrap()
+                .contains(context::TOOL_USE_INSTRUCTIONS)
+        );
     }
 
     #[test]
     fn after_max_iterations_the_last_call_forbids_tools_and_ignores_new_calls() {
-        let mut m = ConversationMachine::new(settings(2, 20), vec![]);
+        let mut m = machine(2, 20);
         m.start_turn("hi".into());
         m.on_model_reply(tools_reply(&["a"]));
         let step = m.on_tool_results(vec![ok("a")]);
@@ -354,17 +570,11 @@ mod tests {
 
     #[test]
     fn the_window_keeps_recent_history_without_orphan_tool_results() {
-        let mut m = ConversationMachine::new(settings(3, 2), vec![]);
+        let mut m = machine(3, 2);
         m.start_turn("one".into());
         m.on_model_reply(tools_reply(&["a"]));
         m.on_tool_results(vec![ok("a")]);
-        m.on_model_reply(ChatResponse {
-            content: Some("answer".into()),
-            tool_calls: vec![],
-            usage: None,
-        });
-        // history: user, assistant(tool_calls), tool, assistant -> a window
-        // of 2 would start on the tool result, which is dropped.
+        m.on_model_reply(text("answer"));
         let step = m.start_turn("two".into());
         let req = request_of(&step);
         let contents: Vec<_> = req
@@ -375,5 +585,89 @@ mod tests {
         assert_eq!(contents[1], (Role::Assistant, "answer".to_string()));
         assert_eq!(contents[2], (Role::User, "two".to_string()));
         assert_eq!(contents.len(), 3);
+    }
+
+    #[test]
+    fn older_messages_are_summarised_then_sent_as_summary_plus_window() {
+        let mut m = machine(3, 4);
+        for i in 0..2 {
+            m.start_turn(format!("q{i}"));
+            m.on_model_reply(text(&format!("a{i}")));
+            assert!(m.summary_request().is_none(), "4 messages fit the window");
+        }
+        m.start_turn("q2".into());
+        m.on_model_reply(text("a2"));
+        let req = m
+            .summary_request()
+            .expect("6 messages outgrow a window of 4");
+        assert_eq!(req.purpose, Purpose::Summary);
+        assert!(req.tools.is_empty());
+        let asked = req.messages[1].content.clone().unwrap();
+        assert!(asked.contains("user: q0") && asked.contains("assistant: a0"));
+        assert!(!asked.contains("q1"), "only what falls out of the window");
+        assert!(m.summary_request().is_none(), "one request at a time");
+        let s = m.on_summary(Some("They said q0 and a0.".into())).unwrap();
+        assert_eq!(s.covers_until_seq, 2);
+
+        let step = m.start_turn("q3".into());
+        let req = request_of(&step);
+        assert!(
+            req.messages[1]
+                .content
+                .as_ref()
+                .unwrap()
+                .contains("They said q0")
+        );
+        let rest: Vec<_> = req.messages[2..]
+            .iter()
+            .map(|m| m.content.clone().unwrap())
+            .collect();
+        assert_eq!(rest, ["q1", "a1", "q2", "a2", "q3"]);
+    }
+
+    #[test]
+    fn a_failed_summary_keeps_the_messages_for_the_next_try() {
+        let mut m = machine(3, 2);
+        m.start_turn("q0".into());
+        m.on_model_reply(text("a0"));
+        m.start_turn("q1".into());
+        m.on_model_reply(text("a1"));
+        assert!(m.summary_request().is_some());
+        assert_eq!(m.on_summary(None), None);
+        assert!(m.summary_request().is_some());
+    }
+
+    #[test]
+    fn citations_list_tool_sources_and_flag_ungrounded_ones() {
+        let mut m = machine(3, 20);
+        m.start_turn("positions?".into());
+        m.on_model_reply(tools_reply(&["a"]));
+        let result = ToolExecutionResult::success(
+            "get_positions",
+            json!({"source_id": "tool:positions:v1", "data": {}}),
+            Duration::ZERO,
+            1,
+        );
+        m.on_tool_results(vec![(call("a"), result)]);
+        let step = m.on_model_reply(text(
+            "You hold 42 AAPL [tool:positions:v1] worth $8k [tool:quotes:v1].",
+        ));
+        let Action::Finish(outcome) = step.action else {
+            panic!("expected the turn to finish");
+        };
+        assert_eq!(outcome.citations, ["tool:positions:v1"]);
+        assert_eq!(outcome.ungrounded_citations, ["tool:quotes:v1"]);
+        assert_eq!(
+            outcome.tool_calls[0].source_id.as_deref(),
+            Some("tool:positions:v1")
+        );
+    }
+
+    #[test]
+    fn source_ids_are_found_in_text() {
+        assert_eq!(
+            cited_source_ids("a tool:x:v1, b (tool:y_z:v12) tool:x:v1 tool:bad tool::v1 tool:q:v"),
+            ["tool:x:v1", "tool:y_z:v12"]
+        );
     }
 }

@@ -2,12 +2,13 @@
 //!
 //! http ──▶ [`Sessions`] ──▶ [`actor::Conversation`] ──▶ model / ToolSubAgent / store
 //!
-//! - [`machine`]: the decisions of a turn (no IO).
+//! - [`machine`]: the decisions of a turn (no IO); [`context`]: the five prompt layers.
 //! - [`actor`]: the actor that performs them.
 //! - [`sessions`]: the registry of live conversations and the session API.
 //! - [`summary`]: tool usage summaries.
 
 pub mod actor;
+pub mod context;
 pub mod machine;
 pub mod sessions;
 pub mod summary;

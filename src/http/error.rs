@@ -90,6 +90,11 @@ impl From<TurnError> for ApiError {
                 ApiError::new(status, code, m.to_string())
             }
             TurnError::Store(s) => storage_error(&s),
+            TurnError::Busy => ApiError::new(
+                StatusCode::CONFLICT,
+                "CONVERSATION_BUSY",
+                "a turn is already running in this session; send the message when it has finished",
+            ),
             TurnError::Unavailable => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "CONVERSATION_UNAVAILABLE",

@@ -117,10 +117,5 @@ async fn summary(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let s = state.sessions.summary(&id).await?;
-    Ok(Json(json!({
-        "session_id": s.session_id,
-        "tool_usage_summary": s.tool_usage_summary,
-        "message_count": s.message_count,
-    })))
+    Ok(Json(json!(state.sessions.summary(&id).await?)))
 }

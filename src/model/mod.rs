@@ -121,6 +121,21 @@ pub enum ToolChoice {
     None,
 }
 
+/// Why cadre asks the model; not sent on the wire, but the offline
+/// provider answers each kind its own way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Purpose {
+    /// A step of a conversation turn.
+    #[default]
+    Turn,
+    /// Folding older messages into the rolling summary.
+    Summary,
+    /// Reply suggestions for a human operator.
+    Suggestions,
+    /// Rewording a text.
+    Improve,
+}
+
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
     pub model: String,
@@ -129,6 +144,7 @@ pub struct ChatRequest {
     pub tool_choice: ToolChoice,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
+    pub purpose: Purpose,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -161,10 +177,28 @@ pub enum ModelError {
     Rejected { status: u16, message: String },
 }
 
+/// Receives the text of a streamed reply as it arrives.
+pub type DeltaSink<'a> = &'a (dyn Fn(&str) + Send + Sync);
+
 /// A language model cadre can ask for the next message.
 #[async_trait::async_trait]
 pub trait ChatModel: Send + Sync + 'static {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError>;
+
+    /// Like `complete`, passing the reply's text to `on_delta` as it is
+    /// generated. Models that cannot stream pass it whole, once.
+    async fn complete_streaming(
+        &self,
+        request: ChatRequest,
+        on_delta: DeltaSink<'_>,
+    ) -> Result<ChatResponse, ModelError> {
+        let response = self.complete(request).await?;
+        if let Some(text) = response.content.as_deref().filter(|t| !t.is_empty()) {
+            on_delta(text);
+        }
+        Ok(response)
+    }
+
     /// One line for logs and `GET /v1/providers`: provider and model.
     fn describe(&self) -> String;
 }

@@ -19,8 +19,8 @@ use std::collections::HashSet;
 use serde_json::{Map, Value, json};
 
 use super::{
-    ChatMessage, ChatModel, ChatRequest, ChatResponse, ModelError, Role, ToolCall, ToolChoice,
-    ToolSpec,
+    ChatMessage, ChatModel, ChatRequest, ChatResponse, ModelError, Purpose, Role, ToolCall,
+    ToolChoice, ToolSpec,
 };
 
 #[derive(Debug, Default)]
@@ -53,6 +53,12 @@ fn text(content: String) -> ChatResponse {
 
 /// The whole decision, pure.
 pub fn route(request: &ChatRequest) -> ChatResponse {
+    match request.purpose {
+        Purpose::Turn => {}
+        Purpose::Summary => return text(extractive_summary(request)),
+        Purpose::Suggestions => return text(suggestions(request)),
+        Purpose::Improve => return text(improve(request)),
+    }
     let last_user = request.messages.iter().rposition(|m| m.role == Role::User);
     let since_user = last_user.map(|i| &request.messages[i + 1..]).unwrap_or(&[]);
     let results: Vec<&ChatMessage> = since_user.iter().filter(|m| m.role == Role::Tool).collect();
@@ -129,6 +135,82 @@ fn compose_from_results(results: &[&ChatMessage]) -> String {
         })
         .collect();
     parts.join("\n")
+}
+
+fn last_user_text(request: &ChatRequest) -> String {
+    request
+        .messages
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::User)
+        .and_then(|m| m.content.clone())
+        .unwrap_or_default()
+}
+
+fn first_sentence(s: &str, max: usize) -> String {
+    let s = s.trim();
+    let end = s
+        .find(". ")
+        .map(|i| i + 1)
+        .or_else(|| s.find('\n'))
+        .unwrap_or(s.len());
+    s[..end].chars().take(max).collect()
+}
+
+/// Summary requests: the current summary plus the first sentence of each
+/// new user and assistant message, the most recent kept when too long.
+fn extractive_summary(request: &ChatRequest) -> String {
+    let asked = last_user_text(request);
+    let (current, new) = asked
+        .split_once("\n\nNew messages to fold in:\n")
+        .unwrap_or(("", asked.as_str()));
+    let current = current.trim_start_matches("Current summary:\n").trim();
+    let mut parts: Vec<String> = Vec::new();
+    if !current.is_empty() && current != "(none yet)" {
+        parts.push(current.to_string());
+    }
+    for line in new.lines() {
+        for (prefix, who) in [
+            ("user: ", "The user said"),
+            ("assistant: ", "The assistant answered"),
+        ] {
+            if let Some(rest) = line.strip_prefix(prefix) {
+                parts.push(format!("{who}: {}", first_sentence(rest, 160)));
+            }
+        }
+    }
+    let mut summary = parts.join(" ");
+    const MAX: usize = 1200;
+    if summary.chars().count() > MAX {
+        let skip = summary.chars().count() - MAX;
+        summary = format!("…{}", summary.chars().skip(skip).collect::<String>());
+    }
+    summary
+}
+
+/// Three reply suggestions for an operator, one per line.
+fn suggestions(request: &ChatRequest) -> String {
+    let asked = first_sentence(&last_user_text(request), 120);
+    [
+        format!("Thanks for your message! Let me look into \"{asked}\" for you."),
+        "Could you tell me a bit more so I can help you best?".to_string(),
+        "I'll check this with the team and get back to you shortly.".to_string(),
+    ]
+    .join("\n")
+}
+
+/// A reworded text: whitespace tidied, first letter capitalised, final
+/// punctuation added.
+fn improve(request: &ChatRequest) -> String {
+    let text = last_user_text(request);
+    let mut out = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if let Some(first) = out.chars().next() {
+        out = first.to_uppercase().collect::<String>() + &out[first.len_utf8()..];
+    }
+    if !out.is_empty() && !out.ends_with(['.', '!', '?']) {
+        out.push('.');
+    }
+    out
 }
 
 /// A readable line from a data tool's `data`: its scalar fields, and for
@@ -423,6 +505,7 @@ mod tests {
             tool_choice: ToolChoice::Auto,
             temperature: None,
             max_tokens: None,
+            purpose: Purpose::Turn,
         })
     }
 
@@ -478,6 +561,7 @@ mod tests {
             tool_choice: ToolChoice::Auto,
             temperature: None,
             max_tokens: None,
+            purpose: Purpose::Turn,
         });
         assert_eq!(r.content.as_deref(), Some("6*7 = 42"));
     }

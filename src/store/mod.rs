@@ -118,6 +118,13 @@ pub struct ToolCallRecord {
     pub created_at: Timestamp,
 }
 
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MessageStats {
+    pub count: u64,
+    pub user_messages: u64,
+    pub last_at: Option<Timestamp>,
+}
+
 /// Which call records to list.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CallFilter {
@@ -155,6 +162,19 @@ pub enum WriteOp {
         namespace: String,
         key: String,
     },
+    PutSummary {
+        session_id: String,
+        summary: StoredSummary,
+    },
+}
+
+/// A session's rolling summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredSummary {
+    pub text: String,
+    /// The last message seq the summary covers.
+    pub covers_until_seq: u64,
+    pub updated_at: Timestamp,
 }
 
 struct WriteRequest {
@@ -270,6 +290,52 @@ impl Store {
         .await
     }
 
+    pub async fn get_summary(&self, session_id: &str) -> Result<Option<StoredSummary>, StoreError> {
+        let id = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(SUMMARIES)?;
+            match table.get(id.as_str())? {
+                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// The messages a conversation needs in memory: those after `after`
+    /// (what the summary covers), at most the last `max`, oldest first;
+    /// and the session's last seq.
+    pub async fn unsummarised_messages(
+        &self,
+        session_id: &str,
+        after: u64,
+        max: usize,
+    ) -> Result<(Vec<StoredMessage>, u64), StoreError> {
+        let id = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(MESSAGES)?;
+            let last_seq = table
+                .range((id.as_str(), 1)..=(id.as_str(), u64::MAX))?
+                .next_back()
+                .transpose()?
+                .map_or(0, |(k, _)| k.value().1);
+            let mut out = Vec::new();
+            for row in table
+                .range((id.as_str(), after + 1)..=(id.as_str(), u64::MAX))?
+                .rev()
+                .take(max)
+            {
+                let (_, v) = row?;
+                out.push(serde_json::from_slice::<StoredMessage>(v.value())?);
+            }
+            out.reverse();
+            Ok((out, last_seq))
+        })
+        .await
+    }
+
     /// Every message of a session, oldest first.
     pub async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>, StoreError> {
         self.messages_after(session_id, 0).await
@@ -320,6 +386,27 @@ impl Store {
             }
             out.reverse();
             Ok((out, last_seq))
+        })
+        .await
+    }
+
+    /// How many messages a session has, how many from the user, and when the last was written.
+    pub async fn message_stats(&self, session_id: &str) -> Result<MessageStats, StoreError> {
+        let id = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(MESSAGES)?;
+            let mut stats = MessageStats::default();
+            for row in table.range((id.as_str(), 1)..=(id.as_str(), u64::MAX))? {
+                let (_, v) = row?;
+                let m: StoredMessage = serde_json::from_slice(v.value())?;
+                stats.count += 1;
+                if m.message.role == crate::model::Role::User {
+                    stats.user_messages += 1;
+                }
+                stats.last_at = Some(m.created_at);
+            }
+            Ok(stats)
         })
         .await
     }
@@ -551,6 +638,7 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         // Create every table so read transactions never meet a missing one.
         txn.open_table(SESSIONS)?;
         txn.open_table(MESSAGES)?;
+        txn.open_table(SUMMARIES)?;
         txn.open_table(TOOL_CALLS)?;
         txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
         txn.open_table(TOOL_CALLS_BY_TOOL)?;
@@ -598,6 +686,7 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
         let mut by_workflow = txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
         let mut stats = txn.open_table(TOOL_STATS)?;
         let mut docs = txn.open_table(DOCS)?;
+        let mut summaries = txn.open_table(SUMMARIES)?;
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
             match op {
                 WriteOp::PutSession(s) => {
@@ -649,6 +738,13 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                 }
                 WriteOp::DeleteDoc { namespace, key } => {
                     docs.remove((namespace.as_str(), key.as_str()))?;
+                }
+                WriteOp::PutSummary {
+                    session_id,
+                    summary,
+                } => {
+                    summaries
+                        .insert(session_id.as_str(), serde_json::to_vec(summary)?.as_slice())?;
                 }
             }
         }

@@ -17,6 +17,9 @@ pub const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("session
 /// (session_id, seq) -> `StoredMessage` (json). seq starts at 1 per session.
 pub const MESSAGES: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("messages");
 
+/// session_id -> `StoredSummary` (json): the rolling summary of older messages.
+pub const SUMMARIES: TableDefinition<&str, &[u8]> = TableDefinition::new("summaries");
+
 /// record_id (uuid v7, time-ordered) -> `ToolCallRecord` (json).
 pub const TOOL_CALLS: TableDefinition<&str, &[u8]> = TableDefinition::new("tool_calls");
 
