@@ -48,13 +48,31 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// `{"error": {"code", "message", "details"?}}`.
+    pub fn body(&self) -> Value {
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let Some(d) = &self.details {
+            error["details"] = d.clone();
+        }
+        json!({ "error": error, "status": self.status.as_u16() })
+    }
+
+    /// The error as the last event of a stream.
+    pub fn sse_event(&self) -> axum::response::sse::Event {
+        axum::response::sse::Event::default()
+            .event("turn_failed")
+            .data(self.body().to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = json!({"code": self.code, "message": self.message});
-        if let Some(d) = self.details {
-            error["details"] = d;
+        let mut body = self.body();
+        if let Some(obj) = body.as_object_mut() {
+            obj.remove("status");
         }
-        (self.status, Json(json!({ "error": error }))).into_response()
+        (self.status, Json(body)).into_response()
     }
 }
 

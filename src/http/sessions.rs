@@ -1,15 +1,23 @@
 //! Sessions over HTTP: create, read, send a message (one turn), history, summary.
 
+use std::convert::Infallible;
+
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
-use crate::conversation::{NewSession, TurnOutcome};
+use crate::conversation::NewSession;
+use crate::conversation::actor::TurnEvent;
 use crate::store::Session;
 use crate::tools::Plan;
 
@@ -87,11 +95,16 @@ struct MessageBody {
     content: String,
 }
 
+/// One turn. With `Accept: text/event-stream` the reply is a stream of
+/// Server-Sent Events: `turn_started`, `model_delta`, `tool_call_started`,
+/// `tool_call_completed`, then `turn_completed` (the same body as the JSON
+/// reply) or `turn_failed` (the JSON error body).
 async fn send(
     State(state): State<AppState>,
     Path(id): Path<String>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<MessageBody>,
-) -> Result<Json<TurnOutcome>, ApiError> {
+) -> Result<Response, ApiError> {
     if body.content.trim().is_empty() {
         return Err(ApiError::validation("content must not be empty"));
     }
@@ -102,7 +115,44 @@ async fn send(
             format!("content is longer than {MAX_CONTENT_BYTES} bytes"),
         ));
     }
-    Ok(Json(state.sessions.send_message(&id, body.content).await?))
+    let wants_stream = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    if !wants_stream {
+        return Ok(Json(state.sessions.send_message(&id, body.content).await?).into_response());
+    }
+    // Unknown sessions are a plain 404, before any stream starts.
+    state.sessions.get(&id).await?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    let sessions = state.sessions.clone();
+    tokio::spawn(async move {
+        let result = sessions
+            .send_message_with(&id, body.content, Some(tx))
+            .await;
+        let _ = done_tx.send(result);
+    });
+    let events = UnboundedReceiverStream::new(rx).map(|event: TurnEvent| {
+        let sse = match &event {
+            TurnEvent::TurnCompleted(outcome) => SseEvent::default().json_data(outcome),
+            other => SseEvent::default().json_data(other),
+        };
+        Ok::<_, Infallible>(
+            sse.unwrap_or_else(|_| SseEvent::default())
+                .event(event.name()),
+        )
+    });
+    let failure = futures::stream::once(async move {
+        match done_rx.await {
+            Ok(Err(e)) => Some(ApiError::from(e).sse_event()),
+            _ => None,
+        }
+    })
+    .filter_map(|e| async move { e.map(Ok::<_, Infallible>) });
+    Ok(Sse::new(events.chain(failure))
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 async fn history(

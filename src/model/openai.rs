@@ -15,6 +15,8 @@
 //! completion is `InvalidResponse`, not retried: an endpoint that answers
 //! garbage once usually answers it again.
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_openai::Client;
@@ -22,10 +24,11 @@ use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
 use async_openai::middleware::{HttpRequestFactory, ReqwestService};
 use async_openai::types::chat as oa;
+use futures::StreamExt;
 
 use super::{
-    ChatMessage, ChatModel, ChatRequest, ChatResponse, ModelEndpoint, ModelError, Role, ToolCall,
-    ToolChoice, Usage,
+    ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, ModelEndpoint, ModelError, Role,
+    ToolCall, ToolChoice, Usage,
 };
 
 /// Model used when neither the environment nor the agent names one.
@@ -126,19 +129,27 @@ impl OpenAiModel {
     }
 }
 
-#[async_trait::async_trait]
-impl ChatModel for OpenAiModel {
-    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
+impl OpenAiModel {
+    fn wire(&self, request: &ChatRequest) -> oa::CreateChatCompletionRequest {
         let model = if request.model.is_empty() {
             self.model.clone()
         } else {
             request.model.clone()
         };
-        let wire = to_wire(&request, model);
-        let mut attempt = 0;
+        to_wire(request, model)
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, or the retries
+    /// are spent, waiting between tries as the module doc says.
+    async fn retrying<F, Fut>(&self, mut attempt: F) -> Result<ChatResponse, ModelError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<ChatResponse, Failure>>,
+    {
+        let mut tries = 0;
         loop {
-            attempt += 1;
-            let failure = match self.attempt(wire.clone()).await {
+            tries += 1;
+            let failure = match attempt().await {
                 Ok(r) => return Ok(r),
                 Err(f) => f,
             };
@@ -149,32 +160,128 @@ impl ChatModel for OpenAiModel {
                     detail,
                 } => (retry_after, detail),
             };
-            if attempt > self.options.max_retries {
+            if tries > self.options.max_retries {
                 return Err(if last.timed_out {
                     ModelError::Timeout {
                         after: self.options.request_timeout,
                     }
                 } else {
                     ModelError::Unavailable {
-                        attempts: attempt,
+                        attempts: tries,
                         last: last.message,
                     }
                 });
             }
-            let backoff = backoff(self.options.retry_base_delay, attempt);
+            let backoff = backoff(self.options.retry_base_delay, tries);
             let delay = match wait {
                 Some(w) if w > self.options.max_retry_after => {
                     return Err(ModelError::Unavailable {
-                        attempts: attempt,
+                        attempts: tries,
                         last: format!("{} (asked to retry after {w:?})", last.message),
                     });
                 }
                 Some(w) => w.max(backoff),
                 None => backoff,
             };
-            tracing::warn!(attempt, ?delay, error = %last.message, "model call failed; retrying");
+            tracing::warn!(attempt = tries, ?delay, error = %last.message, "model call failed; retrying");
             tokio::time::sleep(delay).await;
         }
+    }
+
+    /// One streamed attempt: text deltas go to `on_delta` as they come;
+    /// tool calls are assembled by their `index` from their pieces.
+    async fn attempt_stream(
+        &self,
+        request: oa::CreateChatCompletionRequest,
+        on_delta: DeltaSink<'_>,
+        emitted: &AtomicBool,
+    ) -> Result<ChatResponse, Failure> {
+        let mut stream = self
+            .client
+            .chat()
+            .create_stream(request)
+            .await
+            .map_err(classify)?;
+        let mut content = String::new();
+        let mut calls: BTreeMap<u32, ToolCall> = BTreeMap::new();
+        let mut usage = None;
+        while let Some(item) = stream.next().await {
+            let chunk = item.map_err(classify)?;
+            if let Some(u) = chunk.usage {
+                usage = Some(Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    completion_tokens: u.completion_tokens,
+                });
+            }
+            for choice in chunk.choices {
+                if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
+                    emitted.store(true, Ordering::Relaxed);
+                    on_delta(&text);
+                    content.push_str(&text);
+                }
+                for piece in choice.delta.tool_calls.unwrap_or_default() {
+                    let call = calls.entry(piece.index).or_insert_with(|| ToolCall {
+                        id: String::new(),
+                        name: String::new(),
+                        arguments: String::new(),
+                    });
+                    if let Some(id) = piece.id {
+                        call.id = id;
+                    }
+                    if let Some(f) = piece.function {
+                        if let Some(name) = f.name {
+                            call.name.push_str(&name);
+                        }
+                        if let Some(args) = f.arguments {
+                            call.arguments.push_str(&args);
+                        }
+                    }
+                }
+            }
+        }
+        let tool_calls: Vec<ToolCall> = calls.into_values().collect();
+        if tool_calls
+            .iter()
+            .any(|c| c.id.is_empty() || c.name.is_empty())
+        {
+            return Err(Failure::Fatal(ModelError::InvalidResponse {
+                detail: "a streamed tool call came without its id or name".into(),
+            }));
+        }
+        Ok(ChatResponse {
+            content: (!content.is_empty()).then_some(content),
+            tool_calls,
+            usage,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl ChatModel for OpenAiModel {
+    async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
+        let wire = self.wire(&request);
+        self.retrying(|| self.attempt(wire.clone())).await
+    }
+
+    async fn complete_streaming(
+        &self,
+        request: ChatRequest,
+        on_delta: DeltaSink<'_>,
+    ) -> Result<ChatResponse, ModelError> {
+        let wire = self.wire(&request);
+        let emitted = AtomicBool::new(false);
+        self.retrying(|| async {
+            match self.attempt_stream(wire.clone(), on_delta, &emitted).await {
+                // Text already went out: a second try would repeat it.
+                Err(Failure::Retryable { detail, .. }) if emitted.load(Ordering::Relaxed) => {
+                    Err(Failure::Fatal(ModelError::InvalidResponse {
+                        detail: format!("the streamed reply was cut: {}", detail.message),
+                    }))
+                }
+                other => other,
+            }
+        })
+        .await
     }
 
     fn describe(&self) -> String {
