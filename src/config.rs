@@ -282,6 +282,20 @@ impl Agents {
         self.by_name.keys().cloned().collect()
     }
 
+    /// Which model serves each agent: `{agent, provider, model}`.
+    pub fn providers(&self) -> Vec<serde_json::Value> {
+        self.by_name
+            .values()
+            .map(|a| {
+                serde_json::json!({
+                    "agent": a.name,
+                    "provider": a.model.describe(),
+                    "model": if a.model_name.is_empty() { None } else { Some(a.model_name.clone()) },
+                })
+            })
+            .collect()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Agent>> {
         self.by_name.values()
     }

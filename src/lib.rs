@@ -10,7 +10,10 @@
 //! - [`tools`]: tool definitions, the registry, builtin handlers and the
 //!   per-batch `ToolSubAgent` actor.
 //! - [`executor`]: the supervised actor every tool call passes through.
+//! - [`workflow`]: DAGs of tool and agent nodes; a pure scheduler inside a
+//!   runner actor per run.
 //! - [`store`]: redb tables and the group-committing writer.
+//! - [`tenants`]: API keys, tenant isolation and per-tenant config.
 //! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`config`]: agent definitions; [`server_config`]: the server's config file.
@@ -24,6 +27,8 @@ pub mod model;
 pub mod runtime;
 pub mod server_config;
 pub mod store;
+pub mod tenants;
 pub mod tools;
+pub mod workflow;
 
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeError};

@@ -1,6 +1,7 @@
 //! The `cadre` command line: `serve` runs the HTTP server, `chat` runs one
-//! turn in-process, `tools` lists and checks tool definitions. Thin:
-//! everything it does is the library's.
+//! turn in-process, `tools` lists and checks tool definitions, `workflow`
+//! lists workflows and runs one in-process with a line per node event.
+//! Thin: everything it does is the library's.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -64,6 +65,77 @@ enum Command {
         #[command(subcommand)]
         command: ToolsCommand,
     },
+    /// API keys of tenants (work on the data dir: stop the server first).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+    /// Read sessions from the data dir.
+    Sessions {
+        #[command(subcommand)]
+        command: SessionsCommand,
+    },
+    /// List workflows, or run one in-process.
+    Workflow {
+        #[command(subcommand)]
+        command: WorkflowCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum WorkflowCommand {
+    /// List the workflows of the agents folder; exits non-zero when a file did not load.
+    List {
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Run a workflow in-process, printing each node as it starts and ends.
+    Run {
+        name: String,
+        /// The run's input, as JSON.
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// The user the run's tool calls are made for (rate limits).
+        #[arg(long)]
+        user_id: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key for a tenant; it is printed once and only its hash is stored.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// May manage tenant configs and read runtime-wide stats and events.
+        #[arg(long)]
+        admin: bool,
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+    /// List keys (ids and tenants; never the keys).
+    List {
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+    /// Revoke a key by id.
+    Revoke {
+        key_id: String,
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum SessionsCommand {
+    /// Print a session's summary as JSON.
+    Summary {
+        id: String,
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -83,7 +155,10 @@ enum ToolsCommand {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let default_filter = match cli.command {
-        Command::Tools { .. } => "warn",
+        Command::Tools { .. }
+        | Command::Workflow { .. }
+        | Command::Keys { .. }
+        | Command::Sessions { .. } => "warn",
         _ => "info,tower_http=warn",
     };
     tracing_subscriber::fmt()
@@ -107,6 +182,22 @@ fn main() -> anyhow::Result<()> {
         Command::Tools {
             command: ToolsCommand::Check { dir },
         } => tools_check(dir.unwrap_or_else(|| PathBuf::from("./agents/tools"))),
+        Command::Keys { command } => keys(command),
+        Command::Sessions {
+            command: SessionsCommand::Summary { id, data_dir },
+        } => session_summary(id, data_dir),
+        Command::Workflow {
+            command: WorkflowCommand::List { common },
+        } => workflow_list(common),
+        Command::Workflow {
+            command:
+                WorkflowCommand::Run {
+                    name,
+                    input,
+                    user_id,
+                    common,
+                },
+        } => workflow_run(name, input, user_id, common),
     }
 }
 
@@ -158,6 +249,101 @@ fn chat(agent: String, plan: String, message: String, common: Common) -> anyhow:
         println!("[tool] {}({}) -> {result}", call.name, call.arguments);
     }
     println!("{}", outcome.answer);
+    Ok(())
+}
+
+fn workflow_list(common: Common) -> anyhow::Result<()> {
+    let runtime = runtime(&common)?.start().context("starting cadre")?;
+    let workflows = runtime.workflows();
+    for w in workflows.definitions() {
+        let nodes: Vec<String> = w
+            .nodes
+            .iter()
+            .map(|n| format!("{}({})", n.id, n.kind()))
+            .collect();
+        println!("{:<20} {}", w.name, w.description);
+        println!("{:<20} nodes: {}", "", nodes.join(", "));
+    }
+    let errors = workflows.load_errors();
+    for e in &errors {
+        eprintln!("error: {}", e.message);
+    }
+    if !errors.is_empty() {
+        bail!("{} workflow file(s) did not load", errors.len());
+    }
+    Ok(())
+}
+
+fn workflow_run(
+    name: String,
+    input: String,
+    user_id: Option<String>,
+    common: Common,
+) -> anyhow::Result<()> {
+    use cadre::workflow::{StartRun, WorkflowEventKind as Kind};
+    use tokio::sync::broadcast::error::RecvError;
+
+    let input: serde_json::Value =
+        serde_json::from_str(&input).context("--input must be a JSON object")?;
+    let runtime = runtime(&common)?.start().context("starting cadre")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let run = rt.block_on(async {
+        let workflows = runtime.workflows();
+        let mut events = workflows.subscribe();
+        let run = workflows.start(&name, StartRun { input, user_id }).await?;
+        println!("run {} of {name}", run.id);
+        let started = std::time::Instant::now();
+        loop {
+            let event = match events.recv().await {
+                Ok(e) if e.run_id == run.id => e,
+                Ok(_) | Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => break,
+            };
+            let at = format!("[{:>7.2}s]", started.elapsed().as_secs_f64());
+            match &event.kind {
+                Kind::RunStarted { .. } => {}
+                Kind::NodeStarted { node } => println!("{at} {node:<16} started"),
+                Kind::NodeSucceeded { node, attempts } => {
+                    println!("{at} {node:<16} succeeded ({attempts} attempt(s))")
+                }
+                Kind::NodeFailed { node, error, .. } => {
+                    println!("{at} {node:<16} failed: {error}")
+                }
+                Kind::NodeSkipped { node, reason } => {
+                    println!("{at} {node:<16} skipped: {reason}")
+                }
+                Kind::ItemStarted { node, item } => {
+                    println!("{at} {:<16} started", format!("{node}[{item}]"))
+                }
+                Kind::ItemSucceeded { node, item } => {
+                    println!("{at} {:<16} succeeded", format!("{node}[{item}]"))
+                }
+                Kind::ItemFailed { node, item, error } => {
+                    println!("{at} {:<16} failed: {error}", format!("{node}[{item}]"))
+                }
+                Kind::RunFinished { status, .. } => {
+                    println!("{at} run {}", status.as_str());
+                    break;
+                }
+            }
+        }
+        workflows.wait(&run.id).await
+    })?;
+    let shown = match &run.output {
+        Some(output) => output.clone(),
+        None => serde_json::json!(
+            run.nodes
+                .iter()
+                .map(|(id, n)| (id.clone(), n.output.clone()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        ),
+    };
+    println!("{}", serde_json::to_string_pretty(&shown)?);
+    if let Some(error) = &run.error {
+        bail!("run {} {}: {error}", run.id, run.status.as_str());
+    }
     Ok(())
 }
 
@@ -239,4 +425,71 @@ fn tools_check(dir: PathBuf) -> anyhow::Result<()> {
     }
     println!("{} tool file(s) checked, no errors", paths.len());
     Ok(())
+}
+
+/// Opens the data dir's store for a one-off command.
+fn open_store(data_dir: &std::path::Path) -> anyhow::Result<cadre::store::Store> {
+    cadre::store::Store::open(data_dir).with_context(|| {
+        format!(
+            "opening {} (a running server holds the database: stop it first)",
+            data_dir.display()
+        )
+    })
+}
+
+fn keys(command: KeysCommand) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        match command {
+            KeysCommand::Create {
+                tenant,
+                admin,
+                data_dir,
+            } => {
+                let store = open_store(&data_dir)?;
+                let (key, record) = cadre::tenants::create_key(&store, &tenant, admin).await?;
+                println!("{key}");
+                eprintln!(
+                    "key {} for tenant {}{}: shown once, store it now",
+                    record.key_id,
+                    record.tenant,
+                    if admin { " (admin)" } else { "" }
+                );
+            }
+            KeysCommand::List { data_dir } => {
+                let store = open_store(&data_dir)?;
+                for k in cadre::tenants::list_keys(&store).await? {
+                    let state = match k.revoked_at {
+                        Some(t) => format!("revoked {t}"),
+                        None => "active".into(),
+                    };
+                    let admin = if k.admin { "admin" } else { "" };
+                    println!(
+                        "{:<14} {:<20} {admin:<6} {} {state}",
+                        k.key_id, k.tenant, k.created_at
+                    );
+                }
+            }
+            KeysCommand::Revoke { key_id, data_dir } => {
+                let store = open_store(&data_dir)?;
+                let k = cadre::tenants::revoke_key(&store, &key_id).await?;
+                println!("revoked {} (tenant {})", k.key_id, k.tenant);
+            }
+        }
+        Ok(())
+    })
+}
+
+fn session_summary(id: String, data_dir: PathBuf) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let store = open_store(&data_dir)?;
+        let summary = cadre::conversation::sessions::summarize(&store, &id).await?;
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        Ok(())
+    })
 }

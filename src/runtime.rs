@@ -2,7 +2,7 @@
 //! tokio runtime shared with actix.
 //!
 //! server thread: tokio multi-thread runtime (Arc) ─┬─ actix System (this thread)
-//!                                                  ├─ arbiter × cores: conversations
+//!                                                  ├─ arbiter × cores: conversations, workflow runners
 //!                                                  ├─ arbiter: the supervised executor
 //!                                                  └─ axum on the tokio workers
 //!
@@ -36,6 +36,7 @@ use crate::model::{ModelEndpoint, SharedModel};
 use crate::server_config::ServerConfig;
 use crate::store::{Store, StoreError};
 use crate::tools::{ToolDefinition, ToolHandler, ToolRegistry, builtin, watch};
+use crate::workflow::{Workflows, WorkflowsDeps};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -51,6 +52,11 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "no API keys are configured: refusing to serve open on {addr}; create one with \
+         `cadre keys create --tenant ID` or listen on a loopback address"
+    )]
+    Open { addr: SocketAddr },
     #[error("cannot start the runtime: {0}")]
     Start(#[from] std::io::Error),
     #[error("the runtime thread stopped during startup")]
@@ -157,6 +163,7 @@ impl RuntimeBuilder {
                 sessions: Some(ready.sessions),
                 registry: ready.registry,
                 executor: Some(ready.executor),
+                workflows: Some(ready.workflows),
                 providers: ready.providers,
                 stop: Some(stop_tx),
                 thread: Some(thread),
@@ -178,6 +185,7 @@ struct Ready {
     sessions: Sessions,
     registry: ToolRegistry,
     executor: ExecutorHandle,
+    workflows: Workflows,
     providers: Vec<String>,
 }
 
@@ -187,6 +195,7 @@ pub struct Runtime {
     sessions: Option<Sessions>,
     registry: ToolRegistry,
     executor: Option<ExecutorHandle>,
+    workflows: Option<Workflows>,
     providers: Vec<String>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -219,6 +228,11 @@ impl Runtime {
         self.executor.as_ref().expect("executor lives until drop")
     }
 
+    /// Workflow definitions and runs.
+    pub fn workflows(&self) -> &Workflows {
+        self.workflows.as_ref().expect("workflows live until drop")
+    }
+
     /// One line per agent: which model serves it.
     pub fn providers(&self) -> &[String] {
         &self.providers
@@ -238,6 +252,7 @@ impl Drop for Runtime {
         // Our own clones of the store must go before the writer can close.
         self.sessions.take();
         self.executor.take();
+        self.workflows.take();
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -292,6 +307,7 @@ struct Parts {
     sessions: Sessions,
     registry: ToolRegistry,
     executor: ExecutorHandle,
+    workflows: Workflows,
     providers: Vec<String>,
 }
 
@@ -368,11 +384,20 @@ fn setup(
         executor.clone(),
         conversation_arbiters.to_vec(),
     );
+    let workflows = Workflows::new(WorkflowsDeps {
+        dir: builder.agents_dir.join("workflows"),
+        store: store.clone(),
+        sessions: sessions.clone(),
+        executor: executor.clone(),
+        registry: registry.clone(),
+        arbiters: conversation_arbiters.to_vec(),
+    });
     Ok(Parts {
         store,
         sessions,
         registry,
         executor,
+        workflows,
         providers,
     })
 }
@@ -388,6 +413,7 @@ async fn serve(
         sessions,
         registry,
         executor,
+        workflows,
         providers,
     } = match setup(&mut builder, &arbiters) {
         Ok(parts) => parts,
@@ -396,6 +422,28 @@ async fn serve(
             return;
         }
     };
+    if let Err(e) = workflows.recover().await {
+        tracing::error!(error = %e, "cannot check for interrupted workflow runs");
+    }
+    let keys = match crate::tenants::KeyRing::load(&store).await {
+        Ok(k) => k,
+        Err(e) => {
+            let _ = ready.send(Err(RuntimeError::Tool {
+                name: "api_keys".into(),
+                message: e.to_string(),
+            }));
+            return;
+        }
+    };
+    if let Some(addr) = builder.listen
+        && keys.is_open()
+    {
+        if !addr.ip().is_loopback() {
+            let _ = ready.send(Err(RuntimeError::Open { addr }));
+            return;
+        }
+        tracing::warn!(%addr, "no API keys configured: serving open on loopback as tenant 'default'; create keys with `cadre keys create --tenant ID`");
+    }
     let api_limit = match ApiRateLimit::new(&builder.config.api_limit) {
         Ok(l) => l,
         Err(e) => {
@@ -410,6 +458,15 @@ async fn serve(
         registry.clone(),
         builder.agents_dir.join("tools"),
         builder.config.reload_interval(),
+    );
+    let reloading = workflows.clone();
+    watch::spawn_with(
+        workflows.dir().to_path_buf(),
+        builder.config.reload_interval(),
+        "workflow",
+        move || {
+            reloading.reload();
+        },
     );
     let listener = match builder.listen {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
@@ -427,6 +484,7 @@ async fn serve(
         sessions: sessions.clone(),
         registry: registry.clone(),
         executor: executor.clone(),
+        workflows: workflows.clone(),
         providers,
     }));
     let shutdown = shutdown_signal(stop, builder.handle_signals);
@@ -440,8 +498,10 @@ async fn serve(
                     store: store.clone(),
                     executor,
                     events,
+                    workflows: workflows.clone(),
                 },
                 api_limit,
+                keys,
             )
             .into_make_service_with_connect_info::<SocketAddr>();
             let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
@@ -464,10 +524,14 @@ async fn serve(
             }
         }
         None => {
-            drop((sessions, registry, executor, api_limit));
+            drop((sessions, registry, executor, api_limit, keys));
             shutdown.await;
         }
     }
+    // Runs cut off from here on stay `running` and are found interrupted
+    // at the next start.
+    workflows.shutdown();
+    drop(workflows);
     if let Err(e) = store.flush().await {
         tracing::error!(error = %e, "final flush failed");
     }

@@ -402,7 +402,10 @@ impl Conversation {
         c.conversation_id = Some(self.session.id.clone());
         c.user_id = self.session.user_id.clone();
         c.plan = self.session.plan;
-        c.variables = self.agent.variables.clone();
+        c.tenant = Some(self.session.tenant.clone());
+        let settings = self.machine.settings();
+        c.variables = settings.tool_variables.clone();
+        c.cache_ttl = settings.cache_ttl;
         c
     }
 }

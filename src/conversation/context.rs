@@ -120,13 +120,54 @@ pub fn summary_message(summary: &str) -> ChatMessage {
     ChatMessage::system(format!("{SUMMARY_PREFIX}\n{summary}"))
 }
 
-/// The last `n` messages, never starting on a tool result whose assistant
-/// message was cut off (OpenAI-compatible servers refuse those).
-pub fn window(history: &[ChatMessage], n: usize) -> &[ChatMessage] {
+/// The last `n` messages, as a model accepts them: no tool result whose
+/// assistant message was cut off, and no assistant tool calls without a
+/// result for each call. A turn cut short (the process killed after its
+/// tool calls were stored but before their results were, or a failed store
+/// write) leaves such calls in the history; OpenAI-compatible servers refuse
+/// a request holding them, which would fail every later turn. Their text,
+/// if any, is kept as a plain assistant message.
+pub fn window(history: &[ChatMessage], n: usize) -> Vec<ChatMessage> {
     let start = history.len().saturating_sub(n);
     let tail = &history[start..];
-    let orphans = tail.iter().take_while(|m| m.role == Role::Tool).count();
-    &tail[orphans..]
+    let mut out = Vec::with_capacity(tail.len());
+    let mut i = 0;
+    while i < tail.len() {
+        let m = &tail[i];
+        if m.role == Role::Tool {
+            i += 1;
+            continue;
+        }
+        if m.role != Role::Assistant || m.tool_calls.is_empty() {
+            out.push(m.clone());
+            i += 1;
+            continue;
+        }
+        let results = &tail[i + 1..];
+        let results = &results[..results.iter().take_while(|r| r.role == Role::Tool).count()];
+        let answers = |id: &str| {
+            results
+                .iter()
+                .any(|r| r.tool_call_id.as_deref() == Some(id))
+        };
+        if m.tool_calls.iter().all(|c| answers(&c.id)) {
+            out.push(m.clone());
+            out.extend(
+                results
+                    .iter()
+                    .filter(|r| {
+                        m.tool_calls
+                            .iter()
+                            .any(|c| r.tool_call_id.as_deref() == Some(c.id.as_str()))
+                    })
+                    .cloned(),
+            );
+        } else if let Some(text) = m.content.as_deref().filter(|t| !t.trim().is_empty()) {
+            out.push(ChatMessage::assistant(text));
+        }
+        i += 1 + results.len();
+    }
+    out
 }
 
 #[cfg(test)]
@@ -216,5 +257,43 @@ mod tests {
         let s = summary_message("they talked");
         assert_eq!(s.role, Role::System);
         assert!(s.content.unwrap().starts_with(SUMMARY_PREFIX));
+    }
+
+    #[test]
+    fn layer_5_drops_tool_calls_a_cut_turn_left_without_results() {
+        let call = |id: &str| ToolCall {
+            id: id.into(),
+            name: "t".into(),
+            arguments: "{}".into(),
+        };
+        // A turn killed after its tool calls were stored, then a full turn.
+        let h = vec![
+            ChatMessage::user("cut short"),
+            ChatMessage::assistant_tool_calls(Some("looking".into()), vec![call("a"), call("b")]),
+            ChatMessage::tool_result(&call("a"), "only one result"),
+            ChatMessage::user("q"),
+            ChatMessage::assistant_tool_calls(None, vec![call("c")]),
+            ChatMessage::tool_result(&call("c"), "r"),
+            ChatMessage::assistant("answer"),
+            ChatMessage::user("cut before any result"),
+            ChatMessage::assistant_tool_calls(None, vec![call("d")]),
+        ];
+        let w = window(&h, 20);
+        let roles: Vec<Role> = w.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                Role::User,
+                Role::Assistant,
+                Role::User,
+                Role::Assistant,
+                Role::Tool,
+                Role::Assistant,
+                Role::User,
+            ]
+        );
+        assert_eq!(w[1], ChatMessage::assistant("looking"));
+        assert_eq!(w[3], h[4]);
+        assert!(w.iter().all(|m| m.tool_call_id.as_deref() != Some("a")));
     }
 }

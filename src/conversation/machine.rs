@@ -52,6 +52,10 @@ pub struct TurnSettings {
     pub history_window: usize,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
+    /// Handed to every tool call (`ExecutionContext.variables`), e.g. the site.
+    pub tool_variables: Value,
+    /// Result-cache TTL for this turn's calls (`Some(0)`: no cache; `None`: the tools').
+    pub cache_ttl: Option<u64>,
 }
 
 /// The stored summary of a session's older messages.
@@ -152,6 +156,10 @@ impl ConversationMachine {
 
     pub fn in_turn(&self) -> bool {
         self.turn.is_some()
+    }
+
+    pub fn settings(&self) -> &TurnSettings {
+        &self.settings
     }
 
     /// The tool calls of the running turn so far.
@@ -459,6 +467,8 @@ mod tests {
             history_window: window,
             temperature: None,
             max_tokens: None,
+            tool_variables: Value::Null,
+            cache_ttl: None,
         }
     }
 

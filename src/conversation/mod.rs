@@ -8,6 +8,7 @@
 //! - [`summary`]: tool usage summaries.
 
 pub mod actor;
+pub mod auto_respond;
 pub mod context;
 pub mod machine;
 pub mod sessions;

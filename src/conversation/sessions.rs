@@ -26,6 +26,8 @@ use crate::config::{Agent, Agents};
 use crate::executor::ExecutorHandle;
 use crate::model::ChatMessage;
 use crate::store::{Session, Store, StoreError, StoredMessage, WriteOp};
+use crate::tenants::TenantConfig;
+use crate::tenants::config::TenantConfigError;
 use crate::tools::{Plan, ToolRegistry};
 
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +45,8 @@ pub enum SessionError {
 /// What a new session starts with.
 #[derive(Debug, Clone, Default)]
 pub struct NewSession {
+    /// The owner; empty means the default tenant.
+    pub tenant: String,
     pub agent: String,
     pub user_id: Option<String>,
     pub plan: Plan,
@@ -60,6 +64,66 @@ pub struct SessionSummary {
     /// User messages.
     pub turns: u64,
     pub last_activity_at: Option<Timestamp>,
+}
+
+pub const SUGGESTIONS_INSTRUCTIONS: &str = "You help a human operator answer a website visitor. \
+     Write exactly three different short replies the operator could send next, one per line, \
+     with no numbering and no quotes. IMPORTANT: keep each reply brief and concise.";
+
+pub const IMPROVE_INSTRUCTIONS: &str = "Improve the wording of the user's text: fix spelling and \
+     grammar, make it clear, polite and concise, keep its meaning and language. Answer with the \
+     improved text only.";
+
+/// The first three non-empty lines, stripped of list markers; padded with
+/// generic replies when the model gave fewer.
+fn three_lines(text: &str) -> Vec<String> {
+    let mut lines: Vec<String> = text
+        .lines()
+        .map(|l| {
+            l.trim()
+                .trim_start_matches(|c: char| c.is_ascii_digit() || "-*.)• ".contains(c))
+                .trim_matches('"')
+                .trim()
+                .to_string()
+        })
+        .filter(|l| !l.is_empty())
+        .take(3)
+        .collect();
+    let fallbacks = [
+        "Thanks for reaching out! How can I help?",
+        "Could you tell me a little more?",
+        "Let me check that for you.",
+    ];
+    for f in fallbacks {
+        if lines.len() == 3 {
+            break;
+        }
+        if !lines.iter().any(|l| l == f) {
+            lines.push(f.to_string());
+        }
+    }
+    lines
+}
+
+/// A session's summary, read from the store alone (also used by the CLI).
+pub async fn summarize(store: &Store, id: &str) -> Result<SessionSummary, SessionError> {
+    if store.get_session(id).await?.is_none() {
+        return Err(SessionError::NotFound { id: id.into() });
+    }
+    let calls = store.calls_for_conversation(id).await?;
+    let stats = store.message_stats(id).await?;
+    let summary = store.get_summary(id).await?;
+    Ok(SessionSummary {
+        session_id: id.to_string(),
+        conversation_summary: summary.as_ref().map(|s| s.text.clone()),
+        covers_until_seq: summary.map_or(0, |s| s.covers_until_seq),
+        tool_usage_summary: ToolUsageSummary::from_calls(
+            calls.iter().map(|c| (c.tool_name.as_str(), c.is_success)),
+        ),
+        message_count: stats.count,
+        turns: stats.user_messages,
+        last_activity_at: stats.last_at,
+    })
 }
 
 /// The settings of one turn: the agent's, for this session.
@@ -82,6 +146,8 @@ pub fn turn_settings(agent: &Agent, session: &Session, registry: &ToolRegistry) 
         history_window: agent.history_window,
         temperature: agent.temperature,
         max_tokens: agent.max_tokens,
+        tool_variables: agent.variables.clone(),
+        cache_ttl: None,
     }
 }
 
@@ -131,8 +197,14 @@ impl Sessions {
         if self.inner.agents.get(&new.agent).is_none() {
             return Err(SessionError::AgentNotFound { name: new.agent });
         }
+        let tenant = if new.tenant.is_empty() {
+            crate::tenants::DEFAULT_TENANT.to_string()
+        } else {
+            new.tenant
+        };
         let session = Session {
             id: uuid::Uuid::now_v7().to_string(),
+            tenant,
             agent: new.agent,
             user_id: new.user_id,
             plan: new.plan,
@@ -146,6 +218,158 @@ impl Sessions {
         Ok(session)
     }
 
+    /// The session if `tenant` owns it; another tenant's session is "not
+    /// found", exactly like one that does not exist.
+    pub async fn get_as(&self, tenant: &str, id: &str) -> Result<Session, SessionError> {
+        let session = self.get(id).await?;
+        if session.tenant != tenant {
+            return Err(SessionError::NotFound { id: id.into() });
+        }
+        Ok(session)
+    }
+
+    /// [`Self::send_message_with`] for a caller of `tenant`.
+    pub async fn send_message_as(
+        &self,
+        tenant: &str,
+        id: &str,
+        content: String,
+        events: Option<TurnSink>,
+    ) -> Result<TurnOutcome, SessionError> {
+        self.get_as(tenant, id).await?;
+        self.send_message_with(id, content, events).await
+    }
+
+    pub async fn history_as(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Vec<StoredMessage>, SessionError> {
+        self.get_as(tenant, id).await?;
+        self.history(id).await
+    }
+
+    pub async fn summary_as(&self, tenant: &str, id: &str) -> Result<SessionSummary, SessionError> {
+        self.get_as(tenant, id).await?;
+        self.summary(id).await
+    }
+
+    /// Assigns (or with `None` unassigns) a human operator to the session;
+    /// kept in the session's metadata as `operator_id`, durably.
+    pub async fn set_operator(
+        &self,
+        tenant: &str,
+        id: &str,
+        operator: Option<String>,
+    ) -> Result<Session, SessionError> {
+        let mut session = self.get_as(tenant, id).await?;
+        if !session.metadata.is_object() {
+            session.metadata = Value::Object(Default::default());
+        }
+        let meta = session.metadata.as_object_mut().expect("made an object");
+        match operator {
+            Some(op) => meta.insert("operator_id".into(), Value::String(op)),
+            None => meta.remove("operator_id"),
+        };
+        self.inner
+            .store
+            .write(vec![WriteOp::PutSession(session.clone())], true)
+            .await?;
+        Ok(session)
+    }
+
+    /// The tenant's config (defaults when none is stored, or when the stored
+    /// one no longer parses).
+    pub async fn tenant_config(&self, tenant: &str) -> Result<TenantConfig, SessionError> {
+        match TenantConfig::load(&self.inner.store, tenant).await {
+            Ok(c) => Ok(c),
+            Err(TenantConfigError::Store(s)) => Err(s.into()),
+            Err(TenantConfigError::Invalid { .. }) => Ok(TenantConfig::default()),
+        }
+    }
+
+    /// Three replies an operator could send next, from the session's recent
+    /// messages. A model call of its own, outside the conversation's turns.
+    pub async fn suggestions(&self, tenant: &str, id: &str) -> Result<Vec<String>, SessionError> {
+        let session = self.get_as(tenant, id).await?;
+        let agent = self.agent_of(&session)?;
+        let (recent, _) = self.inner.store.recent_messages(id, 10).await?;
+        let transcript: Vec<String> = recent
+            .iter()
+            .filter(|m| {
+                m.message.tool_calls.is_empty() && m.message.role != crate::model::Role::Tool
+            })
+            .filter_map(|m| {
+                let who = match (&m.message.role, &m.message.name) {
+                    (crate::model::Role::User, _) => "visitor",
+                    (_, Some(_)) => "operator",
+                    _ => "assistant",
+                };
+                m.message.content.as_ref().map(|c| format!("{who}: {c}"))
+            })
+            .collect();
+        let request = crate::model::ChatRequest {
+            model: agent.model_name.clone(),
+            messages: vec![
+                ChatMessage::system(format!(
+                    "{}\n\n{SUGGESTIONS_INSTRUCTIONS}",
+                    agent.system_prompt.trim()
+                )),
+                ChatMessage::user(if transcript.is_empty() {
+                    "(no messages yet)".to_string()
+                } else {
+                    transcript.join("\n")
+                }),
+            ],
+            tools: Vec::new(),
+            tool_choice: crate::model::ToolChoice::None,
+            temperature: Some(0.7),
+            max_tokens: Some(300),
+            purpose: crate::model::Purpose::Suggestions,
+        };
+        let reply = agent
+            .model
+            .complete(request)
+            .await
+            .map_err(TurnError::from)?;
+        Ok(three_lines(reply.content.as_deref().unwrap_or_default()))
+    }
+
+    /// `text` reworded by the model of `agent` (default: the first agent).
+    pub async fn improve(&self, text: &str, agent: Option<&str>) -> Result<String, SessionError> {
+        let agent = match agent {
+            Some(name) => self
+                .inner
+                .agents
+                .get(name)
+                .ok_or_else(|| SessionError::AgentNotFound { name: name.into() })?,
+            None => self.inner.agents.iter().next().cloned().ok_or_else(|| {
+                SessionError::AgentNotFound {
+                    name: "(any)".into(),
+                }
+            })?,
+        };
+        let request = crate::model::ChatRequest {
+            model: agent.model_name.clone(),
+            messages: vec![
+                ChatMessage::system(IMPROVE_INSTRUCTIONS),
+                ChatMessage::user(text),
+            ],
+            tools: Vec::new(),
+            tool_choice: crate::model::ToolChoice::None,
+            temperature: Some(0.3),
+            max_tokens: Some(600),
+            purpose: crate::model::Purpose::Improve,
+        };
+        let reply = agent
+            .model
+            .complete(request)
+            .await
+            .map_err(TurnError::from)?;
+        Ok(reply.content.unwrap_or_default().trim().to_string())
+    }
+
+    /// The session by id, whoever owns it (in-process callers).
     pub async fn get(&self, id: &str) -> Result<Session, SessionError> {
         self.inner
             .store
@@ -172,7 +396,14 @@ impl Sessions {
     ) -> Result<TurnOutcome, SessionError> {
         let session = self.get(id).await?;
         let agent = self.agent_of(&session)?;
-        let settings = turn_settings(&agent, &session, &self.inner.registry);
+        let mut settings = turn_settings(&agent, &session, &self.inner.registry);
+        match TenantConfig::load(&self.inner.store, &session.tenant).await {
+            Ok(config) => config.apply(&mut settings),
+            Err(TenantConfigError::Store(s)) => return Err(s.into()),
+            Err(TenantConfigError::Invalid { message }) => {
+                tracing::error!(tenant = %session.tenant, %message, "stored tenant config is invalid; using the agent's settings");
+            }
+        }
         let handle = self.handle(id).await?;
         match handle
             .turn(content.clone(), Some(settings.clone()), events.clone())
@@ -218,20 +449,7 @@ impl Sessions {
     /// a running turn.
     pub async fn summary(&self, id: &str) -> Result<SessionSummary, SessionError> {
         self.get(id).await?;
-        let calls = self.inner.store.calls_for_conversation(id).await?;
-        let stats = self.inner.store.message_stats(id).await?;
-        let summary = self.inner.store.get_summary(id).await?;
-        Ok(SessionSummary {
-            session_id: id.to_string(),
-            conversation_summary: summary.as_ref().map(|s| s.text.clone()),
-            covers_until_seq: summary.map_or(0, |s| s.covers_until_seq),
-            tool_usage_summary: ToolUsageSummary::from_calls(
-                calls.iter().map(|c| (c.tool_name.as_str(), c.is_success)),
-            ),
-            message_count: stats.count,
-            turns: stats.user_messages,
-            last_activity_at: stats.last_at,
-        })
+        summarize(&self.inner.store, id).await
     }
 
     /// Conversations currently in memory.

@@ -322,7 +322,13 @@ async fn execute(
     msg: &ExecuteTool,
 ) -> ToolExecutionResult {
     let def = &tool.definition;
-    let ttl = ResultCache::ttl(def);
+    let ttl = match msg.ctx.cache_ttl {
+        // The caller's policy (a tenant's) narrows the tool's, never widens
+        // it past "never cached" (confirmation tools and ttl 0 stay uncached).
+        Some(0) => None,
+        Some(secs) => ResultCache::ttl(def).map(|_| Duration::from_secs(secs)),
+        None => ResultCache::ttl(def),
+    };
     let key = ttl.map(|_| {
         ResultCache::key(
             &def.name,
@@ -515,6 +521,7 @@ async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolEx
         conversation_id: msg.ctx.conversation_id.clone(),
         workflow_id: msg.ctx.workflow_id.clone(),
         user_id: msg.ctx.user_id.clone(),
+        tenant: msg.ctx.tenant.clone(),
         created_at: result.executed_at,
     };
     let durable = msg.ctx.caller_type != CallerType::ConversationAgent;

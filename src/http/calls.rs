@@ -2,6 +2,7 @@
 //! workflow run; newest first; `limit` default 100, at most 1,000) and
 //! `GET /v1/stats` (per-tool counters kept with the records).
 
+use axum::Extension;
 use axum::extract::{Query, State};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -9,8 +10,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::AppState;
+use super::auth::require_admin;
 use super::error::ApiError;
 use crate::store::CallFilter;
+use crate::tenants::Principal;
 
 pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 1_000;
@@ -32,6 +35,7 @@ struct CallsQuery {
 
 async fn calls(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Query(q): Query<CallsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
@@ -46,13 +50,19 @@ async fn calls(
             conversation_id: q.conversation_id,
             workflow_id: q.workflow_id,
             tool: q.tool,
+            tenant: Some(caller.tenant),
             limit,
         })
         .await?;
     Ok(Json(json!({ "calls": calls, "count": calls.len() })))
 }
 
-async fn stats(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+/// Runtime-wide counters: admin only (they span tenants).
+async fn stats(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    require_admin(&caller)?;
     let per_tool = state.store.all_tool_stats().await?;
     let (mut total, mut ok, mut failed) = (0u64, 0u64, 0u64);
     let mut tools = serde_json::Map::new();

@@ -5,6 +5,7 @@
 //! made) and answers with its result; `{approve: false}` discards it.
 //! Unknown ids are 404, expired ones 410.
 
+use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -14,8 +15,9 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
-use crate::executor::confirmations::ConfirmationError;
+use crate::executor::confirmations::{ConfirmationError, PendingConfirmation};
 use crate::executor::{Arguments, ExecuteTool};
+use crate::tenants::{DEFAULT_TENANT, Principal};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -39,17 +41,45 @@ impl From<ConfirmationError> for ApiError {
     }
 }
 
-async fn list(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let pending = state.executor.shared().confirmations.list().await?;
+fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
+    p.context.tenant.as_deref().unwrap_or(DEFAULT_TENANT) == caller.tenant
+}
+
+async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    let pending: Vec<_> = state
+        .executor
+        .shared()
+        .confirmations
+        .list()
+        .await?
+        .into_iter()
+        .filter(|p| owned_by(p, &caller))
+        .collect();
     Ok(Json(json!({ "confirmations": pending })))
+}
+
+/// Another tenant's confirmation is "not found", like a missing one.
+async fn owned(
+    state: &AppState,
+    caller: &Principal,
+    id: &str,
+) -> Result<PendingConfirmation, ApiError> {
+    let p = state.executor.shared().confirmations.get(id).await?;
+    if !owned_by(&p, caller) {
+        return Err(ConfirmationError::NotFound { id: id.into() }.into());
+    }
+    Ok(p)
 }
 
 async fn show(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let p = state.executor.shared().confirmations.get(&id).await?;
-    Ok(Json(json!(p)))
+    Ok(Json(json!(owned(&state, &caller, &id).await?)))
 }
 
 #[derive(Deserialize)]
@@ -60,9 +90,11 @@ struct Decision {
 
 async fn decide(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<Decision>,
 ) -> Result<Json<Value>, ApiError> {
+    owned(&state, &caller, &id).await?;
     let pending = state.executor.shared().confirmations.take(&id).await?;
     if !body.approve {
         return Ok(Json(json!({

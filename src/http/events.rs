@@ -6,24 +6,30 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::routing::get;
+use axum::{Extension, Router};
 use futures::Stream;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 
 use super::AppState;
+use super::auth::require_admin;
+use super::error::ApiError;
+use crate::tenants::Principal;
 
 pub fn routes() -> Router<AppState> {
     Router::new().route("/v1/events", get(events))
 }
 
+/// Runtime-wide events: admin only (they span tenants).
 async fn events(
     State(state): State<AppState>,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    Extension(caller): Extension<Principal>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    require_admin(&caller)?;
     let stream = BroadcastStream::new(state.events.subscribe()).map(|item| {
         Ok(match item {
             Ok(event) => SseEvent::default()
@@ -35,5 +41,5 @@ async fn events(
                 .data(format!("{{\"missed\":{n}}}")),
         })
     });
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

@@ -4,12 +4,17 @@
 //!                                                          ──▶ Sessions, ToolRegistry, ExecutorHandle
 //!
 //! Bodies are capped at [`MAX_BODY_BYTES`] (413); every error, including
-//! unknown routes, is JSON (see [`error`]). A request whose declared body is
+//! unknown routes, is JSON (see [`error`]). Rejections that axum's own
+//! extractors write as plain text (a path segment that is not UTF-8, a
+//! query string that does not deserialize) are rewritten into the same
+//! shape by [`json_errors`], so no error leaves the API as text. A request whose declared body is
 //! over the cap is answered 413 after its body is read and dropped (up to
 //! [`MAX_DRAIN_BYTES`]), with `Connection: close`: closing a socket that
 //! still holds unread data makes the kernel reset it, and the client would
 //! lose the 413.
 
+pub mod assist;
+pub mod auth;
 pub mod calls;
 pub mod confirmations;
 pub mod error;
@@ -17,7 +22,10 @@ pub mod events;
 pub mod limits;
 pub mod rate_limit;
 pub mod sessions;
+pub mod tenants;
 pub mod tools;
+pub mod workflows;
+pub mod ws;
 
 use std::time::Duration;
 
@@ -35,7 +43,9 @@ use crate::conversation::Sessions;
 use crate::events::EventBus;
 use crate::executor::ExecutorHandle;
 use crate::store::Store;
+use crate::tenants::KeyRing;
 use crate::tools::ToolRegistry;
+use crate::workflow::Workflows;
 use error::ApiError;
 use rate_limit::ApiRateLimit;
 
@@ -50,9 +60,10 @@ pub struct AppState {
     pub store: Store,
     pub executor: ExecutorHandle,
     pub events: EventBus,
+    pub workflows: Workflows,
 }
 
-pub fn router(state: AppState, api_limit: ApiRateLimit) -> Router {
+pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router {
     Router::new()
         .route(
             "/healthz",
@@ -64,6 +75,10 @@ pub fn router(state: AppState, api_limit: ApiRateLimit) -> Router {
         .merge(confirmations::routes())
         .merge(events::routes())
         .merge(limits::routes())
+        .merge(tenants::routes())
+        .merge(assist::routes())
+        .merge(ws::routes())
+        .merge(workflows::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -72,8 +87,10 @@ pub fn router(state: AppState, api_limit: ApiRateLimit) -> Router {
                 "method not allowed on this route",
             )
         })
+        .layer(from_fn(json_errors))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(from_fn(refuse_oversized))
+        .layer(from_fn_with_state(keys, auth::authenticate))
         .layer(from_fn_with_state(api_limit, rate_limit::limit))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
@@ -105,6 +122,52 @@ async fn refuse_oversized(request: Request, next: Next) -> Response {
     response
 }
 
+/// Longest plain-text error body kept as the message of its JSON rewrite.
+const MAX_PLAIN_ERROR_BYTES: usize = 16 << 10;
+
+/// Rewrites an error response that is not JSON into `{"error": {"code",
+/// "message"}}`, keeping its status, its text as the message and its other
+/// headers (`Allow`, `Retry-After`, `Connection`).
+async fn json_errors(request: Request, next: Next) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_PLAIN_ERROR_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let code = match status {
+        StatusCode::NOT_FOUND => "NOT_FOUND",
+        StatusCode::METHOD_NOT_ALLOWED => "METHOD_NOT_ALLOWED",
+        StatusCode::PAYLOAD_TOO_LARGE => "PAYLOAD_TOO_LARGE",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "UNSUPPORTED_MEDIA_TYPE",
+        StatusCode::UNPROCESSABLE_ENTITY => "VALIDATION_ERROR",
+        StatusCode::TOO_MANY_REQUESTS => "RATE_LIMITED",
+        s if s.is_server_error() => "INTERNAL_ERROR",
+        _ => "BAD_REQUEST",
+    };
+    let mut rewritten = ApiError::new(status, code, message).into_response();
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            rewritten.headers_mut().insert(name, value.clone());
+        }
+    }
+    rewritten
+}
+
 async fn drain(body: Body) {
     let mut body = body;
     let mut read = 0usize;
@@ -119,4 +182,44 @@ async fn drain(body: Body) {
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(5), reading).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::{Path, Query};
+    use tower::ServiceExt;
+
+    async fn call(app: Router, uri: &str) -> (StatusCode, serde_json::Value) {
+        let request = Request::builder().uri(uri).body(Body::empty()).unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).expect("a JSON body"))
+    }
+
+    #[tokio::test]
+    async fn query_and_path_rejections_come_out_as_json_errors() {
+        #[derive(serde::Deserialize)]
+        struct Limit {
+            #[allow(dead_code)]
+            limit: usize,
+        }
+        let app = Router::new()
+            .route("/q", get(|Query(_): Query<Limit>| async { "ok" }))
+            .route("/p/{name}", get(|Path(_): Path<String>| async { "ok" }))
+            .layer(from_fn(json_errors));
+
+        let (status, body) = call(app.clone(), "/q?limit=abc").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(body["error"]["code"], "BAD_REQUEST");
+        assert!(body["error"]["message"].as_str().unwrap().contains("limit"));
+
+        let (status, body) = call(app, "/p/%FF").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(body["error"]["code"], "BAD_REQUEST");
+        assert!(body["error"]["message"].as_str().unwrap().contains("UTF-8"));
+    }
 }

@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 
+use axum::Extension;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -19,6 +20,7 @@ use super::error::{ApiError, ApiJson};
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
 use crate::store::Session;
+use crate::tenants::Principal;
 use crate::tools::Plan;
 
 /// Longest message content accepted, in bytes (the body cap is larger to
@@ -46,6 +48,7 @@ struct CreateBody {
 fn session_json(s: &Session) -> Value {
     json!({
         "id": s.id,
+        "tenant": s.tenant,
         "agent": s.agent,
         "user_id": s.user_id,
         "plan": s.plan,
@@ -56,6 +59,7 @@ fn session_json(s: &Session) -> Value {
 
 async fn create(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiJson(body): ApiJson<CreateBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     if body.agent.trim().is_empty() {
@@ -73,6 +77,7 @@ async fn create(
     let session = state
         .sessions
         .create(NewSession {
+            tenant: caller.tenant,
             agent: body.agent,
             user_id: body.user_id,
             plan,
@@ -84,9 +89,12 @@ async fn create(
 
 async fn show(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(session_json(&state.sessions.get(&id).await?)))
+    Ok(Json(session_json(
+        &state.sessions.get_as(&caller.tenant, &id).await?,
+    )))
 }
 
 #[derive(Deserialize)]
@@ -101,6 +109,7 @@ struct MessageBody {
 /// reply) or `turn_failed` (the JSON error body).
 async fn send(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<MessageBody>,
@@ -120,10 +129,14 @@ async fn send(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
     if !wants_stream {
-        return Ok(Json(state.sessions.send_message(&id, body.content).await?).into_response());
+        let outcome = state
+            .sessions
+            .send_message_as(&caller.tenant, &id, body.content, None)
+            .await?;
+        return Ok(Json(outcome).into_response());
     }
     // Unknown sessions are a plain 404, before any stream starts.
-    state.sessions.get(&id).await?;
+    state.sessions.get_as(&caller.tenant, &id).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     let (done_tx, done_rx) = oneshot::channel();
     let sessions = state.sessions.clone();
@@ -157,15 +170,19 @@ async fn send(
 
 async fn history(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let messages = state.sessions.history(&id).await?;
+    let messages = state.sessions.history_as(&caller.tenant, &id).await?;
     Ok(Json(json!({ "session_id": id, "messages": messages })))
 }
 
 async fn summary(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(state.sessions.summary(&id).await?)))
+    Ok(Json(json!(
+        state.sessions.summary_as(&caller.tenant, &id).await?
+    )))
 }

@@ -7,6 +7,7 @@
 //! rate limited or queue full (with `Retry-After`), 502 the tool failed, 504
 //! it timed out.
 
+use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -18,6 +19,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::{ApiError, ApiJson};
 use crate::executor::{Arguments, ExecuteTool};
+use crate::tenants::Principal;
 use crate::tools::{CallerType, ExecutionContext, Plan};
 
 pub fn routes() -> Router<AppState> {
@@ -85,6 +87,7 @@ struct InvokeBody {
 
 async fn invoke(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<InvokeBody>,
 ) -> Result<Response, ApiError> {
@@ -95,6 +98,7 @@ async fn invoke(
     ctx.user_id = body.user_id;
     ctx.plan = parse_plan(body.plan.as_deref())?;
     ctx.priority = body.priority;
+    ctx.tenant = Some(caller.tenant);
     let params = if body.params.is_null() {
         json!({})
     } else {

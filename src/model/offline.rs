@@ -10,7 +10,11 @@
 //!    picks a tool with an `expression` parameter; otherwise the tool whose
 //!    name, tags and description share the most words with the message) and
 //!    fills its required parameters (the expression, or the message text);
-//! 3. otherwise: says what it is and which tools it could use.
+//! 3. with no tools offered: restates the facts the message carries (each
+//!    JSON value in it, described like a tool result, under the label
+//!    before it), so a tool-less agent, such as a workflow's analyst given
+//!    the outputs of earlier nodes, still answers with their content;
+//! 4. otherwise: says what it is and which tools it could use.
 //!
 //! Same input, same output: tool call ids derive from the message count.
 
@@ -84,9 +88,11 @@ pub fn route(request: &ChatRequest) -> ChatResponse {
     }
     let tools: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();
     text(if tools.is_empty() {
-        "I am cadre's offline model and have no tools for this agent. Configure \
-         CADRE_MODEL_BASE_URL (and CADRE_MODEL_API_KEY) to use a real model."
-            .into()
+        summarise(&question).unwrap_or_else(|| {
+            "I am cadre's offline model and have no tools for this agent. Configure \
+             CADRE_MODEL_BASE_URL (and CADRE_MODEL_API_KEY) to use a real model."
+                .into()
+        })
     } else {
         format!(
             "I am cadre's offline model: I answer through my tools ({}). I could not \
@@ -94,6 +100,73 @@ pub fn route(request: &ChatRequest) -> ChatResponse {
             tools.join(", ")
         )
     })
+}
+
+/// The facts of a message that carries JSON (e.g. a prompt templated with
+/// tool outputs): its first line of text, then one line per JSON value,
+/// labelled with the text before it on its line. `None` when the message
+/// holds no JSON object or array.
+fn summarise(message: &str) -> Option<String> {
+    let mut facts = Vec::new();
+    let mut text_lines = Vec::new();
+    let mut line_start = 0;
+    let mut i = 0;
+    while i < message.len() {
+        let rest = &message[i..];
+        let Some(c) = rest.chars().next() else { break };
+        if c == '\n' {
+            let line = message[line_start..i].trim();
+            if !line.is_empty() {
+                text_lines.push(line.to_string());
+            }
+            line_start = i + 1;
+        } else if c == '{' || c == '[' {
+            let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+            if let Some(Ok(v)) = values.next()
+                && (v.is_object() || v.is_array())
+            {
+                let label = message[line_start..i]
+                    .trim()
+                    .trim_end_matches([':', '=', '-'])
+                    .trim();
+                facts.push(describe_fact(label, &v));
+                i += values.byte_offset();
+                line_start = i;
+                continue;
+            }
+        }
+        i += c.len_utf8();
+    }
+    if facts.is_empty() {
+        return None;
+    }
+    let mut out = String::new();
+    if let Some(first) = text_lines.first() {
+        out.push_str(first);
+        out.push('\n');
+    }
+    for f in facts {
+        out.push_str(&format!("- {f}\n"));
+    }
+    out.push_str(
+        "(cadre's offline model restates the facts it was given; configure \
+         CADRE_MODEL_BASE_URL for a written analysis.)",
+    );
+    Some(out)
+}
+
+/// One JSON value of a message as a line: a data tool's envelope as its
+/// data and source id, anything else by its fields.
+fn describe_fact(label: &str, v: &Value) -> String {
+    let body = match (v.get("source_id").and_then(Value::as_str), v.get("data")) {
+        (Some(source), Some(data)) => format!("{} [{source}]", describe_data(data)),
+        _ => describe_data(v),
+    };
+    if label.is_empty() {
+        body
+    } else {
+        format!("{label}: {body}")
+    }
 }
 
 fn compose_from_results(results: &[&ChatMessage]) -> String {
@@ -538,6 +611,38 @@ mod tests {
         let r = ask("tell me a story");
         assert!(r.tool_calls.is_empty());
         assert!(r.content.unwrap().contains("offline"));
+    }
+
+    #[test]
+    fn with_no_tools_it_restates_the_facts_of_the_message() {
+        let r = route(&ChatRequest {
+            model: String::new(),
+            messages: vec![ChatMessage::user(
+                "Write a brief on AAPL.\nPrice: {\"source_id\":\"tool:price:v1\",\"data\":{\"symbol\":\"AAPL\",\"price\":189.5},\"as_of\":\"2024-01-02\"}\nNews: [{\"title\":\"Up\"}]",
+            )],
+            tools: Vec::new(),
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+            max_tokens: None,
+            purpose: Purpose::Turn,
+        });
+        let answer = r.content.unwrap();
+        assert!(answer.starts_with("Write a brief on AAPL.\n"), "{answer}");
+        assert!(
+            answer.contains("- Price: price 189.5; symbol AAPL [tool:price:v1]"),
+            "{answer}"
+        );
+        assert!(answer.contains("- News: 1 items"), "{answer}");
+        let plain = route(&ChatRequest {
+            model: String::new(),
+            messages: vec![ChatMessage::user("hello")],
+            tools: Vec::new(),
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+            max_tokens: None,
+            purpose: Purpose::Turn,
+        });
+        assert!(plain.content.unwrap().contains("no tools for this agent"));
     }
 
     #[test]

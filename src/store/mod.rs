@@ -77,6 +77,9 @@ from_redb!(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Session {
     pub id: String,
+    /// The tenant that owns the session; others see a 404.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     pub agent: String,
     #[serde(default)]
     pub user_id: Option<String>,
@@ -85,6 +88,10 @@ pub struct Session {
     #[serde(default)]
     pub metadata: Value,
     pub created_at: Timestamp,
+}
+
+fn default_tenant() -> String {
+    crate::tenants::DEFAULT_TENANT.to_string()
 }
 
 /// A message as stored: its place in the session and when it was written.
@@ -115,6 +122,8 @@ pub struct ToolCallRecord {
     pub conversation_id: Option<String>,
     pub workflow_id: Option<String>,
     pub user_id: Option<String>,
+    #[serde(default)]
+    pub tenant: Option<String>,
     pub created_at: Timestamp,
 }
 
@@ -131,6 +140,8 @@ pub struct CallFilter {
     pub conversation_id: Option<String>,
     pub workflow_id: Option<String>,
     pub tool: Option<String>,
+    /// Only this tenant's records.
+    pub tenant: Option<String>,
     /// At most this many (0: all).
     pub limit: usize,
 }
@@ -454,7 +465,11 @@ impl Store {
                 filter.limit
             };
             let keep = |r: &ToolCallRecord| {
-                filter.tool.as_ref().is_none_or(|t| &r.tool_name == t)
+                filter
+                    .tenant
+                    .as_ref()
+                    .is_none_or(|t| r.tenant.as_ref() == Some(t))
+                    && filter.tool.as_ref().is_none_or(|t| &r.tool_name == t)
                     && filter
                         .conversation_id
                         .as_ref()
@@ -494,9 +509,12 @@ impl Store {
                 None => {
                     for row in records.iter()?.rev() {
                         let (_, v) = row?;
-                        out.push(serde_json::from_slice(v.value())?);
-                        if out.len() >= limit {
-                            break;
+                        let r: ToolCallRecord = serde_json::from_slice(v.value())?;
+                        if keep(&r) {
+                            out.push(r);
+                            if out.len() >= limit {
+                                break;
+                            }
                         }
                     }
                 }

@@ -49,6 +49,13 @@ pub struct ExecutionContext {
     /// The workflow node making the call, for workflow callers.
     #[serde(default)]
     pub node_id: Option<String>,
+    /// The tenant the call is made for.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Result-cache TTL in seconds for this call (`Some(0)`: never cached);
+    /// `None`: the tool's own.
+    #[serde(default)]
+    pub cache_ttl: Option<u64>,
     #[serde(default)]
     pub variables: Value,
 }
@@ -66,6 +73,8 @@ impl ExecutionContext {
             max_retries: 0,
             priority: 0,
             node_id: None,
+            tenant: None,
+            cache_ttl: None,
             variables: Value::Null,
         }
     }

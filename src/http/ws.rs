@@ -1,0 +1,219 @@
+//! Visitor chat over a WebSocket: `GET /v1/sessions/{id}/ws`.
+//!
+//! client ──{"type": "visitor_message" | "operator_message" | "assign_operator" | "unassign_operator"}──▶ server
+//! server ──{"type": "message_stored" | "auto_respond" | turn events... | "error"}──▶ client
+//!
+//! A visitor message gets a model turn only when
+//! [`should_auto_respond`] says so (auto-response on; no operator, or the
+//! tenant answers alongside operators); the decision and its reason are
+//! logged and sent as an `auto_respond` frame. With a turn, the tenant's
+//! `response_delay_ms` passes first, then the turn's events stream out
+//! (`turn_started`, `model_delta`, `tool_call_started`,
+//! `tool_call_completed`, `turn_completed`). Without one, the message is
+//! stored as it is. Operator messages are stored (as assistant messages
+//! named `operator:<id>`) without a model turn. Frames are handled one at
+//! a time, in order; a bad frame gets an `error` frame and the socket stays
+//! open. Frames over [`MAX_FRAME_BYTES`] close it.
+
+use axum::Extension;
+use axum::Router;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::response::Response;
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::AppState;
+use super::error::ApiError;
+use crate::conversation::actor::TurnEvent;
+use crate::conversation::auto_respond::should_auto_respond;
+use crate::model::ChatMessage;
+use crate::tenants::Principal;
+
+pub const MAX_FRAME_BYTES: usize = 256 * 1024;
+
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/v1/sessions/{id}/ws", get(upgrade))
+}
+
+async fn upgrade(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+    ws: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
+    state.sessions.get_as(&caller.tenant, &id).await?;
+    Ok(ws
+        .max_message_size(MAX_FRAME_BYTES)
+        .on_upgrade(move |socket| serve(socket, state, caller, id)))
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum Frame {
+    VisitorMessage {
+        content: String,
+    },
+    OperatorMessage {
+        content: String,
+        operator_id: Option<String>,
+    },
+    AssignOperator {
+        operator_id: String,
+    },
+    UnassignOperator,
+}
+
+async fn send(socket: &mut WebSocket, value: Value) -> bool {
+    socket
+        .send(Message::Text(value.to_string().into()))
+        .await
+        .is_ok()
+}
+
+async fn serve(mut socket: WebSocket, state: AppState, caller: Principal, id: String) {
+    while let Some(Ok(message)) = socket.recv().await {
+        let text = match message {
+            Message::Text(t) => t.to_string(),
+            Message::Close(_) => break,
+            _ => continue,
+        };
+        let frame: Frame = match serde_json::from_str(&text) {
+            Ok(f) => f,
+            Err(e) => {
+                let error = ApiError::validation(format!("bad frame: {e}")).body();
+                if !send(
+                    &mut socket,
+                    json!({"type": "error", "error": error["error"]}),
+                )
+                .await
+                {
+                    break;
+                }
+                continue;
+            }
+        };
+        let result = handle(&mut socket, &state, &caller, &id, frame).await;
+        if let Err(e) = result {
+            let body = e.body();
+            if !send(
+                &mut socket,
+                json!({"type": "error", "error": body["error"]}),
+            )
+            .await
+            {
+                break;
+            }
+        }
+    }
+}
+
+async fn handle(
+    socket: &mut WebSocket,
+    state: &AppState,
+    caller: &Principal,
+    id: &str,
+    frame: Frame,
+) -> Result<(), ApiError> {
+    let sessions = &state.sessions;
+    match frame {
+        Frame::AssignOperator { operator_id } => {
+            sessions
+                .set_operator(&caller.tenant, id, Some(operator_id.clone()))
+                .await?;
+            send(
+                socket,
+                json!({"type": "operator_assigned", "operator_id": operator_id}),
+            )
+            .await;
+        }
+        Frame::UnassignOperator => {
+            sessions.set_operator(&caller.tenant, id, None).await?;
+            send(socket, json!({"type": "operator_unassigned"})).await;
+        }
+        Frame::OperatorMessage {
+            content,
+            operator_id,
+        } => {
+            check_content(&content)?;
+            let session = sessions.get_as(&caller.tenant, id).await?;
+            let who = operator_id
+                .or_else(|| session.metadata["operator_id"].as_str().map(str::to_string))
+                .unwrap_or_else(|| "operator".into());
+            let mut message = ChatMessage::assistant(content);
+            message.name = Some(format!("operator:{who}"));
+            let seq = sessions.record_message(id, message).await?;
+            send(
+                socket,
+                json!({"type": "message_stored", "role": "operator", "seq": seq}),
+            )
+            .await;
+        }
+        Frame::VisitorMessage { content } => {
+            check_content(&content)?;
+            let session = sessions.get_as(&caller.tenant, id).await?;
+            let config = sessions.tenant_config(&caller.tenant).await?;
+            let operator = session
+                .metadata
+                .get("operator_id")
+                .is_some_and(|v| !v.is_null());
+            let decision = should_auto_respond(&config, operator);
+            tracing::info!(session = %id, respond = decision.respond, reason = decision.reason, "auto-response decision");
+            send(
+                socket,
+                json!({"type": "auto_respond", "respond": decision.respond, "reason": decision.reason}),
+            )
+            .await;
+            if !decision.respond {
+                let seq = sessions
+                    .record_message(id, ChatMessage::user(content))
+                    .await?;
+                send(
+                    socket,
+                    json!({"type": "message_stored", "role": "visitor", "seq": seq}),
+                )
+                .await;
+                return Ok(());
+            }
+            if config.response_delay_ms > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(config.response_delay_ms))
+                    .await;
+            }
+            let (tx, mut rx) = mpsc::unbounded_channel::<TurnEvent>();
+            let turn = sessions.send_message_as(&caller.tenant, id, content, Some(tx));
+            tokio::pin!(turn);
+            let outcome = loop {
+                tokio::select! {
+                    result = &mut turn => break result,
+                    Some(event) = rx.recv() => {
+                        forward(socket, event).await;
+                    }
+                }
+            };
+            while let Ok(event) = rx.try_recv() {
+                forward(socket, event).await;
+            }
+            outcome?;
+        }
+    }
+    Ok(())
+}
+
+async fn forward(socket: &mut WebSocket, event: TurnEvent) {
+    let value = match &event {
+        TurnEvent::TurnCompleted(outcome) => {
+            json!({"type": "turn_completed", "reply": outcome})
+        }
+        other => serde_json::to_value(other).unwrap_or(Value::Null),
+    };
+    send(socket, value).await;
+}
+
+fn check_content(content: &str) -> Result<(), ApiError> {
+    if content.trim().is_empty() {
+        return Err(ApiError::validation("content must not be empty"));
+    }
+    Ok(())
+}

@@ -1,0 +1,572 @@
+//! `Workflows`: the handle the HTTP layer, the CLI and embedders use —
+//! the definitions (hot-reloaded from `agents/workflows/*.toml`) and the
+//! runs (start, wait, read, list, resume; node events).
+//!
+//! http / CLI ──▶ Workflows ──start / resume──▶ WorkflowRunner (one actor per run, on the arbiters)
+//!                    │◀── live state (watch) ◀───────┘
+//!                    └── store: "workflow_runs" docs (read when the run is not live)
+//!
+//! Definitions follow the tool registry's reload rules: a file whose text
+//! did not change is left alone (when nothing changed, nothing is
+//! re-checked); a bad file is reported (`errors` in `GET /v1/workflows`) and
+//! the last version of it that loaded stays live; two files naming one
+//! workflow: the first by path keeps it. Definitions are checked against
+//! the tools and agents of the moment they load; a tool removed later makes
+//! the node fail at run time with `tool_not_found`.
+//!
+//! A run is durable (`running`, every node pending) before `start` returns.
+//! At startup [`Workflows::recover`] marks every run still `running` as
+//! `interrupted`; [`Workflows::resume`] re-runs such a run (or a failed one)
+//! against the workflow's current definition, keeping what succeeded.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, watch};
+
+use super::definition::{Catalog, DefinitionError, Workflow, load};
+use super::run::{RUNS_NAMESPACE, RunStatus, WorkflowEvent, WorkflowRun};
+use super::runner::{Live, RunnerDeps, WorkflowRunner, run_started};
+use super::scheduler::{Scheduler, new_run};
+use crate::config::Agents;
+use crate::conversation::Sessions;
+use crate::executor::ExecutorHandle;
+use crate::store::{Store, StoreError};
+use crate::tools::{FieldError, ToolRegistry};
+
+/// Node events buffered per subscriber.
+pub const EVENT_CAPACITY: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkflowError {
+    #[error("no workflow named '{name}'")]
+    NotFound { name: String },
+    #[error("no workflow run with id '{id}'")]
+    RunNotFound { id: String },
+    #[error("invalid input for workflow '{workflow}': {}", summary(errors))]
+    InvalidInput {
+        workflow: String,
+        errors: Vec<FieldError>,
+    },
+    #[error("run '{id}' is {} and cannot be resumed (only failed or interrupted runs can)", status.as_str())]
+    NotResumable { id: String, status: RunStatus },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn summary(errors: &[FieldError]) -> String {
+    errors
+        .iter()
+        .map(|e| {
+            if e.field.is_empty() {
+                e.message.clone()
+            } else {
+                format!("{}: {}", e.field, e.message)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A definition file that did not load.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadIssue {
+    pub file: String,
+    pub message: String,
+}
+
+impl From<&DefinitionError> for LoadIssue {
+    fn from(e: &DefinitionError) -> Self {
+        LoadIssue {
+            file: e.file().display().to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// What a reload changed.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct WorkflowReload {
+    pub added: Vec<String>,
+    pub updated: Vec<String>,
+    pub removed: Vec<String>,
+    pub errors: Vec<LoadIssue>,
+}
+
+/// What a run is started with.
+#[derive(Debug, Clone, Default)]
+pub struct StartRun {
+    /// Checked against the workflow's input schema (`null` counts as `{}`).
+    pub input: Value,
+    /// The user the run's tool calls are made for (rate limits).
+    pub user_id: Option<String>,
+}
+
+/// What the runtime hands the workflow engine.
+pub struct WorkflowsDeps {
+    /// The folder of workflow files (`<agents>/workflows`).
+    pub dir: PathBuf,
+    pub store: Store,
+    pub sessions: Sessions,
+    pub executor: ExecutorHandle,
+    pub registry: ToolRegistry,
+    /// Where runner actors live (spread round-robin).
+    pub arbiters: Vec<actix::dev::ArbiterHandle>,
+}
+
+struct FileState {
+    text: String,
+    /// The last version of this file that loaded.
+    workflow: Option<Arc<Workflow>>,
+}
+
+#[derive(Default)]
+struct Defs {
+    files: BTreeMap<PathBuf, FileState>,
+    by_name: BTreeMap<String, Arc<Workflow>>,
+    errors: Vec<LoadIssue>,
+}
+
+#[derive(Clone)]
+pub struct Workflows {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    defs: RwLock<Defs>,
+    registry: ToolRegistry,
+    agents: Agents,
+    deps: RunnerDeps,
+    arbiters: Vec<actix::dev::ArbiterHandle>,
+    next_arbiter: AtomicUsize,
+}
+
+struct Known<'a> {
+    registry: &'a ToolRegistry,
+    agents: &'a Agents,
+}
+
+impl Catalog for Known<'_> {
+    fn has_tool(&self, name: &str) -> bool {
+        self.registry.contains(name)
+    }
+    fn has_agent(&self, name: &str) -> bool {
+        self.agents.get(name).is_some()
+    }
+}
+
+impl Workflows {
+    /// Builds the engine and loads the definitions (blocking file IO).
+    pub fn new(deps: WorkflowsDeps) -> Self {
+        assert!(!deps.arbiters.is_empty(), "workflows need an arbiter");
+        let (events, _) = broadcast::channel(EVENT_CAPACITY);
+        let agents = deps.sessions.agents().clone();
+        let workflows = Workflows {
+            inner: Arc::new(Inner {
+                dir: deps.dir,
+                defs: RwLock::default(),
+                registry: deps.registry,
+                agents,
+                deps: RunnerDeps {
+                    executor: deps.executor,
+                    sessions: deps.sessions,
+                    store: deps.store,
+                    events,
+                    live: Live::default(),
+                    stopping: Arc::default(),
+                },
+                arbiters: deps.arbiters,
+                next_arbiter: AtomicUsize::new(0),
+            }),
+        };
+        workflows.reload();
+        workflows
+    }
+
+    /// The folder the definitions come from.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Live definitions, by name.
+    pub fn definitions(&self) -> Vec<Arc<Workflow>> {
+        self.read_defs().by_name.values().cloned().collect()
+    }
+
+    pub fn definition(&self, name: &str) -> Option<Arc<Workflow>> {
+        self.read_defs().by_name.get(name).cloned()
+    }
+
+    /// Files that did not load at the last reload.
+    pub fn load_errors(&self) -> Vec<LoadIssue> {
+        self.read_defs().errors.clone()
+    }
+
+    /// Brings the definitions in line with the folder. Blocking (file IO):
+    /// call it from a blocking thread once the runtime runs.
+    pub fn reload(&self) -> WorkflowReload {
+        let texts = read_dir_texts(&self.inner.dir);
+        let mut defs = self.inner.defs.write().expect("workflow definitions lock");
+        let unchanged = texts.len() == defs.files.len()
+            && texts.iter().all(|(p, t)| {
+                defs.files
+                    .get(p)
+                    .is_some_and(|f| Some(&f.text) == t.as_ref())
+            });
+        if unchanged {
+            return WorkflowReload::default();
+        }
+        let known = Known {
+            registry: &self.inner.registry,
+            agents: &self.inner.agents,
+        };
+        let mut report = WorkflowReload::default();
+        let mut files = BTreeMap::new();
+        let mut changed_text = Vec::new();
+        for (path, text) in texts {
+            let Some(text) = text else {
+                report.errors.push(LoadIssue {
+                    file: path.display().to_string(),
+                    message: format!("{}: cannot read the file", path.display()),
+                });
+                continue;
+            };
+            let previous = defs.files.remove(&path);
+            if previous.as_ref().is_none_or(|p| p.text != text) {
+                changed_text.push(path.clone());
+            }
+            let workflow = match load(&path, &text, &known) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    report.errors.push(LoadIssue::from(&e));
+                    previous.and_then(|p| p.workflow)
+                }
+            };
+            files.insert(path, FileState { text, workflow });
+        }
+        let mut by_name: BTreeMap<String, Arc<Workflow>> = BTreeMap::new();
+        for (path, f) in &files {
+            let Some(w) = &f.workflow else { continue };
+            if let Some(first) = by_name.get(&w.name) {
+                report.errors.push(LoadIssue {
+                    file: path.display().to_string(),
+                    message: format!(
+                        "{}: workflow '{}' is also defined in {}; this file is skipped",
+                        path.display(),
+                        w.name,
+                        first.file.display()
+                    ),
+                });
+                continue;
+            }
+            by_name.insert(w.name.clone(), w.clone());
+        }
+        for (name, w) in &by_name {
+            match defs.by_name.get(name) {
+                None => report.added.push(name.clone()),
+                Some(_) if changed_text.contains(&w.file) => report.updated.push(name.clone()),
+                Some(_) => {}
+            }
+        }
+        for name in defs.by_name.keys() {
+            if !by_name.contains_key(name) {
+                report.removed.push(name.clone());
+            }
+        }
+        defs.files = files;
+        defs.by_name = by_name;
+        defs.errors = report.errors.clone();
+        drop(defs);
+        for e in &report.errors {
+            tracing::warn!(file = %e.file, "workflow not loaded: {}", e.message);
+        }
+        for (names, what) in [
+            (&report.added, "added"),
+            (&report.updated, "updated"),
+            (&report.removed, "removed"),
+        ] {
+            for name in names {
+                tracing::info!(workflow = %name, "workflow {what}");
+            }
+        }
+        report
+    }
+
+    /// Marks runs left `running` by a previous process as interrupted.
+    /// Call once at startup, before any run starts. Returns how many.
+    pub async fn recover(&self) -> Result<usize, WorkflowError> {
+        let store = &self.inner.deps.store;
+        let now = Timestamp::now();
+        let mut n = 0;
+        for (id, doc) in store.list_docs(RUNS_NAMESPACE, "").await? {
+            let mut run: WorkflowRun = match serde_json::from_value(doc) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(run = %id, error = %e, "unreadable workflow run skipped");
+                    continue;
+                }
+            };
+            if run.status != RunStatus::Running || self.is_live(&id) {
+                continue;
+            }
+            run.interrupt(now);
+            store
+                .put_doc(RUNS_NAMESPACE, &id, to_doc(&run), true)
+                .await?;
+            tracing::warn!(run = %id, workflow = %run.workflow, "workflow run interrupted by a restart; resume it to finish");
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Starts a run; returns it as stored (running, every node pending).
+    pub async fn start(&self, name: &str, start: StartRun) -> Result<WorkflowRun, WorkflowError> {
+        if self.stopping() {
+            return Err(WorkflowError::ShuttingDown);
+        }
+        let workflow = self
+            .definition(name)
+            .ok_or_else(|| WorkflowError::NotFound { name: name.into() })?;
+        let input = if start.input.is_null() {
+            json!({})
+        } else {
+            start.input
+        };
+        let input =
+            workflow
+                .input
+                .validate(input)
+                .map_err(|errors| WorkflowError::InvalidInput {
+                    workflow: name.into(),
+                    errors,
+                })?;
+        let id = uuid::Uuid::now_v7().to_string();
+        let run = new_run(&workflow, id, input, start.user_id, Timestamp::now());
+        let state = self.claim(&run)?;
+        if let Err(e) = self
+            .inner
+            .deps
+            .store
+            .put_doc(RUNS_NAMESPACE, &run.id, to_doc(&run), true)
+            .await
+        {
+            self.release(&run.id);
+            return Err(e.into());
+        }
+        self.launch(workflow, run.clone(), state);
+        Ok(run)
+    }
+
+    /// Resumes a failed or interrupted run: nodes not yet succeeded run
+    /// again. Returns the run as it restarts.
+    pub async fn resume(&self, id: &str) -> Result<WorkflowRun, WorkflowError> {
+        if self.stopping() {
+            return Err(WorkflowError::ShuttingDown);
+        }
+        if let Some(live) = self.live_state(id) {
+            return Err(WorkflowError::NotResumable {
+                id: id.into(),
+                status: live.status,
+            });
+        }
+        let mut run = self.stored(id).await?;
+        if !matches!(run.status, RunStatus::Failed | RunStatus::Interrupted) {
+            return Err(WorkflowError::NotResumable {
+                id: id.into(),
+                status: run.status,
+            });
+        }
+        let workflow = self
+            .definition(&run.workflow)
+            .ok_or_else(|| WorkflowError::NotFound {
+                name: run.workflow.clone(),
+            })?;
+        run.reset_for_resume();
+        let state = self.claim(&run)?;
+        if let Err(e) = self
+            .inner
+            .deps
+            .store
+            .put_doc(RUNS_NAMESPACE, &run.id, to_doc(&run), true)
+            .await
+        {
+            self.release(&run.id);
+            return Err(e.into());
+        }
+        self.launch(workflow, run.clone(), state);
+        Ok(run)
+    }
+
+    /// The run's current state.
+    pub async fn get(&self, id: &str) -> Result<WorkflowRun, WorkflowError> {
+        match self.live_state(id) {
+            Some(run) => Ok(run),
+            None => self.stored(id).await,
+        }
+    }
+
+    /// Waits until the run is no longer running; returns its final state.
+    pub async fn wait(&self, id: &str) -> Result<WorkflowRun, WorkflowError> {
+        let rx = self
+            .inner
+            .deps
+            .live
+            .lock()
+            .expect("live runs lock")
+            .get(id)
+            .cloned();
+        if let Some(mut rx) = rx
+            && let Ok(run) = rx.wait_for(|r| r.status.is_terminal()).await
+        {
+            return Ok(run.clone());
+        }
+        // Not live (finished already), or its runner stopped (shutdown).
+        self.stored(id).await
+    }
+
+    /// Runs, newest first, optionally of one workflow; at most `limit` (0: all).
+    pub async fn list(
+        &self,
+        workflow: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<WorkflowRun>, WorkflowError> {
+        let docs = self.inner.deps.store.list_docs(RUNS_NAMESPACE, "").await?;
+        let limit = if limit == 0 { usize::MAX } else { limit };
+        let mut out = Vec::new();
+        for (id, doc) in docs.into_iter().rev() {
+            let run = match self.live_state(&id) {
+                Some(run) => run,
+                None => match serde_json::from_value::<WorkflowRun>(doc) {
+                    Ok(run) => run,
+                    Err(e) => {
+                        tracing::error!(run = %id, error = %e, "unreadable workflow run skipped");
+                        continue;
+                    }
+                },
+            };
+            if workflow.is_some_and(|w| w != run.workflow) {
+                continue;
+            }
+            out.push(run);
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Node events of every run (filter by `run_id`).
+    pub fn subscribe(&self) -> broadcast::Receiver<WorkflowEvent> {
+        self.inner.deps.events.subscribe()
+    }
+
+    /// Stops taking runs; runners stop without recording what the
+    /// shutdown does to their tasks. Called by the runtime as it stops.
+    pub fn shutdown(&self) {
+        self.inner.deps.stopping.store(true, Ordering::SeqCst);
+    }
+
+    fn stopping(&self) -> bool {
+        self.inner.deps.stopping.load(Ordering::SeqCst)
+    }
+
+    fn is_live(&self, id: &str) -> bool {
+        self.inner
+            .deps
+            .live
+            .lock()
+            .expect("live runs lock")
+            .contains_key(id)
+    }
+
+    fn live_state(&self, id: &str) -> Option<WorkflowRun> {
+        self.inner
+            .deps
+            .live
+            .lock()
+            .expect("live runs lock")
+            .get(id)
+            .map(|rx| rx.borrow().clone())
+    }
+
+    /// Registers `run` as live; refuses a run that already is.
+    fn claim(&self, run: &WorkflowRun) -> Result<watch::Sender<WorkflowRun>, WorkflowError> {
+        let mut live = self.inner.deps.live.lock().expect("live runs lock");
+        if let Some(rx) = live.get(&run.id) {
+            return Err(WorkflowError::NotResumable {
+                id: run.id.clone(),
+                status: rx.borrow().status,
+            });
+        }
+        let (tx, rx) = watch::channel(run.clone());
+        live.insert(run.id.clone(), rx);
+        Ok(tx)
+    }
+
+    fn release(&self, id: &str) {
+        self.inner
+            .deps
+            .live
+            .lock()
+            .expect("live runs lock")
+            .remove(id);
+    }
+
+    fn launch(&self, workflow: Arc<Workflow>, run: WorkflowRun, state: watch::Sender<WorkflowRun>) {
+        let _ = self.inner.deps.events.send(run_started(&run));
+        let n = self.inner.next_arbiter.fetch_add(1, Ordering::Relaxed);
+        let arbiter = &self.inner.arbiters[n % self.inner.arbiters.len()];
+        WorkflowRunner::launch(
+            arbiter,
+            Scheduler::new(workflow, run),
+            self.inner.deps.clone(),
+            state,
+        );
+    }
+
+    async fn stored(&self, id: &str) -> Result<WorkflowRun, WorkflowError> {
+        let doc = self
+            .inner
+            .deps
+            .store
+            .get_doc(RUNS_NAMESPACE, id)
+            .await?
+            .ok_or_else(|| WorkflowError::RunNotFound { id: id.into() })?;
+        serde_json::from_value(doc).map_err(|e| WorkflowError::Store(StoreError::Corrupt(e)))
+    }
+
+    fn read_defs(&self) -> std::sync::RwLockReadGuard<'_, Defs> {
+        self.inner.defs.read().expect("workflow definitions lock")
+    }
+}
+
+fn to_doc(run: &WorkflowRun) -> Value {
+    serde_json::to_value(run).unwrap_or(Value::Null)
+}
+
+/// `*.toml` directly in `dir`, sorted, with their text (`None`: unreadable).
+fn read_dir_texts(dir: &Path) -> Vec<(PathBuf, Option<String>)> {
+    let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "toml"))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).ok();
+            (p, text)
+        })
+        .collect()
+}

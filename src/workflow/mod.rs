@@ -1,0 +1,46 @@
+//! Workflows: DAGs of tool and agent nodes, run in parallel where the
+//! graph allows, recorded node by node.
+//!
+//! agents/workflows/*.toml ──[`definition`] (checked at load, hot-reloaded)──▶ [`Workflows`]
+//! POST /v1/workflows/{name}/runs ──▶ Workflows::start ──▶ [`runner`] actor (one per run)
+//!        [`scheduler`] (pure: what starts, what is skipped, when it is over)
+//!              │ tool node ──ExecuteTool (caller_type = workflow_node)──▶ executor (bypasses the pool)
+//!              │ agent node ──Sessions::send_message──▶ Conversation actor ──▶ model
+//!              ▼
+//!        store ("workflow_runs" docs) · node events (SSE, CLI)
+//!
+//! - [`definition`]: the file format and its checks (cycles, references,
+//!   tools and agents);
+//! - [`template`]: `{{input.x}}` / `{{nodes.<id>.output.<path>}}` in params
+//!   and prompts;
+//! - [`condition`]: the `when` language;
+//! - [`scheduler`]: the DAG decisions, no IO;
+//! - [`runner`]: the actor that performs them;
+//! - [`run`]: the stored run and its events;
+//! - [`engine`]: the [`Workflows`] handle (definitions, runs, recovery).
+//!
+//! Decisions that cross the modules:
+//! - every tool call of a tool or map node is a `workflow_node` call with
+//!   the run id as `workflow_id`, so `GET /v1/calls?workflow_id=<run id>`
+//!   lists them. Agent nodes run ordinary conversation turns: the tools
+//!   such an agent calls are its conversation's calls (counted in the
+//!   pool, listed by the session id the node records);
+//! - a run is one document, rewritten on every node transition (durably
+//!   when something finished), so reading a run never needs the actor;
+//! - runs that were in flight when the server stopped are `interrupted`
+//!   after the next start, never silently lost and never marked failed
+//!   for what the shutdown did; `resume` continues them.
+
+pub mod condition;
+pub mod definition;
+pub mod engine;
+pub mod run;
+pub mod runner;
+pub mod scheduler;
+pub mod template;
+
+pub use definition::{DefinitionError, OnError, Workflow};
+pub use engine::{LoadIssue, StartRun, WorkflowError, WorkflowReload, Workflows, WorkflowsDeps};
+pub use run::{
+    ItemRun, NodeRun, NodeStatus, RunStatus, WorkflowEvent, WorkflowEventKind, WorkflowRun,
+};

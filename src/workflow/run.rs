@@ -1,0 +1,301 @@
+//! A workflow run as stored and served: its status, its input, and per
+//! node the status, output, error, attempts and times; plus the events a
+//! run publishes as its nodes move.
+//!
+//! scheduler (changes) ──▶ runner ──put_doc("workflow_runs", id)──▶ store
+//!                                 └─▶ WorkflowEvent ──▶ SSE, CLI progress
+//!
+//! A run is one JSON document in the store's `docs` table, namespace
+//! [`RUNS_NAMESPACE`], keyed by its id (a UUID v7, so keys sort by start
+//! time). Node records are keyed by node id.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::template::Outputs;
+
+/// The store namespace of run documents.
+pub const RUNS_NAMESPACE: &str = "workflow_runs";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Running,
+    Succeeded,
+    Failed,
+    /// The server stopped while the run was in flight; `resume` continues it.
+    Interrupted,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        self != RunStatus::Running
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeStatus {
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+    Skipped,
+}
+
+impl NodeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Pending => "pending",
+            NodeStatus::Running => "running",
+            NodeStatus::Succeeded => "succeeded",
+            NodeStatus::Failed => "failed",
+            NodeStatus::Skipped => "skipped",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            NodeStatus::Succeeded | NodeStatus::Failed | NodeStatus::Skipped
+        )
+    }
+}
+
+/// One element of a map node's fan-out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemRun {
+    pub status: NodeStatus,
+    pub output: Option<Value>,
+    pub error: Option<String>,
+    pub attempts: u32,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+}
+
+impl ItemRun {
+    pub fn pending() -> Self {
+        ItemRun {
+            status: NodeStatus::Pending,
+            output: None,
+            error: None,
+            attempts: 0,
+            started_at: None,
+            finished_at: None,
+            session_id: None,
+        }
+    }
+}
+
+/// One node of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeRun {
+    pub status: NodeStatus,
+    /// Tool nodes: the tool's output; agent nodes: the reply text; map
+    /// nodes: one entry per element (`null` where an element failed).
+    pub output: Option<Value>,
+    pub error: Option<String>,
+    /// Why the node was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Tries over the run's life, resumes included (map nodes: all items').
+    pub attempts: u32,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    /// Agent nodes: the session the reply came from (another agent node
+    /// may continue it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// Map nodes: the fan-out, once the node started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Vec<ItemRun>>,
+}
+
+impl NodeRun {
+    pub fn pending() -> Self {
+        NodeRun {
+            status: NodeStatus::Pending,
+            output: None,
+            error: None,
+            reason: None,
+            attempts: 0,
+            started_at: None,
+            finished_at: None,
+            session_id: None,
+            items: None,
+        }
+    }
+}
+
+/// A run of a workflow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkflowRun {
+    pub id: String,
+    pub workflow: String,
+    pub status: RunStatus,
+    /// The input after validation (schema defaults filled in).
+    pub input: Value,
+    #[serde(default)]
+    pub user_id: Option<String>,
+    pub nodes: BTreeMap<String, NodeRun>,
+    /// The workflow's `output` template rendered once the run succeeded.
+    pub output: Option<Value>,
+    /// Why the run failed (the first failed node) or was interrupted.
+    pub error: Option<String>,
+    pub created_at: Timestamp,
+    pub finished_at: Option<Timestamp>,
+    /// How many times the run was resumed.
+    #[serde(default)]
+    pub resumes: u32,
+}
+
+impl WorkflowRun {
+    /// Marks a run found `running` at startup as interrupted: its running
+    /// nodes (and map items) become failed, so `resume` runs them again.
+    pub fn interrupt(&mut self, now: Timestamp) {
+        const WHY: &str = "interrupted: the server stopped while this was running";
+        self.status = RunStatus::Interrupted;
+        self.error = Some("the server stopped while the run was in flight".into());
+        self.finished_at = Some(now);
+        for node in self.nodes.values_mut() {
+            for item in node.items.iter_mut().flatten() {
+                if item.status == NodeStatus::Running {
+                    item.status = NodeStatus::Failed;
+                    item.error = Some(WHY.into());
+                    item.finished_at = Some(now);
+                }
+            }
+            if node.status == NodeStatus::Running {
+                node.status = NodeStatus::Failed;
+                node.error = Some(WHY.into());
+                node.finished_at = Some(now);
+            }
+        }
+    }
+
+    /// Prepares a finished (failed or interrupted) run to go again: every
+    /// node not yet succeeded is pending again (a map node keeps the items
+    /// that succeeded); outputs of succeeded nodes stay and are not re-run.
+    pub fn reset_for_resume(&mut self) {
+        self.status = RunStatus::Running;
+        self.error = None;
+        self.output = None;
+        self.finished_at = None;
+        self.resumes += 1;
+        for node in self.nodes.values_mut() {
+            if node.status == NodeStatus::Succeeded {
+                continue;
+            }
+            let attempts = node.attempts;
+            let items = node.items.take().map(|items| {
+                items
+                    .into_iter()
+                    .map(|i| {
+                        if i.status == NodeStatus::Succeeded {
+                            i
+                        } else {
+                            ItemRun {
+                                attempts: i.attempts,
+                                ..ItemRun::pending()
+                            }
+                        }
+                    })
+                    .collect()
+            });
+            *node = NodeRun {
+                attempts,
+                items,
+                ..NodeRun::pending()
+            };
+        }
+    }
+}
+
+impl Outputs for BTreeMap<String, NodeRun> {
+    fn output(&self, node: &str) -> Option<&Value> {
+        self.get(node)
+            .filter(|n| n.status == NodeStatus::Succeeded)
+            .and_then(|n| n.output.as_ref())
+    }
+}
+
+/// What happened in a run, for SSE subscribers and the CLI.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkflowEventKind {
+    RunStarted {
+        workflow: String,
+    },
+    NodeStarted {
+        node: String,
+    },
+    NodeSucceeded {
+        node: String,
+        attempts: u32,
+    },
+    NodeFailed {
+        node: String,
+        error: String,
+        attempts: u32,
+    },
+    NodeSkipped {
+        node: String,
+        reason: String,
+    },
+    ItemStarted {
+        node: String,
+        item: usize,
+    },
+    ItemSucceeded {
+        node: String,
+        item: usize,
+    },
+    ItemFailed {
+        node: String,
+        item: usize,
+        error: String,
+    },
+    RunFinished {
+        status: RunStatus,
+        error: Option<String>,
+    },
+}
+
+impl WorkflowEventKind {
+    /// The SSE event name: the `type` tag.
+    pub fn name(&self) -> &'static str {
+        match self {
+            WorkflowEventKind::RunStarted { .. } => "run_started",
+            WorkflowEventKind::NodeStarted { .. } => "node_started",
+            WorkflowEventKind::NodeSucceeded { .. } => "node_succeeded",
+            WorkflowEventKind::NodeFailed { .. } => "node_failed",
+            WorkflowEventKind::NodeSkipped { .. } => "node_skipped",
+            WorkflowEventKind::ItemStarted { .. } => "item_started",
+            WorkflowEventKind::ItemSucceeded { .. } => "item_succeeded",
+            WorkflowEventKind::ItemFailed { .. } => "item_failed",
+            WorkflowEventKind::RunFinished { .. } => "run_finished",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WorkflowEvent {
+    pub run_id: String,
+    pub at: Timestamp,
+    #[serde(flatten)]
+    pub kind: WorkflowEventKind,
+}

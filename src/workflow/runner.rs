@@ -1,0 +1,366 @@
+//! The WorkflowRunner actor: one per running run; performs what its
+//! [`Scheduler`] decides.
+//!
+//! started ──▶ scheduler.start ──▶ Step ──┬─▶ tasks: tokio tasks ──executor / sessions──▶ TaskDone ──▶ scheduler.on_outcome ──▶ Step ...
+//!                                        └─▶ persist (put_doc) ─▶ watch (live state) ─▶ events
+//!
+//! - Tool tasks go through the executor as `caller_type = workflow_node`
+//!   with the run id as `workflow_id` and the node (`node` or `node[i]` for
+//!   a map element) as `node_id`: they bypass the concurrency pool, still
+//!   pass plan, rate limit and validation, and leave their call record.
+//!   The node's `timeout_s` and `retries` become the call's timeout and
+//!   retry budget, so the executor retries what may pass on a second try
+//!   (timeouts, transient failures) and not what will not (validation).
+//! - Agent tasks run one turn through [`Sessions`]: a new session of the
+//!   agent (tagged with the run and node in its metadata), or the session
+//!   of the node named by `session`. `timeout_s` bounds each turn (a turn
+//!   past it keeps running in its conversation, but the node no longer
+//!   waits); `retries` re-sends after an unreachable or timed-out model,
+//!   in a fresh session when the node's session is new.
+//! - Tasks run as tokio tasks, not on the actor: a slow tool never delays
+//!   the runner's bookkeeping, and outcomes come back as [`TaskDone`].
+//! - Every step that changed something is written to the store before its
+//!   events go out and before the live state moves on (`ctx.wait` keeps
+//!   writes in order): started nodes non-durably, finished nodes, elements
+//!   and the run itself durably. A failed write is logged and the run goes
+//!   on; a restart then finds the last state that was written.
+//! - At shutdown (the `stopping` flag) the runner stops without writing, so
+//!   a run cut off by a stopping server is found `running` at the next
+//!   start and marked interrupted, never recorded as a failure it was not.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use jiff::Timestamp;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, watch};
+
+use super::run::{RUNS_NAMESPACE, WorkflowEvent, WorkflowEventKind, WorkflowRun};
+use super::scheduler::{Outcome, Scheduler, Step, Task, Work};
+use crate::conversation::{NewSession, SessionError, Sessions, TurnError};
+use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
+use crate::model::ModelError;
+use crate::store::Store;
+use crate::tools::{CallerType, ErrorType, ExecutionContext, Plan};
+
+/// Live runs: id -> the latest state, for readers and waiters.
+pub(super) type Live = Arc<Mutex<HashMap<String, watch::Receiver<WorkflowRun>>>>;
+
+/// First delay between attempts of an agent turn; doubles per attempt.
+const AGENT_RETRY_DELAY: Duration = Duration::from_millis(200);
+
+/// What a runner works with; shared by every run.
+#[derive(Clone)]
+pub(super) struct RunnerDeps {
+    pub executor: ExecutorHandle,
+    pub sessions: Sessions,
+    pub store: Store,
+    pub events: broadcast::Sender<WorkflowEvent>,
+    pub live: Live,
+    pub stopping: Arc<AtomicBool>,
+}
+
+pub(super) struct WorkflowRunner {
+    scheduler: Scheduler,
+    deps: RunnerDeps,
+    state: watch::Sender<WorkflowRun>,
+    plan: Plan,
+}
+
+/// A task ended (after its retries).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct TaskDone {
+    node: String,
+    item: Option<usize>,
+    outcome: Outcome,
+}
+
+impl WorkflowRunner {
+    /// Starts the runner of `scheduler`'s run on `arbiter`; it publishes
+    /// each state it persists into `state`.
+    pub(super) fn launch(
+        arbiter: &actix::dev::ArbiterHandle,
+        scheduler: Scheduler,
+        deps: RunnerDeps,
+        state: watch::Sender<WorkflowRun>,
+    ) {
+        let plan = scheduler.workflow().plan;
+        WorkflowRunner::start_in_arbiter(arbiter, move |_| WorkflowRunner {
+            scheduler,
+            deps,
+            state,
+            plan,
+        });
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.deps.stopping.load(Ordering::SeqCst)
+    }
+
+    fn apply(&mut self, step: Step, ctx: &mut Context<Self>) {
+        for task in step.tasks {
+            self.spawn_task(task, ctx);
+        }
+        if step.events.is_empty() && !step.finished {
+            return;
+        }
+        let snapshot = self.scheduler.run().clone();
+        let doc = match serde_json::to_value(&snapshot) {
+            Ok(doc) => Some(doc),
+            Err(e) => {
+                tracing::error!(run = %snapshot.id, error = %e, "workflow run not serialisable");
+                None
+            }
+        };
+        let store = self.deps.store.clone();
+        let id = snapshot.id.clone();
+        let durable = step.durable;
+        let write = async move {
+            match doc {
+                Some(doc) => store.put_doc(RUNS_NAMESPACE, &id, doc, durable).await,
+                None => Ok(()),
+            }
+        };
+        let (events, finished) = (step.events, step.finished);
+        ctx.wait(write.into_actor(self).map(move |written, act, ctx| {
+            if act.shutting_down() {
+                ctx.stop();
+                return;
+            }
+            if let Err(e) = written {
+                tracing::error!(run = %snapshot.id, error = %e, "workflow run state not stored");
+            }
+            let id = snapshot.id.clone();
+            act.state.send_replace(snapshot);
+            if finished {
+                act.deps.live.lock().expect("live runs lock").remove(&id);
+            }
+            for kind in events {
+                let _ = act.deps.events.send(WorkflowEvent {
+                    run_id: id.clone(),
+                    at: Timestamp::now(),
+                    kind,
+                });
+            }
+            if finished {
+                ctx.stop();
+            }
+        }));
+    }
+
+    fn spawn_task(&self, task: Task, ctx: &mut Context<Self>) {
+        let addr = ctx.address();
+        let run = self.scheduler.run();
+        let performer = Performer {
+            executor: self.deps.executor.clone(),
+            sessions: self.deps.sessions.clone(),
+            run_id: run.id.clone(),
+            workflow: run.workflow.clone(),
+            user_id: run.user_id.clone(),
+            plan: self.plan,
+        };
+        tokio::spawn(async move {
+            let (node, item) = (task.node.clone(), task.item);
+            let outcome = performer.perform(task).await;
+            addr.do_send(TaskDone {
+                node,
+                item,
+                outcome,
+            });
+        });
+    }
+}
+
+impl Actor for WorkflowRunner {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        let step = self.scheduler.start(Timestamp::now());
+        self.apply(step, ctx);
+    }
+}
+
+impl Handler<TaskDone> for WorkflowRunner {
+    type Result = ();
+
+    fn handle(&mut self, msg: TaskDone, ctx: &mut Context<Self>) {
+        // At shutdown the executor and conversations go away under running
+        // tasks: their failures say nothing about the run.
+        if self.shutting_down() {
+            ctx.stop();
+            return;
+        }
+        let step = self
+            .scheduler
+            .on_outcome(&msg.node, msg.item, msg.outcome, Timestamp::now());
+        self.apply(step, ctx);
+    }
+}
+
+/// Performs one task; lives in the task's tokio task.
+struct Performer {
+    executor: ExecutorHandle,
+    sessions: Sessions,
+    run_id: String,
+    workflow: String,
+    user_id: Option<String>,
+    plan: Plan,
+}
+
+impl Performer {
+    async fn perform(&self, task: Task) -> Outcome {
+        let node = match task.item {
+            Some(k) => format!("{}[{k}]", task.node),
+            None => task.node.clone(),
+        };
+        match task.work {
+            Work::Tool { tool, params } => {
+                self.tool(&node, &tool, params, task.timeout, task.retries)
+                    .await
+            }
+            Work::Agent {
+                agent,
+                prompt,
+                session,
+            } => {
+                self.agent(&node, &agent, prompt, session, task.timeout, task.retries)
+                    .await
+            }
+        }
+    }
+
+    async fn tool(
+        &self,
+        node: &str,
+        tool: &str,
+        params: Value,
+        timeout: Option<Duration>,
+        retries: u32,
+    ) -> Outcome {
+        let mut ctx = ExecutionContext::new(
+            CallerType::WorkflowNode,
+            format!("workflow:{}/{node}", self.workflow),
+        );
+        ctx.workflow_id = Some(self.run_id.clone());
+        ctx.node_id = Some(node.to_string());
+        ctx.user_id = self.user_id.clone();
+        ctx.plan = self.plan;
+        ctx.timeout = timeout;
+        ctx.max_retries = retries;
+        let result = self
+            .executor
+            .execute(ExecuteTool::new(tool, Arguments::Json(params), ctx))
+            .await;
+        let attempts = result.metadata.attempts.max(1);
+        if result.is_success {
+            Outcome::Succeeded {
+                output: result.output.unwrap_or(Value::Null),
+                attempts,
+                session_id: None,
+            }
+        } else {
+            let kind = result
+                .error_type
+                .map_or("execution_error", ErrorType::as_str);
+            Outcome::Failed {
+                error: format!("{kind}: {}", result.error.unwrap_or_default()),
+                attempts,
+                session_id: None,
+            }
+        }
+    }
+
+    async fn agent(
+        &self,
+        node: &str,
+        agent: &str,
+        prompt: String,
+        session: Option<String>,
+        timeout: Option<Duration>,
+        retries: u32,
+    ) -> Outcome {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let session_id = match &session {
+                Some(id) => id.clone(),
+                None => {
+                    let created = self
+                        .sessions
+                        .create(NewSession {
+                            agent: agent.to_string(),
+                            user_id: self.user_id.clone(),
+                            plan: self.plan,
+                            metadata: json!({"workflow_id": self.run_id, "node_id": node}),
+                            ..NewSession::default()
+                        })
+                        .await;
+                    match created {
+                        Ok(s) => s.id,
+                        Err(e) => {
+                            return Outcome::Failed {
+                                error: format!("cannot start a session of agent '{agent}': {e}"),
+                                attempts,
+                                session_id: None,
+                            };
+                        }
+                    }
+                }
+            };
+            let turn = self.sessions.send_message(&session_id, prompt.clone());
+            let result = match timeout {
+                Some(limit) => tokio::time::timeout(limit, turn).await.map_err(|_| limit),
+                None => Ok(turn.await),
+            };
+            let (error, retryable) = match result {
+                Ok(Ok(outcome)) => {
+                    return Outcome::Succeeded {
+                        output: Value::String(outcome.answer),
+                        attempts,
+                        session_id: Some(session_id),
+                    };
+                }
+                Ok(Err(e)) => {
+                    let retryable = matches!(
+                        &e,
+                        SessionError::Turn(
+                            TurnError::Unavailable
+                                | TurnError::Model(
+                                    ModelError::Unavailable { .. } | ModelError::Timeout { .. }
+                                )
+                        )
+                    );
+                    (e.to_string(), retryable)
+                }
+                Err(limit) => (
+                    format!("the turn did not finish within {} ms", limit.as_millis()),
+                    true,
+                ),
+            };
+            if !retryable || attempts > retries {
+                return Outcome::Failed {
+                    error,
+                    attempts,
+                    session_id: Some(session_id),
+                };
+            }
+            let delay = AGENT_RETRY_DELAY.saturating_mul(1 << (attempts - 1).min(6));
+            tokio::time::sleep(delay).await;
+        }
+    }
+}
+
+/// The event a run publishes when it (re)starts.
+pub(super) fn run_started(run: &WorkflowRun) -> WorkflowEvent {
+    WorkflowEvent {
+        run_id: run.id.clone(),
+        at: Timestamp::now(),
+        kind: WorkflowEventKind::RunStarted {
+            workflow: run.workflow.clone(),
+        },
+    }
+}
