@@ -414,7 +414,11 @@ impl Handler<UserTurn> for Conversation {
     type Result = ResponseFuture<Result<TurnOutcome, TurnError>>;
 
     fn handle(&mut self, msg: UserTurn, ctx: &mut Context<Self>) -> Self::Result {
-        if self.busy && self.agent.multitask == Multitask::Reject {
+        // Only a turn running or waiting makes the session busy: after the
+        // answer went out, the summary call or an operator's message does not.
+        let turn_pending =
+            self.current.is_some() || self.queue.iter().any(|p| matches!(p, Pending::Turn { .. }));
+        if turn_pending && self.agent.multitask == Multitask::Reject {
             return Box::pin(std::future::ready(Err(TurnError::Busy)));
         }
         let (tx, rx) = oneshot::channel();
