@@ -22,8 +22,23 @@ use cadre::tools::{Plan, ToolRegistry, builtin};
     about = "An actor-based runtime for LLM tool calling"
 )]
 struct Cli {
+    /// Log lines as text or as JSON objects (one per line, with span fields).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "CADRE_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(clap::Args)]
@@ -161,13 +176,19 @@ fn main() -> anyhow::Result<()> {
         | Command::Sessions { .. } => "warn",
         _ => "info,tower_http=warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| default_filter.into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
     match cli.command {
         Command::Serve { addr, common } => serve(addr, common),
         Command::Chat {
@@ -292,7 +313,12 @@ fn workflow_run(
     let run = rt.block_on(async {
         let workflows = runtime.workflows();
         let mut events = workflows.subscribe();
-        let run = workflows.start(&name, StartRun { input, user_id }).await?;
+        let start = StartRun {
+            input,
+            user_id,
+            ..StartRun::default()
+        };
+        let run = workflows.start(&name, start).await?;
         println!("run {} of {name}", run.id);
         let started = std::time::Instant::now();
         loop {

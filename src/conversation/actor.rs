@@ -30,6 +30,7 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 use super::machine::{Action, CallReport, ConversationMachine, Step, TurnOutcome, TurnSettings};
 use crate::config::{Agent, Multitask};
@@ -91,6 +92,19 @@ impl TurnEvent {
 
 pub type TurnSink = mpsc::UnboundedSender<TurnEvent>;
 
+/// The `error.type` of a failed turn, for traces.
+fn error_type(e: &TurnError) -> &'static str {
+    match e {
+        TurnError::Model(ModelError::Unavailable { .. }) => "model_unavailable",
+        TurnError::Model(ModelError::Timeout { .. }) => "model_timeout",
+        TurnError::Model(ModelError::InvalidResponse { .. }) => "model_bad_response",
+        TurnError::Model(ModelError::Rejected { .. }) => "model_rejected",
+        TurnError::Store(_) => "storage",
+        TurnError::Busy => "busy",
+        TurnError::Unavailable => "unavailable",
+    }
+}
+
 /// Run one turn with this user message.
 #[derive(Message)]
 #[rtype(result = "Result<TurnOutcome, TurnError>")]
@@ -126,6 +140,8 @@ enum Pending {
 struct Current {
     reply: TurnReply,
     events: Option<TurnSink>,
+    /// The turn's span: model calls and the tool batch are its children.
+    span: tracing::Span,
 }
 
 impl Current {
@@ -207,7 +223,20 @@ impl Conversation {
                 if let Some(s) = settings {
                     self.machine.set_settings(s);
                 }
-                let current = Current { reply, events };
+                let span = tracing::info_span!(
+                    "turn",
+                    session.id = %self.session.id,
+                    tenant = %self.session.tenant,
+                    agent = %self.agent.name,
+                    iterations = tracing::field::Empty,
+                    tool_calls = tracing::field::Empty,
+                    error.type = tracing::field::Empty,
+                );
+                let current = Current {
+                    reply,
+                    events,
+                    span,
+                };
                 current.emit(TurnEvent::TurnStarted {
                     session_id: self.session.id.clone(),
                 });
@@ -264,6 +293,19 @@ impl Conversation {
             Action::CallModel(request) => {
                 let model = self.agent.model.clone();
                 let sink = self.current.as_ref().and_then(|c| c.events.clone());
+                let span = tracing::info_span!(
+                    parent: self.turn_span(),
+                    "gen_ai.chat",
+                    gen_ai.operation.name = "chat",
+                    gen_ai.system = %model.describe(),
+                    gen_ai.request.model = %request.model,
+                    gen_ai.request.temperature = ?request.temperature,
+                    gen_ai.usage.input_tokens = tracing::field::Empty,
+                    gen_ai.usage.output_tokens = tracing::field::Empty,
+                    gen_ai.response.tool_calls = tracing::field::Empty,
+                    error.type = tracing::field::Empty,
+                );
+                let record_to = span.clone();
                 let io = async move {
                     if !ops.is_empty() {
                         store.write(ops, false).await?;
@@ -278,14 +320,28 @@ impl Conversation {
                         None => model.complete(request).await?,
                     };
                     Ok::<_, TurnError>(reply)
-                };
-                ctx.spawn(io.into_actor(self).map(|result, act, ctx| match result {
-                    Ok(reply) => {
-                        let step = act.machine.on_model_reply(reply);
-                        act.perform(step, ctx);
-                    }
-                    Err(e) => act.fail(e, ctx),
-                }));
+                }
+                .instrument(span);
+                ctx.spawn(
+                    io.into_actor(self)
+                        .map(move |result, act, ctx| match result {
+                            Ok(reply) => {
+                                if let Some(u) = &reply.usage {
+                                    record_to.record("gen_ai.usage.input_tokens", u.prompt_tokens);
+                                    record_to
+                                        .record("gen_ai.usage.output_tokens", u.completion_tokens);
+                                }
+                                record_to
+                                    .record("gen_ai.response.tool_calls", reply.tool_calls.len());
+                                let step = act.machine.on_model_reply(reply);
+                                act.perform(step, ctx);
+                            }
+                            Err(e) => {
+                                record_to.record("error.type", error_type(&e));
+                                act.fail(e, ctx)
+                            }
+                        }),
+                );
             }
             Action::RunTools(calls) => {
                 for c in &calls {
@@ -301,6 +357,12 @@ impl Conversation {
                 let context = self.execution_context();
                 let executor = self.executor.clone();
                 let deadline = self.agent.tool_batch_timeout;
+                let span = tracing::info_span!(
+                    parent: self.turn_span(),
+                    "tool_batch",
+                    batch = batch_id,
+                    calls = calls.len(),
+                );
                 let io = async move { store.write(ops, false).await };
                 ctx.spawn(
                     io.into_actor(self)
@@ -312,6 +374,7 @@ impl Conversation {
                                 executor,
                                 ctx.address().recipient(),
                                 deadline,
+                                span,
                             ),
                             Err(e) => act.fail(e.into(), ctx),
                         }),
@@ -321,6 +384,8 @@ impl Conversation {
                 let io = async move { store.write(ops, true).await };
                 ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
                     if let Some(current) = act.current.take() {
+                        current.span.record("iterations", outcome.iterations);
+                        current.span.record("tool_calls", outcome.tool_calls.len());
                         if result.is_ok() {
                             current.emit(TurnEvent::TurnCompleted(outcome.clone()));
                         }
@@ -389,12 +454,19 @@ impl Conversation {
                 .into_actor(self)
                 .map(move |_, act, ctx| {
                     if let Some(current) = act.current.take() {
+                        current.span.record("error.type", error_type(&error));
                         let _ = current.reply.send(Err(error));
                     }
                     act.busy = false;
                     act.start_next(ctx);
                 }),
         );
+    }
+
+    fn turn_span(&self) -> tracing::Span {
+        self.current
+            .as_ref()
+            .map_or_else(tracing::Span::none, |c| c.span.clone())
     }
 
     fn execution_context(&self) -> ExecutionContext {

@@ -49,6 +49,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::FutureExt;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::events::{EventBus, EventKind};
 use crate::store::{Store, ToolCallRecord, WriteOp};
@@ -101,6 +102,9 @@ pub struct ExecuteTool {
     /// Set when a person approved this call: plan, rate limit and the
     /// confirmation step were passed when it was first made.
     pub confirmed: bool,
+    /// The caller's span for this call (a turn's tool batch, a workflow
+    /// node); the executor's `execute_tool` span is its child.
+    pub span: tracing::Span,
 }
 
 impl ExecuteTool {
@@ -111,6 +115,7 @@ impl ExecuteTool {
             tool_call_id: None,
             ctx,
             confirmed: false,
+            span: tracing::Span::current(),
         }
     }
 }
@@ -278,39 +283,66 @@ impl Handler<ExecuteTool> for Executor {
             }
         };
         let shared = self.shared.clone();
-        Box::pin(async move {
-            shared.events.publish(EventKind::ExecutionStarted {
-                tool: msg.tool_name.clone(),
-                caller_type: msg.ctx.caller_type.as_str().into(),
-                conversation_id: msg.ctx.conversation_id.clone(),
-                workflow_id: msg.ctx.workflow_id.clone(),
-            });
-            let (result, params) = match admission {
-                Admission::Refused(result, params) => (*result, params),
-                Admission::Run(tool, params) => {
-                    let result = execute(&shared, &tool, &params, &msg).await;
-                    (result, params)
-                }
-            };
-            let attempts = result.metadata.attempts;
-            let result = result.with_elapsed(started.elapsed(), attempts);
-            record(&shared.store, &msg, params, &result).await;
-            shared
-                .events
-                .publish(match (result.is_success, result.error_type) {
-                    (true, _) => EventKind::ExecutionCompleted {
-                        tool: msg.tool_name.clone(),
-                        execution_time_ms: result.execution_time_ms,
-                        cached: result.metadata.cached,
-                    },
-                    (false, t) => EventKind::ExecutionFailed {
-                        tool: msg.tool_name.clone(),
-                        error_type: t.map_or("execution_error", ErrorType::as_str).into(),
-                        error: result.error.clone().unwrap_or_default(),
-                    },
+        let span = tracing::info_span!(
+            parent: &msg.span,
+            "execute_tool",
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %msg.tool_name,
+            gen_ai.tool.call.id = msg.tool_call_id.as_deref().unwrap_or(""),
+            cadre.caller_type = msg.ctx.caller_type.as_str(),
+            cadre.session = msg.ctx.conversation_id.as_deref().unwrap_or(""),
+            cadre.workflow = msg.ctx.workflow_id.as_deref().unwrap_or(""),
+            cadre.tenant = msg.ctx.tenant.as_deref().unwrap_or(""),
+            cadre.source_id = tracing::field::Empty,
+            cadre.cached = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            latency_ms = tracing::field::Empty,
+        );
+        let record_to = span.clone();
+        Box::pin(
+            async move {
+                shared.events.publish(EventKind::ExecutionStarted {
+                    tool: msg.tool_name.clone(),
+                    caller_type: msg.ctx.caller_type.as_str().into(),
+                    conversation_id: msg.ctx.conversation_id.clone(),
+                    workflow_id: msg.ctx.workflow_id.clone(),
                 });
-            result
-        })
+                let (result, params) = match admission {
+                    Admission::Refused(result, params) => (*result, params),
+                    Admission::Run(tool, params) => {
+                        let result = execute(&shared, &tool, &params, &msg).await;
+                        (result, params)
+                    }
+                };
+                let attempts = result.metadata.attempts;
+                let result = result.with_elapsed(started.elapsed(), attempts);
+                record_to.record("latency_ms", result.execution_time_ms);
+                record_to.record("cadre.cached", result.metadata.cached);
+                if let Some(s) = &result.metadata.source_id {
+                    record_to.record("cadre.source_id", s.as_str());
+                }
+                if let Some(t) = result.error_type {
+                    record_to.record("error.type", t.as_str());
+                }
+                record(&shared.store, &msg, params, &result).await;
+                shared
+                    .events
+                    .publish(match (result.is_success, result.error_type) {
+                        (true, _) => EventKind::ExecutionCompleted {
+                            tool: msg.tool_name.clone(),
+                            execution_time_ms: result.execution_time_ms,
+                            cached: result.metadata.cached,
+                        },
+                        (false, t) => EventKind::ExecutionFailed {
+                            tool: msg.tool_name.clone(),
+                            error_type: t.map_or("execution_error", ErrorType::as_str).into(),
+                            error: result.error.clone().unwrap_or_default(),
+                        },
+                    });
+                result
+            }
+            .instrument(span),
+        )
     }
 }
 

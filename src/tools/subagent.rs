@@ -37,6 +37,8 @@ pub struct ToolSubAgent {
     reply_to: Recipient<ToolBatchReport>,
     deadline: Duration,
     reported: bool,
+    /// Each call's span is a child of this one (the turn's tool batch).
+    span: tracing::Span,
 }
 
 impl ToolSubAgent {
@@ -48,6 +50,7 @@ impl ToolSubAgent {
         executor: ExecutorHandle,
         reply_to: Recipient<ToolBatchReport>,
         deadline: Duration,
+        span: tracing::Span,
     ) {
         let results = vec![None; calls.len()];
         ToolSubAgent {
@@ -59,6 +62,7 @@ impl ToolSubAgent {
             reply_to,
             deadline,
             reported: false,
+            span,
         }
         .start();
     }
@@ -138,6 +142,11 @@ impl Actor for ToolSubAgent {
                 tool_call_id: Some(call.id.clone()),
                 ctx: self.context.clone(),
                 confirmed: false,
+                span: tracing::info_span!(
+                    parent: &self.span,
+                    "tool_call",
+                    gen_ai.tool.call.id = %call.id,
+                ),
             };
             ctx.spawn(
                 async move { executor.execute(request).await }
