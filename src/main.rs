@@ -90,6 +90,24 @@ enum Command {
         #[command(subcommand)]
         command: SessionsCommand,
     },
+    /// Tool call records, newest first.
+    Calls {
+        #[arg(long)]
+        session: Option<String>,
+        #[arg(long)]
+        tool: Option<String>,
+        #[arg(long)]
+        workflow: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+    /// Per-tool call counters.
+    Stats {
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
     /// List workflows, or run one in-process.
     Workflow {
         #[command(subcommand)]
@@ -145,6 +163,23 @@ enum KeysCommand {
 
 #[derive(Subcommand)]
 enum SessionsCommand {
+    /// One line per session: id, tenant, agent, created.
+    List {
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+    /// A session and its messages, readably.
+    Show {
+        id: String,
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
+    /// A session, its messages, summary and call records as one JSON document.
+    Export {
+        id: String,
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
     /// Print a session's summary as JSON.
     Summary {
         id: String,
@@ -173,7 +208,9 @@ fn main() -> anyhow::Result<()> {
         Command::Tools { .. }
         | Command::Workflow { .. }
         | Command::Keys { .. }
-        | Command::Sessions { .. } => "warn",
+        | Command::Sessions { .. }
+        | Command::Calls { .. }
+        | Command::Stats { .. } => "warn",
         _ => "info,tower_http=warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -204,9 +241,24 @@ fn main() -> anyhow::Result<()> {
             command: ToolsCommand::Check { dir },
         } => tools_check(dir.unwrap_or_else(|| PathBuf::from("./agents/tools"))),
         Command::Keys { command } => keys(command),
-        Command::Sessions {
-            command: SessionsCommand::Summary { id, data_dir },
-        } => session_summary(id, data_dir),
+        Command::Sessions { command } => sessions(command),
+        Command::Calls {
+            session,
+            tool,
+            workflow,
+            limit,
+            data_dir,
+        } => calls(
+            cadre::store::CallFilter {
+                conversation_id: session,
+                workflow_id: workflow,
+                tool,
+                tenant: None,
+                limit,
+            },
+            data_dir,
+        ),
+        Command::Stats { data_dir } => stats(data_dir),
         Command::Workflow {
             command: WorkflowCommand::List { common },
         } => workflow_list(common),
@@ -508,14 +560,122 @@ fn keys(command: KeysCommand) -> anyhow::Result<()> {
     })
 }
 
-fn session_summary(id: String, data_dir: PathBuf) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?;
-    rt.block_on(async {
+        .build()?
+        .block_on(f)
+}
+
+fn sessions(command: SessionsCommand) -> anyhow::Result<()> {
+    block_on(async {
+        match command {
+            SessionsCommand::List { data_dir } => {
+                let store = open_store(&data_dir)?;
+                for s in store.list_sessions().await? {
+                    println!(
+                        "{}  {:<12} {:<18} {}",
+                        s.id, s.tenant, s.agent, s.created_at
+                    );
+                }
+            }
+            SessionsCommand::Show { id, data_dir } => {
+                let store = open_store(&data_dir)?;
+                let session = store
+                    .get_session(&id)
+                    .await?
+                    .with_context(|| format!("no session with id '{id}'"))?;
+                println!(
+                    "session {} (agent {}, tenant {})",
+                    session.id, session.agent, session.tenant
+                );
+                for m in store.messages(&id).await? {
+                    let role = format!("{:?}", m.message.role).to_lowercase();
+                    let who = m
+                        .message
+                        .name
+                        .as_deref()
+                        .map(|n| format!(" {n}"))
+                        .unwrap_or_default();
+                    let text = match (&m.message.content, m.message.tool_calls.is_empty()) {
+                        (_, false) => m
+                            .message
+                            .tool_calls
+                            .iter()
+                            .map(|c| format!("→ {}({})", c.name, c.arguments))
+                            .collect::<Vec<_>>()
+                            .join(" "),
+                        (Some(c), true) => c.clone(),
+                        (None, true) => String::new(),
+                    };
+                    println!("[{:>4}] {role}{who}: {text}", m.seq);
+                }
+            }
+            SessionsCommand::Export { id, data_dir } => {
+                let store = open_store(&data_dir)?;
+                let session = store
+                    .get_session(&id)
+                    .await?
+                    .with_context(|| format!("no session with id '{id}'"))?;
+                let doc = serde_json::json!({
+                    "session": session,
+                    "messages": store.messages(&id).await?,
+                    "summary": store.get_summary(&id).await?,
+                    "calls": store.calls_for_conversation(&id).await?,
+                });
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            }
+            SessionsCommand::Summary { id, data_dir } => {
+                let store = open_store(&data_dir)?;
+                let summary = cadre::conversation::sessions::summarize(&store, &id).await?;
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            }
+        }
+        Ok(())
+    })
+}
+
+fn calls(filter: cadre::store::CallFilter, data_dir: PathBuf) -> anyhow::Result<()> {
+    block_on(async {
         let store = open_store(&data_dir)?;
-        let summary = cadre::conversation::sessions::summarize(&store, &id).await?;
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        for c in store.calls(filter).await? {
+            let outcome = if c.is_success {
+                "ok".to_string()
+            } else {
+                c.error_type.clone().unwrap_or_else(|| "failed".into())
+            };
+            println!(
+                "{} {:<22} {:<18} {:>6} ms  {} {}",
+                c.created_at,
+                c.tool_name,
+                outcome,
+                c.execution_time_ms,
+                c.caller_type,
+                c.conversation_id.or(c.workflow_id).unwrap_or_default()
+            );
+        }
+        Ok(())
+    })
+}
+
+fn stats(data_dir: PathBuf) -> anyhow::Result<()> {
+    block_on(async {
+        let store = open_store(&data_dir)?;
+        println!(
+            "{:<24} {:>8} {:>8} {:>8} {:>10}",
+            "tool", "calls", "ok", "failed", "avg ms"
+        );
+        for (name, s) in store.all_tool_stats().await? {
+            let avg = if s.total_calls > 0 {
+                s.total_execution_time_ms as f64 / s.total_calls as f64
+            } else {
+                0.0
+            };
+            println!(
+                "{name:<24} {:>8} {:>8} {:>8} {avg:>10.1}",
+                s.total_calls, s.successful_calls, s.failed_calls
+            );
+        }
         Ok(())
     })
 }

@@ -288,6 +288,21 @@ impl Store {
         self.write(Vec::new(), true).await
     }
 
+    /// Every session (ids are time-ordered, so oldest first).
+    pub async fn list_sessions(&self) -> Result<Vec<Session>, StoreError> {
+        self.read(|db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(SESSIONS)?;
+            let mut out = Vec::new();
+            for row in table.iter()? {
+                let (_, v) = row?;
+                out.push(serde_json::from_slice(v.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
         let id = id.to_string();
         self.read(move |db| {
