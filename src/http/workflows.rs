@@ -19,10 +19,15 @@
 //!   `node_succeeded`, `node_failed`, `node_skipped`, `item_*`,
 //!   `run_finished`); the stream ends after `run_finished` (at once if the
 //!   run was already over). The calls of a run: `GET /v1/calls?workflow_id=`.
+//!
+//! Definitions are shared; runs belong to the caller's tenant: a run is
+//! started as the caller's tenant (its calls and agent sessions are that
+//! tenant's), and another tenant's run is answered 404 like a missing one.
 
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -35,7 +40,8 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
-use crate::workflow::{StartRun, WorkflowError, WorkflowEventKind};
+use crate::tenants::Principal;
+use crate::workflow::{RunFilter, StartRun, WorkflowError, WorkflowEventKind, WorkflowRun};
 
 pub const DEFAULT_LIMIT: usize = 50;
 pub const MAX_LIMIT: usize = 1_000;
@@ -111,8 +117,18 @@ struct StartBody {
     user_id: Option<String>,
 }
 
+/// The run, if the caller's tenant owns it; else "not found".
+async fn owned(state: &AppState, caller: &Principal, id: &str) -> Result<WorkflowRun, ApiError> {
+    let run = state.workflows.get(id).await?;
+    if run.tenant != caller.tenant {
+        return Err(WorkflowError::RunNotFound { id: id.into() }.into());
+    }
+    Ok(run)
+}
+
 async fn start(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<StartBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -122,6 +138,7 @@ async fn start(
             &name,
             StartRun {
                 input: body.input,
+                tenant: caller.tenant,
                 user_id: body.user_id,
             },
         )
@@ -143,6 +160,7 @@ struct ListQuery {
 
 async fn list_runs(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
@@ -151,15 +169,23 @@ async fn list_runs(
             "limit must be between 1 and {MAX_LIMIT}"
         )));
     }
-    let runs = state.workflows.list(q.workflow.as_deref(), limit).await?;
+    let runs = state
+        .workflows
+        .list(RunFilter {
+            workflow: q.workflow,
+            tenant: Some(caller.tenant),
+            limit,
+        })
+        .await?;
     Ok(Json(json!({ "runs": runs, "count": runs.len() })))
 }
 
 async fn show_run(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(state.workflows.get(&id).await?)))
+    Ok(Json(json!(owned(&state, &caller, &id).await?)))
 }
 
 #[derive(Deserialize)]
@@ -171,9 +197,11 @@ struct ResumeQuery {
 
 async fn resume(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     Query(q): Query<ResumeQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    owned(&state, &caller, &id).await?;
     let run = state.workflows.resume(&id).await?;
     let run = if q.wait {
         state.workflows.wait(&run.id).await?
@@ -185,11 +213,12 @@ async fn resume(
 
 async fn events(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     // Subscribe before reading the snapshot, so nothing falls between them.
     let rx = state.workflows.subscribe();
-    let run = state.workflows.get(&id).await?;
+    let run = owned(&state, &caller, &id).await?;
     let over = run.status.is_terminal();
     let snapshot = SseEvent::default()
         .event("snapshot")

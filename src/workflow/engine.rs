@@ -6,13 +6,15 @@
 //!                    │◀── live state (watch) ◀───────┘
 //!                    └── store: "workflow_runs" docs (read when the run is not live)
 //!
-//! Definitions follow the tool registry's reload rules: a file whose text
-//! did not change is left alone (when nothing changed, nothing is
-//! re-checked); a bad file is reported (`errors` in `GET /v1/workflows`) and
-//! the last version of it that loaded stays live; two files naming one
-//! workflow: the first by path keeps it. Definitions are checked against
-//! the tools and agents of the moment they load; a tool removed later makes
-//! the node fail at run time with `tool_not_found`.
+//! Definitions follow the tool registry's reload rules: when no file
+//! changed and every file loaded, nothing is re-checked; a bad file is
+//! reported (`errors` in `GET /v1/workflows`, logged once) and the last
+//! version of it that loaded stays live; two files naming one workflow: the
+//! first by path keeps it. Definitions are checked against the tools and
+//! agents of the moment they load, and files that did not load are checked
+//! again at every rescan (a tool file added with them may load later); a
+//! tool removed later makes the node fail at run time with
+//! `tool_not_found`.
 //!
 //! A run is durable (`running`, every node pending) before `start` returns.
 //! At startup [`Workflows::recover`] marks every run still `running` as
@@ -32,11 +34,12 @@ use tokio::sync::{broadcast, watch};
 use super::definition::{Catalog, DefinitionError, Workflow, load};
 use super::run::{RUNS_NAMESPACE, RunStatus, WorkflowEvent, WorkflowRun};
 use super::runner::{Live, RunnerDeps, WorkflowRunner, run_started};
-use super::scheduler::{Scheduler, new_run};
+use super::scheduler::{Owner, Scheduler, new_run};
 use crate::config::Agents;
 use crate::conversation::Sessions;
 use crate::executor::ExecutorHandle;
 use crate::store::{Store, StoreError};
+use crate::tenants::DEFAULT_TENANT;
 use crate::tools::{FieldError, ToolRegistry};
 
 /// Node events buffered per subscriber.
@@ -105,8 +108,20 @@ pub struct WorkflowReload {
 pub struct StartRun {
     /// Checked against the workflow's input schema (`null` counts as `{}`).
     pub input: Value,
+    /// The owner; empty means the default tenant.
+    pub tenant: String,
     /// The user the run's tool calls are made for (rate limits).
     pub user_id: Option<String>,
+}
+
+/// Which runs to list.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    pub workflow: Option<String>,
+    /// Only this tenant's runs.
+    pub tenant: Option<String>,
+    /// At most this many, newest first (0: all).
+    pub limit: usize,
 }
 
 /// What the runtime hands the workflow engine.
@@ -221,7 +236,9 @@ impl Workflows {
                     .get(p)
                     .is_some_and(|f| Some(&f.text) == t.as_ref())
             });
-        if unchanged {
+        // Files that did not load are checked again even when unchanged: a
+        // tool or a file they need may have arrived since.
+        if unchanged && defs.errors.is_empty() {
             return WorkflowReload::default();
         }
         let known = Known {
@@ -283,9 +300,9 @@ impl Workflows {
         }
         defs.files = files;
         defs.by_name = by_name;
-        defs.errors = report.errors.clone();
+        let known_errors = std::mem::replace(&mut defs.errors, report.errors.clone());
         drop(defs);
-        for e in &report.errors {
+        for e in report.errors.iter().filter(|e| !known_errors.contains(e)) {
             tracing::warn!(file = %e.file, "workflow not loaded: {}", e.message);
         }
         for (names, what) in [
@@ -349,7 +366,17 @@ impl Workflows {
                     errors,
                 })?;
         let id = uuid::Uuid::now_v7().to_string();
-        let run = new_run(&workflow, id, input, start.user_id, Timestamp::now());
+        let tenant = if start.tenant.is_empty() {
+            DEFAULT_TENANT.to_string()
+        } else {
+            start.tenant
+        };
+        let owner = Owner {
+            tenant,
+            user_id: start.user_id,
+        };
+        let run = new_run(&workflow, id, input, owner, Timestamp::now());
+        let cache_ttl = self.cache_policy(&run.tenant).await;
         let state = self.claim(&run)?;
         if let Err(e) = self
             .inner
@@ -361,7 +388,7 @@ impl Workflows {
             self.release(&run.id);
             return Err(e.into());
         }
-        self.launch(workflow, run.clone(), state);
+        self.launch(workflow, run.clone(), state, cache_ttl);
         Ok(run)
     }
 
@@ -390,6 +417,7 @@ impl Workflows {
                 name: run.workflow.clone(),
             })?;
         run.reset_for_resume();
+        let cache_ttl = self.cache_policy(&run.tenant).await;
         let state = self.claim(&run)?;
         if let Err(e) = self
             .inner
@@ -401,7 +429,7 @@ impl Workflows {
             self.release(&run.id);
             return Err(e.into());
         }
-        self.launch(workflow, run.clone(), state);
+        self.launch(workflow, run.clone(), state, cache_ttl);
         Ok(run)
     }
 
@@ -432,14 +460,14 @@ impl Workflows {
         self.stored(id).await
     }
 
-    /// Runs, newest first, optionally of one workflow; at most `limit` (0: all).
-    pub async fn list(
-        &self,
-        workflow: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<WorkflowRun>, WorkflowError> {
+    /// Runs matching the filter, newest first.
+    pub async fn list(&self, filter: RunFilter) -> Result<Vec<WorkflowRun>, WorkflowError> {
         let docs = self.inner.deps.store.list_docs(RUNS_NAMESPACE, "").await?;
-        let limit = if limit == 0 { usize::MAX } else { limit };
+        let limit = if filter.limit == 0 {
+            usize::MAX
+        } else {
+            filter.limit
+        };
         let mut out = Vec::new();
         for (id, doc) in docs.into_iter().rev() {
             let run = match self.live_state(&id) {
@@ -452,7 +480,9 @@ impl Workflows {
                     }
                 },
             };
-            if workflow.is_some_and(|w| w != run.workflow) {
+            if filter.workflow.as_ref().is_some_and(|w| *w != run.workflow)
+                || filter.tenant.as_ref().is_some_and(|t| *t != run.tenant)
+            {
                 continue;
             }
             out.push(run);
@@ -520,7 +550,25 @@ impl Workflows {
             .remove(id);
     }
 
-    fn launch(&self, workflow: Arc<Workflow>, run: WorkflowRun, state: watch::Sender<WorkflowRun>) {
+    /// The result-cache TTL the tenant's config sets for its calls.
+    async fn cache_policy(&self, tenant: &str) -> Option<u64> {
+        match self.inner.deps.sessions.tenant_config(tenant).await {
+            Ok(c) if !c.tool_config.cache_enabled => Some(0),
+            Ok(c) => c.tool_config.cache_ttl_seconds,
+            Err(e) => {
+                tracing::warn!(%tenant, error = %e, "tenant config unreadable; tool defaults apply");
+                None
+            }
+        }
+    }
+
+    fn launch(
+        &self,
+        workflow: Arc<Workflow>,
+        run: WorkflowRun,
+        state: watch::Sender<WorkflowRun>,
+        cache_ttl: Option<u64>,
+    ) {
         let _ = self.inner.deps.events.send(run_started(&run));
         let n = self.inner.next_arbiter.fetch_add(1, Ordering::Relaxed);
         let arbiter = &self.inner.arbiters[n % self.inner.arbiters.len()];
@@ -529,6 +577,7 @@ impl Workflows {
             Scheduler::new(workflow, run),
             self.inner.deps.clone(),
             state,
+            cache_ttl,
         );
     }
 

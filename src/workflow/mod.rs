@@ -40,7 +40,9 @@ pub mod scheduler;
 pub mod template;
 
 pub use definition::{DefinitionError, OnError, Workflow};
-pub use engine::{LoadIssue, StartRun, WorkflowError, WorkflowReload, Workflows, WorkflowsDeps};
+pub use engine::{
+    LoadIssue, RunFilter, StartRun, WorkflowError, WorkflowReload, Workflows, WorkflowsDeps,
+};
 pub use run::{
     ItemRun, NodeRun, NodeStatus, RunStatus, WorkflowEvent, WorkflowEventKind, WorkflowRun,
 };

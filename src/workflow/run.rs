@@ -149,6 +149,10 @@ pub struct WorkflowRun {
     pub status: RunStatus,
     /// The input after validation (schema defaults filled in).
     pub input: Value,
+    /// The tenant that started the run: its calls and sessions are the
+    /// tenant's, and other tenants do not see the run.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
     #[serde(default)]
     pub user_id: Option<String>,
     pub nodes: BTreeMap<String, NodeRun>,
@@ -161,6 +165,10 @@ pub struct WorkflowRun {
     /// How many times the run was resumed.
     #[serde(default)]
     pub resumes: u32,
+}
+
+fn default_tenant() -> String {
+    crate::tenants::DEFAULT_TENANT.to_string()
 }
 
 impl WorkflowRun {

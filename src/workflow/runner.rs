@@ -11,6 +11,8 @@
 //!   The node's `timeout_s` and `retries` become the call's timeout and
 //!   retry budget, so the executor retries what may pass on a second try
 //!   (timeouts, transient failures) and not what will not (validation).
+//! - Both carry the run's tenant: its calls are the tenant's records (and
+//!   follow the tenant's cache policy), its sessions the tenant's sessions.
 //! - Agent tasks run one turn through [`Sessions`]: a new session of the
 //!   agent (tagged with the run and node in its metadata), or the session
 //!   of the node named by `session`. `timeout_s` bounds each turn (a turn
@@ -20,10 +22,12 @@
 //! - Tasks run as tokio tasks, not on the actor: a slow tool never delays
 //!   the runner's bookkeeping, and outcomes come back as [`TaskDone`].
 //! - Every step that changed something is written to the store before its
-//!   events go out and before the live state moves on (`ctx.wait` keeps
-//!   writes in order): started nodes non-durably, finished nodes, elements
-//!   and the run itself durably. A failed write is logged and the run goes
-//!   on; a restart then finds the last state that was written.
+//!   events go out, before the live state moves on and before its tasks
+//!   start (`ctx.wait` keeps writes in order): started nodes non-durably,
+//!   finished nodes, elements and the run itself durably. So what the store
+//!   says happened always precedes what happens, and a node's output is on
+//!   disk before a node reading it starts. A failed write is logged and the
+//!   run goes on; a restart then finds the last state that was written.
 //! - At shutdown (the `stopping` flag) the runner stops without writing, so
 //!   a run cut off by a stopping server is found `running` at the next
 //!   start and marked interrupted, never recorded as a failure it was not.
@@ -68,6 +72,8 @@ pub(super) struct WorkflowRunner {
     deps: RunnerDeps,
     state: watch::Sender<WorkflowRun>,
     plan: Plan,
+    /// The tenant's result-cache policy for the run's tool calls.
+    cache_ttl: Option<u64>,
 }
 
 /// A task ended (after its retries).
@@ -87,6 +93,7 @@ impl WorkflowRunner {
         scheduler: Scheduler,
         deps: RunnerDeps,
         state: watch::Sender<WorkflowRun>,
+        cache_ttl: Option<u64>,
     ) {
         let plan = scheduler.workflow().plan;
         WorkflowRunner::start_in_arbiter(arbiter, move |_| WorkflowRunner {
@@ -94,6 +101,7 @@ impl WorkflowRunner {
             deps,
             state,
             plan,
+            cache_ttl,
         });
     }
 
@@ -101,11 +109,15 @@ impl WorkflowRunner {
         self.deps.stopping.load(Ordering::SeqCst)
     }
 
+    /// Persists what the step changed, then makes it visible (live state,
+    /// events), then starts its tasks: a node is `running` in the store
+    /// before its tool runs, and an output is stored (durably) before a
+    /// node that reads it starts.
     fn apply(&mut self, step: Step, ctx: &mut Context<Self>) {
-        for task in step.tasks {
-            self.spawn_task(task, ctx);
-        }
         if step.events.is_empty() && !step.finished {
+            for task in step.tasks {
+                self.spawn_task(task, ctx);
+            }
             return;
         }
         let snapshot = self.scheduler.run().clone();
@@ -125,7 +137,7 @@ impl WorkflowRunner {
                 None => Ok(()),
             }
         };
-        let (events, finished) = (step.events, step.finished);
+        let (events, tasks, finished) = (step.events, step.tasks, step.finished);
         ctx.wait(write.into_actor(self).map(move |written, act, ctx| {
             if act.shutting_down() {
                 ctx.stop();
@@ -146,6 +158,9 @@ impl WorkflowRunner {
                     kind,
                 });
             }
+            for task in tasks {
+                act.spawn_task(task, ctx);
+            }
             if finished {
                 ctx.stop();
             }
@@ -160,8 +175,10 @@ impl WorkflowRunner {
             sessions: self.deps.sessions.clone(),
             run_id: run.id.clone(),
             workflow: run.workflow.clone(),
+            tenant: run.tenant.clone(),
             user_id: run.user_id.clone(),
             plan: self.plan,
+            cache_ttl: self.cache_ttl,
         };
         tokio::spawn(async move {
             let (node, item) = (task.node.clone(), task.item);
@@ -207,8 +224,10 @@ struct Performer {
     sessions: Sessions,
     run_id: String,
     workflow: String,
+    tenant: String,
     user_id: Option<String>,
     plan: Plan,
+    cache_ttl: Option<u64>,
 }
 
 impl Performer {
@@ -248,6 +267,8 @@ impl Performer {
         ctx.workflow_id = Some(self.run_id.clone());
         ctx.node_id = Some(node.to_string());
         ctx.user_id = self.user_id.clone();
+        ctx.tenant = Some(self.tenant.clone());
+        ctx.cache_ttl = self.cache_ttl;
         ctx.plan = self.plan;
         ctx.timeout = timeout;
         ctx.max_retries = retries;
@@ -292,11 +313,11 @@ impl Performer {
                     let created = self
                         .sessions
                         .create(NewSession {
+                            tenant: self.tenant.clone(),
                             agent: agent.to_string(),
                             user_id: self.user_id.clone(),
                             plan: self.plan,
                             metadata: json!({"workflow_id": self.run_id, "node_id": node}),
-                            ..NewSession::default()
                         })
                         .await;
                     match created {

@@ -102,12 +102,19 @@ pub struct Scheduler {
     elements: HashMap<usize, Vec<Value>>,
 }
 
+/// Who a run is for: its tenant and user.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Owner {
+    pub tenant: String,
+    pub user_id: Option<String>,
+}
+
 /// A new run of `workflow`: every node pending.
 pub fn new_run(
     workflow: &Workflow,
     id: String,
     input: Value,
-    user_id: Option<String>,
+    owner: Owner,
     now: Timestamp,
 ) -> WorkflowRun {
     WorkflowRun {
@@ -115,7 +122,8 @@ pub fn new_run(
         workflow: workflow.name.clone(),
         status: RunStatus::Running,
         input,
-        user_id,
+        tenant: owner.tenant,
+        user_id: owner.user_id,
         nodes: workflow
             .nodes
             .iter()
@@ -634,7 +642,7 @@ mod tests {
 
     fn scheduler(text: &str, input: Value) -> Scheduler {
         let w = wf(text).unwrap();
-        let run = new_run(&w, "run-1".into(), input, None, t(0));
+        let run = new_run(&w, "run-1".into(), input, Owner::default(), t(0));
         Scheduler::new(w, run)
     }
 
