@@ -469,8 +469,22 @@ impl Conversation {
             .map_or_else(tracing::Span::none, |c| c.span.clone())
     }
 
+    /// The context of this session's tool calls. A session a workflow's
+    /// agent node opened (its metadata names the run and node) calls tools
+    /// as that workflow node: outside the concurrency pool, recorded with
+    /// the run's id, like the workflow's own tool nodes.
     fn execution_context(&self) -> ExecutionContext {
-        let mut c = ExecutionContext::new(CallerType::ConversationAgent, self.session.id.clone());
+        let meta = &self.session.metadata;
+        let workflow = meta["workflow_id"].as_str().zip(meta["node_id"].as_str());
+        let caller = match workflow {
+            Some(_) => CallerType::WorkflowNode,
+            None => CallerType::ConversationAgent,
+        };
+        let mut c = ExecutionContext::new(caller, self.session.id.clone());
+        if let Some((run, node)) = workflow {
+            c.workflow_id = Some(run.to_string());
+            c.node_id = Some(node.to_string());
+        }
         c.conversation_id = Some(self.session.id.clone());
         c.user_id = self.session.user_id.clone();
         c.plan = self.session.plan;

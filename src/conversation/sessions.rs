@@ -293,6 +293,9 @@ impl Sessions {
     pub async fn suggestions(&self, tenant: &str, id: &str) -> Result<Vec<String>, SessionError> {
         let session = self.get_as(tenant, id).await?;
         let agent = self.agent_of(&session)?;
+        // The tenant's prompt and model, as in its turns.
+        let mut settings = turn_settings(&agent, &session, &self.inner.registry);
+        self.tenant_config(tenant).await?.apply(&mut settings);
         let (recent, _) = self.inner.store.recent_messages(id, 10).await?;
         let transcript: Vec<String> = recent
             .iter()
@@ -309,11 +312,11 @@ impl Sessions {
             })
             .collect();
         let request = crate::model::ChatRequest {
-            model: agent.model_name.clone(),
+            model: settings.model.clone(),
             messages: vec![
                 ChatMessage::system(format!(
                     "{}\n\n{SUGGESTIONS_INSTRUCTIONS}",
-                    agent.system_prompt.trim()
+                    settings.layers.base_prompt.trim()
                 )),
                 ChatMessage::user(if transcript.is_empty() {
                     "(no messages yet)".to_string()

@@ -217,8 +217,8 @@ impl Executor {
             return Admission::Refused(Box::new(result), raw_params);
         }
         if !msg.confirmed && !def.rate_limit.is_unlimited() {
-            let user = msg.ctx.user_id.as_deref().unwrap_or("anonymous");
-            if let Err(limited) = s.limiter.check(name, &def.rate_limit, user) {
+            let user = limit_key(&msg.ctx);
+            if let Err(limited) = s.limiter.check(name, &def.rate_limit, &user) {
                 let mut result =
                     ToolExecutionResult::failure(name, ErrorType::RateLimited, limited.to_string());
                 result.metadata.retry_after_ms = Some(limited.retry_after_ms());
@@ -344,6 +344,18 @@ impl Handler<ExecuteTool> for Executor {
             .instrument(span),
         )
     }
+}
+
+/// Whose allowance a call spends: the user within the caller's tenant, so
+/// tenants never share a user's limits.
+pub fn limit_key(ctx: &ExecutionContext) -> String {
+    format!(
+        "{}/{}",
+        ctx.tenant
+            .as_deref()
+            .unwrap_or(crate::tenants::DEFAULT_TENANT),
+        ctx.user_id.as_deref().unwrap_or("anonymous")
+    )
 }
 
 /// Steps 5-9 for an admitted call.

@@ -8,6 +8,7 @@
 //!   runtime's own snapshots: each runtime has its own numbers (tests run
 //!   several in one process), which a process-global recorder would mix.
 
+use axum::Extension;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
@@ -18,6 +19,9 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::error::ApiError;
+use crate::executor::limit_key;
+use crate::tenants::Principal;
+use crate::tools::{CallerType, ExecutionContext};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -39,6 +43,7 @@ struct QuotaQuery {
 
 async fn quota(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Query(q): Query<QuotaQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let tool = state.registry.get(&q.tool).ok_or_else(|| {
@@ -49,11 +54,15 @@ async fn quota(
         )
     })?;
     let user = q.user_id.as_deref().unwrap_or("anonymous");
+    let mut ctx = ExecutionContext::new(CallerType::Direct, user);
+    ctx.user_id = Some(user.to_string());
+    ctx.tenant = Some(caller.tenant);
+    let key = limit_key(&ctx);
     let windows = state
         .executor
         .shared()
         .limiter
-        .quota(&q.tool, &tool.definition.rate_limit, user);
+        .quota(&q.tool, &tool.definition.rate_limit, &key);
     Ok(Json(json!({
         "tool": q.tool,
         "user_id": user,

@@ -90,8 +90,8 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
         .layer(from_fn(json_errors))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(from_fn(refuse_oversized))
-        .layer(from_fn_with_state(keys, auth::authenticate))
         .layer(from_fn_with_state(api_limit, rate_limit::limit))
+        .layer(from_fn_with_state(keys, auth::authenticate))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

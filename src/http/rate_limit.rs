@@ -90,6 +90,18 @@ enum Caller {
 
 impl Caller {
     fn of(request: &Request) -> Caller {
+        // Authentication runs first: a verified key is counted by its id,
+        // so made-up keys cannot buy fresh buckets (they were refused).
+        if let Some(key_id) = request
+            .extensions()
+            .get::<crate::tenants::Principal>()
+            .and_then(|p| p.key_id.clone())
+        {
+            return Caller::ApiKey(key_id);
+        }
+        // No verified key: the server runs open (loopback only), where a
+        // bearer token is still a useful bucket; with keys configured,
+        // requests without a valid one were refused before this layer.
         if let Some(key) = request
             .headers()
             .get(AUTHORIZATION)

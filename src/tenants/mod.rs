@@ -40,6 +40,8 @@ const KEYS: &str = "api_keys";
 pub struct Principal {
     pub tenant: String,
     pub admin: bool,
+    /// The verified key's id (`None` when the server runs open).
+    pub key_id: Option<String>,
 }
 
 impl Principal {
@@ -47,6 +49,7 @@ impl Principal {
         Principal {
             tenant: DEFAULT_TENANT.into(),
             admin: true,
+            key_id: None,
         }
     }
 }
@@ -181,6 +184,7 @@ impl KeyRing {
         equal.then(|| Principal {
             tenant: record.tenant.clone(),
             admin: record.admin,
+            key_id: Some(record.key_id.clone()),
         })
     }
 }
@@ -204,7 +208,8 @@ mod tests {
             ring.verify(&key),
             Some(Principal {
                 tenant: "acme".into(),
-                admin: false
+                admin: false,
+                key_id: Some(record.key_id.clone()),
             })
         );
         assert_eq!(ring.verify(&format!("{key}x")), None);

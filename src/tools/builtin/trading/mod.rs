@@ -167,7 +167,7 @@ impl ToolHandler for TradingTool {
     async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
         let s = &*self.shared;
         let p = &params;
-        let user = user_docs::user_of(ctx);
+        let user = &user_docs::user_of(ctx);
         match self.op {
             Op::GetPrice => market::get_price(s, p).await,
             Op::GetOhlcv => market::get_ohlcv(s, p).await,

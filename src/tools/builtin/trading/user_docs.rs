@@ -44,13 +44,21 @@ type LockTable = Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>;
 
 static LOCKS: LazyLock<LockTable> = LazyLock::new(Default::default);
 
-/// Whose account a call works on.
-pub fn user_of(ctx: &ExecutionContext) -> &str {
-    ctx.user_id
+/// Whose account a call works on: the user within the caller's tenant
+/// (`tenant/user`), so two tenants naming the same user id never share an
+/// account.
+pub fn user_of(ctx: &ExecutionContext) -> String {
+    let user = ctx
+        .user_id
         .as_deref()
         .map(str::trim)
         .filter(|u| !u.is_empty())
-        .unwrap_or(ANONYMOUS)
+        .unwrap_or(ANONYMOUS);
+    let tenant = ctx
+        .tenant
+        .as_deref()
+        .unwrap_or(crate::tenants::DEFAULT_TENANT);
+    format!("{tenant}/{user}")
 }
 
 /// The user id as a key segment: `%` and `/` percent-encoded.
@@ -160,10 +168,12 @@ mod tests {
         assert_eq!(user_key("a%2Fb"), "a%252Fb");
         assert_ne!(user_key("a/b"), user_key("a%2Fb"));
         let mut ctx = ExecutionContext::new(CallerType::Direct, "t");
-        assert_eq!(user_of(&ctx), "anonymous");
+        assert_eq!(user_of(&ctx), "default/anonymous");
         ctx.user_id = Some("  ".into());
-        assert_eq!(user_of(&ctx), "anonymous");
+        assert_eq!(user_of(&ctx), "default/anonymous");
         ctx.user_id = Some("u1".into());
-        assert_eq!(user_of(&ctx), "u1");
+        assert_eq!(user_of(&ctx), "default/u1");
+        ctx.tenant = Some("acme".into());
+        assert_eq!(user_of(&ctx), "acme/u1");
     }
 }
