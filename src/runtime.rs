@@ -383,6 +383,7 @@ fn setup(
         registry.clone(),
         executor.clone(),
         conversation_arbiters.to_vec(),
+        Duration::from_secs_f64(config.sessions.idle_timeout_s),
     );
     let workflows = Workflows::new(WorkflowsDeps {
         dir: builder.agents_dir.join("workflows"),

@@ -21,7 +21,7 @@ use crate::executor::concurrency::ConcurrencyConfig;
 use crate::http::rate_limit::ApiLimitConfig;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 4] = ["concurrency", "api_limit", "executor", "tools"];
+const SECTIONS: [&str; 5] = ["concurrency", "api_limit", "executor", "tools", "sessions"];
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -30,6 +30,23 @@ pub struct ServerConfig {
     pub api_limit: ApiLimitConfig,
     pub executor: ExecutorSection,
     pub tools: ToolsSection,
+    pub sessions: SessionsSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsSection {
+    /// Seconds without a message after which a conversation leaves memory
+    /// (it is reloaded from the store on its next message).
+    pub idle_timeout_s: f64,
+}
+
+impl Default for SessionsSection {
+    fn default() -> Self {
+        SessionsSection {
+            idle_timeout_s: 300.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -158,6 +175,9 @@ impl ServerConfig {
             .map_err(|e| format!("concurrency: {e}"))?;
         if self.executor.default_timeout_s.is_nan() || self.executor.default_timeout_s <= 0.0 {
             return Err("executor.default_timeout_s must be greater than 0".into());
+        }
+        if self.sessions.idle_timeout_s.is_nan() || self.sessions.idle_timeout_s < 0.01 {
+            return Err("sessions.idle_timeout_s must be at least 0.01".into());
         }
         if self.tools.reload_interval_s.is_nan() || self.tools.reload_interval_s < 0.1 {
             return Err("tools.reload_interval_s must be at least 0.1".into());

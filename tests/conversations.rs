@@ -861,3 +861,40 @@ async fn the_offline_provider_answers_a_toolless_agent_with_layers_and_summarise
     assert_eq!(summary["message_count"], 6);
     assert_eq!(summary["turns"], 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_conversation_leaves_memory_and_comes_back_with_its_history() {
+    let model = MockModel::start().await;
+    model.push_all([Reply::text("Hello, Ada."), Reply::text("You are Ada.")]);
+    let app = spawn_app(
+        AppOptions::with_model(&model).config_toml("[sessions]\nidle_timeout_s = 0.05\n"),
+    );
+    let session = app.session("assistant").await;
+    let (status, _) = app.say(&session, "I am Ada").await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Bounded wait for the eviction (a timer inside the runtime; no signal to await).
+    let sessions = app.runtime.as_ref().unwrap().sessions().clone();
+    let mut evicted = false;
+    for _ in 0..500 {
+        if sessions.resident() == 0 {
+            evicted = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(evicted, "the idle conversation is still in memory");
+
+    let (status, body) = app.say(&session, "Who am I?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["answer"], "You are Ada.");
+    let requests = model.requests();
+    let contents: Vec<&str> = requests[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .skip(1)
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(contents, ["I am Ada", "Hello, Ada.", "Who am I?"]);
+}

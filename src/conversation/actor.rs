@@ -24,6 +24,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use jiff::Timestamp;
@@ -165,10 +166,22 @@ pub struct Conversation {
     /// Id of the tool batch the current turn waits for; reports of other
     /// batches (from a turn that already failed) are ignored.
     batch_id: u64,
+    idle_timeout: Duration,
+    last_active: Instant,
 }
 
 impl Actor for Conversation {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        // Idle conversations leave memory; the store has everything.
+        let every = (self.idle_timeout / 4).max(Duration::from_millis(10));
+        ctx.run_interval(every, |act, ctx| {
+            if !act.busy && act.queue.is_empty() && act.last_active.elapsed() >= act.idle_timeout {
+                ctx.stop();
+            }
+        });
+    }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
         for pending in self.queue.drain(..) {
@@ -191,6 +204,7 @@ impl Conversation {
         store: Store,
         executor: ExecutorHandle,
         machine: ConversationMachine,
+        idle_timeout: Duration,
     ) -> Self {
         Conversation {
             session,
@@ -202,6 +216,8 @@ impl Conversation {
             busy: false,
             queue: VecDeque::new(),
             batch_id: 0,
+            idle_timeout,
+            last_active: Instant::now(),
         }
     }
 
@@ -210,6 +226,7 @@ impl Conversation {
             return;
         }
         let Some(pending) = self.queue.pop_front() else {
+            self.last_active = Instant::now();
             return;
         };
         self.busy = true;

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::Serialize;
@@ -164,28 +165,48 @@ struct Inner {
     executor: ExecutorHandle,
     arbiters: Vec<actix::dev::ArbiterHandle>,
     next_arbiter: AtomicUsize,
+    idle_timeout: Duration,
 }
 
 impl Sessions {
+    /// Conversations idle for `idle_timeout` leave memory (their actor
+    /// stops; the next message loads them again from the store). Call from
+    /// inside the tokio runtime: a sweeper task drops the stopped handles.
     pub fn new(
         store: Store,
         agents: Agents,
         registry: ToolRegistry,
         executor: ExecutorHandle,
         arbiters: Vec<actix::dev::ArbiterHandle>,
+        idle_timeout: Duration,
     ) -> Self {
         assert!(!arbiters.is_empty(), "sessions need at least one arbiter");
-        Sessions {
-            inner: Arc::new(Inner {
-                live: Mutex::new(HashMap::new()),
-                store,
-                agents,
-                registry,
-                executor,
-                arbiters,
-                next_arbiter: AtomicUsize::new(0),
-            }),
-        }
+        let inner = Arc::new(Inner {
+            live: Mutex::new(HashMap::new()),
+            store,
+            agents,
+            registry,
+            executor,
+            arbiters,
+            next_arbiter: AtomicUsize::new(0),
+            idle_timeout,
+        });
+        let weak = Arc::downgrade(&inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(
+                idle_timeout.clamp(Duration::from_millis(50), Duration::from_secs(30)),
+            );
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { break };
+                inner
+                    .live
+                    .lock()
+                    .expect("sessions lock")
+                    .retain(|_, h| h.is_alive());
+            }
+        });
+        Sessions { inner }
     }
 
     pub fn agents(&self) -> &Agents {
@@ -457,7 +478,13 @@ impl Sessions {
 
     /// Conversations currently in memory.
     pub fn resident(&self) -> usize {
-        self.inner.live.lock().expect("sessions lock").len()
+        self.inner
+            .live
+            .lock()
+            .expect("sessions lock")
+            .values()
+            .filter(|h| h.is_alive())
+            .count()
     }
 
     async fn handle(&self, id: &str) -> Result<ConversationHandle, SessionError> {
@@ -503,6 +530,7 @@ impl Sessions {
             self.inner.store.clone(),
             self.inner.executor.clone(),
             machine,
+            self.inner.idle_timeout,
         );
         let handle = ConversationHandle::start_in(arbiter, conversation);
         live.insert(id.to_string(), handle.clone());
