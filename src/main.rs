@@ -63,15 +63,19 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
-    /// Run one turn in-process and print the answer and each tool call.
+    /// Chat in-process: one turn with MESSAGE, or an interactive session
+    /// without it (`/summary`, `/tools`, `/quit`).
     Chat {
         #[arg(long, default_value = "assistant")]
         agent: String,
         /// Plan of the session: free, pro or premium.
         #[arg(long, default_value = "free")]
         plan: String,
-        /// The message to send.
-        message: String,
+        /// Continue this session instead of starting one.
+        #[arg(long)]
+        session: Option<String>,
+        /// The message to send; none: interactive.
+        message: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -231,9 +235,10 @@ fn main() -> anyhow::Result<()> {
         Command::Chat {
             agent,
             plan,
+            session,
             message,
             common,
-        } => chat(agent, plan, message, common),
+        } => chat(agent, plan, session, message, common),
         Command::Tools {
             command: ToolsCommand::List { plan, agents },
         } => tools_list(plan, agents),
@@ -296,32 +301,113 @@ fn serve(addr: SocketAddr, common: Common) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn chat(agent: String, plan: String, message: String, common: Common) -> anyhow::Result<()> {
+fn chat(
+    agent: String,
+    plan: String,
+    session: Option<String>,
+    message: Option<String>,
+    common: Common,
+) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+
+    use cadre::conversation::actor::TurnEvent;
+
     let plan = Plan::parse(&plan).context("--plan must be free, pro or premium")?;
     let runtime = runtime(&common)?.start().context("starting cadre")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let outcome = rt.block_on(async {
-        let sessions = runtime.sessions();
-        let session = sessions
-            .create(NewSession {
-                agent,
-                plan,
-                ..Default::default()
-            })
-            .await?;
-        sessions.send_message(&session.id, message).await
+    let sessions = runtime.sessions();
+    let id = rt.block_on(async {
+        match session {
+            Some(id) => sessions.get(&id).await.map(|s| s.id),
+            None => sessions
+                .create(NewSession {
+                    agent: agent.clone(),
+                    plan,
+                    ..Default::default()
+                })
+                .await
+                .map(|s| s.id),
+        }
     })?;
-    for call in &outcome.tool_calls {
-        let result = match (&call.output, &call.error) {
-            (Some(out), _) => format!("ok: {out}"),
-            (None, Some(err)) => format!("failed: {err}"),
-            (None, None) => "no output".into(),
-        };
-        println!("[tool] {}({}) -> {result}", call.name, call.arguments);
+    let turn = |text: String, live: bool| -> anyhow::Result<()> {
+        rt.block_on(async {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<TurnEvent>();
+            let work = sessions.send_message_with(&id, text, Some(tx));
+            tokio::pin!(work);
+            let mut streamed = false;
+            let outcome = loop {
+                tokio::select! {
+                    result = &mut work => break result,
+                    Some(event) = rx.recv() => match event {
+                        TurnEvent::TurnStarted { .. } if live => {
+                            eprint!("… thinking\r");
+                        }
+                        TurnEvent::ToolCallStarted { name, arguments, .. } => {
+                            println!("[tool] {name}({arguments}) …");
+                        }
+                        TurnEvent::ToolCallCompleted { call } => {
+                            let result = match (&call.output, &call.error) {
+                                (Some(out), _) => format!("ok: {out}"),
+                                (None, Some(err)) => format!("failed: {err}"),
+                                (None, None) => "no output".into(),
+                            };
+                            println!("[tool] {} -> {result}", call.name);
+                        }
+                        TurnEvent::ModelDelta { text } if live => {
+                            streamed = true;
+                            print!("{text}");
+                            let _ = std::io::stdout().flush();
+                        }
+                        _ => {}
+                    },
+                }
+            };
+            let outcome = outcome?;
+            if streamed {
+                println!();
+            } else {
+                println!("{}", outcome.answer);
+            }
+            Ok(())
+        })
+    };
+    if let Some(message) = message {
+        return turn(message, false);
     }
-    println!("{}", outcome.answer);
+    println!("session {id} with agent {agent}; /summary, /tools, /quit");
+    let stdin = std::io::stdin();
+    loop {
+        print!("you> ");
+        std::io::stdout().flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim();
+        match line {
+            "" => continue,
+            "/quit" | "/exit" => break,
+            "/summary" => {
+                let summary = rt.block_on(sessions.summary(&id))?;
+                println!("{}", serde_json::to_string_pretty(&summary)?);
+            }
+            "/tools" => {
+                let session = rt.block_on(sessions.get(&id))?;
+                if let Some(a) = sessions.agents().get(&session.agent) {
+                    for spec in a.tool_specs(runtime.registry(), session.plan) {
+                        println!("{:<24} {}", spec.name, spec.description);
+                    }
+                }
+            }
+            text => {
+                if let Err(e) = turn(text.to_string(), true) {
+                    println!("error: {e}");
+                }
+            }
+        }
+    }
     Ok(())
 }
 
