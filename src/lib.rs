@@ -13,6 +13,7 @@
 //! - [`workflow`]: DAGs of tool and agent nodes; a pure scheduler inside a
 //!   runner actor per run.
 //! - [`store`]: redb tables and the group-committing writer.
+//! - [`metrics`]: counters and histograms for `/metrics`.
 //! - [`tenants`]: API keys, tenant isolation and per-tenant config.
 //! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
 //! - [`events`]: the broadcast bus of runtime events.
@@ -23,6 +24,7 @@ pub mod conversation;
 pub mod events;
 pub mod executor;
 pub mod http;
+pub mod metrics;
 pub mod model;
 pub mod runtime;
 pub mod server_config;

@@ -364,6 +364,7 @@ fn setup(
         tracing::warn!(dir = %builder.agents_dir.display(), "no agents defined");
     }
     let executor_config = config.executor_config();
+    let metrics = Arc::new(crate::metrics::Metrics::default());
     let shared = ExecutorShared {
         registry: registry.clone(),
         store: store.clone(),
@@ -374,6 +375,7 @@ fn setup(
         events,
         config: executor_config,
         restarts: Arc::default(),
+        metrics: metrics.clone(),
     };
     let (executor_arbiter, conversation_arbiters) = arbiters.split_first().expect("arbiters");
     let executor = ExecutorHandle::start(executor_arbiter, shared);
@@ -384,6 +386,7 @@ fn setup(
         executor.clone(),
         conversation_arbiters.to_vec(),
         Duration::from_secs_f64(config.sessions.idle_timeout_s),
+        metrics,
     );
     let workflows = Workflows::new(WorkflowsDeps {
         dir: builder.agents_dir.join("workflows"),

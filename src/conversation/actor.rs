@@ -24,6 +24,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -36,6 +37,7 @@ use tracing::Instrument;
 use super::machine::{Action, CallReport, ConversationMachine, Step, TurnOutcome, TurnSettings};
 use crate::config::{Agent, Multitask};
 use crate::executor::ExecutorHandle;
+use crate::metrics::Metrics;
 use crate::model::{ChatMessage, ModelError};
 use crate::store::{Session, Store, StoreError, StoredMessage, StoredSummary, WriteOp};
 use crate::tools::subagent::{ToolBatchReport, ToolSubAgent};
@@ -139,6 +141,7 @@ enum Pending {
 }
 
 struct Current {
+    started: Instant,
     reply: TurnReply,
     events: Option<TurnSink>,
     /// The turn's span: model calls and the tool batch are its children.
@@ -168,6 +171,7 @@ pub struct Conversation {
     batch_id: u64,
     idle_timeout: Duration,
     last_active: Instant,
+    metrics: Arc<Metrics>,
 }
 
 impl Actor for Conversation {
@@ -205,6 +209,7 @@ impl Conversation {
         executor: ExecutorHandle,
         machine: ConversationMachine,
         idle_timeout: Duration,
+        metrics: Arc<Metrics>,
     ) -> Self {
         Conversation {
             session,
@@ -218,6 +223,7 @@ impl Conversation {
             batch_id: 0,
             idle_timeout,
             last_active: Instant::now(),
+            metrics,
         }
     }
 
@@ -250,6 +256,7 @@ impl Conversation {
                     error.type = tracing::field::Empty,
                 );
                 let current = Current {
+                    started: Instant::now(),
                     reply,
                     events,
                     span,
@@ -323,6 +330,8 @@ impl Conversation {
                     error.type = tracing::field::Empty,
                 );
                 let record_to = span.clone();
+                let metrics = self.metrics.clone();
+                let called = Instant::now();
                 let io = async move {
                     if !ops.is_empty() {
                         store.write(ops, false).await?;
@@ -339,81 +348,111 @@ impl Conversation {
                     Ok::<_, TurnError>(reply)
                 }
                 .instrument(span);
-                ctx.spawn(
-                    io.into_actor(self)
-                        .map(move |result, act, ctx| match result {
-                            Ok(reply) => {
-                                if let Some(u) = &reply.usage {
-                                    record_to.record("gen_ai.usage.input_tokens", u.prompt_tokens);
-                                    record_to
-                                        .record("gen_ai.usage.output_tokens", u.completion_tokens);
-                                }
-                                record_to
-                                    .record("gen_ai.response.tool_calls", reply.tool_calls.len());
-                                let step = act.machine.on_model_reply(reply);
-                                act.perform(step, ctx);
-                            }
-                            Err(e) => {
-                                record_to.record("error.type", error_type(&e));
-                                act.fail(e, ctx)
-                            }
-                        }),
-                );
-            }
-            Action::RunTools(calls) => {
-                for c in &calls {
-                    self.emit(TurnEvent::ToolCallStarted {
-                        id: c.id.clone(),
-                        name: c.name.clone(),
-                        arguments: serde_json::from_str(&c.arguments)
-                            .unwrap_or(Value::String(c.arguments.clone())),
-                    });
-                }
-                self.batch_id += 1;
-                let batch_id = self.batch_id;
-                let context = self.execution_context();
-                let executor = self.executor.clone();
-                let deadline = self.agent.tool_batch_timeout;
-                let span = tracing::info_span!(
-                    parent: self.turn_span(),
-                    "tool_batch",
-                    batch = batch_id,
-                    calls = calls.len(),
-                );
-                let io = async move { store.write(ops, false).await };
-                ctx.spawn(
-                    io.into_actor(self)
-                        .map(move |result, act, ctx| match result {
-                            Ok(()) => ToolSubAgent::spawn(
-                                batch_id,
-                                calls,
-                                context,
-                                executor,
-                                ctx.address().recipient(),
-                                deadline,
-                                span,
-                            ),
-                            Err(e) => act.fail(e.into(), ctx),
-                        }),
-                );
-            }
-            Action::Finish(outcome) => {
-                let io = async move { store.write(ops, true).await };
                 ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
-                    if let Some(current) = act.current.take() {
-                        current.span.record("iterations", outcome.iterations);
-                        current.span.record("tool_calls", outcome.tool_calls.len());
-                        if result.is_ok() {
-                            current.emit(TurnEvent::TurnCompleted(outcome.clone()));
-                        }
-                        let _ = current
-                            .reply
-                            .send(result.map(|()| *outcome).map_err(TurnError::from));
+                    metrics.model_calls.fetch_add(1, Ordering::Relaxed);
+                    metrics.model_latency.observe(called.elapsed());
+                    if result.is_err() {
+                        metrics.model_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                    act.summarise_then_next(ctx);
+                    act.on_model_result(result, &record_to, ctx)
                 }));
             }
+            Action::RunTools(calls) => {
+                self.run_tools(calls, ops, ctx);
+            }
+            Action::Finish(outcome) => {
+                self.finish(*outcome, ops, ctx);
+            }
         }
+    }
+
+    fn on_model_result(
+        &mut self,
+        result: Result<crate::model::ChatResponse, TurnError>,
+        record_to: &tracing::Span,
+        ctx: &mut Context<Self>,
+    ) {
+        match result {
+            Ok(reply) => {
+                if let Some(u) = &reply.usage {
+                    record_to.record("gen_ai.usage.input_tokens", u.prompt_tokens);
+                    record_to.record("gen_ai.usage.output_tokens", u.completion_tokens);
+                }
+                record_to.record("gen_ai.response.tool_calls", reply.tool_calls.len());
+                let step = self.machine.on_model_reply(reply);
+                self.perform(step, ctx);
+            }
+            Err(e) => {
+                record_to.record("error.type", error_type(&e));
+                self.fail(e, ctx)
+            }
+        }
+    }
+
+    fn run_tools(
+        &mut self,
+        calls: Vec<crate::model::ToolCall>,
+        ops: Vec<WriteOp>,
+        ctx: &mut Context<Self>,
+    ) {
+        for c in &calls {
+            self.emit(TurnEvent::ToolCallStarted {
+                id: c.id.clone(),
+                name: c.name.clone(),
+                arguments: serde_json::from_str(&c.arguments)
+                    .unwrap_or(Value::String(c.arguments.clone())),
+            });
+        }
+        self.batch_id += 1;
+        let batch_id = self.batch_id;
+        let context = self.execution_context();
+        let executor = self.executor.clone();
+        let deadline = self.agent.tool_batch_timeout;
+        let span = tracing::info_span!(
+            parent: self.turn_span(),
+            "tool_batch",
+            batch = batch_id,
+            calls = calls.len(),
+        );
+        let store = self.store.clone();
+        let io = async move { store.write(ops, false).await };
+        ctx.spawn(
+            io.into_actor(self)
+                .map(move |result, act, ctx| match result {
+                    Ok(()) => ToolSubAgent::spawn(
+                        batch_id,
+                        calls,
+                        context,
+                        executor,
+                        ctx.address().recipient(),
+                        deadline,
+                        span,
+                    ),
+                    Err(e) => act.fail(e.into(), ctx),
+                }),
+        );
+    }
+
+    fn finish(&mut self, outcome: TurnOutcome, ops: Vec<WriteOp>, ctx: &mut Context<Self>) {
+        let store = self.store.clone();
+        let io = async move { store.write(ops, true).await };
+        ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
+            if let Some(current) = act.current.take() {
+                current.span.record("iterations", outcome.iterations);
+                current.span.record("tool_calls", outcome.tool_calls.len());
+                if result.is_ok() {
+                    act.metrics.turns_completed.fetch_add(1, Ordering::Relaxed);
+                    act.metrics.turn_latency.observe(current.started.elapsed());
+                    current.emit(TurnEvent::TurnCompleted(Box::new(outcome.clone())));
+                } else {
+                    act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = current
+                    .reply
+                    .send(result.map(|()| outcome).map_err(TurnError::from));
+            }
+            act.summarise_then_next(ctx);
+        }));
     }
 
     /// Updates the rolling summary if needed, then starts what is queued.
@@ -471,6 +510,7 @@ impl Conversation {
                 .into_actor(self)
                 .map(move |_, act, ctx| {
                     if let Some(current) = act.current.take() {
+                        act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
                         current.span.record("error.type", error_type(&error));
                         let _ = current.reply.send(Err(error));
                     }

@@ -25,6 +25,7 @@ use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnSetti
 use super::summary::ToolUsageSummary;
 use crate::config::{Agent, Agents};
 use crate::executor::ExecutorHandle;
+use crate::metrics::Metrics;
 use crate::model::ChatMessage;
 use crate::store::{Session, Store, StoreError, StoredMessage, WriteOp};
 use crate::tenants::TenantConfig;
@@ -166,6 +167,7 @@ struct Inner {
     arbiters: Vec<actix::dev::ArbiterHandle>,
     next_arbiter: AtomicUsize,
     idle_timeout: Duration,
+    metrics: Arc<Metrics>,
 }
 
 impl Sessions {
@@ -179,6 +181,7 @@ impl Sessions {
         executor: ExecutorHandle,
         arbiters: Vec<actix::dev::ArbiterHandle>,
         idle_timeout: Duration,
+        metrics: Arc<Metrics>,
     ) -> Self {
         assert!(!arbiters.is_empty(), "sessions need at least one arbiter");
         let inner = Arc::new(Inner {
@@ -190,6 +193,7 @@ impl Sessions {
             arbiters,
             next_arbiter: AtomicUsize::new(0),
             idle_timeout,
+            metrics,
         });
         let weak = Arc::downgrade(&inner);
         tokio::spawn(async move {
@@ -531,6 +535,7 @@ impl Sessions {
             self.inner.executor.clone(),
             machine,
             self.inner.idle_timeout,
+            self.inner.metrics.clone(),
         );
         let handle = ConversationHandle::start_in(arbiter, conversation);
         live.insert(id.to_string(), handle.clone());

@@ -134,6 +134,7 @@ pub struct ExecutorShared {
     pub config: ExecutorConfig,
     /// How often the supervisor restarted the actor.
     pub restarts: Arc<AtomicU64>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 struct Executor {
@@ -219,6 +220,7 @@ impl Executor {
         if !msg.confirmed && !def.rate_limit.is_unlimited() {
             let user = limit_key(&msg.ctx);
             if let Err(limited) = s.limiter.check(name, &def.rate_limit, &user) {
+                s.metrics.rate_limited.fetch_add(1, Ordering::Relaxed);
                 let mut result =
                     ToolExecutionResult::failure(name, ErrorType::RateLimited, limited.to_string());
                 result.metadata.retry_after_ms = Some(limited.retry_after_ms());
@@ -324,6 +326,10 @@ impl Handler<ExecuteTool> for Executor {
                 if let Some(t) = result.error_type {
                     record_to.record("error.type", t.as_str());
                 }
+                shared.metrics.tool_call(
+                    &msg.tool_name,
+                    result.error_type.map_or("ok", ErrorType::as_str),
+                );
                 record(&shared.store, &msg, params, &result).await;
                 shared
                     .events

@@ -134,6 +134,12 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             b.queue
         ));
     }
+    state.executor.shared().metrics.render(&mut out);
+    state.store.commit_latency().render(
+        &mut out,
+        "cadre_store_commit_duration_seconds",
+        "Duration of redb commits (one commit may carry many writes).",
+    );
     (
         [(
             header::CONTENT_TYPE,

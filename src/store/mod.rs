@@ -204,6 +204,7 @@ pub struct Store {
 }
 
 struct Inner {
+    commit_latency: Arc<crate::metrics::Histogram>,
     writer: Option<std_mpsc::Sender<WriteRequest>>,
     thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
@@ -250,13 +251,16 @@ impl Store {
         let db = Arc::new(db);
         let (tx, rx) = std_mpsc::channel();
         let writer_db = db.clone();
+        let commit_latency = Arc::new(crate::metrics::Histogram::default());
+        let latency = commit_latency.clone();
         let thread = std::thread::Builder::new()
             .name("cadre-store-writer".into())
-            .spawn(move || writer_loop(writer_db, rx))
+            .spawn(move || writer_loop(writer_db, rx, &latency))
             .expect("spawn the store writer thread");
         Ok(Store {
             db,
             inner: Arc::new(Inner {
+                commit_latency,
                 writer: Some(tx),
                 thread: Some(thread),
                 path,
@@ -266,6 +270,11 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// How long the writer's commits take (each may carry many callers' writes).
+    pub fn commit_latency(&self) -> &crate::metrics::Histogram {
+        &self.inner.commit_latency
     }
 
     /// Applies `ops` in one transaction (possibly shared with other callers').
@@ -683,7 +692,11 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn writer_loop(db: Arc<Database>, rx: std_mpsc::Receiver<WriteRequest>) {
+fn writer_loop(
+    db: Arc<Database>,
+    rx: std_mpsc::Receiver<WriteRequest>,
+    latency: &crate::metrics::Histogram,
+) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -693,10 +706,12 @@ fn writer_loop(db: Arc<Database>, rx: std_mpsc::Receiver<WriteRequest>) {
             }
         }
         let durable = batch.iter().any(|r| r.durable);
+        let started = std::time::Instant::now();
         let result = commit_batch(&db, &batch, durable).map_err(|e| {
             tracing::error!(error = %e, requests = batch.len(), "store commit failed");
             Arc::new(e)
         });
+        latency.observe(started.elapsed());
         for req in batch {
             let _ = req.done.send(result.clone());
         }
