@@ -898,3 +898,35 @@ async fn an_idle_conversation_leaves_memory_and_comes_back_with_its_history() {
         .collect();
     assert_eq!(contents, ["I am Ada", "Hello, Ada.", "Who am I?"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_comes_in_pages_with_a_cursor() {
+    let model = MockModel::start().await;
+    model.push_all((0..3).map(|i| Reply::text(&format!("a{i}"))));
+    let app = spawn_app(AppOptions::with_model(&model));
+    let session = app.session("assistant").await;
+    for i in 0..3 {
+        app.say(&session, &format!("q{i}")).await;
+    }
+    let (status, page) = app
+        .get(&format!("/v1/sessions/{session}/messages?limit=4"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let seqs: Vec<u64> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2, 3, 4]);
+    assert_eq!(page["next_after"], 4);
+    let (_, rest) = app
+        .get(&format!("/v1/sessions/{session}/messages?limit=4&after=4"))
+        .await;
+    assert_eq!(rest["messages"].as_array().unwrap().len(), 2);
+    assert!(rest["next_after"].is_null());
+    let (status, body) = app
+        .get(&format!("/v1/sessions/{session}/messages?limit=100000"))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}

@@ -215,3 +215,34 @@ async fn a_model_that_hangs_past_the_timeout_is_a_504() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["answer"], "on time");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_with_too_many_tool_calls_runs_sixteen_and_refuses_the_rest() {
+    let model = MockModel::start().await;
+    let calls: Vec<(String, &str, &str)> = (0..20)
+        .map(|i| (format!("c{i}"), "echo", r#"{"message":"x"}"#))
+        .collect();
+    let refs: Vec<(&str, &str, &str)> =
+        calls.iter().map(|(i, n, a)| (i.as_str(), *n, *a)).collect();
+    model.push_all([Reply::tool_calls(&refs), Reply::text("done")]);
+    let app = spawn_app(AppOptions::with_model(&model));
+    let session = app.session("assistant").await;
+
+    let (status, body) = app.say(&session, "flood").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let results = body["tool_calls"].as_array().unwrap();
+    assert_eq!(results.len(), 20, "every call id gets a result");
+    assert!(results[..16].iter().all(|c| c["is_success"] == true));
+    for c in &results[16..] {
+        assert_eq!(c["is_success"], false);
+        assert!(c["error"].as_str().unwrap().contains("at most 16"), "{c}");
+    }
+    let requests = model.requests();
+    let tool_messages = requests[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count();
+    assert_eq!(tool_messages, 20);
+}

@@ -265,13 +265,16 @@ impl Sessions {
         self.send_message_with(id, content, events).await
     }
 
+    /// Up to `limit` messages after seq `after`, oldest first.
     pub async fn history_as(
         &self,
         tenant: &str,
         id: &str,
+        after: u64,
+        limit: usize,
     ) -> Result<Vec<StoredMessage>, SessionError> {
         self.get_as(tenant, id).await?;
-        self.history(id).await
+        Ok(self.inner.store.messages_page(id, after, limit).await?)
     }
 
     pub async fn summary_as(&self, tenant: &str, id: &str) -> Result<SessionSummary, SessionError> {

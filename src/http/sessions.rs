@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -168,13 +168,41 @@ async fn send(
         .into_response())
 }
 
+/// Most messages one history page holds.
+pub const MAX_PAGE: usize = 1_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    /// Only messages after this seq (the previous page's `next_after`).
+    after: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// Oldest first, at most `limit` (default and maximum [`MAX_PAGE`]);
+/// `next_after` is set when more follow.
 async fn history(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
+    Query(q): Query<HistoryQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let messages = state.sessions.history_as(&caller.tenant, &id).await?;
-    Ok(Json(json!({ "session_id": id, "messages": messages })))
+    let limit = q.limit.unwrap_or(MAX_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::validation(format!(
+            "limit must be between 1 and {MAX_PAGE}"
+        )));
+    }
+    let mut messages = state
+        .sessions
+        .history_as(&caller.tenant, &id, q.after.unwrap_or(0), limit + 1)
+        .await?;
+    let more = messages.len() > limit;
+    messages.truncate(limit);
+    let next_after = more.then(|| messages.last().map(|m| m.seq)).flatten();
+    Ok(Json(
+        json!({ "session_id": id, "messages": messages, "next_after": next_after }),
+    ))
 }
 
 async fn summary(

@@ -376,6 +376,30 @@ impl Store {
         self.messages_after(session_id, 0).await
     }
 
+    /// At most `limit` messages with seq > `after`, oldest first.
+    pub async fn messages_page(
+        &self,
+        session_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let id = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(MESSAGES)?;
+            let mut out = Vec::new();
+            for row in table
+                .range((id.as_str(), after.saturating_add(1))..=(id.as_str(), u64::MAX))?
+                .take(limit)
+            {
+                let (_, v) = row?;
+                out.push(serde_json::from_slice(v.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// Messages with seq > `after`, oldest first.
     pub async fn messages_after(
         &self,
