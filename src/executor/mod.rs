@@ -555,9 +555,16 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolExecutionResult) {
+    // The name of a tool that does not exist is the caller's text: kept
+    // short in the record, and never a key of the per-tool counters.
+    let tool_name = if result.error_type == Some(ErrorType::ToolNotFound) {
+        msg.tool_name.chars().take(64).collect()
+    } else {
+        msg.tool_name.clone()
+    };
     let rec = ToolCallRecord {
         record_id: uuid::Uuid::now_v7().to_string(),
-        tool_name: msg.tool_name.clone(),
+        tool_name,
         tool_call_id: msg.tool_call_id.clone(),
         params,
         output: result.output.clone(),

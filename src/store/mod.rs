@@ -785,6 +785,11 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                     if let Some(wf) = &rec.workflow_id {
                         by_workflow.insert((wf.as_str(), id), ())?;
                     }
+                    // Calls to tools that do not exist are recorded but not
+                    // counted per tool: their names are anyone's text.
+                    if rec.error_type.as_deref() == Some("tool_not_found") {
+                        continue;
+                    }
                     let mut s: ToolStats = match stats.get(rec.tool_name.as_str())? {
                         Some(v) => serde_json::from_slice(v.value())?,
                         None => ToolStats::default(),
