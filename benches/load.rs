@@ -3,41 +3,50 @@
 //!
 //! bench client (reqwest; N session loops) ──HTTP──▶ cadre (Runtime::builder, redb, actors)
 //!        ▲                                              │ model calls (async-openai)
-//!        │ mock time per turn (shared memory)           ▼
+//!        │ mock time per session (shared memory)        ▼
 //!        └──────────────────────────────────── mock model (axum; 0 or 50 ms per call)
 //!
-//! Every turn is the same three steps: the user asks, the model asks for one
-//! `calculator` call, the executor runs it, the model answers. The mock times
-//! each request it serves (parse, the fixed delay, reply built) and adds the
-//! time to the turn's entry, keyed by the turn's user message (unique per
-//! turn); the client takes that entry when the turn returns. So
-//! `overhead = wall time seen by the client − mock time`: HTTP both ways,
-//! actors, executor, JSON, and the redb commits (one of them durable).
+//! Every turn is the same: the user asks, the model asks for one
+//! `calculator` call, the executor runs it, the model answers (plus, once a
+//! session's history outgrows its window, cadre's rolling-summary request
+//! after the turn). Each user message names its session (`[s:ID]`); the mock
+//! times every request it serves (parse, the fixed delay, reply built) and
+//! charges it to that session, and the client takes the session's total when
+//! the turn returns. So `overhead = wall time seen by the client − mock
+//! time`: HTTP both ways, actors, executor, JSON and the redb commits (one
+//! of them durable).
 //!
 //! Phases, in order, on one cadre runtime with durable writes as shipped:
-//! 1. fsync probe: 200 × (write 512 B, `File::sync_all`) in the data dir.
-//! 2. admission: the executor's admission path (governor check, schema
-//!    validation, a pool slot) on the components, timed in a loop.
-//! 3. idle: 10,000 sessions created and given one turn each (256 at a
+//! 1. admission: the executor's admission path (governor check, schema
+//!    validation, a pool slot) on the components, timed in a loop; and the
+//!    loopback floor: a turn-sized model request posted straight to the
+//!    mock, one at a time (what one model call costs before cadre adds
+//!    anything).
+//! 2. idle: 10,000 sessions created and given one turn each (256 at a
 //!    time), the client dropped, then VmRSS read: RSS per idle session is
 //!    `(RSS after − RSS before) / sessions`.
+//! 3. disk probe in the data dir: 200 × (append 512 B, `sync_all`), 200 ×
+//!    (overwrite 4 KiB, `sync_data`), 200 one-message durable `Store::write`s
+//!    to a redb file of their own.
 //! 4. load: for the zero-latency mock, then the 50 ms mock, and for N in
 //!    1, 100, 1,000, 10,000: N fresh sessions, one warm-up turn each (not
 //!    measured; it opens the connections), then all N loop K turns back to
 //!    back (a closed loop; with the 50 ms mock the session starts are spread
-//!    over one turn's model time, 100 ms, so they do not run in lock-step). Turns/s and tool calls/s are successful turns
-//!    and calls over the phase's wall time; CPU is split between cadre's
-//!    threads and the harness's (`bench-*`: client and mock).
-//! 5. the fsync probe again, then cadre is stopped and the redb file's size
+//!    over one turn's model time, 100 ms, so they do not run in lock-step).
+//!    Turns/s and tool calls/s are successful turns and calls over the
+//!    phase's wall time. Beside them: cadre's CPU per turn, its context
+//!    switches, what other processes took, the data disk's counters and
+//!    cadre's own `/metrics` (commits per turn, model call time).
+//! 5. the disk probe again, then cadre is stopped and the redb file's size
 //!    divided by the messages it holds (counted by reopening the store).
 //!
 //! `cargo bench --bench load` runs it all and writes
-//! `target/bench-report.json` (every figure as `{value, unit, n}`) and a
-//! table on stdout. `CADRE_BENCH_QUICK=1` is a smoke run (N = 1, 10, 100,
+//! `target/bench-report.json` (every figure as `{value, unit, n}`) and
+//! tables on stdout. `CADRE_BENCH_QUICK=1` is a smoke run (N = 1, 10, 100,
 //! 500 idle sessions, fewer turns); `CADRE_BENCH_SESSIONS=1,100`,
 //! `CADRE_BENCH_IDLE=2000` and `CADRE_BENCH_DELAYS_MS=0` choose what runs;
-//! `CADRE_BENCH_DIR` the data dir (default: under `target/tmp`). Only loopback is used; the run stops by
-//! itself.
+//! `CADRE_BENCH_DIR` the data dir (default: under `target/tmp`). Only
+//! loopback is used; the run stops by itself.
 //!
 //! Decisions:
 //! - **HTTP/1.1 with a connection per in-flight request**, as independent
@@ -53,6 +62,9 @@
 //!   always has a turn in flight, so latency is N / throughput (Little's
 //!   law) once N exceeds what the cores overlap. The 50 ms mock shows the
 //!   overlap a real model leaves.
+//! - **The machine may be shared**: every phase reports the CPU that other
+//!   processes took (`others`); figures taken beside a busy machine are not
+//!   cadre's.
 
 use std::collections::HashMap;
 use std::fs::OpenOptions;
@@ -195,6 +207,8 @@ struct MockState {
     requests: AtomicU64,
     /// Requests for a rolling summary (no tools offered).
     summaries: AtomicU64,
+    /// Nanoseconds spent serving all requests.
+    spent_total_ns: AtomicU64,
     /// Nanoseconds the mock spent per session since the client last took
     /// them, keyed by the session id the messages carry (see [`tagged`]).
     spent: Mutex<HashMap<String, u64>>,
@@ -272,11 +286,12 @@ impl Mock {
         Duration::from_nanos(ns)
     }
 
-    /// (requests, summary requests) served so far.
-    fn counts(&self) -> (u64, u64) {
+    /// (requests, summary requests, ns spent) so far.
+    fn counts(&self) -> (u64, u64, u64) {
         (
             self.state.requests.load(Ordering::Relaxed),
             self.state.summaries.load(Ordering::Relaxed),
+            self.state.spent_total_ns.load(Ordering::Relaxed),
         )
     }
 }
@@ -337,6 +352,7 @@ async fn complete(State(state): State<Arc<MockState>>, body: Bytes) -> Response 
     })
     .to_string();
     let spent = started.elapsed().as_nanos() as u64;
+    state.spent_total_ns.fetch_add(spent, Ordering::Relaxed);
     *state
         .spent
         .lock()
@@ -384,6 +400,21 @@ impl Api {
             Some(id) if status == StatusCode::CREATED => Ok(id.to_owned()),
             _ => Err(format!("create session: HTTP {status}: {body}")),
         }
+    }
+
+    /// cadre's own series from `GET /metrics` (unlabelled ones), by name.
+    async fn metrics(&self) -> HashMap<String, f64> {
+        let Ok(response) = self.http.get(format!("{}/metrics", self.base)).send().await else {
+            return HashMap::new();
+        };
+        let text = response.text().await.unwrap_or_default();
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.contains('{'))
+            .filter_map(|l| {
+                let (name, value) = l.split_once(' ')?;
+                Some((name.to_owned(), value.trim().parse().ok()?))
+            })
+            .collect()
     }
 
     /// One turn; Ok(true) when the tool call succeeded and the answer came.
@@ -556,8 +587,8 @@ fn stat_ticks(stat: &str) -> u64 {
 /// threads, and by the whole machine (to see what other processes took).
 struct CpuSnapshot {
     process: f64,
-    /// tid → (name, seconds)
-    threads: HashMap<u32, (String, f64)>,
+    /// tid → (name, seconds, context switches)
+    threads: HashMap<u32, (String, f64, u64)>,
     /// All CPUs: user, nice, system, irq, softirq.
     machine_busy: f64,
     machine_steal: f64,
@@ -591,7 +622,14 @@ impl CpuSnapshot {
                     .map(|s| stat_ticks(&s))
                     .unwrap_or(0) as f64
                     / ticks;
-                threads.insert(tid, (comm, secs));
+                // Voluntary + involuntary: each is a sleep or a preemption.
+                let switches: u64 = std::fs::read_to_string(dir.join("status"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches:"))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .sum();
+                threads.insert(tid, (comm, secs, switches));
             }
         }
         let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
@@ -620,6 +658,9 @@ struct CpuUse {
     /// Other processes on the machine (busy CPU time not ours).
     others: f64,
     steal: f64,
+    /// Context switches of cadre's threads (each a thread going to sleep
+    /// or being preempted: the hand-offs a turn costs).
+    cadre_switches: u64,
     /// Per thread of this process, busiest first: (label, seconds). cadre's
     /// threads: `tokio worker k`, `blocking pool` (summed), `arbiter 0
     /// (executor)`, `arbiter k (conversations)`, `store writer`, `actix
@@ -628,19 +669,25 @@ struct CpuUse {
 }
 
 fn cpu_use(before: &CpuSnapshot, after: &CpuSnapshot, workers: usize) -> CpuUse {
-    let mut deltas: Vec<(u32, &str, f64)> = after
+    let mut deltas: Vec<(u32, &str, f64, u64)> = after
         .threads
         .iter()
-        .map(|(tid, (comm, secs))| {
-            let was = before.threads.get(tid).map_or(0.0, |t| t.1);
-            (*tid, comm.as_str(), secs - was)
+        .map(|(tid, (comm, secs, switches))| {
+            let (was, was_switches) = before.threads.get(tid).map_or((0.0, 0), |t| (t.1, t.2));
+            (
+                *tid,
+                comm.as_str(),
+                secs - was,
+                switches.saturating_sub(was_switches),
+            )
         })
         .collect();
     deltas.sort_by_key(|d| d.0);
     let mut labelled: HashMap<String, f64> = HashMap::new();
     let (mut arbiters, mut tokio_workers) = (0, 0);
     let mut harness = 0.0;
-    for (_, comm, secs) in deltas {
+    let mut cadre_switches = 0;
+    for (_, comm, secs, switches) in deltas {
         let label = match comm {
             "actix-rt|system" => {
                 arbiters += 1;
@@ -663,6 +710,8 @@ fn cpu_use(before: &CpuSnapshot, after: &CpuSnapshot, workers: usize) -> CpuUse 
         };
         if label.starts_with("bench-") {
             harness += secs;
+        } else {
+            cadre_switches += switches;
         }
         *labelled.entry(label).or_default() += secs;
     }
@@ -674,6 +723,7 @@ fn cpu_use(before: &CpuSnapshot, after: &CpuSnapshot, workers: usize) -> CpuUse 
         harness,
         others: ((after.machine_busy - before.machine_busy) - process).max(0.0),
         steal: after.machine_steal - before.machine_steal,
+        cadre_switches,
         threads,
     }
 }
@@ -815,6 +865,60 @@ impl DiskProbe {
     }
 }
 
+/// The floor under every model call cadre makes here: the bench client
+/// posts a request shaped like a turn's second model call (layered system
+/// prompt, a 20-message window, the current turn, two tools) straight to
+/// the mock, one at a time; wall time minus the mock's own time is what
+/// loopback HTTP/1.1 (reqwest and axum/hyper in this process) costs.
+fn loopback_probe(rt: &tokio::runtime::Runtime, mock: &Mock) -> (Dist, usize) {
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are a helpful assistant. Use the calculator for any arithmetic instead of computing in your head, and report its result. Keep answers short.\n\nIMPORTANT: answer briefly and concisely. Keep your answers short and direct.\n\nWhen a tool can answer part of the question, call it instead of guessing, then answer from its result. If a tool reports an error, correct the arguments or explain the problem."}),
+    ];
+    for i in 0..6 {
+        let id = format!("call_{i}");
+        messages.push(json!({"role": "user", "content": tagged("probe", &format!("p/{i}"))}));
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function", "function": {"name": "calculator", "arguments": "{\"expression\":\"(2+3)*4\"}"}}]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": "{\"expression\":\"(2+3)*4\",\"formatted\":\"20\",\"result\":20.0}"}));
+        if i < 5 {
+            messages.push(json!({"role": "assistant", "content": ANSWER}));
+        }
+    }
+    let body = json!({
+        "model": "mock-model",
+        "messages": messages,
+        "tools": [
+            {"type": "function", "function": {"name": "echo", "description": "Return the message unchanged.", "parameters": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}}},
+            {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression: + - * / % ^, parentheses, unary minus, decimals, sqrt, abs, min, max, round.", "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "The arithmetic expression, e.g. '(2+3)*4'", "minLength": 1, "maxLength": 1000}}, "required": ["expression"], "additionalProperties": false}}}
+        ],
+        "tool_choice": "auto",
+    })
+    .to_string();
+    let size = body.len();
+    let url = format!("{}/chat/completions", mock.base_url());
+    let http = reqwest::Client::new();
+    let samples = rt.block_on(async {
+        let mut samples = Vec::with_capacity(FSYNC_SAMPLES);
+        for i in 0..FSYNC_SAMPLES + 20 {
+            let started = Instant::now();
+            let reply = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .expect("mock reachable");
+            let _: Value = reply.json().await.expect("mock reply");
+            let wall = started.elapsed();
+            let model = mock.take("probe");
+            if i >= 20 {
+                samples.push(wall.saturating_sub(model));
+            }
+        }
+        samples
+    });
+    (Dist::new(samples), size)
+}
+
 /// The executor's admission path on its components, as in
 /// `benches/executor.rs`: mean and p99 per call, in ns.
 fn admission_probe(rt: &tokio::runtime::Runtime) -> (f64, f64, usize) {
@@ -868,6 +972,34 @@ fn admission_probe(rt: &tokio::runtime::Runtime) -> (f64, f64, usize) {
 // ---------------------------------------------------------------------------
 // Figures
 // ---------------------------------------------------------------------------
+
+/// What cadre's own `/metrics` saw over a phase: store commits per turn and
+/// their mean duration, and model calls as timed by cadre beside the mock's
+/// own time per request (the difference is the HTTP client, loopback and
+/// JSON on both sides). Null where this build does not export a series.
+fn internals(
+    before: &HashMap<String, f64>,
+    after: &HashMap<String, f64>,
+    turns: usize,
+    mock_requests: u64,
+    mock_ns: u64,
+) -> Value {
+    let delta = |name: &str| Some(after.get(name)? - before.get(name).copied().unwrap_or(0.0));
+    let per_turn = |v: f64| v / turns.max(1) as f64;
+    let mean_ms = |sum: f64, count: f64| 1e3 * sum / count.max(1.0);
+    let commits = delta("cadre_store_commit_duration_seconds_count");
+    let commit_s = delta("cadre_store_commit_duration_seconds_sum");
+    let calls = delta("cadre_model_call_duration_seconds_count");
+    let call_s = delta("cadre_model_call_duration_seconds_sum");
+    let mock_ms = mock_ns as f64 / 1e6 / mock_requests.max(1) as f64;
+    json!({
+        "store_commits_per_turn": commits.map(|c| fig(per_turn(c), "commits/turn", turns)),
+        "store_commit_mean": commits.zip(commit_s).map(|(c, s)| fig(mean_ms(s, c), "ms", c as usize)),
+        "model_calls_per_turn": calls.map(|c| fig(per_turn(c), "calls/turn", turns)),
+        "model_call_mean_seen_by_cadre": calls.zip(call_s).map(|(c, s)| fig(mean_ms(s, c), "ms", c as usize)),
+        "mock_time_per_request": fig(mock_ms, "ms", mock_requests as usize),
+    })
+}
 
 /// Sorted durations in ms, with percentiles.
 struct Dist(Vec<f64>);
@@ -927,6 +1059,8 @@ struct Phase {
     cpu: CpuUse,
     /// The data disk's counters over the measured turns.
     disk: Value,
+    /// cadre's /metrics over the measured turns (see [`internals`]).
+    internals: Value,
     rss_after: u64,
     /// Requests the mock served during the measured turns, and how many of
     /// them were rolling-summary requests.
@@ -981,12 +1115,14 @@ impl Phase {
             "cpu_other_processes": fig(self.cpu.others, "s", turns),
             "cpu_other_processes_share": fig(100.0 * self.others_share(), "%", turns),
             "cpu_steal": fig(self.cpu.steal, "s", turns),
+            "cadre_context_switches_per_turn": fig(self.cpu.cadre_switches as f64 / turns.max(1) as f64, "switches/turn", turns),
             "cpu_by_thread": self.cpu.threads.iter()
                 .map(|(label, secs)| (label.clone(), fig(*secs, "s", turns)))
                 .collect::<serde_json::Map<String, Value>>(),
             "cadre_cpu_per_turn": fig(self.cadre_cpu_per_turn_us(), "us", turns),
             "rss_after": fig(mb(self.rss_after), "MiB", n),
             "data_disk": self.disk,
+            "cadre_metrics": self.internals,
             "model_calls_per_turn": fig(self.model_requests as f64 / turns.max(1) as f64, "calls/turn", turns),
             "summary_calls_per_turn": fig(self.summary_requests as f64 / turns.max(1) as f64, "calls/turn", turns),
         })
@@ -1048,13 +1184,15 @@ impl Bench {
         mock.set_delay(delay);
         let cpu0 = CpuSnapshot::take();
         let disk0 = DiskStats::take(&self.disk_name);
-        let (requests0, summaries0) = mock.counts();
+        let (requests0, summaries0, mock_ns0) = mock.counts();
+        let metrics0 = self.client_rt.block_on(api.metrics());
         let (outcome, elapsed) =
             self.client_rt
                 .block_on(run_sessions(&api, &mock, &ids, &tag, turns, delay * 2, cap));
         let cpu1 = CpuSnapshot::take();
         let disk1 = DiskStats::take(&self.disk_name);
-        let (requests1, summaries1) = mock.counts();
+        let (requests1, summaries1, mock_ns1) = mock.counts();
+        let metrics1 = self.client_rt.block_on(api.metrics());
         mock.set_delay(Duration::ZERO);
         self.turns_done += outcome.samples.len() as u64;
         self.all_sessions.extend(ids);
@@ -1062,6 +1200,13 @@ impl Bench {
         let overhead = Dist::new(outcome.samples.iter().map(|s| s.0.saturating_sub(s.1)));
         let model = Dist::new(outcome.samples.iter().map(|s| s.1));
         let disk = disk1.since(&disk0, outcome.samples.len());
+        let internals = internals(
+            &metrics0,
+            &metrics1,
+            outcome.samples.len(),
+            requests1 - requests0,
+            mock_ns1 - mock_ns0,
+        );
         Phase {
             delay,
             sessions: n,
@@ -1071,6 +1216,7 @@ impl Bench {
             elapsed,
             cpu: cpu_use(&cpu0, &cpu1, self.workers),
             disk,
+            internals,
             rss_after: rss(),
             model_requests: requests1 - requests0,
             summary_requests: summaries1 - summaries0,
@@ -1318,6 +1464,12 @@ fn main() {
     );
 
     let mock = Mock::start(&mock_rt);
+    let (loopback, loopback_body) = loopback_probe(&client_rt, &mock);
+    println!(
+        "loopback model call without cadre (reqwest -> mock, {loopback_body} B body): p50 {:.3} ms, p99 {:.3} ms",
+        loopback.pct(50.0),
+        loopback.pct(99.0)
+    );
     let mut config = ServerConfig::default();
     config.api_limit.per_second = 1_000_000_000;
     config.api_limit.burst = 1_000_000_000;
@@ -1499,6 +1651,10 @@ fn main() {
             "mean": fig(admission_mean_ns / 1e3, "us", admission_n),
             "p99_of_batches": fig(admission_p99_ns / 1e3, "us", admission_n),
         },
+        "loopback_model_call_without_cadre": {
+            "request_body": fig(loopback_body as f64, "B", 1),
+            "wall_minus_mock": dist_json(&loopback),
+        },
         "idle": {
             "sessions": idle_n,
             "resident_sessions": fig(resident as f64, "sessions", idle_n),
@@ -1554,7 +1710,7 @@ fn print_table(
 ) {
     println!();
     println!(
-        "{:>6} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6}",
+        "{:>6} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
         "mock",
         "N",
         "turns",
@@ -1564,20 +1720,15 @@ fn print_table(
         "ovh p99",
         "wall p50",
         "wall p99",
-        "cpu/turn",
-        "harness",
-        "others",
-        "model",
         "errors"
     );
     println!(
-        "{:>6} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>8} {:>6}",
-        "", "", "", "", "", "ms", "ms", "ms", "ms", "us", "cpu %", "cpu %", "req/turn", ""
+        "{:>6} {:>6} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "", "", "", "", "", "ms", "ms", "ms", "ms", ""
     );
     for p in phases {
-        let harness_share = 100.0 * p.cpu.harness / (p.cpu.harness + p.cpu.cadre).max(f64::EPSILON);
         println!(
-            "{:>6} {:>6} {:>7} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>8.0} {:>8.0} {:>8.0} {:>8.2} {:>6}",
+            "{:>6} {:>6} {:>7} {:>9.1} {:>9.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>6}",
             p.mock_label(),
             p.sessions,
             p.turns(),
@@ -1587,18 +1738,66 @@ fn print_table(
             p.overhead.pct(99.0),
             p.wall.pct(50.0),
             p.wall.pct(99.0),
+            p.outcome.errors
+        );
+    }
+    println!("\nwhere a turn's cost goes (same phases):");
+    println!(
+        "{:>6} {:>6} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "mock",
+        "N",
+        "cpu/turn",
+        "harness",
+        "others",
+        "switches",
+        "commits",
+        "commit",
+        "model",
+        "mock",
+        "requests"
+    );
+    println!(
+        "{:>6} {:>6} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "", "", "us", "cpu %", "cpu %", "/turn", "/turn", "ms", "ms/call", "ms/call", "/turn"
+    );
+    for p in phases {
+        let harness_share = 100.0 * p.cpu.harness / (p.cpu.harness + p.cpu.cadre).max(f64::EPSILON);
+        let m = &p.internals;
+        let value = |k: &str| {
+            m[k]["value"]
+                .as_f64()
+                .map_or("-".to_owned(), |v| format!("{v:.2}"))
+        };
+        println!(
+            "{:>6} {:>6} {:>9.0} {:>8.0} {:>8.0} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9.2}",
+            p.mock_label(),
+            p.sessions,
             p.cadre_cpu_per_turn_us(),
             harness_share,
             100.0 * p.others_share(),
+            p.cpu.cadre_switches as f64 / p.turns().max(1) as f64,
+            value("store_commits_per_turn"),
+            value("store_commit_mean"),
+            value("model_call_mean_seen_by_cadre"),
+            value("mock_time_per_request"),
             p.model_requests as f64 / p.turns().max(1) as f64,
-            p.outcome.errors
         );
     }
     println!(
         "\ncpu/turn: cadre's CPU time per turn; harness: the client's and the mock's share of this process's CPU;\n\
-         others: CPU other processes took, as a share of the machine; model: model requests per turn (3 with a rolling summary)"
+         others: CPU other processes took, as a share of the machine; switches: context switches of cadre's\n\
+         threads per turn; commits: redb commits per turn and their mean time (cadre's /metrics); model: a\n\
+         model call as cadre times it vs the mock's own time; requests: model requests per turn (3 with a\n\
+         rolling summary)"
     );
-    println!("\ndisk before the load: {}", disk_before.line());
+    let floor = &report["loopback_model_call_without_cadre"];
+    println!(
+        "\nloopback model call without cadre ({} B body): p50 {} ms, p99 {} ms",
+        floor["request_body"]["value"],
+        floor["wall_minus_mock"]["p50"]["value"],
+        floor["wall_minus_mock"]["p99"]["value"]
+    );
+    println!("disk before the load: {}", disk_before.line());
     println!("disk after the load:  {}", disk_after.line());
     let idle = &report["idle"];
     println!(
