@@ -95,6 +95,17 @@ impl TurnEvent {
 
 pub type TurnSink = mpsc::UnboundedSender<TurnEvent>;
 
+/// Runs its closure when dropped: the end of a model call, however it ends.
+struct ObserveOnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for ObserveOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
 /// The `error.type` of a failed turn, for traces.
 fn error_type(e: &TurnError) -> &'static str {
     match e {
@@ -331,11 +342,15 @@ impl Conversation {
                 );
                 let record_to = span.clone();
                 let metrics = self.metrics.clone();
-                let called = Instant::now();
+                let timing = metrics.clone();
                 let io = async move {
                     if !ops.is_empty() {
                         store.write(ops, false).await?;
                     }
+                    // The model call alone, without the write before it.
+                    let called = Instant::now();
+                    let _observe =
+                        ObserveOnDrop(Some(move || timing.model_latency.observe(called.elapsed())));
                     let reply = match sink {
                         Some(tx) => {
                             let on_delta = move |text: &str| {
@@ -350,7 +365,6 @@ impl Conversation {
                 .instrument(span);
                 ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
                     metrics.model_calls.fetch_add(1, Ordering::Relaxed);
-                    metrics.model_latency.observe(called.elapsed());
                     if result.is_err() {
                         metrics.model_errors.fetch_add(1, Ordering::Relaxed);
                     }
