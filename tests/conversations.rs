@@ -22,8 +22,8 @@ use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
 use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use support::gate::gate_tool;
 use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, agents_dir, spawn_app};
-use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 /// How long anything the test waits for may take before it fails loudly.
@@ -32,60 +32,6 @@ const PATIENCE: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------
 // Test tools
 // ---------------------------------------------------------------------------
-
-/// The test's side of a gate tool: learns which call started, opens the gate.
-struct Gate {
-    started: mpsc::UnboundedReceiver<String>,
-    open: Arc<Semaphore>,
-}
-
-impl Gate {
-    /// The label of the next gate call that started running.
-    async fn started(&mut self) -> String {
-        tokio::time::timeout(PATIENCE, self.started.recv())
-            .await
-            .expect("a gate call started in time")
-            .expect("the gate tool is registered")
-    }
-
-    /// Lets one gate call (running or still to come) finish.
-    fn open_one(&self) {
-        self.open.add_permits(1);
-    }
-}
-
-/// A tool `gate {label}` that reports its label when it starts and answers
-/// `{"label"}` only once the gate opens. Never cached.
-fn gate_tool() -> (ToolDefinition, Arc<dyn ToolHandler>, Gate) {
-    let (tx, started) = mpsc::unbounded_channel();
-    let open = Arc::new(Semaphore::new(0));
-    let permits = open.clone();
-    let handler = FnHandler(move |params: Value| {
-        let tx = tx.clone();
-        let permits = permits.clone();
-        async move {
-            let label = params["label"].as_str().unwrap_or_default().to_owned();
-            let _ = tx.send(label.clone());
-            permits
-                .acquire()
-                .await
-                .expect("gate semaphore open")
-                .forget();
-            Ok::<Value, ToolError>(json!({ "label": label }))
-        }
-    });
-    let def = ToolDefinition::new(
-        "gate",
-        "Holds the turn until the test opens the gate.",
-        json!({
-            "type": "object",
-            "properties": {"label": {"type": "string"}},
-            "required": ["label"]
-        }),
-    )
-    .with_cache_ttl(0);
-    (def, Arc::new(handler), Gate { started, open })
-}
 
 /// A positions tool answering with a source id, like the brokerage tools.
 fn positions_tool() -> (ToolDefinition, Arc<dyn ToolHandler>) {
@@ -480,7 +426,7 @@ async fn after_thirty_messages_the_model_gets_the_summary_and_the_last_twenty_ev
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn summary_and_history_answer_while_a_turn_holds_a_tool() {
-    let (def, handler, mut gate) = gate_tool();
+    let (def, handler, mut gate) = gate_tool("gate", "custom");
     let agents = agents_dir(&[("g.toml", &agent_toml("gated", &["gate"], 3))]);
     let model = MockModel::start().await;
     model.push_all([
@@ -576,7 +522,7 @@ async fn the_answer_cites_the_tools_source_and_an_invented_source_is_flagged_ung
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_multitask_reject_a_second_message_during_a_turn_is_409_conversation_busy() {
-    let (def, handler, mut gate) = gate_tool();
+    let (def, handler, mut gate) = gate_tool("gate", "custom");
     let agents = agents_dir(&[(
         "r.toml",
         &format!(
@@ -658,7 +604,7 @@ async fn with_multitask_reject_a_message_after_the_answer_is_taken_while_the_sum
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn by_default_a_message_sent_during_a_turn_waits_and_is_answered_after_it() {
-    let (def, handler, mut gate) = gate_tool();
+    let (def, handler, mut gate) = gate_tool("gate", "custom");
     let agents = agents_dir(&[("q.toml", &agent_toml("queued", &["gate"], 3))]);
     let model = MockModel::start().await;
     model.push_all([

@@ -26,10 +26,10 @@ use cadre::tools::{
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 use serde_json::{Value, json};
+use support::gate::gate_tool;
 use support::{
     AppOptions, MockModel, Reply, TestApp, agent_toml, agents_dir, repo_agents, spawn_app,
 };
-use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinHandle;
 
 /// How long anything the test waits for may take before it fails loudly.
@@ -38,66 +38,6 @@ const PATIENCE: Duration = Duration::from_secs(5);
 // ---------------------------------------------------------------------------
 // Test tools
 // ---------------------------------------------------------------------------
-
-/// The test's side of a gate tool: learns which call started, opens the gate.
-struct Gate {
-    started: mpsc::UnboundedReceiver<String>,
-    open: Arc<Semaphore>,
-}
-
-impl Gate {
-    /// The label of the next gate call that started running.
-    async fn started(&mut self) -> String {
-        tokio::time::timeout(PATIENCE, self.started.recv())
-            .await
-            .expect("a gate call started within 5 s")
-            .expect("the gate tool is registered")
-    }
-
-    /// Lets `calls` gate calls (running or still to come) finish.
-    fn open(&self, calls: usize) {
-        self.open.add_permits(calls);
-    }
-
-    /// No gate call started that the test has not seen.
-    fn none_started(&mut self) -> bool {
-        self.started.try_recv().is_err()
-    }
-}
-
-/// A tool named `name` of `category` that reports `{"label"}` when it
-/// starts and finishes only when the gate opens. Never cached.
-fn gate_tool(name: &str, category: &str) -> (ToolDefinition, Arc<dyn ToolHandler>, Gate) {
-    let (tx, started) = mpsc::unbounded_channel();
-    let open = Arc::new(Semaphore::new(0));
-    let permits = open.clone();
-    let handler = FnHandler(move |params: Value| {
-        let tx = tx.clone();
-        let permits = permits.clone();
-        async move {
-            let label = params["label"].as_str().unwrap_or_default().to_owned();
-            let _ = tx.send(label.clone());
-            permits
-                .acquire()
-                .await
-                .expect("gate semaphore open")
-                .forget();
-            Ok::<Value, ToolError>(json!({ "label": label }))
-        }
-    });
-    let def = ToolDefinition::new(
-        name,
-        "Holds its concurrency slot until the test opens the gate.",
-        json!({
-            "type": "object",
-            "properties": {"label": {"type": "string"}},
-            "required": ["label"]
-        }),
-    )
-    .with_category(category)
-    .with_cache_ttl(0);
-    (def, Arc::new(handler), Gate { started, open })
-}
 
 /// A tool of `category` taking `{"n": integer}` that counts how often its
 /// handler ran and answers `{"n", "call"}`.

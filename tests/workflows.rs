@@ -22,8 +22,8 @@ use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
 use cadre::workflow::{WorkflowEventKind, WorkflowRun, Workflows};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use support::gate::gate_tool;
 use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, repo_agents, spawn_app};
-use tokio::sync::{Semaphore, mpsc};
 
 /// How long anything the test waits for may take before it fails loudly.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -31,76 +31,6 @@ const PATIENCE: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------
 // Test tools
 // ---------------------------------------------------------------------------
-
-/// The test's side of a gate tool.
-struct Gate {
-    started: mpsc::UnboundedReceiver<String>,
-    open: Arc<Semaphore>,
-    /// Gate calls running now, and the most that ever ran at once.
-    running: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
-}
-
-impl Gate {
-    /// The label of the next gate call that started.
-    async fn started(&mut self) -> String {
-        tokio::time::timeout(PATIENCE, self.started.recv())
-            .await
-            .expect("a gate call started in time")
-            .expect("the gate tool is registered")
-    }
-
-    /// Lets `calls` gate calls (running or still to come) finish.
-    fn open(&self, calls: usize) {
-        self.open.add_permits(calls);
-    }
-
-    fn none_started(&mut self) -> bool {
-        self.started.try_recv().is_err()
-    }
-}
-
-/// `gate {label}`: reports its label, waits for the gate, answers `{label}`.
-fn gate_tool() -> (ToolDefinition, Arc<dyn ToolHandler>, Gate) {
-    let (tx, started) = mpsc::unbounded_channel();
-    let open = Arc::new(Semaphore::new(0));
-    let running = Arc::new(AtomicUsize::new(0));
-    let peak = Arc::new(AtomicUsize::new(0));
-    let (permits, now, most) = (open.clone(), running.clone(), peak.clone());
-    let handler = FnHandler(move |params: Value| {
-        let (tx, permits, now, most) = (tx.clone(), permits.clone(), now.clone(), most.clone());
-        async move {
-            let label = params["label"].as_str().unwrap_or_default().to_owned();
-            let n = now.fetch_add(1, Ordering::SeqCst) + 1;
-            most.fetch_max(n, Ordering::SeqCst);
-            let _ = tx.send(label.clone());
-            permits.acquire().await.expect("gate open").forget();
-            now.fetch_sub(1, Ordering::SeqCst);
-            Ok::<Value, ToolError>(json!({ "label": label }))
-        }
-    });
-    let def = ToolDefinition::new(
-        "gate",
-        "Holds until the test opens the gate.",
-        json!({
-            "type": "object",
-            "properties": {"label": {"type": "string"}},
-            "required": ["label"]
-        }),
-    )
-    .with_category("custom")
-    .with_cache_ttl(0);
-    (
-        def,
-        Arc::new(handler),
-        Gate {
-            started,
-            open,
-            running,
-            peak,
-        },
-    )
-}
 
 /// `emit {value}`: answers `value`, whatever it is.
 fn emit_tool() -> (ToolDefinition, Arc<dyn ToolHandler>) {
@@ -291,7 +221,7 @@ params = { value = { left = "{{nodes.left.output.label}}", right = "{{nodes.righ
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn independent_nodes_run_at_the_same_time_and_a_dependent_waits_for_both() {
     let agents = agents_with(&[], &[("diamond.toml", DIAMOND)]);
-    let (gdef, ghandler, mut gate) = gate_tool();
+    let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
     let (edef, ehandler) = emit_tool();
     let app = spawn_app(app_with(
         agents.path(),
@@ -426,7 +356,7 @@ async fn a_map_node_never_runs_more_elements_at_once_than_max_parallel() {
         params = { label = "{{item}}#{{index}}" }
     "#;
     let agents = agents_with(&[], &[("fanout.toml", workflow)]);
-    let (gdef, ghandler, mut gate) = gate_tool();
+    let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
     let (edef, ehandler) = emit_tool();
     let app = spawn_app(app_with(
         agents.path(),
@@ -611,7 +541,7 @@ depends_on = ["bad"]
 async fn run_failing(on_error: &str) -> WorkflowRun {
     let text = FAILING.replace("ON_ERROR", on_error);
     let agents = agents_with(&[], &[("f.toml", &text)]);
-    let (gdef, ghandler, mut gate) = gate_tool();
+    let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
     let mut tools = failing_tools();
     tools.push((gdef, ghandler));
     tools.push(emit_tool());
@@ -683,7 +613,7 @@ async fn retries_and_timeouts_apply_per_node() {
         timeout_s = 0.2
     "#;
     let agents = agents_with(&[], &[("p.toml", workflow)]);
-    let (gdef, ghandler, _gate) = gate_tool();
+    let (gdef, ghandler, _gate) = gate_tool("gate", "custom");
     let mut tools = failing_tools();
     tools.push((gdef, ghandler));
     let app = spawn_app(
@@ -759,7 +689,7 @@ async fn with_the_pool_held_by_a_conversation_a_workflow_still_runs_and_is_not_c
     let agents = repo_agents_plus(&[("worker.toml", &worker)]);
     let model = MockModel::start().await;
     model.push(Reply::tool_call("g1", "gate", r#"{"label":"held"}"#));
-    let (gdef, ghandler, mut gate) = gate_tool();
+    let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
     let app = spawn_app(
         AppOptions::with_model(&model)
             .agents(agents.path())
@@ -839,14 +769,14 @@ async fn a_run_cut_off_by_a_restart_is_interrupted_and_resume_finishes_it() {
         app_with(agents.path(), vec![gate, count, emit_tool()]).data_dir(data.path())
     };
 
-    let (gdef, ghandler, mut gate) = gate_tool();
+    let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
     let (cdef, chandler, counted) = count_tool();
     let mut app = spawn_app(options((gdef, ghandler), (cdef, chandler)));
     let id = start(&app, "long", json!({})).await;
     assert_eq!(gate.started().await, "after call 1");
     app.stop();
 
-    let (gdef, ghandler, mut gate) = gate_tool();
+    let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
     let (cdef, chandler, counted_again) = count_tool();
     let app = spawn_app(options((gdef, ghandler), (cdef, chandler)));
     let run = get_run(&app, &id).await;
@@ -899,7 +829,7 @@ async fn a_run_cut_off_by_a_restart_is_interrupted_and_resume_finishes_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_events_stream_over_sse_until_the_run_is_over() {
     let agents = agents_with(&[], &[("diamond.toml", DIAMOND)]);
-    let (gdef, ghandler, mut gate) = gate_tool();
+    let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
     let app = spawn_app(app_with(agents.path(), vec![(gdef, ghandler), emit_tool()]));
     let id = start(&app, "diamond", json!({})).await;
     gate.started().await;

@@ -6,6 +6,7 @@
 //! database, so a test can start a second app on the same data dir.
 #![allow(dead_code)]
 
+pub mod gate;
 pub mod mock_model;
 
 use std::path::{Path, PathBuf};
