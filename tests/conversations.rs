@@ -308,8 +308,8 @@ fn exchanges(first: usize, last: usize) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_thirty_messages_the_model_gets_the_summary_and_the_last_twenty_even_after_a_restart()
-{
+async fn past_two_windows_the_model_gets_the_summary_and_every_message_after_it_even_after_a_restart()
+ {
     let agents = agents_dir(&[(
         "window.toml",
         &format!(
@@ -318,77 +318,88 @@ async fn after_thirty_messages_the_model_gets_the_summary_and_the_last_twenty_ev
         ),
     )]);
     let model = MockModel::start().await;
-    // Turns 1-10 fit the window (20 messages). From turn 11 on, each answer
-    // leaves 22 messages not yet summarised, so a summary call follows it.
-    for i in 1..=15 {
+    // Turns 1-20 leave 40 messages: two windows, sent verbatim. Turn 21
+    // makes 42, so a summary folds all but the last window (turns 1-11).
+    for i in 1..=21 {
         model.push(Reply::text(&answer(i)));
-        if i >= 11 {
-            model.push(Reply::text(&summary_through(i)));
-        }
     }
+    model.push(Reply::text(&summary_through(21)));
+    // Turns 22-32 grow the uncovered part from 20 back past 40; the summary
+    // call after turn 32 is refused, which keeps the stored summary.
+    for i in 22..=32 {
+        model.push(Reply::text(&answer(i)));
+    }
+    model.push(Reply::fail(400));
     let mut app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
     let session = app.session("window").await;
-    for i in 1..=15 {
+    for i in 1..=32 {
         let (status, body) = app.say(&session, &question(i)).await;
         assert_eq!(status, StatusCode::OK, "turn {i}: {body}");
         assert_eq!(body["answer"], answer(i));
     }
-
-    // Turn 16; the summary call after it is refused, which keeps the
-    // stored summary as it was.
-    model.push_all([Reply::text(&answer(16)), Reply::fail(400)]);
-    let (status, body) = app.say(&session, &question(16)).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    wait_for_requests(&model, 22).await;
+    wait_for_requests(&model, 34).await;
 
     let requests = model.requests();
     let summaries: Vec<&Value> = requests.iter().filter(|r| is_summary_request(r)).collect();
-    assert_eq!(summaries.len(), 6, "one after each of turns 11 to 16");
+    assert_eq!(summaries.len(), 2, "after turns 21 and 32 only");
     let first_ask = messages(summaries[0])[1]["content"].as_str().unwrap();
     assert!(
         first_ask.contains("Current summary:\n(none yet)"),
         "{first_ask}"
     );
     assert!(first_ask.contains("user: question 1\nassistant: answer 1\n"));
+    assert!(first_ask.contains("user: question 11\nassistant: answer 11\n"));
     assert!(
-        !first_ask.contains("question 2"),
-        "only what left the window"
+        !first_ask.contains("question 12"),
+        "the last window stays verbatim"
     );
     let second_ask = messages(summaries[1])[1]["content"].as_str().unwrap();
     assert!(
-        second_ask.contains(&summary_through(11)),
+        second_ask.contains(&summary_through(21)),
         "the summary rolls"
     );
     for r in requests.iter().filter(|r| !is_summary_request(r)) {
         assert!(r["tools"].is_array(), "turn requests offer tools");
         assert!(
-            messages(r).len() <= 23,
-            "system + summary + 20 + the question"
+            messages(r).len() <= 43,
+            "system + summary + 40 + the question"
         );
     }
 
-    let sixteenth = turn_request(&requests, &question(16));
+    let mut expected = exchanges(1, 20);
+    expected.push(question(21));
     assert_eq!(
-        messages(sixteenth)[1]["content"],
-        format!(
-            "Summary of the earlier conversation:\n{}",
-            summary_through(15)
-        )
+        contents_after_system(turn_request(&requests, &question(21))),
+        expected,
+        "no summary yet: every earlier message"
     );
-    let mut expected = exchanges(6, 15);
-    expected.push(question(16));
-    assert_eq!(contents_after_system(sixteenth)[1..], expected);
+    for (turn, first) in [(22, 12), (32, 12)] {
+        let request = turn_request(&requests, &question(turn));
+        assert_eq!(
+            messages(request)[1]["content"],
+            format!(
+                "Summary of the earlier conversation:\n{}",
+                summary_through(21)
+            )
+        );
+        let mut expected = exchanges(first, turn - 1);
+        expected.push(question(turn));
+        assert_eq!(contents_after_system(request)[1..], expected, "turn {turn}");
+    }
 
     let (status, summary) = app.get(&format!("/v1/sessions/{session}/summary")).await;
     assert_eq!(status, StatusCode::OK, "{summary}");
-    assert_eq!(summary["conversation_summary"], summary_through(15));
-    assert_eq!(summary["covers_until_seq"], 10, "questions and answers 1-5");
-    assert_eq!(summary["message_count"], 32, "30, plus turn 16's two");
-    assert_eq!(summary["turns"], 16);
+    assert_eq!(summary["conversation_summary"], summary_through(21));
+    assert_eq!(
+        summary["covers_until_seq"], 22,
+        "questions and answers 1-11"
+    );
+    assert_eq!(summary["message_count"], 64);
+    assert_eq!(summary["turns"], 32);
     assert!(summary["last_activity_at"].is_string(), "{summary}");
 
-    // A new process on the same data dir loads the summary and the
-    // messages after it from redb.
+    // A new process on the same data dir loads the summary and the 42
+    // messages after it from redb; the prompt holds the last 40 of them.
     app.stop();
     let app = spawn_app(
         AppOptions::with_model(&model)
@@ -396,25 +407,25 @@ async fn after_thirty_messages_the_model_gets_the_summary_and_the_last_twenty_ev
             .data_dir(&app.data_dir),
     );
     model.push_all([
-        Reply::text(&answer(17)),
+        Reply::text(&answer(33)),
         Reply::text("Summary after the restart."),
     ]);
-    let (status, body) = app.say(&session, &question(17)).await;
+    let (status, body) = app.say(&session, &question(33)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    wait_for_requests(&model, 24).await;
+    wait_for_requests(&model, 36).await;
 
     let requests = model.requests();
-    let seventeenth = turn_request(&requests, &question(17));
+    let thirty_third = turn_request(&requests, &question(33));
     assert_eq!(
-        messages(seventeenth)[1]["content"],
+        messages(thirty_third)[1]["content"],
         format!(
             "Summary of the earlier conversation:\n{}",
-            summary_through(15)
+            summary_through(21)
         )
     );
-    let mut expected = exchanges(7, 16);
-    expected.push(question(17));
-    assert_eq!(contents_after_system(seventeenth)[1..], expected);
+    let mut expected = exchanges(13, 32);
+    expected.push(question(33));
+    assert_eq!(contents_after_system(thirty_third)[1..], expected);
     assert!(is_summary_request(requests.last().unwrap()));
     assert_eq!(model.remaining(), 0);
     assert_eq!(model.overruns(), 0);
@@ -443,8 +454,17 @@ async fn summary_and_history_answer_while_a_turn_holds_a_tool() {
     let turn = spawn_say(&app, &session, "hold on");
     assert_eq!(gate.started().await, "held");
 
-    let (status, summary) = app.get(&format!("/v1/sessions/{session}/summary")).await;
-    assert_eq!(status, StatusCode::OK, "{summary}");
+    // A running turn's steps reach the store without the turn waiting for
+    // them, so they show up shortly after the tool started.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let summary = loop {
+        let (status, summary) = app.get(&format!("/v1/sessions/{session}/summary")).await;
+        assert_eq!(status, StatusCode::OK, "{summary}");
+        if summary["message_count"] == 2 || tokio::time::Instant::now() > deadline {
+            break summary;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     assert_eq!(
         summary["message_count"], 2,
         "the question and the tool call"
@@ -585,21 +605,26 @@ async fn with_multitask_reject_a_message_after_the_answer_is_taken_while_the_sum
     model.push_all([
         Reply::text("a1"),
         Reply::text("a2"),
+        Reply::text("a3"),
         // Held by the mock, so the summary is still running when the next
         // message arrives.
         Reply::slow(Duration::from_secs(2), Reply::text("they talked")),
-        Reply::text("a3"),
+        Reply::text("a4"),
     ]);
     let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
     let session = app.session("strict").await;
-    assert_eq!(app.say(&session, "q1").await.0, StatusCode::OK);
-    assert_eq!(app.say(&session, "q2").await.0, StatusCode::OK);
-    wait_for_requests(&model, 3).await;
-    assert!(is_summary_request(&model.requests()[2]));
+    for q in ["q1", "q2", "q3"] {
+        assert_eq!(app.say(&session, q).await.0, StatusCode::OK);
+    }
+    wait_for_requests(&model, 4).await;
+    assert!(
+        is_summary_request(&model.requests()[3]),
+        "6 messages outgrow two windows of 2"
+    );
 
-    let (status, body) = app.say(&session, "q3").await;
+    let (status, body) = app.say(&session, "q4").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["answer"], "a3");
+    assert_eq!(body["answer"], "a4");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

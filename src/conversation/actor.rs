@@ -11,14 +11,20 @@
 //! agent's `multitask` is `reject`. Messages recorded without a turn (an
 //! operator's reply) take their place in the same queue. The actor never
 //! blocks on IO: the model call, store writes and the tool batch run as
-//! spawned futures or actors, so the mailbox stays free for reports. Each
-//! step's messages are written non-durably as the turn goes; the final
-//! answer is written durably, which also makes the steps before it durable,
-//! and only then is the turn acknowledged. A turn that fails (model down,
-//! store error) flushes what it wrote and reports the error; its messages
-//! stay in the history. After a turn, the rolling summary is updated when
-//! the history outgrew the window; a failed summary is tried again after
-//! the next turn. A turn given an event sink streams its progress
+//! spawned futures or actors, so the mailbox stays free for reports. A
+//! turn's steps (the user's message, tool calls, tool results) are handed
+//! to the store's writer as they happen, non-durably and without waiting
+//! for them (so readers see a running turn, and the turn never waits on a
+//! write); the answer is written durably, which makes every step before it
+//! durable too (the writer applies one sender's writes in order), and only
+//! then is the turn acknowledged: one awaited, durable commit per turn. A
+//! crash mid-turn loses only what was never acknowledged. A turn that fails
+//! (model down) flushes what it has and reports the error; its messages
+//! stay in the history. When the final commit itself fails (disk full),
+//! the turn's messages leave memory and their seqs are used again, so a
+//! later turn overwrites whatever of them reached the store. After a turn,
+//! the rolling summary is updated when the history outgrew the window; a
+//! failed summary is tried again after the next turn. A turn given an event sink streams its progress
 //! ([`TurnEvent`]): model deltas, tool calls started and completed, the
 //! outcome.
 
@@ -180,6 +186,10 @@ pub struct Conversation {
     /// Id of the tool batch the current turn waits for; reports of other
     /// batches (from a turn that already failed) are ignored.
     batch_id: u64,
+    /// The messages of the running step, not yet handed to the writer.
+    unsaved: Vec<StoredMessage>,
+    /// The first seq of the running turn, if it wrote any.
+    turn_first_seq: Option<u64>,
     idle_timeout: Duration,
     last_active: Instant,
     metrics: Arc<Metrics>,
@@ -232,6 +242,8 @@ impl Conversation {
             busy: false,
             queue: VecDeque::new(),
             batch_id: 0,
+            unsaved: Vec::new(),
+            turn_first_seq: None,
             idle_timeout,
             last_active: Instant::now(),
             metrics,
@@ -281,38 +293,63 @@ impl Conversation {
             }
             Pending::Record { message, reply } => {
                 let (seq, message) = self.machine.record(message);
-                let ops = self.persist_ops(vec![(seq, message)]);
-                let store = self.store.clone();
-                ctx.spawn(
-                    async move { store.write(ops, true).await }
-                        .into_actor(self)
-                        .map(move |result, act, ctx| {
-                            let _ = reply.send(result.map(|()| seq).map_err(TurnError::from));
-                            act.busy = false;
-                            act.start_next(ctx);
-                        }),
-                );
+                self.stage(vec![(seq, message)]);
+                self.commit_turn(ctx, move |act, result, ctx| {
+                    let _ = reply.send(result.map(|()| seq).map_err(TurnError::from));
+                    act.busy = false;
+                    act.start_next(ctx);
+                });
             }
         }
     }
 
-    fn persist_ops(&self, messages: Vec<(u64, ChatMessage)>) -> Vec<WriteOp> {
-        if messages.is_empty() {
-            return Vec::new();
+    /// Keeps a step's messages for the next write.
+    fn stage(&mut self, messages: Vec<(u64, ChatMessage)>) {
+        if let Some((seq, _)) = messages.first() {
+            self.turn_first_seq.get_or_insert(*seq);
         }
         let now = Timestamp::now();
-        let stored = messages
-            .into_iter()
-            .map(|(seq, message)| StoredMessage {
+        self.unsaved
+            .extend(messages.into_iter().map(|(seq, message)| StoredMessage {
                 seq,
                 message,
                 created_at: now,
-            })
-            .collect();
+            }));
+    }
+
+    /// The write of everything staged (nothing when nothing is).
+    fn take_unsaved(&mut self) -> Vec<WriteOp> {
+        if self.unsaved.is_empty() {
+            return Vec::new();
+        }
         vec![WriteOp::AppendMessages {
             session_id: self.session.id.clone(),
-            messages: stored,
+            messages: std::mem::take(&mut self.unsaved),
         }]
+    }
+
+    /// The final, durable write of a turn (or a record): after it, the
+    /// caller learns whether its messages are in the store; when they are
+    /// not, memory forgets them ([`ConversationMachine::forget_from`]).
+    fn commit_turn(
+        &mut self,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, Result<(), StoreError>, &mut Context<Self>) + 'static,
+    ) {
+        let ops = self.take_unsaved();
+        let first = self.turn_first_seq.take();
+        let store = self.store.clone();
+        ctx.spawn(
+            async move { store.write(ops, true).await }
+                .into_actor(self)
+                .map(move |result, act, ctx| {
+                    if let (Err(e), Some(seq)) = (&result, first) {
+                        tracing::warn!(session = %act.session.id, error = %e, "turn not stored");
+                        act.machine.forget_from(seq);
+                    }
+                    then(act, result, ctx)
+                }),
+        );
     }
 
     fn emit(&self, event: TurnEvent) {
@@ -322,8 +359,11 @@ impl Conversation {
     }
 
     fn perform(&mut self, step: Step, ctx: &mut Context<Self>) {
-        let ops = self.persist_ops(step.persist);
-        let store = self.store.clone();
+        self.stage(step.persist);
+        if !matches!(step.action, Action::Finish(_)) {
+            let ops = self.take_unsaved();
+            self.store.write_behind(ops);
+        }
         match step.action {
             Action::CallModel(request) => {
                 let model = self.agent.model.clone();
@@ -344,10 +384,6 @@ impl Conversation {
                 let metrics = self.metrics.clone();
                 let timing = metrics.clone();
                 let io = async move {
-                    if !ops.is_empty() {
-                        store.write(ops, false).await?;
-                    }
-                    // The model call alone, without the write before it.
                     let called = Instant::now();
                     let _observe =
                         ObserveOnDrop(Some(move || timing.model_latency.observe(called.elapsed())));
@@ -372,10 +408,10 @@ impl Conversation {
                 }));
             }
             Action::RunTools(calls) => {
-                self.run_tools(calls, ops, ctx);
+                self.run_tools(calls, ctx);
             }
             Action::Finish(outcome) => {
-                self.finish(*outcome, ops, ctx);
+                self.finish(*outcome, ctx);
             }
         }
     }
@@ -403,12 +439,7 @@ impl Conversation {
         }
     }
 
-    fn run_tools(
-        &mut self,
-        calls: Vec<crate::model::ToolCall>,
-        ops: Vec<WriteOp>,
-        ctx: &mut Context<Self>,
-    ) {
+    fn run_tools(&mut self, calls: Vec<crate::model::ToolCall>, ctx: &mut Context<Self>) {
         for c in &calls {
             self.emit(TurnEvent::ToolCallStarted {
                 id: c.id.clone(),
@@ -428,29 +459,19 @@ impl Conversation {
             batch = batch_id,
             calls = calls.len(),
         );
-        let store = self.store.clone();
-        let io = async move { store.write(ops, false).await };
-        ctx.spawn(
-            io.into_actor(self)
-                .map(move |result, act, ctx| match result {
-                    Ok(()) => ToolSubAgent::spawn(
-                        batch_id,
-                        calls,
-                        context,
-                        executor,
-                        ctx.address().recipient(),
-                        deadline,
-                        span,
-                    ),
-                    Err(e) => act.fail(e.into(), ctx),
-                }),
+        ToolSubAgent::spawn(
+            batch_id,
+            calls,
+            context,
+            executor,
+            ctx.address().recipient(),
+            deadline,
+            span,
         );
     }
 
-    fn finish(&mut self, outcome: TurnOutcome, ops: Vec<WriteOp>, ctx: &mut Context<Self>) {
-        let store = self.store.clone();
-        let io = async move { store.write(ops, true).await };
-        ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
+    fn finish(&mut self, outcome: TurnOutcome, ctx: &mut Context<Self>) {
+        self.commit_turn(ctx, move |act, result, ctx| {
             if let Some(current) = act.current.take() {
                 current.span.record("iterations", outcome.iterations);
                 current.span.record("tool_calls", outcome.tool_calls.len());
@@ -466,7 +487,7 @@ impl Conversation {
                     .send(result.map(|()| outcome).map_err(TurnError::from));
             }
             act.summarise_then_next(ctx);
-        }));
+        });
     }
 
     /// Updates the rolling summary if needed, then starts what is queued.
@@ -518,20 +539,15 @@ impl Conversation {
         tracing::warn!(session = %self.session.id, error = %error, "turn failed");
         self.machine.abort_turn();
         self.batch_id += 1;
-        let store = self.store.clone();
-        ctx.spawn(
-            async move { store.flush().await }
-                .into_actor(self)
-                .map(move |_, act, ctx| {
-                    if let Some(current) = act.current.take() {
-                        act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
-                        current.span.record("error.type", error_type(&error));
-                        let _ = current.reply.send(Err(error));
-                    }
-                    act.busy = false;
-                    act.start_next(ctx);
-                }),
-        );
+        self.commit_turn(ctx, move |act, _, ctx| {
+            if let Some(current) = act.current.take() {
+                act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
+                current.span.record("error.type", error_type(&error));
+                let _ = current.reply.send(Err(error));
+            }
+            act.busy = false;
+            act.start_next(ctx);
+        });
     }
 
     fn turn_span(&self) -> tracing::Span {

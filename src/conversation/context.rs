@@ -128,12 +128,18 @@ pub fn summary_message(summary: &str) -> ChatMessage {
 /// a request holding them, which would fail every later turn. Their text,
 /// if any, is kept as a plain assistant message.
 pub fn window(history: &[ChatMessage], n: usize) -> Vec<ChatMessage> {
+    window_of(history, n, |m| m)
+}
+
+/// [`window`] over any history that holds its messages (the conversation
+/// keeps them with their seqs), cloning only the messages it keeps.
+pub fn window_of<T>(history: &[T], n: usize, msg: impl Fn(&T) -> &ChatMessage) -> Vec<ChatMessage> {
     let start = history.len().saturating_sub(n);
     let tail = &history[start..];
     let mut out = Vec::with_capacity(tail.len());
     let mut i = 0;
     while i < tail.len() {
-        let m = &tail[i];
+        let m = msg(&tail[i]);
         if m.role == Role::Tool {
             i += 1;
             continue;
@@ -143,8 +149,12 @@ pub fn window(history: &[ChatMessage], n: usize) -> Vec<ChatMessage> {
             i += 1;
             continue;
         }
-        let results = &tail[i + 1..];
-        let results = &results[..results.iter().take_while(|r| r.role == Role::Tool).count()];
+        let after = &tail[i + 1..];
+        let results: Vec<&ChatMessage> = after
+            .iter()
+            .map(&msg)
+            .take_while(|r| r.role == Role::Tool)
+            .collect();
         let answers = |id: &str| {
             results
                 .iter()
@@ -160,7 +170,7 @@ pub fn window(history: &[ChatMessage], n: usize) -> Vec<ChatMessage> {
                             .iter()
                             .any(|c| r.tool_call_id.as_deref() == Some(c.id.as_str()))
                     })
-                    .cloned(),
+                    .map(|r| (*r).clone()),
             );
         } else if let Some(text) = m.content.as_deref().filter(|t| !t.trim().is_empty()) {
             out.push(ChatMessage::assistant(text));

@@ -8,15 +8,23 @@
 //! Conversation actor performs them. Rules:
 //! - the context is built in five layers ([`super::context`]): system
 //!   prompt, brevity, visitor info, tool-use instructions, then the rolling
-//!   summary, the last `history_window` messages and the current turn;
+//!   summary, the messages it does not cover (at most
+//!   [`SUMMARY_AFTER_WINDOWS`] × `history_window`) and the current turn;
 //! - at most `max_iterations` rounds of tool calls; after the last round one
 //!   final call with `tool_choice = none` and an instruction to answer with
 //!   what it has (`fallback_used`). Tool calls in that final reply are ignored;
 //! - `iterations` in the outcome counts the model calls of the turn;
-//! - after a turn, when more than `history_window` messages are not yet
-//!   covered by the summary, the older ones are summarised (a separate model
-//!   call without tools) and leave the machine's memory; the window never
-//!   starts on a tool result cut from its assistant message;
+//! - after a turn, when more than [`SUMMARY_AFTER_WINDOWS`] ×
+//!   `history_window` messages are not yet covered by the summary, all but
+//!   the last `history_window` are summarised (a separate model call without
+//!   tools) and leave the machine's memory; the window never starts on a
+//!   tool result cut from its assistant message. Decision: the slack between
+//!   one and two windows means a summary call every `history_window / 2`
+//!   turns or so instead of after every turn once the window is full (the
+//!   summary call cost a whole model round trip per turn, and the next turn
+//!   waited for it); the price is a prompt of one to two windows of verbatim
+//!   messages instead of exactly one, and nothing the summary does not cover
+//!   is ever left out of the prompt;
 //! - citations: the `source_id`s the turn's tools returned; ids the answer
 //!   mentions (`tool:<domain>:v<n>`) that no tool of this conversation
 //!   returned are `ungrounded_citations`.
@@ -39,6 +47,10 @@ pub const SUMMARY_INSTRUCTIONS: &str = "This is a summary request, not a message
      the current summary with the new messages into one updated summary: keep names, numbers, \
      facts learned from tools, decisions and open questions; drop greetings and repetition. \
      Write at most 200 words of plain text.";
+
+/// The uncovered history may grow to this many windows before it is
+/// summarised back down to one window.
+pub const SUMMARY_AFTER_WINDOWS: usize = 2;
 
 /// Per-turn settings: the agent's, with the tenant's overrides applied.
 #[derive(Debug, Clone)]
@@ -264,6 +276,16 @@ impl ConversationMachine {
         }
     }
 
+    /// Forgets the messages from `seq` on: their write failed, so memory
+    /// must not hold what the store does not; their seqs are used again.
+    pub fn forget_from(&mut self, seq: u64) {
+        if self.turn.is_some() {
+            return;
+        }
+        self.history.retain(|(s, _)| *s < seq);
+        self.next_seq = self.next_seq.min(seq);
+    }
+
     /// After a turn: the summary request to make, if the messages not yet
     /// covered by the summary outgrew the window.
     pub fn summary_request(&mut self) -> Option<ChatRequest> {
@@ -271,7 +293,7 @@ impl ConversationMachine {
             return None;
         }
         let window = self.settings.history_window;
-        if self.history.len() <= window {
+        if self.history.len() <= SUMMARY_AFTER_WINDOWS * window {
             return None;
         }
         let mut cut = self.history.len() - window;
@@ -361,14 +383,17 @@ impl ConversationMachine {
             tools_offered: !s.tools.is_empty(),
             ..s.layers.clone()
         };
-        let earlier: Vec<ChatMessage> = self.history.iter().map(|(_, m)| m.clone()).collect();
-        let window = context::window(&earlier, s.history_window);
+        let window = context::window_of(
+            &self.history,
+            SUMMARY_AFTER_WINDOWS * s.history_window,
+            |(_, m)| m,
+        );
         let mut messages = Vec::with_capacity(3 + window.len() + turn.messages.len());
         messages.push(ChatMessage::system(context::system_prompt(&layers)));
         if let Some(summary) = &self.summary {
             messages.push(context::summary_message(&summary.text));
         }
-        messages.extend(window.iter().cloned());
+        messages.extend(window);
         messages.extend(turn.messages.iter().map(|(_, m)| m.clone()));
         if turn.fallback {
             messages.push(ChatMessage::system(FALLBACK_INSTRUCTION));
@@ -580,7 +605,8 @@ mod tests {
 
     #[test]
     fn the_window_keeps_recent_history_without_orphan_tool_results() {
-        let mut m = machine(3, 2);
+        // A window of 1: up to two uncovered messages are sent verbatim.
+        let mut m = machine(3, 1);
         m.start_turn("one".into());
         m.on_model_reply(tools_reply(&["a"]));
         m.on_tool_results(vec![ok("a")]);
@@ -600,26 +626,38 @@ mod tests {
     #[test]
     fn older_messages_are_summarised_then_sent_as_summary_plus_window() {
         let mut m = machine(3, 4);
-        for i in 0..2 {
+        for i in 0..4 {
             m.start_turn(format!("q{i}"));
             m.on_model_reply(text(&format!("a{i}")));
-            assert!(m.summary_request().is_none(), "4 messages fit the window");
+            assert!(
+                m.summary_request().is_none(),
+                "up to 8 uncovered messages wait for the next summary"
+            );
         }
-        m.start_turn("q2".into());
-        m.on_model_reply(text("a2"));
+        let step = m.start_turn("q4".into());
+        let sent: Vec<_> = request_of(&step).messages[1..]
+            .iter()
+            .map(|m| m.content.clone().unwrap())
+            .collect();
+        assert_eq!(
+            sent,
+            ["q0", "a0", "q1", "a1", "q2", "a2", "q3", "a3", "q4"],
+            "everything the summary does not cover is sent"
+        );
+        m.on_model_reply(text("a4"));
         let req = m
             .summary_request()
-            .expect("6 messages outgrow a window of 4");
+            .expect("10 messages outgrow two windows of 4");
         assert_eq!(req.purpose, Purpose::Summary);
         assert!(req.tools.is_empty());
         let asked = req.messages[1].content.clone().unwrap();
-        assert!(asked.contains("user: q0") && asked.contains("assistant: a0"));
-        assert!(!asked.contains("q1"), "only what falls out of the window");
+        assert!(asked.contains("user: q0") && asked.contains("assistant: a2"));
+        assert!(!asked.contains("q3"), "the last window stays verbatim");
         assert!(m.summary_request().is_none(), "one request at a time");
-        let s = m.on_summary(Some("They said q0 and a0.".into())).unwrap();
-        assert_eq!(s.covers_until_seq, 2);
+        let s = m.on_summary(Some("They said q0 to a2.".into())).unwrap();
+        assert_eq!(s.covers_until_seq, 6);
 
-        let step = m.start_turn("q3".into());
+        let step = m.start_turn("q5".into());
         let req = request_of(&step);
         assert!(
             req.messages[1]
@@ -632,16 +670,16 @@ mod tests {
             .iter()
             .map(|m| m.content.clone().unwrap())
             .collect();
-        assert_eq!(rest, ["q1", "a1", "q2", "a2", "q3"]);
+        assert_eq!(rest, ["q3", "a3", "q4", "a4", "q5"]);
     }
 
     #[test]
     fn a_failed_summary_keeps_the_messages_for_the_next_try() {
         let mut m = machine(3, 2);
-        m.start_turn("q0".into());
-        m.on_model_reply(text("a0"));
-        m.start_turn("q1".into());
-        m.on_model_reply(text("a1"));
+        for i in 0..3 {
+            m.start_turn(format!("q{i}"));
+            m.on_model_reply(text(&format!("a{i}")));
+        }
         assert!(m.summary_request().is_some());
         assert_eq!(m.on_summary(None), None);
         assert!(m.summary_request().is_some());

@@ -259,8 +259,13 @@ impl OpenAiModel {
 #[async_trait::async_trait]
 impl ChatModel for OpenAiModel {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        let wire = self.wire(&request);
-        self.retrying(|| self.attempt(wire.clone())).await
+        // The first attempt takes the wire request; only a retry builds another.
+        let mut first = Some(self.wire(&request));
+        self.retrying(|| {
+            let wire = first.take().unwrap_or_else(|| self.wire(&request));
+            self.attempt(wire)
+        })
+        .await
     }
 
     async fn complete_streaming(

@@ -11,8 +11,10 @@
 //! earlier non-durable ones durable. A turn therefore writes its steps cheaply
 //! and pays one fsync before it is acknowledged.
 //! Readers use their own read transactions on blocking threads and never wait
-//! for the writer. Owns: the file layout ([`tables`]). Does not: decide what to write.
+//! for the writer. Sessions and documents, read on every turn, are served
+//! from a read cache the writer invalidates ([`cache`]). Owns: the file layout ([`tables`]). Does not: decide what to write.
 
+mod cache;
 pub mod tables;
 
 use std::path::{Path, PathBuf};
@@ -204,6 +206,7 @@ pub struct Store {
 }
 
 struct Inner {
+    cache: Arc<cache::ReadCache>,
     commit_latency: Arc<crate::metrics::Histogram>,
     writer: Option<std_mpsc::Sender<WriteRequest>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -253,13 +256,16 @@ impl Store {
         let writer_db = db.clone();
         let commit_latency = Arc::new(crate::metrics::Histogram::default());
         let latency = commit_latency.clone();
+        let cache = Arc::new(cache::ReadCache::new());
+        let writer_cache = cache.clone();
         let thread = std::thread::Builder::new()
             .name("cadre-store-writer".into())
-            .spawn(move || writer_loop(writer_db, rx, &latency))
+            .spawn(move || writer_loop(writer_db, rx, &latency, &writer_cache))
             .expect("spawn the store writer thread");
         Ok(Store {
             db,
             inner: Arc::new(Inner {
+                cache,
                 commit_latency,
                 writer: Some(tx),
                 thread: Some(thread),
@@ -292,6 +298,24 @@ impl Store {
         }
     }
 
+    /// Queues `ops` for the next commit, not durable, without waiting for
+    /// it: writes from one caller are applied in the order they were sent,
+    /// so a later [`Self::write`] that succeeds has them in the store too.
+    /// A failure is logged by the writer (and fails that later write).
+    pub fn write_behind(&self, ops: Vec<WriteOp>) {
+        if ops.is_empty() {
+            return;
+        }
+        let (done, _) = oneshot::channel();
+        if let Some(writer) = self.inner.writer.as_ref() {
+            let _ = writer.send(WriteRequest {
+                ops,
+                durable: false,
+                done,
+            });
+        }
+    }
+
     /// Makes everything written so far durable.
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.write(Vec::new(), true).await
@@ -313,16 +337,26 @@ impl Store {
     }
 
     pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        let cache = &self.inner.cache;
+        let seen = cache.generation();
+        if let Some(s) = cache.session(id) {
+            return Ok(Some(s));
+        }
         let id = id.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(SESSIONS)?;
-            match table.get(id.as_str())? {
-                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
-                None => Ok(None),
-            }
-        })
-        .await
+        let found: Option<Session> = self
+            .read(move |db| {
+                let txn = db.begin_read()?;
+                let table = txn.open_table(SESSIONS)?;
+                match table.get(id.as_str())? {
+                    Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                    None => Ok(None),
+                }
+            })
+            .await?;
+        if let Some(s) = &found {
+            cache.put_session(seen, s);
+        }
+        Ok(found)
     }
 
     pub async fn get_summary(&self, session_id: &str) -> Result<Option<StoredSummary>, StoreError> {
@@ -602,16 +636,24 @@ impl Store {
 
     /// A document of a namespace, if present.
     pub async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
-        let (ns, key) = (namespace.to_string(), key.to_string());
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(DOCS)?;
-            match table.get((ns.as_str(), key.as_str()))? {
-                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
-                None => Ok(None),
-            }
-        })
-        .await
+        let cache = &self.inner.cache;
+        let seen = cache.generation();
+        if let Some(doc) = cache.doc(namespace, key) {
+            return Ok(doc);
+        }
+        let (ns, k) = (namespace.to_string(), key.to_string());
+        let found = self
+            .read(move |db| {
+                let txn = db.begin_read()?;
+                let table = txn.open_table(DOCS)?;
+                match table.get((ns.as_str(), k.as_str()))? {
+                    Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                    None => Ok(None),
+                }
+            })
+            .await?;
+        cache.put_doc(seen, namespace, key, &found);
+        Ok(found)
     }
 
     /// Every document of a namespace whose key starts with `prefix`, by key.
@@ -720,6 +762,7 @@ fn writer_loop(
     db: Arc<Database>,
     rx: std_mpsc::Receiver<WriteRequest>,
     latency: &crate::metrics::Histogram,
+    cache: &cache::ReadCache,
 ) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
@@ -736,6 +779,7 @@ fn writer_loop(
             Arc::new(e)
         });
         latency.observe(started.elapsed());
+        cache.invalidate(batch.iter().flat_map(|r| r.ops.iter()));
         for req in batch {
             let _ = req.done.send(result.clone());
         }
