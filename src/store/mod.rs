@@ -924,4 +924,59 @@ mod tests {
         assert_eq!(store.message_count("b").await.unwrap(), 1);
         assert_eq!(store.message_count("missing").await.unwrap(), 0);
     }
+
+    #[tokio::test]
+    async fn cached_reads_see_every_acknowledged_write() {
+        let store = Store::open_in_memory().unwrap();
+        let mut session = Session {
+            id: "s".into(),
+            tenant: "t".into(),
+            agent: "a".into(),
+            user_id: None,
+            plan: Plan::Free,
+            metadata: serde_json::json!({"v": 1}),
+            created_at: Timestamp::now(),
+        };
+        assert_eq!(store.get_session("s").await.unwrap(), None);
+        store
+            .write(vec![WriteOp::PutSession(session.clone())], false)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get_session("s").await.unwrap().unwrap().metadata["v"],
+            1
+        );
+        session.metadata["v"] = 2.into();
+        store
+            .write(vec![WriteOp::PutSession(session.clone())], false)
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get_session("s").await.unwrap().unwrap().metadata["v"],
+            2
+        );
+
+        assert_eq!(
+            store.get_doc("ns", "k").await.unwrap(),
+            None,
+            "absent, cached"
+        );
+        store.put_doc("ns", "k", 1.into(), false).await.unwrap();
+        assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(1.into()));
+        store.delete_doc("ns", "k", false).await.unwrap();
+        assert_eq!(store.get_doc("ns", "k").await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_read_that_raced_a_write_does_not_cache_the_old_value() {
+        let store = Store::open_in_memory().unwrap();
+        let cache = &store.inner.cache;
+        store.put_doc("ns", "k", 1.into(), false).await.unwrap();
+        // A reader took the generation and read 1; a write of 2 commits
+        // before the reader puts what it read.
+        let seen = cache.generation();
+        store.put_doc("ns", "k", 2.into(), false).await.unwrap();
+        cache.put_doc(seen, "ns", "k", &Some(1.into()));
+        assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(2.into()));
+    }
 }
