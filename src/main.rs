@@ -1,7 +1,10 @@
 //! The `cadre` command line: `serve` runs the HTTP server, `chat` runs one
 //! turn in-process, `tools` lists and checks tool definitions, `workflow`
 //! lists workflows and runs one in-process with a line per node event.
-//! Thin: everything it does is the library's.
+//! Thin: everything it does is the library's. With `--url` the read and run
+//! commands ask a running server instead (see `cli::remote`).
+
+mod cli;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,6 +34,13 @@ struct Cli {
         env = "CADRE_LOG_FORMAT"
     )]
     log_format: LogFormat,
+    /// Talk to a running `cadre serve` at this URL instead of the data dir
+    /// (sessions, calls, stats, tools list/invoke, workflow, chat).
+    #[arg(long, global = true, env = "CADRE_URL")]
+    url: Option<String>,
+    /// API key sent as `Authorization: Bearer` with `--url`.
+    #[arg(long, global = true, env = "CADRE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -116,6 +126,11 @@ enum Command {
     Workflow {
         #[command(subcommand)]
         command: WorkflowCommand,
+    },
+    /// Check a server config file.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
     },
 }
 
@@ -204,6 +219,27 @@ enum ToolsCommand {
     },
     /// Check tool files (default: ./agents/tools); exits non-zero on errors.
     Check { dir: Option<PathBuf> },
+    /// Call a tool through the executor (caller type `direct`) and print
+    /// the result; exits non-zero when the call fails.
+    Invoke {
+        name: String,
+        /// The call's parameters, as JSON.
+        #[arg(long, default_value = "{}")]
+        params: String,
+        /// Plan of the caller: free, pro or premium.
+        #[arg(long)]
+        plan: Option<String>,
+        #[arg(long)]
+        user_id: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Check a server config file (TOML); exits non-zero when it is invalid.
+    Check { path: PathBuf },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -214,7 +250,8 @@ fn main() -> anyhow::Result<()> {
         | Command::Keys { .. }
         | Command::Sessions { .. }
         | Command::Calls { .. }
-        | Command::Stats { .. } => "warn",
+        | Command::Stats { .. }
+        | Command::Config { .. } => "warn",
         _ => "info,tower_http=warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -229,6 +266,11 @@ fn main() -> anyhow::Result<()> {
             .with_current_span(true)
             .with_span_list(true)
             .init(),
+    }
+    if let Some(url) = &cli.url
+        && let Some(result) = cli::remote::run(url, cli.api_key.as_deref(), &cli.command)
+    {
+        return result;
     }
     match cli.command {
         Command::Serve { addr, common } => serve(addr, common),
@@ -245,6 +287,19 @@ fn main() -> anyhow::Result<()> {
         Command::Tools {
             command: ToolsCommand::Check { dir },
         } => tools_check(dir.unwrap_or_else(|| PathBuf::from("./agents/tools"))),
+        Command::Tools {
+            command:
+                ToolsCommand::Invoke {
+                    name,
+                    params,
+                    plan,
+                    user_id,
+                    common,
+                },
+        } => tools_invoke(name, params, plan, user_id, common),
+        Command::Config {
+            command: ConfigCommand::Check { path },
+        } => config_check(path),
         Command::Keys { command } => keys(command),
         Command::Sessions { command } => sessions(command),
         Command::Calls {
@@ -308,8 +363,6 @@ fn chat(
     message: Option<String>,
     common: Common,
 ) -> anyhow::Result<()> {
-    use std::io::{BufRead, Write};
-
     use cadre::conversation::actor::TurnEvent;
 
     let plan = Plan::parse(&plan).context("--plan must be free, pro or premium")?;
@@ -336,101 +389,50 @@ fn chat(
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<TurnEvent>();
             let work = sessions.send_message_with(&id, text, Some(tx));
             tokio::pin!(work);
-            let mut streamed = false;
+            let mut printer = cli::render::TurnPrinter::new(live);
             let outcome = loop {
                 tokio::select! {
                     result = &mut work => break result,
-                    Some(event) = rx.recv() => match event {
-                        TurnEvent::TurnStarted { .. } if live => {
-                            eprint!("… thinking\r");
-                        }
-                        TurnEvent::ToolCallStarted { name, arguments, .. } => {
-                            println!("[tool] {name}({arguments}) …");
-                        }
-                        TurnEvent::ToolCallCompleted { call } => {
-                            let result = match (&call.output, &call.error) {
-                                (Some(out), _) => format!("ok: {out}"),
-                                (None, Some(err)) => format!("failed: {err}"),
-                                (None, None) => "no output".into(),
-                            };
-                            println!("[tool] {} -> {result}", call.name);
-                        }
-                        TurnEvent::ModelDelta { text } if live => {
-                            streamed = true;
-                            print!("{text}");
-                            let _ = std::io::stdout().flush();
-                        }
-                        _ => {}
-                    },
+                    Some(event) = rx.recv() => {
+                        printer.event(&serde_json::to_value(&event)?);
+                    }
                 }
             };
-            let outcome = outcome?;
-            if streamed {
-                println!();
-            } else {
-                println!("{}", outcome.answer);
-            }
+            printer.finish(&outcome?.answer);
             Ok(())
         })
     };
     if let Some(message) = message {
         return turn(message, false);
     }
-    println!("session {id} with agent {agent}; /summary, /tools, /quit");
-    let stdin = std::io::stdin();
-    loop {
-        print!("you> ");
-        std::io::stdout().flush()?;
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            break;
-        }
-        let line = line.trim();
-        match line {
-            "" => continue,
-            "/quit" | "/exit" => break,
-            "/summary" => {
-                let summary = rt.block_on(sessions.summary(&id))?;
-                println!("{}", serde_json::to_string_pretty(&summary)?);
-            }
-            "/tools" => {
-                let session = rt.block_on(sessions.get(&id))?;
-                if let Some(a) = sessions.agents().get(&session.agent) {
-                    for spec in a.tool_specs(runtime.registry(), session.plan) {
-                        println!("{:<24} {}", spec.name, spec.description);
-                    }
-                }
-            }
-            text => {
-                if let Err(e) = turn(text.to_string(), true) {
-                    println!("error: {e}");
-                }
-            }
-        }
-    }
-    Ok(())
+    cli::repl(
+        &id,
+        &agent,
+        turn,
+        || Ok(serde_json::to_value(rt.block_on(sessions.summary(&id))?)?),
+        || {
+            let session = rt.block_on(sessions.get(&id))?;
+            let specs = match sessions.agents().get(&session.agent) {
+                Some(a) => a.tool_specs(runtime.registry(), session.plan),
+                None => Vec::new(),
+            };
+            Ok(specs.into_iter().map(|s| (s.name, s.description)).collect())
+        },
+    )
 }
 
 fn workflow_list(common: Common) -> anyhow::Result<()> {
     let runtime = runtime(&common)?.start().context("starting cadre")?;
     let workflows = runtime.workflows();
-    for w in workflows.definitions() {
-        let nodes: Vec<String> = w
-            .nodes
-            .iter()
-            .map(|n| format!("{}({})", n.id, n.kind()))
-            .collect();
-        println!("{:<20} {}", w.name, w.description);
-        println!("{:<20} nodes: {}", "", nodes.join(", "));
-    }
-    let errors = workflows.load_errors();
-    for e in &errors {
-        eprintln!("error: {}", e.message);
-    }
-    if !errors.is_empty() {
-        bail!("{} workflow file(s) did not load", errors.len());
-    }
-    Ok(())
+    let defs: Vec<serde_json::Value> = workflows
+        .definitions()
+        .iter()
+        .map(|w| w.to_json())
+        .collect();
+    cli::render::workflows(&serde_json::json!({
+        "workflows": defs,
+        "errors": workflows.load_errors(),
+    }))
 }
 
 fn workflow_run(
@@ -439,7 +441,7 @@ fn workflow_run(
     user_id: Option<String>,
     common: Common,
 ) -> anyhow::Result<()> {
-    use cadre::workflow::{StartRun, WorkflowEventKind as Kind};
+    use cadre::workflow::StartRun;
     use tokio::sync::broadcast::error::RecvError;
 
     let input: serde_json::Value =
@@ -466,49 +468,14 @@ fn workflow_run(
                 Err(RecvError::Closed) => break,
             };
             let at = format!("[{:>7.2}s]", started.elapsed().as_secs_f64());
-            match &event.kind {
-                Kind::RunStarted { .. } => {}
-                Kind::NodeStarted { node } => println!("{at} {node:<16} started"),
-                Kind::NodeSucceeded { node, attempts } => {
-                    println!("{at} {node:<16} succeeded ({attempts} attempt(s))")
-                }
-                Kind::NodeFailed { node, error, .. } => {
-                    println!("{at} {node:<16} failed: {error}")
-                }
-                Kind::NodeSkipped { node, reason } => {
-                    println!("{at} {node:<16} skipped: {reason}")
-                }
-                Kind::ItemStarted { node, item } => {
-                    println!("{at} {:<16} started", format!("{node}[{item}]"))
-                }
-                Kind::ItemSucceeded { node, item } => {
-                    println!("{at} {:<16} succeeded", format!("{node}[{item}]"))
-                }
-                Kind::ItemFailed { node, item, error } => {
-                    println!("{at} {:<16} failed: {error}", format!("{node}[{item}]"))
-                }
-                Kind::RunFinished { status, .. } => {
-                    println!("{at} run {}", status.as_str());
-                    break;
-                }
+            let event = serde_json::to_value(&event.kind).unwrap_or_default();
+            if cli::render::workflow_event(&at, &event) {
+                break;
             }
         }
         workflows.wait(&run.id).await
     })?;
-    let shown = match &run.output {
-        Some(output) => output.clone(),
-        None => serde_json::json!(
-            run.nodes
-                .iter()
-                .map(|(id, n)| (id.clone(), n.output.clone()))
-                .collect::<std::collections::BTreeMap<_, _>>()
-        ),
-    };
-    println!("{}", serde_json::to_string_pretty(&shown)?);
-    if let Some(error) = &run.error {
-        bail!("run {} {}: {error}", run.id, run.status.as_str());
-    }
-    Ok(())
+    cli::render::workflow_result(&run)
 }
 
 fn tools_list(plan: Option<String>, agents: PathBuf) -> anyhow::Result<()> {
@@ -530,18 +497,7 @@ fn tools_list(plan: Option<String>, agents: PathBuf) -> anyhow::Result<()> {
         None => registry.definitions(),
     };
     for d in defs {
-        let limit = d
-            .rate_limit
-            .per_minute
-            .map(|n| format!(" {n}/min"))
-            .unwrap_or_default();
-        println!(
-            "{:<24} {:<8} {:<10}{limit}  {}",
-            d.name,
-            d.required_plan.as_str(),
-            d.category,
-            d.description
-        );
+        println!("{}", cli::render::tool_line(&d));
     }
     Ok(())
 }
@@ -659,62 +615,21 @@ fn sessions(command: SessionsCommand) -> anyhow::Result<()> {
             SessionsCommand::List { data_dir } => {
                 let store = open_store(&data_dir)?;
                 for s in store.list_sessions().await? {
-                    println!(
-                        "{}  {:<12} {:<18} {}",
-                        s.id, s.tenant, s.agent, s.created_at
-                    );
+                    println!("{}", cli::render::session_line(&s));
                 }
             }
             SessionsCommand::Show { id, data_dir } => {
                 let store = open_store(&data_dir)?;
-                let session = store
-                    .get_session(&id)
-                    .await?
-                    .with_context(|| format!("no session with id '{id}'"))?;
-                println!(
-                    "session {} (agent {}, tenant {})",
-                    session.id, session.agent, session.tenant
-                );
-                for m in store.messages(&id).await? {
-                    let role = format!("{:?}", m.message.role).to_lowercase();
-                    let who = m
-                        .message
-                        .name
-                        .as_deref()
-                        .map(|n| format!(" {n}"))
-                        .unwrap_or_default();
-                    let text = match (&m.message.content, m.message.tool_calls.is_empty()) {
-                        (_, false) => m
-                            .message
-                            .tool_calls
-                            .iter()
-                            .map(|c| format!("→ {}({})", c.name, c.arguments))
-                            .collect::<Vec<_>>()
-                            .join(" "),
-                        (Some(c), true) => c.clone(),
-                        (None, true) => String::new(),
-                    };
-                    println!("[{:>4}] {role}{who}: {text}", m.seq);
-                }
+                cli::render::show(&cadre::conversation::sessions::export(&store, &id).await?)?;
             }
             SessionsCommand::Export { id, data_dir } => {
                 let store = open_store(&data_dir)?;
-                let session = store
-                    .get_session(&id)
-                    .await?
-                    .with_context(|| format!("no session with id '{id}'"))?;
-                let doc = serde_json::json!({
-                    "session": session,
-                    "messages": store.messages(&id).await?,
-                    "summary": store.get_summary(&id).await?,
-                    "calls": store.calls_for_conversation(&id).await?,
-                });
-                println!("{}", serde_json::to_string_pretty(&doc)?);
+                cli::render::json(&cadre::conversation::sessions::export(&store, &id).await?)?;
             }
             SessionsCommand::Summary { id, data_dir } => {
                 let store = open_store(&data_dir)?;
                 let summary = cadre::conversation::sessions::summarize(&store, &id).await?;
-                println!("{}", serde_json::to_string_pretty(&summary)?);
+                cli::render::json(&serde_json::to_value(&summary)?)?;
             }
         }
         Ok(())
@@ -725,20 +640,7 @@ fn calls(filter: cadre::store::CallFilter, data_dir: PathBuf) -> anyhow::Result<
     block_on(async {
         let store = open_store(&data_dir)?;
         for c in store.calls(filter).await? {
-            let outcome = if c.is_success {
-                "ok".to_string()
-            } else {
-                c.error_type.clone().unwrap_or_else(|| "failed".into())
-            };
-            println!(
-                "{} {:<22} {:<18} {:>6} ms  {} {}",
-                c.created_at,
-                c.tool_name,
-                outcome,
-                c.execution_time_ms,
-                c.caller_type,
-                c.conversation_id.or(c.workflow_id).unwrap_or_default()
-            );
+            println!("{}", cli::render::call_line(&c));
         }
         Ok(())
     })
@@ -747,21 +649,46 @@ fn calls(filter: cadre::store::CallFilter, data_dir: PathBuf) -> anyhow::Result<
 fn stats(data_dir: PathBuf) -> anyhow::Result<()> {
     block_on(async {
         let store = open_store(&data_dir)?;
-        println!(
-            "{:<24} {:>8} {:>8} {:>8} {:>10}",
-            "tool", "calls", "ok", "failed", "avg ms"
-        );
-        for (name, s) in store.all_tool_stats().await? {
-            let avg = if s.total_calls > 0 {
-                s.total_execution_time_ms as f64 / s.total_calls as f64
-            } else {
-                0.0
-            };
-            println!(
-                "{name:<24} {:>8} {:>8} {:>8} {avg:>10.1}",
-                s.total_calls, s.successful_calls, s.failed_calls
-            );
-        }
+        cli::render::stats(&cadre::http::calls::stats_document(&store).await?);
         Ok(())
     })
+}
+
+fn tools_invoke(
+    name: String,
+    params: String,
+    plan: Option<String>,
+    user_id: Option<String>,
+    common: Common,
+) -> anyhow::Result<()> {
+    use cadre::executor::{Arguments, ExecuteTool};
+    use cadre::tools::{CallerType, ExecutionContext};
+
+    let params: serde_json::Value =
+        serde_json::from_str(&params).context("--params must be JSON")?;
+    let plan = match plan {
+        Some(p) => Plan::parse(&p).context("--plan must be free, pro or premium")?,
+        None => Plan::Free,
+    };
+    let runtime = runtime(&common)?.start().context("starting cadre")?;
+    let mut ctx = ExecutionContext::new(
+        CallerType::Direct,
+        user_id.clone().unwrap_or_else(|| "cli".into()),
+    );
+    ctx.user_id = user_id;
+    ctx.plan = plan;
+    let result = block_on(async {
+        Ok(runtime
+            .executor()
+            .execute(ExecuteTool::new(&name, Arguments::Json(params), ctx))
+            .await)
+    })?;
+    cli::render::invoke_result(&serde_json::to_value(&result)?)
+}
+
+fn config_check(path: PathBuf) -> anyhow::Result<()> {
+    ServerConfig::load(Some(&path), std::iter::empty::<(String, String)>())
+        .with_context(|| format!("{} is not a valid server config", path.display()))?;
+    println!("ok  {}", path.display());
+    Ok(())
 }

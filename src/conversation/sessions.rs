@@ -128,6 +128,22 @@ pub async fn summarize(store: &Store, id: &str) -> Result<SessionSummary, Sessio
     })
 }
 
+/// A session, its messages, stored summary and call records as one JSON
+/// document: what `GET /v1/sessions/{id}/export` returns and what
+/// `cadre sessions export` prints, from the store alone.
+pub async fn export(store: &Store, id: &str) -> Result<Value, SessionError> {
+    let session = store
+        .get_session(id)
+        .await?
+        .ok_or_else(|| SessionError::NotFound { id: id.into() })?;
+    Ok(serde_json::json!({
+        "session": session,
+        "messages": store.messages(id).await?,
+        "summary": store.get_summary(id).await?,
+        "calls": store.calls_for_conversation(id).await?,
+    }))
+}
+
 /// The settings of one turn: the agent's, for this session.
 pub fn turn_settings(agent: &Agent, session: &Session, registry: &ToolRegistry) -> TurnSettings {
     TurnSettings {
@@ -275,6 +291,19 @@ impl Sessions {
     ) -> Result<Vec<StoredMessage>, SessionError> {
         self.get_as(tenant, id).await?;
         Ok(self.inner.store.messages_page(id, after, limit).await?)
+    }
+
+    /// [`export`] of a session `tenant` owns.
+    pub async fn export_as(&self, tenant: &str, id: &str) -> Result<Value, SessionError> {
+        self.get_as(tenant, id).await?;
+        export(&self.inner.store, id).await
+    }
+
+    /// The sessions `tenant` owns, oldest first.
+    pub async fn list_as(&self, tenant: &str) -> Result<Vec<Session>, SessionError> {
+        let mut sessions = self.inner.store.list_sessions().await?;
+        sessions.retain(|s| s.tenant == tenant);
+        Ok(sessions)
     }
 
     pub async fn summary_as(&self, tenant: &str, id: &str) -> Result<SessionSummary, SessionError> {

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
-use crate::store::CallFilter;
+use crate::store::{CallFilter, Store, StoreError};
 use crate::tenants::Principal;
 
 pub const DEFAULT_LIMIT: usize = 100;
@@ -63,7 +63,13 @@ async fn stats(
     Extension(caller): Extension<Principal>,
 ) -> Result<Json<Value>, ApiError> {
     require_admin(&caller)?;
-    let per_tool = state.store.all_tool_stats().await?;
+    Ok(Json(stats_document(&state.store).await?))
+}
+
+/// The `/v1/stats` body from the store: totals and per-tool counters
+/// (`cadre stats` prints it as a table, from the store or from a server).
+pub async fn stats_document(store: &Store) -> Result<Value, StoreError> {
+    let per_tool = store.all_tool_stats().await?;
     let (mut total, mut ok, mut failed) = (0u64, 0u64, 0u64);
     let mut tools = serde_json::Map::new();
     for (name, s) in per_tool {
@@ -85,11 +91,11 @@ async fn stats(
             }),
         );
     }
-    Ok(Json(json!({
+    Ok(json!({
         "total_calls": total,
         "successful_calls": ok,
         "failed_calls": failed,
         "success_rate": if total > 0 { ok as f64 / total as f64 } else { 0.0 },
         "tools": tools,
-    })))
+    }))
 }

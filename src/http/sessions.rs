@@ -1,4 +1,5 @@
-//! Sessions over HTTP: create, read, send a message (one turn), history, summary.
+//! Sessions over HTTP: create, list, read, send a message (one turn),
+//! history, summary, export (`cadre sessions … --url` reads these).
 
 use std::convert::Infallible;
 
@@ -29,8 +30,9 @@ pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/v1/sessions", post(create))
+        .route("/v1/sessions", post(create).get(list))
         .route("/v1/sessions/{id}", get(show))
+        .route("/v1/sessions/{id}/export", get(export))
         .route("/v1/sessions/{id}/messages", post(send).get(history))
         .route("/v1/sessions/{id}/summary", get(summary))
 }
@@ -95,6 +97,27 @@ async fn show(
     Ok(Json(session_json(
         &state.sessions.get_as(&caller.tenant, &id).await?,
     )))
+}
+
+/// The caller's sessions, oldest first, as the store holds them.
+async fn list(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    let sessions = state.sessions.list_as(&caller.tenant).await?;
+    Ok(Json(
+        json!({ "sessions": sessions, "count": sessions.len() }),
+    ))
+}
+
+/// The session, its messages, summary and calls: the document
+/// `cadre sessions export` prints.
+async fn export(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(state.sessions.export_as(&caller.tenant, &id).await?))
 }
 
 #[derive(Deserialize)]

@@ -1,4 +1,5 @@
-//! Tools over HTTP: list (OpenAI function format, by plan), validate, invoke.
+//! Tools over HTTP: list (OpenAI function format, by plan; `?view=definitions`
+//! for the full definitions `cadre tools list` prints), validate, invoke.
 //!
 //! `POST /v1/tools/{name}/invoke` runs the call through the executor like
 //! any other caller (`caller_type = direct`). The body is always the full
@@ -42,6 +43,8 @@ pub fn parse_plan(plan: Option<&str>) -> Result<Plan, ApiError> {
 #[derive(Deserialize)]
 struct ListQuery {
     plan: Option<String>,
+    /// `openai` (default): function specs; `definitions`: the full definitions.
+    view: Option<String>,
 }
 
 async fn list(
@@ -52,7 +55,15 @@ async fn list(
         None => state.registry.definitions(),
         Some(p) => state.registry.definitions_for_plan(parse_plan(Some(p))?),
     };
-    let tools: Vec<Value> = defs.iter().map(|d| d.spec().to_openai_json()).collect();
+    let tools: Vec<Value> = match q.view.as_deref() {
+        None | Some("openai") => defs.iter().map(|d| d.spec().to_openai_json()).collect(),
+        Some("definitions") => defs.iter().map(|d| json!(d)).collect(),
+        Some(v) => {
+            return Err(ApiError::validation(format!(
+                "unknown view '{v}' (openai or definitions)"
+            )));
+        }
+    };
     Ok(Json(json!({ "tools": tools })))
 }
 

@@ -1,0 +1,450 @@
+//! `--url URL` (env `CADRE_URL`) and `--api-key KEY` (env `CADRE_API_KEY`):
+//! the read and run commands talk to a running `cadre serve` over its HTTP
+//! API instead of opening the data dir, which the server holds.
+//!
+//! command ──▶ [`run`] ──HTTP (Bearer key)──▶ /v1/… ──JSON──▶ [`render`] ──▶ stdout
+//!
+//! Decisions where the task was silent:
+//! - Commands that check files on this machine (`tools check`, `config
+//!   check`), manage keys (`keys`, which writes the data dir) or run the
+//!   server (`serve`) ignore `--url`: [`run`] returns `None` for them and
+//!   `main` runs them locally.
+//! - A JSON error body (`{"error": {"code", "message", "details"?}}`)
+//!   becomes the command's error, `CODE (HTTP status): message`, so it is
+//!   printed on stderr and the exit code is 1. A body that is not JSON is
+//!   shown as text; a server that cannot be reached names the URL.
+//! - `chat` streams the turn (`Accept: text/event-stream`, the same events
+//!   the in-process chat prints); `workflow run` starts the run, follows
+//!   its SSE events (a run that ends before the stream opens shows only its
+//!   result) and prints the final run as the local command does.
+//! - Blocking use of reqwest's async client on a current-thread runtime: the
+//!   CLI does one thing at a time, and reqwest's `blocking` feature would
+//!   start a second runtime for nothing.
+
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use reqwest::{Method, RequestBuilder, Response};
+use serde_json::{Value, json};
+
+use super::render;
+use crate::{Command, SessionsCommand, ToolsCommand, WorkflowCommand};
+use cadre::store::{Session, ToolCallRecord};
+use cadre::tools::ToolDefinition;
+use cadre::workflow::WorkflowRun;
+
+/// Runs `command` against the server at `url`; `None` when the command is
+/// local by nature (see the module doc).
+pub fn run(url: &str, api_key: Option<&str>, command: &Command) -> Option<anyhow::Result<()>> {
+    let remote = matches!(
+        command,
+        Command::Sessions { .. }
+            | Command::Calls { .. }
+            | Command::Stats { .. }
+            | Command::Chat { .. }
+            | Command::Workflow { .. }
+            | Command::Tools {
+                command: ToolsCommand::List { .. } | ToolsCommand::Invoke { .. },
+            }
+    );
+    if !remote {
+        return None;
+    }
+    let client = Client::new(url, api_key);
+    Some(client.and_then(|c| c.command(command)))
+}
+
+struct Client {
+    base: String,
+    key: Option<String>,
+    http: reqwest::Client,
+    rt: tokio::runtime::Runtime,
+}
+
+/// An error reply of the API, as the server wrote it.
+fn api_error(status: reqwest::StatusCode, body: &Value) -> anyhow::Error {
+    let error = &body["error"];
+    let code = error["code"].as_str().unwrap_or("ERROR");
+    let message = error["message"].as_str().unwrap_or("no message");
+    let mut text = format!("{code} (HTTP {}): {message}", status.as_u16());
+    if let Some(details) = error.get("details") {
+        text.push_str(&format!("\ndetails: {details}"));
+    }
+    anyhow::anyhow!(text)
+}
+
+fn is_api_error(body: &Value) -> bool {
+    body["error"].is_object() && body["error"]["code"].is_string()
+}
+
+impl Client {
+    fn new(url: &str, key: Option<&str>) -> anyhow::Result<Client> {
+        let parsed = url::Url::parse(url).with_context(|| format!("--url '{url}' is not a URL"))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            bail!("--url '{url}' must be http:// or https://");
+        }
+        Ok(Client {
+            base: url.trim_end_matches('/').to_string(),
+            key: key.map(str::to_string),
+            http: reqwest::Client::builder()
+                .user_agent(concat!("cadre-cli/", env!("CARGO_PKG_VERSION")))
+                .build()?,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+        })
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let r = self.http.request(method, format!("{}{path}", self.base));
+        match &self.key {
+            Some(k) => r.bearer_auth(k),
+            None => r,
+        }
+    }
+
+    /// Sends, and reads the reply as JSON (status and body).
+    fn send(&self, request: RequestBuilder) -> anyhow::Result<(reqwest::StatusCode, Value)> {
+        self.rt.block_on(async {
+            let response = request
+                .send()
+                .await
+                .with_context(|| format!("cannot reach cadre at {}", self.base))?;
+            let status = response.status();
+            let text = response.text().await.context("reading the reply")?;
+            match serde_json::from_str::<Value>(&text) {
+                Ok(body) => Ok((status, body)),
+                Err(_) if status.is_success() => {
+                    bail!("the server's reply is not JSON: {}", text.trim())
+                }
+                Err(_) => bail!("HTTP {}: {}", status.as_u16(), text.trim()),
+            }
+        })
+    }
+
+    /// A JSON request that must succeed; its body.
+    fn call(&self, request: RequestBuilder) -> anyhow::Result<Value> {
+        let (status, body) = self.send(request)?;
+        if !status.is_success() || is_api_error(&body) {
+            return Err(api_error(status, &body));
+        }
+        Ok(body)
+    }
+
+    fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.call(self.request(Method::GET, path))
+    }
+
+    fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.call(self.request(Method::POST, path).json(body))
+    }
+
+    /// Opens a Server-Sent Events stream; a JSON error reply fails here.
+    fn stream(&self, request: RequestBuilder) -> anyhow::Result<Sse> {
+        let request = request.header(reqwest::header::ACCEPT, "text/event-stream");
+        let response = self.rt.block_on(async {
+            request
+                .send()
+                .await
+                .with_context(|| format!("cannot reach cadre at {}", self.base))
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = self.rt.block_on(response.text()).unwrap_or_default();
+            return Err(match serde_json::from_str::<Value>(&text) {
+                Ok(body) => api_error(status, &body),
+                Err(_) => anyhow::anyhow!("HTTP {}: {}", status.as_u16(), text.trim()),
+            });
+        }
+        Ok(Sse {
+            response,
+            buffer: String::new(),
+        })
+    }
+
+    fn command(&self, command: &Command) -> anyhow::Result<()> {
+        match command {
+            Command::Sessions { command } => self.sessions(command),
+            Command::Calls {
+                session,
+                tool,
+                workflow,
+                limit,
+                ..
+            } => {
+                let mut query = vec![("limit", limit.to_string())];
+                for (k, v) in [
+                    ("conversation_id", session),
+                    ("tool", tool),
+                    ("workflow_id", workflow),
+                ] {
+                    if let Some(v) = v {
+                        query.push((k, v.clone()));
+                    }
+                }
+                let body = self.call(self.request(Method::GET, "/v1/calls").query(&query))?;
+                let calls: Vec<ToolCallRecord> = serde_json::from_value(body["calls"].clone())
+                    .context("the server's call records")?;
+                for c in &calls {
+                    println!("{}", render::call_line(c));
+                }
+                Ok(())
+            }
+            Command::Stats { .. } => {
+                render::stats(&self.get("/v1/stats")?);
+                Ok(())
+            }
+            Command::Tools {
+                command: ToolsCommand::List { plan, .. },
+            } => {
+                let mut query = vec![("view", "definitions".to_string())];
+                if let Some(p) = plan {
+                    query.push(("plan", p.clone()));
+                }
+                let body = self.call(self.request(Method::GET, "/v1/tools").query(&query))?;
+                let defs: Vec<ToolDefinition> = serde_json::from_value(body["tools"].clone())
+                    .context("the server's tool definitions")?;
+                for d in &defs {
+                    println!("{}", render::tool_line(d));
+                }
+                Ok(())
+            }
+            Command::Tools {
+                command:
+                    ToolsCommand::Invoke {
+                        name,
+                        params,
+                        plan,
+                        user_id,
+                        ..
+                    },
+            } => {
+                let params: Value =
+                    serde_json::from_str(params).context("--params must be JSON")?;
+                let body = json!({"params": params, "plan": plan, "user_id": user_id});
+                let path = format!("/v1/tools/{}/invoke", segment(name));
+                // Every reply of invoke is the full result, whatever its status;
+                // only a request the API refused has the error shape.
+                let (status, result) = self.send(self.request(Method::POST, &path).json(&body))?;
+                if is_api_error(&result) {
+                    return Err(api_error(status, &result));
+                }
+                render::invoke_result(&result)
+            }
+            Command::Workflow {
+                command: WorkflowCommand::List { .. },
+            } => render::workflows(&self.get("/v1/workflows")?),
+            Command::Workflow {
+                command:
+                    WorkflowCommand::Run {
+                        name,
+                        input,
+                        user_id,
+                        ..
+                    },
+            } => self.workflow_run(name, input, user_id.as_deref()),
+            Command::Chat {
+                agent,
+                plan,
+                session,
+                message,
+                ..
+            } => self.chat(agent, plan, session.as_deref(), message.clone()),
+            _ => unreachable!("run() passes only remote commands"),
+        }
+    }
+
+    fn sessions(&self, command: &SessionsCommand) -> anyhow::Result<()> {
+        match command {
+            SessionsCommand::List { .. } => {
+                let body = self.get("/v1/sessions")?;
+                let sessions: Vec<Session> = serde_json::from_value(body["sessions"].clone())
+                    .context("the server's sessions")?;
+                for s in &sessions {
+                    println!("{}", render::session_line(s));
+                }
+                Ok(())
+            }
+            SessionsCommand::Show { id, .. } => {
+                render::show(&self.get(&format!("/v1/sessions/{}/export", segment(id)))?)
+            }
+            SessionsCommand::Export { id, .. } => {
+                render::json(&self.get(&format!("/v1/sessions/{}/export", segment(id)))?)
+            }
+            SessionsCommand::Summary { id, .. } => {
+                render::json(&self.get(&format!("/v1/sessions/{}/summary", segment(id)))?)
+            }
+        }
+    }
+
+    fn workflow_run(&self, name: &str, input: &str, user_id: Option<&str>) -> anyhow::Result<()> {
+        let input: Value = serde_json::from_str(input).context("--input must be a JSON object")?;
+        let run = self.post(
+            &format!("/v1/workflows/{}/runs", segment(name)),
+            &json!({"input": input, "user_id": user_id}),
+        )?;
+        let id = run["id"].as_str().context("the server's run has no id")?;
+        println!("run {id} of {name}");
+        let started = Instant::now();
+        let path = format!("/v1/workflows/runs/{}/events", segment(id));
+        let mut events = self.stream(self.request(Method::GET, &path))?;
+        while let Some((event, data)) = self.rt.block_on(events.next())? {
+            if event == "snapshot" {
+                continue;
+            }
+            let at = format!("[{:>7.2}s]", started.elapsed().as_secs_f64());
+            let event: Value = serde_json::from_str(&data).context("a workflow event")?;
+            if render::workflow_event(&at, &event) {
+                break;
+            }
+        }
+        let run: WorkflowRun =
+            serde_json::from_value(self.get(&format!("/v1/workflows/runs/{}", segment(id)))?)
+                .context("the server's run")?;
+        render::workflow_result(&run)
+    }
+
+    fn chat(
+        &self,
+        agent: &str,
+        plan: &str,
+        session: Option<&str>,
+        message: Option<String>,
+    ) -> anyhow::Result<()> {
+        let session = match session {
+            Some(id) => self.get(&format!("/v1/sessions/{}", segment(id)))?,
+            None => self.post("/v1/sessions", &json!({"agent": agent, "plan": plan}))?,
+        };
+        let id = session["id"]
+            .as_str()
+            .context("the server's session has no id")?
+            .to_string();
+        let plan = session["plan"].as_str().unwrap_or(plan).to_string();
+        let turn = |text: String, live: bool| self.turn(&id, text, live);
+        if let Some(message) = message {
+            return turn(message, false);
+        }
+        super::repl(
+            &id,
+            session["agent"].as_str().unwrap_or(agent),
+            turn,
+            || self.get(&format!("/v1/sessions/{}/summary", segment(&id))),
+            || {
+                let body = self.call(
+                    self.request(Method::GET, "/v1/tools")
+                        .query(&[("view", "definitions"), ("plan", plan.as_str())]),
+                )?;
+                let defs: Vec<ToolDefinition> = serde_json::from_value(body["tools"].clone())?;
+                Ok(defs.into_iter().map(|d| (d.name, d.description)).collect())
+            },
+        )
+    }
+
+    /// One turn, streamed.
+    fn turn(&self, id: &str, text: String, live: bool) -> anyhow::Result<()> {
+        let path = format!("/v1/sessions/{}/messages", segment(id));
+        let mut events = self.stream(
+            self.request(Method::POST, &path)
+                .json(&json!({"content": text})),
+        )?;
+        let mut printer = render::TurnPrinter::new(live);
+        while let Some((event, data)) = self.rt.block_on(events.next())? {
+            let body: Value = serde_json::from_str(&data).context("a turn event")?;
+            match event.as_str() {
+                "turn_completed" => {
+                    printer.finish(body["answer"].as_str().unwrap_or_default());
+                    return Ok(());
+                }
+                "turn_failed" => {
+                    let status = body["status"].as_u64().unwrap_or(500) as u16;
+                    let status = reqwest::StatusCode::from_u16(status)
+                        .unwrap_or(reqwest::StatusCode::INTERNAL_SERVER_ERROR);
+                    return Err(api_error(status, &body));
+                }
+                _ => printer.event(&body),
+            }
+        }
+        bail!("the server closed the stream before the turn ended")
+    }
+}
+
+/// A path segment, percent-encoded (ids and names are user input).
+fn segment(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// A `text/event-stream` reply, read event by event.
+struct Sse {
+    response: Response,
+    buffer: String,
+}
+
+impl Sse {
+    /// The next `(event name, data)`; `None` when the stream ends. Comments
+    /// (keep-alives) are skipped; an event without a name is `message`.
+    async fn next(&mut self) -> anyhow::Result<Option<(String, String)>> {
+        loop {
+            if let Some(event) = take_event(&mut self.buffer) {
+                return Ok(Some(event));
+            }
+            match self.response.chunk().await.context("reading the stream")? {
+                Some(bytes) => self
+                    .buffer
+                    .push_str(&String::from_utf8_lossy(&bytes).replace("\r\n", "\n")),
+                None => return Ok(take_event(&mut format!("{}\n\n", self.buffer))),
+            }
+        }
+    }
+}
+
+/// Takes the first complete event off `buffer`; skips blocks with no data.
+fn take_event(buffer: &mut String) -> Option<(String, String)> {
+    while let Some(end) = buffer.find("\n\n") {
+        let block: String = buffer.drain(..end + 2).collect();
+        let mut name = "message".to_string();
+        let mut data: Vec<&str> = Vec::new();
+        for line in block.lines() {
+            let (field, value) = line.split_once(':').unwrap_or((line, ""));
+            let value = value.strip_prefix(' ').unwrap_or(value);
+            match field {
+                "event" => name = value.to_string(),
+                "data" => data.push(value),
+                _ => {}
+            }
+        }
+        if !data.is_empty() {
+            return Some((name, data.join("\n")));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_split_named_and_keep_alives_skipped() {
+        let mut buffer =
+            ":\n\nevent: turn_started\ndata: {\"a\":1}\n\ndata: x\ndata: y\n\nevent: half\ndata: z"
+                .to_string();
+        assert_eq!(
+            take_event(&mut buffer),
+            Some(("turn_started".into(), "{\"a\":1}".into()))
+        );
+        assert_eq!(
+            take_event(&mut buffer),
+            Some(("message".into(), "x\ny".into()))
+        );
+        assert_eq!(take_event(&mut buffer), None, "an unfinished event waits");
+        assert_eq!(buffer, "event: half\ndata: z");
+    }
+
+    #[test]
+    fn path_segments_are_encoded() {
+        assert_eq!(segment("a b/c?d"), "a%20b%2Fc%3Fd");
+        assert_eq!(segment("01J-x_y.z"), "01J-x_y.z");
+    }
+}
