@@ -269,13 +269,21 @@ impl Conversation {
                 if let Some(s) = settings {
                     self.machine.set_settings(s);
                 }
+                // Who the turn's tool calls are made as: the conversation, or
+                // the workflow node that opened this session.
+                let caller_type = self.execution_context().caller_type.as_str();
                 let span = tracing::info_span!(
                     "turn",
-                    session.id = %self.session.id,
-                    tenant = %self.session.tenant,
-                    agent = %self.agent.name,
+                    otel.name = %format_args!("invoke_agent {}", self.agent.name),
+                    gen_ai.operation.name = "invoke_agent",
+                    gen_ai.agent.name = %self.agent.name,
+                    gen_ai.conversation.id = %self.session.id,
+                    cadre.session = %self.session.id,
+                    cadre.tenant = %self.session.tenant,
+                    cadre.caller_type = caller_type,
                     iterations = tracing::field::Empty,
                     tool_calls = tracing::field::Empty,
+                    latency_ms = tracing::field::Empty,
                     error.type = tracing::field::Empty,
                 );
                 let current = Current {
@@ -371,9 +379,16 @@ impl Conversation {
                 let span = tracing::info_span!(
                     parent: self.turn_span(),
                     "gen_ai.chat",
+                    otel.name = %format_args!("chat {}", request.model),
+                    otel.kind = "client",
                     gen_ai.operation.name = "chat",
+                    gen_ai.provider.name = %model.describe(),
                     gen_ai.system = %model.describe(),
                     gen_ai.request.model = %request.model,
+                    gen_ai.conversation.id = %self.session.id,
+                    cadre.session = %self.session.id,
+                    cadre.tenant = %self.session.tenant,
+                    latency_ms = tracing::field::Empty,
                     gen_ai.request.temperature = ?request.temperature,
                     gen_ai.usage.input_tokens = tracing::field::Empty,
                     gen_ai.usage.output_tokens = tracing::field::Empty,
@@ -385,8 +400,12 @@ impl Conversation {
                 let timing = metrics.clone();
                 let io = async move {
                     let called = Instant::now();
-                    let _observe =
-                        ObserveOnDrop(Some(move || timing.model_latency.observe(called.elapsed())));
+                    let latency_to = tracing::Span::current();
+                    let _observe = ObserveOnDrop(Some(move || {
+                        let took = called.elapsed();
+                        timing.model_latency.observe(took);
+                        latency_to.record("latency_ms", took.as_millis() as u64);
+                    }));
                     let reply = match sink {
                         Some(tx) => {
                             let on_delta = move |text: &str| {
@@ -458,6 +477,8 @@ impl Conversation {
             "tool_batch",
             batch = batch_id,
             calls = calls.len(),
+            cadre.session = %self.session.id,
+            cadre.tenant = %self.session.tenant,
         );
         ToolSubAgent::spawn(
             batch_id,
@@ -475,6 +496,9 @@ impl Conversation {
             if let Some(current) = act.current.take() {
                 current.span.record("iterations", outcome.iterations);
                 current.span.record("tool_calls", outcome.tool_calls.len());
+                current
+                    .span
+                    .record("latency_ms", current.started.elapsed().as_millis() as u64);
                 if result.is_ok() {
                     act.metrics.turns_completed.fetch_add(1, Ordering::Relaxed);
                     act.metrics.turn_latency.observe(current.started.elapsed());
@@ -543,6 +567,9 @@ impl Conversation {
             if let Some(current) = act.current.take() {
                 act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
                 current.span.record("error.type", error_type(&error));
+                current
+                    .span
+                    .record("latency_ms", current.started.elapsed().as_millis() as u64);
                 let _ = current.reply.send(Err(error));
             }
             act.busy = false;

@@ -288,8 +288,10 @@ impl Handler<ExecuteTool> for Executor {
         let span = tracing::info_span!(
             parent: &msg.span,
             "execute_tool",
+            otel.name = %format_args!("execute_tool {}", msg.tool_name),
             gen_ai.operation.name = "execute_tool",
             gen_ai.tool.name = %msg.tool_name,
+            gen_ai.tool.type = "function",
             gen_ai.tool.call.id = msg.tool_call_id.as_deref().unwrap_or(""),
             cadre.caller_type = msg.ctx.caller_type.as_str(),
             cadre.session = msg.ctx.conversation_id.as_deref().unwrap_or(""),

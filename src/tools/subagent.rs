@@ -162,6 +162,7 @@ impl Actor for ToolSubAgent {
                 span: tracing::info_span!(
                     parent: &self.span,
                     "tool_call",
+                    gen_ai.tool.name = %call.name,
                     gen_ai.tool.call.id = %call.id,
                 ),
             };
