@@ -254,19 +254,8 @@ fn main() -> anyhow::Result<()> {
         | Command::Config { .. } => "warn",
         _ => "info,tower_http=warn",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| default_filter.into());
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
-            .init(),
-    }
+    let _telemetry =
+        cli::telemetry::init(matches!(cli.log_format, LogFormat::Json), default_filter)?;
     if let Some(url) = &cli.url
         && let Some(result) = cli::remote::run(url, cli.api_key.as_deref(), &cli.command)
     {

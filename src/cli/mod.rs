@@ -7,9 +7,12 @@
 //! - [`remote`]: the client side of `--url`/`--api-key`: one request (or
 //!   an SSE stream) per command, JSON errors printed as `CODE (HTTP n):
 //!   message` with a non-zero exit.
+//! - [`telemetry`]: the tracing subscriber, and OTLP export of the spans
+//!   (feature `otlp`).
 
 pub mod remote;
 pub mod render;
+pub mod telemetry;
 
 use std::io::{BufRead, Write};
 

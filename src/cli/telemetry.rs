@@ -1,0 +1,166 @@
+//! The process's tracing subscriber: log lines (text or JSON) on stderr,
+//! filtered by `RUST_LOG` (or the command's default), and, in a build with
+//! the `otlp` feature and `CADRE_OTLP_ENDPOINT` set, every span exported
+//! over OTLP.
+//!
+//! spans (turn > gen_ai.chat, turn > tool_batch > tool_call > execute_tool)
+//!   ──▶ EnvFilter ──▶ fmt layer (stderr)
+//!                 └─▶ tracing-opentelemetry layer ──▶ batch processor (own thread) ──OTLP/HTTP──▶ collector
+//!
+//! Decisions:
+//! - OTLP over HTTP with protobuf bodies (`POST {endpoint}/v1/traces`, the
+//!   collector's port 4318), not gRPC: it reuses the reqwest 0.13 cadre
+//!   already has instead of pulling in tonic, and any collector accepts it.
+//!   `CADRE_OTLP_ENDPOINT` is the collector's base URL, as
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT` would be; `/v1/traces` is appended
+//!   unless it is there already. The standard `OTEL_SERVICE_NAME`,
+//!   `OTEL_RESOURCE_ATTRIBUTES` and `OTEL_BSP_*` variables apply.
+//! - The crates are the OpenTelemetry project's own (`opentelemetry`,
+//!   `opentelemetry_sdk`, `opentelemetry-otlp` 0.33.1) and the tokio
+//!   project's bridge `tracing-opentelemetry` 0.34.0, the release built on
+//!   opentelemetry 0.33. They sit behind the `otlp` feature (off by
+//!   default), so the default build and CI compile none of them. None has a
+//!   build script that fetches anything.
+//! - The batch processor runs on its own thread with the blocking reqwest
+//!   client, so exporting never needs (or blocks) cadre's tokio runtime.
+//!   [`Telemetry`]'s drop flushes what is left when the command ends.
+//! - Exported span names follow the GenAI conventions through `otel.name`
+//!   (`invoke_agent {agent}`, `chat {model}`, `execute_tool {tool}`); the
+//!   model call is a `client` span (`otel.kind`).
+//! - A bad endpoint fails the command at start; without the feature a set
+//!   `CADRE_OTLP_ENDPOINT` is reported once as ignored.
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// The environment variable that turns OTLP export on.
+pub const ENDPOINT_VAR: &str = "CADRE_OTLP_ENDPOINT";
+
+/// Flushes and stops the span exporter (if any) when dropped.
+#[derive(Default)]
+pub struct Telemetry {
+    #[cfg(feature = "otlp")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        #[cfg(feature = "otlp")]
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("warning: flushing spans to the OTLP endpoint failed: {e}");
+        }
+    }
+}
+
+/// Installs the global subscriber; keep the returned value alive until
+/// the command ends.
+pub fn init(json: bool, default_filter: &str) -> anyhow::Result<Telemetry> {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = if json {
+        logs.json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .boxed()
+    } else {
+        logs.boxed()
+    };
+    let endpoint = std::env::var(ENDPOINT_VAR)
+        .ok()
+        .filter(|e| !e.trim().is_empty());
+    let subscriber = tracing_subscriber::registry().with(filter).with(logs);
+
+    #[cfg(feature = "otlp")]
+    {
+        let mut telemetry = Telemetry::default();
+        let otel = match endpoint {
+            Some(endpoint) => {
+                let (layer, provider) = otlp::layer(&endpoint)?;
+                telemetry.provider = Some(provider);
+                Some(layer)
+            }
+            None => None,
+        };
+        subscriber.with(otel).init();
+        Ok(telemetry)
+    }
+    #[cfg(not(feature = "otlp"))]
+    {
+        subscriber.init();
+        if endpoint.is_some() {
+            tracing::warn!(
+                "{ENDPOINT_VAR} is set but this cadre was built without the `otlp` feature: spans are not exported"
+            );
+        }
+        Ok(Telemetry::default())
+    }
+}
+
+/// `{base}/v1/traces`, unless `base` already names that path.
+#[cfg_attr(not(feature = "otlp"), allow(dead_code))]
+pub fn traces_url(base: &str) -> String {
+    let base = base.trim().trim_end_matches('/');
+    if base.ends_with("/v1/traces") {
+        base.to_string()
+    } else {
+        format!("{base}/v1/traces")
+    }
+}
+
+#[cfg(feature = "otlp")]
+mod otlp {
+    use anyhow::Context;
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{SpanExporter, WithExportConfig};
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
+    use tracing_opentelemetry::OpenTelemetryLayer;
+
+    /// The layer that hands spans to an OTLP/HTTP exporter, and its provider.
+    pub fn layer<S>(
+        endpoint: &str,
+    ) -> anyhow::Result<(OpenTelemetryLayer<S, Tracer>, SdkTracerProvider)>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        let url = super::traces_url(endpoint);
+        url::Url::parse(&url)
+            .with_context(|| format!("{} '{endpoint}' is not a URL", super::ENDPOINT_VAR))?;
+        let exporter = SpanExporter::builder()
+            .with_http()
+            .with_endpoint(url)
+            .build()
+            .context("building the OTLP span exporter")?;
+        // OTEL_SERVICE_NAME, when set, names the service; else "cadre".
+        let resource = match std::env::var_os("OTEL_SERVICE_NAME") {
+            Some(_) => Resource::builder().build(),
+            None => Resource::builder().with_service_name("cadre").build(),
+        };
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource)
+            .build();
+        let tracer = provider.tracer("cadre");
+        Ok((tracing_opentelemetry::layer().with_tracer(tracer), provider))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::traces_url;
+
+    #[test]
+    fn the_traces_path_is_appended_once() {
+        assert_eq!(traces_url("http://h:4318"), "http://h:4318/v1/traces");
+        assert_eq!(traces_url("http://h:4318/"), "http://h:4318/v1/traces");
+        assert_eq!(
+            traces_url("http://h:4318/v1/traces"),
+            "http://h:4318/v1/traces"
+        );
+    }
+}
