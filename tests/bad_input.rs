@@ -468,7 +468,8 @@ async fn unknown_ids_are_404_everywhere() {
         format!("/v1/confirmations/{unknown_conf}"),
         "/v1/confirmations/..".into(),
         "/v1/limits/quota?tool=no_such_tool".into(),
-        "/v1/sessions".into(),
+        format!("/v1/sessions/{UNKNOWN_SESSION}/export"),
+        "/v1/improve".into(),
         "/v2/sessions".into(),
         "/v1/tools/calculator/nope".into(),
     ] {
