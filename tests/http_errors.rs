@@ -291,7 +291,7 @@ async fn wrong_method_is_a_json_405() {
         "METHOD_NOT_ALLOWED",
     );
 
-    let (status, body) = app.get("/v1/sessions").await;
+    let (status, body) = app.get("/v1/improve").await;
     assert_error(
         status,
         &body,
