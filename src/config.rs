@@ -161,7 +161,7 @@ impl Agent {
         options: &ClientOptions,
     ) -> Result<Agent, ConfigError> {
         for tool in &file.tools {
-            if !registry.contains(tool) {
+            if !registry.knows(tool) {
                 return Err(ConfigError::UnknownTool {
                     agent: file.name.clone(),
                     tool: tool.clone(),

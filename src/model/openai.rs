@@ -260,7 +260,9 @@ impl OpenAiModel {
 impl ChatModel for OpenAiModel {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
         let wire = self.wire(&request);
-        self.retrying(|| self.attempt(wire.clone())).await
+        self.retrying(|| self.attempt(wire.clone()))
+            .await
+            .map(|r| from_wire_names(r, &request))
     }
 
     async fn complete_streaming(
@@ -282,6 +284,7 @@ impl ChatModel for OpenAiModel {
             }
         })
         .await
+        .map(|r| from_wire_names(r, &request))
     }
 
     fn describe(&self) -> String {
@@ -429,6 +432,21 @@ impl tower::Service<HttpRequestFactory> for StatusService {
     }
 }
 
+/// Tool names the model answered with, back to the registry's: a name is
+/// mapped only when it is the wire form of a tool offered in `request`.
+fn from_wire_names(mut response: ChatResponse, request: &ChatRequest) -> ChatResponse {
+    for call in &mut response.tool_calls {
+        if let Some(t) = request
+            .tools
+            .iter()
+            .find(|t| t.name != call.name && super::wire_name(&t.name) == call.name)
+        {
+            call.name = t.name.clone();
+        }
+    }
+    response
+}
+
 fn to_wire(request: &ChatRequest, model: String) -> oa::CreateChatCompletionRequest {
     let messages = request.messages.iter().map(message_to_wire).collect();
     let tools = if request.tools.is_empty() {
@@ -441,7 +459,7 @@ fn to_wire(request: &ChatRequest, model: String) -> oa::CreateChatCompletionRequ
                 .map(|t| {
                     oa::ChatCompletionTools::Function(oa::ChatCompletionTool {
                         function: async_openai::types::chat::FunctionObject {
-                            name: t.name.clone(),
+                            name: super::wire_name(&t.name),
                             description: Some(t.description.clone()),
                             parameters: Some(t.parameters.clone()),
                             strict: None,
@@ -482,7 +500,7 @@ fn message_to_wire(m: &ChatMessage) -> oa::ChatCompletionRequestMessage {
                             oa::ChatCompletionMessageToolCall {
                                 id: c.id.clone(),
                                 function: oa::FunctionCall {
-                                    name: c.name.clone(),
+                                    name: super::wire_name(&c.name),
                                     arguments: c.arguments.clone(),
                                 },
                             },

@@ -14,6 +14,13 @@
 //!   is reported naming both files;
 //! - a removed file's tool goes away (or falls back to the builtin).
 //!
+//! MCP servers (`agents/mcp.toml`, [`crate::mcp`]) form a third layer,
+//! between code and files: each server's tools are replaced as a whole
+//! whenever the server is listed again ([`ToolRegistry::set_mcp_tools`]),
+//! and stay listed while the server is down, marked unavailable
+//! ([`ToolRegistry::set_mcp_available`]). An agent may name `server.*`
+//! (all of a server's tools) or `server.tool` before the server answered.
+//!
 //! Reads take a snapshot `Arc`, so a running call keeps the version it
 //! started with.
 
@@ -33,6 +40,8 @@ pub enum ToolSource {
     Builtin,
     Custom,
     File(PathBuf),
+    /// Listed from the MCP server of this name.
+    Mcp(String),
 }
 
 impl ToolSource {
@@ -41,6 +50,7 @@ impl ToolSource {
             ToolSource::Builtin => "builtin".into(),
             ToolSource::Custom => "custom".into(),
             ToolSource::File(p) => p.display().to_string(),
+            ToolSource::Mcp(server) => format!("mcp:{server}"),
         }
     }
 }
@@ -73,9 +83,17 @@ struct FileState {
     tool: Option<Arc<RegisteredTool>>,
 }
 
+/// One MCP server's layer.
+#[derive(Default)]
+struct McpLayer {
+    available: bool,
+    tools: BTreeMap<String, Arc<RegisteredTool>>,
+}
+
 #[derive(Default)]
 struct State {
     base: BTreeMap<String, Arc<RegisteredTool>>,
+    mcp: BTreeMap<String, McpLayer>,
     files: BTreeMap<PathBuf, FileState>,
     merged: BTreeMap<String, Arc<RegisteredTool>>,
     catalog: HandlerCatalog,
@@ -152,7 +170,7 @@ impl ToolRegistry {
             source,
         });
         state.base.insert(name, tool);
-        let (merged, _) = merge(&state.base, &state.files);
+        let (merged, _) = merge(&state.layered(), &state.files);
         state.merged = merged;
         Ok(())
     }
@@ -194,15 +212,110 @@ impl ToolRegistry {
             .collect()
     }
 
-    /// The specs of the named tools that exist and `plan` may call, in the order given.
+    /// The specs of the named tools that exist and `plan` may call, in the
+    /// order given; `server.*` stands for every tool of that MCP server.
     pub fn specs_for(&self, names: &[String], plan: Plan) -> Vec<ToolSpec> {
         let state = self.read();
         names
             .iter()
-            .filter_map(|n| state.merged.get(n))
+            .flat_map(|n| match n.strip_suffix(".*") {
+                Some(server) if state.mcp.contains_key(server) => {
+                    state.mcp[server].tools.keys().cloned().collect::<Vec<_>>()
+                }
+                _ => vec![n.clone()],
+            })
+            .filter_map(|n| state.merged.get(&n))
             .filter(|t| t.definition.required_plan <= plan)
             .map(|t| t.definition.spec())
             .collect()
+    }
+
+    /// Whether an agent may name this tool: it is live, or it is `server.*`
+    /// or `server.tool` of a declared MCP server (listed once it answers).
+    pub fn knows(&self, name: &str) -> bool {
+        let state = self.read();
+        state.merged.contains_key(name)
+            || name
+                .split_once('.')
+                .is_some_and(|(server, _)| state.mcp.contains_key(server))
+    }
+
+    /// Declares an MCP server: its tools come and go with
+    /// [`Self::set_mcp_tools`]; until then it has none and is unavailable.
+    pub fn declare_mcp_server(&self, server: &str) {
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        state.mcp.entry(server.into()).or_default();
+    }
+
+    /// Replaces the tools of MCP server `server` (named `server.tool`) and
+    /// marks it available. A tool whose schema does not compile is left out
+    /// and logged. Publishes the changes like a reload.
+    pub fn set_mcp_tools(
+        &self,
+        server: &str,
+        tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
+    ) -> ReloadReport {
+        let mut layer = BTreeMap::new();
+        for (definition, handler) in tools {
+            match ParamValidator::new(&definition.parameters, self.strict) {
+                Ok(validator) => {
+                    let tool = RegisteredTool {
+                        definition,
+                        validator,
+                        handler,
+                        source: ToolSource::Mcp(server.into()),
+                    };
+                    layer.insert(tool.definition.name.clone(), Arc::new(tool));
+                }
+                Err(e) => tracing::warn!(
+                    %server, tool = %definition.name,
+                    "MCP tool left out: its inputSchema does not compile: {e}"
+                ),
+            }
+        }
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let entry = state.mcp.entry(server.into()).or_default();
+        entry.tools = layer;
+        entry.available = true;
+        let (merged, _) = merge(&state.layered(), &state.files);
+        let mut report = ReloadReport::default();
+        for (name, tool) in &merged {
+            match state.merged.get(name) {
+                None => report.added.push(name.clone()),
+                Some(old) if old.definition != tool.definition || old.source != tool.source => {
+                    report.updated.push(name.clone())
+                }
+                Some(_) => {}
+            }
+        }
+        for name in state.merged.keys() {
+            if !merged.contains_key(name) {
+                report.removed.push(name.clone());
+            }
+        }
+        state.merged = merged;
+        drop(state);
+        if report.changed() {
+            self.publish_report(&report);
+        }
+        report
+    }
+
+    /// Marks an MCP server's tools available or not (they stay listed).
+    pub fn set_mcp_available(&self, server: &str, available: bool) {
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        if let Some(layer) = state.mcp.get_mut(server) {
+            layer.available = available;
+        }
+    }
+
+    /// `Some(available)` for a tool listed from an MCP server, `None` otherwise.
+    pub fn mcp_status(&self, name: &str) -> Option<bool> {
+        let state = self.read();
+        match &state.merged.get(name)?.source {
+            ToolSource::Mcp(server) => state.mcp.get(server).map(|l| l.available),
+            _ => None,
+        }
     }
 
     /// Announces every live tool (`tool_loaded`), once at startup.
@@ -294,7 +407,7 @@ impl ToolRegistry {
             };
             files.insert(path, FileState { text, tool });
         }
-        let (merged, duplicates) = merge(&state.base, &files);
+        let (merged, duplicates) = merge(&state.layered(), &files);
         for (error, first) in duplicates {
             if reparsed.contains(&error.file) || reparsed.contains(&first) {
                 report.errors.push(error);
@@ -368,6 +481,19 @@ impl ToolRegistry {
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().expect("tool registry lock poisoned")
+    }
+}
+
+impl State {
+    /// Tools from code, then the MCP servers' (which may not shadow them).
+    fn layered(&self) -> Tools {
+        let mut all = self.base.clone();
+        for layer in self.mcp.values() {
+            for (name, tool) in &layer.tools {
+                all.entry(name.clone()).or_insert_with(|| tool.clone());
+            }
+        }
+        all
     }
 }
 
