@@ -1,11 +1,14 @@
 //! Tools over HTTP: list (OpenAI function format, by plan), validate, invoke.
 //!
+//! Tools of MCP servers carry `source: "mcp:<server>"` and `status:
+//! "available" | "unavailable"` next to their function definition.
+//!
 //! `POST /v1/tools/{name}/invoke` runs the call through the executor like
 //! any other caller (`caller_type = direct`). The body is always the full
 //! `ToolExecutionResult`; the status says how it went: 200 success, 202
 //! pending confirmation, 403 plan, 404 unknown tool, 422 validation, 429
-//! rate limited or queue full (with `Retry-After`), 502 the tool failed, 504
-//! it timed out.
+//! rate limited or queue full (with `Retry-After`), 502 the tool failed, 503
+//! its MCP server is down (`tool_unavailable`), 504 it timed out.
 
 use axum::Extension;
 use axum::extract::{Path, Query, State};
@@ -52,7 +55,25 @@ async fn list(
         None => state.registry.definitions(),
         Some(p) => state.registry.definitions_for_plan(parse_plan(Some(p))?),
     };
-    let tools: Vec<Value> = defs.iter().map(|d| d.spec().to_openai_json()).collect();
+    let tools: Vec<Value> = defs
+        .iter()
+        .map(|d| {
+            let mut entry = d.spec().to_openai_json();
+            // Tools of MCP servers say where they come from and whether
+            // their server is up; a down server's tools stay listed.
+            if let (Some(available), crate::tools::definition::Entry::Mcp { server, .. }) =
+                (state.registry.mcp_status(&d.name), &d.entry)
+            {
+                entry["source"] = json!(format!("mcp:{server}"));
+                entry["status"] = json!(if available {
+                    "available"
+                } else {
+                    "unavailable"
+                });
+            }
+            entry
+        })
+        .collect();
     Ok(Json(json!({ "tools": tools })))
 }
 
