@@ -25,6 +25,7 @@
 //! the id back.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -325,8 +326,19 @@ impl ServerHandler for CadreMcp {
         let mut events = self.deps.registry.events().subscribe();
         let peer = context.peer;
         tokio::spawn(async move {
+            // A quiet registry must not keep a closed session's task alive.
+            let mut check = tokio::time::interval(Duration::from_secs(30));
             loop {
-                match events.recv().await {
+                let event = tokio::select! {
+                    e = events.recv() => e,
+                    _ = check.tick() => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                match event {
                     Ok(e) if is_tool_change(&e.kind) => {}
                     Ok(_) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}

@@ -522,3 +522,52 @@ fn message_to_wire(m: &ChatMessage) -> oa::ChatCompletionRequestMessage {
         .into(),
     }
 }
+
+#[cfg(test)]
+mod wire_name_tests {
+    use super::*;
+    use crate::model::{ToolCall, ToolSpec};
+
+    #[test]
+    fn dotted_names_go_out_with_underscores_and_come_back_as_offered() {
+        let spec = |name: &str| ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters: serde_json::json!({"type": "object"}),
+        };
+        let request = ChatRequest {
+            model: "m".into(),
+            messages: Vec::new(),
+            tools: vec![spec("files.read"), spec("plain__name")],
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+            max_tokens: None,
+            purpose: Default::default(),
+        };
+        let wire = serde_json::to_value(to_wire(&request, "m".into())).unwrap();
+        let names: Vec<&str> = wire["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["files__read", "plain__name"]);
+        let call = |name: &str| ToolCall {
+            id: "c".into(),
+            name: name.into(),
+            arguments: "{}".into(),
+        };
+        let response = ChatResponse {
+            content: None,
+            tool_calls: vec![call("files__read"), call("plain__name"), call("other__x")],
+            usage: None,
+        };
+        let back: Vec<String> = from_wire_names(response, &request)
+            .tool_calls
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        // Only names offered are mapped; a tool named with `__` stays itself.
+        assert_eq!(back, ["files.read", "plain__name", "other__x"]);
+    }
+}

@@ -72,6 +72,21 @@ pub struct ReloadReport {
 }
 
 impl ReloadReport {
+    /// Adds what changed from `old` to `new` (a new definition or source is an update).
+    fn diff(&mut self, old: &Tools, new: &Tools) {
+        for (name, tool) in new {
+            match old.get(name) {
+                None => self.added.push(name.clone()),
+                Some(o) if o.definition != tool.definition || o.source != tool.source => {
+                    self.updated.push(name.clone())
+                }
+                Some(_) => {}
+            }
+        }
+        self.removed
+            .extend(old.keys().filter(|n| !new.contains_key(*n)).cloned());
+    }
+
     pub fn changed(&self) -> bool {
         !(self.added.is_empty() && self.updated.is_empty() && self.removed.is_empty())
     }
@@ -279,20 +294,7 @@ impl ToolRegistry {
         entry.available = true;
         let (merged, _) = merge(&state.layered(), &state.files);
         let mut report = ReloadReport::default();
-        for (name, tool) in &merged {
-            match state.merged.get(name) {
-                None => report.added.push(name.clone()),
-                Some(old) if old.definition != tool.definition || old.source != tool.source => {
-                    report.updated.push(name.clone())
-                }
-                Some(_) => {}
-            }
-        }
-        for name in state.merged.keys() {
-            if !merged.contains_key(name) {
-                report.removed.push(name.clone());
-            }
-        }
+        report.diff(&state.merged, &merged);
         state.merged = merged;
         drop(state);
         if report.changed() {
@@ -413,20 +415,7 @@ impl ToolRegistry {
                 report.errors.push(error);
             }
         }
-        for (name, tool) in &merged {
-            match state.merged.get(name) {
-                None => report.added.push(name.clone()),
-                Some(old) if old.definition != tool.definition || old.source != tool.source => {
-                    report.updated.push(name.clone())
-                }
-                Some(_) => {}
-            }
-        }
-        for name in state.merged.keys() {
-            if !merged.contains_key(name) {
-                report.removed.push(name.clone());
-            }
-        }
+        report.diff(&state.merged, &merged);
         state.files = files;
         state.merged = merged;
         drop(state);
@@ -532,4 +521,44 @@ fn merge(
         merged.insert(name.clone(), tool.clone());
     }
     (merged, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::builtin::echo::Echo;
+
+    fn mcp_tool(name: &str) -> (ToolDefinition, Arc<dyn ToolHandler>) {
+        let def = ToolDefinition::new(name, "d", serde_json::json!({"type": "object"}));
+        (def, Arc::new(Echo) as Arc<dyn ToolHandler>)
+    }
+
+    #[test]
+    fn an_mcp_server_layer_is_replaced_whole_and_marked_down_without_leaving() {
+        let registry = ToolRegistry::new();
+        registry.declare_mcp_server("files");
+        assert!(registry.knows("files.read"), "named before it is listed");
+        assert!(!registry.knows("other.read"));
+
+        let report = registry.set_mcp_tools(
+            "files",
+            vec![mcp_tool("files.read"), mcp_tool("files.list")],
+        );
+        assert_eq!(report.added, ["files.list", "files.read"]);
+        assert_eq!(registry.mcp_status("files.read"), Some(true));
+        let specs = registry.specs_for(&["files.*".into()], Plan::Free);
+        assert_eq!(specs.len(), 2);
+
+        registry.set_mcp_available("files", false);
+        assert_eq!(registry.mcp_status("files.read"), Some(false));
+        assert!(
+            registry.contains("files.read"),
+            "a down server's tools stay listed"
+        );
+
+        let report = registry.set_mcp_tools("files", vec![mcp_tool("files.read")]);
+        assert_eq!(report.removed, ["files.list"]);
+        assert!(report.added.is_empty() && report.updated.is_empty());
+        assert_eq!(registry.mcp_status("files.read"), Some(true));
+    }
 }
