@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cadre::events::EventKind;
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
@@ -216,6 +217,7 @@ async fn a_stdio_mcp_server_is_listed_called_refreshed_and_restarted() {
 
     // The server dies and cannot start for a while: its tools stay listed,
     // unavailable, and a call says so.
+    let mut events = app.runtime.as_ref().unwrap().events().subscribe();
     std::fs::write(&hold, "").unwrap();
     let first_pid: i32 = std::fs::read_to_string(&pidfile)
         .unwrap()
@@ -253,6 +255,29 @@ async fn a_stdio_mcp_server_is_listed_called_refreshed_and_restarted() {
     assert_eq!(body["output"]["result"], 2.0);
     let pids = std::fs::read_to_string(&pidfile).unwrap();
     assert_eq!(pids.lines().count(), 2, "one restart: {pids}");
+    // Both transitions were announced on the event bus.
+    let mut seen = Vec::new();
+    while seen.last().map(String::as_str) != Some("up inner") {
+        let e = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no mcp_server_up event: {seen:?}"))
+            .expect("the event bus is open");
+        match e.kind {
+            EventKind::McpServerDown { server, .. } => seen.push(format!("down {server}")),
+            EventKind::McpServerUp { server, .. } => seen.push(format!("up {server}")),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        seen.first().map(String::as_str),
+        Some("down inner"),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("up inner"),
+        "{seen:?}"
+    );
     assert_eq!(model.overruns(), 0);
 }
 

@@ -38,6 +38,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use super::config::{McpServerConfig, McpTransport};
+use crate::events::EventKind;
 use crate::model::wire_name;
 use crate::tools::definition::{CacheSpec, Entry};
 use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler, ToolRegistry};
@@ -217,13 +218,21 @@ async fn supervise(
                 if ended || *stop.borrow() {
                     return;
                 }
+                registry.events().publish(EventKind::McpServerDown {
+                    server: server.clone(),
+                    reason: "the connection ended".into(),
+                });
                 tracing::warn!(%server, "MCP server connection ended; reconnecting");
                 if since.elapsed() > HEALTHY_AFTER {
                     delay = FIRST_DELAY;
                 }
             }
             Err(e) => {
-                tracing::warn!(%server, retry_in_ms = delay.as_millis() as u64, "MCP server not reachable: {e}")
+                tracing::warn!(%server, retry_in_ms = delay.as_millis() as u64, "MCP server not reachable: {e}");
+                registry.events().publish(EventKind::McpServerDown {
+                    server: server.clone(),
+                    reason: e,
+                });
             }
         }
         // Drain stale events of the connection that is gone.
@@ -245,7 +254,12 @@ async fn list(link: &Arc<Link>, peer: &Peer<RoleClient>, registry: &ToolRegistry
                 .into_iter()
                 .filter_map(|t| definition(link, t))
                 .collect::<Vec<_>>();
+            let count = tools.len();
             let report = registry.set_mcp_tools(server, tools);
+            registry.events().publish(EventKind::McpServerUp {
+                server: server.clone(),
+                tools: count,
+            });
             tracing::info!(%server, added = report.added.len(), updated = report.updated.len(), removed = report.removed.len(), "MCP tools listed");
             true
         }
