@@ -161,7 +161,7 @@ impl Agent {
         options: &ClientOptions,
     ) -> Result<Agent, ConfigError> {
         for tool in &file.tools {
-            if !registry.contains(tool) {
+            if !registry.knows(tool) {
                 return Err(ConfigError::UnknownTool {
                     agent: file.name.clone(),
                     tool: tool.clone(),
@@ -234,6 +234,11 @@ pub fn load_agent_files(dir: &Path) -> Result<Vec<(PathBuf, AgentFile)>, ConfigE
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "toml"))
+        // The MCP server list lives beside the agents ([`crate::mcp::config`]).
+        .filter(|p| {
+            p.file_name()
+                .is_none_or(|n| n != crate::mcp::config::FILE_NAME)
+        })
         .collect();
     paths.sort();
     let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();

@@ -1,7 +1,8 @@
 //! The event bus: what happens in the runtime, for anyone listening.
 //!
 //! registry (loads, reloads) ─┐
-//! executor (calls)          ─┼─▶ EventBus (tokio broadcast) ─▶ subscribe() / GET /v1/events (SSE)
+//! executor (calls)          ─┤
+//! MCP clients (up / down)   ─┼─▶ EventBus (tokio broadcast) ─▶ subscribe() / GET /v1/events (SSE)
 //!
 //! Publishing never blocks and never fails: with no subscriber an event is
 //! dropped; a subscriber that falls more than [`CAPACITY`] events behind
@@ -68,6 +69,17 @@ pub enum EventKind {
         error_type: String,
         error: String,
     },
+    /// An MCP server of `agents/mcp.toml` answered and its tools were listed.
+    McpServerUp {
+        server: String,
+        tools: usize,
+    },
+    /// An MCP server's connection ended or could not be made; its tools
+    /// stay listed, unavailable, until it is back.
+    McpServerDown {
+        server: String,
+        reason: String,
+    },
 }
 
 impl EventKind {
@@ -85,6 +97,8 @@ impl EventKind {
             EventKind::ExecutionStarted { .. } => "execution_started",
             EventKind::ExecutionCompleted { .. } => "execution_completed",
             EventKind::ExecutionFailed { .. } => "execution_failed",
+            EventKind::McpServerUp { .. } => "mcp_server_up",
+            EventKind::McpServerDown { .. } => "mcp_server_down",
         }
     }
 }

@@ -15,6 +15,7 @@
 //! - [`store`]: redb tables and the group-committing writer.
 //! - [`metrics`]: counters and histograms for `/metrics`.
 //! - [`tenants`]: API keys, tenant isolation and per-tenant config.
+//! - [`mcp`]: MCP servers as tool sources, and cadre as an MCP server.
 //! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`config`]: agent definitions; [`server_config`]: the server's config file.
@@ -24,6 +25,7 @@ pub mod conversation;
 pub mod events;
 pub mod executor;
 pub mod http;
+pub mod mcp;
 pub mod metrics;
 pub mod model;
 pub mod runtime;

@@ -122,6 +122,14 @@ enum Command {
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
+    /// Serve cadre's tools and agents (`agent_<name>`) over MCP on stdio.
+    Mcp {
+        /// The plan of the local caller: free, pro or premium.
+        #[arg(long, default_value = "free", env = "CADRE_MCP_PLAN")]
+        plan: String,
+        #[command(flatten)]
+        common: Common,
+    },
     /// List workflows, or run one in-process.
     Workflow {
         #[command(subcommand)]
@@ -308,6 +316,11 @@ fn main() -> anyhow::Result<()> {
             data_dir,
         ),
         Command::Stats { data_dir } => stats(data_dir),
+        Command::Mcp { plan, common } => {
+            let plan = Plan::parse(&plan).context("--plan must be free, pro or premium")?;
+            let runtime = runtime(&common)?.start().context("starting cadre")?;
+            Ok(cadre::mcp::server::run_stdio(&runtime, plan)?)
+        }
         Command::Workflow {
             command: WorkflowCommand::List { common },
         } => workflow_list(common),

@@ -44,6 +44,8 @@ pub enum RuntimeError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Mcp(#[from] crate::mcp::config::McpConfigError),
     #[error("tool {name}: {message}")]
     Tool { name: String, message: String },
     #[error("cannot listen on {addr}: {source}")]
@@ -309,6 +311,7 @@ struct Parts {
     executor: ExecutorHandle,
     workflows: Workflows,
     providers: Vec<String>,
+    mcp: crate::mcp::McpClients,
 }
 
 fn setup(
@@ -345,6 +348,10 @@ fn setup(
         tracing::error!("{e}");
     }
     registry.announce();
+    // MCP servers are declared before the agents resolve, so an agent may
+    // name their tools before they are listed.
+    let mcp =
+        crate::mcp::McpClients::start(crate::mcp::config::load(&builder.agents_dir)?, &registry);
     let mut agents = Vec::new();
     let mut providers = Vec::new();
     for (_path, file) in load_agent_files(&builder.agents_dir)? {
@@ -403,6 +410,7 @@ fn setup(
         executor,
         workflows,
         providers,
+        mcp,
     })
 }
 
@@ -419,6 +427,7 @@ async fn serve(
         executor,
         workflows,
         providers,
+        mcp,
     } = match setup(&mut builder, &arbiters) {
         Ok(parts) => parts,
         Err(e) => {
@@ -495,6 +504,7 @@ async fn serve(
     match listener {
         Some(listener) => {
             let events = registry.events().clone();
+            let mcp_shutdown = tokio_util::sync::CancellationToken::new();
             let app = router(
                 AppState {
                     sessions,
@@ -503,6 +513,7 @@ async fn serve(
                     executor,
                     events,
                     workflows: workflows.clone(),
+                    mcp_shutdown: mcp_shutdown.clone(),
                 },
                 api_limit,
                 keys,
@@ -511,6 +522,9 @@ async fn serve(
             let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
             let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                 shutdown.await;
+                // Open MCP sessions hold SSE streams: end them, or the
+                // graceful shutdown would wait out its grace period.
+                mcp_shutdown.cancel();
                 let _ = stopping_tx.send(());
             });
             let grace = builder.shutdown_grace;
@@ -536,6 +550,7 @@ async fn serve(
     // at the next start.
     workflows.shutdown();
     drop(workflows);
+    drop(mcp);
     if let Err(e) = store.flush().await {
         tracing::error!(error = %e, "final flush failed");
     }

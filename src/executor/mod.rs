@@ -474,6 +474,7 @@ async fn run_with_retries(
                 // by zero) is the caller's to fix, like a schema violation.
                 let error_type = match e {
                     ToolError::InvalidInput { .. } => ErrorType::ValidationError,
+                    ToolError::Unavailable { .. } => ErrorType::ToolUnavailable,
                     _ => ErrorType::ExecutionError,
                 };
                 let retryable = e.is_retryable();

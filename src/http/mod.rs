@@ -2,6 +2,7 @@
 //!
 //! client ──HTTP──▶ rate limit (per API key) ──▶ router ──▶ one file per resource
 //!                                                          ──▶ Sessions, ToolRegistry, ExecutorHandle
+//! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
 //!
 //! Bodies are capped at [`MAX_BODY_BYTES`] (413); every error, including
 //! unknown routes, is JSON (see [`error`]). Rejections that axum's own
@@ -61,10 +62,22 @@ pub struct AppState {
     pub executor: ExecutorHandle,
     pub events: EventBus,
     pub workflows: Workflows,
+    /// Cancelled at shutdown: ends the open `/mcp` sessions.
+    pub mcp_shutdown: tokio_util::sync::CancellationToken,
 }
 
 pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router {
+    let mcp = crate::mcp::server::http_service(
+        crate::mcp::McpServerDeps {
+            registry: state.registry.clone(),
+            executor: state.executor.clone(),
+            sessions: state.sessions.clone(),
+        },
+        !keys.is_open(),
+        state.mcp_shutdown.clone(),
+    );
     Router::new()
+        .route_service("/mcp", mcp)
         .route(
             "/healthz",
             get(|| async { axum::Json(json!({"status": "ok"})) }),

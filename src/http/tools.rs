@@ -1,12 +1,15 @@
 //! Tools over HTTP: list (OpenAI function format, by plan; `?view=definitions`
 //! for the full definitions `cadre tools list` prints), validate, invoke.
 //!
+//! Tools of MCP servers carry `source: "mcp:<server>"` and `status:
+//! "available" | "unavailable"` next to their function definition.
+//!
 //! `POST /v1/tools/{name}/invoke` runs the call through the executor like
 //! any other caller (`caller_type = direct`). The body is always the full
 //! `ToolExecutionResult`; the status says how it went: 200 success, 202
 //! pending confirmation, 403 plan, 404 unknown tool, 422 validation, 429
-//! rate limited or queue full (with `Retry-After`), 502 the tool failed, 504
-//! it timed out.
+//! rate limited or queue full (with `Retry-After`), 502 the tool failed, 503
+//! its MCP server is down (`tool_unavailable`), 504 it timed out.
 
 use axum::Extension;
 use axum::extract::{Path, Query, State};
@@ -56,7 +59,25 @@ async fn list(
         Some(p) => state.registry.definitions_for_plan(parse_plan(Some(p))?),
     };
     let tools: Vec<Value> = match q.view.as_deref() {
-        None | Some("openai") => defs.iter().map(|d| d.spec().to_openai_json()).collect(),
+        None | Some("openai") => defs
+            .iter()
+            .map(|d| {
+                let mut entry = d.spec().to_openai_json();
+                // Tools of MCP servers say where they come from and whether
+                // their server is up; a down server's tools stay listed.
+                if let (Some(available), crate::tools::definition::Entry::Mcp { server, .. }) =
+                    (state.registry.mcp_status(&d.name), &d.entry)
+                {
+                    entry["source"] = json!(format!("mcp:{server}"));
+                    entry["status"] = json!(if available {
+                        "available"
+                    } else {
+                        "unavailable"
+                    });
+                }
+                entry
+            })
+            .collect(),
         Some("definitions") => defs.iter().map(|d| json!(d)).collect(),
         Some(v) => {
             return Err(ApiError::validation(format!(

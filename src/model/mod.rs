@@ -99,6 +99,14 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
+/// A tool's name as OpenAI-compatible endpoints accept it
+/// (`^[a-zA-Z0-9_-]{1,64}$`): registry names may hold dots (`server.tool`
+/// for MCP tools), sent as `server__tool`. Replies are mapped back against
+/// the tools offered, so a name is never guessed.
+pub fn wire_name(name: &str) -> String {
+    name.replace('.', "__")
+}
+
 impl ToolSpec {
     /// The OpenAI function definition: `{"type":"function","function":{...}}`.
     pub fn to_openai_json(&self) -> Value {

@@ -266,6 +266,7 @@ impl ChatModel for OpenAiModel {
             self.attempt(wire)
         })
         .await
+        .map(|r| from_wire_names(r, &request))
     }
 
     async fn complete_streaming(
@@ -287,6 +288,7 @@ impl ChatModel for OpenAiModel {
             }
         })
         .await
+        .map(|r| from_wire_names(r, &request))
     }
 
     fn describe(&self) -> String {
@@ -434,6 +436,21 @@ impl tower::Service<HttpRequestFactory> for StatusService {
     }
 }
 
+/// Tool names the model answered with, back to the registry's: a name is
+/// mapped only when it is the wire form of a tool offered in `request`.
+fn from_wire_names(mut response: ChatResponse, request: &ChatRequest) -> ChatResponse {
+    for call in &mut response.tool_calls {
+        if let Some(t) = request
+            .tools
+            .iter()
+            .find(|t| t.name != call.name && super::wire_name(&t.name) == call.name)
+        {
+            call.name = t.name.clone();
+        }
+    }
+    response
+}
+
 fn to_wire(request: &ChatRequest, model: String) -> oa::CreateChatCompletionRequest {
     let messages = request.messages.iter().map(message_to_wire).collect();
     let tools = if request.tools.is_empty() {
@@ -446,7 +463,7 @@ fn to_wire(request: &ChatRequest, model: String) -> oa::CreateChatCompletionRequ
                 .map(|t| {
                     oa::ChatCompletionTools::Function(oa::ChatCompletionTool {
                         function: async_openai::types::chat::FunctionObject {
-                            name: t.name.clone(),
+                            name: super::wire_name(&t.name),
                             description: Some(t.description.clone()),
                             parameters: Some(t.parameters.clone()),
                             strict: None,
@@ -487,7 +504,7 @@ fn message_to_wire(m: &ChatMessage) -> oa::ChatCompletionRequestMessage {
                             oa::ChatCompletionMessageToolCall {
                                 id: c.id.clone(),
                                 function: oa::FunctionCall {
-                                    name: c.name.clone(),
+                                    name: super::wire_name(&c.name),
                                     arguments: c.arguments.clone(),
                                 },
                             },
@@ -507,5 +524,54 @@ fn message_to_wire(m: &ChatMessage) -> oa::ChatCompletionRequestMessage {
             tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
         }
         .into(),
+    }
+}
+
+#[cfg(test)]
+mod wire_name_tests {
+    use super::*;
+    use crate::model::{ToolCall, ToolSpec};
+
+    #[test]
+    fn dotted_names_go_out_with_underscores_and_come_back_as_offered() {
+        let spec = |name: &str| ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters: serde_json::json!({"type": "object"}),
+        };
+        let request = ChatRequest {
+            model: "m".into(),
+            messages: Vec::new(),
+            tools: vec![spec("files.read"), spec("plain__name")],
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+            max_tokens: None,
+            purpose: Default::default(),
+        };
+        let wire = serde_json::to_value(to_wire(&request, "m".into())).unwrap();
+        let names: Vec<&str> = wire["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["function"]["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["files__read", "plain__name"]);
+        let call = |name: &str| ToolCall {
+            id: "c".into(),
+            name: name.into(),
+            arguments: "{}".into(),
+        };
+        let response = ChatResponse {
+            content: None,
+            tool_calls: vec![call("files__read"), call("plain__name"), call("other__x")],
+            usage: None,
+        };
+        let back: Vec<String> = from_wire_names(response, &request)
+            .tool_calls
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
+        // Only names offered are mapped; a tool named with `__` stays itself.
+        assert_eq!(back, ["files.read", "plain__name", "other__x"]);
     }
 }

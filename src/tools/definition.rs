@@ -95,6 +95,10 @@ pub enum Entry {
         #[serde(default)]
         handler: Option<String>,
     },
+    /// A tool of an MCP server declared in `agents/mcp.toml`, listed from
+    /// the server (never written in a tool file): `server` is the prefix of
+    /// the registry name, `tool` the server's own name for it.
+    Mcp { server: String, tool: String },
 }
 
 impl Default for Entry {

@@ -197,6 +197,13 @@ pub fn resolve(
                 )
             })?
         }
+        Entry::Mcp { .. } => {
+            return Err(LoadError::new(
+                path,
+                None,
+                "mcp entries come from the servers declared in agents/mcp.toml, not from tool files",
+            ));
+        }
         Entry::External {
             command,
             url,

@@ -41,6 +41,10 @@ pub enum ToolError {
     /// A failure that may pass on a second try.
     #[error("{message}")]
     Transient { message: String },
+    /// What serves the tool is down (an MCP server that died and is being
+    /// restarted): `tool_unavailable`, not retried within the call.
+    #[error("{message}")]
+    Unavailable { message: String },
 }
 
 impl ToolError {

@@ -92,6 +92,9 @@ pub enum ErrorType {
     Timeout,
     ExecutionError,
     PendingConfirmation,
+    /// The tool exists but what serves it is down (an MCP server being
+    /// restarted); it may come back.
+    ToolUnavailable,
 }
 
 impl ErrorType {
@@ -105,6 +108,7 @@ impl ErrorType {
             ErrorType::Timeout => "timeout",
             ErrorType::ExecutionError => "execution_error",
             ErrorType::PendingConfirmation => "pending_confirmation",
+            ErrorType::ToolUnavailable => "tool_unavailable",
         }
     }
 
@@ -112,7 +116,10 @@ impl ErrorType {
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            ErrorType::RateLimited | ErrorType::QueueFull | ErrorType::Timeout
+            ErrorType::RateLimited
+                | ErrorType::QueueFull
+                | ErrorType::Timeout
+                | ErrorType::ToolUnavailable
         )
     }
 
@@ -126,6 +133,7 @@ impl ErrorType {
             ErrorType::Timeout => 504,
             ErrorType::ExecutionError => 502,
             ErrorType::PendingConfirmation => 202,
+            ErrorType::ToolUnavailable => 503,
         }
     }
 }

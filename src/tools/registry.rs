@@ -14,6 +14,13 @@
 //!   is reported naming both files;
 //! - a removed file's tool goes away (or falls back to the builtin).
 //!
+//! MCP servers (`agents/mcp.toml`, [`crate::mcp`]) form a third layer,
+//! between code and files: each server's tools are replaced as a whole
+//! whenever the server is listed again ([`ToolRegistry::set_mcp_tools`]),
+//! and stay listed while the server is down, marked unavailable
+//! ([`ToolRegistry::set_mcp_available`]). An agent may name `server.*`
+//! (all of a server's tools) or `server.tool` before the server answered.
+//!
 //! Reads take a snapshot `Arc`, so a running call keeps the version it
 //! started with.
 
@@ -33,6 +40,8 @@ pub enum ToolSource {
     Builtin,
     Custom,
     File(PathBuf),
+    /// Listed from the MCP server of this name.
+    Mcp(String),
 }
 
 impl ToolSource {
@@ -41,6 +50,7 @@ impl ToolSource {
             ToolSource::Builtin => "builtin".into(),
             ToolSource::Custom => "custom".into(),
             ToolSource::File(p) => p.display().to_string(),
+            ToolSource::Mcp(server) => format!("mcp:{server}"),
         }
     }
 }
@@ -62,6 +72,21 @@ pub struct ReloadReport {
 }
 
 impl ReloadReport {
+    /// Adds what changed from `old` to `new` (a new definition or source is an update).
+    fn diff(&mut self, old: &Tools, new: &Tools) {
+        for (name, tool) in new {
+            match old.get(name) {
+                None => self.added.push(name.clone()),
+                Some(o) if o.definition != tool.definition || o.source != tool.source => {
+                    self.updated.push(name.clone())
+                }
+                Some(_) => {}
+            }
+        }
+        self.removed
+            .extend(old.keys().filter(|n| !new.contains_key(*n)).cloned());
+    }
+
     pub fn changed(&self) -> bool {
         !(self.added.is_empty() && self.updated.is_empty() && self.removed.is_empty())
     }
@@ -73,9 +98,17 @@ struct FileState {
     tool: Option<Arc<RegisteredTool>>,
 }
 
+/// One MCP server's layer.
+#[derive(Default)]
+struct McpLayer {
+    available: bool,
+    tools: BTreeMap<String, Arc<RegisteredTool>>,
+}
+
 #[derive(Default)]
 struct State {
     base: BTreeMap<String, Arc<RegisteredTool>>,
+    mcp: BTreeMap<String, McpLayer>,
     files: BTreeMap<PathBuf, FileState>,
     merged: BTreeMap<String, Arc<RegisteredTool>>,
     catalog: HandlerCatalog,
@@ -152,7 +185,7 @@ impl ToolRegistry {
             source,
         });
         state.base.insert(name, tool);
-        let (merged, _) = merge(&state.base, &state.files);
+        let (merged, _) = merge(&state.layered(), &state.files);
         state.merged = merged;
         Ok(())
     }
@@ -194,15 +227,97 @@ impl ToolRegistry {
             .collect()
     }
 
-    /// The specs of the named tools that exist and `plan` may call, in the order given.
+    /// The specs of the named tools that exist and `plan` may call, in the
+    /// order given; `server.*` stands for every tool of that MCP server.
     pub fn specs_for(&self, names: &[String], plan: Plan) -> Vec<ToolSpec> {
         let state = self.read();
         names
             .iter()
-            .filter_map(|n| state.merged.get(n))
+            .flat_map(|n| match n.strip_suffix(".*") {
+                Some(server) if state.mcp.contains_key(server) => {
+                    state.mcp[server].tools.keys().cloned().collect::<Vec<_>>()
+                }
+                _ => vec![n.clone()],
+            })
+            .filter_map(|n| state.merged.get(&n))
             .filter(|t| t.definition.required_plan <= plan)
             .map(|t| t.definition.spec())
             .collect()
+    }
+
+    /// Whether an agent may name this tool: it is live, or it is `server.*`
+    /// or `server.tool` of a declared MCP server (listed once it answers).
+    pub fn knows(&self, name: &str) -> bool {
+        let state = self.read();
+        state.merged.contains_key(name)
+            || name
+                .split_once('.')
+                .is_some_and(|(server, _)| state.mcp.contains_key(server))
+    }
+
+    /// Declares an MCP server: its tools come and go with
+    /// [`Self::set_mcp_tools`]; until then it has none and is unavailable.
+    pub fn declare_mcp_server(&self, server: &str) {
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        state.mcp.entry(server.into()).or_default();
+    }
+
+    /// Replaces the tools of MCP server `server` (named `server.tool`) and
+    /// marks it available. A tool whose schema does not compile is left out
+    /// and logged. Publishes the changes like a reload.
+    pub fn set_mcp_tools(
+        &self,
+        server: &str,
+        tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
+    ) -> ReloadReport {
+        let mut layer = BTreeMap::new();
+        for (definition, handler) in tools {
+            match ParamValidator::new(&definition.parameters, self.strict) {
+                Ok(validator) => {
+                    let tool = RegisteredTool {
+                        definition,
+                        validator,
+                        handler,
+                        source: ToolSource::Mcp(server.into()),
+                    };
+                    layer.insert(tool.definition.name.clone(), Arc::new(tool));
+                }
+                Err(e) => tracing::warn!(
+                    %server, tool = %definition.name,
+                    "MCP tool left out: its inputSchema does not compile: {e}"
+                ),
+            }
+        }
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let entry = state.mcp.entry(server.into()).or_default();
+        entry.tools = layer;
+        entry.available = true;
+        let (merged, _) = merge(&state.layered(), &state.files);
+        let mut report = ReloadReport::default();
+        report.diff(&state.merged, &merged);
+        state.merged = merged;
+        drop(state);
+        if report.changed() {
+            self.publish_report(&report);
+        }
+        report
+    }
+
+    /// Marks an MCP server's tools available or not (they stay listed).
+    pub fn set_mcp_available(&self, server: &str, available: bool) {
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        if let Some(layer) = state.mcp.get_mut(server) {
+            layer.available = available;
+        }
+    }
+
+    /// `Some(available)` for a tool listed from an MCP server, `None` otherwise.
+    pub fn mcp_status(&self, name: &str) -> Option<bool> {
+        let state = self.read();
+        match &state.merged.get(name)?.source {
+            ToolSource::Mcp(server) => state.mcp.get(server).map(|l| l.available),
+            _ => None,
+        }
     }
 
     /// Announces every live tool (`tool_loaded`), once at startup.
@@ -294,26 +409,13 @@ impl ToolRegistry {
             };
             files.insert(path, FileState { text, tool });
         }
-        let (merged, duplicates) = merge(&state.base, &files);
+        let (merged, duplicates) = merge(&state.layered(), &files);
         for (error, first) in duplicates {
             if reparsed.contains(&error.file) || reparsed.contains(&first) {
                 report.errors.push(error);
             }
         }
-        for (name, tool) in &merged {
-            match state.merged.get(name) {
-                None => report.added.push(name.clone()),
-                Some(old) if old.definition != tool.definition || old.source != tool.source => {
-                    report.updated.push(name.clone())
-                }
-                Some(_) => {}
-            }
-        }
-        for name in state.merged.keys() {
-            if !merged.contains_key(name) {
-                report.removed.push(name.clone());
-            }
-        }
+        report.diff(&state.merged, &merged);
         state.files = files;
         state.merged = merged;
         drop(state);
@@ -371,6 +473,19 @@ impl ToolRegistry {
     }
 }
 
+impl State {
+    /// Tools from code, then the MCP servers' (which may not shadow them).
+    fn layered(&self) -> Tools {
+        let mut all = self.base.clone();
+        for layer in self.mcp.values() {
+            for (name, tool) in &layer.tools {
+                all.entry(name.clone()).or_insert_with(|| tool.clone());
+            }
+        }
+        all
+    }
+}
+
 type Tools = BTreeMap<String, Arc<RegisteredTool>>;
 /// A duplicate name: the error for the skipped file, and the path of the file that kept it.
 type Clash = (LoadError, PathBuf);
@@ -406,4 +521,44 @@ fn merge(
         merged.insert(name.clone(), tool.clone());
     }
     (merged, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::builtin::echo::Echo;
+
+    fn mcp_tool(name: &str) -> (ToolDefinition, Arc<dyn ToolHandler>) {
+        let def = ToolDefinition::new(name, "d", serde_json::json!({"type": "object"}));
+        (def, Arc::new(Echo) as Arc<dyn ToolHandler>)
+    }
+
+    #[test]
+    fn an_mcp_server_layer_is_replaced_whole_and_marked_down_without_leaving() {
+        let registry = ToolRegistry::new();
+        registry.declare_mcp_server("files");
+        assert!(registry.knows("files.read"), "named before it is listed");
+        assert!(!registry.knows("other.read"));
+
+        let report = registry.set_mcp_tools(
+            "files",
+            vec![mcp_tool("files.read"), mcp_tool("files.list")],
+        );
+        assert_eq!(report.added, ["files.list", "files.read"]);
+        assert_eq!(registry.mcp_status("files.read"), Some(true));
+        let specs = registry.specs_for(&["files.*".into()], Plan::Free);
+        assert_eq!(specs.len(), 2);
+
+        registry.set_mcp_available("files", false);
+        assert_eq!(registry.mcp_status("files.read"), Some(false));
+        assert!(
+            registry.contains("files.read"),
+            "a down server's tools stay listed"
+        );
+
+        let report = registry.set_mcp_tools("files", vec![mcp_tool("files.read")]);
+        assert_eq!(report.removed, ["files.list"]);
+        assert!(report.added.is_empty() && report.updated.is_empty());
+        assert_eq!(registry.mcp_status("files.read"), Some(true));
+    }
 }

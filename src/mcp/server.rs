@@ -1,0 +1,431 @@
+//! cadre as an MCP server: its tools and agents for any MCP client.
+//!
+//! MCP client ──stdio (`cadre mcp`) | streamable HTTP (`/mcp`)──▶ CadreMcp
+//!     tools/list ──▶ ToolRegistry (the caller's plan) + one `agent_<name>` per agent
+//!     tools/call ──▶ ExecuteTool (caller_type direct) ──▶ executor ──▶ result
+//!                └─▶ agent_<name>: one conversation turn through Sessions
+//!     ◀── notifications/tools/list_changed when the registry changes
+//!
+//! Who calls: over HTTP the request passed the API's own layers, so the
+//! tenant is the bearer key's ([`crate::tenants::Principal`], as for every
+//! other route); the plan is the `X-Cadre-Plan` header (default free), the
+//! same trust as the `plan` field of `POST /v1/tools/{name}/invoke`, and the
+//! user the `X-Cadre-User` header (rate limits count per user). Over stdio
+//! the caller is the local operator: tenant `default`, the plan of
+//! `cadre mcp --plan` (default free). tools/list shows what that plan may
+//! call; a call above it still reaches the executor, which refuses it
+//! (`plan_required`), so no call bypasses the pipeline.
+//!
+//! A failed call is a tool result with `isError: true` whose text is the
+//! same JSON the model sees (`error`, `error_type`, `validation_errors`,
+//! `retryable`); a successful one carries the output as JSON text, and as
+//! `structuredContent` when it is an object. Agent tools take `message`
+//! and an optional `session_id` (a session of the same tenant) and answer
+//! `{session_id, answer}`, so a client continues a conversation by passing
+//! the id back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer};
+use rmcp::{ErrorData, ServerHandler};
+use serde_json::{Map, Value, json};
+
+use crate::conversation::{NewSession, Sessions};
+use crate::events::EventKind;
+use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
+use crate::tenants::{DEFAULT_TENANT, Principal};
+use crate::tools::{CallerType, ExecutionContext, Plan, ToolRegistry};
+
+/// Agent tools are named `agent_<agent name>`.
+pub const AGENT_PREFIX: &str = "agent_";
+pub const PLAN_HEADER: &str = "x-cadre-plan";
+pub const USER_HEADER: &str = "x-cadre-user";
+
+/// Whose call it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Caller {
+    pub tenant: String,
+    pub plan: Plan,
+    pub user_id: Option<String>,
+}
+
+impl Caller {
+    /// The local operator of `cadre mcp`.
+    pub fn local(plan: Plan) -> Self {
+        Caller {
+            tenant: DEFAULT_TENANT.into(),
+            plan,
+            user_id: None,
+        }
+    }
+}
+
+/// What the server needs of a running cadre.
+#[derive(Clone)]
+pub struct McpServerDeps {
+    pub registry: ToolRegistry,
+    pub executor: ExecutorHandle,
+    pub sessions: Sessions,
+}
+
+/// One MCP session's handler.
+#[derive(Clone)]
+pub struct CadreMcp {
+    deps: McpServerDeps,
+    /// `None`: read the caller from each HTTP request.
+    fixed: Option<Caller>,
+}
+
+impl CadreMcp {
+    /// For stdio: every request is `caller`'s.
+    pub fn local(deps: McpServerDeps, caller: Caller) -> Self {
+        CadreMcp {
+            deps,
+            fixed: Some(caller),
+        }
+    }
+
+    /// For `/mcp`: the caller comes from each request's key and headers.
+    pub fn http(deps: McpServerDeps) -> Self {
+        CadreMcp { deps, fixed: None }
+    }
+
+    fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+        if let Some(c) = &self.fixed {
+            return Ok(c.clone());
+        }
+        let parts = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .ok_or_else(|| ErrorData::internal_error("no HTTP request for this call", None))?;
+        let principal = parts
+            .extensions
+            .get::<Principal>()
+            .ok_or_else(|| ErrorData::internal_error("the request was not authenticated", None))?;
+        let header = |name: &str| {
+            parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let plan = match header(PLAN_HEADER) {
+            None => Plan::Free,
+            Some(p) => Plan::parse(&p).ok_or_else(|| {
+                ErrorData::invalid_request(
+                    format!("unknown plan '{p}' in {PLAN_HEADER} (free, pro or premium)"),
+                    None,
+                )
+            })?,
+        };
+        Ok(Caller {
+            tenant: principal.tenant.clone(),
+            plan,
+            user_id: header(USER_HEADER),
+        })
+    }
+
+    fn tools_for(&self, plan: Plan) -> Vec<Tool> {
+        let mut tools: Vec<Tool> = self
+            .deps
+            .registry
+            .definitions_for_plan(plan)
+            .into_iter()
+            .map(|d| {
+                let schema = match d.parameters {
+                    Value::Object(m) => m,
+                    _ => Map::new(),
+                };
+                Tool::new(d.name, d.description, schema)
+            })
+            .collect();
+        for name in self.deps.sessions.agents().names() {
+            let description = self
+                .deps
+                .sessions
+                .agents()
+                .get(&name)
+                .map(|a| a.description.clone())
+                .filter(|d| !d.is_empty())
+                .unwrap_or_else(|| format!("Ask the {name} agent"));
+            let schema = json!({
+                "type": "object",
+                "properties": {
+                    "message": {"type": "string", "minLength": 1, "description": "What to ask the agent"},
+                    "session_id": {"type": "string", "description": "Continue this conversation (from an earlier answer)"}
+                },
+                "required": ["message"],
+                "additionalProperties": false
+            });
+            let Value::Object(schema) = schema else {
+                unreachable!("a JSON object")
+            };
+            tools.push(Tool::new(
+                format!("{AGENT_PREFIX}{name}"),
+                format!(
+                    "{description} (one conversation turn; returns the reply and the session id)"
+                ),
+                schema,
+            ));
+        }
+        tools
+    }
+
+    async fn call_agent(
+        &self,
+        agent: &str,
+        caller: &Caller,
+        args: &Map<String, Value>,
+    ) -> CallToolResult {
+        let Some(message) = args
+            .get("message")
+            .and_then(Value::as_str)
+            .filter(|m| !m.trim().is_empty())
+        else {
+            return failure(
+                json!({"error": "`message` (a non-empty string) is required", "error_type": "validation_error"}),
+            );
+        };
+        let sessions = &self.deps.sessions;
+        let id = match args.get("session_id") {
+            None | Some(Value::Null) => {
+                let created = sessions
+                    .create(NewSession {
+                        tenant: caller.tenant.clone(),
+                        agent: agent.into(),
+                        user_id: caller.user_id.clone(),
+                        plan: caller.plan,
+                        metadata: Value::Null,
+                    })
+                    .await;
+                match created {
+                    Ok(s) => s.id,
+                    Err(e) => {
+                        return failure(
+                            json!({"error": e.to_string(), "error_type": "execution_error"}),
+                        );
+                    }
+                }
+            }
+            Some(Value::String(id)) => match sessions.get_as(&caller.tenant, id).await {
+                Ok(s) if s.agent == agent => s.id,
+                Ok(_) => {
+                    return failure(
+                        json!({"error": format!("session {id} belongs to another agent"), "error_type": "validation_error"}),
+                    );
+                }
+                Err(e) => {
+                    return failure(json!({"error": e.to_string(), "error_type": "not_found"}));
+                }
+            },
+            Some(_) => {
+                return failure(
+                    json!({"error": "`session_id` must be a string", "error_type": "validation_error"}),
+                );
+            }
+        };
+        match sessions
+            .send_message_as(&caller.tenant, &id, message.to_string(), None)
+            .await
+        {
+            Ok(outcome) => {
+                let body = json!({"session_id": id, "answer": outcome.answer});
+                let mut r = CallToolResult::success(vec![ContentBlock::text(outcome.answer)]);
+                r.structured_content = Some(body);
+                r
+            }
+            Err(e) => failure(
+                json!({"error": e.to_string(), "error_type": "execution_error", "session_id": id}),
+            ),
+        }
+    }
+}
+
+fn failure(body: Value) -> CallToolResult {
+    let mut r = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
+    r.structured_content = Some(body);
+    r
+}
+
+impl ServerHandler for CadreMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("cadre", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "cadre's tools (each call runs through cadre's executor: plans, limits, validation, records) \
+             and its agents as agent_<name> tools taking `message` and an optional `session_id`.",
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        Ok(ListToolsResult::with_all_items(self.tools_for(caller.plan)))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let caller = self.caller(&context)?;
+        let args = request.arguments.unwrap_or_default();
+        let name = request.name.to_string();
+        if let Some(agent) = name.strip_prefix(AGENT_PREFIX)
+            && self.deps.sessions.agents().get(agent).is_some()
+            && !self.deps.registry.contains(&name)
+        {
+            return Ok(self.call_agent(agent, &caller, &args).await.into());
+        }
+        let mut ctx = ExecutionContext::new(
+            CallerType::Direct,
+            caller.user_id.clone().unwrap_or_else(|| "mcp".into()),
+        );
+        ctx.user_id = caller.user_id;
+        ctx.plan = caller.plan;
+        ctx.tenant = Some(caller.tenant);
+        let result = self
+            .deps
+            .executor
+            .execute(ExecuteTool::new(
+                &name,
+                Arguments::Json(Value::Object(args)),
+                ctx,
+            ))
+            .await;
+        let text = result.model_content();
+        Ok(if result.is_success {
+            let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+            if let Some(out @ Value::Object(_)) = &result.output {
+                r.structured_content = Some(out.clone());
+            }
+            r
+        } else {
+            let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+            failure(body)
+        }
+        .into())
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        // Tell this client when the tool list changes (hot reload, MCP
+        // servers of our own coming and going), until it is gone.
+        let mut events = self.deps.registry.events().subscribe();
+        let peer = context.peer;
+        tokio::spawn(async move {
+            // A quiet registry must not keep a closed session's task alive.
+            let mut check = tokio::time::interval(Duration::from_secs(30));
+            loop {
+                let event = tokio::select! {
+                    e = events.recv() => e,
+                    _ = check.tick() => {
+                        if peer.is_transport_closed() {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                match event {
+                    Ok(e) if is_tool_change(&e.kind) => {}
+                    Ok(_) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+                // One notice for a burst of changes.
+                while let Ok(e) = events.try_recv() {
+                    let _ = e;
+                }
+                if peer.notify_tool_list_changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+fn is_tool_change(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::ToolAdded { .. } | EventKind::ToolUpdated { .. } | EventKind::ToolRemoved { .. }
+    )
+}
+
+impl McpServerDeps {
+    pub fn of(runtime: &crate::Runtime) -> Self {
+        McpServerDeps {
+            registry: runtime.registry().clone(),
+            executor: runtime.executor().clone(),
+            sessions: runtime.sessions().clone(),
+        }
+    }
+}
+
+/// `cadre mcp`: serves `runtime` on stdin/stdout as the local operator on
+/// `plan`, until the client closes stdin. Blocks.
+pub fn run_stdio(runtime: &crate::Runtime, plan: Plan) -> Result<(), McpServeError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| McpServeError::Start {
+            message: e.to_string(),
+        })?;
+    rt.block_on(serve_stdio(McpServerDeps::of(runtime), Caller::local(plan)))
+}
+
+/// Serves MCP on stdin/stdout until the client closes it.
+pub async fn serve_stdio(deps: McpServerDeps, caller: Caller) -> Result<(), McpServeError> {
+    use rmcp::ServiceExt;
+    let running = CadreMcp::local(deps, caller)
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| McpServeError::Start {
+            message: e.to_string(),
+        })?;
+    running.waiting().await.map_err(|e| McpServeError::Start {
+        message: e.to_string(),
+    })?;
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum McpServeError {
+    #[error("MCP over stdio: {message}")]
+    Start { message: String },
+}
+
+/// The `/mcp` tower service (streamable HTTP). `authenticated`: an API key
+/// guards it, so the Host check against DNS rebinding (meant for open local
+/// servers) is off; an open server keeps rmcp's loopback-only Host check.
+pub fn http_service(
+    deps: McpServerDeps,
+    authenticated: bool,
+    stop: tokio_util::sync::CancellationToken,
+) -> rmcp::transport::StreamableHttpService<
+    CadreMcp,
+    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+> {
+    let mut config = rmcp::transport::StreamableHttpServerConfig::default();
+    config.cancellation_token = stop;
+    config.max_request_body_bytes = crate::http::MAX_BODY_BYTES;
+    if authenticated {
+        config = config.disable_allowed_hosts();
+    }
+    rmcp::transport::StreamableHttpService::new(
+        move || Ok(CadreMcp::http(deps.clone())),
+        Arc::default(),
+        config,
+    )
+}
