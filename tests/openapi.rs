@@ -53,22 +53,53 @@ fn app() -> TestApp {
 }
 
 async fn spec(app: &TestApp) -> Value {
-    let response = app
-        .client
-        .get(format!("{}/openapi.json", app.base))
-        .send()
-        .await
-        .expect("request sent");
-    assert_eq!(response.status(), StatusCode::OK);
-    let content_type = response.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    assert!(
-        content_type.starts_with("application/json"),
-        "{content_type}"
-    );
-    response.json().await.expect("the document is JSON")
+    let answer = fetch(app, "get", "/openapi.json", None).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    answer.json.expect("the document is JSON")
+}
+
+/// What came back: status, content type (`""` when none), and the body
+/// when it is JSON (an event stream is left unread: it may never end).
+struct Answer {
+    status: StatusCode,
+    content_type: String,
+    json: Option<Value>,
+    text: Option<String>,
+}
+
+async fn fetch(app: &TestApp, method: &str, path: &str, body: Option<&Value>) -> Answer {
+    let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+    let mut request = app.client.request(method, format!("{}{path}", app.base));
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().await.expect("request sent");
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    if content_type.starts_with("text/event-stream") {
+        return Answer {
+            status,
+            content_type,
+            json: None,
+            text: None,
+        };
+    }
+    let text = response.text().await.expect("body read");
+    let json = if content_type.starts_with("application/json") {
+        Some(serde_json::from_str(&text).expect("a JSON body"))
+    } else {
+        None
+    };
+    Answer {
+        status,
+        content_type,
+        json,
+        text: Some(text),
+    }
 }
 
 /// Every (method, path) the document lists.
@@ -146,15 +177,6 @@ fn conforms(
     }
 }
 
-async fn call(app: &TestApp, method: &str, path: &str, body: Option<&Value>) -> reqwest::Response {
-    let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-    let mut request = app.client.request(method, format!("{}{path}", app.base));
-    if let Some(body) = body {
-        request = request.json(body);
-    }
-    request.send().await.expect("request sent")
-}
-
 /// Sends the request and checks the answer against the document; returns
 /// the status and the JSON body.
 async fn checked(
@@ -165,23 +187,19 @@ async fn checked(
     path: &str,
     body: Option<&Value>,
 ) -> (StatusCode, Value) {
-    let response = call(app, method, path, body).await;
-    let status = response.status();
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default();
-    let json = if content_type.starts_with("application/json") {
-        response.json::<Value>().await.expect("a JSON body")
-    } else {
-        Value::Null
-    };
-    let parsed = (!json.is_null()).then_some(&json);
-    if let Err(e) = conforms(doc, method, template, status, &content_type, parsed) {
+    let answer = fetch(app, method, path, body).await;
+    let json = answer.json.as_ref();
+    if let Err(e) = conforms(
+        doc,
+        method,
+        template,
+        answer.status,
+        &answer.content_type,
+        json,
+    ) {
         panic!("{e}");
     }
-    (status, json)
+    (answer.status, answer.json.unwrap_or(Value::Null))
 }
 
 #[tokio::test]
@@ -312,18 +330,12 @@ async fn every_documented_operation_reaches_its_handler_and_answers_as_documente
     assert!(ops.len() > 30, "{ops:?}");
     for (method, template) in &ops {
         let path = concrete(template);
-        let response = call(&app, method, &path, None).await;
-        let status = response.status();
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .map(|v| v.to_str().unwrap().to_string())
-            .unwrap_or_default();
-        let body = if content_type.starts_with("application/json") {
-            Some(response.json::<Value>().await.expect("JSON"))
-        } else {
-            None
-        };
+        let Answer {
+            status,
+            content_type,
+            json: body,
+            ..
+        } = fetch(&app, method, &path, None).await;
         assert_ne!(
             status,
             StatusCode::METHOD_NOT_ALLOWED,
@@ -353,9 +365,8 @@ async fn an_undocumented_method_on_a_documented_path_is_the_routers_405() {
             if ops.contains(&(method.to_string(), template.clone())) {
                 continue;
             }
-            let response = call(&app, method, &path, None).await;
-            let status = response.status();
-            let body: Value = response.json().await.expect("a JSON error");
+            let answer = fetch(&app, method, &path, None).await;
+            let (status, body) = (answer.status, answer.json.unwrap_or_default());
             assert_eq!(
                 (status, body["error"]["code"].as_str()),
                 (StatusCode::METHOD_NOT_ALLOWED, Some("METHOD_NOT_ALLOWED")),
@@ -380,6 +391,10 @@ async fn every_error_response_is_the_error_body() {
         .filter_map(Value::as_str)
         .collect();
     assert_eq!(required, BTreeSet::from(["code", "message"]), "{detail}");
+
+    let mut error_schema = error_ref.clone();
+    error_schema["components"] = doc["components"].clone();
+    let error_validator = jsonschema::validator_for(&error_schema).expect("ErrorBody compiles");
 
     let mut errors_seen = 0;
     for (method, path) in operations(&doc) {
@@ -419,6 +434,13 @@ async fn every_error_response_is_the_error_body() {
                 direct || alternative,
                 "{method} {path} {status} does not reference ErrorBody: {response}"
             );
+            let example = &response["content"]["application/json"]["example"];
+            if direct {
+                assert!(
+                    error_validator.is_valid(example),
+                    "{method} {path} {status}: the example is not an ErrorBody: {example}"
+                );
+            }
         }
     }
     assert!(errors_seen > 100, "{errors_seen}");
@@ -580,19 +602,14 @@ async fn documented_response_shapes_match_what_the_server_sends() {
 #[tokio::test]
 async fn docs_serve_swagger_ui_and_its_assets_from_this_server() {
     let app = app();
-    let response = app
-        .client
-        .get(format!("{}/docs/", app.base))
-        .send()
-        .await
-        .expect("request sent");
-    assert_eq!(response.status(), StatusCode::OK);
-    let content_type = response.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .to_string();
-    assert!(content_type.starts_with("text/html"), "{content_type}");
-    let html = response.text().await.unwrap();
+    let page = fetch(&app, "get", "/docs/", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(
+        page.content_type.starts_with("text/html"),
+        "{}",
+        page.content_type
+    );
+    let html = page.text.expect("a page");
     assert!(html.contains("swagger-ui"), "{html}");
 
     let mut assets = Vec::new();
@@ -610,14 +627,10 @@ async fn docs_serve_swagger_ui_and_its_assets_from_this_server() {
             !asset.contains("://") && !asset.starts_with("//"),
             "{asset} is not served by cadre"
         );
-        let url = format!("{}/docs/{}", app.base, asset.trim_start_matches("./"));
-        let response = app.client.get(&url).send().await.expect("request sent");
-        assert_eq!(response.status(), StatusCode::OK, "{url}");
-        let kind = response.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .to_string();
-        let body = response.text().await.unwrap();
+        let url = format!("/docs/{}", asset.trim_start_matches("./"));
+        let answer = fetch(&app, "get", &url, None).await;
+        assert_eq!(answer.status, StatusCode::OK, "{url}");
+        let (kind, body) = (answer.content_type, answer.text.unwrap_or_default());
         assert!(!body.is_empty(), "{url}");
         if asset.ends_with(".js") {
             assert!(kind.contains("javascript"), "{url}: {kind}");
@@ -654,13 +667,11 @@ async fn the_spec_and_docs_need_no_key_when_keys_are_configured() {
     let doc = spec(&app).await;
     assert!(doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer");
     for path in ["/docs/", "/docs/swagger-ui.css"] {
-        let response = app
-            .client
-            .get(format!("{}{path}", app.base))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert_eq!(
+            fetch(&app, "get", path, None).await.status,
+            StatusCode::OK,
+            "{path}"
+        );
     }
     // Public means these paths only, not anything that starts like them.
     let (status, _) = app.get("/docsx").await;

@@ -49,6 +49,7 @@ struct Improved {
     post,
     path = "/v1/sessions/{id}/suggestions",
     operation_id = "suggest_replies",
+    summary = "Three replies an operator could send",
     tag = "assist",
     params(("id" = String, Path, description = "Session id")),
     responses(
@@ -97,6 +98,7 @@ struct ImproveBody {
     post,
     path = "/v1/improve",
     operation_id = "improve_text",
+    summary = "Reword a text",
     tag = "assist",
     request_body = ImproveBody,
     responses(

@@ -67,6 +67,7 @@ struct Stats {
     get,
     path = "/v1/calls",
     operation_id = "list_calls",
+    summary = "Call records, newest first",
     tag = "calls",
     params(CallsQuery),
     responses(
@@ -105,6 +106,7 @@ async fn calls(
     get,
     path = "/v1/stats",
     operation_id = "show_stats",
+    summary = "Per-tool counters (admin)",
     tag = "calls",
     responses(
         (status = 200, description = "Counters over every tenant's calls", body = Stats),

@@ -77,6 +77,7 @@ fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
     get,
     path = "/v1/confirmations",
     operation_id = "list_confirmations",
+    summary = "Pending confirmations",
     tag = "confirmations",
     responses(
         (status = 200, description = "The caller's tenant's pending confirmations", body = PendingList),
@@ -116,6 +117,7 @@ async fn owned(
     get,
     path = "/v1/confirmations/{id}",
     operation_id = "show_confirmation",
+    summary = "A pending confirmation",
     tag = "confirmations",
     params(("id" = String, Path, description = "Confirmation id")),
     responses(
@@ -144,6 +146,7 @@ struct Decision {
     post,
     path = "/v1/confirmations/{id}",
     operation_id = "decide_confirmation",
+    summary = "Approve or deny a pending confirmation",
     tag = "confirmations",
     params(("id" = String, Path, description = "Confirmation id")),
     request_body = Decision,

@@ -31,6 +31,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     get,
     path = "/v1/events",
     operation_id = "runtime_events",
+    summary = "Runtime events as Server-Sent Events (admin)",
     tag = "events",
     responses(
         (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data; `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = String),

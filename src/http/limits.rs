@@ -56,6 +56,7 @@ struct QuotaView {
     get,
     path = "/v1/limits",
     operation_id = "show_limits",
+    summary = "The concurrency pool and its buckets",
     tag = "limits",
     responses((status = 200, description = "The concurrency pool and its buckets", body = Limits))
 )]
@@ -77,6 +78,7 @@ struct QuotaQuery {
     get,
     path = "/v1/limits/quota",
     operation_id = "show_quota",
+    summary = "What is left of a user's rate limit for a tool",
     tag = "limits",
     params(QuotaQuery),
     responses(
@@ -118,6 +120,7 @@ async fn quota(
     get,
     path = "/metrics",
     operation_id = "metrics",
+    summary = "Prometheus metrics",
     tag = "limits",
     responses((status = 200, description = "Prometheus text format (0.0.4)",
         content_type = "text/plain; version=0.0.4; charset=utf-8", body = String))

@@ -49,7 +49,7 @@ pub fn is_public(path: &str) -> bool {
 
 /// Every error leaves the API in this shape (see [`super::error`]).
 #[derive(serde::Serialize, ToSchema)]
-#[schema(example = json!({"error": {"code": "SESSION_NOT_FOUND", "message": "no session 'abc'"}}))]
+#[schema(example = json!({"error": {"code": "VALIDATION_ERROR", "message": "content must not be empty"}}))]
 #[allow(dead_code)]
 pub struct ErrorBody {
     error: ErrorDetail,
@@ -158,7 +158,37 @@ impl Modify for CommonErrors {
                         "`VALIDATION_ERROR`: a field is missing, unknown or of the wrong type",
                     );
                 }
+                for response in op.responses.responses.values_mut() {
+                    if let RefOr::T(response) = response {
+                        add_error_example(response);
+                    }
+                }
             }
+        }
+    }
+}
+
+/// Gives an error response whose description starts with a `` `CODE` ``
+/// an example body with that code, so each response shows its own error.
+fn add_error_example(response: &mut Response) {
+    let Some(code) = response
+        .description
+        .strip_prefix('`')
+        .and_then(|rest| rest.split('`').next())
+        .filter(|c| !c.is_empty() && c.chars().all(|ch| ch.is_ascii_uppercase() || ch == '_'))
+    else {
+        return;
+    };
+    let message = response
+        .description
+        .split_once(": ")
+        .map(|(_, m)| m.replace('`', ""))
+        .unwrap_or_else(|| code.to_lowercase().replace('_', " "));
+    let example = serde_json::json!({"error": {"code": code, "message": message}});
+    if let Some(RefOr::T(content)) = response.content.get_mut("application/json") {
+        let is_error_body = matches!(&content.schema, Some(RefOr::Ref(r)) if r.ref_location.ends_with("/ErrorBody"));
+        if is_error_body && content.example.is_none() {
+            content.example = Some(example);
         }
     }
 }
@@ -172,6 +202,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(doc: OpenApiDoc) -> Router<S> {
     get,
     path = "/healthz",
     operation_id = "healthz",
+    summary = "Liveness",
     tag = "health",
     security(()),
     responses((status = 200, description = "The server is up", body = Object,

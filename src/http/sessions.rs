@@ -130,6 +130,7 @@ fn session_json(s: &Session) -> Value {
     post,
     path = "/v1/sessions",
     operation_id = "create_session",
+    summary = "Create a session",
     tag = "sessions",
     request_body = CreateBody,
     responses(
@@ -173,6 +174,7 @@ async fn create(
     get,
     path = "/v1/sessions/{id}",
     operation_id = "show_session",
+    summary = "A session",
     tag = "sessions",
     params(("id" = String, Path, description = "Session id")),
     responses(
@@ -206,6 +208,7 @@ struct MessageBody {
     post,
     path = "/v1/sessions/{id}/messages",
     operation_id = "send_message",
+    summary = "Send a message: one turn (JSON or Server-Sent Events)",
     tag = "sessions",
     params(
         ("id" = String, Path, description = "Session id"),
@@ -304,6 +307,7 @@ struct HistoryQuery {
     get,
     path = "/v1/sessions/{id}/messages",
     operation_id = "list_messages",
+    summary = "A session's messages, one page",
     tag = "sessions",
     params(("id" = String, Path, description = "Session id"), HistoryQuery),
     responses(
@@ -342,6 +346,7 @@ async fn history(
     get,
     path = "/v1/sessions/{id}/summary",
     operation_id = "show_session_summary",
+    summary = "A session's summary",
     tag = "sessions",
     params(("id" = String, Path, description = "Session id")),
     responses(

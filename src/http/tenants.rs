@@ -81,6 +81,7 @@ fn check(caller: &Principal, tenant: &str) -> Result<(), ApiError> {
     get,
     path = "/v1/tenants/{id}/config",
     operation_id = "show_tenant_config",
+    summary = "A tenant's config (admin)",
     tag = "tenants",
     params(("id" = String, Path, description = "Tenant id")),
     responses(
@@ -104,6 +105,7 @@ async fn show(
     post,
     path = "/v1/tenants/{id}/config",
     operation_id = "replace_tenant_config",
+    summary = "Replace a tenant's config (admin)",
     tag = "tenants",
     params(("id" = String, Path, description = "Tenant id")),
     request_body(content = Object, description = "A full config; missing keys take their defaults"),
@@ -131,6 +133,7 @@ async fn replace(
     patch,
     path = "/v1/tenants/{id}/config",
     operation_id = "patch_tenant_config",
+    summary = "Merge-patch a tenant's config (admin)",
     tag = "tenants",
     params(("id" = String, Path, description = "Tenant id")),
     request_body(content = Object, description = "A JSON merge patch (RFC 7396) of the config"),
@@ -159,6 +162,7 @@ async fn patch(
     get,
     path = "/v1/providers",
     operation_id = "list_providers",
+    summary = "Which model serves each agent",
     tag = "tenants",
     responses((status = 200, description = "Which model serves each agent", body = Providers))
 )]

@@ -114,6 +114,7 @@ struct ListQuery {
     get,
     path = "/v1/tools",
     operation_id = "list_tools",
+    summary = "The tool catalogue (OpenAI function format)",
     tag = "tools",
     params(ListQuery),
     responses(
@@ -137,6 +138,7 @@ async fn list(
     get,
     path = "/v1/tools/{name}",
     operation_id = "show_tool",
+    summary = "A tool's definition and source",
     tag = "tools",
     params(("name" = String, Path, description = "Tool name")),
     responses(
@@ -180,6 +182,7 @@ struct InvokeBody {
     post,
     path = "/v1/tools/{name}/invoke",
     operation_id = "invoke_tool",
+    summary = "Call a tool through the executor",
     tag = "tools",
     params(("name" = String, Path, description = "Tool name")),
     request_body = InvokeBody,
@@ -251,6 +254,7 @@ struct ValidateBody {
     post,
     path = "/v1/tools/{name}/validate",
     operation_id = "validate_tool_params",
+    summary = "Check arguments against a tool's schema",
     tag = "tools",
     params(("name" = String, Path, description = "Tool name")),
     request_body = ValidateBody,

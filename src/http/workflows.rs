@@ -119,6 +119,7 @@ impl From<WorkflowError> for ApiError {
     get,
     path = "/v1/workflows",
     operation_id = "list_workflows",
+    summary = "Workflow definitions and load errors",
     tag = "workflows",
     responses((status = 200, description = "The live definitions and the files that did not load", body = Definitions))
 )]
@@ -139,6 +140,7 @@ async fn list_definitions(State(state): State<AppState>) -> Json<Value> {
     get,
     path = "/v1/workflows/{name}",
     operation_id = "show_workflow",
+    summary = "A workflow definition",
     tag = "workflows",
     params(("name" = String, Path, description = "Workflow name")),
     responses(
@@ -183,6 +185,7 @@ async fn owned(state: &AppState, caller: &Principal, id: &str) -> Result<Workflo
     post,
     path = "/v1/workflows/{name}/runs",
     operation_id = "start_run",
+    summary = "Start a workflow run",
     tag = "workflows",
     params(("name" = String, Path, description = "Workflow name")),
     request_body = StartBody,
@@ -232,6 +235,7 @@ struct ListQuery {
     get,
     path = "/v1/workflows/runs",
     operation_id = "list_runs",
+    summary = "Workflow runs, newest first",
     tag = "workflows",
     params(ListQuery),
     responses(
@@ -267,6 +271,7 @@ async fn list_runs(
     get,
     path = "/v1/workflows/runs/{id}",
     operation_id = "show_run",
+    summary = "A workflow run with per-node status",
     tag = "workflows",
     params(("id" = String, Path, description = "Run id")),
     responses(
@@ -296,6 +301,7 @@ struct ResumeQuery {
     post,
     path = "/v1/workflows/runs/{id}/resume",
     operation_id = "resume_run",
+    summary = "Resume a failed or interrupted run",
     tag = "workflows",
     params(("id" = String, Path, description = "Run id"), ResumeQuery),
     responses(
@@ -326,6 +332,7 @@ async fn resume(
     get,
     path = "/v1/workflows/runs/{id}/events",
     operation_id = "run_events",
+    summary = "A run's node events as Server-Sent Events",
     tag = "workflows",
     params(("id" = String, Path, description = "Run id")),
     responses(

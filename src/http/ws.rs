@@ -43,6 +43,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     get,
     path = "/v1/sessions/{id}/ws",
     operation_id = "session_websocket",
+    summary = "Visitor chat over a WebSocket",
     tag = "sessions",
     description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Frames over 256 KiB close it.",
     params(("id" = String, Path, description = "Session id")),
