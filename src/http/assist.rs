@@ -9,24 +9,58 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::post;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
+use super::openapi::ErrorBody;
 use crate::tenants::Principal;
 
 /// Longest text `/v1/improve` takes, in bytes.
 pub const MAX_IMPROVE_BYTES: usize = 16 * 1024;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/sessions/{id}/suggestions", post(suggestions))
-        .route("/v1/improve", post(improve))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(suggestions))
+        .routes(routes!(improve))
 }
 
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Suggestions {
+    session_id: String,
+    /// Three replies an operator could send next.
+    suggestions: Vec<String>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Improved {
+    /// The text reworded.
+    text: String,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/suggestions",
+    operation_id = "suggest_replies",
+    summary = "Three replies an operator could send",
+    tag = "assist",
+    params(("id" = String, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "Three suggested replies", body = Suggestions),
+        (status = 403, description = "`SUGGESTIONS_DISABLED` for this tenant", body = ErrorBody),
+        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
+        (status = 502, description = "`MODEL_UNAVAILABLE`, `MODEL_BAD_RESPONSE` or `MODEL_REJECTED`", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        (status = 504, description = "`MODEL_TIMEOUT`", body = ErrorBody),
+    )
+)]
 async fn suggestions(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -51,13 +85,31 @@ async fn suggestions(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ImproveBody {
+    /// At most 16 KiB.
     text: String,
+    /// Whose model rewords it (default: the first agent).
     agent: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/improve",
+    operation_id = "improve_text",
+    summary = "Reword a text",
+    tag = "assist",
+    request_body = ImproveBody,
+    responses(
+        (status = 200, description = "The text reworded", body = Improved),
+        (status = 404, description = "`AGENT_NOT_FOUND`", body = ErrorBody),
+        (status = 413, description = "`PAYLOAD_TOO_LARGE`: the body is over 1 MiB or the text over 16 KiB", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: empty text or unknown field", body = ErrorBody),
+        (status = 502, description = "`MODEL_UNAVAILABLE`, `MODEL_BAD_RESPONSE` or `MODEL_REJECTED`", body = ErrorBody),
+        (status = 504, description = "`MODEL_TIMEOUT`", body = ErrorBody),
+    )
+)]
 async fn improve(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<ImproveBody>,

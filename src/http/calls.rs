@@ -3,36 +3,80 @@
 //! `GET /v1/stats` (per-tool counters kept with the records).
 
 use axum::Extension;
+use axum::Json;
 use axum::extract::{Query, State};
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
+use super::openapi::ErrorBody;
 use crate::store::{CallFilter, Store, StoreError};
 use crate::tenants::Principal;
 
 pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 1_000;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/calls", get(calls))
-        .route("/v1/stats", get(stats))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(calls))
+        .routes(routes!(stats))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct CallsQuery {
+    /// Only this session's calls.
     conversation_id: Option<String>,
+    /// Only this workflow run's calls.
     workflow_id: Option<String>,
+    /// Only calls of this tool.
     tool: Option<String>,
+    /// 1 to 1,000 (default 100).
     limit: Option<usize>,
 }
 
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct CallList {
+    /// Newest first: `{record_id, tool_name, tool_call_id, params, output, is_success, error, error_type,
+    /// execution_time_ms, attempts, caller_id, caller_type, conversation_id, workflow_id, user_id, ...}`.
+    #[schema(value_type = Vec<Object>)]
+    calls: Vec<Value>,
+    count: usize,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Stats {
+    total_calls: u64,
+    successful_calls: u64,
+    failed_calls: u64,
+    success_rate: f64,
+    /// Per tool: `{total_calls, successful_calls, failed_calls, avg_execution_time_ms}`.
+    #[schema(value_type = Object)]
+    tools: Value,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/calls",
+    operation_id = "list_calls",
+    summary = "Call records, newest first",
+    tag = "calls",
+    params(CallsQuery),
+    responses(
+        (status = 200, description = "The caller's tenant's call records, newest first", body = CallList),
+        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: limit out of range", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn calls(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -58,6 +102,18 @@ async fn calls(
 }
 
 /// Runtime-wide counters: admin only (they span tenants).
+#[utoipa::path(
+    get,
+    path = "/v1/stats",
+    operation_id = "show_stats",
+    summary = "Per-tool counters (admin)",
+    tag = "calls",
+    responses(
+        (status = 200, description = "Counters over every tenant's calls", body = Stats),
+        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn stats(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,

@@ -6,23 +6,51 @@
 //! Unknown ids are 404, expired ones 410.
 
 use axum::Extension;
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
+use super::openapi::ErrorBody;
 use crate::executor::confirmations::{ConfirmationError, PendingConfirmation};
 use crate::executor::{Arguments, ExecuteTool};
 use crate::tenants::{DEFAULT_TENANT, Principal};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/confirmations", get(list))
-        .route("/v1/confirmations/{id}", post(decide).get(show))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(decide, show))
+}
+
+/// A tool call held for a human decision: `{id, tool_name, params, context, tool_call_id, created_at, expires_at}`.
+#[derive(ToSchema)]
+#[schema(value_type = Object)]
+#[allow(dead_code)]
+struct Pending(Value);
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct PendingList {
+    confirmations: Vec<Pending>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct DecisionOutcome {
+    confirmation_id: String,
+    /// `denied`, `executed` or `failed`.
+    status: String,
+    /// On deny: the tool that was not run.
+    tool_name: Option<String>,
+    /// On approve: the `ToolExecutionResult`.
+    #[schema(value_type = Option<Object>)]
+    result: Option<Value>,
 }
 
 impl From<ConfirmationError> for ApiError {
@@ -45,6 +73,17 @@ fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
     p.context.tenant.as_deref().unwrap_or(DEFAULT_TENANT) == caller.tenant
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/confirmations",
+    operation_id = "list_confirmations",
+    summary = "Pending confirmations",
+    tag = "confirmations",
+    responses(
+        (status = 200, description = "The caller's tenant's pending confirmations", body = PendingList),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -74,6 +113,20 @@ async fn owned(
     Ok(p)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/confirmations/{id}",
+    operation_id = "show_confirmation",
+    summary = "A pending confirmation",
+    tag = "confirmations",
+    params(("id" = String, Path, description = "Confirmation id")),
+    responses(
+        (status = 200, description = "The pending confirmation", body = Pending),
+        (status = 404, description = "`CONFIRMATION_NOT_FOUND` (also another tenant's)", body = ErrorBody),
+        (status = 410, description = "`CONFIRMATION_EXPIRED`", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -82,12 +135,28 @@ async fn show(
     Ok(Json(json!(owned(&state, &caller, &id).await?)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Decision {
+    /// `true` runs the held call, `false` discards it.
     approve: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/confirmations/{id}",
+    operation_id = "decide_confirmation",
+    summary = "Approve or deny a pending confirmation",
+    tag = "confirmations",
+    params(("id" = String, Path, description = "Confirmation id")),
+    request_body = Decision,
+    responses(
+        (status = 200, description = "Denied, or run through the executor with its result", body = DecisionOutcome),
+        (status = 404, description = "`CONFIRMATION_NOT_FOUND` (also another tenant's)", body = ErrorBody),
+        (status = 410, description = "`CONFIRMATION_EXPIRED`", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn decide(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,

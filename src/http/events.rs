@@ -6,25 +6,38 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::routing::get;
-use axum::{Extension, Router};
 use futures::Stream;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
+use super::openapi::ErrorBody;
 use crate::tenants::Principal;
 
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/v1/events", get(events))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(events))
 }
 
 /// Runtime-wide events: admin only (they span tenants).
+#[utoipa::path(
+    get,
+    path = "/v1/events",
+    operation_id = "runtime_events",
+    summary = "Runtime events as Server-Sent Events (admin)",
+    tag = "events",
+    responses(
+        (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data; `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = String),
+        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
+    )
+)]
 async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,

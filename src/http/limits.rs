@@ -9,38 +9,84 @@
 //!   several in one process), which a process-global recorder would mix.
 
 use axum::Extension;
+use axum::Json;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
+use super::openapi::ErrorBody;
 use crate::executor::limit_key;
 use crate::tenants::Principal;
 use crate::tools::{CallerType, ExecutionContext};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/limits", get(limits))
-        .route("/v1/limits/quota", get(quota))
-        .route("/metrics", get(metrics))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(limits))
+        .routes(routes!(quota))
+        .routes(routes!(metrics))
 }
 
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Limits {
+    /// The pool: `{current_concurrent, queue_length, total_acquired, total_rejected, total_timeout,
+    /// avg_execution_time_ms, buckets}`.
+    #[schema(value_type = Object)]
+    concurrency: Value,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct QuotaView {
+    tool: String,
+    user_id: String,
+    /// Per window of the tool's rate limit: `{window, limit, remaining, reset_at}`.
+    #[schema(value_type = Vec<Object>)]
+    windows: Vec<Value>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/limits",
+    operation_id = "show_limits",
+    summary = "The concurrency pool and its buckets",
+    tag = "limits",
+    responses((status = 200, description = "The concurrency pool and its buckets", body = Limits))
+)]
 async fn limits(State(state): State<AppState>) -> Json<Value> {
     let m = state.executor.shared().concurrency.metrics();
     Json(json!({ "concurrency": m }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct QuotaQuery {
+    /// Whose quota (default `anonymous`).
     user_id: Option<String>,
+    /// The tool's name.
     tool: String,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/limits/quota",
+    operation_id = "show_quota",
+    summary = "What is left of a user's rate limit for a tool",
+    tag = "limits",
+    params(QuotaQuery),
+    responses(
+        (status = 200, description = "What is left per window; reading it spends nothing", body = QuotaView),
+        (status = 400, description = "`BAD_REQUEST`: `tool` missing or the query does not parse", body = ErrorBody),
+        (status = 404, description = "`TOOL_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn quota(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -70,6 +116,15 @@ async fn quota(
     })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    operation_id = "metrics",
+    summary = "Prometheus metrics",
+    tag = "limits",
+    responses((status = 200, description = "Prometheus text format (0.0.4)",
+        content_type = "text/plain; version=0.0.4; charset=utf-8", body = String))
+)]
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = state.executor.shared().concurrency.metrics();
     let mut out = String::new();

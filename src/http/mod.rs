@@ -21,6 +21,7 @@ pub mod confirmations;
 pub mod error;
 pub mod events;
 pub mod limits;
+pub mod openapi;
 pub mod rate_limit;
 pub mod sessions;
 pub mod tenants;
@@ -36,9 +37,10 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use http_body_util::BodyExt;
-use serde_json::json;
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::conversation::Sessions;
 use crate::events::EventBus;
@@ -66,22 +68,12 @@ pub struct AppState {
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
 }
 
-pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router {
-    let mcp = crate::mcp::server::http_service(
-        crate::mcp::McpServerDeps {
-            registry: state.registry.clone(),
-            executor: state.executor.clone(),
-            sessions: state.sessions.clone(),
-        },
-        !keys.is_open(),
-        state.mcp_shutdown.clone(),
-    );
-    Router::new()
-        .route_service("/mcp", mcp)
-        .route(
-            "/healthz",
-            get(|| async { axum::Json(json!({"status": "ok"})) }),
-        )
+/// Every route the server serves, and the OpenAPI document that describes
+/// them all but `/openapi.json` and `/docs` themselves. Both come from the
+/// handlers' `#[utoipa::path]` annotations (see [`openapi`]).
+pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(openapi::healthz))
         .merge(sessions::routes())
         .merge(tools::routes())
         .merge(calls::routes())
@@ -92,6 +84,28 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
         .merge(assist::routes())
         .merge(ws::routes())
         .merge(workflows::routes())
+        .split_for_parts();
+    openapi::CommonErrors.modify(&mut doc);
+    (routes.merge(openapi::routes(doc.clone())), doc)
+}
+
+/// The whole HTTP API: [`routes`] plus `/mcp`, MCP's streamable HTTP
+/// transport. `/mcp` speaks MCP's own JSON-RPC protocol (its contract is the
+/// MCP specification), so the OpenAPI document does not describe it; it sits
+/// behind the same key and rate-limit layers as everything else.
+pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router {
+    let mcp = crate::mcp::server::http_service(
+        crate::mcp::McpServerDeps {
+            registry: state.registry.clone(),
+            executor: state.executor.clone(),
+            sessions: state.sessions.clone(),
+        },
+        !keys.is_open(),
+        state.mcp_shutdown.clone(),
+    );
+    let (routes, _) = routes();
+    routes
+        .route_service("/mcp", mcp)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -201,6 +215,7 @@ async fn drain(body: Body) {
 mod tests {
     use super::*;
     use axum::extract::{Path, Query};
+    use axum::routing::get;
     use tower::ServiceExt;
 
     async fn call(app: Router, uri: &str) -> (StatusCode, serde_json::Value) {

@@ -4,20 +4,23 @@
 use std::convert::Infallible;
 
 use axum::Extension;
+use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
+use super::openapi::ErrorBody;
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
 use crate::store::Session;
@@ -28,23 +31,89 @@ use crate::tools::Plan;
 /// leave room for JSON escapes).
 pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/sessions", post(create).get(list))
-        .route("/v1/sessions/{id}", get(show))
-        .route("/v1/sessions/{id}/export", get(export))
-        .route("/v1/sessions/{id}/messages", post(send).get(history))
-        .route("/v1/sessions/{id}/summary", get(summary))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(show))
+        .routes(routes!(export))
+        .routes(routes!(send, history))
+        .routes(routes!(summary))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateBody {
+    /// The agent that answers (a file in the agents folder).
     agent: String,
     user_id: Option<String>,
+    /// `free` (default), `pro` or `premium`: which tools the session may call.
     plan: Option<String>,
+    /// Free-form object kept with the session.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     metadata: Value,
+}
+
+/// A session as the API shows it.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct SessionView {
+    id: String,
+    tenant: String,
+    agent: String,
+    user_id: Option<String>,
+    plan: String,
+    #[schema(value_type = Object)]
+    metadata: Value,
+    /// RFC 3339 timestamp.
+    created_at: String,
+}
+
+/// The result of a finished turn (`TurnOutcome`).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnReply {
+    answer: String,
+    /// Each tool call of the turn: `{id, name, arguments, is_success, output?, error?, error_type?, source_id?}`.
+    #[schema(value_type = Vec<Object>)]
+    tool_calls: Vec<Value>,
+    /// `{total_calls, successful_calls, failed_calls, success_rate, tool_usage, has_errors}`.
+    #[schema(value_type = Object)]
+    tool_usage_summary: Value,
+    /// Source ids of the data this turn's tools returned.
+    citations: Vec<String>,
+    /// Source ids the answer mentions that no tool returned.
+    ungrounded_citations: Vec<String>,
+    /// Model calls of the turn.
+    iterations: u32,
+    /// Whether the turn ended with a forced answer (`tool_choice = none`).
+    fallback_used: bool,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct HistoryPage {
+    session_id: String,
+    /// Oldest first: `{seq, role, content, tool_calls?, tool_call_id?, name?, created_at}`.
+    #[schema(value_type = Vec<Object>)]
+    messages: Vec<Value>,
+    /// Set when more messages follow: pass it as `after` for the next page.
+    next_after: Option<u64>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct SummaryView {
+    session_id: String,
+    /// The rolling summary of older messages, once there is one.
+    conversation_summary: Option<String>,
+    covers_until_seq: u64,
+    #[schema(value_type = Object)]
+    tool_usage_summary: Value,
+    message_count: u64,
+    /// User messages.
+    turns: u64,
+    last_activity_at: Option<String>,
 }
 
 fn session_json(s: &Session) -> Value {
@@ -59,6 +128,20 @@ fn session_json(s: &Session) -> Value {
     })
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    operation_id = "create_session",
+    summary = "Create a session",
+    tag = "sessions",
+    request_body = CreateBody,
+    responses(
+        (status = 201, description = "The session", body = SessionView),
+        (status = 404, description = "`AGENT_NOT_FOUND`", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: empty agent, metadata not an object, unknown plan or field", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -89,6 +172,19 @@ async fn create(
     Ok((StatusCode::CREATED, Json(session_json(&session))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    operation_id = "show_session",
+    summary = "A session",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session", body = SessionView),
+        (status = 404, description = "`SESSION_NOT_FOUND` (also another tenant's session)", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -99,7 +195,26 @@ async fn show(
     )))
 }
 
+/// The caller's sessions (`GET /v1/sessions`).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct SessionList {
+    sessions: Vec<SessionView>,
+    count: u64,
+}
+
 /// The caller's sessions, oldest first, as the store holds them.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    operation_id = "list_sessions",
+    summary = "The caller's sessions",
+    tag = "sessions",
+    responses(
+        (status = 200, description = "Every session of the caller's tenant, oldest first", body = SessionList),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -112,6 +227,19 @@ async fn list(
 
 /// The session, its messages, summary and calls: the document
 /// `cadre sessions export` prints.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/export",
+    operation_id = "export_session",
+    summary = "A session with its messages, summary and tool calls",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "`{session, messages, summary, calls}`: the document `cadre sessions export` prints", body = Object),
+        (status = 404, description = "`SESSION_NOT_FOUND` (also another tenant's session)", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn export(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -120,9 +248,10 @@ async fn export(
     Ok(Json(state.sessions.export_as(&caller.tenant, &id).await?))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct MessageBody {
+    /// The user's message, at most 256 KiB.
     content: String,
 }
 
@@ -130,6 +259,29 @@ struct MessageBody {
 /// Server-Sent Events: `turn_started`, `model_delta`, `tool_call_started`,
 /// `tool_call_completed`, then `turn_completed` (the same body as the JSON
 /// reply) or `turn_failed` (the JSON error body).
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/messages",
+    operation_id = "send_message",
+    summary = "Send a message: one turn (JSON or Server-Sent Events)",
+    tag = "sessions",
+    params(
+        ("id" = String, Path, description = "Session id"),
+        ("Accept" = Option<String>, Header, description = "`text/event-stream` for a stream of Server-Sent Events"),
+    ),
+    request_body = MessageBody,
+    responses(
+        (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply) or `turn_failed` (data: the JSON error body)",
+            content((TurnReply = "application/json"), (String = "text/event-stream"))),
+        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
+        (status = 409, description = "`CONVERSATION_BUSY`: a turn is running and the agent rejects concurrent messages", body = ErrorBody),
+        (status = 413, description = "`PAYLOAD_TOO_LARGE`: the body is over 1 MiB or content over 256 KiB", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: empty content or unknown field", body = ErrorBody),
+        (status = 502, description = "`MODEL_UNAVAILABLE`, `MODEL_BAD_RESPONSE` or `MODEL_REJECTED`", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE` or `CONVERSATION_UNAVAILABLE`", body = ErrorBody),
+        (status = 504, description = "`MODEL_TIMEOUT`", body = ErrorBody),
+    )
+)]
 async fn send(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -194,16 +346,33 @@ async fn send(
 /// Most messages one history page holds.
 pub const MAX_PAGE: usize = 1_000;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct HistoryQuery {
     /// Only messages after this seq (the previous page's `next_after`).
     after: Option<u64>,
+    /// 1 to 1,000 (default 1,000).
     limit: Option<usize>,
 }
 
 /// Oldest first, at most `limit` (default and maximum [`MAX_PAGE`]);
 /// `next_after` is set when more follow.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/messages",
+    operation_id = "list_messages",
+    summary = "A session's messages, one page",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), HistoryQuery),
+    responses(
+        (status = 200, description = "One page of messages, oldest first", body = HistoryPage),
+        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
+        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: limit out of range", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn history(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -228,6 +397,19 @@ async fn history(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/summary",
+    operation_id = "show_session_summary",
+    summary = "A session's summary",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses(
+        (status = 200, description = "The session's summary", body = SummaryView),
+        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn summary(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,

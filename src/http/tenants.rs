@@ -12,23 +12,48 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use serde_json::{Value, json};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::require_admin;
 use super::error::{ApiError, ApiJson};
+use super::openapi::ErrorBody;
 use crate::tenants::config::TenantConfigError;
 use crate::tenants::{Principal, TenantConfig, valid_tenant_id};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/v1/tenants/{id}/config",
-            get(show).post(replace).patch(patch),
-        )
-        .route("/v1/providers", get(providers))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(show, replace, patch))
+        .routes(routes!(providers))
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TenantConfigView {
+    tenant: String,
+    /// `{custom_system_prompt, preferred_model, temperature, max_response_tokens, auto_respond_enabled,
+    /// respond_with_operator, suggestions_enabled, response_delay_ms, tool_config}`.
+    #[schema(value_type = Object)]
+    config: Value,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Provider {
+    agent: String,
+    /// The endpoint, or the offline intent router.
+    provider: String,
+    model: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Providers {
+    providers: Vec<Provider>,
 }
 
 impl From<TenantConfigError> for ApiError {
@@ -52,6 +77,20 @@ fn check(caller: &Principal, tenant: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{id}/config",
+    operation_id = "show_tenant_config",
+    summary = "A tenant's config (admin)",
+    tag = "tenants",
+    params(("id" = String, Path, description = "Tenant id")),
+    responses(
+        (status = 200, description = "The stored config, or the defaults", body = TenantConfigView),
+        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
+        (status = 404, description = "`TENANT_NOT_FOUND`: not a valid tenant id", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -62,6 +101,22 @@ async fn show(
     Ok(Json(json!({"tenant": tenant, "config": config})))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{id}/config",
+    operation_id = "replace_tenant_config",
+    summary = "Replace a tenant's config (admin)",
+    tag = "tenants",
+    params(("id" = String, Path, description = "Tenant id")),
+    request_body(content = Object, description = "A full config; missing keys take their defaults"),
+    responses(
+        (status = 200, description = "The config as stored", body = TenantConfigView),
+        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
+        (status = 404, description = "`TENANT_NOT_FOUND`: not a valid tenant id", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: unknown key or bad value", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn replace(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -74,6 +129,22 @@ async fn replace(
     Ok(Json(json!({"tenant": tenant, "config": config})))
 }
 
+#[utoipa::path(
+    patch,
+    path = "/v1/tenants/{id}/config",
+    operation_id = "patch_tenant_config",
+    summary = "Merge-patch a tenant's config (admin)",
+    tag = "tenants",
+    params(("id" = String, Path, description = "Tenant id")),
+    request_body(content = Object, description = "A JSON merge patch (RFC 7396) of the config"),
+    responses(
+        (status = 200, description = "The config as stored", body = TenantConfigView),
+        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
+        (status = 404, description = "`TENANT_NOT_FOUND`: not a valid tenant id", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: unknown key or bad value", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn patch(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -87,6 +158,14 @@ async fn patch(
     Ok(Json(json!({"tenant": tenant, "config": config})))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/providers",
+    operation_id = "list_providers",
+    summary = "Which model serves each agent",
+    tag = "tenants",
+    responses((status = 200, description = "Which model serves each agent", body = Providers))
+)]
 async fn providers(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "providers": state.sessions.agents().providers() }))
 }

@@ -12,26 +12,90 @@
 //! its MCP server is down (`tool_unavailable`), 504 it timed out.
 
 use axum::Extension;
+use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
+use super::openapi::ErrorBody;
 use crate::executor::{Arguments, ExecuteTool};
 use crate::tenants::Principal;
 use crate::tools::{CallerType, ExecutionContext, Plan};
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/tools", get(list))
-        .route("/v1/tools/{name}", get(show))
-        .route("/v1/tools/{name}/invoke", post(invoke))
-        .route("/v1/tools/{name}/validate", post(validate))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(show))
+        .routes(routes!(invoke))
+        .routes(routes!(validate))
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ToolList {
+    /// OpenAI function definitions: `{type: "function", function: {name, description, parameters}}`.
+    #[schema(value_type = Vec<Object>)]
+    tools: Vec<Value>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ToolView {
+    /// The tool's definition as loaded.
+    #[schema(value_type = Object)]
+    definition: Value,
+    /// Where it came from (`builtin`, a file, ...).
+    source: String,
+}
+
+/// The outcome of one tool call (`ToolExecutionResult`).
+#[derive(serde::Serialize, ToSchema)]
+#[allow(dead_code)]
+struct ToolResult {
+    is_success: bool,
+    tool_name: String,
+    #[schema(value_type = Option<Object>)]
+    output: Option<Value>,
+    error: Option<String>,
+    /// `tool_not_found`, `plan_required`, `rate_limited`, `queue_full`, `validation_error`,
+    /// `timeout`, `execution_error` or `pending_confirmation`.
+    error_type: Option<String>,
+    /// For `validation_error`: `{field, code, message}` per failure.
+    #[schema(value_type = Option<Vec<Object>>)]
+    validation_errors: Option<Vec<Value>>,
+    execution_time_ms: u64,
+    executed_at: String,
+    /// `{cached, attempts, source_id?, as_of?, retry_after_ms?, confirmation_id?}`.
+    #[schema(value_type = Object)]
+    metadata: Value,
+}
+
+/// A tool's outcome, or an error of the request itself.
+#[derive(serde::Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+enum ToolResultOrError {
+    Tool(ToolResult),
+    Error(ErrorBody),
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Validation {
+    is_valid: bool,
+    /// `{field, code, message}` per failure.
+    #[schema(value_type = Vec<Object>)]
+    errors: Vec<Value>,
+    /// The parameters with schema defaults filled in, when valid.
+    #[schema(value_type = Option<Object>)]
+    validated_params: Option<Value>,
 }
 
 pub fn parse_plan(plan: Option<&str>) -> Result<Plan, ApiError> {
@@ -43,13 +107,27 @@ pub fn parse_plan(plan: Option<&str>) -> Result<Plan, ApiError> {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// `free`, `pro` or `premium`: only what that plan may call.
     plan: Option<String>,
     /// `openai` (default): function specs; `definitions`: the full definitions.
     view: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tools",
+    operation_id = "list_tools",
+    summary = "The tool catalogue (OpenAI function format)",
+    tag = "tools",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The catalogue in OpenAI function format", body = ToolList),
+        (status = 422, description = "`VALIDATION_ERROR`: unknown plan", body = ErrorBody),
+    )
+)]
 async fn list(
     State(state): State<AppState>,
     Query(q): Query<ListQuery>,
@@ -88,6 +166,18 @@ async fn list(
     Ok(Json(json!({ "tools": tools })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tools/{name}",
+    operation_id = "show_tool",
+    summary = "A tool's definition and source",
+    tag = "tools",
+    params(("name" = String, Path, description = "Tool name")),
+    responses(
+        (status = 200, description = "The definition and where it came from", body = ToolView),
+        (status = 404, description = "`TOOL_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn show(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -105,18 +195,41 @@ async fn show(
     })))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct InvokeBody {
+    /// The tool's arguments (default `{}`).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     params: Value,
     user_id: Option<String>,
+    /// `free` (default), `pro` or `premium`.
     plan: Option<String>,
     /// Queue order under the priority strategy.
     #[serde(default)]
     priority: i32,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tools/{name}/invoke",
+    operation_id = "invoke_tool",
+    summary = "Call a tool through the executor",
+    tag = "tools",
+    params(("name" = String, Path, description = "Tool name")),
+    request_body = InvokeBody,
+    responses(
+        (status = 200, description = "The call succeeded", body = ToolResult),
+        (status = 202, description = "`pending_confirmation`: approve or deny `metadata.confirmation_id`", body = ToolResult),
+        (status = 403, description = "`plan_required` (tool outcome)", body = ToolResult),
+        (status = 404, description = "`tool_not_found` (tool outcome)", body = ToolResult),
+        (status = 422, description = "`validation_error` (tool outcome), or `VALIDATION_ERROR` for a bad body or plan", body = ToolResultOrError),
+        (status = 429, description = "`rate_limited` / `queue_full` (tool outcome), or `RATE_LIMITED` by the API; see `Retry-After`",
+            body = ToolResultOrError, headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 502, description = "`execution_error` (tool outcome)", body = ToolResult),
+        (status = 504, description = "`timeout` (tool outcome)", body = ToolResult),
+    )
+)]
 async fn invoke(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -159,14 +272,29 @@ async fn invoke(
     Ok(response)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ValidateBody {
+    /// The arguments to check (default `{}`).
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     params: Value,
 }
 
 /// `{is_valid, errors: [{field, code, message}], validated_params}`.
+#[utoipa::path(
+    post,
+    path = "/v1/tools/{name}/validate",
+    operation_id = "validate_tool_params",
+    summary = "Check arguments against a tool's schema",
+    tag = "tools",
+    params(("name" = String, Path, description = "Tool name")),
+    request_body = ValidateBody,
+    responses(
+        (status = 200, description = "Whether the arguments pass the tool's schema, and why not", body = Validation),
+        (status = 404, description = "`TOOL_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn validate(
     State(state): State<AppState>,
     Path(name): Path<String>,

@@ -28,33 +28,65 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Extension;
+use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
+use super::openapi::ErrorBody;
 use crate::tenants::Principal;
 use crate::workflow::{RunFilter, StartRun, WorkflowError, WorkflowEventKind, WorkflowRun};
 
 pub const DEFAULT_LIMIT: usize = 50;
 pub const MAX_LIMIT: usize = 1_000;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v1/workflows", get(list_definitions))
-        .route("/v1/workflows/runs", get(list_runs))
-        .route("/v1/workflows/runs/{id}", get(show_run))
-        .route("/v1/workflows/runs/{id}/resume", post(resume))
-        .route("/v1/workflows/runs/{id}/events", get(events))
-        .route("/v1/workflows/{name}", get(show_definition))
-        .route("/v1/workflows/{name}/runs", post(start))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_definitions))
+        .routes(routes!(list_runs))
+        .routes(routes!(show_run))
+        .routes(routes!(resume))
+        .routes(routes!(events))
+        .routes(routes!(show_definition))
+        .routes(routes!(start))
+}
+
+/// A run: `{id, workflow, status, input, tenant, user_id, nodes: {name: {status, output, error, attempts, started_at, finished_at, ...}}, output, error, created_at, finished_at, resumes}`.
+#[derive(ToSchema)]
+#[schema(value_type = Object)]
+#[allow(dead_code)]
+struct Run(Value);
+
+/// A workflow definition: `{name, description, input_schema, nodes, output, ...}`.
+#[derive(ToSchema)]
+#[schema(value_type = Object)]
+#[allow(dead_code)]
+struct Definition(Value);
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Definitions {
+    workflows: Vec<Definition>,
+    /// Files that did not load: `{file, reason}`.
+    #[schema(value_type = Vec<Object>)]
+    errors: Vec<Value>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct RunList {
+    /// Newest first.
+    runs: Vec<Run>,
+    count: usize,
 }
 
 impl From<WorkflowError> for ApiError {
@@ -83,6 +115,14 @@ impl From<WorkflowError> for ApiError {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/workflows",
+    operation_id = "list_workflows",
+    summary = "Workflow definitions and load errors",
+    tag = "workflows",
+    responses((status = 200, description = "The live definitions and the files that did not load", body = Definitions))
+)]
 async fn list_definitions(State(state): State<AppState>) -> Json<Value> {
     let workflows: Vec<Value> = state
         .workflows
@@ -96,6 +136,18 @@ async fn list_definitions(State(state): State<AppState>) -> Json<Value> {
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/workflows/{name}",
+    operation_id = "show_workflow",
+    summary = "A workflow definition",
+    tag = "workflows",
+    params(("name" = String, Path, description = "Workflow name")),
+    responses(
+        (status = 200, description = "The definition", body = Definition),
+        (status = 404, description = "`WORKFLOW_NOT_FOUND`", body = ErrorBody),
+    )
+)]
 async fn show_definition(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -107,11 +159,14 @@ async fn show_definition(
     Ok(Json(w.to_json()))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct StartBody {
+    /// Checked against the workflow's input schema.
     #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     input: Value,
+    /// Answer when the run is over instead of at once.
     #[serde(default)]
     wait: bool,
     user_id: Option<String>,
@@ -126,6 +181,21 @@ async fn owned(state: &AppState, caller: &Principal, id: &str) -> Result<Workflo
     Ok(run)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/{name}/runs",
+    operation_id = "start_run",
+    summary = "Start a workflow run",
+    tag = "workflows",
+    params(("name" = String, Path, description = "Workflow name")),
+    request_body = StartBody,
+    responses(
+        (status = 201, description = "The run (with `wait`, as it ended: a failed run is still a 201)", body = Run),
+        (status = 404, description = "`WORKFLOW_NOT_FOUND`", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: the input fails the workflow's schema (`details.validation_errors`: `{field, code, message}`), or an unknown field", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE` or `SHUTTING_DOWN`", body = ErrorBody),
+    )
+)]
 async fn start(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -151,13 +221,30 @@ async fn start(
     Ok((StatusCode::CREATED, Json(json!(run))))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
+    /// Only runs of this workflow.
     workflow: Option<String>,
+    /// 1 to 1,000 (default 50).
     limit: Option<usize>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/workflows/runs",
+    operation_id = "list_runs",
+    summary = "Workflow runs, newest first",
+    tag = "workflows",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "The caller's tenant's runs, newest first", body = RunList),
+        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: limit out of range", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn list_runs(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -180,6 +267,19 @@ async fn list_runs(
     Ok(Json(json!({ "runs": runs, "count": runs.len() })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/workflows/runs/{id}",
+    operation_id = "show_run",
+    summary = "A workflow run with per-node status",
+    tag = "workflows",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run with per-node status", body = Run),
+        (status = 404, description = "`RUN_NOT_FOUND` (also another tenant's)", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn show_run(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -188,13 +288,30 @@ async fn show_run(
     Ok(Json(json!(owned(&state, &caller, &id).await?)))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct ResumeQuery {
+    /// Answer when the run is over instead of at once.
     #[serde(default)]
     wait: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/runs/{id}/resume",
+    operation_id = "resume_run",
+    summary = "Resume a failed or interrupted run",
+    tag = "workflows",
+    params(("id" = String, Path, description = "Run id"), ResumeQuery),
+    responses(
+        (status = 200, description = "The run, resumed (with `wait`, as it ended)", body = Run),
+        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
+        (status = 404, description = "`RUN_NOT_FOUND` (also another tenant's)", body = ErrorBody),
+        (status = 409, description = "`RUN_NOT_RESUMABLE`: running or succeeded", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE` or `SHUTTING_DOWN`", body = ErrorBody),
+    )
+)]
 async fn resume(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
@@ -211,6 +328,20 @@ async fn resume(
     Ok(Json(json!(run)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/workflows/runs/{id}/events",
+    operation_id = "run_events",
+    summary = "A run's node events as Server-Sent Events",
+    tag = "workflows",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "Server-Sent Events: `snapshot` (the run), then `node_started`, `node_succeeded`, `node_failed`, `node_skipped`, `item_*`, `run_finished` (the stream ends after it); `lagged` (`{missed}`) when the subscriber fell behind",
+            content_type = "text/event-stream", body = String),
+        (status = 404, description = "`RUN_NOT_FOUND` (also another tenant's)", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,

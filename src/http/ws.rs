@@ -16,17 +16,18 @@
 //! open. Frames over [`MAX_FRAME_BYTES`] close it.
 
 use axum::Extension;
-use axum::Router;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
-use axum::routing::get;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
+use super::openapi::ErrorBody;
 use crate::conversation::actor::TurnEvent;
 use crate::conversation::auto_respond::should_auto_respond;
 use crate::model::ChatMessage;
@@ -34,10 +35,26 @@ use crate::tenants::Principal;
 
 pub const MAX_FRAME_BYTES: usize = 256 * 1024;
 
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/v1/sessions/{id}/ws", get(upgrade))
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(upgrade))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/ws",
+    operation_id = "session_websocket",
+    summary = "Visitor chat over a WebSocket",
+    tag = "sessions",
+    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Frames over 256 KiB close it.",
+    params(("id" = String, Path, description = "Session id")),
+    responses(
+        (status = 101, description = "Switched to the WebSocket protocol"),
+        (status = 400, description = "`BAD_REQUEST`: not a WebSocket upgrade request", body = ErrorBody),
+        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
+        (status = 426, description = "`BAD_REQUEST`: the connection cannot be upgraded", body = ErrorBody),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+    )
+)]
 async fn upgrade(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,

@@ -1,0 +1,213 @@
+//! The API's contract: an OpenAPI 3.1 document built from the handlers'
+//! own `#[utoipa::path]` annotations, served at `GET /openapi.json`, and
+//! Swagger UI over it at `/docs`.
+//!
+//! handler + #[utoipa::path] ──routes!──▶ OpenApiRouter ──split──▶ axum Router (serves)
+//!                                                         └──────▶ OpenApi (this document)
+//!
+//! Each resource file's `routes()` registers its handlers with
+//! `utoipa_axum::routes!`, which takes the path and method from the same
+//! annotation that documents them: what is served and what is documented
+//! come from one place. [`ApiDoc`] adds what is common to every operation
+//! ([`CommonErrors`]): 401 (bearer key), 429 (the API's rate limit), and,
+//! for operations with a JSON body, 400/413/415/422 from [`ApiJson`]'s
+//! rejections. Every error response's body is [`ErrorBody`].
+//!
+//! Crates: utoipa 6 (`utoipa`, `utoipa-axum`, `utoipa-swagger-ui`), the
+//! de-facto code-first OpenAPI generator for axum; 6.0 is the current major
+//! (5.x is superseded) and still emits `openapi: 3.1.0` by default.
+//! Swagger UI comes from `utoipa-swagger-ui` with its `vendored` feature:
+//! its build script then unpacks the Swagger UI zip shipped inside the
+//! `utoipa-swagger-ui-vendored` crate and never downloads (the download
+//! branch is only taken without that feature).
+//!
+//! Decision: `/openapi.json` and `/docs` are public like `/healthz` (see
+//! [`super::auth`]): they describe the API and expose no data, and a client
+//! needs the contract before it has a key. They stay under the API's rate
+//! limit, and are not themselves operations of the document.
+//!
+//! [`ApiJson`]: super::error::ApiJson
+
+use axum::Router;
+use serde_json::Value;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{Content, Header, OpenApi as OpenApiDoc, Ref, RefOr, Response};
+use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa_swagger_ui::SwaggerUi;
+
+/// Where the document is served.
+pub const SPEC_PATH: &str = "/openapi.json";
+/// Where Swagger UI is served (and everything under it).
+pub const DOCS_PATH: &str = "/docs";
+
+/// Paths served without an API key: probes and the API's own description.
+pub fn is_public(path: &str) -> bool {
+    path == "/healthz" || path == SPEC_PATH || path == DOCS_PATH || path.starts_with("/docs/")
+}
+
+/// Every error leaves the API in this shape (see [`super::error`]).
+#[derive(serde::Serialize, ToSchema)]
+#[schema(example = json!({"error": {"code": "VALIDATION_ERROR", "message": "content must not be empty"}}))]
+#[allow(dead_code)]
+pub struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(serde::Serialize, ToSchema)]
+#[allow(dead_code)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable code (`SESSION_NOT_FOUND`, `VALIDATION_ERROR`, ...).
+    code: String,
+    /// Human-readable text; may change between versions.
+    message: String,
+    /// Structured detail for some codes, e.g. `validation_errors` of a workflow input.
+    #[schema(value_type = Option<Object>)]
+    details: Option<Value>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "cadre",
+        description = "HTTP API of cadre, an actor-based multi-agent runtime for LLM tool calling. Every error body is `{\"error\": {\"code\", \"message\", \"details\"?}}`. With API keys configured, every operation but `/healthz` needs `Authorization: Bearer <key>`."
+    ),
+    security(("bearer" = [])),
+    components(schemas(ErrorBody, ErrorDetail)),
+    tags(
+        (name = "sessions", description = "Chat sessions and their turns"),
+        (name = "assist", description = "Help for human operators"),
+        (name = "tools", description = "The tool catalogue and direct calls"),
+        (name = "calls", description = "Call records and counters"),
+        (name = "confirmations", description = "Tool calls waiting for a human decision"),
+        (name = "events", description = "Runtime events"),
+        (name = "limits", description = "Concurrency, quotas and metrics"),
+        (name = "tenants", description = "Tenant configuration and model providers"),
+        (name = "workflows", description = "Multi-agent workflows and their runs"),
+        (name = "health", description = "Liveness"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Adds the bearer scheme and the error responses every operation can give;
+/// applied once the routers have added their paths.
+pub struct CommonErrors;
+
+/// An error response whose body is [`ErrorBody`].
+pub fn error_response(description: &str) -> Response {
+    let mut response = Response::new(description);
+    response.content.insert(
+        "application/json".into(),
+        RefOr::T(Content::new(Some(Ref::from_schema_name("ErrorBody")))),
+    );
+    response
+}
+
+fn add(op: &mut Operation, status: &str, description: &str) {
+    op.responses
+        .responses
+        .entry(status.to_string())
+        .or_insert_with(|| RefOr::T(error_response(description)));
+}
+
+impl Modify for CommonErrors {
+    fn modify(&self, openapi: &mut OpenApiDoc) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for op in ops.into_iter().flatten() {
+                if !is_public(path) {
+                    add(
+                        op,
+                        "401",
+                        "`UNAUTHORIZED`: no valid API key (`Authorization: Bearer <key>`)",
+                    );
+                }
+                add(
+                    op,
+                    "429",
+                    "`RATE_LIMITED`: over the API's per-caller request rate; see `Retry-After`",
+                );
+                if let Some(RefOr::T(r)) = op.responses.responses.get_mut("429") {
+                    r.headers.entry("Retry-After".into()).or_insert_with(|| {
+                        RefOr::T(Header::new(ObjectBuilder::new().schema_type(Type::Integer)))
+                    });
+                }
+                if op.request_body.is_some() {
+                    add(op, "400", "`MALFORMED_JSON`: the body is not JSON");
+                    add(op, "413", "`PAYLOAD_TOO_LARGE`: the body is over 1 MiB");
+                    add(
+                        op,
+                        "415",
+                        "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`",
+                    );
+                    add(
+                        op,
+                        "422",
+                        "`VALIDATION_ERROR`: a field is missing, unknown or of the wrong type",
+                    );
+                }
+                for response in op.responses.responses.values_mut() {
+                    if let RefOr::T(response) = response {
+                        add_error_example(response);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Gives an error response whose description starts with a `` `CODE` ``
+/// an example body with that code, so each response shows its own error.
+fn add_error_example(response: &mut Response) {
+    let Some(code) = response
+        .description
+        .strip_prefix('`')
+        .and_then(|rest| rest.split('`').next())
+        .filter(|c| !c.is_empty() && c.chars().all(|ch| ch.is_ascii_uppercase() || ch == '_'))
+    else {
+        return;
+    };
+    let message = response
+        .description
+        .split_once(": ")
+        .map(|(_, m)| m.replace('`', ""))
+        .unwrap_or_else(|| code.to_lowercase().replace('_', " "));
+    let example = serde_json::json!({"error": {"code": code, "message": message}});
+    if let Some(RefOr::T(content)) = response.content.get_mut("application/json") {
+        let is_error_body = matches!(&content.schema, Some(RefOr::Ref(r)) if r.ref_location.ends_with("/ErrorBody"));
+        if is_error_body && content.example.is_none() {
+            content.example = Some(example);
+        }
+    }
+}
+
+/// `GET /openapi.json` and Swagger UI under `/docs`, over `doc`.
+pub fn routes<S: Clone + Send + Sync + 'static>(doc: OpenApiDoc) -> Router<S> {
+    SwaggerUi::new(DOCS_PATH).url(SPEC_PATH, doc).into()
+}
+
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    summary = "Liveness",
+    tag = "health",
+    security(()),
+    responses((status = 200, description = "The server is up", body = Object,
+        example = json!({"status": "ok"})))
+)]
+pub async fn healthz() -> axum::Json<Value> {
+    axum::Json(serde_json::json!({"status": "ok"}))
+}
