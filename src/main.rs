@@ -219,9 +219,13 @@ fn main() -> anyhow::Result<()> {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| default_filter.into());
+    // A log line that cannot be written (stderr on a full disk) is dropped:
+    // the default reports it with `eprintln!`, which panics when stderr
+    // fails, and would take down whichever thread was logging.
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     match cli.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs

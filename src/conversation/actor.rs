@@ -18,7 +18,11 @@
 //! store error) flushes what it wrote and reports the error; its messages
 //! stay in the history. After a turn, the rolling summary is updated when
 //! the history outgrew the window; a failed summary is tried again after
-//! the next turn. A turn given an event sink streams its progress
+//! the next turn. A store error ends the actor once it has answered (its
+//! memory may hold steps the store lost; queued messages get `Unavailable`),
+//! and its writes carry the store generation it was loaded at, so after the
+//! store reopened from a failure it reloads instead of writing on top of
+//! lost steps. A turn given an event sink streams its progress
 //! ([`TurnEvent`]): model deltas, tool calls started and completed, the
 //! outcome.
 
@@ -183,6 +187,8 @@ pub struct Conversation {
     idle_timeout: Duration,
     last_active: Instant,
     metrics: Arc<Metrics>,
+    /// The store generation the history was loaded at.
+    generation: u64,
 }
 
 impl Actor for Conversation {
@@ -235,7 +241,14 @@ impl Conversation {
             idle_timeout,
             last_active: Instant::now(),
             metrics,
+            generation: 0,
         }
+    }
+
+    /// The store generation the history was read at (before reading it).
+    pub fn loaded_at(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
     }
 
     fn start_next(&mut self, ctx: &mut Context<Self>) {
@@ -283,11 +296,17 @@ impl Conversation {
                 let (seq, message) = self.machine.record(message);
                 let ops = self.persist_ops(vec![(seq, message)]);
                 let store = self.store.clone();
+                let generation = self.generation;
                 ctx.spawn(
-                    async move { store.write(ops, true).await }
+                    async move { store.write_at(generation, ops, true).await }
                         .into_actor(self)
                         .map(move |result, act, ctx| {
+                            let failed = result.is_err();
                             let _ = reply.send(result.map(|()| seq).map_err(TurnError::from));
+                            if failed {
+                                ctx.stop();
+                                return;
+                            }
                             act.busy = false;
                             act.start_next(ctx);
                         }),
@@ -324,6 +343,7 @@ impl Conversation {
     fn perform(&mut self, step: Step, ctx: &mut Context<Self>) {
         let ops = self.persist_ops(step.persist);
         let store = self.store.clone();
+        let generation = self.generation;
         match step.action {
             Action::CallModel(request) => {
                 let model = self.agent.model.clone();
@@ -345,7 +365,7 @@ impl Conversation {
                 let timing = metrics.clone();
                 let io = async move {
                     if !ops.is_empty() {
-                        store.write(ops, false).await?;
+                        store.write_at(generation, ops, false).await?;
                     }
                     // The model call alone, without the write before it.
                     let called = Instant::now();
@@ -429,7 +449,8 @@ impl Conversation {
             calls = calls.len(),
         );
         let store = self.store.clone();
-        let io = async move { store.write(ops, false).await };
+        let generation = self.generation;
+        let io = async move { store.write_at(generation, ops, false).await };
         ctx.spawn(
             io.into_actor(self)
                 .map(move |result, act, ctx| match result {
@@ -449,8 +470,10 @@ impl Conversation {
 
     fn finish(&mut self, outcome: TurnOutcome, ops: Vec<WriteOp>, ctx: &mut Context<Self>) {
         let store = self.store.clone();
-        let io = async move { store.write(ops, true).await };
+        let generation = self.generation;
+        let io = async move { store.write_at(generation, ops, true).await };
         ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
+            let failed = result.is_err();
             if let Some(current) = act.current.take() {
                 current.span.record("iterations", outcome.iterations);
                 current.span.record("tool_calls", outcome.tool_calls.len());
@@ -464,6 +487,10 @@ impl Conversation {
                 let _ = current
                     .reply
                     .send(result.map(|()| outcome).map_err(TurnError::from));
+            }
+            if failed {
+                ctx.stop();
+                return;
             }
             act.summarise_then_next(ctx);
         }));
@@ -498,10 +525,11 @@ impl Conversation {
                             },
                         };
                         let store = act.store.clone();
+                        let generation = act.generation;
                         // Derived data: made durable by the next durable commit.
                         ctx.spawn(
                             async move {
-                                if let Err(e) = store.write(vec![op], false).await {
+                                if let Err(e) = store.write_at(generation, vec![op], false).await {
                                     tracing::warn!(error = %e, "summary not stored");
                                 }
                             }
@@ -519,6 +547,7 @@ impl Conversation {
         self.machine.abort_turn();
         self.batch_id += 1;
         let store = self.store.clone();
+        let store_failed = matches!(error, TurnError::Store(_));
         ctx.spawn(
             async move { store.flush().await }
                 .into_actor(self)
@@ -527,6 +556,10 @@ impl Conversation {
                         act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
                         current.span.record("error.type", error_type(&error));
                         let _ = current.reply.send(Err(error));
+                    }
+                    if store_failed {
+                        ctx.stop();
+                        return;
                     }
                     act.busy = false;
                     act.start_next(ctx);

@@ -500,6 +500,8 @@ impl Sessions {
         {
             return Ok(h.clone());
         }
+        // Taken before loading: a reopen after this makes the actor reload.
+        let generation = self.inner.store.generation();
         let session = self.get(id).await?;
         let agent = self.agent_of(&session)?;
         let summary = self.inner.store.get_summary(id).await?;
@@ -539,7 +541,8 @@ impl Sessions {
             machine,
             self.inner.idle_timeout,
             self.inner.metrics.clone(),
-        );
+        )
+        .loaded_at(generation);
         let handle = ConversationHandle::start_in(arbiter, conversation);
         live.insert(id.to_string(), handle.clone());
         Ok(handle)

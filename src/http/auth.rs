@@ -3,7 +3,7 @@
 //! request ──▶ authenticate ──Principal (request extension)──▶ handlers
 //!
 //! With keys configured, a request without a valid key is 401 (the body
-//! never echoes the key); `/healthz` stays open for probes. With no key ever
+//! never echoes the key); `/healthz` and `/readyz` stay open for probes. With no key ever
 //! created the server runs open: every request is the `default` tenant with
 //! admin rights. Handlers take the caller as `Extension<Principal>` and
 //! [`require_admin`] guards admin-only routes.
@@ -21,7 +21,7 @@ pub async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    if keys.is_open() || request.uri().path() == "/healthz" {
+    if keys.is_open() || matches!(request.uri().path(), "/healthz" | "/readyz") {
         request.extensions_mut().insert(Principal::open());
         return next.run(request).await;
     }

@@ -65,10 +65,8 @@ pub struct AppState {
 
 pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router {
     Router::new()
-        .route(
-            "/healthz",
-            get(|| async { axum::Json(json!({"status": "ok"})) }),
-        )
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .merge(sessions::routes())
         .merge(tools::routes())
         .merge(calls::routes())
@@ -94,6 +92,34 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
         .layer(from_fn_with_state(keys, auth::authenticate))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Liveness: 200 while the process serves HTTP. The body says whether
+/// storage takes writes: `{"status": "ok"}` or `{"status": "degraded",
+/// "storage": {"status": "degraded", "since", "reason"}}`; a full disk is not
+/// a reason to restart the process (reads work, writes resume by themselves).
+async fn healthz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    let storage = state.store.health();
+    let status = match storage {
+        crate::store::StoreHealth::Ok => "ok",
+        crate::store::StoreHealth::Degraded { .. } => "degraded",
+    };
+    axum::Json(json!({"status": status, "storage": storage})).into_response()
+}
+
+/// Readiness: 503 `STORAGE_UNAVAILABLE` while writes are refused, so a load
+/// balancer can send traffic elsewhere; else 200 `{"status": "ready"}`.
+async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    match state.store.health() {
+        crate::store::StoreHealth::Ok => axum::Json(json!({"status": "ready"})).into_response(),
+        health @ crate::store::StoreHealth::Degraded { .. } => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "STORAGE_UNAVAILABLE",
+            "storage does not accept writes; reads are served",
+        )
+        .with_details(json!({ "storage": health }))
+        .into_response(),
+    }
 }
 
 async fn refuse_oversized(request: Request, next: Next) -> Response {

@@ -8,6 +8,7 @@
 
 pub mod gate;
 pub mod mock_model;
+pub mod server;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
