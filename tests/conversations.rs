@@ -548,6 +548,17 @@ async fn with_multitask_reject_a_second_message_during_a_turn_is_409_conversatio
     let (status, body) = app.say(&session, "second").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["code"], "CONVERSATION_BUSY");
+    // Streamed, the refusal is the same 409 JSON error, before any event.
+    let response = post_streaming(&app, &session, "second, streamed").await;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert!(
+        response.headers()[reqwest::header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
+    let body: Value = response.json().await.expect("a JSON error body");
+    assert_eq!(body["error"]["code"], "CONVERSATION_BUSY", "{body}");
 
     gate.open_one();
     let (status, body) = joined(first).await;

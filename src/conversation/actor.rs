@@ -123,9 +123,10 @@ fn error_type(e: &TurnError) -> &'static str {
     }
 }
 
-/// Run one turn with this user message.
+/// Run one turn with this user message. The reply comes at once: the turn
+/// is queued (its outcome arrives on the receiver) or refused (`Busy`).
 #[derive(Message)]
-#[rtype(result = "Result<TurnOutcome, TurnError>")]
+#[rtype(result = "Result<AcceptedTurn, TurnError>")]
 pub struct UserTurn {
     pub content: String,
     /// Settings for this turn (agent + tenant overrides + session metadata).
@@ -141,6 +142,16 @@ pub struct RecordMessage {
 }
 
 type TurnReply = oneshot::Sender<Result<TurnOutcome, TurnError>>;
+
+/// A turn the conversation took on; its outcome follows.
+pub struct AcceptedTurn(oneshot::Receiver<Result<TurnOutcome, TurnError>>);
+
+impl AcceptedTurn {
+    /// Waits for the turn to end.
+    pub async fn outcome(self) -> Result<TurnOutcome, TurnError> {
+        self.0.await.unwrap_or(Err(TurnError::Unavailable))
+    }
+}
 
 enum Pending {
     Turn {
@@ -601,7 +612,7 @@ impl Conversation {
 }
 
 impl Handler<UserTurn> for Conversation {
-    type Result = ResponseFuture<Result<TurnOutcome, TurnError>>;
+    type Result = Result<AcceptedTurn, TurnError>;
 
     fn handle(&mut self, msg: UserTurn, ctx: &mut Context<Self>) -> Self::Result {
         // Only a turn running or waiting makes the session busy: after the
@@ -609,7 +620,7 @@ impl Handler<UserTurn> for Conversation {
         let turn_pending =
             self.current.is_some() || self.queue.iter().any(|p| matches!(p, Pending::Turn { .. }));
         if turn_pending && self.agent.multitask == Multitask::Reject {
-            return Box::pin(std::future::ready(Err(TurnError::Busy)));
+            return Err(TurnError::Busy);
         }
         let (tx, rx) = oneshot::channel();
         self.queue.push_back(Pending::Turn {
@@ -619,7 +630,7 @@ impl Handler<UserTurn> for Conversation {
             reply: tx,
         });
         self.start_next(ctx);
-        Box::pin(async move { rx.await.unwrap_or(Err(TurnError::Unavailable)) })
+        Ok(AcceptedTurn(rx))
     }
 }
 
@@ -670,12 +681,26 @@ impl ConversationHandle {
         ConversationHandle { addr }
     }
 
+    /// Runs a turn: [`Self::submit`], then its outcome.
     pub async fn turn(
         &self,
         content: String,
         settings: Option<TurnSettings>,
         events: Option<TurnSink>,
     ) -> Result<TurnOutcome, TurnError> {
+        self.submit(content, settings, events)
+            .await?
+            .outcome()
+            .await
+    }
+
+    /// Hands a turn to the conversation: accepted (queued) or refused.
+    pub async fn submit(
+        &self,
+        content: String,
+        settings: Option<TurnSettings>,
+        events: Option<TurnSink>,
+    ) -> Result<AcceptedTurn, TurnError> {
         self.addr
             .send(UserTurn {
                 content,

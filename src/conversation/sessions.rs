@@ -19,7 +19,7 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::actor::{Conversation, ConversationHandle, TurnError, TurnSink};
+use super::actor::{AcceptedTurn, Conversation, ConversationHandle, TurnError, TurnSink};
 use super::context::{self, PromptLayers};
 use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnSettings};
 use super::summary::ToolUsageSummary;
@@ -418,13 +418,36 @@ impl Sessions {
         self.send_message_with(id, content, None).await
     }
 
-    /// Runs one turn, streaming its progress to `events` when given.
-    pub async fn send_message_with(
+    /// Hands a turn of a caller of `tenant` to the session and returns as
+    /// soon as it is accepted (queued), so a streaming reply can start; a
+    /// refusal (unknown session, `Busy` under `multitask = "reject"`, the
+    /// store) comes back here, before anything was streamed.
+    pub async fn start_message_as(
         &self,
+        tenant: &str,
         id: &str,
         content: String,
         events: Option<TurnSink>,
-    ) -> Result<TurnOutcome, SessionError> {
+    ) -> Result<AcceptedTurn, SessionError> {
+        self.get_as(tenant, id).await?;
+        let settings = self.settings_of(id).await?;
+        let handle = self.handle(id).await?;
+        match handle
+            .submit(content.clone(), Some(settings.clone()), events.clone())
+            .await
+        {
+            // The actor died between lookup and send: start a fresh one once.
+            Err(TurnError::Unavailable) if !handle.is_alive() => {
+                self.inner.live.lock().expect("sessions lock").remove(id);
+                let handle = self.handle(id).await?;
+                Ok(handle.submit(content, Some(settings), events).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// The settings of the session's next turn: agent, tenant, session.
+    async fn settings_of(&self, id: &str) -> Result<TurnSettings, SessionError> {
         let session = self.get(id).await?;
         let agent = self.agent_of(&session)?;
         let mut settings = turn_settings(&agent, &session, &self.inner.registry);
@@ -435,6 +458,17 @@ impl Sessions {
                 tracing::error!(tenant = %session.tenant, %message, "stored tenant config is invalid; using the agent's settings");
             }
         }
+        Ok(settings)
+    }
+
+    /// Runs one turn, streaming its progress to `events` when given.
+    pub async fn send_message_with(
+        &self,
+        id: &str,
+        content: String,
+        events: Option<TurnSink>,
+    ) -> Result<TurnOutcome, SessionError> {
+        let settings = self.settings_of(id).await?;
         let handle = self.handle(id).await?;
         match handle
             .turn(content.clone(), Some(settings.clone()), events.clone())

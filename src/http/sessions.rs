@@ -135,16 +135,16 @@ async fn send(
             .await?;
         return Ok(Json(outcome).into_response());
     }
-    // Unknown sessions are a plain 404, before any stream starts.
-    state.sessions.get_as(&caller.tenant, &id).await?;
+    // A turn refused outright (unknown session 404, busy 409, storage 503)
+    // is a plain error reply, before any stream starts.
     let (tx, rx) = mpsc::unbounded_channel();
+    let accepted = state
+        .sessions
+        .start_message_as(&caller.tenant, &id, body.content, Some(tx))
+        .await?;
     let (done_tx, done_rx) = oneshot::channel();
-    let sessions = state.sessions.clone();
     tokio::spawn(async move {
-        let result = sessions
-            .send_message_with(&id, body.content, Some(tx))
-            .await;
-        let _ = done_tx.send(result);
+        let _ = done_tx.send(accepted.outcome().await);
     });
     let events = UnboundedReceiverStream::new(rx).map(|event: TurnEvent| {
         let sse = match &event {
