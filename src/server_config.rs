@@ -4,7 +4,8 @@
 //! file (TOML) ──▶ table ──CADRE_<SECTION>_<KEY> overrides──▶ [`ServerConfig`] (deny unknown keys) ──validate──▶ runtime
 //!
 //! Sections: `[concurrency]` (the executor's pool), `[api_limit]` (HTTP
-//! requests per API key), `[executor]`, `[tools]`. An override's value is
+//! requests and open event streams per API key), `[executor]`, `[tools]`,
+//! `[sessions]`, `[server]` (shutdown grace). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
 //! `CADRE_CONCURRENCY_MAX_CONCURRENT=1` and
@@ -185,6 +186,9 @@ impl ServerConfig {
         if self.api_limit.per_second == 0 || self.api_limit.burst == 0 {
             return Err("api_limit.per_second and api_limit.burst must be at least 1".into());
         }
+        if self.api_limit.max_streams == 0 {
+            return Err("api_limit.max_streams must be at least 1".into());
+        }
         Ok(())
     }
 
@@ -233,10 +237,12 @@ mod tests {
             env(&[
                 ("CADRE_CONCURRENCY_MAX_CONCURRENT", "1"),
                 ("CADRE_CONCURRENCY_BUCKET_LIMITS", "{http = 5}"),
+                ("CADRE_API_LIMIT_MAX_STREAMS", "4"),
                 ("CADRE_MODEL_BASE_URL", "http://ignored"),
             ]),
         )
         .unwrap();
+        assert_eq!(c.api_limit.max_streams, 4);
         assert_eq!(c.concurrency.max_concurrent, 1);
         assert_eq!(c.concurrency.bucket_limits["http"], 5);
         assert!(c.tools.strict_validation);
@@ -264,6 +270,10 @@ mod tests {
         let err = ServerConfig::load(None, env(&[("CADRE_CONCURRENCY_MAX_CONCURRENT", "0")]))
             .unwrap_err();
         assert!(err.to_string().contains("max_concurrent"), "{err}");
+
+        let err =
+            ServerConfig::load(None, env(&[("CADRE_API_LIMIT_MAX_STREAMS", "0")])).unwrap_err();
+        assert!(err.to_string().contains("max_streams"), "{err}");
     }
 
     #[test]
@@ -272,5 +282,6 @@ mod tests {
         assert_eq!(c.concurrency.max_concurrent, 10);
         assert_eq!(c.concurrency.queue_size, 100);
         assert_eq!(c.tools.reload_interval_s, 5.0);
+        assert_eq!(c.api_limit.max_streams, 32);
     }
 }

@@ -18,6 +18,7 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
+use super::streams::StreamQuota;
 use crate::tenants::Principal;
 
 pub fn routes() -> Router<AppState> {
@@ -28,8 +29,10 @@ pub fn routes() -> Router<AppState> {
 async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    Extension(quota): Extension<StreamQuota>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     require_admin(&caller)?;
+    let slot = quota.acquire()?;
     let stream = BroadcastStream::new(state.events.subscribe()).map(|item| {
         Ok(match item {
             Ok(event) => SseEvent::default()
@@ -41,5 +44,5 @@ async fn events(
                 .data(format!("{{\"missed\":{n}}}")),
         })
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok(Sse::new(slot.hold(stream)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

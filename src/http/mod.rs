@@ -22,6 +22,7 @@ pub mod events;
 pub mod limits;
 pub mod rate_limit;
 pub mod sessions;
+pub mod streams;
 pub mod tenants;
 pub mod tools;
 pub mod workflows;

@@ -17,6 +17,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
+use super::streams::StreamQuota;
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
 use crate::store::Session;
@@ -110,6 +111,7 @@ struct MessageBody {
 async fn send(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    Extension(quota): Extension<StreamQuota>,
     Path(id): Path<String>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<MessageBody>,
@@ -135,8 +137,9 @@ async fn send(
             .await?;
         return Ok(Json(outcome).into_response());
     }
-    // A turn refused outright (unknown session 404, busy 409, storage 503)
-    // is a plain error reply, before any stream starts.
+    // A turn refused outright (too many streams 429, unknown session 404,
+    // busy 409, storage 503) is a plain error reply, before any stream starts.
+    let slot = quota.acquire()?;
     let (tx, rx) = mpsc::unbounded_channel();
     let accepted = state
         .sessions
@@ -163,7 +166,7 @@ async fn send(
         }
     })
     .filter_map(|e| async move { e.map(Ok::<_, Infallible>) });
-    Ok(Sse::new(events.chain(failure))
+    Ok(Sse::new(slot.hold(events.chain(failure)))
         .keep_alive(KeepAlive::default())
         .into_response())
 }

@@ -1,0 +1,150 @@
+//! Event streams per caller are capped (`[api_limit] max_streams`): over the
+//! cap an SSE request is a 429 `TOO_MANY_STREAMS` JSON error before anything
+//! starts (no turn runs), the count spans every SSE endpoint, and a stream
+//! that ends or whose client goes away frees its slot.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::gate::gate_tool;
+use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, agents_dir, spawn_app};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Opens `GET /v1/events` and waits for its headers.
+async fn open_events(app: &TestApp) -> reqwest::Response {
+    app.client
+        .get(format!("{}/v1/events", app.base))
+        .send()
+        .await
+        .expect("request sent")
+}
+
+async fn post_streaming(app: &TestApp, session: &str, content: &str) -> reqwest::Response {
+    app.client
+        .post(format!("{}/v1/sessions/{session}/messages", app.base))
+        .header("accept", "text/event-stream")
+        .json(&json!({ "content": content }))
+        .send()
+        .await
+        .expect("request sent")
+}
+
+async fn assert_too_many(response: reqwest::Response) {
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body: Value = response.json().await.expect("a JSON error body");
+    assert_eq!(body["error"]["code"], "TOO_MANY_STREAMS", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
+}
+
+/// Reads a stream to its end; returns its text.
+async fn read_to_end(response: reqwest::Response) -> String {
+    let read = async {
+        let mut body = response.bytes_stream();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body.next().await {
+            bytes.extend_from_slice(&chunk.expect("stream chunk"));
+        }
+        String::from_utf8(bytes).expect("UTF-8")
+    };
+    tokio::time::timeout(PATIENCE, read)
+        .await
+        .expect("the stream ended in time")
+}
+
+/// Retries `open` while it is refused for too many streams (the server
+/// frees a slot when it drops the stream, just after the client saw it end).
+async fn open_when_free<F, Fut>(open: F) -> reqwest::Response
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = reqwest::Response>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let response = open().await;
+        if response.status() != StatusCode::TOO_MANY_REQUESTS {
+            return response;
+        }
+        assert!(Instant::now() < deadline, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_cap_an_sse_request_is_429_and_no_turn_runs() {
+    let model = MockModel::start().await;
+    let agents = agents_dir(&[("bot.toml", &agent_toml("bot", &[], 3))]);
+    let app = spawn_app(
+        AppOptions::with_model(&model)
+            .agents(agents.path())
+            .config_toml("[api_limit]\nmax_streams = 2\n"),
+    );
+    let session = app.session("bot").await;
+
+    let first = open_events(&app).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = open_events(&app).await;
+    assert_eq!(second.status(), StatusCode::OK);
+
+    assert_too_many(open_events(&app).await).await;
+    // The cap spans endpoints: a streamed turn is refused before it runs.
+    assert_too_many(post_streaming(&app, &session, "hello").await).await;
+    assert_eq!(model.request_count(), 0);
+    let (_, history) = app.get(&format!("/v1/sessions/{session}/messages")).await;
+    assert_eq!(history["messages"], json!([]));
+    // Requests that do not stream are not counted.
+    model.push(Reply::text("plain"));
+    let (status, body) = app.say(&session, "not streamed").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // A client that goes away frees its slot.
+    drop(first);
+    let third = open_when_free(|| open_events(&app)).await;
+    assert_eq!(third.status(), StatusCode::OK);
+    assert_too_many(open_events(&app).await).await;
+    drop((second, third));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_turn_holds_a_slot_until_it_ends() {
+    let (def, handler, mut gate) = gate_tool("gate", "custom");
+    let model = MockModel::start().await;
+    model.push_all([
+        Reply::tool_call("call_1", "gate", r#"{"label":"held"}"#),
+        Reply::text("first answer"),
+        Reply::text("second answer"),
+    ]);
+    let agents = agents_dir(&[("bot.toml", &agent_toml("bot", &["gate"], 3))]);
+    let app = spawn_app(
+        AppOptions::with_model(&model)
+            .agents(agents.path())
+            .tool(def, handler)
+            .config_toml("[api_limit]\nmax_streams = 1\n"),
+    );
+    let session = app.session("bot").await;
+
+    let turn = post_streaming(&app, &session, "first").await;
+    assert_eq!(turn.status(), StatusCode::OK);
+    assert_eq!(gate.started().await, "held");
+    // While the turn streams, the caller has no slot left, on any endpoint.
+    assert_too_many(open_events(&app).await).await;
+    gate.open_one();
+    let text = read_to_end(turn).await;
+    assert!(text.contains("event: turn_completed"), "{text}");
+    assert!(text.contains("first answer"), "{text}");
+
+    // It ended: the slot is free for the next stream.
+    let next = open_when_free(|| post_streaming(&app, &session, "second")).await;
+    assert_eq!(next.status(), StatusCode::OK);
+    let text = read_to_end(next).await;
+    assert!(text.contains("second answer"), "{text}");
+    assert_eq!(model.overruns(), 0);
+}
