@@ -10,8 +10,14 @@
 //! returns once the store is open and the listener is bound, so the same
 //! code serves `cadre serve`, `cadre chat` (no listener) and the tests
 //! (several independent runtimes in one process). Dropping the [`Runtime`]
-//! stops accepting, lets running requests finish, flushes the store, stops
-//! the actors and closes the database file before it returns.
+//! (or SIGTERM / SIGINT with `handle_signals`) stops accepting, ends the
+//! event subscriptions (`/v1/events`, workflow run events: they would
+//! otherwise hold the shutdown for the whole grace), lets running requests
+//! finish for up to `[server] shutdown_grace_s`, then closes the store to
+//! writes (a turn cut off by the deadline can no longer store its answer:
+//! it was never acknowledged and must not look complete after a restart),
+//! flushes it, stops the actors and closes the database file before it
+//! returns.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -75,7 +81,6 @@ pub struct RuntimeBuilder {
     config: ServerConfig,
     workers: usize,
     handle_signals: bool,
-    shutdown_grace: Duration,
 }
 
 impl Default for RuntimeBuilder {
@@ -92,7 +97,6 @@ impl Default for RuntimeBuilder {
             config: ServerConfig::default(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             handle_signals: false,
-            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
@@ -495,6 +499,7 @@ async fn serve(
     match listener {
         Some(listener) => {
             let events = registry.events().clone();
+            let streams = api_limit.streams().clone();
             let app = router(
                 AppState {
                     sessions,
@@ -511,9 +516,10 @@ async fn serve(
             let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
             let server = axum::serve(listener, app).with_graceful_shutdown(async move {
                 shutdown.await;
+                streams.close_subscriptions();
                 let _ = stopping_tx.send(());
             });
-            let grace = builder.shutdown_grace;
+            let grace = builder.config.shutdown_grace();
             let bounded = async move {
                 let _ = stopping_rx.await;
                 tokio::time::sleep(grace).await;
@@ -532,6 +538,8 @@ async fn serve(
             shutdown.await;
         }
     }
+    // Whatever is still running was not acknowledged: it may not write now.
+    store.close_writes();
     // Runs cut off from here on stay `running` and are found interrupted
     // at the next start.
     workflows.shutdown();

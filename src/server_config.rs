@@ -22,7 +22,14 @@ use crate::executor::concurrency::ConcurrencyConfig;
 use crate::http::rate_limit::ApiLimitConfig;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 5] = ["concurrency", "api_limit", "executor", "tools", "sessions"];
+const SECTIONS: [&str; 6] = [
+    "concurrency",
+    "api_limit",
+    "executor",
+    "tools",
+    "sessions",
+    "server",
+];
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -32,6 +39,23 @@ pub struct ServerConfig {
     pub executor: ExecutorSection,
     pub tools: ToolsSection,
     pub sessions: SessionsSection,
+    pub server: ServerSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Seconds running requests get to finish after SIGTERM / SIGINT; what
+    /// is still running then is cut off, unacknowledged.
+    pub shutdown_grace_s: f64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            shutdown_grace_s: 30.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -186,6 +210,10 @@ impl ServerConfig {
         if self.api_limit.per_second == 0 || self.api_limit.burst == 0 {
             return Err("api_limit.per_second and api_limit.burst must be at least 1".into());
         }
+        let grace = self.server.shutdown_grace_s;
+        if grace.is_nan() || !(0.0..=3600.0).contains(&grace) {
+            return Err("server.shutdown_grace_s must be between 0 and 3600".into());
+        }
         if self.api_limit.max_streams == 0 {
             return Err("api_limit.max_streams must be at least 1".into());
         }
@@ -198,6 +226,10 @@ impl ServerConfig {
             retry_base_delay: Duration::from_millis(self.executor.retry_base_delay_ms),
             confirmation_ttl: Duration::from_secs(self.executor.confirmation_ttl_s),
         }
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs_f64(self.server.shutdown_grace_s)
     }
 
     pub fn reload_interval(&self) -> Duration {

@@ -44,5 +44,6 @@ async fn events(
                 .data(format!("{{\"missed\":{n}}}")),
         })
     });
-    Ok(Sse::new(slot.hold(stream)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok(Sse::new(slot.hold_until_shutdown(stream))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

@@ -195,6 +195,11 @@ impl<C: Clock> ApiRateLimit<C> {
         self.callers.shrink_to_fit();
     }
 
+    /// The open event streams of every caller.
+    pub fn streams(&self) -> &super::streams::StreamLimit {
+        &self.streams
+    }
+
     /// Callers with state.
     pub fn tracked_callers(&self) -> usize {
         self.callers.len()

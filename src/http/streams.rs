@@ -14,6 +14,12 @@
 //! the response stream is dropped: the stream finished, or the client
 //! disconnected and hyper dropped the body. WebSocket sessions are not
 //! counted here.
+//!
+//! Shutdown: subscriptions (`/v1/events`, a workflow run's events) never
+//! end by themselves, so they are held with [`StreamSlot::hold_until_shutdown`]
+//! and end when the server starts shutting down
+//! ([`StreamLimit::close_subscriptions`]); a streamed turn is running work
+//! and gets the shutdown grace like any request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -30,6 +36,8 @@ use super::rate_limit::Caller;
 pub struct StreamLimit {
     max: usize,
     open: Arc<Mutex<HashMap<Caller, usize>>>,
+    /// Becomes true when the server starts shutting down.
+    closing: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl StreamLimit {
@@ -37,7 +45,13 @@ impl StreamLimit {
         StreamLimit {
             max,
             open: Arc::default(),
+            closing: Arc::new(tokio::sync::watch::Sender::new(false)),
         }
+    }
+
+    /// Ends every subscription stream, now and from now on.
+    pub fn close_subscriptions(&self) {
+        self.closing.send_replace(true);
     }
 
     /// The quota of one caller, for a request extension.
@@ -102,6 +116,18 @@ impl StreamSlot {
             let _held = &self;
             item
         })
+    }
+}
+
+impl StreamSlot {
+    /// [`Self::hold`] for a subscription: it also ends when the server
+    /// starts shutting down.
+    pub fn hold_until_shutdown<S: Stream>(self, stream: S) -> impl Stream<Item = S::Item> {
+        let mut closing = self.limit.closing.subscribe();
+        let closed = async move {
+            let _ = closing.wait_for(|c| *c).await;
+        };
+        self.hold(stream.take_until(closed))
     }
 }
 

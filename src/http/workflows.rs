@@ -252,5 +252,6 @@ async fn events(
         }
     });
     let stream = futures::stream::once(async move { Ok(snapshot) }).chain(live);
-    Ok(Sse::new(slot.hold(stream)).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok(Sse::new(slot.hold_until_shutdown(stream))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

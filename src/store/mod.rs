@@ -80,6 +80,9 @@ pub enum StoreError {
     /// Writes fail (disk full, I/O errors) since `since`; reads still work.
     #[error("storage is not writable since {since}: {reason}")]
     Unavailable { since: Timestamp, reason: Arc<str> },
+    /// The server is shutting down: what still runs was not acknowledged.
+    #[error("the store takes no more writes: the server is shutting down")]
+    Closed,
     /// The file was reopened after a failure since the writer loaded its state.
     #[error("the store was reopened after a failure (generation {loaded} -> {now})")]
     Reopened { loaded: u64, now: u64 },
@@ -244,6 +247,8 @@ struct Slot {
     /// `Some` while writes are refused.
     outage: Mutex<Option<(Timestamp, Arc<str>)>>,
     generation: AtomicU64,
+    /// Set at shutdown: only flushes pass.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Slot {
@@ -326,6 +331,7 @@ impl Store {
             db: RwLock::new(Arc::new(db)),
             outage: Mutex::new(None),
             generation: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
         });
         let (tx, rx) = std_mpsc::channel();
         let writer = Writer {
@@ -368,6 +374,12 @@ impl Store {
                 reason: reason.to_string(),
             },
         }
+    }
+
+    /// Refuses every later write with [`StoreError::Closed`]; flushes still
+    /// pass. For shutdown: work cut off by the deadline stores nothing more.
+    pub fn close_writes(&self) {
+        self.db.closed.store(true, Ordering::Release);
     }
 
     /// How many times the file was reopened after a failure.
@@ -419,6 +431,7 @@ impl Store {
                     loaded: *loaded,
                     now: *now,
                 },
+                StoreError::Closed => StoreError::Closed,
                 _ => StoreError::CommitFailed(e),
             }),
             Err(_) => Err(StoreError::WriterGone),
@@ -889,6 +902,12 @@ impl Writer {
                     let _ = req.done.send(Err(refusal.clone()));
                 }
                 continue;
+            }
+            let (batch, refused): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|r| r.ops.is_empty() || !self.slot.closed.load(Ordering::Acquire));
+            for req in refused {
+                let _ = req.done.send(Err(Arc::new(StoreError::Closed)));
             }
             let now = self.slot.generation.load(Ordering::Acquire);
             let (batch, stale): (Vec<_>, Vec<_>) = batch
