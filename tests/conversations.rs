@@ -516,6 +516,42 @@ async fn the_answer_cites_the_tools_source_and_an_invented_source_is_flagged_ung
     assert_eq!(model.overruns(), 0);
 }
 
+/// Known sources are not memory-only: after a restart (the same holds for
+/// an idle eviction, which reloads the same way) a source a tool returned
+/// before is still grounded, and an invented one is still flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_returned_before_a_restart_stays_grounded_after_it() {
+    let (def, handler) = positions_tool();
+    let agents = agents_dir(&[("b.toml", &agent_toml("broker", &["positions_lookup"], 3))]);
+    let model = MockModel::start().await;
+    model.push_all([
+        Reply::tool_call("call_1", "positions_lookup", "{}"),
+        Reply::text("You hold 42 shares [tool:positions:v1]."),
+        Reply::text("Still 42 shares [tool:positions:v1], not [tool:made_up:v1]."),
+    ]);
+    let data = tempfile::tempdir().unwrap();
+    let options = || {
+        let (def, handler) = (def.clone(), handler.clone());
+        AppOptions::with_model(&model)
+            .agents(agents.path())
+            .data_dir(data.path())
+            .tool(def, handler)
+    };
+    let mut app = spawn_app(options());
+    let session = app.session("broker").await;
+    let (status, body) = app.say(&session, "How many AAPL do I hold?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["ungrounded_citations"], json!([]));
+    app.stop();
+
+    let app = spawn_app(options());
+    let (status, body) = app.say(&session, "And now?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["citations"], json!([]));
+    assert_eq!(body["ungrounded_citations"], json!(["tool:made_up:v1"]));
+    assert_eq!(model.overruns(), 0);
+}
+
 // ---------------------------------------------------------------------------
 // 5. Multitask
 // ---------------------------------------------------------------------------

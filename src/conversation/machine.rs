@@ -19,7 +19,9 @@
 //!   starts on a tool result cut from its assistant message;
 //! - citations: the `source_id`s the turn's tools returned; ids the answer
 //!   mentions (`tool:<domain>:v<n>`) that no tool of this conversation
-//!   returned are `ungrounded_citations`.
+//!   returned are `ungrounded_citations`. "This conversation" spans restarts
+//!   and evictions: the loader seeds the known sources from the session's
+//!   stored call records ([`ConversationMachine::with_known_sources`]).
 
 use std::collections::BTreeSet;
 
@@ -152,6 +154,12 @@ impl ConversationMachine {
             summarising_until: None,
             turn: None,
         }
+    }
+
+    /// Source ids tools of this conversation returned before it was loaded.
+    pub fn with_known_sources(mut self, sources: impl IntoIterator<Item = String>) -> Self {
+        self.known_sources.extend(sources);
+        self
     }
 
     pub fn in_turn(&self) -> bool {

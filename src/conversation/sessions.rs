@@ -547,6 +547,16 @@ impl Sessions {
             .store
             .unsummarised_messages(id, covered, 4 * agent.history_window.max(10))
             .await?;
+        // Sources any earlier tool call returned stay citable (successful
+        // calls only, as during a turn).
+        let known_sources = self
+            .inner
+            .store
+            .calls_for_conversation(id)
+            .await?
+            .into_iter()
+            .filter(|c| c.is_success)
+            .filter_map(|c| Some(c.output?.get("source_id")?.as_str()?.to_string()));
         let machine = ConversationMachine::new(
             turn_settings(&agent, &session, &self.inner.registry),
             unsummarised
@@ -558,7 +568,8 @@ impl Sessions {
                 covers_until_seq: s.covers_until_seq,
             }),
             last_seq,
-        );
+        )
+        .with_known_sources(known_sources);
         let mut live = self.inner.live.lock().expect("sessions lock");
         if let Some(h) = live.get(id)
             && h.is_alive()
