@@ -148,3 +148,67 @@ async fn a_streamed_turn_holds_a_slot_until_it_ends() {
     assert!(text.contains("second answer"), "{text}");
     assert_eq!(model.overruns(), 0);
 }
+
+/// With API keys the cap is per key, and a workflow run's event stream
+/// counts like the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cap_is_per_api_key_and_counts_workflow_run_events() {
+    let data = tempfile::tempdir().unwrap();
+    let keys = {
+        let store = cadre::store::Store::open(data.path()).expect("open the data dir");
+        let mut keys = Vec::new();
+        for tenant in ["acme", "globex"] {
+            let (key, _) = cadre::tenants::create_key(&store, tenant, true)
+                .await
+                .expect("key created");
+            keys.push(key);
+        }
+        keys
+    };
+    let agents = agents_dir(&[("bot.toml", &agent_toml("bot", &[], 3))]);
+    std::fs::create_dir(agents.path().join("workflows")).unwrap();
+    std::fs::write(
+        agents.path().join("workflows/sum.toml"),
+        "name = \"sum\"\n[[nodes]]\nid = \"add\"\ntool = \"calculator\"\nparams = { expression = \"1+1\" }\n",
+    )
+    .unwrap();
+    let app = spawn_app(
+        AppOptions::offline()
+            .agents(agents.path())
+            .data_dir(data.path())
+            .config_toml("[api_limit]\nmax_streams = 1\n"),
+    );
+    let get = |key: &str, path: &str| {
+        app.client
+            .get(format!("{}{path}", app.base))
+            .bearer_auth(key)
+            .send()
+    };
+    let (acme, globex) = (&keys[0], &keys[1]);
+    let run = app
+        .client
+        .post(format!("{}/v1/workflows/sum/runs", app.base))
+        .bearer_auth(acme)
+        .json(&json!({"input": {}, "wait": true}))
+        .send()
+        .await
+        .expect("run started");
+    assert_eq!(run.status(), StatusCode::CREATED);
+    let run: Value = run.json().await.unwrap();
+    let run_events = format!("/v1/workflows/runs/{}/events", run["id"].as_str().unwrap());
+
+    let held = get(acme, "/v1/events").await.expect("request sent");
+    assert_eq!(held.status(), StatusCode::OK);
+    assert_too_many(get(acme, &run_events).await.expect("request sent")).await;
+    // Another key has slots of its own.
+    let other = get(globex, "/v1/events").await.expect("request sent");
+    assert_eq!(other.status(), StatusCode::OK);
+
+    drop(held);
+    let events =
+        open_when_free(|| async { get(acme, &run_events).await.expect("request sent") }).await;
+    assert_eq!(events.status(), StatusCode::OK);
+    let text = read_to_end(events).await;
+    assert!(text.starts_with("event: snapshot"), "{text}");
+    drop(other);
+}
