@@ -142,17 +142,6 @@ struct Event {
     data: Value,
 }
 
-/// POSTs a message with `Accept: text/event-stream`.
-async fn post_streaming(app: &TestApp, session: &str, content: &str) -> reqwest::Response {
-    app.client
-        .post(format!("{}/v1/sessions/{session}/messages", app.base))
-        .header("accept", "text/event-stream")
-        .json(&json!({ "content": content }))
-        .send()
-        .await
-        .expect("request sent")
-}
-
 /// Reads the stream to its end, chunk by chunk, and parses its events
 /// (keep-alive comments are skipped).
 async fn read_events(response: reqwest::Response) -> Vec<Event> {
@@ -585,7 +574,7 @@ async fn with_multitask_reject_a_second_message_during_a_turn_is_409_conversatio
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["code"], "CONVERSATION_BUSY");
     // Streamed, the refusal is the same 409 JSON error, before any event.
-    let response = post_streaming(&app, &session, "second, streamed").await;
+    let response = app.post_streaming(&session, "second, streamed").await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     assert!(
         response.headers()[reqwest::header::CONTENT_TYPE]
@@ -706,7 +695,7 @@ async fn a_streamed_turn_shows_tool_events_then_model_deltas_then_the_outcome() 
     let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
     let session = app.session("echoer").await;
 
-    let response = post_streaming(&app, &session, "Say hello").await;
+    let response = app.post_streaming(&session, "Say hello").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(
         response.headers()["content-type"]
@@ -780,7 +769,7 @@ async fn a_model_failure_while_streaming_ends_with_turn_failed_and_the_session_g
     let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
     let session = app.session("echoer").await;
 
-    let response = post_streaming(&app, &session, "Are you there?").await;
+    let response = app.post_streaming(&session, "Are you there?").await;
     assert_eq!(response.status(), StatusCode::OK);
     let events = read_events(response).await;
     assert_eq!(names(&events), ["turn_started", "turn_failed"]);
@@ -802,7 +791,7 @@ async fn streaming_to_an_unknown_session_is_a_plain_404() {
     let model = MockModel::start().await;
     let app = spawn_app(AppOptions::with_model(&model));
 
-    let response = post_streaming(&app, "no-such-session", "hello").await;
+    let response = app.post_streaming("no-such-session", "hello").await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     assert!(
         response.headers()["content-type"]

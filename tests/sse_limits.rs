@@ -24,16 +24,6 @@ async fn open_events(app: &TestApp) -> reqwest::Response {
         .expect("request sent")
 }
 
-async fn post_streaming(app: &TestApp, session: &str, content: &str) -> reqwest::Response {
-    app.client
-        .post(format!("{}/v1/sessions/{session}/messages", app.base))
-        .header("accept", "text/event-stream")
-        .json(&json!({ "content": content }))
-        .send()
-        .await
-        .expect("request sent")
-}
-
 async fn assert_too_many(response: reqwest::Response) {
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
     let body: Value = response.json().await.expect("a JSON error body");
@@ -96,7 +86,7 @@ async fn over_the_cap_an_sse_request_is_429_and_no_turn_runs() {
 
     assert_too_many(open_events(&app).await).await;
     // The cap spans endpoints: a streamed turn is refused before it runs.
-    assert_too_many(post_streaming(&app, &session, "hello").await).await;
+    assert_too_many(app.post_streaming(&session, "hello").await).await;
     assert_eq!(model.request_count(), 0);
     let (_, history) = app.get(&format!("/v1/sessions/{session}/messages")).await;
     assert_eq!(history["messages"], json!([]));
@@ -131,7 +121,7 @@ async fn a_streamed_turn_holds_a_slot_until_it_ends() {
     );
     let session = app.session("bot").await;
 
-    let turn = post_streaming(&app, &session, "first").await;
+    let turn = app.post_streaming(&session, "first").await;
     assert_eq!(turn.status(), StatusCode::OK);
     assert_eq!(gate.started().await, "held");
     // While the turn streams, the caller has no slot left, on any endpoint.
@@ -142,7 +132,7 @@ async fn a_streamed_turn_holds_a_slot_until_it_ends() {
     assert!(text.contains("first answer"), "{text}");
 
     // It ended: the slot is free for the next stream.
-    let next = open_when_free(|| post_streaming(&app, &session, "second")).await;
+    let next = open_when_free(|| app.post_streaming(&session, "second")).await;
     assert_eq!(next.status(), StatusCode::OK);
     let text = read_to_end(next).await;
     assert!(text.contains("second answer"), "{text}");

@@ -19,7 +19,7 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::actor::{AcceptedTurn, Conversation, ConversationHandle, TurnError, TurnSink};
+use super::actor::{Conversation, ConversationHandle, TurnError, TurnSink};
 use super::context::{self, PromptLayers};
 use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnSettings};
 use super::summary::ToolUsageSummary;
@@ -421,29 +421,61 @@ impl Sessions {
     /// Hands a turn of a caller of `tenant` to the session and returns as
     /// soon as it is accepted (queued), so a streaming reply can start; a
     /// refusal (unknown session, `Busy` under `multitask = "reject"`, the
-    /// store) comes back here, before anything was streamed.
+    /// store) comes back here, before anything was streamed. The returned
+    /// future is the turn's outcome.
     pub async fn start_message_as(
         &self,
         tenant: &str,
         id: &str,
         content: String,
         events: Option<TurnSink>,
-    ) -> Result<AcceptedTurn, SessionError> {
+    ) -> Result<
+        impl Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static,
+        SessionError,
+    > {
         self.get_as(tenant, id).await?;
+        self.start_message_with(id, content, events).await
+    }
+
+    /// [`Self::start_message_as`] for in-process callers.
+    pub async fn start_message_with(
+        &self,
+        id: &str,
+        content: String,
+        events: Option<TurnSink>,
+    ) -> Result<
+        impl Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static,
+        SessionError,
+    > {
         let settings = self.settings_of(id).await?;
         let handle = self.handle(id).await?;
-        match handle
+        let accepted = match handle
             .submit(content.clone(), Some(settings.clone()), events.clone())
             .await
         {
-            // The actor died between lookup and send: start a fresh one once.
-            Err(TurnError::Unavailable) if !handle.is_alive() => {
-                self.inner.live.lock().expect("sessions lock").remove(id);
-                let handle = self.handle(id).await?;
-                Ok(handle.submit(content, Some(settings), events).await?)
+            Err(TurnError::Unavailable) if !handle.is_alive() => None,
+            other => Some(other?),
+        };
+        let sessions = self.clone();
+        let id = id.to_string();
+        Ok(async move {
+            if let Some(accepted) = accepted {
+                match accepted.outcome().await {
+                    Err(TurnError::Unavailable) if !handle.is_alive() => {}
+                    other => return Ok(other?),
+                }
             }
-            other => Ok(other?),
-        }
+            // The actor stopped between lookup and the turn's start (an idle
+            // eviction): once more, on a fresh one.
+            sessions
+                .inner
+                .live
+                .lock()
+                .expect("sessions lock")
+                .remove(&id);
+            let handle = sessions.handle(&id).await?;
+            Ok(handle.turn(content, Some(settings), events).await?)
+        })
     }
 
     /// The settings of the session's next turn: agent, tenant, session.
@@ -468,20 +500,7 @@ impl Sessions {
         content: String,
         events: Option<TurnSink>,
     ) -> Result<TurnOutcome, SessionError> {
-        let settings = self.settings_of(id).await?;
-        let handle = self.handle(id).await?;
-        match handle
-            .turn(content.clone(), Some(settings.clone()), events.clone())
-            .await
-        {
-            // The actor died between lookup and send: start a fresh one once.
-            Err(TurnError::Unavailable) if !handle.is_alive() => {
-                self.inner.live.lock().expect("sessions lock").remove(id);
-                let handle = self.handle(id).await?;
-                Ok(handle.turn(content, Some(settings), events).await?)
-            }
-            other => Ok(other?),
-        }
+        self.start_message_with(id, content, events).await?.await
     }
 
     /// Stores a message that needs no model turn (an operator's reply), in

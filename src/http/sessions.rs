@@ -147,7 +147,7 @@ async fn send(
         .await?;
     let (done_tx, done_rx) = oneshot::channel();
     tokio::spawn(async move {
-        let _ = done_tx.send(accepted.outcome().await);
+        let _ = done_tx.send(accepted.await);
     });
     let events = UnboundedReceiverStream::new(rx).map(|event: TurnEvent| {
         let sse = match &event {

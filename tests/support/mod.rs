@@ -191,6 +191,17 @@ impl TestApp {
         read(r).await
     }
 
+    /// POSTs a message with `Accept: text/event-stream`; the response as is.
+    pub async fn post_streaming(&self, session: &str, content: &str) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/sessions/{session}/messages", self.base))
+            .header("accept", "text/event-stream")
+            .json(&serde_json::json!({ "content": content }))
+            .send()
+            .await
+            .expect("request sent")
+    }
+
     /// Creates a session of `agent`; returns its id.
     pub async fn session(&self, agent: &str) -> String {
         let (status, body) = self
