@@ -126,6 +126,12 @@ async fn a_full_disk_is_a_503_history_stays_readable_and_writes_resume_without_a
     assert_eq!(body["storage"]["status"], "degraded", "{body}");
     let (status, body) = api.get("/readyz").await;
     assert_storage_error(status, &body);
+    let (_, metrics) = api.get("/metrics").await;
+    let metrics = metrics.as_str().expect("metrics text").to_string();
+    assert!(
+        metrics.contains("\ncadre_storage_degraded 1\n"),
+        "{metrics}"
+    );
 
     // Space returns: the server notices by itself.
     server.limit_file_size(None);
@@ -148,6 +154,16 @@ async fn a_full_disk_is_a_503_history_stays_readable_and_writes_resume_without_a
         body,
         json!({"status": "ok", "storage": {"status": "ok"}}),
         "{status}"
+    );
+    let (_, metrics) = api.get("/metrics").await;
+    let metrics = metrics.as_str().expect("metrics text").to_string();
+    assert!(
+        metrics.contains("\ncadre_storage_degraded 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("\ncadre_storage_reopens_total 1\n"),
+        "{metrics}"
     );
 
     let (status, body) = api.say(&session, "third").await;
