@@ -219,3 +219,91 @@ fn check_history(before: &[(String, String)], after: &[(String, String)]) {
         );
     }
 }
+
+/// A turn that started before the outage and ends after the recovery may
+/// have lost its first steps with the failed database: it is refused (503),
+/// leaves no answer behind, and the session's next turn works on a history
+/// reloaded from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_spanning_an_outage_is_refused_and_the_session_reloads() {
+    let model = MockModel::start().await;
+    model.push(Reply::slow(
+        Duration::from_secs(3),
+        Reply::text("late answer"),
+    ));
+    model.set_default(Some(Reply::text("noted")));
+    let agents = agents_dir(&[("bot.toml", &agent_toml("bot", &[], 4))]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start(&data, agents.path(), &model.base_url(), &[]);
+    let api = Api {
+        client: reqwest::Client::new(),
+        base: server.base.clone(),
+    };
+    let (status, body) = api.post("/v1/sessions", json!({"agent": "bot"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let session = body["id"].as_str().unwrap().to_string();
+
+    let spanning = {
+        let (client, url) = (
+            api.client.clone(),
+            format!("{}/v1/sessions/{session}/messages", api.base),
+        );
+        tokio::spawn(async move {
+            let r = client
+                .post(url)
+                .json(&json!({"content": "spanning"}))
+                .send()
+                .await
+                .expect("request sent");
+            let status = r.status();
+            (status, r.json::<Value>().await.expect("JSON body"))
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), model.wait_for_requests(1))
+        .await
+        .expect("the turn reached the model");
+
+    // An outage and its recovery while the model is still thinking.
+    server.limit_file_size(Some(0));
+    let (status, body) = api.post("/v1/sessions", json!({"agent": "bot"})).await;
+    assert_storage_error(status, &body);
+    server.limit_file_size(None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api.get("/readyz").await.0 != StatusCode::OK {
+        assert!(
+            Instant::now() < deadline,
+            "no recovery\n{}",
+            server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !spanning.is_finished(),
+        "the turn ended before the recovery; the test proves nothing"
+    );
+
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), spanning)
+        .await
+        .expect("the turn ended")
+        .unwrap();
+    assert_storage_error(status, &body);
+
+    let (status, body) = api.say(&session, "after").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let history = api.contents(&session).await;
+    assert!(
+        !history.iter().any(|(_, c)| c == "late answer"),
+        "the refused turn's answer was stored: {history:?}"
+    );
+    let n = history.len();
+    assert_eq!(
+        &history[n - 2..],
+        [
+            ("user".to_string(), "after".to_string()),
+            ("assistant".to_string(), "noted".to_string())
+        ],
+        "{history:?}"
+    );
+    assert!(n <= 3, "{history:?}");
+}
