@@ -5,6 +5,8 @@
 //! `STORAGE_UNAVAILABLE` JSON error, the history stored before must stay
 //! readable, health must say so, and once the limit is lifted the server
 //! must take writes again by itself, losing nothing (also after a restart).
+//! A turn that spans the outage and the recovery is refused rather than
+//! stored on top of steps the failed database lost.
 
 mod support;
 
