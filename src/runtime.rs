@@ -10,8 +10,14 @@
 //! returns once the store is open and the listener is bound, so the same
 //! code serves `cadre serve`, `cadre chat` (no listener) and the tests
 //! (several independent runtimes in one process). Dropping the [`Runtime`]
-//! stops accepting, lets running requests finish, flushes the store, stops
-//! the actors and closes the database file before it returns.
+//! (or SIGTERM / SIGINT with `handle_signals`) stops accepting, ends the
+//! event subscriptions (`/v1/events`, workflow run events: they would
+//! otherwise hold the shutdown for the whole grace), lets running requests
+//! finish for up to `[server] shutdown_grace_s`, then closes the store to
+//! writes (a turn cut off by the deadline can no longer store its answer:
+//! it was never acknowledged and must not look complete after a restart),
+//! flushes it, stops the actors and closes the database file before it
+//! returns.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,7 +83,6 @@ pub struct RuntimeBuilder {
     config: ServerConfig,
     workers: usize,
     handle_signals: bool,
-    shutdown_grace: Duration,
 }
 
 impl Default for RuntimeBuilder {
@@ -94,7 +99,6 @@ impl Default for RuntimeBuilder {
             config: ServerConfig::default(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             handle_signals: false,
-            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
@@ -505,6 +509,7 @@ async fn serve(
         Some(listener) => {
             let events = registry.events().clone();
             let mcp_shutdown = tokio_util::sync::CancellationToken::new();
+            let streams = api_limit.streams().clone();
             let app = router(
                 AppState {
                     sessions,
@@ -525,9 +530,10 @@ async fn serve(
                 // Open MCP sessions hold SSE streams: end them, or the
                 // graceful shutdown would wait out its grace period.
                 mcp_shutdown.cancel();
+                streams.close_subscriptions();
                 let _ = stopping_tx.send(());
             });
-            let grace = builder.shutdown_grace;
+            let grace = builder.config.shutdown_grace();
             let bounded = async move {
                 let _ = stopping_rx.await;
                 tokio::time::sleep(grace).await;
@@ -546,6 +552,8 @@ async fn serve(
             shutdown.await;
         }
     }
+    // Whatever is still running was not acknowledged: it may not write now.
+    store.close_writes();
     // Runs cut off from here on stay `running` and are found interrupted
     // at the next start.
     workflows.shutdown();

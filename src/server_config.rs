@@ -4,7 +4,8 @@
 //! file (TOML) ──▶ table ──CADRE_<SECTION>_<KEY> overrides──▶ [`ServerConfig`] (deny unknown keys) ──validate──▶ runtime
 //!
 //! Sections: `[concurrency]` (the executor's pool), `[api_limit]` (HTTP
-//! requests per API key), `[executor]`, `[tools]`. An override's value is
+//! requests and open event streams per API key), `[executor]`, `[tools]`,
+//! `[sessions]`, `[server]` (shutdown grace). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
 //! `CADRE_CONCURRENCY_MAX_CONCURRENT=1` and
@@ -21,7 +22,14 @@ use crate::executor::concurrency::ConcurrencyConfig;
 use crate::http::rate_limit::ApiLimitConfig;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 5] = ["concurrency", "api_limit", "executor", "tools", "sessions"];
+const SECTIONS: [&str; 6] = [
+    "concurrency",
+    "api_limit",
+    "executor",
+    "tools",
+    "sessions",
+    "server",
+];
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -31,6 +39,23 @@ pub struct ServerConfig {
     pub executor: ExecutorSection,
     pub tools: ToolsSection,
     pub sessions: SessionsSection,
+    pub server: ServerSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerSection {
+    /// Seconds running requests get to finish after SIGTERM / SIGINT; what
+    /// is still running then is cut off, unacknowledged.
+    pub shutdown_grace_s: f64,
+}
+
+impl Default for ServerSection {
+    fn default() -> Self {
+        ServerSection {
+            shutdown_grace_s: 30.0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -185,6 +210,13 @@ impl ServerConfig {
         if self.api_limit.per_second == 0 || self.api_limit.burst == 0 {
             return Err("api_limit.per_second and api_limit.burst must be at least 1".into());
         }
+        let grace = self.server.shutdown_grace_s;
+        if grace.is_nan() || !(0.0..=3600.0).contains(&grace) {
+            return Err("server.shutdown_grace_s must be between 0 and 3600".into());
+        }
+        if self.api_limit.max_streams == 0 {
+            return Err("api_limit.max_streams must be at least 1".into());
+        }
         Ok(())
     }
 
@@ -194,6 +226,10 @@ impl ServerConfig {
             retry_base_delay: Duration::from_millis(self.executor.retry_base_delay_ms),
             confirmation_ttl: Duration::from_secs(self.executor.confirmation_ttl_s),
         }
+    }
+
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs_f64(self.server.shutdown_grace_s)
     }
 
     pub fn reload_interval(&self) -> Duration {
@@ -233,10 +269,12 @@ mod tests {
             env(&[
                 ("CADRE_CONCURRENCY_MAX_CONCURRENT", "1"),
                 ("CADRE_CONCURRENCY_BUCKET_LIMITS", "{http = 5}"),
+                ("CADRE_API_LIMIT_MAX_STREAMS", "4"),
                 ("CADRE_MODEL_BASE_URL", "http://ignored"),
             ]),
         )
         .unwrap();
+        assert_eq!(c.api_limit.max_streams, 4);
         assert_eq!(c.concurrency.max_concurrent, 1);
         assert_eq!(c.concurrency.bucket_limits["http"], 5);
         assert!(c.tools.strict_validation);
@@ -264,6 +302,10 @@ mod tests {
         let err = ServerConfig::load(None, env(&[("CADRE_CONCURRENCY_MAX_CONCURRENT", "0")]))
             .unwrap_err();
         assert!(err.to_string().contains("max_concurrent"), "{err}");
+
+        let err =
+            ServerConfig::load(None, env(&[("CADRE_API_LIMIT_MAX_STREAMS", "0")])).unwrap_err();
+        assert!(err.to_string().contains("max_streams"), "{err}");
     }
 
     #[test]
@@ -272,5 +314,6 @@ mod tests {
         assert_eq!(c.concurrency.max_concurrent, 10);
         assert_eq!(c.concurrency.queue_size, 100);
         assert_eq!(c.tools.reload_interval_s, 5.0);
+        assert_eq!(c.api_limit.max_streams, 32);
     }
 }

@@ -142,17 +142,6 @@ struct Event {
     data: Value,
 }
 
-/// POSTs a message with `Accept: text/event-stream`.
-async fn post_streaming(app: &TestApp, session: &str, content: &str) -> reqwest::Response {
-    app.client
-        .post(format!("{}/v1/sessions/{session}/messages", app.base))
-        .header("accept", "text/event-stream")
-        .json(&json!({ "content": content }))
-        .send()
-        .await
-        .expect("request sent")
-}
-
 /// Reads the stream to its end, chunk by chunk, and parses its events
 /// (keep-alive comments are skipped).
 async fn read_events(response: reqwest::Response) -> Vec<Event> {
@@ -536,6 +525,42 @@ async fn the_answer_cites_the_tools_source_and_an_invented_source_is_flagged_ung
     assert_eq!(model.overruns(), 0);
 }
 
+/// Known sources are not memory-only: after a restart (the same holds for
+/// an idle eviction, which reloads the same way) a source a tool returned
+/// before is still grounded, and an invented one is still flagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_returned_before_a_restart_stays_grounded_after_it() {
+    let (def, handler) = positions_tool();
+    let agents = agents_dir(&[("b.toml", &agent_toml("broker", &["positions_lookup"], 3))]);
+    let model = MockModel::start().await;
+    model.push_all([
+        Reply::tool_call("call_1", "positions_lookup", "{}"),
+        Reply::text("You hold 42 shares [tool:positions:v1]."),
+        Reply::text("Still 42 shares [tool:positions:v1], not [tool:made_up:v1]."),
+    ]);
+    let data = tempfile::tempdir().unwrap();
+    let options = || {
+        let (def, handler) = (def.clone(), handler.clone());
+        AppOptions::with_model(&model)
+            .agents(agents.path())
+            .data_dir(data.path())
+            .tool(def, handler)
+    };
+    let mut app = spawn_app(options());
+    let session = app.session("broker").await;
+    let (status, body) = app.say(&session, "How many AAPL do I hold?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["ungrounded_citations"], json!([]));
+    app.stop();
+
+    let app = spawn_app(options());
+    let (status, body) = app.say(&session, "And now?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["citations"], json!([]));
+    assert_eq!(body["ungrounded_citations"], json!(["tool:made_up:v1"]));
+    assert_eq!(model.overruns(), 0);
+}
+
 // ---------------------------------------------------------------------------
 // 5. Multitask
 // ---------------------------------------------------------------------------
@@ -568,6 +593,17 @@ async fn with_multitask_reject_a_second_message_during_a_turn_is_409_conversatio
     let (status, body) = app.say(&session, "second").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["code"], "CONVERSATION_BUSY");
+    // Streamed, the refusal is the same 409 JSON error, before any event.
+    let response = app.post_streaming(&session, "second, streamed").await;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert!(
+        response.headers()[reqwest::header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
+    let body: Value = response.json().await.expect("a JSON error body");
+    assert_eq!(body["error"]["code"], "CONVERSATION_BUSY", "{body}");
 
     gate.open_one();
     let (status, body) = joined(first).await;
@@ -684,7 +720,7 @@ async fn a_streamed_turn_shows_tool_events_then_model_deltas_then_the_outcome() 
     let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
     let session = app.session("echoer").await;
 
-    let response = post_streaming(&app, &session, "Say hello").await;
+    let response = app.post_streaming(&session, "Say hello").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(
         response.headers()["content-type"]
@@ -758,7 +794,7 @@ async fn a_model_failure_while_streaming_ends_with_turn_failed_and_the_session_g
     let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
     let session = app.session("echoer").await;
 
-    let response = post_streaming(&app, &session, "Are you there?").await;
+    let response = app.post_streaming(&session, "Are you there?").await;
     assert_eq!(response.status(), StatusCode::OK);
     let events = read_events(response).await;
     assert_eq!(names(&events), ["turn_started", "turn_failed"]);
@@ -780,7 +816,7 @@ async fn streaming_to_an_unknown_session_is_a_plain_404() {
     let model = MockModel::start().await;
     let app = spawn_app(AppOptions::with_model(&model));
 
-    let response = post_streaming(&app, "no-such-session", "hello").await;
+    let response = app.post_streaming("no-such-session", "hello").await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     assert!(
         response.headers()["content-type"]

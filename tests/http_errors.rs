@@ -325,7 +325,7 @@ async fn healthz_is_200() {
 
     let (status, body) = app.get("/healthz").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body, json!({"status": "ok"}));
+    assert_eq!(body, json!({"status": "ok", "storage": {"status": "ok"}}));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,7 +61,12 @@ impl Drop for Telemetry {
 pub fn init(json: bool, default_filter: &str) -> anyhow::Result<Telemetry> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // A log line that cannot be written (stderr on a full disk) is dropped:
+    // the default reports it with `eprintln!`, which panics when stderr
+    // fails, and would take down whichever thread was logging.
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .log_internal_errors(false);
     let logs = if json {
         logs.json()
             .with_current_span(true)

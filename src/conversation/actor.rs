@@ -20,11 +20,15 @@
 //! then is the turn acknowledged: one awaited, durable commit per turn. A
 //! crash mid-turn loses only what was never acknowledged. A turn that fails
 //! (model down) flushes what it has and reports the error; its messages
-//! stay in the history. When the final commit itself fails (disk full),
-//! the turn's messages leave memory and their seqs are used again, so a
-//! later turn overwrites whatever of them reached the store. After a turn,
-//! the rolling summary is updated when the history outgrew the window; a
-//! failed summary is tried again after the next turn. A turn given an event sink streams its progress
+//! stay in the history. After a turn, the rolling summary is updated when
+//! the history outgrew the window; a failed summary is tried again after
+//! the next turn. A store error ends the actor once it has answered (its
+//! memory may hold steps the store lost; queued messages get `Unavailable`),
+//! and its writes, the ones behind the turn included, carry the store
+//! generation it was loaded at, so after the store reopened from a failure
+//! a step refused then also refuses the turn's final commit, and the
+//! conversation reloads instead of writing on top of lost steps. A turn
+//! given an event sink streams its progress
 //! ([`TurnEvent`]): model deltas, tool calls started and completed, the
 //! outcome.
 
@@ -125,9 +129,10 @@ fn error_type(e: &TurnError) -> &'static str {
     }
 }
 
-/// Run one turn with this user message.
+/// Run one turn with this user message. The reply comes at once: the turn
+/// is queued (its outcome arrives on the receiver) or refused (`Busy`).
 #[derive(Message)]
-#[rtype(result = "Result<TurnOutcome, TurnError>")]
+#[rtype(result = "Result<AcceptedTurn, TurnError>")]
 pub struct UserTurn {
     pub content: String,
     /// Settings for this turn (agent + tenant overrides + session metadata).
@@ -143,6 +148,16 @@ pub struct RecordMessage {
 }
 
 type TurnReply = oneshot::Sender<Result<TurnOutcome, TurnError>>;
+
+/// A turn the conversation took on; its outcome follows.
+pub struct AcceptedTurn(oneshot::Receiver<Result<TurnOutcome, TurnError>>);
+
+impl AcceptedTurn {
+    /// Waits for the turn to end.
+    pub async fn outcome(self) -> Result<TurnOutcome, TurnError> {
+        self.0.await.unwrap_or(Err(TurnError::Unavailable))
+    }
+}
 
 enum Pending {
     Turn {
@@ -188,11 +203,11 @@ pub struct Conversation {
     batch_id: u64,
     /// The messages of the running step, not yet handed to the writer.
     unsaved: Vec<StoredMessage>,
-    /// The first seq of the running turn, if it wrote any.
-    turn_first_seq: Option<u64>,
     idle_timeout: Duration,
     last_active: Instant,
     metrics: Arc<Metrics>,
+    /// The store generation the history was loaded at.
+    generation: u64,
 }
 
 impl Actor for Conversation {
@@ -243,11 +258,17 @@ impl Conversation {
             queue: VecDeque::new(),
             batch_id: 0,
             unsaved: Vec::new(),
-            turn_first_seq: None,
             idle_timeout,
             last_active: Instant::now(),
             metrics,
+            generation: 0,
         }
+    }
+
+    /// The store generation the history was read at (before reading it).
+    pub fn loaded_at(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self
     }
 
     fn start_next(&mut self, ctx: &mut Context<Self>) {
@@ -303,7 +324,12 @@ impl Conversation {
                 let (seq, message) = self.machine.record(message);
                 self.stage(vec![(seq, message)]);
                 self.commit_turn(ctx, move |act, result, ctx| {
+                    let failed = result.is_err();
                     let _ = reply.send(result.map(|()| seq).map_err(TurnError::from));
+                    if failed {
+                        ctx.stop();
+                        return;
+                    }
                     act.busy = false;
                     act.start_next(ctx);
                 });
@@ -313,9 +339,6 @@ impl Conversation {
 
     /// Keeps a step's messages for the next write.
     fn stage(&mut self, messages: Vec<(u64, ChatMessage)>) {
-        if let Some((seq, _)) = messages.first() {
-            self.turn_first_seq.get_or_insert(*seq);
-        }
         let now = Timestamp::now();
         self.unsaved
             .extend(messages.into_iter().map(|(seq, message)| StoredMessage {
@@ -336,24 +359,22 @@ impl Conversation {
         }]
     }
 
-    /// The final, durable write of a turn (or a record): after it, the
-    /// caller learns whether its messages are in the store; when they are
-    /// not, memory forgets them ([`ConversationMachine::forget_from`]).
+    /// The final, durable write of a turn (or a record), refused when the
+    /// store reopened since this conversation loaded; `then` learns how it went.
     fn commit_turn(
         &mut self,
         ctx: &mut Context<Self>,
         then: impl FnOnce(&mut Self, Result<(), StoreError>, &mut Context<Self>) + 'static,
     ) {
         let ops = self.take_unsaved();
-        let first = self.turn_first_seq.take();
         let store = self.store.clone();
+        let generation = self.generation;
         ctx.spawn(
-            async move { store.write(ops, true).await }
+            async move { store.write_at(generation, ops, true).await }
                 .into_actor(self)
                 .map(move |result, act, ctx| {
-                    if let (Err(e), Some(seq)) = (&result, first) {
+                    if let Err(e) = &result {
                         tracing::warn!(session = %act.session.id, error = %e, "turn not stored");
-                        act.machine.forget_from(seq);
                     }
                     then(act, result, ctx)
                 }),
@@ -370,7 +391,7 @@ impl Conversation {
         self.stage(step.persist);
         if !matches!(step.action, Action::Finish(_)) {
             let ops = self.take_unsaved();
-            self.store.write_behind(ops);
+            self.store.write_behind(self.generation, ops);
         }
         match step.action {
             Action::CallModel(request) => {
@@ -493,6 +514,7 @@ impl Conversation {
 
     fn finish(&mut self, outcome: TurnOutcome, ctx: &mut Context<Self>) {
         self.commit_turn(ctx, move |act, result, ctx| {
+            let failed = result.is_err();
             if let Some(current) = act.current.take() {
                 current.span.record("iterations", outcome.iterations);
                 current.span.record("tool_calls", outcome.tool_calls.len());
@@ -509,6 +531,10 @@ impl Conversation {
                 let _ = current
                     .reply
                     .send(result.map(|()| outcome).map_err(TurnError::from));
+            }
+            if failed {
+                ctx.stop();
+                return;
             }
             act.summarise_then_next(ctx);
         });
@@ -543,10 +569,11 @@ impl Conversation {
                             },
                         };
                         let store = act.store.clone();
+                        let generation = act.generation;
                         // Derived data: made durable by the next durable commit.
                         ctx.spawn(
                             async move {
-                                if let Err(e) = store.write(vec![op], false).await {
+                                if let Err(e) = store.write_at(generation, vec![op], false).await {
                                     tracing::warn!(error = %e, "summary not stored");
                                 }
                             }
@@ -563,7 +590,8 @@ impl Conversation {
         tracing::warn!(session = %self.session.id, error = %error, "turn failed");
         self.machine.abort_turn();
         self.batch_id += 1;
-        self.commit_turn(ctx, move |act, _, ctx| {
+        let store_failed = matches!(error, TurnError::Store(_));
+        self.commit_turn(ctx, move |act, result, ctx| {
             if let Some(current) = act.current.take() {
                 act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
                 current.span.record("error.type", error_type(&error));
@@ -571,6 +599,10 @@ impl Conversation {
                     .span
                     .record("latency_ms", current.started.elapsed().as_millis() as u64);
                 let _ = current.reply.send(Err(error));
+            }
+            if store_failed || result.is_err() {
+                ctx.stop();
+                return;
             }
             act.busy = false;
             act.start_next(ctx);
@@ -611,7 +643,7 @@ impl Conversation {
 }
 
 impl Handler<UserTurn> for Conversation {
-    type Result = ResponseFuture<Result<TurnOutcome, TurnError>>;
+    type Result = Result<AcceptedTurn, TurnError>;
 
     fn handle(&mut self, msg: UserTurn, ctx: &mut Context<Self>) -> Self::Result {
         // Only a turn running or waiting makes the session busy: after the
@@ -619,7 +651,7 @@ impl Handler<UserTurn> for Conversation {
         let turn_pending =
             self.current.is_some() || self.queue.iter().any(|p| matches!(p, Pending::Turn { .. }));
         if turn_pending && self.agent.multitask == Multitask::Reject {
-            return Box::pin(std::future::ready(Err(TurnError::Busy)));
+            return Err(TurnError::Busy);
         }
         let (tx, rx) = oneshot::channel();
         self.queue.push_back(Pending::Turn {
@@ -629,7 +661,7 @@ impl Handler<UserTurn> for Conversation {
             reply: tx,
         });
         self.start_next(ctx);
-        Box::pin(async move { rx.await.unwrap_or(Err(TurnError::Unavailable)) })
+        Ok(AcceptedTurn(rx))
     }
 }
 
@@ -680,12 +712,26 @@ impl ConversationHandle {
         ConversationHandle { addr }
     }
 
+    /// Runs a turn: [`Self::submit`], then its outcome.
     pub async fn turn(
         &self,
         content: String,
         settings: Option<TurnSettings>,
         events: Option<TurnSink>,
     ) -> Result<TurnOutcome, TurnError> {
+        self.submit(content, settings, events)
+            .await?
+            .outcome()
+            .await
+    }
+
+    /// Hands a turn to the conversation: accepted (queued) or refused.
+    pub async fn submit(
+        &self,
+        content: String,
+        settings: Option<TurnSettings>,
+        events: Option<TurnSink>,
+    ) -> Result<AcceptedTurn, TurnError> {
         self.addr
             .send(UserTurn {
                 content,

@@ -27,7 +27,9 @@
 //!   is ever left out of the prompt;
 //! - citations: the `source_id`s the turn's tools returned; ids the answer
 //!   mentions (`tool:<domain>:v<n>`) that no tool of this conversation
-//!   returned are `ungrounded_citations`.
+//!   returned are `ungrounded_citations`. "This conversation" spans restarts
+//!   and evictions: the loader seeds the known sources from the session's
+//!   stored call records ([`ConversationMachine::with_known_sources`]).
 
 use std::collections::BTreeSet;
 
@@ -166,6 +168,12 @@ impl ConversationMachine {
         }
     }
 
+    /// Source ids tools of this conversation returned before it was loaded.
+    pub fn with_known_sources(mut self, sources: impl IntoIterator<Item = String>) -> Self {
+        self.known_sources.extend(sources);
+        self
+    }
+
     pub fn in_turn(&self) -> bool {
         self.turn.is_some()
     }
@@ -274,16 +282,6 @@ impl ConversationMachine {
         if let Some(turn) = self.turn.take() {
             self.history.extend(turn.messages);
         }
-    }
-
-    /// Forgets the messages from `seq` on: their write failed, so memory
-    /// must not hold what the store does not; their seqs are used again.
-    pub fn forget_from(&mut self, seq: u64) {
-        if self.turn.is_some() {
-            return;
-        }
-        self.history.retain(|(s, _)| *s < seq);
-        self.next_seq = self.next_seq.min(seq);
     }
 
     /// After a turn: the summary request to make, if the messages not yet

@@ -447,13 +447,68 @@ impl Sessions {
         self.send_message_with(id, content, None).await
     }
 
-    /// Runs one turn, streaming its progress to `events` when given.
-    pub async fn send_message_with(
+    /// Hands a turn of a caller of `tenant` to the session and returns as
+    /// soon as it is accepted (queued), so a streaming reply can start; a
+    /// refusal (unknown session, `Busy` under `multitask = "reject"`, the
+    /// store) comes back here, before anything was streamed. The returned
+    /// future is the turn's outcome.
+    pub async fn start_message_as(
+        &self,
+        tenant: &str,
+        id: &str,
+        content: String,
+        events: Option<TurnSink>,
+    ) -> Result<
+        impl Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static,
+        SessionError,
+    > {
+        self.get_as(tenant, id).await?;
+        self.start_message_with(id, content, events).await
+    }
+
+    /// [`Self::start_message_as`] for in-process callers.
+    pub async fn start_message_with(
         &self,
         id: &str,
         content: String,
         events: Option<TurnSink>,
-    ) -> Result<TurnOutcome, SessionError> {
+    ) -> Result<
+        impl Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static,
+        SessionError,
+    > {
+        let settings = self.settings_of(id).await?;
+        let handle = self.handle(id).await?;
+        let accepted = match handle
+            .submit(content.clone(), Some(settings.clone()), events.clone())
+            .await
+        {
+            Err(TurnError::Unavailable) if !handle.is_alive() => None,
+            other => Some(other?),
+        };
+        let sessions = self.clone();
+        let id = id.to_string();
+        Ok(async move {
+            if let Some(accepted) = accepted {
+                match accepted.outcome().await {
+                    Err(TurnError::Unavailable) if !handle.is_alive() => {}
+                    other => return Ok(other?),
+                }
+            }
+            // The actor stopped between lookup and the turn's start (an idle
+            // eviction): once more, on a fresh one.
+            sessions
+                .inner
+                .live
+                .lock()
+                .expect("sessions lock")
+                .remove(&id);
+            let handle = sessions.handle(&id).await?;
+            Ok(handle.turn(content, Some(settings), events).await?)
+        })
+    }
+
+    /// The settings of the session's next turn: agent, tenant, session.
+    async fn settings_of(&self, id: &str) -> Result<TurnSettings, SessionError> {
         let session = self.get(id).await?;
         let agent = self.agent_of(&session)?;
         let mut settings = turn_settings(&agent, &session, &self.inner.registry);
@@ -464,19 +519,17 @@ impl Sessions {
                 tracing::error!(tenant = %session.tenant, %message, "stored tenant config is invalid; using the agent's settings");
             }
         }
-        let handle = self.handle(id).await?;
-        match handle
-            .turn(content.clone(), Some(settings.clone()), events.clone())
-            .await
-        {
-            // The actor died between lookup and send: start a fresh one once.
-            Err(TurnError::Unavailable) if !handle.is_alive() => {
-                self.inner.live.lock().expect("sessions lock").remove(id);
-                let handle = self.handle(id).await?;
-                Ok(handle.turn(content, Some(settings), events).await?)
-            }
-            other => Ok(other?),
-        }
+        Ok(settings)
+    }
+
+    /// Runs one turn, streaming its progress to `events` when given.
+    pub async fn send_message_with(
+        &self,
+        id: &str,
+        content: String,
+        events: Option<TurnSink>,
+    ) -> Result<TurnOutcome, SessionError> {
+        self.start_message_with(id, content, events).await?.await
     }
 
     /// Stores a message that needs no model turn (an operator's reply), in
@@ -529,6 +582,8 @@ impl Sessions {
         {
             return Ok(h.clone());
         }
+        // Taken before loading: a reopen after this makes the actor reload.
+        let generation = self.inner.store.generation();
         let session = self.get(id).await?;
         let agent = self.agent_of(&session)?;
         let summary = self.inner.store.get_summary(id).await?;
@@ -540,6 +595,16 @@ impl Sessions {
             .store
             .unsummarised_messages(id, covered, 4 * agent.history_window.max(10))
             .await?;
+        // Sources any earlier tool call returned stay citable (successful
+        // calls only, as during a turn).
+        let known_sources = self
+            .inner
+            .store
+            .calls_for_conversation(id)
+            .await?
+            .into_iter()
+            .filter(|c| c.is_success)
+            .filter_map(|c| Some(c.output?.get("source_id")?.as_str()?.to_string()));
         let machine = ConversationMachine::new(
             turn_settings(&agent, &session, &self.inner.registry),
             unsummarised
@@ -551,7 +616,8 @@ impl Sessions {
                 covers_until_seq: s.covers_until_seq,
             }),
             last_seq,
-        );
+        )
+        .with_known_sources(known_sources);
         let mut live = self.inner.live.lock().expect("sessions lock");
         if let Some(h) = live.get(id)
             && h.is_alive()
@@ -568,7 +634,8 @@ impl Sessions {
             machine,
             self.inner.idle_timeout,
             self.inner.metrics.clone(),
-        );
+        )
+        .loaded_at(generation);
         let handle = ConversationHandle::start_in(arbiter, conversation);
         live.insert(id.to_string(), handle.clone());
         Ok(handle)

@@ -3,8 +3,8 @@
 //! request ──▶ authenticate ──Principal (request extension)──▶ handlers
 //!
 //! With keys configured, a request without a valid key is 401 (the body
-//! never echoes the key); `/healthz` stays open for probes, and so do
-//! `/openapi.json` and `/docs` (the API's description, no data). With no key ever
+//! never echoes the key); `/healthz` and `/readyz` stay open for probes, and
+//! so do `/openapi.json` and `/docs` (the API's description, no data). With no key ever
 //! created the server runs open: every request is the `default` tenant with
 //! admin rights. Handlers take the caller as `Extension<Principal>` and
 //! [`require_admin`] guards admin-only routes.

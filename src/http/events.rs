@@ -20,6 +20,7 @@ use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
 use super::openapi::ErrorBody;
+use super::streams::StreamQuota;
 use crate::tenants::Principal;
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -41,8 +42,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
 async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    Extension(quota): Extension<StreamQuota>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     require_admin(&caller)?;
+    let slot = quota.acquire()?;
     let stream = BroadcastStream::new(state.events.subscribe()).map(|item| {
         Ok(match item {
             Ok(event) => SseEvent::default()
@@ -54,5 +57,6 @@ async fn events(
                 .data(format!("{{\"missed\":{n}}}")),
         })
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok(Sse::new(slot.hold_until_shutdown(stream))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

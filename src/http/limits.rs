@@ -175,6 +175,18 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         "gauge",
         state.sessions.resident().to_string(),
     );
+    gauge(
+        "cadre_storage_degraded",
+        "1 while storage refuses writes (disk full, I/O errors), else 0.",
+        "gauge",
+        u8::from(state.store.health() != crate::store::StoreHealth::Ok).to_string(),
+    );
+    gauge(
+        "cadre_storage_reopens_total",
+        "Times the database was reopened after a storage failure.",
+        "counter",
+        state.store.generation().to_string(),
+    );
     out.push_str("# HELP cadre_bucket_concurrent Tool calls holding a slot of a category bucket.\n# TYPE cadre_bucket_concurrent gauge\n");
     for (name, b) in &m.buckets {
         out.push_str(&format!(

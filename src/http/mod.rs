@@ -24,6 +24,7 @@ pub mod limits;
 pub mod openapi;
 pub mod rate_limit;
 pub mod sessions;
+pub mod streams;
 pub mod tenants;
 pub mod tools;
 pub mod workflows;
@@ -38,6 +39,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
+use serde_json::json;
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -73,7 +75,8 @@ pub struct AppState {
 /// handlers' `#[utoipa::path]` annotations (see [`openapi`]).
 pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(routes!(openapi::healthz))
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
         .merge(sessions::routes())
         .merge(tools::routes())
         .merge(calls::routes())
@@ -121,6 +124,56 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
         .layer(from_fn_with_state(keys, auth::authenticate))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Liveness: 200 while the process serves HTTP. The body says whether
+/// storage takes writes: `{"status": "ok"}` or `{"status": "degraded",
+/// "storage": {"status": "degraded", "since", "reason"}}`; a full disk is not
+/// a reason to restart the process (reads work, writes resume by themselves).
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    operation_id = "healthz",
+    summary = "Liveness, with the storage's state",
+    tag = "health",
+    security(()),
+    responses((status = 200, description = "The server is up; `degraded` while storage refuses writes", body = Object,
+        example = json!({"status": "ok", "storage": {"status": "ok"}})))
+)]
+async fn healthz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    let storage = state.store.health();
+    let status = match storage {
+        crate::store::StoreHealth::Ok => "ok",
+        crate::store::StoreHealth::Degraded { .. } => "degraded",
+    };
+    axum::Json(json!({"status": status, "storage": storage})).into_response()
+}
+
+/// Readiness: 503 `STORAGE_UNAVAILABLE` while writes are refused, so a load
+/// balancer can send traffic elsewhere; else 200 `{"status": "ready"}`.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    operation_id = "readyz",
+    summary = "Readiness: can the server take writes",
+    tag = "health",
+    security(()),
+    responses(
+        (status = 200, description = "Ready", body = Object, example = json!({"status": "ready"})),
+        (status = 503, description = "`STORAGE_UNAVAILABLE`: storage refuses writes (reads are served)", body = openapi::ErrorBody),
+    )
+)]
+async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    match state.store.health() {
+        crate::store::StoreHealth::Ok => axum::Json(json!({"status": "ready"})).into_response(),
+        health @ crate::store::StoreHealth::Degraded { .. } => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "STORAGE_UNAVAILABLE",
+            "storage does not accept writes; reads are served",
+        )
+        .with_details(json!({ "storage": health }))
+        .into_response(),
+    }
 }
 
 async fn refuse_oversized(request: Request, next: Next) -> Response {

@@ -44,7 +44,11 @@ pub const DOCS_PATH: &str = "/docs";
 
 /// Paths served without an API key: probes and the API's own description.
 pub fn is_public(path: &str) -> bool {
-    path == "/healthz" || path == SPEC_PATH || path == DOCS_PATH || path.starts_with("/docs/")
+    path == "/healthz"
+        || path == "/readyz"
+        || path == SPEC_PATH
+        || path == DOCS_PATH
+        || path.starts_with("/docs/")
 }
 
 /// Every error leaves the API in this shape (see [`super::error`]).
@@ -196,18 +200,4 @@ fn add_error_example(response: &mut Response) {
 /// `GET /openapi.json` and Swagger UI under `/docs`, over `doc`.
 pub fn routes<S: Clone + Send + Sync + 'static>(doc: OpenApiDoc) -> Router<S> {
     SwaggerUi::new(DOCS_PATH).url(SPEC_PATH, doc).into()
-}
-
-#[utoipa::path(
-    get,
-    path = "/healthz",
-    operation_id = "healthz",
-    summary = "Liveness",
-    tag = "health",
-    security(()),
-    responses((status = 200, description = "The server is up", body = Object,
-        example = json!({"status": "ok"})))
-)]
-pub async fn healthz() -> axum::Json<Value> {
-    axum::Json(serde_json::json!({"status": "ok"}))
 }

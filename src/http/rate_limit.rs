@@ -52,6 +52,8 @@ pub struct ApiLimitConfig {
     pub per_second: u32,
     /// Requests a caller may send at once after being idle.
     pub burst: u32,
+    /// Event streams (SSE) a caller may hold open at once ([`super::streams`]).
+    pub max_streams: u32,
 }
 
 impl Default for ApiLimitConfig {
@@ -59,6 +61,7 @@ impl Default for ApiLimitConfig {
         ApiLimitConfig {
             per_second: 50,
             burst: 100,
+            max_streams: 32,
         }
     }
 }
@@ -82,7 +85,7 @@ impl ApiLimitConfig {
 
 /// Who a request counts against.
 #[derive(Clone, PartialEq, Eq, Hash)]
-enum Caller {
+pub(crate) enum Caller {
     ApiKey(String),
     Ip(IpAddr),
     Anonymous,
@@ -116,7 +119,7 @@ impl Caller {
     }
 
     /// What logs may say about the caller.
-    fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Caller::ApiKey(_) => "api_key",
             Caller::Ip(_) => "ip",
@@ -154,12 +157,15 @@ type Keyed<C> = governor::RateLimiter<
 /// [`axum::middleware::from_fn_with_state`] for [`limit`].
 pub struct ApiRateLimit<C: Clock = DefaultClock> {
     callers: Arc<Keyed<C>>,
+    /// Open event streams per caller.
+    streams: super::streams::StreamLimit,
 }
 
 impl<C: Clock> Clone for ApiRateLimit<C> {
     fn clone(&self) -> Self {
         ApiRateLimit {
             callers: Arc::clone(&self.callers),
+            streams: self.streams.clone(),
         }
     }
 }
@@ -178,6 +184,7 @@ impl<C: Clock> ApiRateLimit<C> {
                 config.quota()?,
                 clock,
             )),
+            streams: super::streams::StreamLimit::new(config.max_streams as usize),
         })
     }
 
@@ -186,6 +193,11 @@ impl<C: Clock> ApiRateLimit<C> {
     pub fn retain_recent(&self) {
         self.callers.retain_recent();
         self.callers.shrink_to_fit();
+    }
+
+    /// The open event streams of every caller.
+    pub fn streams(&self) -> &super::streams::StreamLimit {
+        &self.streams
     }
 
     /// Callers with state.
@@ -210,10 +222,11 @@ impl<C: Clock> fmt::Debug for ApiRateLimit<C> {
 }
 
 /// Middleware: passes the request on if its caller has a cell, else answers
-/// 429 `RATE_LIMITED` with `Retry-After`.
+/// 429 `RATE_LIMITED` with `Retry-After`. The request carries its caller's
+/// [`super::streams::StreamQuota`] for SSE handlers.
 pub async fn limit<C>(
     State(limits): State<ApiRateLimit<C>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response
 where
@@ -221,7 +234,11 @@ where
 {
     let caller = Caller::of(&request);
     match limits.check(&caller) {
-        Ok(()) => next.run(request).await,
+        Ok(()) => {
+            let quota = limits.streams.quota(caller);
+            request.extensions_mut().insert(quota);
+            next.run(request).await
+        }
         Err(wait) => {
             let seconds = retry_after_secs(wait);
             tracing::debug!(
@@ -267,7 +284,11 @@ mod tests {
         burst: u32,
     ) -> (Router, FakeRelativeClock, ApiRateLimit<FakeRelativeClock>) {
         let clock = FakeRelativeClock::default();
-        let config = ApiLimitConfig { per_second, burst };
+        let config = ApiLimitConfig {
+            per_second,
+            burst,
+            ..ApiLimitConfig::default()
+        };
         let limits = ApiRateLimit::with_clock(&config, clock.clone()).unwrap();
         let router = Router::new()
             .route("/ping", get(|| async { "pong" }))
@@ -432,7 +453,8 @@ mod tests {
             config,
             ApiLimitConfig {
                 per_second: 50,
-                burst: 100
+                burst: 100,
+                max_streams: 32,
             }
         );
         let config: ApiLimitConfig = serde_json::from_str(r#"{"burst": 10}"#).unwrap();
@@ -441,6 +463,7 @@ mod tests {
         let zero = ApiLimitConfig {
             per_second: 0,
             burst: 1,
+            ..ApiLimitConfig::default()
         };
         assert_eq!(
             ApiRateLimit::new(&zero).unwrap_err(),
@@ -449,6 +472,7 @@ mod tests {
         let zero = ApiLimitConfig {
             per_second: 1,
             burst: 0,
+            ..ApiLimitConfig::default()
         };
         assert_eq!(
             ApiRateLimit::new(&zero).unwrap_err(),

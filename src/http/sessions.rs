@@ -21,6 +21,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::{ApiError, ApiJson};
 use super::openapi::ErrorBody;
+use super::streams::StreamQuota;
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
 use crate::store::Session;
@@ -285,6 +286,7 @@ struct MessageBody {
 async fn send(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    Extension(quota): Extension<StreamQuota>,
     Path(id): Path<String>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<MessageBody>,
@@ -310,16 +312,17 @@ async fn send(
             .await?;
         return Ok(Json(outcome).into_response());
     }
-    // Unknown sessions are a plain 404, before any stream starts.
-    state.sessions.get_as(&caller.tenant, &id).await?;
+    // A turn refused outright (too many streams 429, unknown session 404,
+    // busy 409, storage 503) is a plain error reply, before any stream starts.
+    let slot = quota.acquire()?;
     let (tx, rx) = mpsc::unbounded_channel();
+    let accepted = state
+        .sessions
+        .start_message_as(&caller.tenant, &id, body.content, Some(tx))
+        .await?;
     let (done_tx, done_rx) = oneshot::channel();
-    let sessions = state.sessions.clone();
     tokio::spawn(async move {
-        let result = sessions
-            .send_message_with(&id, body.content, Some(tx))
-            .await;
-        let _ = done_tx.send(result);
+        let _ = done_tx.send(accepted.await);
     });
     let events = UnboundedReceiverStream::new(rx).map(|event: TurnEvent| {
         let sse = match &event {
@@ -338,7 +341,7 @@ async fn send(
         }
     })
     .filter_map(|e| async move { e.map(Ok::<_, Infallible>) });
-    Ok(Sse::new(events.chain(failure))
+    Ok(Sse::new(slot.hold(events.chain(failure)))
         .keep_alive(KeepAlive::default())
         .into_response())
 }

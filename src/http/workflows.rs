@@ -345,11 +345,13 @@ async fn resume(
 async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    Extension(quota): Extension<super::streams::StreamQuota>,
     Path(id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     // Subscribe before reading the snapshot, so nothing falls between them.
     let rx = state.workflows.subscribe();
     let run = owned(&state, &caller, &id).await?;
+    let slot = quota.acquire()?;
     let over = run.status.is_terminal();
     let snapshot = SseEvent::default()
         .event("snapshot")
@@ -381,5 +383,6 @@ async fn events(
         }
     });
     let stream = futures::stream::once(async move { Ok(snapshot) }).chain(live);
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+    Ok(Sse::new(slot.hold_until_shutdown(stream))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

@@ -68,6 +68,14 @@ impl ReadCache {
         }
     }
 
+    /// Forgets everything (the file went back to its last durable commit).
+    pub(super) fn clear(&self) {
+        let mut generation = self.generation.lock().expect("cache lock");
+        self.sessions.invalidate_all();
+        self.docs.invalidate_all();
+        *generation += 1;
+    }
+
     /// After a commit (or a failed one): forgets what `ops` wrote.
     pub(super) fn invalidate<'a>(&self, ops: impl Iterator<Item = &'a WriteOp>) {
         let mut generation = None;

@@ -13,13 +13,31 @@
 //! Readers use their own read transactions on blocking threads and never wait
 //! for the writer. Sessions and documents, read on every turn, are served
 //! from a read cache the writer invalidates ([`cache`]). Owns: the file layout ([`tables`]). Does not: decide what to write.
+//!
+//! Storage faults (disk full, EIO, a file size limit): a commit that fails
+//! with an I/O error leaves redb refusing every later operation until the
+//! file is reopened. The writer then swaps the failed `Database` for a
+//! read-only view of the file ([`read_view`]): reads keep working, every
+//! write is refused at once with [`StoreError::Unavailable`] (HTTP 503), and
+//! [`Store::health`] reports the outage. It tries to reopen the file for
+//! writing every [`REOPEN_EVERY`] (and on the next write after that); once
+//! that works, writes are accepted again, with no restart. What a failed
+//! commit carried was never acknowledged, and neither is anything a
+//! non-durable commit had left unsynced: reopening goes back to the last
+//! durable commit. The store's *generation* counts these reopens; a writer
+//! that holds state derived from earlier writes (a conversation) passes the
+//! generation it loaded at ([`Store::write_at`]) and is refused after a
+//! reopen, so it reloads instead of writing on top of steps that were lost.
 
 mod cache;
+mod read_view;
 pub mod tables;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
@@ -33,6 +51,9 @@ use tables::*;
 
 /// Requests the writer drains into one transaction at most.
 const MAX_BATCH: usize = 1024;
+
+/// How often the writer tries to reopen the file while writes fail.
+pub const REOPEN_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -58,6 +79,29 @@ pub enum StoreError {
     CommitFailed(Arc<StoreError>),
     #[error("the data was written by schema version {found}, this build reads {expected}")]
     SchemaMismatch { found: u64, expected: u64 },
+    /// Writes fail (disk full, I/O errors) since `since`; reads still work.
+    #[error("storage is not writable since {since}: {reason}")]
+    Unavailable { since: Timestamp, reason: Arc<str> },
+    /// The server is shutting down: what still runs was not acknowledged.
+    #[error("the store takes no more writes: the server is shutting down")]
+    Closed,
+    /// The file was reopened after a failure since the writer loaded its state.
+    #[error("the store was reopened after a failure (generation {loaded} -> {now})")]
+    Reopened { loaded: u64, now: u64 },
+}
+
+/// Whether the store accepts writes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum StoreHealth {
+    Ok,
+    /// Writes are refused; reads are served from what was committed.
+    Degraded {
+        since: Timestamp,
+        /// The error that started it: for logs, not sent to clients.
+        #[serde(skip)]
+        reason: String,
+    },
 }
 
 macro_rules! from_redb {
@@ -193,7 +237,42 @@ pub struct StoredSummary {
 struct WriteRequest {
     ops: Vec<WriteOp>,
     durable: bool,
+    /// Refuse unless the store is still at this generation.
+    generation: Option<u64>,
     done: oneshot::Sender<Result<(), Arc<StoreError>>>,
+}
+
+/// The database readers and the writer use now, swapped on a failure and
+/// on recovery.
+struct Slot {
+    db: RwLock<Arc<Database>>,
+    /// `Some` while writes are refused.
+    outage: Mutex<Option<(Timestamp, Arc<str>)>>,
+    generation: AtomicU64,
+    /// Set at shutdown: only flushes pass.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Slot {
+    fn current(&self) -> Arc<Database> {
+        self.db.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn replace(&self, db: Database) -> Arc<Database> {
+        let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *slot, Arc::new(db))
+    }
+
+    fn outage(&self) -> Option<(Timestamp, Arc<str>)> {
+        self.outage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_outage(&self, outage: Option<(Timestamp, Arc<str>)>) {
+        *self.outage.lock().unwrap_or_else(|e| e.into_inner()) = outage;
+    }
 }
 
 /// Cheap to clone; every clone talks to the same file and writer thread.
@@ -201,7 +280,7 @@ struct WriteRequest {
 /// file is closed before the drop returns, so the same process can reopen it.
 #[derive(Clone)]
 pub struct Store {
-    db: Arc<Database>,
+    db: Arc<Slot>,
     inner: Arc<Inner>,
 }
 
@@ -234,7 +313,7 @@ impl Store {
             path: path.clone(),
             source,
         })?;
-        Self::start(db, path)
+        Self::start(db, path, true)
     }
 
     /// A store in memory, gone when dropped: for listings and tests where a
@@ -246,21 +325,30 @@ impl Store {
                 path: PathBuf::from(":memory:"),
                 source,
             })?;
-        Self::start(db, PathBuf::from(":memory:"))
+        Self::start(db, PathBuf::from(":memory:"), false)
     }
 
-    fn start(db: Database, path: PathBuf) -> Result<Store, StoreError> {
+    fn start(db: Database, path: PathBuf, is_file: bool) -> Result<Store, StoreError> {
         init_schema(&db)?;
-        let db = Arc::new(db);
+        let db = Arc::new(Slot {
+            db: RwLock::new(Arc::new(db)),
+            outage: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        });
         let (tx, rx) = std_mpsc::channel();
-        let writer_db = db.clone();
+        let cache = Arc::new(cache::ReadCache::new());
+        let writer = Writer {
+            slot: db.clone(),
+            path: is_file.then(|| path.clone()),
+            last_attempt: None,
+            cache: cache.clone(),
+        };
         let commit_latency = Arc::new(crate::metrics::Histogram::default());
         let latency = commit_latency.clone();
-        let cache = Arc::new(cache::ReadCache::new());
-        let writer_cache = cache.clone();
         let thread = std::thread::Builder::new()
             .name("cadre-store-writer".into())
-            .spawn(move || writer_loop(writer_db, rx, &latency, &writer_cache))
+            .spawn(move || writer.run(rx, &latency))
             .expect("spawn the store writer thread");
         Ok(Store {
             db,
@@ -283,17 +371,75 @@ impl Store {
         &self.inner.commit_latency
     }
 
+    /// Whether writes are accepted now.
+    pub fn health(&self) -> StoreHealth {
+        match self.db.outage() {
+            None => StoreHealth::Ok,
+            Some((since, reason)) => StoreHealth::Degraded {
+                since,
+                reason: reason.to_string(),
+            },
+        }
+    }
+
+    /// Refuses every later write with [`StoreError::Closed`]; flushes still
+    /// pass. For shutdown: work cut off by the deadline stores nothing more.
+    pub fn close_writes(&self) {
+        self.db.closed.store(true, Ordering::Release);
+    }
+
+    /// How many times the file was reopened after a failure.
+    pub fn generation(&self) -> u64 {
+        self.db.generation.load(Ordering::Acquire)
+    }
+
     /// Applies `ops` in one transaction (possibly shared with other callers').
     /// With `durable`, returns only after the data is on disk.
     pub async fn write(&self, ops: Vec<WriteOp>, durable: bool) -> Result<(), StoreError> {
+        self.send(ops, durable, None).await
+    }
+
+    /// [`Self::write`], refused with [`StoreError::Reopened`] unless the
+    /// store is still at `generation` (what the caller's state was loaded at).
+    pub async fn write_at(
+        &self,
+        generation: u64,
+        ops: Vec<WriteOp>,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        self.send(ops, durable, Some(generation)).await
+    }
+
+    async fn send(
+        &self,
+        ops: Vec<WriteOp>,
+        durable: bool,
+        generation: Option<u64>,
+    ) -> Result<(), StoreError> {
         let (done, rx) = oneshot::channel();
         let writer = self.inner.writer.as_ref().ok_or(StoreError::WriterGone)?;
         writer
-            .send(WriteRequest { ops, durable, done })
+            .send(WriteRequest {
+                ops,
+                durable,
+                generation,
+                done,
+            })
             .map_err(|_| StoreError::WriterGone)?;
         match rx.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::CommitFailed(e)),
+            Ok(Err(e)) => Err(match &*e {
+                StoreError::Unavailable { since, reason } => StoreError::Unavailable {
+                    since: *since,
+                    reason: reason.clone(),
+                },
+                StoreError::Reopened { loaded, now } => StoreError::Reopened {
+                    loaded: *loaded,
+                    now: *now,
+                },
+                StoreError::Closed => StoreError::Closed,
+                _ => StoreError::CommitFailed(e),
+            }),
             Err(_) => Err(StoreError::WriterGone),
         }
     }
@@ -302,7 +448,9 @@ impl Store {
     /// it: writes from one caller are applied in the order they were sent,
     /// so a later [`Self::write`] that succeeds has them in the store too.
     /// A failure is logged by the writer (and fails that later write).
-    pub fn write_behind(&self, ops: Vec<WriteOp>) {
+    /// Like [`Self::write_at`], it is refused unless the store is still at
+    /// `generation`; so is the later write, which is how the caller learns.
+    pub fn write_behind(&self, generation: u64, ops: Vec<WriteOp>) {
         if ops.is_empty() {
             return;
         }
@@ -311,6 +459,7 @@ impl Store {
             let _ = writer.send(WriteRequest {
                 ops,
                 durable: false,
+                generation: Some(generation),
                 done,
             });
         }
@@ -719,7 +868,7 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
     {
-        let db = self.db.clone();
+        let db = self.db.current();
         tokio::task::spawn_blocking(move || f(&db))
             .await
             .map_err(|_| StoreError::WriterGone)?
@@ -758,32 +907,153 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn writer_loop(
-    db: Arc<Database>,
-    rx: std_mpsc::Receiver<WriteRequest>,
-    latency: &crate::metrics::Histogram,
-    cache: &cache::ReadCache,
-) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(req) => batch.push(req),
-                Err(_) => break,
+/// The writer thread's state: the slot it swaps and the file it reopens.
+struct Writer {
+    slot: Arc<Slot>,
+    /// `None` for an in-memory store (nothing to reopen).
+    path: Option<PathBuf>,
+    last_attempt: Option<Instant>,
+    /// Told what every batch wrote, and emptied when the file is reopened.
+    cache: Arc<cache::ReadCache>,
+}
+
+impl Writer {
+    fn run(mut self, rx: std_mpsc::Receiver<WriteRequest>, latency: &crate::metrics::Histogram) {
+        loop {
+            let first = if self.slot.outage().is_some() {
+                match rx.recv_timeout(REOPEN_EVERY) {
+                    Ok(req) => Some(req),
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match rx.recv() {
+                    Ok(req) => Some(req),
+                    Err(_) => break,
+                }
+            };
+            if self.slot.outage().is_some() {
+                self.try_reopen();
+            }
+            let Some(first) = first else { continue };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(req) => batch.push(req),
+                    Err(_) => break,
+                }
+            }
+            if let Some((since, reason)) = self.slot.outage() {
+                let refusal = Arc::new(StoreError::Unavailable { since, reason });
+                for req in batch {
+                    let _ = req.done.send(Err(refusal.clone()));
+                }
+                continue;
+            }
+            let (batch, refused): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|r| r.ops.is_empty() || !self.slot.closed.load(Ordering::Acquire));
+            for req in refused {
+                let _ = req.done.send(Err(Arc::new(StoreError::Closed)));
+            }
+            let now = self.slot.generation.load(Ordering::Acquire);
+            let (batch, stale): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|r| r.generation.is_none_or(|g| g == now));
+            for req in stale {
+                let loaded = req.generation.unwrap_or(now);
+                let _ = req
+                    .done
+                    .send(Err(Arc::new(StoreError::Reopened { loaded, now })));
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let durable = batch.iter().any(|r| r.durable);
+            let started = Instant::now();
+            let db = self.slot.current();
+            let result = commit_batch(&db, &batch, durable).map_err(|e| {
+                tracing::error!(error = %e, requests = batch.len(), "store commit failed");
+                Arc::new(e)
+            });
+            drop(db);
+            latency.observe(started.elapsed());
+            let result = match result {
+                Err(e) if is_io(&e) => Err(self.enter_outage(&e)),
+                other => other,
+            };
+            self.cache
+                .invalidate(batch.iter().flat_map(|r| r.ops.iter()));
+            for req in batch {
+                let _ = req.done.send(result.clone());
             }
         }
-        let durable = batch.iter().any(|r| r.durable);
-        let started = std::time::Instant::now();
-        let result = commit_batch(&db, &batch, durable).map_err(|e| {
-            tracing::error!(error = %e, requests = batch.len(), "store commit failed");
-            Arc::new(e)
+    }
+
+    /// Swaps the failed database for a read view; the refusal to send.
+    fn enter_outage(&mut self, cause: &StoreError) -> Arc<StoreError> {
+        let since = Timestamp::now();
+        let reason: Arc<str> = cause.to_string().into();
+        let refusal = Arc::new(StoreError::Unavailable {
+            since,
+            reason: reason.clone(),
         });
-        latency.observe(started.elapsed());
-        cache.invalidate(batch.iter().flat_map(|r| r.ops.iter()));
-        for req in batch {
-            let _ = req.done.send(result.clone());
+        let Some(path) = &self.path else {
+            return refusal;
+        };
+        tracing::error!(error = %cause, "storage is not writable; serving reads only until it is");
+        // Unsynced non-durable commits die with the failed database, and
+        // with them whatever the read cache learned of them.
+        self.slot.generation.fetch_add(1, Ordering::AcqRel);
+        self.cache.clear();
+        self.slot.set_outage(Some((since, reason)));
+        self.last_attempt = Some(Instant::now());
+        let view = read_view::ReadView::open(path)
+            .map_err(|e| e.to_string())
+            .and_then(|v| {
+                Database::builder()
+                    .create_with_backend(v)
+                    .map_err(|e| e.to_string())
+            });
+        let view = view.or_else(|e| {
+            tracing::error!(error = %e, "cannot open a read view; reads fail too");
+            // Something must replace the failed database: it holds the
+            // file's lock until dropped, and the reopen needs it.
+            Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())
+        });
+        if let Ok(view) = view {
+            drop(self.slot.replace(view));
+        }
+        refusal
+    }
+
+    /// Reopens the file for writing, at most every [`REOPEN_EVERY`].
+    fn try_reopen(&mut self) {
+        let Some(path) = &self.path else { return };
+        if self
+            .last_attempt
+            .is_some_and(|t| t.elapsed() < REOPEN_EVERY)
+        {
+            return;
+        }
+        self.last_attempt = Some(Instant::now());
+        match Database::create(path) {
+            Ok(db) => {
+                drop(self.slot.replace(db));
+                self.slot.set_outage(None);
+                tracing::info!("storage is writable again");
+            }
+            Err(e) => tracing::debug!(error = %e, "storage still not writable"),
         }
     }
+}
+
+/// An error after which redb refuses everything until reopened.
+fn is_io(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Redb(redb::Error::Io(_) | redb::Error::PreviousIo)
+    )
 }
 
 fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<(), StoreError> {

@@ -8,6 +8,7 @@
 
 pub mod gate;
 pub mod mock_model;
+pub mod server;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -188,6 +189,17 @@ impl TestApp {
             .await
             .expect("request sent");
         read(r).await
+    }
+
+    /// POSTs a message with `Accept: text/event-stream`; the response as is.
+    pub async fn post_streaming(&self, session: &str, content: &str) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/sessions/{session}/messages", self.base))
+            .header("accept", "text/event-stream")
+            .json(&serde_json::json!({ "content": content }))
+            .send()
+            .await
+            .expect("request sent")
     }
 
     /// Creates a session of `agent`; returns its id.

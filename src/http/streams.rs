@@ -1,0 +1,166 @@
+//! Open Server-Sent Event streams per caller, capped.
+//!
+//! rate_limit (knows the caller) ──StreamQuota (request extension)──▶ SSE handler
+//!     handler: quota.acquire()? ──▶ StreamSlot, owned by the response stream
+//!                                   └─ dropped when the stream ends or the client goes
+//!
+//! A stream holds a connection and a task for as long as the client keeps
+//! it, so the per-second rate limit alone does not bound them. Every SSE
+//! endpoint (a streamed turn, `/v1/events`, a workflow run's events) takes
+//! one slot of its caller (API key; the IP or "anonymous" on an open
+//! server, as for the rate limit) before anything starts; over
+//! `[api_limit] max_streams` (default 32) the request is a 429
+//! `TOO_MANY_STREAMS` JSON error and no turn runs. The slot is freed when
+//! the response stream is dropped: the stream finished, or the client
+//! disconnected and hyper dropped the body. WebSocket sessions are not
+//! counted here.
+//!
+//! Shutdown: subscriptions (`/v1/events`, a workflow run's events) never
+//! end by themselves, so they are held with [`StreamSlot::hold_until_shutdown`]
+//! and end when the server starts shutting down
+//! ([`StreamLimit::close_subscriptions`]); a streamed turn is running work
+//! and gets the shutdown grace like any request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::http::StatusCode;
+use futures::Stream;
+use futures::StreamExt;
+
+use super::error::ApiError;
+use super::rate_limit::Caller;
+
+/// The open-stream counts of every caller, shared by all requests.
+#[derive(Clone, Debug)]
+pub struct StreamLimit {
+    max: usize,
+    open: Arc<Mutex<HashMap<Caller, usize>>>,
+    /// Becomes true when the server starts shutting down.
+    closing: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl StreamLimit {
+    pub fn new(max: usize) -> Self {
+        StreamLimit {
+            max,
+            open: Arc::default(),
+            closing: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
+
+    /// Ends every subscription stream, now and from now on.
+    pub fn close_subscriptions(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// The quota of one caller, for a request extension.
+    pub(crate) fn quota(&self, caller: Caller) -> StreamQuota {
+        StreamQuota {
+            caller,
+            limit: self.clone(),
+        }
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<Caller, usize>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What an SSE handler asks for a slot.
+#[derive(Clone, Debug)]
+pub struct StreamQuota {
+    caller: Caller,
+    limit: StreamLimit,
+}
+
+impl StreamQuota {
+    /// A slot, or 429 `TOO_MANY_STREAMS` when the caller has all of them.
+    pub fn acquire(&self) -> Result<StreamSlot, ApiError> {
+        let mut counts = self.limit.counts();
+        let open = counts.entry(self.caller.clone()).or_insert(0);
+        if *open >= self.limit.max {
+            tracing::debug!(
+                caller = self.caller.kind(),
+                open = *open,
+                "stream limit reached"
+            );
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TOO_MANY_STREAMS",
+                format!(
+                    "{} event streams are open for this caller, the most allowed; close one first",
+                    self.limit.max
+                ),
+            ));
+        }
+        *open += 1;
+        Ok(StreamSlot {
+            caller: self.caller.clone(),
+            limit: self.limit.clone(),
+        })
+    }
+}
+
+/// One open stream; frees its slot when dropped.
+#[derive(Debug)]
+pub struct StreamSlot {
+    caller: Caller,
+    limit: StreamLimit,
+}
+
+impl StreamSlot {
+    /// `stream`, holding this slot until it is dropped.
+    pub fn hold<S: Stream>(self, stream: S) -> impl Stream<Item = S::Item> {
+        stream.map(move |item| {
+            let _held = &self;
+            item
+        })
+    }
+}
+
+impl StreamSlot {
+    /// [`Self::hold`] for a subscription: it also ends when the server
+    /// starts shutting down.
+    pub fn hold_until_shutdown<S: Stream>(self, stream: S) -> impl Stream<Item = S::Item> {
+        let mut closing = self.limit.closing.subscribe();
+        let closed = async move {
+            let _ = closing.wait_for(|c| *c).await;
+        };
+        self.hold(stream.take_until(closed))
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut counts = self.limit.counts();
+        if let Some(open) = counts.get_mut(&self.caller) {
+            *open = open.saturating_sub(1);
+            if *open == 0 {
+                counts.remove(&self.caller);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_counted_per_caller_and_freed_on_drop() {
+        let limit = StreamLimit::new(2);
+        let a = limit.quota(Caller::Anonymous);
+        let b = limit.quota(Caller::ApiKey("k".into()));
+        let first = a.acquire().unwrap();
+        let _second = a.acquire().unwrap();
+        let err = a.acquire().unwrap_err();
+        assert_eq!(err.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(err.code, "TOO_MANY_STREAMS");
+        let _other = b.acquire().unwrap();
+        drop(first);
+        let _again = a.acquire().unwrap();
+        drop((_second, _again, _other));
+        assert!(limit.counts().is_empty());
+    }
+}

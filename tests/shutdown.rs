@@ -1,0 +1,181 @@
+//! Graceful shutdown of the real `cadre serve` binary: on SIGTERM it stops
+//! accepting, lets running turns finish for up to `[server]
+//! shutdown_grace_s`, cuts what is still running then (no 200 for it, and
+//! after a restart its turn is not complete in the history), flushes and
+//! exits 0. Event subscriptions, which never end by themselves, end at once
+//! and do not hold the shutdown for the grace.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::server::Server;
+use support::{AppOptions, MockModel, Reply, agent_toml, agents_dir, spawn_app};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+
+async fn create_session(client: &reqwest::Client, base: &str) -> String {
+    let r = client
+        .post(format!("{base}/v1/sessions"))
+        .json(&json!({"agent": "bot"}))
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let body: Value = r.json().await.unwrap();
+    body["id"].as_str().unwrap().to_string()
+}
+
+async fn history(client: &reqwest::Client, base: &str, session: &str) -> Vec<(String, String)> {
+    let r = client
+        .get(format!("{base}/v1/sessions/{session}/messages"))
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(r.status(), StatusCode::OK);
+    let body: Value = r.json().await.unwrap();
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or_default().to_string(),
+                m["content"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn say(
+    client: &reqwest::Client,
+    base: &str,
+    session: &str,
+    text: &str,
+) -> tokio::task::JoinHandle<Result<(StatusCode, String), reqwest::Error>> {
+    let request = client
+        .post(format!("{base}/v1/sessions/{session}/messages"))
+        .json(&json!({"content": text}));
+    tokio::spawn(async move {
+        let r = request.send().await?;
+        let status = r.status();
+        Ok((status, r.text().await?))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_turn_finish_within_the_grace_cuts_the_other_and_exits_0() {
+    let model = MockModel::start().await;
+    // The first request to arrive is the turn that outlives the grace.
+    model.push_all([
+        Reply::slow(Duration::from_secs(60), Reply::text("too late")),
+        Reply::slow(Duration::from_millis(500), Reply::text("in time")),
+    ]);
+    let agents = agents_dir(&[("bot.toml", &agent_toml("bot", &[], 3))]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let grace = Duration::from_secs(2);
+    let mut server = Server::start(
+        &data,
+        agents.path(),
+        &model.base_url(),
+        &[("CADRE_SERVER_SHUTDOWN_GRACE_S", "2")],
+    );
+    let client = reqwest::Client::new();
+    let base = server.base.clone();
+    let slow_session = create_session(&client, &base).await;
+    let quick_session = create_session(&client, &base).await;
+
+    let slow = say(&client, &base, &slow_session, "slow question");
+    tokio::time::timeout(PATIENCE, model.wait_for_requests(1))
+        .await
+        .expect("the slow turn reached the model");
+    let quick = say(&client, &base, &quick_session, "quick question");
+    tokio::time::timeout(PATIENCE, model.wait_for_requests(2))
+        .await
+        .expect("the quick turn reached the model");
+
+    let signalled = Instant::now();
+    server.sigterm();
+
+    // It stops accepting: a new connection is refused well within the grace.
+    let deadline = Instant::now() + grace;
+    loop {
+        let fresh = reqwest::Client::builder().build().unwrap();
+        if fresh.get(format!("{base}/healthz")).send().await.is_err() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The running turn inside the grace is answered.
+    let (status, body) = tokio::time::timeout(PATIENCE, quick)
+        .await
+        .expect("the quick turn ended in time")
+        .unwrap()
+        .expect("the quick turn got a reply");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body.contains("in time"), "{body}");
+
+    // The one past the grace is cut: never a 200.
+    let cut = tokio::time::timeout(PATIENCE, slow)
+        .await
+        .expect("the slow turn ended in time")
+        .unwrap();
+    if let Ok((status, body)) = &cut {
+        assert_ne!(
+            *status,
+            StatusCode::OK,
+            "a cut turn was acknowledged: {body}"
+        );
+    }
+
+    let status = server.wait_exit(PATIENCE);
+    assert!(status.success(), "exit {status:?}\n{}", server.log_tail());
+    let took = signalled.elapsed();
+    assert!(took >= grace, "exited before the grace ran out: {took:?}");
+    drop(server);
+
+    // After a restart: the finished turn is there, the cut one is not complete.
+    let server = Server::start(&data, agents.path(), &model.base_url(), &[]);
+    let base = server.base.clone();
+    assert_eq!(
+        history(&client, &base, &quick_session).await,
+        [
+            ("user".to_string(), "quick question".to_string()),
+            ("assistant".to_string(), "in time".to_string())
+        ]
+    );
+    let cut = history(&client, &base, &slow_session).await;
+    assert!(
+        cut.iter().all(|(role, _)| role == "user"),
+        "the cut turn looks complete: {cut:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_event_subscription_ends_at_shutdown_instead_of_holding_it() {
+    let mut app = spawn_app(AppOptions::offline().config_toml("[server]\nshutdown_grace_s = 60\n"));
+    let events = app
+        .client
+        .get(format!("{}/v1/events", app.base))
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(events.status(), StatusCode::OK);
+    let runtime = app.runtime.take().expect("running");
+    let started = Instant::now();
+    tokio::time::timeout(PATIENCE, tokio::task::spawn_blocking(move || drop(runtime)))
+        .await
+        .expect("the shutdown did not wait out the grace for a subscription")
+        .unwrap();
+    assert!(started.elapsed() < PATIENCE);
+    // The stream was ended by the server, cleanly.
+    let rest = tokio::time::timeout(PATIENCE, events.bytes())
+        .await
+        .expect("the stream ended");
+    assert!(rest.is_ok(), "{rest:?}");
+}

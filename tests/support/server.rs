@@ -1,0 +1,148 @@
+//! The real `cadre serve` binary as a child process, for tests about the
+//! process itself: signals, exit codes, OS-level faults (a file size limit
+//! set from outside with `prlimit`). The server's stderr is a log file whose
+//! tail a failing assertion can print; it is a regular file on purpose, so a
+//! file size limit hits the logs too, as a full disk would.
+//!
+//! The child starts with SIGXFSZ ignored (an ignored disposition survives
+//! `exec`), so a write past `RLIMIT_FSIZE` fails with EFBIG, as a full disk
+//! fails with ENOSPC, instead of killing the process.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Server {
+    child: Child,
+    pub base: String,
+    log: PathBuf,
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Server {
+    /// Starts `cadre serve` on a free loopback port with the model at
+    /// `model_url`; `env` adds or overrides variables (server config keys).
+    /// Returns once it printed its address.
+    pub fn start(data_dir: &Path, agents: &Path, model_url: &str, env: &[(&str, &str)]) -> Server {
+        let log = data_dir.with_extension("log");
+        let stderr = File::create(&log).expect("create the server log");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_cadre"));
+        command
+            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .arg("--agents")
+            .arg(agents)
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("CADRE_CONFIG")
+            .env("CADRE_MODEL_BASE_URL", model_url)
+            .env("CADRE_MODEL_API_KEY", "test-key")
+            .env("CADRE_MODEL", "mock-model")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        // SAFETY: between fork and exec only async-signal-safe calls are
+        // allowed; signal(2) is one.
+        unsafe {
+            command.pre_exec(|| {
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("the cadre binary starts");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut line = String::new();
+        let read = stdout
+            .read_line(&mut line)
+            .expect("read the server's stdout");
+        let mut server = Server {
+            child,
+            base: String::new(),
+            log,
+            _stdout: stdout,
+        };
+        match line.trim_end().strip_prefix("cadre listening on http://") {
+            Some(addr) if read > 0 => server.base = format!("http://{addr}"),
+            _ => panic!(
+                "cadre did not start; stdout: {line:?}; stderr:\n{}",
+                server.log_tail()
+            ),
+        }
+        server
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sets the process's soft limit on the size of files it writes
+    /// (`None`: unlimited), as `prlimit --fsize` would.
+    pub fn limit_file_size(&self, bytes: Option<u64>) {
+        let mut old = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: plain syscalls on valid pointers.
+        let rc =
+            unsafe { libc::prlimit(self.pid(), libc::RLIMIT_FSIZE, std::ptr::null(), &mut old) };
+        assert_eq!(
+            rc,
+            0,
+            "read RLIMIT_FSIZE: {}",
+            std::io::Error::last_os_error()
+        );
+        let new = libc::rlimit {
+            rlim_cur: bytes.unwrap_or(libc::RLIM_INFINITY),
+            rlim_max: old.rlim_max,
+        };
+        let rc =
+            unsafe { libc::prlimit(self.pid(), libc::RLIMIT_FSIZE, &new, std::ptr::null_mut()) };
+        assert_eq!(
+            rc,
+            0,
+            "set RLIMIT_FSIZE: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    pub fn sigterm(&self) {
+        // SAFETY: a signal to our own child.
+        let rc = unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        assert_eq!(rc, 0, "send SIGTERM");
+    }
+
+    /// Waits for the process to exit, at most `within` (then it panics).
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the server") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cadre did not exit within {within:?}; stderr:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
