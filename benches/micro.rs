@@ -235,7 +235,7 @@ fn settings() -> TurnSettings {
             ..PromptLayers::default()
         },
         model: "gpt-4o-mini".into(),
-        tools: vec![calculator, echo],
+        tools: vec![calculator, echo].into(),
         max_iterations: 3,
         history_window: 20,
         temperature: None,

@@ -213,7 +213,7 @@ impl Agent {
     }
 
     /// The agent's tools that `plan` may call, as offered to the model.
-    pub fn tool_specs(&self, registry: &ToolRegistry, plan: Plan) -> Vec<ToolSpec> {
+    pub fn tool_specs(&self, registry: &ToolRegistry, plan: Plan) -> std::sync::Arc<[ToolSpec]> {
         registry.specs_for(&self.tools, plan)
     }
 }

@@ -416,9 +416,12 @@ fn chat(
             let session = rt.block_on(sessions.get(&id))?;
             let specs = match sessions.agents().get(&session.agent) {
                 Some(a) => a.tool_specs(runtime.registry(), session.plan),
-                None => Vec::new(),
+                None => Vec::new().into(),
             };
-            Ok(specs.into_iter().map(|s| (s.name, s.description)).collect())
+            Ok(specs
+                .iter()
+                .map(|s| (s.name.clone(), s.description.clone()))
+                .collect())
         },
     )
 }

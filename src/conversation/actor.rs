@@ -439,6 +439,18 @@ impl Conversation {
                     Ok::<_, TurnError>(reply)
                 }
                 .instrument(span);
+                // The HTTP exchange runs as a task on the runtime's workers,
+                // where its socket's events are: polled from this arbiter,
+                // every one of them would be a hop between threads. Only the
+                // reply crosses back. Dropped with the actor, it is aborted.
+                let call = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(io));
+                let io = async move {
+                    call.await.unwrap_or_else(|e| {
+                        Err(TurnError::Model(ModelError::InvalidResponse {
+                            detail: format!("the model call ended abnormally: {e}"),
+                        }))
+                    })
+                };
                 ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
                     metrics.model_calls.fetch_add(1, Ordering::Relaxed);
                     if result.is_err() {

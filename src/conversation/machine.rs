@@ -61,7 +61,9 @@ pub struct TurnSettings {
     /// offered is decided from `tools`).
     pub layers: PromptLayers,
     pub model: String,
-    pub tools: Vec<ToolSpec>,
+    /// The agent's specs, shared by its conversations (see
+    /// [`crate::tools::ToolRegistry::specs_for`]).
+    pub tools: std::sync::Arc<[ToolSpec]>,
     pub max_iterations: u32,
     pub history_window: usize,
     pub temperature: Option<f32>,
@@ -318,7 +320,7 @@ impl ConversationMachine {
                     "Current summary:\n{current}\n\nNew messages to fold in:\n{rendered}"
                 )),
             ],
-            tools: Vec::new(),
+            tools: Vec::new().into(),
             tool_choice: ToolChoice::None,
             temperature: Some(0.2),
             max_tokens: Some(400),
@@ -485,7 +487,8 @@ mod tests {
                 name: "echo".into(),
                 description: "d".into(),
                 parameters: json!({"type": "object"}),
-            }],
+            }]
+            .into(),
             max_iterations,
             history_window: window,
             temperature: None,

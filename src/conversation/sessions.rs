@@ -381,7 +381,7 @@ impl Sessions {
                     transcript.join("\n")
                 }),
             ],
-            tools: Vec::new(),
+            tools: Vec::new().into(),
             tool_choice: crate::model::ToolChoice::None,
             temperature: Some(0.7),
             max_tokens: Some(300),
@@ -415,7 +415,7 @@ impl Sessions {
                 ChatMessage::system(IMPROVE_INSTRUCTIONS),
                 ChatMessage::user(text),
             ],
-            tools: Vec::new(),
+            tools: Vec::new().into(),
             tool_choice: crate::model::ToolChoice::None,
             temperature: Some(0.3),
             max_tokens: Some(600),

@@ -148,7 +148,8 @@ pub enum Purpose {
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
-    pub tools: Vec<ToolSpec>,
+    /// Shared: an agent's specs are built once per plan and registry change.
+    pub tools: std::sync::Arc<[ToolSpec]>,
     pub tool_choice: ToolChoice,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,

@@ -574,7 +574,7 @@ mod tests {
         route(&ChatRequest {
             model: String::new(),
             messages: vec![ChatMessage::system("s"), ChatMessage::user(q)],
-            tools: tools(),
+            tools: tools().into(),
             tool_choice: ToolChoice::Auto,
             temperature: None,
             max_tokens: None,
@@ -620,7 +620,7 @@ mod tests {
             messages: vec![ChatMessage::user(
                 "Write a brief on AAPL.\nPrice: {\"source_id\":\"tool:price:v1\",\"data\":{\"symbol\":\"AAPL\",\"price\":189.5},\"as_of\":\"2024-01-02\"}\nNews: [{\"title\":\"Up\"}]",
             )],
-            tools: Vec::new(),
+            tools: Vec::new().into(),
             tool_choice: ToolChoice::Auto,
             temperature: None,
             max_tokens: None,
@@ -636,7 +636,7 @@ mod tests {
         let plain = route(&ChatRequest {
             model: String::new(),
             messages: vec![ChatMessage::user("hello")],
-            tools: Vec::new(),
+            tools: Vec::new().into(),
             tool_choice: ToolChoice::Auto,
             temperature: None,
             max_tokens: None,
@@ -662,7 +662,7 @@ mod tests {
                     r#"{"expression":"6*7","result":42.0,"formatted":"42"}"#,
                 ),
             ],
-            tools: tools(),
+            tools: tools().into(),
             tool_choice: ToolChoice::Auto,
             temperature: None,
             max_tokens: None,

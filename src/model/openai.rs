@@ -542,7 +542,7 @@ mod wire_name_tests {
         let request = ChatRequest {
             model: "m".into(),
             messages: Vec::new(),
-            tools: vec![spec("files.read"), spec("plain__name")],
+            tools: vec![spec("files.read"), spec("plain__name")].into(),
             tool_choice: ToolChoice::Auto,
             temperature: None,
             max_tokens: None,

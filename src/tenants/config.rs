@@ -171,7 +171,12 @@ impl TenantConfig {
             settings.max_iterations = n;
         }
         if !tc.fetch_page_enabled {
-            settings.tools.retain(|t| t.name != "fetch_page");
+            settings.tools = settings
+                .tools
+                .iter()
+                .filter(|t| t.name != "fetch_page")
+                .cloned()
+                .collect();
         }
         if let Some(paths) = &tc.allowed_paths
             && let Some(site) = settings.tool_variables.get_mut("site")
@@ -231,7 +236,8 @@ mod tests {
                     description: String::new(),
                     parameters: json!({}),
                 },
-            ],
+            ]
+            .into(),
             max_iterations: 3,
             history_window: 20,
             temperature: None,

@@ -24,9 +24,9 @@
 //! Reads take a snapshot `Arc`, so a running call keeps the version it
 //! started with.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use super::definition::Plan;
 use super::loader::{HandlerCatalog, LoadError, is_tool_file, parse_file, resolve};
@@ -107,6 +107,8 @@ struct McpLayer {
 
 #[derive(Default)]
 struct State {
+    /// Bumped whenever the state is taken for writing.
+    version: u64,
     base: BTreeMap<String, Arc<RegisteredTool>>,
     mcp: BTreeMap<String, McpLayer>,
     files: BTreeMap<PathBuf, FileState>,
@@ -114,9 +116,16 @@ struct State {
     catalog: HandlerCatalog,
 }
 
+/// Distinct (tool names, plan) lists [`ToolRegistry::specs_for`] keeps.
+const MAX_MEMO_SPECS: usize = 1024;
+
 #[derive(Clone)]
 pub struct ToolRegistry {
     state: Arc<RwLock<State>>,
+    /// [`Self::specs_for`]'s answers, each tagged with the state version it
+    /// was built from: every conversation of an agent shares one copy of
+    /// its tool schemas instead of holding its own.
+    specs: Arc<Mutex<HashMap<(Vec<String>, Plan), (u64, Arc<[ToolSpec]>)>>>,
     events: EventBus,
     strict: bool,
 }
@@ -136,6 +145,7 @@ impl ToolRegistry {
     pub fn with_events(events: EventBus, strict: bool) -> Self {
         ToolRegistry {
             state: Arc::default(),
+            specs: Arc::default(),
             events,
             strict,
         }
@@ -172,7 +182,7 @@ impl ToolRegistry {
     ) -> Result<(), SchemaError> {
         let validator = ParamValidator::new(&definition.parameters, self.strict)?;
         let name = definition.name.clone();
-        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let mut state = self.write();
         let catalog = match source {
             ToolSource::Custom => &mut state.catalog.custom,
             _ => &mut state.catalog.builtin,
@@ -229,8 +239,25 @@ impl ToolRegistry {
 
     /// The specs of the named tools that exist and `plan` may call, in the
     /// order given; `server.*` stands for every tool of that MCP server.
-    pub fn specs_for(&self, names: &[String], plan: Plan) -> Vec<ToolSpec> {
+    /// Built once per names, plan and registry change, then shared.
+    pub fn specs_for(&self, names: &[String], plan: Plan) -> Arc<[ToolSpec]> {
         let state = self.read();
+        let key = (names.to_vec(), plan);
+        let mut memo = self.specs.lock().expect("tool specs lock");
+        if let Some((version, specs)) = memo.get(&key)
+            && *version == state.version
+        {
+            return specs.clone();
+        }
+        if memo.len() >= MAX_MEMO_SPECS {
+            memo.clear();
+        }
+        let specs: Arc<[ToolSpec]> = Self::build_specs(&state, names, plan).into();
+        memo.insert(key, (state.version, specs.clone()));
+        specs
+    }
+
+    fn build_specs(state: &State, names: &[String], plan: Plan) -> Vec<ToolSpec> {
         names
             .iter()
             .flat_map(|n| match n.strip_suffix(".*") {
@@ -258,7 +285,7 @@ impl ToolRegistry {
     /// Declares an MCP server: its tools come and go with
     /// [`Self::set_mcp_tools`]; until then it has none and is unavailable.
     pub fn declare_mcp_server(&self, server: &str) {
-        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let mut state = self.write();
         state.mcp.entry(server.into()).or_default();
     }
 
@@ -288,7 +315,7 @@ impl ToolRegistry {
                 ),
             }
         }
-        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let mut state = self.write();
         let entry = state.mcp.entry(server.into()).or_default();
         entry.tools = layer;
         entry.available = true;
@@ -305,7 +332,7 @@ impl ToolRegistry {
 
     /// Marks an MCP server's tools available or not (they stay listed).
     pub fn set_mcp_available(&self, server: &str, available: bool) {
-        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let mut state = self.write();
         if let Some(layer) = state.mcp.get_mut(server) {
             layer.available = available;
         }
@@ -351,7 +378,7 @@ impl ToolRegistry {
             .collect();
 
         let mut report = ReloadReport::default();
-        let mut state = self.state.write().expect("tool registry lock poisoned");
+        let mut state = self.write();
         let unchanged = texts.len() == state.files.len()
             && texts.iter().all(|(p, t)| {
                 state
@@ -471,6 +498,13 @@ impl ToolRegistry {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().expect("tool registry lock poisoned")
     }
+
+    /// The state for a change; what [`Self::specs_for`] built before is stale.
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        let mut state = self.state.write().expect("tool registry lock poisoned");
+        state.version += 1;
+        state
+    }
 }
 
 impl State {
@@ -560,5 +594,24 @@ mod tests {
         assert_eq!(report.removed, ["files.list"]);
         assert!(report.added.is_empty() && report.updated.is_empty());
         assert_eq!(registry.mcp_status("files.read"), Some(true));
+    }
+
+    #[test]
+    fn specs_are_shared_until_the_registry_changes() {
+        let registry = ToolRegistry::new();
+        registry.declare_mcp_server("files");
+        registry.set_mcp_tools("files", vec![mcp_tool("files.read")]);
+        let names = vec!["files.*".to_string()];
+        let first = registry.specs_for(&names, Plan::Free);
+        assert!(Arc::ptr_eq(&first, &registry.specs_for(&names, Plan::Free)));
+        assert!(!Arc::ptr_eq(&first, &registry.specs_for(&names, Plan::Pro)));
+
+        registry.set_mcp_tools(
+            "files",
+            vec![mcp_tool("files.read"), mcp_tool("files.list")],
+        );
+        let after = registry.specs_for(&names, Plan::Free);
+        assert_eq!(first.len(), 1);
+        assert_eq!(after.len(), 2, "a change is seen at once");
     }
 }
