@@ -930,8 +930,10 @@ async fn check_stats(
         ));
     }
     for (tool, (t, s)) in &tally {
+        // A tool never called before the kill has no counters at all.
         let counters = &stats["tools"][tool];
-        if counters["total_calls"] != *t || counters["successful_calls"] != *s {
+        let count = |field: &str| counters[field].as_u64().unwrap_or(0);
+        if count("total_calls") != *t || count("successful_calls") != *s {
             return Err(format!(
                 "stats for {tool}: {counters}, records {t} total / {s} successful"
             ));

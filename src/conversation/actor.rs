@@ -391,7 +391,7 @@ impl Conversation {
         self.stage(step.persist);
         if !matches!(step.action, Action::Finish(_)) {
             let ops = self.take_unsaved();
-            self.store.write_behind(self.generation, ops);
+            self.store.write_behind_at(self.generation, ops);
         }
         match step.action {
             Action::CallModel(request) => {

@@ -584,11 +584,14 @@ async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolEx
         tenant: msg.ctx.tenant.clone(),
         created_at: result.executed_at,
     };
-    let durable = msg.ctx.caller_type != CallerType::ConversationAgent;
-    if let Err(e) = store
-        .write(vec![WriteOp::RecordToolCall(Box::new(rec))], durable)
-        .await
-    {
+    let op = WriteOp::RecordToolCall(Box::new(rec));
+    // A conversation's call is recorded behind its turn: the turn's own
+    // durable commit comes later through the same writer, so an
+    // acknowledged turn has its records; nobody waits for this one. Other
+    // callers get their answer once the record is durable.
+    if msg.ctx.caller_type == CallerType::ConversationAgent {
+        store.write_behind(vec![op]);
+    } else if let Err(e) = store.write(vec![op], true).await {
         tracing::error!(error = %e, tool = %msg.tool_name, "tool call record not written");
     }
 }

@@ -445,12 +445,22 @@ impl Store {
     }
 
     /// Queues `ops` for the next commit, not durable, without waiting for
-    /// it: writes from one caller are applied in the order they were sent,
-    /// so a later [`Self::write`] that succeeds has them in the store too.
-    /// A failure is logged by the writer (and fails that later write).
-    /// Like [`Self::write_at`], it is refused unless the store is still at
-    /// `generation`; so is the later write, which is how the caller learns.
-    pub fn write_behind(&self, generation: u64, ops: Vec<WriteOp>) {
+    /// it: writes are applied in the order they were sent, so a later
+    /// [`Self::write`] that succeeds has them in the store too (short of a
+    /// failure, which the writer logs; an I/O failure makes the later write
+    /// fail as well).
+    pub fn write_behind(&self, ops: Vec<WriteOp>) {
+        self.send_behind(ops, None);
+    }
+
+    /// [`Self::write_behind`], refused unless the store is still at
+    /// `generation` (see [`Self::write_at`]); so is the caller's later
+    /// `write_at`, which is how it learns.
+    pub fn write_behind_at(&self, generation: u64, ops: Vec<WriteOp>) {
+        self.send_behind(ops, Some(generation));
+    }
+
+    fn send_behind(&self, ops: Vec<WriteOp>, generation: Option<u64>) {
         if ops.is_empty() {
             return;
         }
@@ -459,7 +469,7 @@ impl Store {
             let _ = writer.send(WriteRequest {
                 ops,
                 durable: false,
-                generation: Some(generation),
+                generation,
                 done,
             });
         }

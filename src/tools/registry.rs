@@ -116,6 +116,9 @@ struct State {
     catalog: HandlerCatalog,
 }
 
+/// (tool names, plan) → (state version, specs).
+type SpecsMemo = HashMap<(Vec<String>, Plan), (u64, Arc<[ToolSpec]>)>;
+
 /// Distinct (tool names, plan) lists [`ToolRegistry::specs_for`] keeps.
 const MAX_MEMO_SPECS: usize = 1024;
 
@@ -125,7 +128,7 @@ pub struct ToolRegistry {
     /// [`Self::specs_for`]'s answers, each tagged with the state version it
     /// was built from: every conversation of an agent shares one copy of
     /// its tool schemas instead of holding its own.
-    specs: Arc<Mutex<HashMap<(Vec<String>, Plan), (u64, Arc<[ToolSpec]>)>>>,
+    specs: Arc<Mutex<SpecsMemo>>,
     events: EventBus,
     strict: bool,
 }
