@@ -54,6 +54,9 @@ const MAX_BATCH: usize = 1024;
 
 /// How often the writer tries to reopen the file while writes fail.
 pub const REOPEN_EVERY: Duration = Duration::from_millis(500);
+/// Longest a write sent behind ([`Store::write_behind`]) waits for company
+/// before the writer commits it alone.
+pub const HOLD_BEHIND: Duration = Duration::from_millis(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -239,6 +242,8 @@ struct WriteRequest {
     durable: bool,
     /// Refuse unless the store is still at this generation.
     generation: Option<u64>,
+    /// Sent behind: nobody waits for it, so it may wait for the next commit.
+    behind: bool,
     done: oneshot::Sender<Result<(), Arc<StoreError>>>,
 }
 
@@ -423,6 +428,7 @@ impl Store {
                 ops,
                 durable,
                 generation,
+                behind: false,
                 done,
             })
             .map_err(|_| StoreError::WriterGone)?;
@@ -470,6 +476,7 @@ impl Store {
                 ops,
                 durable: false,
                 generation,
+                behind: true,
                 done,
             });
         }
@@ -928,31 +935,63 @@ struct Writer {
 }
 
 impl Writer {
+    /// Writes sent behind are held (up to [`HOLD_BEHIND`]) until a write
+    /// someone waits for comes, and go into its commit: a turn's steps and
+    /// call records then share the turn's one commit instead of paying one
+    /// each. Order is kept: held writes come first in the batch.
     fn run(mut self, rx: std_mpsc::Receiver<WriteRequest>, latency: &crate::metrics::Histogram) {
-        loop {
-            let first = if self.slot.outage().is_some() {
-                match rx.recv_timeout(REOPEN_EVERY) {
+        let mut held: Vec<WriteRequest> = Vec::new();
+        let mut held_since: Option<Instant> = None;
+        let mut closing = false;
+        while !closing {
+            let outage = self.slot.outage().is_some();
+            let hold_left = held_since.map(|t| HOLD_BEHIND.saturating_sub(t.elapsed()));
+            let wait = match (outage, hold_left) {
+                (true, Some(left)) => Some(left.min(REOPEN_EVERY)),
+                (true, None) => Some(REOPEN_EVERY),
+                (false, left) => left,
+            };
+            let first = match wait {
+                Some(wait) => match rx.recv_timeout(wait) {
                     Ok(req) => Some(req),
                     Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(std_mpsc::RecvTimeoutError::Disconnected) => break,
-                }
-            } else {
-                match rx.recv() {
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                        closing = true;
+                        None
+                    }
+                },
+                None => match rx.recv() {
                     Ok(req) => Some(req),
-                    Err(_) => break,
-                }
+                    Err(_) => {
+                        closing = true;
+                        None
+                    }
+                },
             };
             if self.slot.outage().is_some() {
                 self.try_reopen();
             }
-            let Some(first) = first else { continue };
-            let mut batch = vec![first];
+            let mut batch = std::mem::take(&mut held);
+            batch.extend(first);
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
                     Ok(req) => batch.push(req),
                     Err(_) => break,
                 }
             }
+            if batch.is_empty() {
+                continue;
+            }
+            let may_hold = !closing
+                && batch.len() < MAX_BATCH
+                && batch.iter().all(|r| r.behind)
+                && held_since.is_none_or(|t| t.elapsed() < HOLD_BEHIND);
+            if may_hold {
+                held = batch;
+                held_since.get_or_insert_with(Instant::now);
+                continue;
+            }
+            held_since = None;
             if let Some((since, reason)) = self.slot.outage() {
                 let refusal = Arc::new(StoreError::Unavailable { since, reason });
                 for req in batch {
