@@ -1298,4 +1298,31 @@ mod tests {
         cache.put_doc(seen, "ns", "k", &Some(1.into()));
         assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(2.into()));
     }
+
+    #[tokio::test]
+    async fn writes_sent_behind_land_before_a_later_write_and_alone_within_the_hold() {
+        let store = Store::open_in_memory().unwrap();
+        let append = |seq: u64, text: &str| WriteOp::AppendMessages {
+            session_id: "s".into(),
+            messages: vec![msg(seq, text)],
+        };
+        store.write_behind(vec![append(1, "one")]);
+        store.write_behind(vec![append(2, "two")]);
+        store.write(vec![append(3, "three")], true).await.unwrap();
+        assert_eq!(
+            store.message_count("s").await.unwrap(),
+            3,
+            "in the same commit"
+        );
+
+        store.write_behind(vec![append(4, "four")]);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while store.message_count("s").await.unwrap() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never committed alone"
+            );
+            tokio::time::sleep(HOLD_BEHIND / 5).await;
+        }
+    }
 }
