@@ -27,7 +27,8 @@
 //! - every acknowledged session exists; every acknowledged pending
 //!   confirmation is still listed by `GET /v1/confirmations`.
 //!
-//! The model is a strict mock written here (not `tests/support`): it answers
+//! The server is the real binary started by `tests/support/server.rs`. The
+//! model is a strict mock written here (not `tests/support`): it answers
 //! a user message with two tool calls (calculator and echo) and tool
 //! results with text, which is deterministic under any interleaving, and it
 //! refuses, as OpenAI does, a history where an assistant message with
@@ -47,12 +48,11 @@
 //! `GET /v1/workflows/runs/{id}`, finished or marked interrupted, never left
 //! "running".
 
+mod support;
+
 use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
 use std::hash::{Hash, Hasher};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,6 +68,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use support::server::Server;
 use tokio::sync::Notify;
 
 /// Parallel requests of the checking phase.
@@ -300,107 +301,34 @@ fn refuse(state: &ModelState, why: String) -> Response {
 // The server process
 // ---------------------------------------------------------------------------
 
-/// One `cadre serve` child. Dropping it kills the process, so a failing
-/// assertion never leaves a server behind.
-struct Server {
-    child: Child,
-    base: String,
-    log: PathBuf,
-    /// Kept open so the child's stdout never turns into a broken pipe.
-    _stdout: BufReader<ChildStdout>,
-}
-
 struct Launch {
     data_dir: PathBuf,
     agents_dir: PathBuf,
     model_url: String,
 }
 
-impl Server {
-    async fn start(launch: &Launch, log: PathBuf) -> Server {
-        let (data, agents, model) = (
-            launch.data_dir.clone(),
-            launch.agents_dir.clone(),
-            launch.model_url.clone(),
-        );
-        tokio::task::spawn_blocking(move || Server::start_blocking(&data, &agents, &model, log))
-            .await
-            .expect("the start thread finished")
-    }
-
-    fn start_blocking(data_dir: &Path, agents: &Path, model_url: &str, log: PathBuf) -> Server {
-        let stderr = File::create(&log).expect("create the server log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cadre"))
-            .arg("serve")
-            .arg("--addr")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .arg("--agents")
-            .arg(agents)
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("CADRE_CONFIG")
-            .env("CADRE_MODEL_BASE_URL", model_url)
-            .env("CADRE_MODEL_API_KEY", "crash-test-key")
-            .env("CADRE_MODEL", "mock-model")
-            // Every session comes from one loopback address: lift the
-            // per-caller API limit and the executor's queue bound, so the
-            // load is all turns and no refusals.
-            .env("CADRE_API_LIMIT_PER_SECOND", "1000000")
-            .env("CADRE_API_LIMIT_BURST", "1000000")
-            .env("CADRE_CONCURRENCY_QUEUE_SIZE", "1000000")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("the cadre binary starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut server = Server {
-            child,
-            base: String::new(),
-            log,
-            _stdout: BufReader::new(stdout),
-        };
-        let mut line = String::new();
-        let read = server
-            ._stdout
-            .read_line(&mut line)
-            .expect("read the server's stdout");
-        let addr = line
-            .trim_end()
-            .strip_prefix("cadre listening on http://")
-            .map(str::to_owned);
-        let Some(addr) = addr.filter(|_| read > 0) else {
-            panic!(
-                "cadre did not start (the database must open after every crash); stdout: \
-                 {line:?}; stderr:\n{}",
-                server.log_tail()
-            );
-        };
-        server.base = format!("http://{addr}");
-        server
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// SIGKILL, then reap the process.
-    fn kill_9(&mut self) {
-        self.child.kill().expect("kill the server");
-        let status = self.child.wait().expect("reap the server");
-        assert!(!status.success(), "a killed server does not exit cleanly");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts `cadre serve` (tests/support/server.rs) off the runtime's worker
+/// threads: the start blocks until the server printed its address.
+async fn start_server(launch: &Launch) -> Server {
+    let (data, agents, model) = (
+        launch.data_dir.clone(),
+        launch.agents_dir.clone(),
+        launch.model_url.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        // Every session comes from one loopback address: lift the per-caller
+        // API limit and the executor's queue bound, so the load is all turns
+        // and no refusals.
+        let env = [
+            ("CADRE_API_LIMIT_PER_SECOND", "1000000"),
+            ("CADRE_API_LIMIT_BURST", "1000000"),
+            ("CADRE_CONCURRENCY_QUEUE_SIZE", "1000000"),
+            ("RUST_LOG", "warn"),
+        ];
+        Server::start(&data, &agents, &model, &env)
+    })
+    .await
+    .expect("the start thread finished")
 }
 
 // ---------------------------------------------------------------------------
@@ -967,7 +895,6 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
     let model = StrictModel::start().await;
     let data = tempfile::tempdir().expect("data dir");
     let agents = tempfile::tempdir().expect("agents dir");
-    let logs = tempfile::tempdir().expect("log dir");
     std::fs::write(
         agents.path().join("crash.toml"),
         "name = \"crash\"\nsystem_prompt = \"You are a test agent.\"\n\
@@ -975,7 +902,8 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
     )
     .expect("agent file");
     let launch = Launch {
-        data_dir: data.path().to_path_buf(),
+        // The server's log goes next to the data dir, inside the temp dir.
+        data_dir: data.path().join("data"),
         agents_dir: agents.path().to_path_buf(),
         model_url: model.base_url.clone(),
     };
@@ -984,7 +912,7 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         .build()
         .expect("client");
 
-    let mut server = Server::start(&launch, logs.path().join("server-0.log")).await;
+    let mut server = start_server(&launch).await;
     let mut books: Vec<Book> = futures::stream::iter(0..settings.sessions)
         .map(|index| {
             let (client, base) = (client.clone(), server.base.clone());
@@ -1065,11 +993,7 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         confirmations_acked.extend(side.confirmations);
 
         // Restart on the same data dir and check everything acknowledged.
-        server = Server::start(
-            &launch,
-            logs.path().join(format!("server-{}.log", trial + 1)),
-        )
-        .await;
+        server = start_server(&launch).await;
         let mut failures: Vec<String> = side.failures;
         let checked: Vec<(Book, Tally)> = futures::stream::iter(books.drain(..))
             .map(|book| check_session(&client, &server.base, book))
