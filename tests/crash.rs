@@ -6,9 +6,11 @@
 //! One trial: the server runs over the data dir; every session sends turns
 //! back to back (one at a time per session, all sessions at once) while a
 //! side task creates sessions and pending confirmations
-//! (`create_paper_order` on the pro plan); once a random number of turns has
-//! been acknowledged (plus a random few milliseconds) the process is killed
-//! with SIGKILL. The next server starts on the same file (the database must
+//! (`create_paper_order` on the pro plan) and a workflow task starts runs of
+//! `crash-flow` (a calculator node, then a turn of the crash agent that
+//! calls tools), every other one with `wait`; once a random number of turns has
+//! been acknowledged and the first run started with `wait` was answered
+//! (plus a random few milliseconds) the process is killed with SIGKILL. The next server starts on the same file (the database must
 //! open every time) and the checks run against it; it then serves the next
 //! trial, so sessions carry a crash-cut history into their next turns.
 //!
@@ -25,9 +27,20 @@
 //!   tool call in the history; `GET /v1/sessions/{id}/summary` counts match
 //!   the records; `GET /v1/stats` counters match the records of every caller;
 //! - every acknowledged session exists; every acknowledged pending
-//!   confirmation is still listed by `GET /v1/confirmations`.
+//!   confirmation is still listed by `GET /v1/confirmations`;
+//! - every acknowledged workflow run (201) is found by
+//!   `GET /v1/workflows/runs/{id}`, either succeeded with the node outputs
+//!   and run output the strict model makes, or `interrupted` (no node left
+//!   running, the cut nodes failed as interrupted, finished nodes with
+//!   their outputs) — never `running`, never missing; a run acknowledged
+//!   finished (`wait`) or once seen finished never changes again; no run of
+//!   the workflow, acknowledged or not, is left `running`; the sessions the
+//!   agent nodes opened pass the session checks above (a turn its node saw
+//!   succeed is complete with the node's answer), and the records of the
+//!   runs' tool nodes and agent sessions count in the `GET /v1/stats` check.
 //!
-//! The model is a strict mock written here (not `tests/support`): it answers
+//! The server is the real binary started by `tests/support/server.rs`. The
+//! model is a strict mock written here (not `tests/support`): it answers
 //! a user message with two tool calls (calculator and echo) and tool
 //! results with text, which is deterministic under any interleaving, and it
 //! refuses, as OpenAI does, a history where an assistant message with
@@ -41,18 +54,14 @@
 //! CADRE_CRASH_TRIALS=100 CADRE_CRASH_SESSIONS=1000 cargo test --release --test crash -- --nocapture
 //! ```
 //!
-//! TODO(workflow runs): workflow runs are being built in parallel with this
-//! test. Once `POST /v1/workflows/{name}/runs` exists, start runs during the
-//! load and check after each restart that every acknowledged run is found by
-//! `GET /v1/workflows/runs/{id}`, finished or marked interrupted, never left
-//! "running".
+//! Runs: `RUNS_PER_TRIAL` per trial, whatever the size, so the large run
+//! stays under what `GET /v1/workflows/runs` lists (a check says so if not).
 
-use std::collections::{BTreeMap, HashSet};
-use std::fs::File;
+mod support;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,6 +77,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use support::server::Server;
 use tokio::sync::Notify;
 
 /// Parallel requests of the checking phase.
@@ -83,6 +93,39 @@ const STALL_GUARD: Duration = Duration::from_secs(300);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// `GET /v1/calls` returns at most this many records.
 const CALLS_LIMIT: usize = 1_000;
+/// Workflow runs the workflow task starts per trial.
+const RUNS_PER_TRIAL: usize = 4;
+/// `GET /v1/workflows/runs` returns at most this many runs.
+const RUNS_LIMIT: usize = 1_000;
+
+/// The workflow run beside the turns: a tool node, then a turn of the crash
+/// agent (which the strict model answers with its two tool calls) whose
+/// prompt reads the tool node's output. Every result follows from `n`.
+const WORKFLOW: &str = "crash-flow";
+const WORKFLOW_TOML: &str = r#"
+name = "crash-flow"
+description = "A calculator node, then an agent turn that calls tools."
+output = { answer = "{{nodes.ask.output}}" }
+
+[input]
+type = "object"
+required = ["n"]
+additionalProperties = false
+
+[input.properties.n]
+type = "integer"
+minimum = 1
+
+[[nodes]]
+id = "triple"
+tool = "calculator"
+params = { expression = "{{input.n}}*3" }
+
+[[nodes]]
+id = "ask"
+agent = "crash"
+prompt = "flow {{input.n}}: {{nodes.triple.output.formatted}}-1"
+"#;
 
 struct Settings {
     trials: usize,
@@ -300,107 +343,34 @@ fn refuse(state: &ModelState, why: String) -> Response {
 // The server process
 // ---------------------------------------------------------------------------
 
-/// One `cadre serve` child. Dropping it kills the process, so a failing
-/// assertion never leaves a server behind.
-struct Server {
-    child: Child,
-    base: String,
-    log: PathBuf,
-    /// Kept open so the child's stdout never turns into a broken pipe.
-    _stdout: BufReader<ChildStdout>,
-}
-
 struct Launch {
     data_dir: PathBuf,
     agents_dir: PathBuf,
     model_url: String,
 }
 
-impl Server {
-    async fn start(launch: &Launch, log: PathBuf) -> Server {
-        let (data, agents, model) = (
-            launch.data_dir.clone(),
-            launch.agents_dir.clone(),
-            launch.model_url.clone(),
-        );
-        tokio::task::spawn_blocking(move || Server::start_blocking(&data, &agents, &model, log))
-            .await
-            .expect("the start thread finished")
-    }
-
-    fn start_blocking(data_dir: &Path, agents: &Path, model_url: &str, log: PathBuf) -> Server {
-        let stderr = File::create(&log).expect("create the server log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cadre"))
-            .arg("serve")
-            .arg("--addr")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .arg("--agents")
-            .arg(agents)
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("CADRE_CONFIG")
-            .env("CADRE_MODEL_BASE_URL", model_url)
-            .env("CADRE_MODEL_API_KEY", "crash-test-key")
-            .env("CADRE_MODEL", "mock-model")
-            // Every session comes from one loopback address: lift the
-            // per-caller API limit and the executor's queue bound, so the
-            // load is all turns and no refusals.
-            .env("CADRE_API_LIMIT_PER_SECOND", "1000000")
-            .env("CADRE_API_LIMIT_BURST", "1000000")
-            .env("CADRE_CONCURRENCY_QUEUE_SIZE", "1000000")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("the cadre binary starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut server = Server {
-            child,
-            base: String::new(),
-            log,
-            _stdout: BufReader::new(stdout),
-        };
-        let mut line = String::new();
-        let read = server
-            ._stdout
-            .read_line(&mut line)
-            .expect("read the server's stdout");
-        let addr = line
-            .trim_end()
-            .strip_prefix("cadre listening on http://")
-            .map(str::to_owned);
-        let Some(addr) = addr.filter(|_| read > 0) else {
-            panic!(
-                "cadre did not start (the database must open after every crash); stdout: \
-                 {line:?}; stderr:\n{}",
-                server.log_tail()
-            );
-        };
-        server.base = format!("http://{addr}");
-        server
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// SIGKILL, then reap the process.
-    fn kill_9(&mut self) {
-        self.child.kill().expect("kill the server");
-        let status = self.child.wait().expect("reap the server");
-        assert!(!status.success(), "a killed server does not exit cleanly");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts `cadre serve` (tests/support/server.rs) off the runtime's worker
+/// threads: the start blocks until the server printed its address.
+async fn start_server(launch: &Launch) -> Server {
+    let (data, agents, model) = (
+        launch.data_dir.clone(),
+        launch.agents_dir.clone(),
+        launch.model_url.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        // Every session comes from one loopback address: lift the per-caller
+        // API limit and the executor's queue bound, so the load is all turns
+        // and no refusals.
+        let env = [
+            ("CADRE_API_LIMIT_PER_SECOND", "1000000"),
+            ("CADRE_API_LIMIT_BURST", "1000000"),
+            ("CADRE_CONCURRENCY_QUEUE_SIZE", "1000000"),
+            ("RUST_LOG", "warn"),
+        ];
+        Server::start(&data, &agents, &model, &env)
+    })
+    .await
+    .expect("the start thread finished")
 }
 
 // ---------------------------------------------------------------------------
@@ -411,7 +381,9 @@ impl Drop for Server {
 struct AckedTurn {
     content: String,
     answer: String,
-    call_ids: Vec<String>,
+    /// The tool call ids of the reply; `None` where no reply carried them
+    /// (the turn of a workflow's agent node).
+    call_ids: Option<Vec<String>>,
 }
 
 /// One session as its client saw it.
@@ -440,6 +412,11 @@ struct Load {
     base: String,
     acked: AtomicUsize,
     progress: Notify,
+    /// Set when the first run started with `wait` was answered, or when the
+    /// workflow task stopped without one: the kill waits for it, so every
+    /// trial has a run that finished before the kill (and mostly one that
+    /// did not).
+    first_run_over: AtomicBool,
     /// Set just before the kill: a request error after it is the kill's.
     killed: AtomicBool,
 }
@@ -447,6 +424,11 @@ struct Load {
 impl Load {
     fn failure_or_in_flight(&self, what: String) -> Option<String> {
         (!self.killed.load(Ordering::SeqCst)).then_some(what)
+    }
+
+    fn first_run_over(&self) {
+        self.first_run_over.store(true, Ordering::SeqCst);
+        self.progress.notify_waiters();
     }
 }
 
@@ -459,22 +441,29 @@ async fn read_json(r: reqwest::Response) -> Result<(StatusCode, Value), reqwest:
     ))
 }
 
+/// `POST {base}{path}` with a JSON body; the reply's status and body.
+async fn post_json(
+    load: &Load,
+    path: &str,
+    body: Value,
+) -> Result<(StatusCode, Value), reqwest::Error> {
+    let r = load
+        .client
+        .post(format!("{}{path}", load.base))
+        .json(&body)
+        .send()
+        .await?;
+    read_json(r).await
+}
+
 /// Sends turns to one session until the server dies (or the bound).
 async fn drive(load: Arc<Load>, mut book: Book) -> Book {
     for _ in 0..MAX_TURNS_PER_SESSION {
         book.turns_sent += 1;
         let n = book.turns_sent;
         let content = format!("s{} t{n}: {}+{n}", book.index, book.index);
-        let sent = load
-            .client
-            .post(format!("{}/v1/sessions/{}/messages", load.base, book.id))
-            .json(&json!({ "content": content }))
-            .send()
-            .await;
-        let reply = match sent {
-            Ok(r) => read_json(r).await,
-            Err(e) => Err(e),
-        };
+        let path = format!("/v1/sessions/{}/messages", book.id);
+        let reply = post_json(&load, &path, json!({ "content": content })).await;
         match reply {
             Ok((StatusCode::OK, body)) => {
                 let call_ids = body["tool_calls"]
@@ -489,7 +478,7 @@ async fn drive(load: Arc<Load>, mut book: Book) -> Book {
                 book.acked.push(AckedTurn {
                     content,
                     answer: body["answer"].as_str().unwrap_or_default().to_owned(),
-                    call_ids,
+                    call_ids: Some(call_ids),
                 });
                 load.acked.fetch_add(1, Ordering::SeqCst);
                 load.progress.notify_waiters();
@@ -534,16 +523,8 @@ async fn side_task(load: Arc<Load>, trial: usize, gaps_ms: Vec<u64>) -> SideAcks
     let mut acks = SideAcks::default();
     for (k, gap) in gaps_ms.into_iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(gap)).await;
-        let created = load
-            .client
-            .post(format!("{}/v1/sessions", load.base))
-            .json(&json!({"agent": "crash", "user_id": format!("side-{trial}-{k}")}))
-            .send()
-            .await;
-        let reply = match created {
-            Ok(r) => read_json(r).await,
-            Err(e) => Err(e),
-        };
+        let session = json!({"agent": "crash", "user_id": format!("side-{trial}-{k}")});
+        let reply = post_json(&load, "/v1/sessions", session).await;
         match reply {
             Ok((StatusCode::CREATED, body)) => {
                 acks.sessions
@@ -561,20 +542,12 @@ async fn side_task(load: Arc<Load>, trial: usize, gaps_ms: Vec<u64>) -> SideAcks
             }
         }
         // One user per order: the tool allows 10 a minute per user.
-        let invoked = load
-            .client
-            .post(format!("{}/v1/tools/create_paper_order/invoke", load.base))
-            .json(&json!({
-                "plan": "pro",
-                "user_id": format!("crash-{trial}-{k}"),
-                "params": {"symbol": "AAPL", "side": "buy", "quantity": 1, "order_type": "market"},
-            }))
-            .send()
-            .await;
-        let reply = match invoked {
-            Ok(r) => read_json(r).await,
-            Err(e) => Err(e),
-        };
+        let order = json!({
+            "plan": "pro",
+            "user_id": format!("crash-{trial}-{k}"),
+            "params": {"symbol": "AAPL", "side": "buy", "quantity": 1, "order_type": "market"},
+        });
+        let reply = post_json(&load, "/v1/tools/create_paper_order/invoke", order).await;
         match reply {
             Ok((StatusCode::ACCEPTED, body)) => {
                 match body["metadata"]["confirmation_id"].as_str() {
@@ -595,6 +568,77 @@ async fn side_task(load: Arc<Load>, trial: usize, gaps_ms: Vec<u64>) -> SideAcks
             }
         }
     }
+    acks
+}
+
+/// A workflow run the server acknowledged (201).
+#[derive(Debug, Clone)]
+struct AckedRun {
+    id: String,
+    n: u64,
+    /// The run's results (see [`run_results`]) once it was seen finished:
+    /// in the 201 of a run started with `wait`, or at a check after a
+    /// restart. A finished run never changes again.
+    finished: Option<Value>,
+}
+
+/// What the workflow task got acknowledged in one trial.
+#[derive(Default)]
+struct RunAcks {
+    runs: Vec<AckedRun>,
+    failures: Vec<String>,
+}
+
+/// Starts runs of [`WORKFLOW`] while the turns run, every other one with
+/// `wait` (acknowledged finished) and the rest without (acknowledged
+/// running).
+async fn workflow_task(load: Arc<Load>, trial: usize, gaps_ms: Vec<u64>) -> RunAcks {
+    let mut acks = RunAcks::default();
+    for (k, gap) in gaps_ms.into_iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(gap)).await;
+        let n = (trial * RUNS_PER_TRIAL + k + 1) as u64;
+        let wait = k % 2 == 1;
+        let path = format!("/v1/workflows/{WORKFLOW}/runs");
+        let reply = post_json(&load, &path, json!({"input": {"n": n}, "wait": wait})).await;
+        match reply {
+            Ok((StatusCode::CREATED, run)) => {
+                let Some(id) = run["id"].as_str() else {
+                    acks.failures.push(format!("no run id in {run}"));
+                    break;
+                };
+                let finished = if wait {
+                    load.first_run_over();
+                    if let Err(e) = check_finished_run(&run, n) {
+                        acks.failures
+                            .push(format!("run {id} as its 201 answered: {e}"));
+                    }
+                    Some(run_results(&run))
+                } else if run["status"] != "running" {
+                    acks.failures
+                        .push(format!("run {id} started as {}", run["status"]));
+                    None
+                } else {
+                    None
+                };
+                acks.runs.push(AckedRun {
+                    id: id.to_owned(),
+                    n,
+                    finished,
+                });
+            }
+            Ok((status, body)) => {
+                acks.failures
+                    .extend(load.failure_or_in_flight(format!("start run {n}: {status} {body}")));
+                break;
+            }
+            Err(e) => {
+                acks.failures
+                    .extend(load.failure_or_in_flight(format!("start run {n}: {e}")));
+                break;
+            }
+        }
+    }
+    load.first_run_over();
     acks
 }
 
@@ -795,12 +839,13 @@ async fn check_session_inner(
                 acked.content
             ));
         }
-        if call_ids(&turn[1]) != acked.call_ids {
+        if let Some(ids) = &acked.call_ids
+            && call_ids(&turn[1]) != *ids
+        {
             return Err(format!(
-                "turn {:?}: tool call ids {:?} differ from the reply's {:?}",
+                "turn {:?}: tool call ids {:?} differ from the reply's {ids:?}",
                 acked.content,
                 call_ids(&turn[1]),
-                acked.call_ids
             ));
         }
         let answer = &turn[turn.len() - 1]["content"];
@@ -942,6 +987,286 @@ async fn check_stats(
     Ok(())
 }
 
+/// The prompt of run `n`'s agent node, as the workflow renders it.
+fn agent_prompt(n: u64) -> String {
+    format!("flow {n}: {}-1", 3 * n)
+}
+
+/// Whether a succeeded node's output is the one the strict model makes.
+fn node_output_ok(node: &str, output: &Value, n: u64) -> bool {
+    match node {
+        "triple" => output["result"].as_f64() == Some((3 * n) as f64),
+        "ask" => *output == answer_for(&agent_prompt(n), 2).as_str(),
+        _ => false,
+    }
+}
+
+/// What a finished run is judged by: its status, output and error, and
+/// each node's status, output and error.
+fn run_results(run: &Value) -> Value {
+    let nodes: serde_json::Map<String, Value> = run["nodes"]
+        .as_object()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .map(|(id, n)| {
+                    let node =
+                        json!({"status": n["status"], "output": n["output"], "error": n["error"]});
+                    (id.clone(), node)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "status": run["status"],
+        "output": run["output"],
+        "error": run["error"],
+        "nodes": nodes,
+    })
+}
+
+/// A finished run: succeeded (nothing in this workflow fails), every node
+/// with the output the strict model makes, the run's output rendered.
+fn check_finished_run(run: &Value, n: u64) -> Result<(), String> {
+    if run["status"] != "succeeded" {
+        return Err(format!(
+            "{}, nothing in this workflow fails: {}",
+            run["status"],
+            run_results(run)
+        ));
+    }
+    for id in ["triple", "ask"] {
+        let node = &run["nodes"][id];
+        if node["status"] != "succeeded" || !node_output_ok(id, &node["output"], n) {
+            return Err(format!("node {id} of a succeeded run: {node}"));
+        }
+    }
+    let answer = answer_for(&agent_prompt(n), 2);
+    if run["output"] != json!({ "answer": answer }) {
+        return Err(format!("output {} is not the answer's", run["output"]));
+    }
+    Ok(())
+}
+
+/// An interrupted run: no node left running, the nodes the kill cut are
+/// failed as interrupted, the ones that finished kept their outputs.
+fn check_interrupted_run(run: &Value, n: u64) -> Result<(), String> {
+    let nodes = run["nodes"]
+        .as_object()
+        .ok_or_else(|| format!("no nodes: {run}"))?;
+    for (id, node) in nodes {
+        let interrupted = node["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("interrupted"));
+        let ok = match node["status"].as_str().unwrap_or_default() {
+            "pending" => true,
+            "succeeded" => node_output_ok(id, &node["output"], n),
+            "failed" => interrupted,
+            _ => false,
+        };
+        if !ok {
+            return Err(format!("node {id} of an interrupted run: {node}"));
+        }
+    }
+    Ok(())
+}
+
+/// One acknowledged run after a restart: found, finished (succeeded) or
+/// interrupted, and unchanged since it was first seen finished. Returns
+/// its status.
+async fn check_run(
+    client: &reqwest::Client,
+    base: &str,
+    run: &mut AckedRun,
+) -> Result<String, String> {
+    let body = get(client, format!("{base}/v1/workflows/runs/{}", run.id))
+        .await
+        .map_err(|e| format!("acknowledged run lost: {e}"))?;
+    let status = body["status"].as_str().unwrap_or_default().to_owned();
+    match status.as_str() {
+        "succeeded" => check_finished_run(&body, run.n)?,
+        "interrupted" => check_interrupted_run(&body, run.n)?,
+        "running" => return Err("left running after the restart".into()),
+        _ => return Err(format!("{status}: {}", run_results(&body))),
+    }
+    let results = run_results(&body);
+    match &run.finished {
+        Some(seen) if *seen != results => {
+            return Err(format!(
+                "changed after it was seen finished: was {seen}, now {results}"
+            ));
+        }
+        Some(_) => {}
+        None => run.finished = Some(results),
+    }
+    Ok(status)
+}
+
+/// How the acknowledged runs stood at one check.
+#[derive(Debug, Default)]
+struct RunTally {
+    succeeded: usize,
+    interrupted: usize,
+}
+
+/// After a restart: every acknowledged run ([`check_run`]); every run of
+/// the workflow, acknowledged or not, is over (none left `running`) and
+/// its call records (`?workflow_id=`: its tool node's and its agent
+/// sessions') count in `tally`; the sessions its agent nodes opened are
+/// checked like the load's (a turn the node saw succeed is complete, with
+/// the node's answer; any other is at most a prefix of a turn), and a
+/// record of a run that names a session names one of those.
+async fn check_workflows(
+    client: &reqwest::Client,
+    base: &str,
+    acked: &mut [AckedRun],
+    flow_books: &mut HashMap<String, Book>,
+    tally: &mut Tally,
+) -> (RunTally, Vec<String>) {
+    let mut failures = Vec::new();
+    let mut runs = RunTally::default();
+    let checked: Vec<(usize, Result<String, String>)> =
+        futures::stream::iter(acked.iter_mut().enumerate())
+            .map(|(i, run)| async move { (i, check_run(client, base, run).await) })
+            .buffered(CHECK_PARALLELISM)
+            .collect()
+            .await;
+    for (i, result) in checked {
+        match result {
+            Ok(status) if status == "succeeded" => runs.succeeded += 1,
+            Ok(_) => runs.interrupted += 1,
+            Err(e) => failures.push(format!("run {} (n = {}): {e}", acked[i].id, acked[i].n)),
+        }
+    }
+
+    let listed = match get(
+        client,
+        format!("{base}/v1/workflows/runs?workflow={WORKFLOW}&limit={RUNS_LIMIT}"),
+    )
+    .await
+    {
+        Ok(body) => body["runs"].as_array().cloned().unwrap_or_default(),
+        Err(e) => {
+            failures.push(e);
+            return (runs, failures);
+        }
+    };
+    if listed.len() >= RUNS_LIMIT {
+        failures.push(format!(
+            "{} runs: more than GET /v1/workflows/runs can list; use fewer trials",
+            listed.len()
+        ));
+        return (runs, failures);
+    }
+    let by_id: HashMap<&str, &Value> = listed
+        .iter()
+        .filter_map(|r| Some((r["id"].as_str()?, r)))
+        .collect();
+    for run in &listed {
+        if run["status"] == "running" {
+            failures.push(format!("run {} left running after the restart", run["id"]));
+        }
+    }
+    let listed_records: Vec<Result<Vec<Value>, String>> = futures::stream::iter(by_id.keys())
+        .map(|id| async move {
+            let body = get(
+                client,
+                format!("{base}/v1/calls?workflow_id={id}&limit={CALLS_LIMIT}"),
+            )
+            .await?;
+            let records = body["calls"].as_array().cloned().unwrap_or_default();
+            if records.len() >= CALLS_LIMIT {
+                return Err(format!("run {id}: more records than GET /v1/calls lists"));
+            }
+            Ok::<_, String>(records)
+        })
+        .buffered(CHECK_PARALLELISM)
+        .collect()
+        .await;
+    let mut records = Vec::new();
+    for result in listed_records {
+        match result {
+            Ok(mut listed) => records.append(&mut listed),
+            Err(e) => failures.push(e),
+        }
+    }
+    for r in &records {
+        let e = tally
+            .per_tool
+            .entry(r["tool_name"].as_str().unwrap_or_default().to_owned())
+            .or_default();
+        e.0 += 1;
+        e.1 += u64::from(r["is_success"] == true);
+    }
+
+    // The agent nodes' sessions, known by their metadata.
+    let sessions = match get(client, format!("{base}/v1/sessions")).await {
+        Ok(body) => body["sessions"].as_array().cloned().unwrap_or_default(),
+        Err(e) => {
+            failures.push(e);
+            return (runs, failures);
+        }
+    };
+    for session in &sessions {
+        let (Some(id), Some(run_id)) = (
+            session["id"].as_str(),
+            session["metadata"]["workflow_id"].as_str(),
+        ) else {
+            continue;
+        };
+        if flow_books.contains_key(id) {
+            continue;
+        }
+        let Some(run) = by_id.get(run_id) else {
+            failures.push(format!("session {id} belongs to an unknown run {run_id}"));
+            continue;
+        };
+        let Some(n) = run["input"]["n"].as_u64() else {
+            failures.push(format!("run {run_id} has no input n: {}", run["input"]));
+            continue;
+        };
+        let ask = &run["nodes"]["ask"];
+        let mut book = Book {
+            id: id.to_owned(),
+            verified_digest: digest(&[]),
+            ..Book::default()
+        };
+        if ask["status"] == "succeeded" && ask["session_id"] == id {
+            book.acked.push(AckedTurn {
+                content: agent_prompt(n),
+                answer: ask["output"].as_str().unwrap_or_default().to_owned(),
+                call_ids: None,
+            });
+        } else {
+            book.in_flight = Some(agent_prompt(n));
+        }
+        flow_books.insert(id.to_owned(), book);
+    }
+    let checked: Vec<(Book, Tally)> = futures::stream::iter(flow_books.drain().map(|(_, b)| b))
+        .map(|book| check_session(client, base, book))
+        .buffered(CHECK_PARALLELISM)
+        .collect()
+        .await;
+    for (mut book, t) in checked {
+        failures.append(&mut book.failures);
+        // The records counted above already; the in-flight figures are the
+        // load's.
+        tally.lost += t.lost;
+        flow_books.insert(book.id.clone(), book);
+    }
+    for r in &records {
+        if let Some(session) = r["conversation_id"].as_str()
+            && !flow_books.contains_key(session)
+        {
+            failures.push(format!(
+                "record {} of run {} names session {session}, which no agent node opened",
+                r["record_id"], r["workflow_id"]
+            ));
+        }
+    }
+    (runs, failures)
+}
+
 // ---------------------------------------------------------------------------
 // The test
 // ---------------------------------------------------------------------------
@@ -955,6 +1280,7 @@ struct Figures {
     lost: usize,
     sessions_created: usize,
     confirmations: usize,
+    runs_acked: usize,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -969,15 +1295,21 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
     let model = StrictModel::start().await;
     let data = tempfile::tempdir().expect("data dir");
     let agents = tempfile::tempdir().expect("agents dir");
-    let logs = tempfile::tempdir().expect("log dir");
     std::fs::write(
         agents.path().join("crash.toml"),
         "name = \"crash\"\nsystem_prompt = \"You are a test agent.\"\n\
          tools = [\"calculator\", \"echo\"]\nmax_iterations = 3\n",
     )
     .expect("agent file");
+    std::fs::create_dir(agents.path().join("workflows")).expect("workflows dir");
+    std::fs::write(
+        agents.path().join("workflows").join("crash-flow.toml"),
+        WORKFLOW_TOML,
+    )
+    .expect("workflow file");
     let launch = Launch {
-        data_dir: data.path().to_path_buf(),
+        // The server's log goes next to the data dir, inside the temp dir.
+        data_dir: data.path().join("data"),
         agents_dir: agents.path().to_path_buf(),
         model_url: model.base_url.clone(),
     };
@@ -986,7 +1318,7 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         .build()
         .expect("client");
 
-    let mut server = Server::start(&launch, logs.path().join("server-0.log")).await;
+    let mut server = start_server(&launch).await;
     let mut books: Vec<Book> = futures::stream::iter(0..settings.sessions)
         .map(|index| {
             let (client, base) = (client.clone(), server.base.clone());
@@ -1014,20 +1346,27 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
     let mut figures = Figures::default();
     let mut sessions_acked: Vec<String> = Vec::new();
     let mut confirmations_acked: Vec<String> = Vec::new();
+    let mut runs_acked: Vec<AckedRun> = Vec::new();
+    let mut flow_books: HashMap<String, Book> = HashMap::new();
     for trial in 0..settings.trials {
         let target = rng.random_range(1..=settings.sessions * 3);
         let extra = Duration::from_millis(rng.random_range(0..=15));
         let gaps: Vec<u64> = (0..SIDE_OPS_PER_TRIAL)
             .map(|_| rng.random_range(0..=20))
             .collect();
+        let run_gaps: Vec<u64> = (0..RUNS_PER_TRIAL)
+            .map(|_| rng.random_range(0..=10))
+            .collect();
         let load = Arc::new(Load {
             client: client.clone(),
             base: server.base.clone(),
             acked: AtomicUsize::new(0),
             progress: Notify::new(),
+            first_run_over: AtomicBool::new(false),
             killed: AtomicBool::new(false),
         });
         let side = tokio::spawn(side_task(load.clone(), trial, gaps));
+        let flows = tokio::spawn(workflow_task(load.clone(), trial, run_gaps));
         let drivers: Vec<_> = books
             .drain(..)
             .map(|book| tokio::spawn(drive(load.clone(), book)))
@@ -1037,7 +1376,9 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
                 let notified = load.progress.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                if load.acked.load(Ordering::SeqCst) >= target {
+                if load.acked.load(Ordering::SeqCst) >= target
+                    && load.first_run_over.load(Ordering::SeqCst)
+                {
                     return;
                 }
                 notified.await;
@@ -1046,9 +1387,10 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         .await;
         if reached.is_err() {
             panic!(
-                "trial {trial}: the load stalled at {} of {target} acknowledged turns; server \
-                 log:\n{}",
+                "trial {trial}: the load stalled at {} of {target} acknowledged turns (a \
+                 waited run answered: {}); server log:\n{}",
                 load.acked.load(Ordering::SeqCst),
+                load.first_run_over.load(Ordering::SeqCst),
                 server.log_tail()
             );
         }
@@ -1059,20 +1401,21 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
             books.push(d.await.expect("a load task panicked"));
         }
         let side = side.await.expect("the side task panicked");
+        let flows = flows.await.expect("the workflow task panicked");
         let acked_now: usize = books.iter().map(|b| b.acked.len()).sum();
         figures.acked += acked_now;
         figures.sessions_created += side.sessions.len();
         figures.confirmations += side.confirmations.len();
         sessions_acked.extend(side.sessions);
         confirmations_acked.extend(side.confirmations);
+        let runs_acked_now = flows.runs.len();
+        figures.runs_acked += runs_acked_now;
+        runs_acked.extend(flows.runs);
 
         // Restart on the same data dir and check everything acknowledged.
-        server = Server::start(
-            &launch,
-            logs.path().join(format!("server-{}.log", trial + 1)),
-        )
-        .await;
+        server = start_server(&launch).await;
         let mut failures: Vec<String> = side.failures;
+        failures.extend(flows.failures);
         let checked: Vec<(Book, Tally)> = futures::stream::iter(books.drain(..))
             .map(|book| check_session(&client, &server.base, book))
             .buffered(CHECK_PARALLELISM)
@@ -1084,6 +1427,15 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
             tally.add(t);
             books.push(book);
         }
+        let (runs, mut run_failures) = check_workflows(
+            &client,
+            &server.base,
+            &mut runs_acked,
+            &mut flow_books,
+            &mut tally,
+        )
+        .await;
+        failures.append(&mut run_failures);
         figures.in_flight_absent += tally.in_flight_absent;
         figures.in_flight_partial += tally.in_flight_partial;
         figures.in_flight_complete += tally.in_flight_complete;
@@ -1125,8 +1477,15 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         }
         eprintln!(
             "trial {trial}: killed after {acked_now} acknowledged turns (target {target}); \
-             in flight at the kill: {} absent, {} partial, {} complete; lost {}",
-            tally.in_flight_absent, tally.in_flight_partial, tally.in_flight_complete, tally.lost
+             in flight at the kill: {} absent, {} partial, {} complete; lost {}; \
+             {runs_acked_now} runs acknowledged, of all {}: {} succeeded, {} interrupted",
+            tally.in_flight_absent,
+            tally.in_flight_partial,
+            tally.in_flight_complete,
+            tally.lost,
+            runs_acked.len(),
+            runs.succeeded,
+            runs.interrupted
         );
         if !failures.is_empty() {
             let shown: Vec<&String> = failures.iter().take(10).collect();
@@ -1145,8 +1504,9 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
     }
     eprintln!(
         "crash test done: {} trials x {} sessions, seed {}: {} turns acknowledged, {} lost; \
-         turns in flight at a kill: {} absent, {} partial, {} complete; {} sessions and {} \
-         confirmations created under load, none lost; {} model requests; {:.1} s",
+         turns in flight at a kill: {} absent, {} partial, {} complete; {} sessions, {} \
+         confirmations and {} workflow runs acknowledged under load, none lost; {} model \
+         requests; {:.1} s",
         settings.trials,
         settings.sessions,
         settings.seed,
@@ -1157,6 +1517,7 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         figures.in_flight_complete,
         figures.sessions_created,
         figures.confirmations,
+        figures.runs_acked,
         model.state.requests.load(Ordering::Relaxed),
         started.elapsed().as_secs_f64()
     );

@@ -1,17 +1,20 @@
 //! Event streams per caller are capped (`[api_limit] max_streams`): over the
 //! cap an SSE request is a 429 `TOO_MANY_STREAMS` JSON error before anything
-//! starts (no turn runs), the count spans every SSE endpoint, and a stream
-//! that ends or whose client goes away frees its slot.
+//! starts (no turn runs), the count spans every SSE endpoint and the visitor
+//! WebSocket (whose upgrade is refused with the same 429), and a stream that
+//! ends or whose client goes away frees its slot, a WebSocket when it closes.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::gate::gate_tool;
+use support::ws::{Ws, connect_ws};
 use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, agents_dir, spawn_app};
+use tokio_tungstenite::tungstenite::{self, Message};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
@@ -50,22 +53,38 @@ async fn read_to_end(response: reqwest::Response) -> String {
         .expect("the stream ended in time")
 }
 
-/// Retries `open` while it is refused for too many streams (the server
-/// frees a slot when it drops the stream, just after the client saw it end).
+/// Retries `open` while it answers `None`, refused for too many streams
+/// (the server frees a slot when it drops the stream or the socket, just
+/// after the client saw it end).
+async fn when_free<T, F, Fut>(open: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(opened) = open().await {
+            return opened;
+        }
+        assert!(Instant::now() < deadline, "the slot was never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An SSE request, retried while it is refused for too many streams.
 async fn open_when_free<F, Fut>(open: F) -> reqwest::Response
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = reqwest::Response>,
 {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let response = open().await;
-        if response.status() != StatusCode::TOO_MANY_REQUESTS {
-            return response;
+    when_free(|| {
+        let response = open();
+        async move {
+            let response = response.await;
+            (response.status() != StatusCode::TOO_MANY_REQUESTS).then_some(response)
         }
-        assert!(Instant::now() < deadline, "the slot was never freed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,4 +220,81 @@ async fn the_cap_is_per_api_key_and_counts_workflow_run_events() {
     let text = read_to_end(events).await;
     assert!(text.starts_with("event: snapshot"), "{text}");
     drop(other);
+}
+
+/// [`connect_ws`], retried while the upgrade is refused for too many
+/// streams.
+async fn connect_when_free(app: &TestApp, session: &str) -> Ws {
+    when_free(|| async move {
+        match connect_ws(app, session, None).await {
+            Ok(ws) => Some(ws),
+            Err(tungstenite::Error::Http(r)) if r.status() == StatusCode::TOO_MANY_REQUESTS => None,
+            Err(e) => panic!("the socket is not upgraded: {e}"),
+        }
+    })
+    .await
+}
+
+/// A well-formed WebSocket upgrade request sent as plain HTTP, so a refusal
+/// comes back whole: status and JSON body.
+async fn upgrade_request(app: &TestApp, session: &str) -> reqwest::Response {
+    app.client
+        .get(format!("{}/v1/sessions/{session}/ws", app.base))
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .expect("request sent")
+}
+
+/// One frame round trip: the socket is served, not only counted.
+async fn round_trip(ws: &mut Ws) {
+    ws.send(Message::text(
+        json!({"type": "unassign_operator"}).to_string(),
+    ))
+    .await
+    .expect("frame sent");
+    let reply = tokio::time::timeout(PATIENCE, ws.next())
+        .await
+        .expect("a frame in time")
+        .expect("the socket is open")
+        .expect("a readable frame");
+    let reply: Value = serde_json::from_str(reply.to_text().expect("a text frame")).unwrap();
+    assert_eq!(reply["type"], "operator_unassigned", "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_holds_a_slot_until_it_closes_and_over_the_cap_is_refused_before_upgrading() {
+    let model = MockModel::start().await;
+    let agents = agents_dir(&[("bot.toml", &agent_toml("bot", &[], 3))]);
+    let app = spawn_app(
+        AppOptions::with_model(&model)
+            .agents(agents.path())
+            .config_toml("[api_limit]\nmax_streams = 1\n"),
+    );
+    let session = app.session("bot").await;
+
+    let mut socket = connect_ws(&app, &session, None)
+        .await
+        .expect("the socket is upgraded");
+    round_trip(&mut socket).await;
+    // The socket holds the caller's only slot: another upgrade and an SSE
+    // stream are refused.
+    assert_too_many(upgrade_request(&app, &session).await).await;
+    assert_too_many(open_events(&app).await).await;
+    round_trip(&mut socket).await;
+
+    // Closed, it frees its slot.
+    socket.close(None).await.expect("close sent");
+    drop(socket);
+    let events = open_when_free(|| open_events(&app)).await;
+    assert_eq!(events.status(), StatusCode::OK);
+    // An SSE stream holds the slot against a socket as well.
+    assert_too_many(upgrade_request(&app, &session).await).await;
+    drop(events);
+    let mut socket = connect_when_free(&app, &session).await;
+    round_trip(&mut socket).await;
+    assert_eq!(model.request_count(), 0);
 }

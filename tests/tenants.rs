@@ -19,9 +19,9 @@ use futures::{SinkExt, StreamExt};
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use serde_json::{Value, json};
+use support::ws::{Ws, connect_ws};
 use support::{AppOptions, MockModel, Reply, TestApp, spawn_app};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::{self, Message};
 
 /// Upper bound for anything a test waits for (a frame, a process exit).
@@ -754,28 +754,6 @@ async fn providers_lists_each_agent_with_its_model_and_no_api_key() {
 // ---------------------------------------------------------------------------
 // The visitor WebSocket
 // ---------------------------------------------------------------------------
-
-type Ws =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
-
-async fn connect_ws(
-    app: &TestApp,
-    session: &str,
-    key: Option<&str>,
-) -> Result<Ws, tungstenite::Error> {
-    let url = format!(
-        "{}/v1/sessions/{session}/ws",
-        app.base.replacen("http://", "ws://", 1)
-    );
-    let mut request = url.into_client_request()?;
-    if let Some(key) = key {
-        request
-            .headers_mut()
-            .insert(AUTHORIZATION, format!("Bearer {key}").parse().unwrap());
-    }
-    let (ws, _) = tokio_tungstenite::connect_async(request).await?;
-    Ok(ws)
-}
 
 async fn send_frame(ws: &mut Ws, frame: Value) {
     ws.send(Message::text(frame.to_string()))

@@ -52,7 +52,8 @@ pub struct ApiLimitConfig {
     pub per_second: u32,
     /// Requests a caller may send at once after being idle.
     pub burst: u32,
-    /// Event streams (SSE) a caller may hold open at once ([`super::streams`]).
+    /// Streams (SSE and WebSockets) a caller may hold open at once
+    /// ([`super::streams`]).
     pub max_streams: u32,
 }
 
@@ -223,7 +224,7 @@ impl<C: Clock> fmt::Debug for ApiRateLimit<C> {
 
 /// Middleware: passes the request on if its caller has a cell, else answers
 /// 429 `RATE_LIMITED` with `Retry-After`. The request carries its caller's
-/// [`super::streams::StreamQuota`] for SSE handlers.
+/// [`super::streams::StreamQuota`] for SSE and WebSocket handlers.
 pub async fn limit<C>(
     State(limits): State<ApiRateLimit<C>>,
     mut request: Request,

@@ -1,19 +1,19 @@
-//! Open Server-Sent Event streams per caller, capped.
+//! Open streams per caller (Server-Sent Events and WebSockets), capped.
 //!
-//! rate_limit (knows the caller) ──StreamQuota (request extension)──▶ SSE handler
-//!     handler: quota.acquire()? ──▶ StreamSlot, owned by the response stream
-//!                                   └─ dropped when the stream ends or the client goes
+//! rate_limit (knows the caller) ──StreamQuota (request extension)──▶ SSE / WebSocket handler
+//!     handler: quota.acquire()? ──▶ StreamSlot, owned by the response stream or the socket task
+//!                                   └─ dropped when the stream ends, the client goes, the socket closes
 //!
 //! A stream holds a connection and a task for as long as the client keeps
 //! it, so the per-second rate limit alone does not bound them. Every SSE
-//! endpoint (a streamed turn, `/v1/events`, a workflow run's events) takes
-//! one slot of its caller (API key; the IP or "anonymous" on an open
-//! server, as for the rate limit) before anything starts; over
-//! `[api_limit] max_streams` (default 32) the request is a 429
-//! `TOO_MANY_STREAMS` JSON error and no turn runs. The slot is freed when
-//! the response stream is dropped: the stream finished, or the client
-//! disconnected and hyper dropped the body. WebSocket sessions are not
-//! counted here.
+//! endpoint (a streamed turn, `/v1/events`, a workflow run's events) and
+//! the visitor WebSocket (`/v1/sessions/{id}/ws`) take one slot of their
+//! caller (API key; the IP or "anonymous" on an open server, as for the
+//! rate limit) before anything starts; over `[api_limit] max_streams`
+//! (default 32) the request is a 429 `TOO_MANY_STREAMS` JSON error, no turn
+//! runs and no socket is upgraded. The slot is freed when the response
+//! stream is dropped (the stream finished, or the client disconnected and
+//! hyper dropped the body) or when the socket's task ends (it closed).
 //!
 //! Shutdown: subscriptions (`/v1/events`, a workflow run's events) never
 //! end by themselves, so they are held with [`StreamSlot::hold_until_shutdown`]

@@ -14,6 +14,13 @@
 //! named `operator:<id>`) without a model turn. Frames are handled one at
 //! a time, in order; a bad frame gets an `error` frame and the socket stays
 //! open. Frames over [`MAX_FRAME_BYTES`] close it.
+//!
+//! A socket holds one of its caller's stream slots ([`super::streams`],
+//! `[api_limit] max_streams`, shared with the SSE endpoints) from the
+//! upgrade until it closes: the slot is taken before the upgrade, so over
+//! the cap the request is answered with the 429 `TOO_MANY_STREAMS` JSON
+//! error and never switches protocols. A socket is not ended at shutdown
+//! the way SSE subscriptions are; it lasts as long as its connection.
 
 use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -28,6 +35,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::ApiError;
 use super::openapi::ErrorBody;
+use super::streams::{StreamQuota, StreamSlot};
 use crate::conversation::actor::TurnEvent;
 use crate::conversation::auto_respond::should_auto_respond;
 use crate::model::ChatMessage;
@@ -52,19 +60,22 @@ pub fn routes() -> OpenApiRouter<AppState> {
         (status = 400, description = "`BAD_REQUEST`: not a WebSocket upgrade request", body = ErrorBody),
         (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
         (status = 426, description = "`BAD_REQUEST`: the connection cannot be upgraded", body = ErrorBody),
+        (status = 429, description = "`TOO_MANY_STREAMS`: the caller already holds `max_streams` event streams and sockets (the upgrade is refused); or `RATE_LIMITED`: over the API's per-caller request rate, see `Retry-After`", body = ErrorBody),
         (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
     )
 )]
 async fn upgrade(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    Extension(quota): Extension<StreamQuota>,
     Path(id): Path<String>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
     state.sessions.get_as(&caller.tenant, &id).await?;
+    let slot = quota.acquire()?;
     Ok(ws
         .max_message_size(MAX_FRAME_BYTES)
-        .on_upgrade(move |socket| serve(socket, state, caller, id)))
+        .on_upgrade(move |socket| serve(socket, state, caller, id, slot)))
 }
 
 #[derive(Deserialize)]
@@ -90,7 +101,14 @@ async fn send(socket: &mut WebSocket, value: Value) -> bool {
         .is_ok()
 }
 
-async fn serve(mut socket: WebSocket, state: AppState, caller: Principal, id: String) {
+/// Serves frames until the socket closes; `_slot` is freed then.
+async fn serve(
+    mut socket: WebSocket,
+    state: AppState,
+    caller: Principal,
+    id: String,
+    _slot: StreamSlot,
+) {
     while let Some(Ok(message)) = socket.recv().await {
         let text = match message {
             Message::Text(t) => t.to_string(),

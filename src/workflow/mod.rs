@@ -22,9 +22,10 @@
 //! Decisions that cross the modules:
 //! - every tool call of a tool or map node is a `workflow_node` call with
 //!   the run id as `workflow_id`, so `GET /v1/calls?workflow_id=<run id>`
-//!   lists them. Agent nodes run ordinary conversation turns: the tools
-//!   such an agent calls are its conversation's calls (counted in the
-//!   pool, listed by the session id the node records);
+//!   lists them. Agent nodes run conversation turns in a session whose
+//!   metadata names the run and node: the tools such a turn calls are
+//!   `workflow_node` calls too (outside the pool, recorded with the run id
+//!   and with the session id as `conversation_id`);
 //! - a run is one document, rewritten on every node transition (durably
 //!   when something finished), so reading a run never needs the actor;
 //! - runs that were in flight when the server stopped are `interrupted`

@@ -9,6 +9,7 @@
 pub mod gate;
 pub mod mock_model;
 pub mod server;
+pub mod ws;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,6 +1,8 @@
 //! The real `cadre serve` binary as a child process, for tests about the
 //! process itself: signals, exit codes, OS-level faults (a file size limit
-//! set from outside with `prlimit`). The server's stderr is a log file whose
+//! set from outside with `prlimit`), `kill -9` and a restart on the same
+//! data dir. The server's stderr is a log file (next to the data dir,
+//! truncated by each start, so it holds the current process's log) whose
 //! tail a failing assertion can print; it is a regular file on purpose, so a
 //! file size limit hits the logs too, as a full disk would.
 //!
@@ -109,6 +111,13 @@ impl Server {
             "set RLIMIT_FSIZE: {}",
             std::io::Error::last_os_error()
         );
+    }
+
+    /// SIGKILL, then reap the process: no shutdown code runs.
+    pub fn kill_9(&mut self) {
+        self.child.kill().expect("kill the server");
+        let status = self.child.wait().expect("reap the server");
+        assert!(!status.success(), "a killed server does not exit cleanly");
     }
 
     pub fn sigterm(&self) {
