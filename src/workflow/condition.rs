@@ -24,7 +24,11 @@
 //! - a lone operand, and the operands of `!`, `&&`, `||`, are taken by
 //!   truthiness: `null`, `false`, `0`, `""`, `[]` and `{}` are false;
 //! - no arithmetic, no functions: a condition that needs them belongs in a
-//!   tool.
+//!   tool;
+//! - at most [`MAX_TOKENS`] tokens: parsing, evaluating and dropping a
+//!   condition recurse over its tree, whose depth the token count bounds, so
+//!   a workflow file cannot overflow the stack of the server that loads it
+//!   (found by the `workflow_def` fuzz target: 500 nested parentheses).
 
 use serde_json::Value;
 
@@ -70,9 +74,18 @@ pub struct Condition {
     expr: Expr,
 }
 
+/// The longest condition, in tokens (see the module doc).
+pub const MAX_TOKENS: usize = 256;
+
 impl Condition {
     pub fn parse(text: &str) -> Result<Condition, ConditionError> {
         let tokens = tokenize(text)?;
+        if let Some((_, at)) = tokens.get(MAX_TOKENS) {
+            return Err(ConditionError::Syntax {
+                at: *at,
+                message: format!("a condition may hold at most {MAX_TOKENS} tokens"),
+            });
+        }
         let mut p = Parser {
             tokens,
             pos: 0,
@@ -493,5 +506,18 @@ mod tests {
         let c = Condition::parse("nodes.a.output.n > 1 && (input.x || nodes.b.output)").unwrap();
         let nodes: Vec<_> = c.paths().iter().filter_map(|p| p.node()).collect();
         assert_eq!(nodes, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_condition_deep_enough_to_overflow_the_stack_is_refused() {
+        let parens = format!("{}input.a{}", "(".repeat(500), ")".repeat(500));
+        let nots = format!("{}input.a", "!".repeat(2000));
+        let chain = vec!["input.a"; 2000].join(" && ");
+        for text in [parens, nots, chain] {
+            let err = Condition::parse(&text).unwrap_err().to_string();
+            assert!(err.contains("at most 256 tokens"), "{err}");
+        }
+        let deep_but_short = format!("{}input.a{}", "(".repeat(100), ")".repeat(100));
+        assert!(Condition::parse(&deep_but_short).is_ok());
     }
 }
