@@ -1,7 +1,6 @@
 //! The bodies of cadre's fuzz targets, kept apart from libFuzzer so the same
 //! inputs can be replayed without it (`cargo test` in this folder replays
-//! `regressions/` and any local `corpus/`; `tests/random.rs` runs a bounded
-//! libfuzzer-free random search over the same functions).
+//! `seeds/`, `regressions/` and any local `corpus/`).
 //!
 //! Each function takes the raw fuzz input, feeds it to public library code,
 //! and panics (the finding) when an invariant breaks: a panic inside cadre,
@@ -13,18 +12,19 @@
 //! | `calculator` | arbitrary text to `calc_eval::evaluate` | no panic, no stack overflow; `Ok` is finite and formats |
 //! | `tool_file` | arbitrary text as a `.yaml`/`.yml`/`.toml` tool file to `loader::parse_file` | no panic; an accepted file's schema compiles into a validator |
 //! | `http_body` | arbitrary bytes as the JSON body of every POST route of a real server (loopback, in-memory tools) | never a 5xx; every error is `{"error": {"code", "message"}}` (invoke: a failed `ToolExecutionResult`) |
-//!
-//! Workflow definitions are not fuzzed yet: they are being built in parallel.
+//! | `workflow_def` | arbitrary text as a workflow file to `definition::load`, against a fixed catalog ([`WORKFLOW_TOOLS`], [`WORKFLOW_AGENTS`]) | no panic, no stack overflow; an accepted workflow is acyclic, every node, tool and agent it names exists, and it lists as JSON; a refusal names the file |
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use cadre::tools::builtin::{self, BuiltinContext, calc_eval};
 use cadre::tools::loader;
 use cadre::tools::validate::ParamValidator;
+use cadre::workflow::definition::{self, Body, Catalog, SessionRef, Workflow};
+use cadre::workflow::template::PathExpr;
 use serde_json::Value;
 
 /// Validators of every builtin tool, lax and strict, built once.
@@ -225,7 +225,10 @@ pub fn http_body(data: &[u8]) {
         .unwrap_or_else(|_| panic!("{}: HTTP {status} body is not JSON: {text}", what()));
     match &reply["error"] {
         Value::Object(error) => {
-            let code = error.get("code").and_then(Value::as_str).unwrap_or_default();
+            let code = error
+                .get("code")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             let message = error
                 .get("message")
                 .and_then(Value::as_str)
@@ -244,6 +247,224 @@ pub fn http_body(data: &[u8]) {
     }
 }
 
+/// The tools a fuzzed workflow may name: those of the shipped workflows
+/// (`agents/workflows/*.toml`) and of the definition's unit tests.
+pub const WORKFLOW_TOOLS: [&str; 13] = [
+    "echo",
+    "calculator",
+    "emit",
+    "gate",
+    "fail",
+    "get_price",
+    "get_indicators",
+    "get_news",
+    "get_account_summary",
+    "get_positions_list",
+    "get_performance",
+    "get_quotes",
+    "http_request",
+];
+
+/// The agents a fuzzed workflow may name.
+pub const WORKFLOW_AGENTS: [&str; 2] = ["analyst", "writer"];
+
+struct FixedCatalog;
+
+impl Catalog for FixedCatalog {
+    fn has_tool(&self, name: &str) -> bool {
+        WORKFLOW_TOOLS.contains(&name)
+    }
+    fn has_agent(&self, name: &str) -> bool {
+        WORKFLOW_AGENTS.contains(&name)
+    }
+}
+
+/// Where fuzzed workflow text claims to come from.
+pub const WORKFLOW_PATH: &str = "agents/workflows/fuzz.toml";
+
+/// `text` loaded as [`WORKFLOW_PATH`] against the fixed catalog.
+pub fn load_workflow(text: &str) -> Result<Arc<Workflow>, definition::DefinitionError> {
+    definition::load(Path::new(WORKFLOW_PATH), text, &FixedCatalog)
+}
+
+/// The whole input as the text of [`WORKFLOW_PATH`].
+pub fn workflow_def(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let path = Path::new(WORKFLOW_PATH);
+    match load_workflow(text) {
+        Ok(wf) => check_workflow(&wf, text),
+        Err(e) => {
+            assert_eq!(e.file(), path, "{text:?}: refusal names another file");
+            let shown = e.to_string();
+            assert!(
+                shown.starts_with("agents/workflows/fuzz.toml: ") && shown.len() > 28,
+                "{text:?}: refusal without the file or a reason: {shown}"
+            );
+        }
+    }
+}
+
+/// What an accepted workflow promises, re-derived from its parts (not from
+/// the compiler's own `needs` alone).
+fn check_workflow(wf: &Workflow, text: &str) {
+    let what = || format!("{text:?} accepted as {wf:?}");
+    let name_ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    assert!(
+        name_ok(&wf.name) && wf.name != "runs",
+        "{}: bad name",
+        what()
+    );
+    assert!(!wf.nodes.is_empty(), "{}: no nodes", what());
+    let index_of = |id: &str| wf.nodes.iter().position(|n| n.id == id);
+    for (i, node) in wf.nodes.iter().enumerate() {
+        let id = &node.id;
+        assert!(name_ok(id), "{}: bad node id {id:?}", what());
+        assert_eq!(index_of(id), Some(i), "{}: node id {id} used twice", what());
+        // Every edge points at a node; `needs` is sorted without repeats.
+        assert!(
+            node.needs.iter().all(|&d| d < wf.nodes.len()),
+            "{}: node {id} needs a node out of range: {:?}",
+            what(),
+            node.needs
+        );
+        assert!(
+            node.needs.windows(2).all(|w| w[0] < w[1]),
+            "{}: node {id}: needs not sorted and unique: {:?}",
+            what(),
+            node.needs
+        );
+        // Everything the node reads or waits for exists and is an edge.
+        let needed = |other: &str, field: &str| {
+            let j = index_of(other).unwrap_or_else(|| {
+                panic!(
+                    "{}: node {id}: {field} names missing node {other:?}",
+                    what()
+                )
+            });
+            assert!(
+                node.needs.contains(&j),
+                "{}: node {id}: {field} reads {other} but does not need it",
+                what()
+            );
+        };
+        for dep in &node.depends_on {
+            needed(dep, "depends_on");
+        }
+        let is_map = node.map.is_some();
+        let mut reads: Vec<(&str, &PathExpr)> = Vec::new();
+        match &node.body {
+            Body::Tool { tool, params } => {
+                assert!(
+                    WORKFLOW_TOOLS.contains(&tool.as_str()),
+                    "{}: node {id}: unknown tool {tool:?}",
+                    what()
+                );
+                reads.extend(params.paths().into_iter().map(|p| ("params", p)));
+            }
+            Body::Agent {
+                agent,
+                prompt,
+                session,
+            } => {
+                assert!(
+                    WORKFLOW_AGENTS.contains(&agent.as_str()),
+                    "{}: node {id}: unknown agent {agent:?}",
+                    what()
+                );
+                reads.extend(prompt.paths().map(|p| ("prompt", p)));
+                if let SessionRef::Continue(other) = session {
+                    needed(other, "session");
+                    let target = &wf.nodes[index_of(other).unwrap()];
+                    assert!(
+                        other != id
+                            && target.map.is_none()
+                            && matches!(target.body, Body::Agent { .. }),
+                        "{}: node {id} continues the session of {other}, not a plain agent node",
+                        what()
+                    );
+                }
+            }
+        }
+        for (field, p) in &reads {
+            assert!(
+                is_map || !p.needs_item(),
+                "{}: node {id}: {field} reads {} outside a map node",
+                what(),
+                p.text
+            );
+        }
+        if let Some(m) = &node.map {
+            assert!(m.max_parallel >= 1, "{}: node {id}: max_parallel 0", what());
+            assert!(
+                !m.over.needs_item(),
+                "{}: node {id}: map reads item",
+                what()
+            );
+            reads.push(("map", &m.over));
+        }
+        if let Some(c) = &node.when {
+            for p in c.paths() {
+                assert!(!p.needs_item(), "{}: node {id}: when reads item", what());
+                reads.push(("when", p));
+            }
+        }
+        for (field, p) in reads {
+            if let Some(other) = p.node() {
+                needed(other, field);
+            }
+        }
+        if let Some(t) = node.timeout {
+            assert!(!t.is_zero(), "{}: node {id}: zero timeout", what());
+        }
+    }
+    // Acyclic: Kahn's algorithm orders every node.
+    let mut waiting: Vec<usize> = wf.nodes.iter().map(|n| n.needs.len()).collect();
+    let mut ready: Vec<usize> = (0..wf.nodes.len()).filter(|&i| waiting[i] == 0).collect();
+    let mut ordered = 0;
+    while let Some(i) = ready.pop() {
+        ordered += 1;
+        for (j, n) in wf.nodes.iter().enumerate() {
+            if n.needs.contains(&i) {
+                waiting[j] -= 1;
+                if waiting[j] == 0 {
+                    ready.push(j);
+                }
+            }
+        }
+    }
+    assert_eq!(
+        ordered,
+        wf.nodes.len(),
+        "{}: the nodes have a cycle",
+        what()
+    );
+    if let Some(output) = &wf.output {
+        for p in output.paths() {
+            assert!(!p.needs_item(), "{}: output reads {}", what(), p.text);
+            if let Some(other) = p.node() {
+                assert!(
+                    index_of(other).is_some(),
+                    "{}: output reads missing node {other:?}",
+                    what()
+                );
+            }
+        }
+    }
+    let listed = wf.to_json();
+    assert_eq!(
+        listed["nodes"].as_array().map(Vec::len),
+        Some(wf.nodes.len()),
+        "{}: listing {listed}",
+        what()
+    );
+}
+
 /// Every target, by name (for replaying files).
 pub fn target(name: &str) -> Option<fn(&[u8])> {
     let f: fn(&[u8]) = match name {
@@ -251,6 +472,7 @@ pub fn target(name: &str) -> Option<fn(&[u8])> {
         "calculator" => calculator,
         "tool_file" => tool_file,
         "http_body" => http_body,
+        "workflow_def" => workflow_def,
         _ => return None,
     };
     Some(f)

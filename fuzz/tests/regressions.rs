@@ -45,3 +45,30 @@ fn committed_crashing_inputs_no_longer_crash() {
 fn the_local_corpus_replays_cleanly() {
     replay(&Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus"));
 }
+
+/// The workflow seeds reach both sides: the shipped files and the variant
+/// with every kind of edge are accepted (so the acceptance checks run on
+/// them), the broken ones are refused for the reason they were written for.
+#[test]
+fn workflow_seeds_are_accepted_or_refused_as_written() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("seeds/workflow_def");
+    let load = |name: &str| {
+        let text = std::fs::read_to_string(dir.join(name)).expect("read a seed");
+        cadre_fuzz::load_workflow(&text).map(|wf| wf.nodes.len())
+    };
+    for (name, nodes) in [
+        ("market-brief.toml", 4),
+        ("account-review.toml", 5),
+        ("session-when-map.toml", 4),
+        ("when-nested.toml", 1),
+    ] {
+        assert_eq!(load(name).unwrap_or_else(|e| panic!("{name}: {e}")), nodes);
+    }
+    for (name, reason) in [
+        ("cycle.toml", "cycle: a -> c -> b -> a"),
+        ("unknown-node.toml", "output reads node 'ghost'"),
+    ] {
+        let e = load(name).expect_err(name).to_string();
+        assert!(e.contains(reason), "{name}: {e}");
+    }
+}
