@@ -8,8 +8,11 @@
 //! queued into one commit (group commit). A batch commits with
 //! `Durability::Immediate` (an fsync) when any request in it asked for
 //! durability, else with `Durability::None`; an immediate commit also makes the
-//! earlier non-durable ones durable. A turn therefore writes its steps cheaply
-//! and pays one fsync before it is acknowledged.
+//! earlier non-durable ones durable. Writes sent behind
+//! ([`Store::write_behind`]: nobody waits for them) are held up to
+//! [`HOLD_BEHIND`] and go into the next commit someone waits for, in the
+//! order sent. A turn therefore sends its steps and call records behind and
+//! pays one commit, with one fsync, before it is acknowledged.
 //! Readers use their own read transactions on blocking threads and never wait
 //! for the writer. Sessions and documents, read on every turn, are served
 //! from a read cache the writer invalidates ([`cache`]). Owns: the file layout ([`tables`]). Does not: decide what to write.
