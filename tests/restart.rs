@@ -5,91 +5,40 @@
 
 mod support;
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::path::Path;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-/// One `cadre serve` child process. Dropping it kills the process (SIGKILL
-/// on unix), so a failing assertion never leaves a server behind.
+/// A `cadre serve` child process (see [`support::server`]) with the offline
+/// provider, and the HTTP calls these tests make to it.
 struct Server {
-    child: Child,
-    base: String,
+    process: support::server::Server,
     client: reqwest::Client,
-    /// Kept open so the child's stdout never turns into a broken pipe.
-    _stdout: BufReader<ChildStdout>,
 }
 
 impl Server {
-    /// Starts `cadre serve` on a free loopback port over `data_dir` and
-    /// returns once it has printed its `cadre listening on` line. Its stderr
-    /// goes to `log`, which is shown if it never gets ready.
-    async fn start(data_dir: &Path, log: PathBuf) -> Server {
-        let data_dir = data_dir.to_path_buf();
-        tokio::task::spawn_blocking(move || Server::start_blocking(&data_dir, &log))
-            .await
-            .expect("the start thread finished")
-    }
-
-    fn start_blocking(data_dir: &Path, log: &Path) -> Server {
-        let stderr = File::create(log).expect("create the server log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cadre"))
-            .arg("serve")
-            .arg("--addr")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .arg("--agents")
-            .arg(support::repo_agents())
-            .env_remove("CADRE_MODEL_BASE_URL")
-            .env_remove("CADRE_MODEL_API_KEY")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("CADRE_MODEL")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("the cadre binary starts");
-        let stdout = child.stdout.take().expect("piped stdout");
-        // From here on the guard owns the child: a panic below kills it.
-        let mut server = Server {
-            child,
-            base: String::new(),
+    async fn start(data_dir: &Path) -> Server {
+        let data_dir = data_dir.join("data");
+        let process = tokio::task::spawn_blocking(move || {
+            support::server::Server::start_offline(&data_dir, &support::repo_agents())
+        })
+        .await
+        .expect("the start thread finished");
+        Server {
+            process,
             client: reqwest::Client::new(),
-            _stdout: BufReader::new(stdout),
-        };
-        let mut line = String::new();
-        let read = server
-            ._stdout
-            .read_line(&mut line)
-            .expect("read the server's stdout");
-        let addr = line
-            .trim_end()
-            .strip_prefix("cadre listening on http://")
-            .map(str::to_owned);
-        let Some(addr) = addr.filter(|_| read > 0) else {
-            let log = std::fs::read_to_string(log).unwrap_or_default();
-            panic!("cadre did not report its address; stdout: {line:?}; stderr:\n{log}");
-        };
-        server.base = format!("http://{addr}");
-        server
+        }
     }
 
-    /// SIGKILL (kill -9 on unix), then reap the process.
     fn kill_9(mut self) {
-        self.child.kill().expect("kill the server");
-        let status = self.child.wait().expect("reap the server");
-        assert!(!status.success(), "a killed server does not exit cleanly");
+        self.process.kill_9();
     }
 
     async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
         let r = self
             .client
-            .post(format!("{}{path}", self.base))
+            .post(format!("{}{path}", self.process.base))
             .json(body)
             .send()
             .await
@@ -100,7 +49,7 @@ impl Server {
     async fn get(&self, path: &str) -> (StatusCode, Value) {
         let r = self
             .client
-            .get(format!("{}{path}", self.base))
+            .get(format!("{}{path}", self.process.base))
             .send()
             .await
             .expect("request sent");
@@ -139,13 +88,6 @@ impl Server {
     }
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 async fn read(r: reqwest::Response) -> (StatusCode, Value) {
     let status = r.status();
     let text = r.text().await.expect("body read");
@@ -163,8 +105,7 @@ fn roles(messages: &[Value]) -> Vec<&str> {
 #[tokio::test]
 async fn offline_provider_answers_6_times_7_with_42_via_the_calculator() {
     let data = tempfile::tempdir().expect("data dir");
-    let logs = tempfile::tempdir().expect("log dir");
-    let server = Server::start(data.path(), logs.path().join("server.log")).await;
+    let server = Server::start(data.path()).await;
     let session = server.session("assistant").await;
 
     let outcome = server.say(&session, "What is 6*7?").await;
@@ -181,8 +122,7 @@ async fn offline_provider_answers_6_times_7_with_42_via_the_calculator() {
 #[tokio::test]
 async fn history_survives_kill_9_and_restart() {
     let data = tempfile::tempdir().expect("data dir");
-    let logs = tempfile::tempdir().expect("log dir");
-    let first = Server::start(data.path(), logs.path().join("first.log")).await;
+    let first = Server::start(data.path()).await;
     let session = first.session("assistant").await;
 
     let arithmetic = first.say(&session, "What is (2+3)*4?").await;
@@ -215,7 +155,7 @@ async fn history_survives_kill_9_and_restart() {
     assert_eq!(summary_before["message_count"], 8, "{summary_before}");
 
     first.kill_9();
-    let second = Server::start(data.path(), logs.path().join("second.log")).await;
+    let second = Server::start(data.path()).await;
 
     let after = second.messages(&session).await;
     assert_eq!(after, before, "history changed across kill -9 and restart");

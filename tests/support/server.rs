@@ -29,6 +29,22 @@ impl Server {
     /// `model_url`; `env` adds or overrides variables (server config keys).
     /// Returns once it printed its address.
     pub fn start(data_dir: &Path, agents: &Path, model_url: &str, env: &[(&str, &str)]) -> Server {
+        Self::spawn(data_dir, agents, Some(model_url), env)
+    }
+
+    /// Like [`Self::start`] with no model endpoint configured: the built-in
+    /// offline provider answers, as for a newcomer's `cadre serve`.
+    #[allow(dead_code)]
+    pub fn start_offline(data_dir: &Path, agents: &Path) -> Server {
+        Self::spawn(data_dir, agents, None, &[])
+    }
+
+    fn spawn(
+        data_dir: &Path,
+        agents: &Path,
+        model_url: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Server {
         let log = data_dir.with_extension("log");
         let stderr = File::create(&log).expect("create the server log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_cadre"));
@@ -39,13 +55,20 @@ impl Server {
             .arg(agents)
             .env_remove("OPENAI_API_KEY")
             .env_remove("CADRE_CONFIG")
-            .env("CADRE_MODEL_BASE_URL", model_url)
-            .env("CADRE_MODEL_API_KEY", "test-key")
-            .env("CADRE_MODEL", "mock-model")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr);
+        match model_url {
+            Some(url) => command
+                .env("CADRE_MODEL_BASE_URL", url)
+                .env("CADRE_MODEL_API_KEY", "test-key")
+                .env("CADRE_MODEL", "mock-model"),
+            None => command
+                .env_remove("CADRE_MODEL_BASE_URL")
+                .env_remove("CADRE_MODEL_API_KEY")
+                .env_remove("CADRE_MODEL"),
+        };
         for (k, v) in env {
             command.env(k, v);
         }
