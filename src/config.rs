@@ -39,6 +39,10 @@ pub enum ConfigError {
     Invalid { agent: String, message: String },
 }
 
+/// The MCP server list in the agents directory: not an agent file; read
+/// by `mcp::config`, named here (below `mcp`) so both agree on it.
+pub const MCP_FILE_NAME: &str = "mcp.toml";
+
 /// An agent file as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -234,11 +238,8 @@ pub fn load_agent_files(dir: &Path) -> Result<Vec<(PathBuf, AgentFile)>, ConfigE
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "toml"))
-        // The MCP server list lives beside the agents ([`crate::mcp::config`]).
-        .filter(|p| {
-            p.file_name()
-                .is_none_or(|n| n != crate::mcp::config::FILE_NAME)
-        })
+        // The MCP server list lives beside the agents (read by `mcp::config`).
+        .filter(|p| p.file_name().is_none_or(|n| n != MCP_FILE_NAME))
         .collect();
     paths.sort();
     let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();

@@ -4,27 +4,53 @@
 //!
 //! - [`http`]: the axum API; turns requests into calls on the handles below.
 //! - [`conversation`]: one actor per chat session; a pure `ConversationMachine`
-//!   decides each step of a turn, the actor performs the IO it asks for.
+//!   decides each step of a turn, the actor performs the IO it asks for and
+//!   spawns one tool sub-agent per batch of tool calls (`conversation::batch`).
 //! - [`model`]: the `ChatModel` trait, the OpenAI-compatible client and the
 //!   offline intent router that serves when no endpoint is configured.
-//! - [`tools`]: tool definitions, the registry, builtin handlers and the
-//!   per-batch `ToolSubAgent` actor.
 //! - [`executor`]: the supervised actor every tool call passes through.
+//! - [`tools`]: tool definitions, the registry and the builtin handlers.
 //! - [`workflow`]: DAGs of tool and agent nodes; a pure scheduler inside a
 //!   runner actor per run.
 //! - [`store`]: redb tables and the group-committing writer.
 //! - [`metrics`]: counters and histograms for `/metrics`.
 //! - [`tenants`]: API keys, tenant isolation and per-tenant config.
+//! - [`identity`]: who a call is for (tenant, plan, principal).
 //! - [`mcp`]: MCP servers as tool sources, and cadre as an MCP server.
 //! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`config`]: agent definitions; [`server_config`]: the server's config file.
+//!
+//! # Layers
+//!
+//! Imports point down this stack only, and no two modules import each
+//! other (what two modules both need moves down into a small module of its
+//! own, as [`identity`] did for the store, the tools and the key ring):
+//!
+//! ```text
+//! main / cli                      the binary: serve, chat, keys, tools, mcp ...
+//! runtime, server_config          wiring; the server's config file
+//! http                            the API, one file per resource
+//! workflow, mcp                   multi-agent DAGs; MCP in and out
+//! conversation                    session actors and their tool sub-agents
+//! config                          agent definitions
+//! executor                        the one gate of every tool call
+//! tools                           definitions, registry, builtin handlers
+//! tenants                         API keys, per-tenant config
+//! store                           redb
+//! model                           the model clients and chat types
+//! identity, events, metrics       plain data and the shared sinks
+//! ```
+//!
+//! `python3 ../shared/tools/layers.py src` (run from the repository) prints
+//! any import that breaks this; it prints `0 layering problems` today.
 
 pub mod config;
 pub mod conversation;
 pub mod events;
 pub mod executor;
 pub mod http;
+pub mod identity;
 pub mod mcp;
 pub mod metrics;
 pub mod model;

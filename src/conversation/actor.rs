@@ -44,13 +44,13 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
+use super::batch::{ToolBatchReport, ToolSubAgent};
 use super::machine::{Action, CallReport, ConversationMachine, Step, TurnOutcome, TurnSettings};
 use crate::config::{Agent, Multitask};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
 use crate::model::{ChatMessage, ModelError};
 use crate::store::{Session, Store, StoreError, StoredMessage, StoredSummary, WriteOp};
-use crate::tools::subagent::{ToolBatchReport, ToolSubAgent};
 use crate::tools::{CallerType, ExecutionContext};
 
 /// Why a turn did not produce an answer.

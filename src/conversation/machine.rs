@@ -39,6 +39,7 @@ use serde_json::Value;
 use crate::model::{
     ChatMessage, ChatRequest, ChatResponse, Purpose, Role, ToolCall, ToolChoice, ToolSpec,
 };
+use crate::tenants::TenantConfig;
 use crate::tools::{ErrorType, ToolExecutionResult};
 
 use super::context::{self, FALLBACK_INSTRUCTION, PromptLayers};
@@ -72,6 +73,51 @@ pub struct TurnSettings {
     pub tool_variables: Value,
     /// Result-cache TTL for this turn's calls (`Some(0)`: no cache; `None`: the tools').
     pub cache_ttl: Option<u64>,
+}
+
+impl TurnSettings {
+    /// Applies a tenant's overrides to the agent's settings for one turn
+    /// (what each field does: [`crate::tenants::config`]).
+    pub fn apply_tenant(&mut self, tenant: &TenantConfig) {
+        if let Some(p) = tenant
+            .custom_system_prompt
+            .as_ref()
+            .filter(|p| !p.trim().is_empty())
+        {
+            self.layers.base_prompt = p.clone();
+        }
+        if let Some(m) = &tenant.preferred_model {
+            self.model = m.clone();
+        }
+        if tenant.temperature.is_some() {
+            self.temperature = tenant.temperature;
+        }
+        if tenant.max_response_tokens.is_some() {
+            self.max_tokens = tenant.max_response_tokens;
+        }
+        let tc = &tenant.tool_config;
+        if let Some(n) = tc.max_iterations {
+            self.max_iterations = n;
+        }
+        if !tc.fetch_page_enabled {
+            self.tools = self
+                .tools
+                .iter()
+                .filter(|t| t.name != "fetch_page")
+                .cloned()
+                .collect();
+        }
+        if let Some(paths) = &tc.allowed_paths
+            && let Some(site) = self.tool_variables.get_mut("site")
+        {
+            site["allowed_paths"] = serde_json::json!(paths);
+        }
+        self.cache_ttl = if !tc.cache_enabled {
+            Some(0)
+        } else {
+            tc.cache_ttl_seconds
+        };
+    }
 }
 
 /// The stored summary of a session's older messages.
@@ -475,6 +521,62 @@ mod tests {
     use super::*;
     use serde_json::json;
     use std::time::Duration;
+
+    fn tenant_settings() -> TurnSettings {
+        TurnSettings {
+            layers: PromptLayers {
+                base_prompt: "agent prompt".into(),
+                ..PromptLayers::default()
+            },
+            model: "agent-model".into(),
+            tools: vec![
+                ToolSpec {
+                    name: "fetch_page".into(),
+                    description: String::new(),
+                    parameters: json!({}),
+                },
+                ToolSpec {
+                    name: "echo".into(),
+                    description: String::new(),
+                    parameters: json!({}),
+                },
+            ]
+            .into(),
+            max_iterations: 3,
+            history_window: 20,
+            temperature: None,
+            max_tokens: None,
+            tool_variables: json!({"site": {"base_url": "https://x", "allowed_paths": ["/"]}}),
+            cache_ttl: None,
+        }
+    }
+
+    #[test]
+    fn tenant_overrides_reach_the_turn_settings() {
+        let c = TenantConfig::from_json(json!({
+            "custom_system_prompt": "You are Acme's assistant.",
+            "preferred_model": "llama-3.3-70b",
+            "temperature": 0.3,
+            "max_response_tokens": 200,
+            "tool_config": {"fetch_page_enabled": false, "max_iterations": 1, "allowed_paths": ["/docs"], "cache_enabled": false}
+        }))
+        .unwrap();
+        let mut s = tenant_settings();
+        s.apply_tenant(&c);
+        assert_eq!(s.layers.base_prompt, "You are Acme's assistant.");
+        assert_eq!(s.model, "llama-3.3-70b");
+        assert_eq!(
+            (s.temperature, s.max_tokens, s.max_iterations),
+            (Some(0.3), Some(200), 1)
+        );
+        assert_eq!(s.tools.len(), 1);
+        assert_eq!(s.tool_variables["site"]["allowed_paths"], json!(["/docs"]));
+        assert_eq!(s.cache_ttl, Some(0));
+        let mut s = tenant_settings();
+        s.apply_tenant(&TenantConfig::default());
+        assert_eq!(s.model, "agent-model");
+        assert_eq!(s.tools.len(), 2);
+    }
 
     fn settings(max_iterations: u32, window: usize) -> TurnSettings {
         TurnSettings {

@@ -3,12 +3,14 @@
 //! http ──▶ [`Sessions`] ──▶ [`actor::Conversation`] ──▶ model / ToolSubAgent / store
 //!
 //! - [`machine`]: the decisions of a turn (no IO); [`context`]: the five prompt layers.
-//! - [`actor`]: the actor that performs them.
+//! - [`actor`]: the actor that performs them; [`batch`]: the tool sub-agent it
+//!   spawns per batch of tool calls.
 //! - [`sessions`]: the registry of live conversations and the session API.
 //! - [`summary`]: tool usage summaries.
 
 pub mod actor;
 pub mod auto_respond;
+pub mod batch;
 pub mod context;
 pub mod machine;
 pub mod sessions;

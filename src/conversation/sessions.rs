@@ -352,7 +352,7 @@ impl Sessions {
         let agent = self.agent_of(&session)?;
         // The tenant's prompt and model, as in its turns.
         let mut settings = turn_settings(&agent, &session, &self.inner.registry);
-        self.tenant_config(tenant).await?.apply(&mut settings);
+        settings.apply_tenant(&self.tenant_config(tenant).await?);
         let (recent, _) = self.inner.store.recent_messages(id, 10).await?;
         let transcript: Vec<String> = recent
             .iter()
@@ -513,7 +513,7 @@ impl Sessions {
         let agent = self.agent_of(&session)?;
         let mut settings = turn_settings(&agent, &session, &self.inner.registry);
         match TenantConfig::load(&self.inner.store, &session.tenant).await {
-            Ok(config) => config.apply(&mut settings),
+            Ok(config) => settings.apply_tenant(&config),
             Err(TenantConfigError::Store(s)) => return Err(s.into()),
             Err(TenantConfigError::Invalid { message }) => {
                 tracing::error!(tenant = %session.tenant, %message, "stored tenant config is invalid; using the agent's settings");

@@ -361,7 +361,7 @@ pub fn limit_key(ctx: &ExecutionContext) -> String {
         "{}/{}",
         ctx.tenant
             .as_deref()
-            .unwrap_or(crate::tenants::DEFAULT_TENANT),
+            .unwrap_or(crate::identity::DEFAULT_TENANT),
         ctx.user_id.as_deref().unwrap_or("anonymous")
     )
 }

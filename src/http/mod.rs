@@ -16,6 +16,7 @@
 
 pub mod assist;
 pub mod auth;
+pub mod caller;
 pub mod calls;
 pub mod confirmations;
 pub mod error;

@@ -26,13 +26,12 @@
 //!   drops callers whose bucket is full again and should run periodically.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{ConnectInfo, Request, State};
-use axum::http::header::{AUTHORIZATION, RETRY_AFTER};
+use axum::extract::{Request, State};
+use axum::http::header::RETRY_AFTER;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -42,6 +41,7 @@ use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 use serde::Deserialize;
 
+use super::caller::Caller;
 use super::error::ApiError;
 
 /// `[http.rate_limit]`-style settings: the sustained rate and the burst.
@@ -82,69 +82,6 @@ impl ApiLimitConfig {
         let burst = NonZeroU32::new(self.burst).ok_or(ApiLimitConfigError::ZeroBurst)?;
         Ok(Quota::per_second(rate).allow_burst(burst))
     }
-}
-
-/// Who a request counts against.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) enum Caller {
-    ApiKey(String),
-    Ip(IpAddr),
-    Anonymous,
-}
-
-impl Caller {
-    fn of(request: &Request) -> Caller {
-        // Authentication runs first: a verified key is counted by its id,
-        // so made-up keys cannot buy fresh buckets (they were refused).
-        if let Some(key_id) = request
-            .extensions()
-            .get::<crate::tenants::Principal>()
-            .and_then(|p| p.key_id.clone())
-        {
-            return Caller::ApiKey(key_id);
-        }
-        // No verified key: the server runs open (loopback only), where a
-        // bearer token is still a useful bucket; with keys configured,
-        // requests without a valid one were refused before this layer.
-        if let Some(key) = request
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|value| bearer_token(value.as_bytes()))
-        {
-            return Caller::ApiKey(key.to_owned());
-        }
-        match request.extensions().get::<ConnectInfo<SocketAddr>>() {
-            Some(ConnectInfo(addr)) => Caller::Ip(addr.ip()),
-            None => Caller::Anonymous,
-        }
-    }
-
-    /// What logs may say about the caller.
-    pub(crate) fn kind(&self) -> &'static str {
-        match self {
-            Caller::ApiKey(_) => "api_key",
-            Caller::Ip(_) => "ip",
-            Caller::Anonymous => "anonymous",
-        }
-    }
-}
-
-impl fmt::Debug for Caller {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Caller::ApiKey(_) => f.write_str("ApiKey(<redacted>)"),
-            Caller::Ip(ip) => write!(f, "Ip({ip})"),
-            Caller::Anonymous => f.write_str("Anonymous"),
-        }
-    }
-}
-
-/// The token of `Bearer <token>` (scheme case-insensitive), if non-empty.
-fn bearer_token(value: &[u8]) -> Option<&str> {
-    let value = std::str::from_utf8(value).ok()?;
-    let (scheme, token) = value.trim().split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 type Keyed<C> = governor::RateLimiter<
@@ -269,8 +206,12 @@ fn retry_after_secs(wait: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
+
     use axum::Router;
     use axum::body::Body;
+    use axum::extract::ConnectInfo;
+    use axum::http::header::AUTHORIZATION;
     use axum::routing::get;
     use governor::clock::FakeRelativeClock;
     use serde_json::Value;
@@ -424,19 +365,6 @@ mod tests {
 
         fn shared<T: Send + Sync + 'static>() {}
         shared::<ApiRateLimit>();
-    }
-
-    #[test]
-    fn the_bearer_token_is_read_case_insensitively_and_never_shown() {
-        assert_eq!(bearer_token(b"Bearer abc"), Some("abc"));
-        assert_eq!(bearer_token(b"bearer  abc "), Some("abc"));
-        assert_eq!(bearer_token(b"Bearer "), None);
-        assert_eq!(bearer_token(b"Basic abc"), None);
-        assert_eq!(bearer_token(b"abc"), None);
-        let caller = Caller::of(&with_key(SECRET));
-        assert_eq!(caller, Caller::ApiKey(SECRET.into()));
-        assert_eq!(format!("{caller:?}"), "ApiKey(<redacted>)");
-        assert_eq!(caller.kind(), "api_key");
     }
 
     #[test]

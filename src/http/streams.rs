@@ -28,8 +28,8 @@ use axum::http::StatusCode;
 use futures::Stream;
 use futures::StreamExt;
 
+use super::caller::Caller;
 use super::error::ApiError;
-use super::rate_limit::Caller;
 
 /// The open-stream counts of every caller, shared by all requests.
 #[derive(Clone, Debug)]

@@ -30,7 +30,7 @@ use serde::Deserialize;
 
 use crate::tools::{Plan, RateLimit};
 
-pub const FILE_NAME: &str = "mcp.toml";
+pub use crate::config::MCP_FILE_NAME as FILE_NAME;
 pub const DEFAULT_CATEGORY: &str = "mcp";
 
 #[derive(Debug, Deserialize, Default)]

@@ -48,8 +48,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use crate::identity::Plan;
 use crate::model::ChatMessage;
-use crate::tools::Plan;
 use tables::*;
 
 /// Requests the writer drains into one transaction at most.
@@ -143,7 +143,7 @@ pub struct Session {
 }
 
 fn default_tenant() -> String {
-    crate::tenants::DEFAULT_TENANT.to_string()
+    crate::identity::DEFAULT_TENANT.to_string()
 }
 
 /// A message as stored: its place in the session and when it was written.

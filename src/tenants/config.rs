@@ -1,7 +1,7 @@
 //! Per-tenant configuration: what a company changes about its agents.
 //!
 //! admin ──GET/POST/PATCH /v1/tenants/{id}/config──▶ TenantConfig (redb docs, durable)
-//! turn  ──▶ TenantConfig::apply(agent's TurnSettings) ──▶ the settings of that turn
+//! turn  ──▶ TenantConfig ──▶ conversation's TurnSettings::apply_tenant ──▶ the settings of that turn
 //!
 //! Overrides: `custom_system_prompt` replaces layer 1; `preferred_model`,
 //! `temperature`, `max_response_tokens` go into the model request;
@@ -16,7 +16,6 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::conversation::machine::TurnSettings;
 use crate::store::{Store, StoreError};
 
 const NAMESPACE: &str = "tenant_config";
@@ -147,48 +146,6 @@ impl TenantConfig {
         store.put_doc(NAMESPACE, tenant, value, true).await?;
         Ok(())
     }
-
-    /// The agent's settings for one turn, with this tenant's overrides.
-    pub fn apply(&self, settings: &mut TurnSettings) {
-        if let Some(p) = self
-            .custom_system_prompt
-            .as_ref()
-            .filter(|p| !p.trim().is_empty())
-        {
-            settings.layers.base_prompt = p.clone();
-        }
-        if let Some(m) = &self.preferred_model {
-            settings.model = m.clone();
-        }
-        if self.temperature.is_some() {
-            settings.temperature = self.temperature;
-        }
-        if self.max_response_tokens.is_some() {
-            settings.max_tokens = self.max_response_tokens;
-        }
-        let tc = &self.tool_config;
-        if let Some(n) = tc.max_iterations {
-            settings.max_iterations = n;
-        }
-        if !tc.fetch_page_enabled {
-            settings.tools = settings
-                .tools
-                .iter()
-                .filter(|t| t.name != "fetch_page")
-                .cloned()
-                .collect();
-        }
-        if let Some(paths) = &tc.allowed_paths
-            && let Some(site) = settings.tool_variables.get_mut("site")
-        {
-            site["allowed_paths"] = serde_json::json!(paths);
-        }
-        settings.cache_ttl = if !tc.cache_enabled {
-            Some(0)
-        } else {
-            tc.cache_ttl_seconds
-        };
-    }
 }
 
 /// RFC 7396: objects merge key by key, `null` removes, anything else replaces.
@@ -214,65 +171,7 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conversation::context::PromptLayers;
-    use crate::model::ToolSpec;
     use serde_json::json;
-
-    fn settings() -> TurnSettings {
-        TurnSettings {
-            layers: PromptLayers {
-                base_prompt: "agent prompt".into(),
-                ..PromptLayers::default()
-            },
-            model: "agent-model".into(),
-            tools: vec![
-                ToolSpec {
-                    name: "fetch_page".into(),
-                    description: String::new(),
-                    parameters: json!({}),
-                },
-                ToolSpec {
-                    name: "echo".into(),
-                    description: String::new(),
-                    parameters: json!({}),
-                },
-            ]
-            .into(),
-            max_iterations: 3,
-            history_window: 20,
-            temperature: None,
-            max_tokens: None,
-            tool_variables: json!({"site": {"base_url": "https://x", "allowed_paths": ["/"]}}),
-            cache_ttl: None,
-        }
-    }
-
-    #[test]
-    fn overrides_reach_the_turn_settings() {
-        let c = TenantConfig::from_json(json!({
-            "custom_system_prompt": "You are Acme's assistant.",
-            "preferred_model": "llama-3.3-70b",
-            "temperature": 0.3,
-            "max_response_tokens": 200,
-            "tool_config": {"fetch_page_enabled": false, "max_iterations": 1, "allowed_paths": ["/docs"], "cache_enabled": false}
-        }))
-        .unwrap();
-        let mut s = settings();
-        c.apply(&mut s);
-        assert_eq!(s.layers.base_prompt, "You are Acme's assistant.");
-        assert_eq!(s.model, "llama-3.3-70b");
-        assert_eq!(
-            (s.temperature, s.max_tokens, s.max_iterations),
-            (Some(0.3), Some(200), 1)
-        );
-        assert_eq!(s.tools.len(), 1);
-        assert_eq!(s.tool_variables["site"]["allowed_paths"], json!(["/docs"]));
-        assert_eq!(s.cache_ttl, Some(0));
-        let mut s = settings();
-        TenantConfig::default().apply(&mut s);
-        assert_eq!(s.model, "agent-model");
-        assert_eq!(s.tools.len(), 2);
-    }
 
     #[test]
     fn patches_merge_and_bad_values_are_refused() {

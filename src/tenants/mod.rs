@@ -32,27 +32,8 @@ use crate::store::{Store, StoreError};
 
 pub use config::TenantConfig;
 
-pub const DEFAULT_TENANT: &str = "default";
+pub use crate::identity::{DEFAULT_TENANT, Principal};
 const KEYS: &str = "api_keys";
-
-/// The caller of a request, once authenticated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    pub tenant: String,
-    pub admin: bool,
-    /// The verified key's id (`None` when the server runs open).
-    pub key_id: Option<String>,
-}
-
-impl Principal {
-    pub fn open() -> Self {
-        Principal {
-            tenant: DEFAULT_TENANT.into(),
-            admin: true,
-            key_id: None,
-        }
-    }
-}
 
 /// A stored key: never the key itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

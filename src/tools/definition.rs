@@ -15,38 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use crate::identity::Plan;
 use crate::model::ToolSpec;
-
-/// Subscription plans, ordered: free < pro < premium.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Plan {
-    #[default]
-    Free,
-    Pro,
-    Premium,
-}
-
-impl Plan {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Plan::Free => "free",
-            Plan::Pro => "pro",
-            Plan::Premium => "premium",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Plan> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "free" => Some(Plan::Free),
-            "pro" => Some(Plan::Pro),
-            "premium" => Some(Plan::Premium),
-            _ => None,
-        }
-    }
-}
 
 /// Calls allowed per user and tool in each window; unset windows are unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! Tools: what a model can ask cadre to do.
 //!
 //! registry (definitions + handlers) ──▶ executor looks up, validates, runs
-//! conversation ──ToolSubAgent (one per batch)──▶ executor ──▶ outcomes back
+//! executor ◀── ToolSubAgent (one per batch, in `conversation::batch`) ◀── conversation
 //!
 //! A tool is a [`ToolDefinition`] (name, description, JSON Schema of its
 //! parameters, limits) plus a [`ToolHandler`]. Handlers are plain async
@@ -15,7 +15,6 @@ pub mod loader;
 pub mod outcome;
 pub mod registry;
 pub mod schema;
-pub mod subagent;
 pub mod validate;
 pub mod watch;
 

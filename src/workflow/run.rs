@@ -168,7 +168,7 @@ pub struct WorkflowRun {
 }
 
 fn default_tenant() -> String {
-    crate::tenants::DEFAULT_TENANT.to_string()
+    crate::identity::DEFAULT_TENANT.to_string()
 }
 
 impl WorkflowRun {

@@ -64,6 +64,7 @@ pub mod indicators;
 mod market;
 mod ml;
 mod news;
+mod order_book;
 mod orders;
 mod portfolio;
 mod risk;

@@ -2,7 +2,8 @@
 //! `get_pending_orders` (all pro).
 //!
 //! executor (after confirmation) ──▶ create_paper_order ──lock user──▶ orders in store
-//!                                        │ sample price (data.rs), account (portfolio.rs)
+//!                                        │ sample price (data.rs), account (portfolio.rs),
+//!                                        │ order types and storage (order_book.rs)
 //!                                        ▼
 //!                          put_doc(trading.orders, <user>/<order_id>, durable)
 //!
@@ -22,13 +23,12 @@
 //! - Ids are `ord_` + a v7 UUID (time-ordered), so key order is order time.
 
 use jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::order_book::{Order, OrderState, OrderType, Side, WHAT, load_orders, order_key};
 use super::portfolio::{self, Reservations};
-use super::user_docs::{self, ORDERS, lock_user, user_key};
+use super::user_docs::{self, ORDERS, lock_user};
 use super::{NO_CACHE, Op, Shared, envelope, opt_f64, req_f64, req_str, round, symbol_schema};
-use crate::store::Store;
 use crate::tools::definition::{Plan, REQUIRE_CONFIRMATION};
 use crate::tools::{ToolDefinition, ToolError};
 
@@ -36,74 +36,6 @@ use crate::tools::{ToolDefinition, ToolError};
 const MAX_QUANTITY: f64 = 1_000_000.0;
 /// Slack for float sums of cash and quantities.
 const EPSILON: f64 = 1e-9;
-const WHAT: &str = "paper orders";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Side {
-    Buy,
-    Sell,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OrderType {
-    Market,
-    Limit,
-}
-
-/// Where an order is in its life; the fields each state needs travel with it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "status", rename_all = "lowercase")]
-pub enum OrderState {
-    Pending,
-    Filled {
-        fill_price: f64,
-        filled_at: Timestamp,
-    },
-    Cancelled {
-        cancelled_at: Timestamp,
-    },
-}
-
-/// One paper order as stored in `trading.orders`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Order {
-    pub id: String,
-    pub symbol: String,
-    pub side: Side,
-    pub quantity: f64,
-    pub order_type: OrderType,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limit_price: Option<f64>,
-    pub created_at: Timestamp,
-    #[serde(flatten)]
-    pub state: OrderState,
-}
-
-impl Side {
-    fn parse(raw: &str) -> Result<Side, ToolError> {
-        match raw {
-            "buy" => Ok(Side::Buy),
-            "sell" => Ok(Side::Sell),
-            other => Err(ToolError::invalid(format!(
-                "side must be 'buy' or 'sell', got '{other}'"
-            ))),
-        }
-    }
-}
-
-impl OrderType {
-    fn parse(raw: &str) -> Result<OrderType, ToolError> {
-        match raw {
-            "market" => Ok(OrderType::Market),
-            "limit" => Ok(OrderType::Limit),
-            other => Err(ToolError::invalid(format!(
-                "order_type must be 'market' or 'limit', got '{other}'"
-            ))),
-        }
-    }
-}
 
 fn order_id_schema() -> Value {
     json!({
@@ -184,16 +116,6 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
             Op::GetPendingOrders,
         ),
     ]
-}
-
-fn order_key(user: &str, order_id: &str) -> String {
-    format!("{}/{order_id}", user_key(user))
-}
-
-/// Every order of the user, oldest first (ids are time-ordered).
-pub(super) async fn load_orders(store: &Store, user: &str) -> Result<Vec<Order>, ToolError> {
-    let prefix = format!("{}/", user_key(user));
-    user_docs::load_all(store, ORDERS, &prefix, WHAT).await
 }
 
 fn order_json(o: &Order) -> Value {

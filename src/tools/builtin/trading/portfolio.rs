@@ -21,7 +21,7 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::data::StartingPortfolio;
-use super::orders::{self, Order, OrderState, OrderType, Side};
+use super::order_book::{self, Order, OrderState, OrderType, Side};
 use super::{NO_CACHE, Op, Shared, envelope, opt_str, opt_u64, round, symbol_schema};
 use crate::tools::definition::Plan;
 use crate::tools::{ToolDefinition, ToolError};
@@ -209,7 +209,7 @@ impl Reservations {
 
 pub(super) async fn get_portfolio(shared: &Shared, user: &str) -> Result<Value, ToolError> {
     let data = shared.data.get().await?;
-    let orders = orders::load_orders(&shared.store, user).await?;
+    let orders = order_book::load_orders(&shared.store, user).await?;
     let account = derive(&data.starting_portfolio, &orders);
     let reserved = Reservations::of(&orders);
     let (mut value, mut unrealized) = (0.0, 0.0);
@@ -285,7 +285,7 @@ pub(super) async fn get_trade_history(
             "limit must be between 1 and {MAX_HISTORY}, got {limit}"
         )));
     }
-    let orders = orders::load_orders(&shared.store, user).await?;
+    let orders = order_book::load_orders(&shared.store, user).await?;
     let account = derive(&data.starting_portfolio, &orders);
     let symbol = opt_str(p, "symbol")?.map(|s| s.trim().to_ascii_uppercase());
     if let Some(s) = &symbol

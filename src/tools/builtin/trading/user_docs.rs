@@ -57,7 +57,7 @@ pub fn user_of(ctx: &ExecutionContext) -> String {
     let tenant = ctx
         .tenant
         .as_deref()
-        .unwrap_or(crate::tenants::DEFAULT_TENANT);
+        .unwrap_or(crate::identity::DEFAULT_TENANT);
     format!("{tenant}/{user}")
 }
 
