@@ -47,6 +47,7 @@
 
 pub mod config;
 pub mod conversation;
+pub mod error_code;
 pub mod events;
 pub mod executor;
 pub mod http;
@@ -54,6 +55,7 @@ pub mod identity;
 pub mod mcp;
 pub mod metrics;
 pub mod model;
+pub mod retry;
 pub mod runtime;
 pub mod server_config;
 pub mod store;

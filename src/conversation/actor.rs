@@ -47,6 +47,7 @@ use tracing::Instrument;
 use super::batch::{ToolBatchReport, ToolSubAgent};
 use super::machine::{Action, CallReport, ConversationMachine, Step, TurnOutcome, TurnSettings};
 use crate::config::{Agent, Multitask};
+use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
 use crate::model::{ChatMessage, ModelError};
@@ -66,6 +67,31 @@ pub enum TurnError {
     /// The conversation actor could not be reached (it stopped).
     #[error("the conversation is unavailable")]
     Unavailable,
+}
+
+impl PublicError for TurnError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            TurnError::Model(m) => m.code(),
+            TurnError::Store(s) => s.code(),
+            TurnError::Busy => ErrorCode::ConversationBusy,
+            TurnError::Unavailable => ErrorCode::ConversationUnavailable,
+        }
+    }
+
+    fn public_message(&self) -> String {
+        match self {
+            TurnError::Model(m) => m.public_message(),
+            TurnError::Store(s) => s.public_message(),
+            TurnError::Busy => {
+                "a turn is already running in this session; send the message when it has finished"
+                    .into()
+            }
+            TurnError::Unavailable => {
+                "the conversation could not be reached; retry the request".into()
+            }
+        }
+    }
 }
 
 /// Progress of a turn, for streaming callers.
@@ -113,19 +139,6 @@ impl<F: FnOnce()> Drop for ObserveOnDrop<F> {
         if let Some(f) = self.0.take() {
             f();
         }
-    }
-}
-
-/// The `error.type` of a failed turn, for traces.
-fn error_type(e: &TurnError) -> &'static str {
-    match e {
-        TurnError::Model(ModelError::Unavailable { .. }) => "model_unavailable",
-        TurnError::Model(ModelError::Timeout { .. }) => "model_timeout",
-        TurnError::Model(ModelError::InvalidResponse { .. }) => "model_bad_response",
-        TurnError::Model(ModelError::Rejected { .. }) => "model_rejected",
-        TurnError::Store(_) => "storage",
-        TurnError::Busy => "busy",
-        TurnError::Unavailable => "unavailable",
     }
 }
 
@@ -485,7 +498,7 @@ impl Conversation {
                 self.perform(step, ctx);
             }
             Err(e) => {
-                record_to.record("error.type", error_type(&e));
+                record_to.record("error.type", e.code().as_str());
                 self.fail(e, ctx)
             }
         }
@@ -606,7 +619,7 @@ impl Conversation {
         self.commit_turn(ctx, move |act, result, ctx| {
             if let Some(current) = act.current.take() {
                 act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
-                current.span.record("error.type", error_type(&error));
+                current.span.record("error.type", error.code().as_str());
                 current
                     .span
                     .record("latency_ms", current.started.elapsed().as_millis() as u64);

@@ -24,6 +24,7 @@ use super::context::{self, PromptLayers};
 use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnSettings};
 use super::summary::ToolUsageSummary;
 use crate::config::{Agent, Agents};
+use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
 use crate::model::ChatMessage;
@@ -42,6 +43,25 @@ pub enum SessionError {
     Turn(#[from] TurnError),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl PublicError for SessionError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            SessionError::NotFound { .. } => ErrorCode::SessionNotFound,
+            SessionError::AgentNotFound { .. } => ErrorCode::AgentNotFound,
+            SessionError::Turn(t) => t.code(),
+            SessionError::Store(s) => s.code(),
+        }
+    }
+
+    fn public_message(&self) -> String {
+        match self {
+            SessionError::Turn(t) => t.public_message(),
+            SessionError::Store(s) => s.public_message(),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// What a new session starts with.

@@ -15,6 +15,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error_code::{ErrorCode, PublicError};
 use crate::store::{Store, StoreError};
 use crate::tools::ExecutionContext;
 
@@ -41,6 +42,23 @@ pub enum ConfirmationError {
     Expired { id: String, expired_at: Timestamp },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl PublicError for ConfirmationError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            ConfirmationError::NotFound { .. } => ErrorCode::ConfirmationNotFound,
+            ConfirmationError::Expired { .. } => ErrorCode::ConfirmationExpired,
+            ConfirmationError::Store(s) => s.code(),
+        }
+    }
+
+    fn public_message(&self) -> String {
+        match self {
+            ConfirmationError::Store(s) => s.public_message(),
+            other => other.to_string(),
+        }
+    }
 }
 
 #[derive(Clone)]

@@ -52,6 +52,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::events::{EventBus, EventKind};
+use crate::retry::Backoff;
 use crate::store::{Store, ToolCallRecord, WriteOp};
 use crate::tools::{
     CallerType, ErrorType, ExecutionContext, RegisteredTool, ToolError, ToolExecutionResult,
@@ -506,14 +507,8 @@ async fn run_with_retries(
         if !retryable || attempt > ctx.max_retries {
             return result.with_elapsed(started.elapsed(), attempt);
         }
-        tokio::time::sleep(backoff(config.retry_base_delay, attempt)).await;
+        tokio::time::sleep(Backoff::jittered(config.retry_base_delay, 10).delay(attempt)).await;
     }
-}
-
-fn backoff(base: Duration, attempt: u32) -> Duration {
-    let exp = base.saturating_mul(1 << attempt.saturating_sub(1).min(10));
-    let jitter: f64 = rand::random_range(0.5..1.5);
-    exp.mul_f64(jitter)
 }
 
 enum RunFailure {

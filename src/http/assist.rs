@@ -8,7 +8,6 @@
 //! nothing is stored in the session.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -19,6 +18,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::{ApiError, ApiJson};
 use super::openapi::ErrorBody;
+use crate::error_code::ErrorCode;
 use crate::tenants::Principal;
 
 /// Longest text `/v1/improve` takes, in bytes.
@@ -74,8 +74,7 @@ async fn suggestions(
         .suggestions_enabled
     {
         return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "SUGGESTIONS_DISABLED",
+            ErrorCode::SuggestionsDisabled,
             "reply suggestions are turned off for this tenant",
         ));
     }
@@ -119,8 +118,7 @@ async fn improve(
     }
     if body.text.len() > MAX_IMPROVE_BYTES {
         return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "PAYLOAD_TOO_LARGE",
+            ErrorCode::PayloadTooLarge,
             format!("text is longer than {MAX_IMPROVE_BYTES} bytes"),
         ));
     }

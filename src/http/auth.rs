@@ -10,11 +10,12 @@
 //! [`require_admin`] guards admin-only routes.
 
 use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
+use crate::error_code::ErrorCode;
 use crate::tenants::{KeyRing, Principal};
 
 pub async fn authenticate(
@@ -47,8 +48,7 @@ pub async fn authenticate(
 }
 
 fn unauthorized(message: &str) -> Response {
-    let mut response =
-        ApiError::new(StatusCode::UNAUTHORIZED, "UNAUTHORIZED", message).into_response();
+    let mut response = ApiError::new(ErrorCode::Unauthorized, message).into_response();
     response.headers_mut().insert(
         header::WWW_AUTHENTICATE,
         header::HeaderValue::from_static("Bearer"),
@@ -62,8 +62,7 @@ pub fn require_admin(principal: &Principal) -> Result<(), ApiError> {
         Ok(())
     } else {
         Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "ADMIN_REQUIRED",
+            ErrorCode::AdminRequired,
             "this needs an admin API key",
         ))
     }

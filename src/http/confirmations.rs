@@ -8,7 +8,6 @@
 use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -51,22 +50,6 @@ struct DecisionOutcome {
     /// On approve: the `ToolExecutionResult`.
     #[schema(value_type = Option<Object>)]
     result: Option<Value>,
-}
-
-impl From<ConfirmationError> for ApiError {
-    fn from(e: ConfirmationError) -> Self {
-        match e {
-            ConfirmationError::NotFound { .. } => ApiError::new(
-                StatusCode::NOT_FOUND,
-                "CONFIRMATION_NOT_FOUND",
-                e.to_string(),
-            ),
-            ConfirmationError::Expired { .. } => {
-                ApiError::new(StatusCode::GONE, "CONFIRMATION_EXPIRED", e.to_string())
-            }
-            ConfirmationError::Store(s) => s.into(),
-        }
-    }
 }
 
 fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {

@@ -1,6 +1,12 @@
-//! The one table from errors to HTTP: every failure leaves the API as
-//! `{"error": {"code", "message"}}` with a fitting status. Internal detail
-//! (storage errors) is logged, not sent.
+//! From errors to HTTP: every failure leaves the API as
+//! `{"error": {"code", "message"}}` with its code's status.
+//!
+//! domain error ──PublicError──▶ From<E> for ApiError ──▶ response
+//! handler ──ApiError::new(ErrorCode::…, message)──────▶ response
+//!
+//! The codes, their statuses and meanings are one table
+//! ([`crate::error_code`]); this file only builds the body. Internal
+//! detail (storage errors) is logged, not sent.
 
 use axum::Json;
 use axum::extract::FromRequest;
@@ -9,25 +15,34 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::conversation::{SessionError, TurnError};
-use crate::model::ModelError;
+use crate::error_code::{ErrorCode, PublicError};
 
+/// An error on its way out of the API: a code from the table, the status
+/// that answers it, a message for the caller and optional details.
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
     pub details: Option<Value>,
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    /// An error answered with its code's status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         ApiError {
-            status,
+            status: code.status(),
             code,
             message: message.into(),
             details: None,
         }
+    }
+
+    /// Keeps a status other than the code's own: only for rewriting an
+    /// error response that something else (axum, tower) already answered.
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
     }
 
     pub fn with_details(mut self, details: Value) -> Self {
@@ -35,16 +50,8 @@ impl ApiError {
         self
     }
 
-    pub fn not_found(what: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "NOT_FOUND", what)
-    }
-
     pub fn validation(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "VALIDATION_ERROR",
-            message,
-        )
+        Self::new(ErrorCode::ValidationError, message)
     }
 }
 
@@ -76,65 +83,22 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<SessionError> for ApiError {
-    fn from(e: SessionError) -> Self {
-        match e {
-            SessionError::NotFound { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "SESSION_NOT_FOUND", e.to_string())
-            }
-            SessionError::AgentNotFound { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "AGENT_NOT_FOUND", e.to_string())
-            }
-            SessionError::Turn(t) => t.into(),
-            SessionError::Store(s) => storage_error(&s),
+/// The one way from a domain error to the API: its own code, its public
+/// message and details. Failures on cadre's side (5xx) are logged with the
+/// full error, which the caller does not see.
+impl<E: PublicError> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        let code = e.code();
+        if code.status().is_server_error() {
+            tracing::error!(code = code.as_str(), error = %e, "request failed");
+        }
+        ApiError {
+            status: code.status(),
+            code,
+            message: e.public_message(),
+            details: e.details(),
         }
     }
-}
-
-impl From<TurnError> for ApiError {
-    fn from(e: TurnError) -> Self {
-        match e {
-            TurnError::Model(m) => {
-                let code = match m {
-                    ModelError::Unavailable { .. } => "MODEL_UNAVAILABLE",
-                    ModelError::Timeout { .. } => "MODEL_TIMEOUT",
-                    ModelError::InvalidResponse { .. } => "MODEL_BAD_RESPONSE",
-                    ModelError::Rejected { .. } => "MODEL_REJECTED",
-                };
-                let status = match m {
-                    ModelError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-                    _ => StatusCode::BAD_GATEWAY,
-                };
-                ApiError::new(status, code, m.to_string())
-            }
-            TurnError::Store(s) => storage_error(&s),
-            TurnError::Busy => ApiError::new(
-                StatusCode::CONFLICT,
-                "CONVERSATION_BUSY",
-                "a turn is already running in this session; send the message when it has finished",
-            ),
-            TurnError::Unavailable => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "CONVERSATION_UNAVAILABLE",
-                "the conversation could not be reached; retry the request",
-            ),
-        }
-    }
-}
-
-impl From<crate::store::StoreError> for ApiError {
-    fn from(e: crate::store::StoreError) -> Self {
-        storage_error(&e)
-    }
-}
-
-fn storage_error(e: &crate::store::StoreError) -> ApiError {
-    tracing::error!(error = %e, "storage error");
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "STORAGE_UNAVAILABLE",
-        "storage is unavailable; nothing was acknowledged, retry later",
-    )
 }
 
 /// `Json<T>` whose rejections come out in our error shape: 400 for
@@ -146,17 +110,16 @@ pub struct ApiJson<T>(pub T);
 
 impl From<JsonRejection> for ApiError {
     fn from(r: JsonRejection) -> Self {
-        let code = match r.status() {
-            StatusCode::PAYLOAD_TOO_LARGE => "PAYLOAD_TOO_LARGE",
-            StatusCode::UNSUPPORTED_MEDIA_TYPE => "UNSUPPORTED_MEDIA_TYPE",
-            StatusCode::UNPROCESSABLE_ENTITY => "VALIDATION_ERROR",
-            _ => "MALFORMED_JSON",
+        let code = match &r {
+            JsonRejection::JsonDataError(_) => ErrorCode::ValidationError,
+            JsonRejection::JsonSyntaxError(_) => ErrorCode::MalformedJson,
+            _ => match r.status() {
+                StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+                StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::ValidationError,
+                _ => ErrorCode::MalformedJson,
+            },
         };
-        let status = match r {
-            JsonRejection::JsonDataError(_) => StatusCode::UNPROCESSABLE_ENTITY,
-            JsonRejection::JsonSyntaxError(_) => StatusCode::BAD_REQUEST,
-            _ => r.status(),
-        };
-        ApiError::new(status, code, r.body_text())
+        ApiError::new(code, r.body_text())
     }
 }

@@ -11,7 +11,7 @@
 use axum::Extension;
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::header;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -22,6 +22,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::ApiError;
 use super::openapi::ErrorBody;
+use crate::error_code::ErrorCode;
 use crate::executor::limit_key;
 use crate::tenants::Principal;
 use crate::tools::{CallerType, ExecutionContext};
@@ -94,8 +95,7 @@ async fn quota(
 ) -> Result<Json<Value>, ApiError> {
     let tool = state.registry.get(&q.tool).ok_or_else(|| {
         ApiError::new(
-            StatusCode::NOT_FOUND,
-            "TOOL_NOT_FOUND",
+            ErrorCode::ToolNotFound,
             format!("no tool named '{}'", q.tool),
         )
     })?;

@@ -46,6 +46,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::conversation::Sessions;
+use crate::error_code::ErrorCode;
 use crate::events::EventBus;
 use crate::executor::ExecutorHandle;
 use crate::store::Store;
@@ -110,11 +111,10 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
     let (routes, _) = routes();
     routes
         .route_service("/mcp", mcp)
-        .fallback(|| async { ApiError::not_found("no such route") })
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "METHOD_NOT_ALLOWED",
+                ErrorCode::MethodNotAllowed,
                 "method not allowed on this route",
             )
         })
@@ -168,8 +168,7 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> 
     match state.store.health() {
         crate::store::StoreHealth::Ok => axum::Json(json!({"status": "ready"})).into_response(),
         health @ crate::store::StoreHealth::Degraded { .. } => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "STORAGE_UNAVAILABLE",
+            ErrorCode::StorageUnavailable,
             "storage does not accept writes; reads are served",
         )
         .with_details(json!({ "storage": health }))
@@ -187,8 +186,7 @@ async fn refuse_oversized(request: Request, next: Next) -> Response {
         Some(n) if n > MAX_BODY_BYTES => {
             drain(request.into_body()).await;
             ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "PAYLOAD_TOO_LARGE",
+                ErrorCode::PayloadTooLarge,
                 format!("the body is {n} bytes; the limit is {MAX_BODY_BYTES}"),
             )
             .into_response()
@@ -231,16 +229,19 @@ async fn json_errors(request: Request, next: Next) -> Response {
         text
     };
     let code = match status {
-        StatusCode::NOT_FOUND => "NOT_FOUND",
-        StatusCode::METHOD_NOT_ALLOWED => "METHOD_NOT_ALLOWED",
-        StatusCode::PAYLOAD_TOO_LARGE => "PAYLOAD_TOO_LARGE",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => "UNSUPPORTED_MEDIA_TYPE",
-        StatusCode::UNPROCESSABLE_ENTITY => "VALIDATION_ERROR",
-        StatusCode::TOO_MANY_REQUESTS => "RATE_LIMITED",
-        s if s.is_server_error() => "INTERNAL_ERROR",
-        _ => "BAD_REQUEST",
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+        StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::ValidationError,
+        StatusCode::TOO_MANY_REQUESTS => ErrorCode::RateLimited,
+        s if s.is_server_error() => ErrorCode::InternalError,
+        _ => ErrorCode::BadRequest,
     };
-    let mut rewritten = ApiError::new(status, code, message).into_response();
+    // The status stays what was answered (e.g. 408, 503 from a layer).
+    let mut rewritten = ApiError::new(code, message)
+        .with_status(status)
+        .into_response();
     for (name, value) in &parts.headers {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
             rewritten.headers_mut().insert(name, value.clone());

@@ -31,8 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Request, State};
+use axum::http::HeaderValue;
 use axum::http::header::RETRY_AFTER;
-use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use governor::Quota;
@@ -43,6 +43,7 @@ use serde::Deserialize;
 
 use super::caller::Caller;
 use super::error::ApiError;
+use crate::error_code::ErrorCode;
 
 /// `[http.rate_limit]`-style settings: the sustained rate and the burst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -185,8 +186,7 @@ where
                 "API rate limit reached"
             );
             let mut response = ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "RATE_LIMITED",
+                ErrorCode::RateLimited,
                 format!("too many requests; retry in {seconds} s"),
             )
             .into_response();
@@ -211,6 +211,7 @@ mod tests {
     use axum::Router;
     use axum::body::Body;
     use axum::extract::ConnectInfo;
+    use axum::http::StatusCode;
     use axum::http::header::AUTHORIZATION;
     use axum::routing::get;
     use governor::clock::FakeRelativeClock;

@@ -24,6 +24,7 @@ use super::openapi::ErrorBody;
 use super::streams::StreamQuota;
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
+use crate::error_code::ErrorCode;
 use crate::store::Session;
 use crate::tenants::Principal;
 use crate::tools::Plan;
@@ -296,8 +297,7 @@ async fn send(
     }
     if body.content.len() > MAX_CONTENT_BYTES {
         return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "PAYLOAD_TOO_LARGE",
+            ErrorCode::PayloadTooLarge,
             format!("content is longer than {MAX_CONTENT_BYTES} bytes"),
         ));
     }

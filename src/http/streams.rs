@@ -24,12 +24,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::http::StatusCode;
 use futures::Stream;
 use futures::StreamExt;
 
 use super::caller::Caller;
 use super::error::ApiError;
+use crate::error_code::ErrorCode;
 
 /// The open-stream counts of every caller, shared by all requests.
 #[derive(Clone, Debug)]
@@ -86,8 +86,7 @@ impl StreamQuota {
                 "stream limit reached"
             );
             return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "TOO_MANY_STREAMS",
+                ErrorCode::TooManyStreams,
                 format!(
                     "{} event streams are open for this caller, the most allowed; close one first",
                     self.limit.max
@@ -155,8 +154,8 @@ mod tests {
         let first = a.acquire().unwrap();
         let _second = a.acquire().unwrap();
         let err = a.acquire().unwrap_err();
-        assert_eq!(err.status, StatusCode::TOO_MANY_REQUESTS);
-        assert_eq!(err.code, "TOO_MANY_STREAMS");
+        assert_eq!(err.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(err.code, ErrorCode::TooManyStreams);
         let _other = b.acquire().unwrap();
         drop(first);
         let _again = a.acquire().unwrap();

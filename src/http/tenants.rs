@@ -11,7 +11,6 @@
 //! tenant's sessions uses it.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -22,7 +21,7 @@ use super::AppState;
 use super::auth::require_admin;
 use super::error::{ApiError, ApiJson};
 use super::openapi::ErrorBody;
-use crate::tenants::config::TenantConfigError;
+use crate::error_code::ErrorCode;
 use crate::tenants::{Principal, TenantConfig, valid_tenant_id};
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -56,21 +55,11 @@ struct Providers {
     providers: Vec<Provider>,
 }
 
-impl From<TenantConfigError> for ApiError {
-    fn from(e: TenantConfigError) -> Self {
-        match e {
-            TenantConfigError::Invalid { message } => ApiError::validation(message),
-            TenantConfigError::Store(s) => s.into(),
-        }
-    }
-}
-
 fn check(caller: &Principal, tenant: &str) -> Result<(), ApiError> {
     require_admin(caller)?;
     if !valid_tenant_id(tenant) {
         return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            "TENANT_NOT_FOUND",
+            ErrorCode::TenantNotFound,
             "no such tenant id (letters, digits, '_' or '-', at most 64)",
         ));
     }

@@ -25,6 +25,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::{ApiError, ApiJson};
 use super::openapi::ErrorBody;
+use crate::error_code::ErrorCode;
 use crate::executor::{Arguments, ExecuteTool};
 use crate::tenants::Principal;
 use crate::tools::{CallerType, ExecutionContext, Plan};
@@ -182,13 +183,10 @@ async fn show(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let tool = state.registry.get(&name).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "TOOL_NOT_FOUND",
-            format!("no tool named '{name}'"),
-        )
-    })?;
+    let tool = state
+        .registry
+        .get(&name)
+        .ok_or_else(|| ApiError::new(ErrorCode::ToolNotFound, format!("no tool named '{name}'")))?;
     Ok(Json(json!({
         "definition": tool.definition,
         "source": tool.source.describe(),
@@ -300,13 +298,10 @@ async fn validate(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<ValidateBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let tool = state.registry.get(&name).ok_or_else(|| {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "TOOL_NOT_FOUND",
-            format!("no tool named '{name}'"),
-        )
-    })?;
+    let tool = state
+        .registry
+        .get(&name)
+        .ok_or_else(|| ApiError::new(ErrorCode::ToolNotFound, format!("no tool named '{name}'")))?;
     let params = if body.params.is_null() {
         json!({})
     } else {

@@ -89,32 +89,6 @@ struct RunList {
     count: usize,
 }
 
-impl From<WorkflowError> for ApiError {
-    fn from(e: WorkflowError) -> Self {
-        match e {
-            WorkflowError::NotFound { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "WORKFLOW_NOT_FOUND", e.to_string())
-            }
-            WorkflowError::RunNotFound { .. } => {
-                ApiError::new(StatusCode::NOT_FOUND, "RUN_NOT_FOUND", e.to_string())
-            }
-            WorkflowError::InvalidInput { ref errors, .. } => {
-                let details = json!({ "validation_errors": errors });
-                ApiError::validation(e.to_string()).with_details(details)
-            }
-            WorkflowError::NotResumable { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "RUN_NOT_RESUMABLE", e.to_string())
-            }
-            WorkflowError::ShuttingDown => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "SHUTTING_DOWN",
-                e.to_string(),
-            ),
-            WorkflowError::Store(s) => s.into(),
-        }
-    }
-}
-
 #[utoipa::path(
     get,
     path = "/v1/workflows",

@@ -18,6 +18,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error_code::{ErrorCode, PublicError};
+
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -184,6 +186,19 @@ pub enum ModelError {
     /// The endpoint refused the request (4xx other than 429): retrying will not help.
     #[error("model endpoint refused the request (HTTP {status}): {message}")]
     Rejected { status: u16, message: String },
+}
+
+/// The one place a model failure is classified: its code, and through the
+/// code whether cadre retries it (`Unavailable`, `Timeout`) and its status.
+impl PublicError for ModelError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            ModelError::Unavailable { .. } => ErrorCode::ModelUnavailable,
+            ModelError::Timeout { .. } => ErrorCode::ModelTimeout,
+            ModelError::InvalidResponse { .. } => ErrorCode::ModelBadResponse,
+            ModelError::Rejected { .. } => ErrorCode::ModelRejected,
+        }
+    }
 }
 
 /// Receives the text of a streamed reply as it arrives.

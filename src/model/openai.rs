@@ -30,6 +30,7 @@ use super::{
     ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, ModelEndpoint, ModelError, Role,
     ToolCall, ToolChoice, Usage,
 };
+use crate::retry::Backoff;
 
 /// Model used when neither the environment nor the agent names one.
 pub const DEFAULT_MODEL: &str = "gpt-4o-mini";
@@ -172,7 +173,7 @@ impl OpenAiModel {
                     }
                 });
             }
-            let backoff = backoff(self.options.retry_base_delay, tries);
+            let backoff = Backoff::jittered(self.options.retry_base_delay, 8).delay(tries);
             let delay = match wait {
                 Some(w) if w > self.options.max_retry_after => {
                     return Err(ModelError::Unavailable {
@@ -294,11 +295,6 @@ impl ChatModel for OpenAiModel {
     fn describe(&self) -> String {
         format!("openai-compatible ({}) model {}", self.base_url, self.model)
     }
-}
-
-fn backoff(base: Duration, attempt: u32) -> Duration {
-    let exp = base.saturating_mul(1 << attempt.saturating_sub(1).min(8));
-    exp.mul_f64(rand::random_range(0.5..1.5))
 }
 
 struct RetryDetail {

@@ -48,6 +48,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use crate::error_code::{ErrorCode, PublicError};
 use crate::identity::Plan;
 use crate::model::ChatMessage;
 use tables::*;
@@ -94,6 +95,18 @@ pub enum StoreError {
     /// The file was reopened after a failure since the writer loaded its state.
     #[error("the store was reopened after a failure (generation {loaded} -> {now})")]
     Reopened { loaded: u64, now: u64 },
+}
+
+/// Every storage failure is `STORAGE_UNAVAILABLE` to a caller; its detail
+/// (paths, redb's error) is logged, never sent.
+impl PublicError for StoreError {
+    fn code(&self) -> ErrorCode {
+        ErrorCode::StorageUnavailable
+    }
+
+    fn public_message(&self) -> String {
+        "storage is unavailable; nothing was acknowledged, retry later".into()
+    }
 }
 
 /// Whether the store accepts writes.

@@ -16,6 +16,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error_code::{ErrorCode, PublicError};
 use crate::store::{Store, StoreError};
 
 const NAMESPACE: &str = "tenant_config";
@@ -78,6 +79,22 @@ pub enum TenantConfigError {
     Invalid { message: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl PublicError for TenantConfigError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            TenantConfigError::Invalid { .. } => ErrorCode::ValidationError,
+            TenantConfigError::Store(s) => s.code(),
+        }
+    }
+
+    fn public_message(&self) -> String {
+        match self {
+            TenantConfigError::Invalid { message } => message.clone(),
+            TenantConfigError::Store(s) => s.public_message(),
+        }
+    }
 }
 
 impl TenantConfig {

@@ -97,44 +97,78 @@ pub enum ErrorType {
     ToolUnavailable,
 }
 
-impl ErrorType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorType::ToolNotFound => "tool_not_found",
-            ErrorType::PlanRequired => "plan_required",
-            ErrorType::RateLimited => "rate_limited",
-            ErrorType::ValidationError => "validation_error",
-            ErrorType::QueueFull => "queue_full",
-            ErrorType::Timeout => "timeout",
-            ErrorType::ExecutionError => "execution_error",
-            ErrorType::PendingConfirmation => "pending_confirmation",
-            ErrorType::ToolUnavailable => "tool_unavailable",
+/// One row of the tool-failure table.
+struct ErrorTypeRow {
+    kind: ErrorType,
+    code: &'static str,
+    /// Whether the same call may succeed if tried again later.
+    retryable: bool,
+    /// The HTTP status a direct caller (`POST /v1/tools/{name}/invoke`) gets.
+    http_status: u16,
+}
+
+/// Every tool failure kind, one row each, in the enum's order.
+const ERROR_TYPES: [ErrorTypeRow; 9] = {
+    const fn row(
+        kind: ErrorType,
+        code: &'static str,
+        retryable: bool,
+        http_status: u16,
+    ) -> ErrorTypeRow {
+        ErrorTypeRow {
+            kind,
+            code,
+            retryable,
+            http_status,
         }
+    }
+    [
+        row(ErrorType::ToolNotFound, "tool_not_found", false, 404),
+        row(ErrorType::PlanRequired, "plan_required", false, 403),
+        row(ErrorType::RateLimited, "rate_limited", true, 429),
+        row(ErrorType::ValidationError, "validation_error", false, 422),
+        row(ErrorType::QueueFull, "queue_full", true, 429),
+        row(ErrorType::Timeout, "timeout", true, 504),
+        row(ErrorType::ExecutionError, "execution_error", false, 502),
+        row(
+            ErrorType::PendingConfirmation,
+            "pending_confirmation",
+            false,
+            202,
+        ),
+        row(ErrorType::ToolUnavailable, "tool_unavailable", true, 503),
+    ]
+};
+
+impl ErrorType {
+    /// Every kind, in table order.
+    pub const ALL: [ErrorType; 9] = {
+        let mut all = [ErrorType::ToolNotFound; 9];
+        let mut i = 0;
+        while i < 9 {
+            all[i] = ERROR_TYPES[i].kind;
+            i += 1;
+        }
+        all
+    };
+
+    fn row(self) -> &'static ErrorTypeRow {
+        &ERROR_TYPES[self as usize]
+    }
+
+    /// The wire code (`rate_limited`), as serde writes it.
+    pub fn as_str(self) -> &'static str {
+        self.row().code
     }
 
     /// Whether the same call may succeed if tried again later.
     pub fn is_retryable(self) -> bool {
-        matches!(
-            self,
-            ErrorType::RateLimited
-                | ErrorType::QueueFull
-                | ErrorType::Timeout
-                | ErrorType::ToolUnavailable
-        )
+        self.row().retryable
     }
 
     /// The HTTP status a direct caller gets.
     pub fn http_status(self) -> u16 {
-        match self {
-            ErrorType::ToolNotFound => 404,
-            ErrorType::PlanRequired => 403,
-            ErrorType::RateLimited | ErrorType::QueueFull => 429,
-            ErrorType::ValidationError => 422,
-            ErrorType::Timeout => 504,
-            ErrorType::ExecutionError => 502,
-            ErrorType::PendingConfirmation => 202,
-            ErrorType::ToolUnavailable => 503,
-        }
+        self.row().http_status
     }
 }
 
@@ -251,6 +285,23 @@ impl ToolExecutionResult {
                 body["retryable"] = json!(t.is_retryable());
             }
             body.to_string()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_type_table_has_one_row_per_kind_in_order() {
+        for (i, kind) in ErrorType::ALL.iter().enumerate() {
+            assert_eq!(*kind as usize, i, "row {i} is out of order");
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                kind.as_str(),
+                "serde and the table disagree"
+            );
         }
     }
 }

@@ -37,6 +37,7 @@ use super::runner::{Live, RunnerDeps, WorkflowRunner, run_started};
 use super::scheduler::{Owner, Scheduler, new_run};
 use crate::config::Agents;
 use crate::conversation::Sessions;
+use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::store::{Store, StoreError};
 use crate::tenants::DEFAULT_TENANT;
@@ -62,6 +63,35 @@ pub enum WorkflowError {
     ShuttingDown,
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl PublicError for WorkflowError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            WorkflowError::NotFound { .. } => ErrorCode::WorkflowNotFound,
+            WorkflowError::RunNotFound { .. } => ErrorCode::RunNotFound,
+            WorkflowError::InvalidInput { .. } => ErrorCode::ValidationError,
+            WorkflowError::NotResumable { .. } => ErrorCode::RunNotResumable,
+            WorkflowError::ShuttingDown => ErrorCode::ShuttingDown,
+            WorkflowError::Store(s) => s.code(),
+        }
+    }
+
+    fn public_message(&self) -> String {
+        match self {
+            WorkflowError::Store(s) => s.public_message(),
+            other => other.to_string(),
+        }
+    }
+
+    fn details(&self) -> Option<Value> {
+        match self {
+            WorkflowError::InvalidInput { errors, .. } => {
+                Some(serde_json::json!({ "validation_errors": errors }))
+            }
+            _ => None,
+        }
+    }
 }
 
 fn summary(errors: &[FieldError]) -> String {

@@ -44,17 +44,19 @@ use tokio::sync::{broadcast, watch};
 
 use super::run::{RUNS_NAMESPACE, WorkflowEvent, WorkflowEventKind, WorkflowRun};
 use super::scheduler::{Outcome, Scheduler, Step, Task, Work};
-use crate::conversation::{NewSession, SessionError, Sessions, TurnError};
+use crate::conversation::{NewSession, Sessions};
+use crate::error_code::PublicError;
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
-use crate::model::ModelError;
+use crate::retry::Backoff;
 use crate::store::Store;
 use crate::tools::{CallerType, ErrorType, ExecutionContext, Plan};
 
 /// Live runs: id -> the latest state, for readers and waiters.
 pub(super) type Live = Arc<Mutex<HashMap<String, watch::Receiver<WorkflowRun>>>>;
 
-/// First delay between attempts of an agent turn; doubles per attempt.
-const AGENT_RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Waits between attempts of an agent node whose turn failed with a
+/// retryable code: 0.2 s doubling, at most 64×.
+const AGENT_RETRY: Backoff = Backoff::exact(Duration::from_millis(200), 6);
 
 /// What a runner works with; shared by every run.
 #[derive(Clone)]
@@ -345,18 +347,7 @@ impl Performer {
                         session_id: Some(session_id),
                     };
                 }
-                Ok(Err(e)) => {
-                    let retryable = matches!(
-                        &e,
-                        SessionError::Turn(
-                            TurnError::Unavailable
-                                | TurnError::Model(
-                                    ModelError::Unavailable { .. } | ModelError::Timeout { .. }
-                                )
-                        )
-                    );
-                    (e.to_string(), retryable)
-                }
+                Ok(Err(e)) => (e.to_string(), e.code().is_retryable()),
                 Err(limit) => (
                     format!("the turn did not finish within {} ms", limit.as_millis()),
                     true,
@@ -369,7 +360,7 @@ impl Performer {
                     session_id: Some(session_id),
                 };
             }
-            let delay = AGENT_RETRY_DELAY.saturating_mul(1 << (attempts - 1).min(6));
+            let delay = AGENT_RETRY.delay(attempts);
             tokio::time::sleep(delay).await;
         }
     }
