@@ -6,6 +6,12 @@
 //! Both directions go through the executor: MCP tools are registry tools
 //! with an `mcp` entry, and MCP callers are direct callers.
 //!
+//! Layer: below the HTTP API and the runtime, which hand down what it needs
+//! (the registry, executor and sessions as [`McpServerDeps`], the body limit
+//! of `/mcp`) and never the other way: the stdio entry point of `cadre mcp`
+//! lives with the runtime (`Runtime::serve_mcp_stdio`), which calls
+//! [`server::serve_stdio`].
+//!
 //! Names: registry, records and the API use `server.tool`; OpenAI-compatible
 //! endpoints accept only `^[a-zA-Z0-9_-]{1,64}$`, so the model sees
 //! `server__tool` ([`crate::model::wire_name`]), mapped back on its reply.

@@ -23,6 +23,10 @@
 //! and an optional `session_id` (a session of the same tenant) and answer
 //! `{session_id, answer}`, so a client continues a conversation by passing
 //! the id back.
+//!
+//! Everything this module needs of a running cadre is handed to it
+//! ([`McpServerDeps`], the body limit, the stop token): it sits below the
+//! HTTP API and the runtime.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +36,8 @@ use rmcp::model::{
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler};
 use serde_json::{Map, Value, json};
 
@@ -363,28 +369,6 @@ fn is_tool_change(kind: &EventKind) -> bool {
     )
 }
 
-impl McpServerDeps {
-    pub fn of(runtime: &crate::Runtime) -> Self {
-        McpServerDeps {
-            registry: runtime.registry().clone(),
-            executor: runtime.executor().clone(),
-            sessions: runtime.sessions().clone(),
-        }
-    }
-}
-
-/// `cadre mcp`: serves `runtime` on stdin/stdout as the local operator on
-/// `plan`, until the client closes stdin. Blocks.
-pub fn run_stdio(runtime: &crate::Runtime, plan: Plan) -> Result<(), McpServeError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| McpServeError::Start {
-            message: e.to_string(),
-        })?;
-    rt.block_on(serve_stdio(McpServerDeps::of(runtime), Caller::local(plan)))
-}
-
 /// Serves MCP on stdin/stdout until the client closes it.
 pub async fn serve_stdio(deps: McpServerDeps, caller: Caller) -> Result<(), McpServeError> {
     use rmcp::ServiceExt;
@@ -409,21 +393,21 @@ pub enum McpServeError {
 /// The `/mcp` tower service (streamable HTTP). `authenticated`: an API key
 /// guards it, so the Host check against DNS rebinding (meant for open local
 /// servers) is off; an open server keeps rmcp's loopback-only Host check.
+/// `max_body_bytes`: the largest request body it reads (the API's own cap).
+/// `stop` ends the open sessions.
 pub fn http_service(
     deps: McpServerDeps,
     authenticated: bool,
+    max_body_bytes: usize,
     stop: tokio_util::sync::CancellationToken,
-) -> rmcp::transport::StreamableHttpService<
-    CadreMcp,
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-> {
-    let mut config = rmcp::transport::StreamableHttpServerConfig::default();
+) -> StreamableHttpService<CadreMcp, LocalSessionManager> {
+    let mut config = StreamableHttpServerConfig::default();
     config.cancellation_token = stop;
-    config.max_request_body_bytes = crate::http::MAX_BODY_BYTES;
+    config.max_request_body_bytes = max_body_bytes;
     if authenticated {
         config = config.disable_allowed_hosts();
     }
-    rmcp::transport::StreamableHttpService::new(
+    StreamableHttpService::new(
         move || Ok(CadreMcp::http(deps.clone())),
         Arc::default(),
         config,
