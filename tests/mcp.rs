@@ -8,14 +8,21 @@
 //!   server being killed.
 //! - cadre as an MCP server: an rmcp client lists and calls cadre's tools and
 //!   agents over stdio (`cadre mcp`) and over `/mcp` with API keys.
+//! - Fidelity to what real servers and clients expect, against an rmcp server
+//!   of the tests' own ([`mcp_server`]): server tools are not cached unless
+//!   configured.
 
 mod support;
+
+#[path = "fixtures/mcp_server.rs"]
+mod mcp_server;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cadre::events::EventKind;
+use mcp_server::McpFixture;
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
@@ -478,4 +485,76 @@ async fn mcp_over_http_uses_the_callers_key_tenant_and_plan() {
     for c in [acme, premium, globex] {
         c.cancel().await.unwrap();
     }
+}
+
+/// Waits until `tool` (`server.tool`) is listed and its server connected:
+/// the registry says so now, or an `mcp_server_up` event of its server says
+/// so later (subscribed before looking, so none is missed).
+async fn until_up(app: &TestApp, tool: &str) {
+    let runtime = app.runtime.as_ref().expect("in-process app");
+    let mut events = runtime.events().subscribe();
+    let server = tool.split('.').next().unwrap().to_string();
+    if runtime.registry().mcp_status(tool) == Some(true) {
+        return;
+    }
+    loop {
+        let e = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{server} never came up"))
+            .expect("the event bus is open");
+        if matches!(&e.kind, EventKind::McpServerUp { server: s, .. } if *s == server) {
+            assert_eq!(runtime.registry().mcp_status(tool), Some(true), "{tool}");
+            return;
+        }
+    }
+}
+
+/// An outer cadre (offline, open) whose mcp.toml is `mcp_toml`.
+fn app_with_servers(mcp_toml: &str) -> (TestApp, tempfile::TempDir) {
+    let agents = support::agents_dir(&[("mcp.toml", mcp_toml)]);
+    (
+        spawn_app(AppOptions::offline().agents(agents.path())),
+        agents,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tool_results_are_cached_only_when_the_server_config_says_so() {
+    let fixture = McpFixture::start().await;
+    // The same server twice: once as declared by default, once with a TTL.
+    let (app, _agents) = app_with_servers(&format!(
+        "[servers.plain]\nurl = \"{url}\"\n\n[servers.cached]\nurl = \"{url}\"\ncache_ttl_s = 60\n",
+        url = fixture.url
+    ));
+    until_up(&app, "plain.count").await;
+    until_up(&app, "cached.count").await;
+
+    let invoke = |tool: &'static str| {
+        let app = &app;
+        async move {
+            let (status, body) = app
+                .post(
+                    &format!("/v1/tools/{tool}/invoke"),
+                    &json!({"params": {}, "user_id": "u1"}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body
+        }
+    };
+    // Same arguments, same user: each call runs on the server.
+    let first = invoke("plain.count").await;
+    let second = invoke("plain.count").await;
+    assert_eq!(first["output"]["count"], 1, "{first}");
+    assert_eq!(second["output"]["count"], 2, "{second}");
+    assert_eq!(second["metadata"]["cached"], false, "{second}");
+    assert_eq!(fixture.runs(), 2);
+
+    // With cache_ttl_s the second call is answered from the cache.
+    let first = invoke("cached.count").await;
+    let second = invoke("cached.count").await;
+    assert_eq!(first["output"]["count"], 3, "{first}");
+    assert_eq!(second["output"]["count"], 3, "{second}");
+    assert_eq!(second["metadata"]["cached"], true, "{second}");
+    assert_eq!(fixture.runs(), 3);
 }

@@ -22,6 +22,13 @@
 //! `invalid params` JSON-RPC error is a `validation_error`. The output is the
 //! `structuredContent` when given, else the text content parsed as JSON when
 //! it is JSON, else the text, else the content blocks as JSON.
+//!
+//! Caching: a server tool's results are cached only when its server sets
+//! `cache_ttl_s` in mcp.toml. The executor's per-category TTLs (30 s for an
+//! unknown category such as `mcp`) never apply: cadre cannot tell a
+//! server's side-effecting tool from a pure one, and a call answered from
+//! the cache would report an action that did not run. So every MCP
+//! definition carries an explicit cache spec, 0 (never) by default.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -306,7 +313,10 @@ fn definition(link: &Arc<Link>, tool: Tool) -> Option<(ToolDefinition, Arc<dyn T
         output: tool.output_schema.map(|s| Value::Object((*s).clone())),
         required_plan: c.required_plan,
         rate_limit: c.rate_limit,
-        cache: c.cache_ttl_s.map(|ttl_seconds| CacheSpec { ttl_seconds }),
+        // Never the category's default TTL: see the module doc.
+        cache: Some(CacheSpec {
+            ttl_seconds: c.cache_ttl_s.unwrap_or(0),
+        }),
         post_processor: None,
         timeout: c.timeout,
     };
