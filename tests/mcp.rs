@@ -10,7 +10,8 @@
 //!   agents over stdio (`cadre mcp`) and over `/mcp` with API keys.
 //! - Fidelity to what real servers and clients expect, against an rmcp server
 //!   of the tests' own ([`mcp_server`]): server tools are not cached unless
-//!   configured.
+//!   configured; cadre's `/mcp` passes their `outputSchema` and content blocks
+//!   on.
 
 mod support;
 
@@ -518,6 +519,14 @@ fn app_with_servers(mcp_toml: &str) -> (TestApp, tempfile::TempDir) {
     )
 }
 
+/// An MCP client of `app`'s `/mcp` without a key (an open server).
+async fn open_http_client(app: &TestApp) -> RunningService<RoleClient, ()> {
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base));
+    ().serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .expect("MCP session over HTTP")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_tool_results_are_cached_only_when_the_server_config_says_so() {
     let fixture = McpFixture::start().await;
@@ -557,4 +566,41 @@ async fn mcp_tool_results_are_cached_only_when_the_server_config_says_so() {
     assert_eq!(second["output"]["count"], 3, "{second}");
     assert_eq!(second["metadata"]["cached"], true, "{second}");
     assert_eq!(fixture.runs(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cadres_mcp_offers_a_server_tool_with_its_output_schema_and_content_blocks() {
+    let fixture = McpFixture::start().await;
+    let (app, _agents) = app_with_servers(&format!("[servers.fix]\nurl = \"{}\"\n", fixture.url));
+    until_up(&app, "fix.picture").await;
+    let client = open_http_client(&app).await;
+
+    let tools = client.list_all_tools().await.expect("tools/list answered");
+    let schema_of = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name} listed"))
+            .output_schema
+            .as_deref()
+            .cloned()
+            .map(Value::Object)
+    };
+    assert_eq!(schema_of("fix.area"), Some(mcp_server::area_schema()));
+    assert_eq!(schema_of("fix.picture"), None);
+    // cadre's own tools promise no output shape (see mcp::server).
+    for t in tools.iter().filter(|t| !t.name.starts_with("fix.")) {
+        assert_eq!(t.output_schema, None, "{}", t.name);
+    }
+
+    let area = call(&client, "fix.area", json!({"w": 2, "h": 3})).await;
+    assert_ne!(area.is_error, Some(true), "{area:?}");
+    assert_eq!(area.structured_content, Some(json!({"area": 6.0})));
+
+    // The image stays an image block, beside the caption's text block.
+    let picture = call(&client, "fix.picture", json!({})).await;
+    assert_ne!(picture.is_error, Some(true), "{picture:?}");
+    assert_eq!(picture.content, mcp_server::picture_blocks());
+
+    client.cancel().await.unwrap();
 }

@@ -19,9 +19,11 @@
 //! Decisions: cadre asks for protocol 2025-11-25, whose servers send
 //! `tools/list_changed` unscoped (2026-07-28 would need a listen stream).
 //! An `isError` result is an `execution_error` with the server's text; an
-//! `invalid params` JSON-RPC error is a `validation_error`. The output is the
-//! `structuredContent` when given, else the text content parsed as JSON when
-//! it is JSON, else the text, else the content blocks as JSON.
+//! `invalid params` JSON-RPC error is a `validation_error`. The output is
+//! made of the result's content as [`super::content`] says (structured,
+//! text, or the blocks themselves when any is not text). The tool's
+//! `outputSchema` is kept as the definition's `output`, which cadre's own
+//! MCP server offers again.
 //!
 //! Caching: a server tool's results are cached only when its server sets
 //! `cache_ttl_s` in mcp.toml. The executor's per-category TTLs (30 s for an
@@ -45,6 +47,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use super::config::{McpServerConfig, McpTransport};
+use super::content;
 use crate::events::EventKind;
 use crate::model::wire_name;
 use crate::tools::definition::{CacheSpec, Entry};
@@ -344,12 +347,8 @@ impl ToolHandler for McpToolHandler {
         let request = CallToolRequestParams::new(self.tool.clone()).with_arguments(arguments);
         match peer.call_tool(request).await {
             Ok(result) => {
-                let text: Vec<String> = result
-                    .content
-                    .iter()
-                    .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-                    .collect();
                 if result.is_error == Some(true) {
+                    let text = content::texts(&result);
                     let message = if text.is_empty() {
                         format!("{} reported an error", self.tool)
                     } else {
@@ -357,14 +356,7 @@ impl ToolHandler for McpToolHandler {
                     };
                     return Err(ToolError::failed(message));
                 }
-                if let Some(structured) = result.structured_content {
-                    return Ok(structured);
-                }
-                if text.len() == result.content.len() && !text.is_empty() {
-                    let joined = text.join("\n");
-                    return Ok(serde_json::from_str(&joined).unwrap_or(Value::String(joined)));
-                }
-                Ok(serde_json::to_value(&result.content).unwrap_or(Value::Null))
+                Ok(content::output(result))
             }
             Err(ServiceError::McpError(e)) if e.code == ErrorCode::INVALID_PARAMS => {
                 Err(ToolError::invalid(e.message.to_string()))

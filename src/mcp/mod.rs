@@ -4,7 +4,9 @@
 //! MCP clients ──stdio (`cadre mcp`) | `/mcp` (streamable HTTP)──▶ [`server`]: cadre's tools and agents
 //!
 //! Both directions go through the executor: MCP tools are registry tools
-//! with an `mcp` entry, and MCP callers are direct callers.
+//! with an `mcp` entry, and MCP callers are direct callers. A server's tool
+//! offered again by cadre keeps its `outputSchema` and its content blocks
+//! ([`content`]).
 //!
 //! Layer: below the HTTP API and the runtime, which hand down what it needs
 //! (the registry, executor and sessions as [`McpServerDeps`], the body limit
@@ -24,6 +26,7 @@
 
 pub mod client;
 pub mod config;
+pub mod content;
 pub mod server;
 
 pub use client::McpClients;

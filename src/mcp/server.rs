@@ -19,10 +19,18 @@
 //! A failed call is a tool result with `isError: true` whose text is the
 //! same JSON the model sees (`error`, `error_type`, `validation_errors`,
 //! `retryable`); a successful one carries the output as JSON text, and as
-//! `structuredContent` when it is an object. Agent tools take `message`
-//! and an optional `session_id` (a session of the same tenant) and answer
-//! `{session_id, answer}`, so a client continues a conversation by passing
-//! the id back.
+//! `structuredContent` when it is an object. A tool of an MCP server,
+//! offered again here, keeps the `outputSchema` its server gave (when its
+//! root is `type: object`, MCP's rule and the only outputs sent as
+//! `structuredContent`), and its results keep their content blocks: an
+//! image stays an image block ([`super::content`]), not JSON in a text
+//! block. cadre's own tools offer no `outputSchema`, though some declare an
+//! `output`: the executor does not hold their outputs to it, and a client
+//! that validates `structuredContent` (the Python SDK does) would turn a
+//! mismatch into a failed call; a server's schema is that server's promise.
+//! Agent tools take `message` and an optional `session_id` (a session of
+//! the same tenant) and answer `{session_id, answer}`, so a client
+//! continues a conversation by passing the id back.
 //!
 //! Everything this module needs of a running cadre is handed to it
 //! ([`McpServerDeps`], the body limit, the stop token): it sits below the
@@ -45,7 +53,10 @@ use crate::conversation::{NewSession, Sessions};
 use crate::events::EventKind;
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
 use crate::tenants::{DEFAULT_TENANT, Principal};
+use crate::tools::definition::Entry;
 use crate::tools::{CallerType, ExecutionContext, Plan, ToolRegistry};
+
+use super::content;
 
 /// Agent tools are named `agent_<agent name>`.
 pub const AGENT_PREFIX: &str = "agent_";
@@ -147,7 +158,16 @@ impl CadreMcp {
                     Value::Object(m) => m,
                     _ => Map::new(),
                 };
-                Tool::new(d.name, d.description, schema)
+                let from_mcp = matches!(d.entry, Entry::Mcp { .. });
+                let tool = Tool::new(d.name, d.description, schema);
+                match d.output {
+                    Some(Value::Object(out))
+                        if from_mcp && out.get("type") == Some(&json!("object")) =>
+                    {
+                        tool.with_raw_output_schema(Arc::new(out))
+                    }
+                    _ => tool,
+                }
             })
             .collect();
         for name in self.deps.sessions.agents().names() {
@@ -312,8 +332,19 @@ impl ServerHandler for CadreMcp {
                 ctx,
             ))
             .await;
+        let from_mcp = self
+            .deps
+            .registry
+            .get(&name)
+            .is_some_and(|t| matches!(t.definition.entry, Entry::Mcp { .. }));
+        let blocks = match &result.output {
+            Some(out) if result.is_success && from_mcp => content::blocks(out),
+            _ => None,
+        };
         let text = result.model_content();
-        Ok(if result.is_success {
+        Ok(if let Some(blocks) = blocks {
+            CallToolResult::success(blocks)
+        } else if result.is_success {
             let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
             if let Some(out @ Value::Object(_)) = &result.output {
                 r.structured_content = Some(out.clone());
