@@ -11,7 +11,7 @@
 //! - Fidelity to what real servers and clients expect, against an rmcp server
 //!   of the tests' own ([`mcp_server`]): server tools are not cached unless
 //!   configured; cadre's `/mcp` passes their `outputSchema` and content blocks
-//!   on.
+//!   on; `DELETE /mcp` answers 204.
 
 mod support;
 
@@ -20,15 +20,21 @@ mod mcp_server;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::http::{HeaderName, HeaderValue};
 use cadre::events::EventKind;
 use mcp_server::McpFixture;
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientJsonRpcMessage};
 use rmcp::service::{RoleClient, RunningService};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::common::client_side_sse::BoxedSseResponse;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::{Value, json};
 use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, spawn_app};
@@ -603,4 +609,149 @@ async fn cadres_mcp_offers_a_server_tool_with_its_output_schema_and_content_bloc
     assert_eq!(picture.content, mcp_server::picture_blocks());
 
     client.cancel().await.unwrap();
+}
+
+/// reqwest as rmcp's HTTP client, reporting the status of each session's
+/// `DELETE` (rmcp's own client takes any 2xx).
+#[derive(Clone)]
+struct DeleteWatcher {
+    http: reqwest::Client,
+    deletes: tokio::sync::mpsc::UnboundedSender<(String, StatusCode)>,
+}
+
+impl StreamableHttpClient for DeleteWatcher {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        self.http
+            .post_message(uri, message, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        self.http
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                limits,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<reqwest::Error>> {
+        let mut request = self
+            .http
+            .delete(uri.as_ref())
+            .header("mcp-session-id", session_id.as_ref());
+        if let Some(key) = auth_header {
+            request = request.bearer_auth(key);
+        }
+        for (name, value) in custom_headers {
+            request = request.header(name, value);
+        }
+        let response = request.send().await?;
+        let _ = self
+            .deletes
+            .send((session_id.to_string(), response.status()));
+        response.error_for_status()?;
+        Ok(())
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
+        self.http
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
+        self.http
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_client_ends_its_http_session_with_delete_and_gets_204() {
+    let app = spawn_app(AppOptions::offline());
+    let (deletes, mut deleted) = tokio::sync::mpsc::unbounded_channel();
+    let watcher = DeleteWatcher {
+        http: reqwest::Client::new(),
+        deletes,
+    };
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base));
+    let client =
+        ().serve(StreamableHttpClientTransport::with_client(watcher, config))
+            .await
+            .expect("MCP session over HTTP");
+    assert!(
+        tool_names(&client)
+            .await
+            .contains(&"calculator".to_string())
+    );
+
+    // Closing the client ends its session with DELETE /mcp.
+    client.cancel().await.unwrap();
+    let (session, status) = tokio::time::timeout(PATIENCE, deleted.recv())
+        .await
+        .expect("the client sent DELETE")
+        .expect("a status");
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // And the session is gone.
+    let r = app
+        .client
+        .post(format!("{}/mcp", app.base))
+        .header("mcp-session-id", &session)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }

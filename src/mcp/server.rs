@@ -32,13 +32,18 @@
 //! the same tenant) and answer `{session_id, answer}`, so a client
 //! continues a conversation by passing the id back.
 //!
-//! Everything this module needs of a running cadre is handed to it
-//! ([`McpServerDeps`], the body limit, the stop token): it sits below the
-//! HTTP API and the runtime.
+//! Transports: over HTTP a client ends its session with `DELETE /mcp`,
+//! answered 204 ([`McpHttpService`]). Everything this module needs of a
+//! running cadre is handed to it ([`McpServerDeps`], the body limit, the
+//! stop token): it sits below the HTTP API and the runtime.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::http::{Method, StatusCode};
+use futures::future::BoxFuture;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -431,16 +436,46 @@ pub fn http_service(
     authenticated: bool,
     max_body_bytes: usize,
     stop: tokio_util::sync::CancellationToken,
-) -> StreamableHttpService<CadreMcp, LocalSessionManager> {
+) -> McpHttpService {
     let mut config = StreamableHttpServerConfig::default();
     config.cancellation_token = stop;
     config.max_request_body_bytes = max_body_bytes;
     if authenticated {
         config = config.disable_allowed_hosts();
     }
-    StreamableHttpService::new(
+    McpHttpService(StreamableHttpService::new(
         move || Ok(CadreMcp::http(deps.clone())),
         Arc::default(),
         config,
-    )
+    ))
+}
+
+/// rmcp's streamable HTTP service, answering a session's `DELETE` with
+/// 204 No Content where rmcp answers 202 Accepted (not configurable in
+/// rmcp 3.11). The session is closed by the time either is sent; MCP's
+/// Python SDK takes anything but 200 or 204 as a failed termination, and
+/// rmcp's own client any 2xx.
+#[derive(Clone)]
+pub struct McpHttpService(StreamableHttpService<CadreMcp, LocalSessionManager>);
+
+impl tower::Service<axum::extract::Request> for McpHttpService {
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::extract::Request) -> Self::Future {
+        let inner = self.0.clone();
+        Box::pin(async move {
+            let delete = request.method() == Method::DELETE;
+            let mut response = inner.handle(request).await.map(axum::body::Body::new);
+            if delete && response.status() == StatusCode::ACCEPTED {
+                *response.status_mut() = StatusCode::NO_CONTENT;
+            }
+            Ok(response)
+        })
+    }
 }
