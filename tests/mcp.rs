@@ -11,7 +11,8 @@
 //! - Fidelity to what real servers and clients expect, against an rmcp server
 //!   of the tests' own ([`mcp_server`]): server tools are not cached unless
 //!   configured; cadre's `/mcp` passes their `outputSchema` and content blocks
-//!   on; `DELETE /mcp` answers 204.
+//!   on; `DELETE /mcp` answers 204; `cadre mcp` exits 0 when a client leaves
+//!   after `server/discover` alone.
 
 mod support;
 
@@ -28,8 +29,8 @@ use cadre::events::EventKind;
 use mcp_server::McpFixture;
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientJsonRpcMessage};
-use rmcp::service::{RoleClient, RunningService};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientJsonRpcMessage, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use rmcp::transport::common::client_side_sse::BoxedSseResponse;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
@@ -754,4 +755,45 @@ async fn an_mcp_client_ends_its_http_session_with_delete_and_gets_204() {
         .await
         .expect("request sent");
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cadre_mcp_exits_0_when_the_client_leaves_after_server_discover() {
+    let agents = served_agents();
+    let data = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(CADRE)
+        .args(["mcp", "--agents"])
+        .arg(agents.path())
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("RUST_LOG", "warn")
+        .env_remove("CADRE_MODEL_BASE_URL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("cadre mcp starts");
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+
+    // A client of the 2026-07-28 lifecycle: server/discover, no session.
+    let client = ()
+        .serve_with_lifecycle(
+            (stdout, stdin),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("server/discover answered");
+    let server = client.peer_info().expect("discovered").server_info.clone();
+    assert_eq!(server.expect("server info").name, "cadre");
+
+    // It leaves: stdin closes.
+    client.cancel().await.unwrap();
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("cadre mcp exits when stdin closes")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
 }

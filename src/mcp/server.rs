@@ -32,10 +32,12 @@
 //! the same tenant) and answer `{session_id, answer}`, so a client
 //! continues a conversation by passing the id back.
 //!
-//! Transports: over HTTP a client ends its session with `DELETE /mcp`,
-//! answered 204 ([`McpHttpService`]). Everything this module needs of a
-//! running cadre is handed to it ([`McpServerDeps`], the body limit, the
-//! stop token): it sits below the HTTP API and the runtime.
+//! Transports: over stdio the session ends when the client closes stdin,
+//! which is a normal end whether or not it started a session (a client may
+//! only `server/discover`); over HTTP a client ends its session with
+//! `DELETE /mcp`, answered 204 ([`McpHttpService`]). Everything this module
+//! needs of a running cadre is handed to it ([`McpServerDeps`], the body
+//! limit, the stop token): it sits below the HTTP API and the runtime.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -405,15 +407,24 @@ fn is_tool_change(kind: &EventKind) -> bool {
     )
 }
 
-/// Serves MCP on stdin/stdout until the client closes it.
+/// Serves MCP on stdin/stdout as `caller` until the client closes stdin.
+/// A client that leaves before it starts a session (after nothing, a
+/// `ping` or a `server/discover` only) ends it as cleanly as one that
+/// leaves after: `Ok`.
 pub async fn serve_stdio(deps: McpServerDeps, caller: Caller) -> Result<(), McpServeError> {
     use rmcp::ServiceExt;
-    let running = CadreMcp::local(deps, caller)
+    let running = match CadreMcp::local(deps, caller)
         .serve(rmcp::transport::stdio())
         .await
-        .map_err(|e| McpServeError::Start {
-            message: e.to_string(),
-        })?;
+    {
+        Ok(running) => running,
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
+        Err(e) => {
+            return Err(McpServeError::Start {
+                message: e.to_string(),
+            });
+        }
+    };
     running.waiting().await.map_err(|e| McpServeError::Start {
         message: e.to_string(),
     })?;
