@@ -319,7 +319,7 @@ fn main() -> anyhow::Result<()> {
         Command::Mcp { plan, common } => {
             let plan = Plan::parse(&plan).context("--plan must be free, pro or premium")?;
             let runtime = runtime(&common)?.start().context("starting cadre")?;
-            Ok(cadre::mcp::server::run_stdio(&runtime, plan)?)
+            Ok(runtime.serve_mcp_stdio(plan)?)
         }
         Command::Workflow {
             command: WorkflowCommand::List { common },

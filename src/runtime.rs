@@ -8,7 +8,8 @@
 //!
 //! [`RuntimeBuilder::start`] runs all of it on a thread of its own and
 //! returns once the store is open and the listener is bound, so the same
-//! code serves `cadre serve`, `cadre chat` (no listener) and the tests
+//! code serves `cadre serve`, `cadre chat` (no listener), `cadre mcp`
+//! ([`Runtime::serve_mcp_stdio`]: MCP on stdio) and the tests
 //! (several independent runtimes in one process). Dropping the [`Runtime`]
 //! (or SIGTERM / SIGINT with `handle_signals`) stops accepting, ends the
 //! event subscriptions (`/v1/events`, workflow run events: they would
@@ -37,11 +38,13 @@ use crate::executor::limits::RateLimiter;
 use crate::executor::{ExecutorHandle, ExecutorShared};
 use crate::http::rate_limit::ApiRateLimit;
 use crate::http::{AppState, router};
+use crate::mcp::McpServerDeps;
+use crate::mcp::server::{Caller, McpServeError};
 use crate::model::openai::ClientOptions;
 use crate::model::{ModelEndpoint, SharedModel};
 use crate::server_config::ServerConfig;
 use crate::store::{Store, StoreError};
-use crate::tools::{ToolDefinition, ToolHandler, ToolRegistry, builtin, watch};
+use crate::tools::{Plan, ToolDefinition, ToolHandler, ToolRegistry, builtin, watch};
 use crate::workflow::{Workflows, WorkflowsDeps};
 
 #[derive(Debug, thiserror::Error)]
@@ -242,6 +245,25 @@ impl Runtime {
     /// One line per agent: which model serves it.
     pub fn providers(&self) -> &[String] {
         &self.providers
+    }
+
+    /// `cadre mcp`: serves this runtime's tools and agents over MCP on
+    /// stdin/stdout as the local operator on `plan` (tenant `default`),
+    /// until the client closes stdin. Blocks, on a tokio runtime of its own
+    /// (the handles reach the actors from any runtime).
+    pub fn serve_mcp_stdio(&self, plan: Plan) -> Result<(), McpServeError> {
+        let deps = McpServerDeps {
+            registry: self.registry.clone(),
+            executor: self.executor().clone(),
+            sessions: self.sessions().clone(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| McpServeError::Start {
+                message: e.to_string(),
+            })?;
+        rt.block_on(crate::mcp::server::serve_stdio(deps, Caller::local(plan)))
     }
 
     /// Blocks until the server stops by itself (a signal, with

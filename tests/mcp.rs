@@ -8,19 +8,34 @@
 //!   server being killed.
 //! - cadre as an MCP server: an rmcp client lists and calls cadre's tools and
 //!   agents over stdio (`cadre mcp`) and over `/mcp` with API keys.
+//! - Fidelity to what real servers and clients expect, against an rmcp server
+//!   of the tests' own ([`mcp_server`]): server tools are not cached unless
+//!   configured; cadre's `/mcp` passes their `outputSchema` and content blocks
+//!   on; `DELETE /mcp` answers 204; `cadre mcp` exits 0 when a client leaves
+//!   after `server/discover` alone.
 
 mod support;
 
+#[path = "fixtures/mcp_server.rs"]
+mod mcp_server;
+
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::http::{HeaderName, HeaderValue};
 use cadre::events::EventKind;
+use mcp_server::McpFixture;
 use reqwest::StatusCode;
 use rmcp::ServiceExt;
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::{RoleClient, RunningService};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientJsonRpcMessage, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
+use rmcp::transport::common::client_side_sse::BoxedSseResponse;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
+    StreamableHttpPostResponse, StreamableHttpResponseLimits,
+};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use serde_json::{Value, json};
 use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, spawn_app};
@@ -478,4 +493,307 @@ async fn mcp_over_http_uses_the_callers_key_tenant_and_plan() {
     for c in [acme, premium, globex] {
         c.cancel().await.unwrap();
     }
+}
+
+/// Waits until `tool` (`server.tool`) is listed and its server connected:
+/// the registry says so now, or an `mcp_server_up` event of its server says
+/// so later (subscribed before looking, so none is missed).
+async fn until_up(app: &TestApp, tool: &str) {
+    let runtime = app.runtime.as_ref().expect("in-process app");
+    let mut events = runtime.events().subscribe();
+    let server = tool.split('.').next().unwrap().to_string();
+    if runtime.registry().mcp_status(tool) == Some(true) {
+        return;
+    }
+    loop {
+        let e = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{server} never came up"))
+            .expect("the event bus is open");
+        if matches!(&e.kind, EventKind::McpServerUp { server: s, .. } if *s == server) {
+            assert_eq!(runtime.registry().mcp_status(tool), Some(true), "{tool}");
+            return;
+        }
+    }
+}
+
+/// An outer cadre (offline, open) whose mcp.toml is `mcp_toml`.
+fn app_with_servers(mcp_toml: &str) -> (TestApp, tempfile::TempDir) {
+    let agents = support::agents_dir(&[("mcp.toml", mcp_toml)]);
+    (
+        spawn_app(AppOptions::offline().agents(agents.path())),
+        agents,
+    )
+}
+
+/// An MCP client of `app`'s `/mcp` without a key (an open server).
+async fn open_http_client(app: &TestApp) -> RunningService<RoleClient, ()> {
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base));
+    ().serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .expect("MCP session over HTTP")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tool_results_are_cached_only_when_the_server_config_says_so() {
+    let fixture = McpFixture::start().await;
+    // The same server twice: once as declared by default, once with a TTL.
+    let (app, _agents) = app_with_servers(&format!(
+        "[servers.plain]\nurl = \"{url}\"\n\n[servers.cached]\nurl = \"{url}\"\ncache_ttl_s = 60\n",
+        url = fixture.url
+    ));
+    until_up(&app, "plain.count").await;
+    until_up(&app, "cached.count").await;
+
+    let invoke = |tool: &'static str| {
+        let app = &app;
+        async move {
+            let (status, body) = app
+                .post(
+                    &format!("/v1/tools/{tool}/invoke"),
+                    &json!({"params": {}, "user_id": "u1"}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body
+        }
+    };
+    // Same arguments, same user: each call runs on the server.
+    let first = invoke("plain.count").await;
+    let second = invoke("plain.count").await;
+    assert_eq!(first["output"]["count"], 1, "{first}");
+    assert_eq!(second["output"]["count"], 2, "{second}");
+    assert_eq!(second["metadata"]["cached"], false, "{second}");
+    assert_eq!(fixture.runs(), 2);
+
+    // With cache_ttl_s the second call is answered from the cache.
+    let first = invoke("cached.count").await;
+    let second = invoke("cached.count").await;
+    assert_eq!(first["output"]["count"], 3, "{first}");
+    assert_eq!(second["output"]["count"], 3, "{second}");
+    assert_eq!(second["metadata"]["cached"], true, "{second}");
+    assert_eq!(fixture.runs(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cadres_mcp_offers_a_server_tool_with_its_output_schema_and_content_blocks() {
+    let fixture = McpFixture::start().await;
+    let (app, _agents) = app_with_servers(&format!("[servers.fix]\nurl = \"{}\"\n", fixture.url));
+    until_up(&app, "fix.picture").await;
+    let client = open_http_client(&app).await;
+
+    let tools = client.list_all_tools().await.expect("tools/list answered");
+    let schema_of = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("{name} listed"))
+            .output_schema
+            .as_deref()
+            .cloned()
+            .map(Value::Object)
+    };
+    assert_eq!(schema_of("fix.area"), Some(mcp_server::area_schema()));
+    assert_eq!(schema_of("fix.picture"), None);
+    // cadre's own tools promise no output shape (see mcp::server).
+    for t in tools.iter().filter(|t| !t.name.starts_with("fix.")) {
+        assert_eq!(t.output_schema, None, "{}", t.name);
+    }
+
+    let area = call(&client, "fix.area", json!({"w": 2, "h": 3})).await;
+    assert_ne!(area.is_error, Some(true), "{area:?}");
+    assert_eq!(area.structured_content, Some(json!({"area": 6.0})));
+
+    // The image stays an image block, beside the caption's text block.
+    let picture = call(&client, "fix.picture", json!({})).await;
+    assert_ne!(picture.is_error, Some(true), "{picture:?}");
+    assert_eq!(picture.content, mcp_server::picture_blocks());
+
+    client.cancel().await.unwrap();
+}
+
+/// reqwest as rmcp's HTTP client, reporting the status of each session's
+/// `DELETE` (rmcp's own client takes any 2xx).
+#[derive(Clone)]
+struct DeleteWatcher {
+    http: reqwest::Client,
+    deletes: tokio::sync::mpsc::UnboundedSender<(String, StatusCode)>,
+}
+
+impl StreamableHttpClient for DeleteWatcher {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        self.http
+            .post_message(uri, message, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<reqwest::Error>> {
+        self.http
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                limits,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<reqwest::Error>> {
+        let mut request = self
+            .http
+            .delete(uri.as_ref())
+            .header("mcp-session-id", session_id.as_ref());
+        if let Some(key) = auth_header {
+            request = request.bearer_auth(key);
+        }
+        for (name, value) in custom_headers {
+            request = request.header(name, value);
+        }
+        let response = request.send().await?;
+        let _ = self
+            .deletes
+            .send((session_id.to_string(), response.status()));
+        response.error_for_status()?;
+        Ok(())
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
+        self.http
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxedSseResponse, StreamableHttpError<reqwest::Error>> {
+        self.http
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_client_ends_its_http_session_with_delete_and_gets_204() {
+    let app = spawn_app(AppOptions::offline());
+    let (deletes, mut deleted) = tokio::sync::mpsc::unbounded_channel();
+    let watcher = DeleteWatcher {
+        http: reqwest::Client::new(),
+        deletes,
+    };
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base));
+    let client =
+        ().serve(StreamableHttpClientTransport::with_client(watcher, config))
+            .await
+            .expect("MCP session over HTTP");
+    assert!(
+        tool_names(&client)
+            .await
+            .contains(&"calculator".to_string())
+    );
+
+    // Closing the client ends its session with DELETE /mcp.
+    client.cancel().await.unwrap();
+    let (session, status) = tokio::time::timeout(PATIENCE, deleted.recv())
+        .await
+        .expect("the client sent DELETE")
+        .expect("a status");
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // And the session is gone.
+    let r = app
+        .client
+        .post(format!("{}/mcp", app.base))
+        .header("mcp-session-id", &session)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+        .send()
+        .await
+        .expect("request sent");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cadre_mcp_exits_0_when_the_client_leaves_after_server_discover() {
+    let agents = served_agents();
+    let data = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(CADRE)
+        .args(["mcp", "--agents"])
+        .arg(agents.path())
+        .arg("--data-dir")
+        .arg(data.path())
+        .env("RUST_LOG", "warn")
+        .env_remove("CADRE_MODEL_BASE_URL")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("cadre mcp starts");
+    let stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+
+    // A client of the 2026-07-28 lifecycle: server/discover, no session.
+    let client = ()
+        .serve_with_lifecycle(
+            (stdout, stdin),
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("server/discover answered");
+    let server = client.peer_info().expect("discovered").server_info.clone();
+    assert_eq!(server.expect("server info").name, "cadre");
+
+    // It leaves: stdin closes.
+    client.cancel().await.unwrap();
+    let status = tokio::time::timeout(PATIENCE, child.wait())
+        .await
+        .expect("cadre mcp exits when stdin closes")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
 }

@@ -106,6 +106,7 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
             sessions: state.sessions.clone(),
         },
         !keys.is_open(),
+        MAX_BODY_BYTES,
         state.mcp_shutdown.clone(),
     );
     let (routes, _) = routes();

@@ -19,9 +19,18 @@
 //! Decisions: cadre asks for protocol 2025-11-25, whose servers send
 //! `tools/list_changed` unscoped (2026-07-28 would need a listen stream).
 //! An `isError` result is an `execution_error` with the server's text; an
-//! `invalid params` JSON-RPC error is a `validation_error`. The output is the
-//! `structuredContent` when given, else the text content parsed as JSON when
-//! it is JSON, else the text, else the content blocks as JSON.
+//! `invalid params` JSON-RPC error is a `validation_error`. The output is
+//! made of the result's content as [`super::content`] says (structured,
+//! text, or the blocks themselves when any is not text). The tool's
+//! `outputSchema` is kept as the definition's `output`, which cadre's own
+//! MCP server offers again.
+//!
+//! Caching: a server tool's results are cached only when its server sets
+//! `cache_ttl_s` in mcp.toml. The executor's per-category TTLs (30 s for an
+//! unknown category such as `mcp`) never apply: cadre cannot tell a
+//! server's side-effecting tool from a pure one, and a call answered from
+//! the cache would report an action that did not run. So every MCP
+//! definition carries an explicit cache spec, 0 (never) by default.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -38,6 +47,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use super::config::{McpServerConfig, McpTransport};
+use super::content;
 use crate::events::EventKind;
 use crate::model::wire_name;
 use crate::tools::definition::{CacheSpec, Entry};
@@ -306,7 +316,10 @@ fn definition(link: &Arc<Link>, tool: Tool) -> Option<(ToolDefinition, Arc<dyn T
         output: tool.output_schema.map(|s| Value::Object((*s).clone())),
         required_plan: c.required_plan,
         rate_limit: c.rate_limit,
-        cache: c.cache_ttl_s.map(|ttl_seconds| CacheSpec { ttl_seconds }),
+        // Never the category's default TTL: see the module doc.
+        cache: Some(CacheSpec {
+            ttl_seconds: c.cache_ttl_s.unwrap_or(0),
+        }),
         post_processor: None,
         timeout: c.timeout,
     };
@@ -334,12 +347,8 @@ impl ToolHandler for McpToolHandler {
         let request = CallToolRequestParams::new(self.tool.clone()).with_arguments(arguments);
         match peer.call_tool(request).await {
             Ok(result) => {
-                let text: Vec<String> = result
-                    .content
-                    .iter()
-                    .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-                    .collect();
                 if result.is_error == Some(true) {
+                    let text = content::texts(&result);
                     let message = if text.is_empty() {
                         format!("{} reported an error", self.tool)
                     } else {
@@ -347,14 +356,7 @@ impl ToolHandler for McpToolHandler {
                     };
                     return Err(ToolError::failed(message));
                 }
-                if let Some(structured) = result.structured_content {
-                    return Ok(structured);
-                }
-                if text.len() == result.content.len() && !text.is_empty() {
-                    let joined = text.join("\n");
-                    return Ok(serde_json::from_str(&joined).unwrap_or(Value::String(joined)));
-                }
-                Ok(serde_json::to_value(&result.content).unwrap_or(Value::Null))
+                Ok(content::output(result))
             }
             Err(ServiceError::McpError(e)) if e.code == ErrorCode::INVALID_PARAMS => {
                 Err(ToolError::invalid(e.message.to_string()))

@@ -4,7 +4,15 @@
 //! MCP clients ──stdio (`cadre mcp`) | `/mcp` (streamable HTTP)──▶ [`server`]: cadre's tools and agents
 //!
 //! Both directions go through the executor: MCP tools are registry tools
-//! with an `mcp` entry, and MCP callers are direct callers.
+//! with an `mcp` entry, and MCP callers are direct callers. A server's tool
+//! offered again by cadre keeps its `outputSchema` and its content blocks
+//! ([`content`]).
+//!
+//! Layer: below the HTTP API and the runtime, which hand down what it needs
+//! (the registry, executor and sessions as [`McpServerDeps`], the body limit
+//! of `/mcp`) and never the other way: the stdio entry point of `cadre mcp`
+//! lives with the runtime (`Runtime::serve_mcp_stdio`), which calls
+//! [`server::serve_stdio`].
 //!
 //! Names: registry, records and the API use `server.tool`; OpenAI-compatible
 //! endpoints accept only `^[a-zA-Z0-9_-]{1,64}$`, so the model sees
@@ -18,6 +26,7 @@
 
 pub mod client;
 pub mod config;
+pub mod content;
 pub mod server;
 
 pub use client::McpClients;

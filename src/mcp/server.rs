@@ -19,19 +19,40 @@
 //! A failed call is a tool result with `isError: true` whose text is the
 //! same JSON the model sees (`error`, `error_type`, `validation_errors`,
 //! `retryable`); a successful one carries the output as JSON text, and as
-//! `structuredContent` when it is an object. Agent tools take `message`
-//! and an optional `session_id` (a session of the same tenant) and answer
-//! `{session_id, answer}`, so a client continues a conversation by passing
-//! the id back.
+//! `structuredContent` when it is an object. A tool of an MCP server,
+//! offered again here, keeps the `outputSchema` its server gave (when its
+//! root is `type: object`, MCP's rule and the only outputs sent as
+//! `structuredContent`), and its results keep their content blocks: an
+//! image stays an image block ([`super::content`]), not JSON in a text
+//! block. cadre's own tools offer no `outputSchema`, though some declare an
+//! `output`: the executor does not hold their outputs to it, and a client
+//! that validates `structuredContent` (the Python SDK does) would turn a
+//! mismatch into a failed call; a server's schema is that server's promise.
+//! Agent tools take `message` and an optional `session_id` (a session of
+//! the same tenant) and answer `{session_id, answer}`, so a client
+//! continues a conversation by passing the id back.
+//!
+//! Transports: over stdio the session ends when the client closes stdin,
+//! which is a normal end whether or not it started a session (a client may
+//! only `server/discover`); over HTTP a client ends its session with
+//! `DELETE /mcp`, answered 204 ([`McpHttpService`]). Everything this module
+//! needs of a running cadre is handed to it ([`McpServerDeps`], the body
+//! limit, the stop token): it sits below the HTTP API and the runtime.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::http::{Method, StatusCode};
+use futures::future::BoxFuture;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler};
 use serde_json::{Map, Value, json};
 
@@ -39,7 +60,10 @@ use crate::conversation::{NewSession, Sessions};
 use crate::events::EventKind;
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
 use crate::tenants::{DEFAULT_TENANT, Principal};
+use crate::tools::definition::Entry;
 use crate::tools::{CallerType, ExecutionContext, Plan, ToolRegistry};
+
+use super::content;
 
 /// Agent tools are named `agent_<agent name>`.
 pub const AGENT_PREFIX: &str = "agent_";
@@ -141,7 +165,16 @@ impl CadreMcp {
                     Value::Object(m) => m,
                     _ => Map::new(),
                 };
-                Tool::new(d.name, d.description, schema)
+                let from_mcp = matches!(d.entry, Entry::Mcp { .. });
+                let tool = Tool::new(d.name, d.description, schema);
+                match d.output {
+                    Some(Value::Object(out))
+                        if from_mcp && out.get("type") == Some(&json!("object")) =>
+                    {
+                        tool.with_raw_output_schema(Arc::new(out))
+                    }
+                    _ => tool,
+                }
             })
             .collect();
         for name in self.deps.sessions.agents().names() {
@@ -306,8 +339,19 @@ impl ServerHandler for CadreMcp {
                 ctx,
             ))
             .await;
+        let from_mcp = self
+            .deps
+            .registry
+            .get(&name)
+            .is_some_and(|t| matches!(t.definition.entry, Entry::Mcp { .. }));
+        let blocks = match &result.output {
+            Some(out) if result.is_success && from_mcp => content::blocks(out),
+            _ => None,
+        };
         let text = result.model_content();
-        Ok(if result.is_success {
+        Ok(if let Some(blocks) = blocks {
+            CallToolResult::success(blocks)
+        } else if result.is_success {
             let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
             if let Some(out @ Value::Object(_)) = &result.output {
                 r.structured_content = Some(out.clone());
@@ -363,37 +407,24 @@ fn is_tool_change(kind: &EventKind) -> bool {
     )
 }
 
-impl McpServerDeps {
-    pub fn of(runtime: &crate::Runtime) -> Self {
-        McpServerDeps {
-            registry: runtime.registry().clone(),
-            executor: runtime.executor().clone(),
-            sessions: runtime.sessions().clone(),
-        }
-    }
-}
-
-/// `cadre mcp`: serves `runtime` on stdin/stdout as the local operator on
-/// `plan`, until the client closes stdin. Blocks.
-pub fn run_stdio(runtime: &crate::Runtime, plan: Plan) -> Result<(), McpServeError> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| McpServeError::Start {
-            message: e.to_string(),
-        })?;
-    rt.block_on(serve_stdio(McpServerDeps::of(runtime), Caller::local(plan)))
-}
-
-/// Serves MCP on stdin/stdout until the client closes it.
+/// Serves MCP on stdin/stdout as `caller` until the client closes stdin.
+/// A client that leaves before it starts a session (after nothing, a
+/// `ping` or a `server/discover` only) ends it as cleanly as one that
+/// leaves after: `Ok`.
 pub async fn serve_stdio(deps: McpServerDeps, caller: Caller) -> Result<(), McpServeError> {
     use rmcp::ServiceExt;
-    let running = CadreMcp::local(deps, caller)
+    let running = match CadreMcp::local(deps, caller)
         .serve(rmcp::transport::stdio())
         .await
-        .map_err(|e| McpServeError::Start {
-            message: e.to_string(),
-        })?;
+    {
+        Ok(running) => running,
+        Err(rmcp::service::ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
+        Err(e) => {
+            return Err(McpServeError::Start {
+                message: e.to_string(),
+            });
+        }
+    };
     running.waiting().await.map_err(|e| McpServeError::Start {
         message: e.to_string(),
     })?;
@@ -409,23 +440,53 @@ pub enum McpServeError {
 /// The `/mcp` tower service (streamable HTTP). `authenticated`: an API key
 /// guards it, so the Host check against DNS rebinding (meant for open local
 /// servers) is off; an open server keeps rmcp's loopback-only Host check.
+/// `max_body_bytes`: the largest request body it reads (the API's own cap).
+/// `stop` ends the open sessions.
 pub fn http_service(
     deps: McpServerDeps,
     authenticated: bool,
+    max_body_bytes: usize,
     stop: tokio_util::sync::CancellationToken,
-) -> rmcp::transport::StreamableHttpService<
-    CadreMcp,
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-> {
-    let mut config = rmcp::transport::StreamableHttpServerConfig::default();
+) -> McpHttpService {
+    let mut config = StreamableHttpServerConfig::default();
     config.cancellation_token = stop;
-    config.max_request_body_bytes = crate::http::MAX_BODY_BYTES;
+    config.max_request_body_bytes = max_body_bytes;
     if authenticated {
         config = config.disable_allowed_hosts();
     }
-    rmcp::transport::StreamableHttpService::new(
+    McpHttpService(StreamableHttpService::new(
         move || Ok(CadreMcp::http(deps.clone())),
         Arc::default(),
         config,
-    )
+    ))
+}
+
+/// rmcp's streamable HTTP service, answering a session's `DELETE` with
+/// 204 No Content where rmcp answers 202 Accepted (not configurable in
+/// rmcp 3.11). The session is closed by the time either is sent; MCP's
+/// Python SDK takes anything but 200 or 204 as a failed termination, and
+/// rmcp's own client any 2xx.
+#[derive(Clone)]
+pub struct McpHttpService(StreamableHttpService<CadreMcp, LocalSessionManager>);
+
+impl tower::Service<axum::extract::Request> for McpHttpService {
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::extract::Request) -> Self::Future {
+        let inner = self.0.clone();
+        Box::pin(async move {
+            let delete = request.method() == Method::DELETE;
+            let mut response = inner.handle(request).await.map(axum::body::Body::new);
+            if delete && response.status() == StatusCode::ACCEPTED {
+                *response.status_mut() = StatusCode::NO_CONTENT;
+            }
+            Ok(response)
+        })
+    }
 }
