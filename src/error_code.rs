@@ -104,6 +104,8 @@ error_codes! {
         "only failed or interrupted workflow runs can be resumed";
     ConfirmationExpired = "CONFIRMATION_EXPIRED", GONE, false,
         "the confirmation expired before it was decided";
+    UpgradeRequired = "UPGRADE_REQUIRED", UPGRADE_REQUIRED, false,
+        "the connection cannot be upgraded to a WebSocket";
     PayloadTooLarge = "PAYLOAD_TOO_LARGE", PAYLOAD_TOO_LARGE, false,
         "the body or one of its fields is over its limit";
     UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE", UNSUPPORTED_MEDIA_TYPE, false,

@@ -395,6 +395,24 @@ async fn every_error_response_is_the_error_body() {
     let mut error_schema = error_ref.clone();
     error_schema["components"] = doc["components"].clone();
     let error_validator = jsonschema::validator_for(&error_schema).expect("ErrorBody compiles");
+    // Every public code is one row of the ErrorCode schema, with its status.
+    let code_schema = &doc["components"]["schemas"]["ErrorCode"];
+    let codes: Vec<&str> = code_schema["enum"]
+        .as_array()
+        .expect("ErrorCode lists its codes")
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    for code in cadre::error_code::ErrorCode::ALL {
+        assert!(codes.contains(&code.as_str()), "{code} is not in the document");
+        assert!(
+            code_schema["description"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("| `{code}` | {} |", code.status().as_u16())),
+            "{code} has no row in the ErrorCode description"
+        );
+    }
 
     let mut errors_seen = 0;
     for (method, path) in operations(&doc) {
@@ -434,11 +452,26 @@ async fn every_error_response_is_the_error_body() {
                 direct || alternative,
                 "{method} {path} {status} does not reference ErrorBody: {response}"
             );
-            let example = &response["content"]["application/json"]["example"];
-            if direct {
+            // One example per code the operation may answer, named by the
+            // code, each a valid ErrorBody with that code and this status.
+            let examples = response["content"]["application/json"]["examples"]
+                .as_object()
+                .unwrap_or_else(|| panic!("{method} {path} {status}: no examples: {response}"));
+            assert!(!examples.is_empty(), "{method} {path} {status}");
+            for (code, example) in examples {
+                let value = &example["value"];
+                assert_eq!(value["error"]["code"], json!(code), "{method} {path} {status}");
                 assert!(
-                    error_validator.is_valid(example),
-                    "{method} {path} {status}: the example is not an ErrorBody: {example}"
+                    codes.contains(&code.as_str()),
+                    "{method} {path} {status}: {code} is not in the ErrorCode table"
+                );
+                assert!(
+                    error_validator.is_valid(value),
+                    "{method} {path} {status}: the example is not an ErrorBody: {value}"
+                );
+                assert!(
+                    response["description"].as_str().unwrap().contains(&format!("`{code}`")),
+                    "{method} {path} {status}: {code} is not described"
                 );
             }
         }

@@ -17,7 +17,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::tenants::Principal;
 
@@ -45,6 +45,17 @@ struct Improved {
     text: String,
 }
 
+error_responses!(
+    SuggestionsErrors:
+    SuggestionsDisabled,
+    SessionNotFound,
+    ModelUnavailable,
+    ModelBadResponse,
+    ModelRejected,
+    StorageUnavailable,
+    ModelTimeout
+);
+
 #[utoipa::path(
     post,
     path = "/v1/sessions/{id}/suggestions",
@@ -54,11 +65,7 @@ struct Improved {
     params(("id" = String, Path, description = "Session id")),
     responses(
         (status = 200, description = "Three suggested replies", body = Suggestions),
-        (status = 403, description = "`SUGGESTIONS_DISABLED` for this tenant", body = ErrorBody),
-        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
-        (status = 502, description = "`MODEL_UNAVAILABLE`, `MODEL_BAD_RESPONSE` or `MODEL_REJECTED`", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
-        (status = 504, description = "`MODEL_TIMEOUT`", body = ErrorBody),
+        SuggestionsErrors,
     )
 )]
 async fn suggestions(
@@ -93,6 +100,17 @@ struct ImproveBody {
     agent: Option<String>,
 }
 
+error_responses!(
+    ImproveErrors:
+    AgentNotFound,
+    PayloadTooLarge = "the body is over 1 MiB or the text over 16 KiB",
+    ValidationError = "empty text or unknown field",
+    ModelUnavailable,
+    ModelBadResponse,
+    ModelRejected,
+    ModelTimeout
+);
+
 #[utoipa::path(
     post,
     path = "/v1/improve",
@@ -102,11 +120,7 @@ struct ImproveBody {
     request_body = ImproveBody,
     responses(
         (status = 200, description = "The text reworded", body = Improved),
-        (status = 404, description = "`AGENT_NOT_FOUND`", body = ErrorBody),
-        (status = 413, description = "`PAYLOAD_TOO_LARGE`: the body is over 1 MiB or the text over 16 KiB", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: empty text or unknown field", body = ErrorBody),
-        (status = 502, description = "`MODEL_UNAVAILABLE`, `MODEL_BAD_RESPONSE` or `MODEL_REJECTED`", body = ErrorBody),
-        (status = 504, description = "`MODEL_TIMEOUT`", body = ErrorBody),
+        ImproveErrors,
     )
 )]
 async fn improve(

@@ -14,7 +14,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use crate::store::{CallFilter, Store, StoreError};
 use crate::tenants::Principal;
 
@@ -63,6 +63,13 @@ struct Stats {
     tools: Value,
 }
 
+error_responses!(
+    CallsErrors:
+    BadRequest = "the query string does not parse",
+    ValidationError = "limit out of range",
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/calls",
@@ -72,9 +79,7 @@ struct Stats {
     params(CallsQuery),
     responses(
         (status = 200, description = "The caller's tenant's call records, newest first", body = CallList),
-        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: limit out of range", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        CallsErrors,
     )
 )]
 async fn calls(
@@ -101,6 +106,12 @@ async fn calls(
     Ok(Json(json!({ "calls": calls, "count": calls.len() })))
 }
 
+error_responses!(
+    StatsErrors:
+    AdminRequired,
+    StorageUnavailable
+);
+
 /// Runtime-wide counters: admin only (they span tenants).
 #[utoipa::path(
     get,
@@ -110,8 +121,7 @@ async fn calls(
     tag = "calls",
     responses(
         (status = 200, description = "Counters over every tenant's calls", body = Stats),
-        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        StatsErrors,
     )
 )]
 async fn stats(

@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use crate::executor::confirmations::{ConfirmationError, PendingConfirmation};
 use crate::executor::{Arguments, ExecuteTool};
 use crate::tenants::{DEFAULT_TENANT, Principal};
@@ -56,6 +56,11 @@ fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
     p.context.tenant.as_deref().unwrap_or(DEFAULT_TENANT) == caller.tenant
 }
 
+error_responses!(
+    ListErrors:
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/confirmations",
@@ -64,7 +69,7 @@ fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
     tag = "confirmations",
     responses(
         (status = 200, description = "The caller's tenant's pending confirmations", body = PendingList),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ListErrors,
     )
 )]
 async fn list(
@@ -96,6 +101,13 @@ async fn owned(
     Ok(p)
 }
 
+error_responses!(
+    ShowErrors:
+    ConfirmationNotFound,
+    ConfirmationExpired,
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/confirmations/{id}",
@@ -105,9 +117,7 @@ async fn owned(
     params(("id" = String, Path, description = "Confirmation id")),
     responses(
         (status = 200, description = "The pending confirmation", body = Pending),
-        (status = 404, description = "`CONFIRMATION_NOT_FOUND` (also another tenant's)", body = ErrorBody),
-        (status = 410, description = "`CONFIRMATION_EXPIRED`", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ShowErrors,
     )
 )]
 async fn show(
@@ -125,6 +135,13 @@ struct Decision {
     approve: bool,
 }
 
+error_responses!(
+    DecideErrors:
+    ConfirmationNotFound,
+    ConfirmationExpired,
+    StorageUnavailable
+);
+
 #[utoipa::path(
     post,
     path = "/v1/confirmations/{id}",
@@ -135,9 +152,7 @@ struct Decision {
     request_body = Decision,
     responses(
         (status = 200, description = "Denied, or run through the executor with its result", body = DecisionOutcome),
-        (status = 404, description = "`CONFIRMATION_NOT_FOUND` (also another tenant's)", body = ErrorBody),
-        (status = 410, description = "`CONFIRMATION_EXPIRED`", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        DecideErrors,
     )
 )]
 async fn decide(

@@ -19,13 +19,18 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use super::streams::StreamQuota;
 use crate::tenants::Principal;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
 }
+
+error_responses!(
+    EventsErrors:
+    AdminRequired
+);
 
 /// Runtime-wide events: admin only (they span tenants).
 #[utoipa::path(
@@ -36,7 +41,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     tag = "events",
     responses(
         (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data; `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = String),
-        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
+        EventsErrors,
     )
 )]
 async fn events(

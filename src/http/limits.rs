@@ -21,7 +21,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::executor::limit_key;
 use crate::tenants::Principal;
@@ -75,6 +75,12 @@ struct QuotaQuery {
     tool: String,
 }
 
+error_responses!(
+    QuotaErrors:
+    BadRequest = "`tool` missing or the query does not parse",
+    ToolNotFound
+);
+
 #[utoipa::path(
     get,
     path = "/v1/limits/quota",
@@ -84,8 +90,7 @@ struct QuotaQuery {
     params(QuotaQuery),
     responses(
         (status = 200, description = "What is left per window; reading it spends nothing", body = QuotaView),
-        (status = 400, description = "`BAD_REQUEST`: `tool` missing or the query does not parse", body = ErrorBody),
-        (status = 404, description = "`TOOL_NOT_FOUND`", body = ErrorBody),
+        QuotaErrors,
     )
 )]
 async fn quota(

@@ -151,6 +151,11 @@ async fn healthz(axum::extract::State(state): axum::extract::State<AppState>) ->
     axum::Json(json!({"status": status, "storage": storage})).into_response()
 }
 
+openapi::error_responses!(
+    ReadyzErrors:
+    StorageUnavailable = "storage refuses writes (reads are served)"
+);
+
 /// Readiness: 503 `STORAGE_UNAVAILABLE` while writes are refused, so a load
 /// balancer can send traffic elsewhere; else 200 `{"status": "ready"}`.
 #[utoipa::path(
@@ -162,7 +167,7 @@ async fn healthz(axum::extract::State(state): axum::extract::State<AppState>) ->
     security(()),
     responses(
         (status = 200, description = "Ready", body = Object, example = json!({"status": "ready"})),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`: storage refuses writes (reads are served)", body = openapi::ErrorBody),
+        ReadyzErrors,
     )
 )]
 async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
@@ -232,6 +237,7 @@ async fn json_errors(request: Request, next: Next) -> Response {
     let code = match status {
         StatusCode::NOT_FOUND => ErrorCode::NotFound,
         StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+        StatusCode::UPGRADE_REQUIRED => ErrorCode::UpgradeRequired,
         StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
         StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::ValidationError,

@@ -28,14 +28,19 @@
 //!
 //! [`ApiJson`]: super::error::ApiJson
 
+use std::collections::BTreeMap;
+
 use axum::Router;
 use serde_json::Value;
+use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::path::Operation;
-use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{Content, Header, OpenApi as OpenApiDoc, Ref, RefOr, Response};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use utoipa_swagger_ui::SwaggerUi;
+
+use crate::error_code::ErrorCode;
 
 /// Where the document is served.
 pub const SPEC_PATH: &str = "/openapi.json";
@@ -53,7 +58,6 @@ pub fn is_public(path: &str) -> bool {
 
 /// Every error leaves the API in this shape (see [`super::error`]).
 #[derive(serde::Serialize, ToSchema)]
-#[schema(example = json!({"error": {"code": "VALIDATION_ERROR", "message": "content must not be empty"}}))]
 #[allow(dead_code)]
 pub struct ErrorBody {
     error: ErrorDetail,
@@ -62,8 +66,7 @@ pub struct ErrorBody {
 #[derive(serde::Serialize, ToSchema)]
 #[allow(dead_code)]
 pub struct ErrorDetail {
-    /// Stable, machine-readable code (`SESSION_NOT_FOUND`, `VALIDATION_ERROR`, ...).
-    code: String,
+    code: ErrorCode,
     /// Human-readable text; may change between versions.
     message: String,
     /// Structured detail for some codes, e.g. `validation_errors` of a workflow input.
@@ -78,7 +81,7 @@ pub struct ErrorDetail {
         description = "HTTP API of cadre, an actor-based multi-agent runtime for LLM tool calling. Every error body is `{\"error\": {\"code\", \"message\", \"details\"?}}`. With API keys configured, every operation but `/healthz` needs `Authorization: Bearer <key>`."
     ),
     security(("bearer" = [])),
-    components(schemas(ErrorBody, ErrorDetail)),
+    components(schemas(ErrorBody, ErrorDetail, ErrorCode)),
     tags(
         (name = "sessions", description = "Chat sessions and their turns"),
         (name = "assist", description = "Help for human operators"),
@@ -94,13 +97,80 @@ pub struct ErrorDetail {
 )]
 pub struct ApiDoc;
 
-/// Adds the bearer scheme and the error responses every operation can give;
-/// applied once the routers have added their paths.
-pub struct CommonErrors;
+/// The `ErrorCode` schema: every code of the table, each with its status
+/// and meaning in the description.
+impl PartialSchema for ErrorCode {
+    fn schema() -> RefOr<Schema> {
+        let mut description = String::from(
+            "Stable, machine-readable error code. Every code, its HTTP status and meaning:\n\n| code | status | meaning |\n|---|---|---|\n",
+        );
+        for code in ErrorCode::ALL {
+            description.push_str(&format!(
+                "| `{}` | {} | {} |\n",
+                code.as_str(),
+                code.status().as_u16(),
+                code.meaning().replace('|', "\\|")
+            ));
+        }
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(ErrorCode::ALL.iter().map(|c| c.as_str())))
+            .description(Some(description))
+            .into()
+    }
+}
 
-/// An error response whose body is [`ErrorBody`].
-pub fn error_response(description: &str) -> Response {
-    let mut response = Response::new(description);
+impl ToSchema for ErrorCode {}
+
+/// Declares the error responses of one operation, for its
+/// `#[utoipa::path(responses(...))]`: a unit struct whose responses are
+/// built from [`ErrorCode`] rows, grouped by status, each code with an
+/// example body. A code may carry a note saying when this operation
+/// answers it; otherwise its meaning from the table is shown.
+///
+/// ```ignore
+/// error_responses!(GetSessionErrors: SessionNotFound, StorageUnavailable);
+/// error_responses!(SendErrors: PayloadTooLarge = "the body is over 1 MiB", ...);
+/// ```
+macro_rules! error_responses {
+    ($name:ident: $($code:ident $(= $note:literal)?),+ $(,)?) => {
+        pub struct $name;
+
+        impl utoipa::IntoResponses for $name {
+            fn responses() -> std::collections::BTreeMap<
+                String,
+                utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
+            > {
+                $crate::http::openapi::responses_for_codes(&[$((
+                    $crate::error_code::ErrorCode::$code,
+                    None::<&str> $(.or(Some($note)))?,
+                )),+])
+            }
+        }
+    };
+}
+pub(crate) use error_responses;
+
+/// The responses of a list of codes (see [`error_responses!`]).
+pub fn responses_for_codes(
+    codes: &[(ErrorCode, Option<&str>)],
+) -> BTreeMap<String, RefOr<Response>> {
+    let mut out: BTreeMap<String, RefOr<Response>> = BTreeMap::new();
+    for &(code, note) in codes {
+        let status = code.status().as_u16().to_string();
+        let entry = out
+            .entry(status)
+            .or_insert_with(|| RefOr::T(error_response()));
+        if let RefOr::T(response) = entry {
+            add_code(response, code, note);
+        }
+    }
+    out
+}
+
+/// An error response without codes yet; its body is [`ErrorBody`].
+fn error_response() -> Response {
+    let mut response = Response::new("");
     response.content.insert(
         "application/json".into(),
         RefOr::T(Content::new(Some(Ref::from_schema_name("ErrorBody")))),
@@ -108,11 +178,47 @@ pub fn error_response(description: &str) -> Response {
     response
 }
 
-fn add(op: &mut Operation, status: &str, description: &str) {
-    op.responses
+/// Adds a code to a response: a line of its description and an example
+/// body named after the code. A code already there is left as it is.
+fn add_code(response: &mut Response, code: ErrorCode, note: Option<&str>) {
+    let entry = response
+        .content
+        .entry("application/json".into())
+        .or_insert_with(|| RefOr::T(Content::new(Some(Ref::from_schema_name("ErrorBody")))));
+    let RefOr::T(content) = entry else {
+        return;
+    };
+    if content.examples.contains_key(code.as_str()) {
+        return;
+    }
+    let text = note.unwrap_or(code.meaning());
+    let example = serde_json::json!({"error": {"code": code, "message": text.replace('`', "")}});
+    content.examples.insert(
+        code.as_str().into(),
+        RefOr::T(ExampleBuilder::new().value(Some(example)).build()),
+    );
+    let line = format!("`{}`: {text}", code.as_str());
+    response.description = if response.description.is_empty() {
+        line
+    } else {
+        format!("{}; {line}", response.description)
+    };
+}
+
+/// Adds the bearer scheme and the error responses every operation can give;
+/// applied once the routers have added their paths.
+pub struct CommonErrors;
+
+fn add(op: &mut Operation, code: ErrorCode, note: &str) {
+    let status = code.status().as_u16().to_string();
+    let entry = op
         .responses
-        .entry(status.to_string())
-        .or_insert_with(|| RefOr::T(error_response(description)));
+        .responses
+        .entry(status)
+        .or_insert_with(|| RefOr::T(error_response()));
+    if let RefOr::T(response) = entry {
+        add_code(response, code, Some(note));
+    }
 }
 
 impl Modify for CommonErrors {
@@ -134,65 +240,31 @@ impl Modify for CommonErrors {
                 if !is_public(path) {
                     add(
                         op,
-                        "401",
-                        "`UNAUTHORIZED`: no valid API key (`Authorization: Bearer <key>`)",
+                        ErrorCode::Unauthorized,
+                        ErrorCode::Unauthorized.meaning(),
                     );
                 }
-                add(
-                    op,
-                    "429",
-                    "`RATE_LIMITED`: over the API's per-caller request rate; see `Retry-After`",
-                );
+                add(op, ErrorCode::RateLimited, ErrorCode::RateLimited.meaning());
                 if let Some(RefOr::T(r)) = op.responses.responses.get_mut("429") {
                     r.headers.entry("Retry-After".into()).or_insert_with(|| {
                         RefOr::T(Header::new(ObjectBuilder::new().schema_type(Type::Integer)))
                     });
                 }
                 if op.request_body.is_some() {
-                    add(op, "400", "`MALFORMED_JSON`: the body is not JSON");
-                    add(op, "413", "`PAYLOAD_TOO_LARGE`: the body is over 1 MiB");
+                    add(op, ErrorCode::MalformedJson, "the body is not JSON");
+                    add(op, ErrorCode::PayloadTooLarge, "the body is over 1 MiB");
                     add(
                         op,
-                        "415",
-                        "`UNSUPPORTED_MEDIA_TYPE`: the body is not `application/json`",
+                        ErrorCode::UnsupportedMediaType,
+                        ErrorCode::UnsupportedMediaType.meaning(),
                     );
                     add(
                         op,
-                        "422",
-                        "`VALIDATION_ERROR`: a field is missing, unknown or of the wrong type",
+                        ErrorCode::ValidationError,
+                        "a field is missing, unknown or of the wrong type",
                     );
-                }
-                for response in op.responses.responses.values_mut() {
-                    if let RefOr::T(response) = response {
-                        add_error_example(response);
-                    }
                 }
             }
-        }
-    }
-}
-
-/// Gives an error response whose description starts with a `` `CODE` ``
-/// an example body with that code, so each response shows its own error.
-fn add_error_example(response: &mut Response) {
-    let Some(code) = response
-        .description
-        .strip_prefix('`')
-        .and_then(|rest| rest.split('`').next())
-        .filter(|c| !c.is_empty() && c.chars().all(|ch| ch.is_ascii_uppercase() || ch == '_'))
-    else {
-        return;
-    };
-    let message = response
-        .description
-        .split_once(": ")
-        .map(|(_, m)| m.replace('`', ""))
-        .unwrap_or_else(|| code.to_lowercase().replace('_', " "));
-    let example = serde_json::json!({"error": {"code": code, "message": message}});
-    if let Some(RefOr::T(content)) = response.content.get_mut("application/json") {
-        let is_error_body = matches!(&content.schema, Some(RefOr::Ref(r)) if r.ref_location.ends_with("/ErrorBody"));
-        if is_error_body && content.example.is_none() {
-            content.example = Some(example);
         }
     }
 }

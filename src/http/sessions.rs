@@ -20,7 +20,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use super::streams::StreamQuota;
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
@@ -130,6 +130,13 @@ fn session_json(s: &Session) -> Value {
     })
 }
 
+error_responses!(
+    CreateErrors:
+    AgentNotFound,
+    ValidationError = "empty agent, metadata not an object, unknown plan or field",
+    StorageUnavailable
+);
+
 #[utoipa::path(
     post,
     path = "/v1/sessions",
@@ -139,9 +146,7 @@ fn session_json(s: &Session) -> Value {
     request_body = CreateBody,
     responses(
         (status = 201, description = "The session", body = SessionView),
-        (status = 404, description = "`AGENT_NOT_FOUND`", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: empty agent, metadata not an object, unknown plan or field", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        CreateErrors,
     )
 )]
 async fn create(
@@ -174,6 +179,12 @@ async fn create(
     Ok((StatusCode::CREATED, Json(session_json(&session))))
 }
 
+error_responses!(
+    ShowErrors:
+    SessionNotFound,
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}",
@@ -183,8 +194,7 @@ async fn create(
     params(("id" = String, Path, description = "Session id")),
     responses(
         (status = 200, description = "The session", body = SessionView),
-        (status = 404, description = "`SESSION_NOT_FOUND` (also another tenant's session)", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ShowErrors,
     )
 )]
 async fn show(
@@ -205,6 +215,11 @@ struct SessionList {
     count: u64,
 }
 
+error_responses!(
+    ListErrors:
+    StorageUnavailable
+);
+
 /// The caller's sessions, oldest first, as the store holds them.
 #[utoipa::path(
     get,
@@ -214,7 +229,7 @@ struct SessionList {
     tag = "sessions",
     responses(
         (status = 200, description = "Every session of the caller's tenant, oldest first", body = SessionList),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ListErrors,
     )
 )]
 async fn list(
@@ -227,6 +242,12 @@ async fn list(
     ))
 }
 
+error_responses!(
+    ExportErrors:
+    SessionNotFound,
+    StorageUnavailable
+);
+
 /// The session, its messages, summary and calls: the document
 /// `cadre sessions export` prints.
 #[utoipa::path(
@@ -238,8 +259,7 @@ async fn list(
     params(("id" = String, Path, description = "Session id")),
     responses(
         (status = 200, description = "`{session, messages, summary, calls}`: the document `cadre sessions export` prints", body = Object),
-        (status = 404, description = "`SESSION_NOT_FOUND` (also another tenant's session)", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ExportErrors,
     )
 )]
 async fn export(
@@ -256,6 +276,20 @@ struct MessageBody {
     /// The user's message, at most 256 KiB.
     content: String,
 }
+
+error_responses!(
+    SendErrors:
+    SessionNotFound,
+    ConversationBusy = "a turn is running and the agent rejects concurrent messages",
+    PayloadTooLarge = "the body is over 1 MiB or content over 256 KiB",
+    ValidationError = "empty content or unknown field",
+    ModelUnavailable,
+    ModelBadResponse,
+    ModelRejected,
+    StorageUnavailable,
+    ConversationUnavailable,
+    ModelTimeout
+);
 
 /// One turn. With `Accept: text/event-stream` the reply is a stream of
 /// Server-Sent Events: `turn_started`, `model_delta`, `tool_call_started`,
@@ -275,13 +309,7 @@ struct MessageBody {
     responses(
         (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply) or `turn_failed` (data: the JSON error body)",
             content((TurnReply = "application/json"), (String = "text/event-stream"))),
-        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
-        (status = 409, description = "`CONVERSATION_BUSY`: a turn is running and the agent rejects concurrent messages", body = ErrorBody),
-        (status = 413, description = "`PAYLOAD_TOO_LARGE`: the body is over 1 MiB or content over 256 KiB", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: empty content or unknown field", body = ErrorBody),
-        (status = 502, description = "`MODEL_UNAVAILABLE`, `MODEL_BAD_RESPONSE` or `MODEL_REJECTED`", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE` or `CONVERSATION_UNAVAILABLE`", body = ErrorBody),
-        (status = 504, description = "`MODEL_TIMEOUT`", body = ErrorBody),
+        SendErrors,
     )
 )]
 async fn send(
@@ -359,6 +387,14 @@ struct HistoryQuery {
     limit: Option<usize>,
 }
 
+error_responses!(
+    HistoryErrors:
+    BadRequest = "the query string does not parse",
+    SessionNotFound,
+    ValidationError = "limit out of range",
+    StorageUnavailable
+);
+
 /// Oldest first, at most `limit` (default and maximum [`MAX_PAGE`]);
 /// `next_after` is set when more follow.
 #[utoipa::path(
@@ -370,10 +406,7 @@ struct HistoryQuery {
     params(("id" = String, Path, description = "Session id"), HistoryQuery),
     responses(
         (status = 200, description = "One page of messages, oldest first", body = HistoryPage),
-        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
-        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: limit out of range", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        HistoryErrors,
     )
 )]
 async fn history(
@@ -400,6 +433,12 @@ async fn history(
     ))
 }
 
+error_responses!(
+    SummaryErrors:
+    SessionNotFound,
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/summary",
@@ -409,8 +448,7 @@ async fn history(
     params(("id" = String, Path, description = "Session id")),
     responses(
         (status = 200, description = "The session's summary", body = SummaryView),
-        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        SummaryErrors,
     )
 )]
 async fn summary(

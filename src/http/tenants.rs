@@ -20,7 +20,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::require_admin;
 use super::error::{ApiError, ApiJson};
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::tenants::{Principal, TenantConfig, valid_tenant_id};
 
@@ -66,6 +66,13 @@ fn check(caller: &Principal, tenant: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+error_responses!(
+    ShowErrors:
+    AdminRequired,
+    TenantNotFound = "not a valid tenant id",
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/tenants/{id}/config",
@@ -75,9 +82,7 @@ fn check(caller: &Principal, tenant: &str) -> Result<(), ApiError> {
     params(("id" = String, Path, description = "Tenant id")),
     responses(
         (status = 200, description = "The stored config, or the defaults", body = TenantConfigView),
-        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
-        (status = 404, description = "`TENANT_NOT_FOUND`: not a valid tenant id", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ShowErrors,
     )
 )]
 async fn show(
@@ -90,6 +95,14 @@ async fn show(
     Ok(Json(json!({"tenant": tenant, "config": config})))
 }
 
+error_responses!(
+    ReplaceErrors:
+    AdminRequired,
+    TenantNotFound = "not a valid tenant id",
+    ValidationError = "unknown key or bad value",
+    StorageUnavailable
+);
+
 #[utoipa::path(
     post,
     path = "/v1/tenants/{id}/config",
@@ -100,10 +113,7 @@ async fn show(
     request_body(content = Object, description = "A full config; missing keys take their defaults"),
     responses(
         (status = 200, description = "The config as stored", body = TenantConfigView),
-        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
-        (status = 404, description = "`TENANT_NOT_FOUND`: not a valid tenant id", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: unknown key or bad value", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ReplaceErrors,
     )
 )]
 async fn replace(
@@ -118,6 +128,14 @@ async fn replace(
     Ok(Json(json!({"tenant": tenant, "config": config})))
 }
 
+error_responses!(
+    PatchErrors:
+    AdminRequired,
+    TenantNotFound = "not a valid tenant id",
+    ValidationError = "unknown key or bad value",
+    StorageUnavailable
+);
+
 #[utoipa::path(
     patch,
     path = "/v1/tenants/{id}/config",
@@ -128,10 +146,7 @@ async fn replace(
     request_body(content = Object, description = "A JSON merge patch (RFC 7396) of the config"),
     responses(
         (status = 200, description = "The config as stored", body = TenantConfigView),
-        (status = 403, description = "`ADMIN_REQUIRED`", body = ErrorBody),
-        (status = 404, description = "`TENANT_NOT_FOUND`: not a valid tenant id", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: unknown key or bad value", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        PatchErrors,
     )
 )]
 async fn patch(

@@ -25,6 +25,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::{ApiError, ApiJson};
 use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::executor::{Arguments, ExecuteTool};
 use crate::tenants::Principal;
@@ -117,6 +118,11 @@ struct ListQuery {
     view: Option<String>,
 }
 
+error_responses!(
+    ListErrors:
+    ValidationError = "unknown plan"
+);
+
 #[utoipa::path(
     get,
     path = "/v1/tools",
@@ -126,7 +132,7 @@ struct ListQuery {
     params(ListQuery),
     responses(
         (status = 200, description = "The catalogue in OpenAI function format", body = ToolList),
-        (status = 422, description = "`VALIDATION_ERROR`: unknown plan", body = ErrorBody),
+        ListErrors,
     )
 )]
 async fn list(
@@ -167,6 +173,11 @@ async fn list(
     Ok(Json(json!({ "tools": tools })))
 }
 
+error_responses!(
+    ShowErrors:
+    ToolNotFound
+);
+
 #[utoipa::path(
     get,
     path = "/v1/tools/{name}",
@@ -176,7 +187,7 @@ async fn list(
     params(("name" = String, Path, description = "Tool name")),
     responses(
         (status = 200, description = "The definition and where it came from", body = ToolView),
-        (status = 404, description = "`TOOL_NOT_FOUND`", body = ErrorBody),
+        ShowErrors,
     )
 )]
 async fn show(
@@ -221,8 +232,8 @@ struct InvokeBody {
         (status = 202, description = "`pending_confirmation`: approve or deny `metadata.confirmation_id`", body = ToolResult),
         (status = 403, description = "`plan_required` (tool outcome)", body = ToolResult),
         (status = 404, description = "`tool_not_found` (tool outcome)", body = ToolResult),
-        (status = 422, description = "`validation_error` (tool outcome), or `VALIDATION_ERROR` for a bad body or plan", body = ToolResultOrError),
-        (status = 429, description = "`rate_limited` / `queue_full` (tool outcome), or `RATE_LIMITED` by the API; see `Retry-After`",
+        (status = 422, description = "`validation_error` (tool outcome)", body = ToolResultOrError),
+        (status = 429, description = "`rate_limited` / `queue_full` (tool outcome); see `Retry-After`",
             body = ToolResultOrError, headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "`execution_error` (tool outcome)", body = ToolResult),
         (status = 504, description = "`timeout` (tool outcome)", body = ToolResult),
@@ -279,6 +290,11 @@ struct ValidateBody {
     params: Value,
 }
 
+error_responses!(
+    ValidateErrors:
+    ToolNotFound
+);
+
 /// `{is_valid, errors: [{field, code, message}], validated_params}`.
 #[utoipa::path(
     post,
@@ -290,7 +306,7 @@ struct ValidateBody {
     request_body = ValidateBody,
     responses(
         (status = 200, description = "Whether the arguments pass the tool's schema, and why not", body = Validation),
-        (status = 404, description = "`TOOL_NOT_FOUND`", body = ErrorBody),
+        ValidateErrors,
     )
 )]
 async fn validate(

@@ -42,7 +42,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::{ApiError, ApiJson};
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use crate::tenants::Principal;
 use crate::workflow::{RunFilter, StartRun, WorkflowError, WorkflowEventKind, WorkflowRun};
 
@@ -110,6 +110,11 @@ async fn list_definitions(State(state): State<AppState>) -> Json<Value> {
     }))
 }
 
+error_responses!(
+    ShowDefinitionErrors:
+    WorkflowNotFound
+);
+
 #[utoipa::path(
     get,
     path = "/v1/workflows/{name}",
@@ -119,7 +124,7 @@ async fn list_definitions(State(state): State<AppState>) -> Json<Value> {
     params(("name" = String, Path, description = "Workflow name")),
     responses(
         (status = 200, description = "The definition", body = Definition),
-        (status = 404, description = "`WORKFLOW_NOT_FOUND`", body = ErrorBody),
+        ShowDefinitionErrors,
     )
 )]
 async fn show_definition(
@@ -155,6 +160,14 @@ async fn owned(state: &AppState, caller: &Principal, id: &str) -> Result<Workflo
     Ok(run)
 }
 
+error_responses!(
+    StartErrors:
+    WorkflowNotFound,
+    ValidationError = "the input fails the workflow's schema (`details.validation_errors`: `{field, code, message}`), or an unknown field",
+    StorageUnavailable,
+    ShuttingDown
+);
+
 #[utoipa::path(
     post,
     path = "/v1/workflows/{name}/runs",
@@ -165,9 +178,7 @@ async fn owned(state: &AppState, caller: &Principal, id: &str) -> Result<Workflo
     request_body = StartBody,
     responses(
         (status = 201, description = "The run (with `wait`, as it ended: a failed run is still a 201)", body = Run),
-        (status = 404, description = "`WORKFLOW_NOT_FOUND`", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: the input fails the workflow's schema (`details.validation_errors`: `{field, code, message}`), or an unknown field", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE` or `SHUTTING_DOWN`", body = ErrorBody),
+        StartErrors,
     )
 )]
 async fn start(
@@ -205,6 +216,13 @@ struct ListQuery {
     limit: Option<usize>,
 }
 
+error_responses!(
+    ListRunsErrors:
+    BadRequest = "the query string does not parse",
+    ValidationError = "limit out of range",
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/workflows/runs",
@@ -214,9 +232,7 @@ struct ListQuery {
     params(ListQuery),
     responses(
         (status = 200, description = "The caller's tenant's runs, newest first", body = RunList),
-        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
-        (status = 422, description = "`VALIDATION_ERROR`: limit out of range", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ListRunsErrors,
     )
 )]
 async fn list_runs(
@@ -241,6 +257,12 @@ async fn list_runs(
     Ok(Json(json!({ "runs": runs, "count": runs.len() })))
 }
 
+error_responses!(
+    ShowRunErrors:
+    RunNotFound,
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/workflows/runs/{id}",
@@ -250,8 +272,7 @@ async fn list_runs(
     params(("id" = String, Path, description = "Run id")),
     responses(
         (status = 200, description = "The run with per-node status", body = Run),
-        (status = 404, description = "`RUN_NOT_FOUND` (also another tenant's)", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        ShowRunErrors,
     )
 )]
 async fn show_run(
@@ -271,6 +292,15 @@ struct ResumeQuery {
     wait: bool,
 }
 
+error_responses!(
+    ResumeErrors:
+    BadRequest = "the query string does not parse",
+    RunNotFound,
+    RunNotResumable = "running or succeeded",
+    StorageUnavailable,
+    ShuttingDown
+);
+
 #[utoipa::path(
     post,
     path = "/v1/workflows/runs/{id}/resume",
@@ -280,10 +310,7 @@ struct ResumeQuery {
     params(("id" = String, Path, description = "Run id"), ResumeQuery),
     responses(
         (status = 200, description = "The run, resumed (with `wait`, as it ended)", body = Run),
-        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
-        (status = 404, description = "`RUN_NOT_FOUND` (also another tenant's)", body = ErrorBody),
-        (status = 409, description = "`RUN_NOT_RESUMABLE`: running or succeeded", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE` or `SHUTTING_DOWN`", body = ErrorBody),
+        ResumeErrors,
     )
 )]
 async fn resume(
@@ -302,6 +329,12 @@ async fn resume(
     Ok(Json(json!(run)))
 }
 
+error_responses!(
+    EventsErrors:
+    RunNotFound,
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/workflows/runs/{id}/events",
@@ -312,8 +345,7 @@ async fn resume(
     responses(
         (status = 200, description = "Server-Sent Events: `snapshot` (the run), then `node_started`, `node_succeeded`, `node_failed`, `node_skipped`, `item_*`, `run_finished` (the stream ends after it); `lagged` (`{missed}`) when the subscriber fell behind",
             content_type = "text/event-stream", body = String),
-        (status = 404, description = "`RUN_NOT_FOUND` (also another tenant's)", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        EventsErrors,
     )
 )]
 async fn events(

@@ -34,7 +34,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
-use super::openapi::ErrorBody;
+use super::openapi::error_responses;
 use super::streams::{StreamQuota, StreamSlot};
 use crate::conversation::actor::TurnEvent;
 use crate::conversation::auto_respond::should_auto_respond;
@@ -47,6 +47,16 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(upgrade))
 }
 
+error_responses!(
+    UpgradeErrors:
+    BadRequest = "not a WebSocket upgrade request",
+    SessionNotFound,
+    UpgradeRequired,
+    TooManyStreams,
+    RateLimited,
+    StorageUnavailable
+);
+
 #[utoipa::path(
     get,
     path = "/v1/sessions/{id}/ws",
@@ -57,11 +67,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     params(("id" = String, Path, description = "Session id")),
     responses(
         (status = 101, description = "Switched to the WebSocket protocol"),
-        (status = 400, description = "`BAD_REQUEST`: not a WebSocket upgrade request", body = ErrorBody),
-        (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
-        (status = 426, description = "`BAD_REQUEST`: the connection cannot be upgraded", body = ErrorBody),
-        (status = 429, description = "`TOO_MANY_STREAMS`: the caller already holds `max_streams` event streams and sockets (the upgrade is refused); or `RATE_LIMITED`: over the API's per-caller request rate, see `Retry-After`", body = ErrorBody),
-        (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
+        UpgradeErrors,
     )
 )]
 async fn upgrade(
