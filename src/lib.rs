@@ -16,6 +16,7 @@
 //! - [`metrics`]: counters and histograms for `/metrics`.
 //! - [`tenants`]: API keys, tenant isolation and per-tenant config.
 //! - [`identity`]: who a call is for (tenant, plan, principal).
+//! - [`error_code`]: the table of public error codes; [`retry`]: backoff.
 //! - [`mcp`]: MCP servers as tool sources, and cadre as an MCP server.
 //! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
 //! - [`events`]: the broadcast bus of runtime events.
@@ -39,11 +40,12 @@
 //! tenants                         API keys, per-tenant config
 //! store                           redb
 //! model                           the model clients and chat types
-//! identity, events, metrics       plain data and the shared sinks
+//! identity, error_code, retry     who calls; the public error codes; backoff
+//! events, metrics                 the shared sinks
 //! ```
 //!
-//! `python3 ../shared/tools/layers.py src` (run from the repository) prints
-//! any import that breaks this; it prints `0 layering problems` today.
+//! `tests/layers.rs` reads this table and fails on any import that points
+//! up it, or on two modules that import each other.
 
 pub mod config;
 pub mod conversation;

@@ -404,7 +404,10 @@ async fn every_error_response_is_the_error_body() {
         .map(|c| c.as_str().unwrap())
         .collect();
     for code in cadre::error_code::ErrorCode::ALL {
-        assert!(codes.contains(&code.as_str()), "{code} is not in the document");
+        assert!(
+            codes.contains(&code.as_str()),
+            "{code} is not in the document"
+        );
         assert!(
             code_schema["description"]
                 .as_str()
@@ -460,7 +463,11 @@ async fn every_error_response_is_the_error_body() {
             assert!(!examples.is_empty(), "{method} {path} {status}");
             for (code, example) in examples {
                 let value = &example["value"];
-                assert_eq!(value["error"]["code"], json!(code), "{method} {path} {status}");
+                assert_eq!(
+                    value["error"]["code"],
+                    json!(code),
+                    "{method} {path} {status}"
+                );
                 assert!(
                     codes.contains(&code.as_str()),
                     "{method} {path} {status}: {code} is not in the ErrorCode table"
@@ -470,7 +477,10 @@ async fn every_error_response_is_the_error_body() {
                     "{method} {path} {status}: the example is not an ErrorBody: {value}"
                 );
                 assert!(
-                    response["description"].as_str().unwrap().contains(&format!("`{code}`")),
+                    response["description"]
+                        .as_str()
+                        .unwrap()
+                        .contains(&format!("`{code}`")),
                     "{method} {path} {status}: {code} is not described"
                 );
             }

@@ -128,7 +128,7 @@ impl ToSchema for ErrorCode {}
 /// example body. A code may carry a note saying when this operation
 /// answers it; otherwise its meaning from the table is shown.
 ///
-/// ```ignore
+/// ```text
 /// error_responses!(GetSessionErrors: SessionNotFound, StorageUnavailable);
 /// error_responses!(SendErrors: PayloadTooLarge = "the body is over 1 MiB", ...);
 /// ```
