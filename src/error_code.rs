@@ -102,6 +102,8 @@ error_codes! {
         "a turn is running in this session and the agent refuses concurrent messages";
     RunNotResumable = "RUN_NOT_RESUMABLE", CONFLICT, false,
         "only failed or interrupted workflow runs can be resumed";
+    ConfirmationAlreadyDecided = "CONFIRMATION_ALREADY_DECIDED", CONFLICT, false,
+        "the confirmation was already approved or denied (by this request's race or an earlier one)";
     ConfirmationExpired = "CONFIRMATION_EXPIRED", GONE, false,
         "the confirmation expired before it was decided";
     UpgradeRequired = "UPGRADE_REQUIRED", UPGRADE_REQUIRED, false,

@@ -1,13 +1,22 @@
 //! Pending confirmations: the `require_confirmation` post-processor.
 //!
 //! executor ──(tool requires confirmation)──▶ PendingConfirmation (durable) ──▶ `pending_confirmation`
-//! POST /v1/confirmations/{id} {approve} ──▶ take() ──▶ approve: the executor runs it; deny: discarded
+//! POST /v1/confirmations/{id} {approve} ──▶ decide() ──▶ approve: the executor runs it; deny: discarded
 //!
 //! A tool that needs confirmation does not run when called: the call is
 //! stored (redb, durable, so it survives a restart) with a summary of what
 //! would happen, and the caller gets its `confirmation_id`. Unconfirmed
 //! calls expire after a TTL (default 10 min); an expired one can no longer
-//! be approved. `take` removes the confirmation, so it runs at most once.
+//! be approved.
+//!
+//! Exactly once: [`Confirmations::decide`] moves the pending record to
+//! `confirmations_decided` (with the decision, the tenant and the time) in
+//! one store operation ([`Store::move_doc`]). Of any number of approvals
+//! and denials racing for one confirmation exactly one finds it pending
+//! and wins; every other gets `CONFIRMATION_ALREADY_DECIDED` (409) with the
+//! winning decision, and nothing runs for it. The decided records stay
+//! (small; one per confirmation ever decided) so a late request learns
+//! what happened instead of a bare 404.
 
 use std::time::Duration;
 
@@ -16,10 +25,38 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error_code::{ErrorCode, PublicError};
+use crate::identity::DEFAULT_TENANT;
 use crate::store::{Store, StoreError};
 use crate::tools::ExecutionContext;
 
 const NAMESPACE: &str = "confirmations";
+/// Decided confirmations: [`DecidedRecord`]s under the same id.
+const DECIDED: &str = "confirmations_decided";
+
+/// What was decided about a confirmation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    Approved,
+    Denied,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Approved => "approved",
+            Decision::Denied => "denied",
+        }
+    }
+}
+
+/// The trace a decided confirmation leaves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct DecidedRecord {
+    decision: Decision,
+    tenant: String,
+    decided_at: Timestamp,
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PendingConfirmation {
@@ -34,12 +71,21 @@ pub struct PendingConfirmation {
     pub expires_at: Timestamp,
 }
 
+impl PendingConfirmation {
+    /// The tenant whose call this is.
+    pub fn tenant(&self) -> &str {
+        self.context.tenant.as_deref().unwrap_or(DEFAULT_TENANT)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfirmationError {
     #[error("no pending confirmation with id '{id}'")]
     NotFound { id: String },
     #[error("confirmation '{id}' expired at {expired_at}")]
     Expired { id: String, expired_at: Timestamp },
+    #[error("confirmation '{id}' was already {}", decision.as_str())]
+    AlreadyDecided { id: String, decision: Decision },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -49,6 +95,7 @@ impl PublicError for ConfirmationError {
         match self {
             ConfirmationError::NotFound { .. } => ErrorCode::ConfirmationNotFound,
             ConfirmationError::Expired { .. } => ErrorCode::ConfirmationExpired,
+            ConfirmationError::AlreadyDecided { .. } => ErrorCode::ConfirmationAlreadyDecided,
             ConfirmationError::Store(s) => s.code(),
         }
     }
@@ -108,17 +155,62 @@ impl Confirmations {
         serde_json::from_value(value).map_err(|e| ConfirmationError::Store(e.into()))
     }
 
-    /// Removes the confirmation (durably) and returns it if it has not expired.
-    pub async fn take(&self, id: &str) -> Result<PendingConfirmation, ConfirmationError> {
-        let pending = self.get(id).await?;
-        self.store.delete_doc(NAMESPACE, id, true).await?;
+    /// Decides a pending confirmation of `tenant` once: the one caller that
+    /// wins gets the pending call (to run it, or to drop it when denying);
+    /// everyone else gets `AlreadyDecided`, `Expired` or `NotFound`.
+    /// Another tenant's confirmation is `NotFound`, like a missing one.
+    pub async fn decide(
+        &self,
+        id: &str,
+        tenant: &str,
+        decision: Decision,
+    ) -> Result<PendingConfirmation, ConfirmationError> {
+        let pending = match self.get(id).await {
+            Ok(p) => p,
+            Err(ConfirmationError::NotFound { .. }) => {
+                return Err(self.why_not_pending(id, tenant).await);
+            }
+            Err(e) => return Err(e),
+        };
+        if pending.tenant() != tenant {
+            return Err(ConfirmationError::NotFound { id: id.into() });
+        }
         if Timestamp::now() >= pending.expires_at {
+            self.store.delete_doc(NAMESPACE, id, true).await?;
             return Err(ConfirmationError::Expired {
                 id: id.into(),
                 expired_at: pending.expires_at,
             });
         }
-        Ok(pending)
+        let record = DecidedRecord {
+            decision,
+            tenant: tenant.to_string(),
+            decided_at: Timestamp::now(),
+        };
+        let record = serde_json::to_value(&record).expect("decisions serialize");
+        match self
+            .store
+            .move_doc(NAMESPACE, id, DECIDED, record, true)
+            .await?
+        {
+            Some(_) => Ok(pending),
+            None => Err(self.why_not_pending(id, tenant).await),
+        }
+    }
+
+    /// Why `id` is not pending for `tenant`: decided already, or unknown.
+    async fn why_not_pending(&self, id: &str, tenant: &str) -> ConfirmationError {
+        let decided = match self.store.get_doc(DECIDED, id).await {
+            Ok(d) => d.and_then(|v| serde_json::from_value::<DecidedRecord>(v).ok()),
+            Err(e) => return e.into(),
+        };
+        match decided {
+            Some(d) if d.tenant == tenant => ConfirmationError::AlreadyDecided {
+                id: id.into(),
+                decision: d.decision,
+            },
+            _ => ConfirmationError::NotFound { id: id.into() },
+        }
     }
 
     /// Confirmations not yet decided (expired ones included, marked by their time).
@@ -149,12 +241,19 @@ mod tests {
         };
         let c = Confirmations::new(Store::open(dir.path()).unwrap(), Duration::from_secs(600));
         assert_eq!(c.list().await.unwrap().len(), 1);
-        let p = c.take(&id).await.unwrap();
+        let p = c
+            .decide(&id, DEFAULT_TENANT, Decision::Approved)
+            .await
+            .unwrap();
         assert_eq!(p.params, json!({"q": 1}));
         assert!(matches!(
-            c.take(&id).await,
-            Err(ConfirmationError::NotFound { .. })
+            c.decide(&id, DEFAULT_TENANT, Decision::Denied).await,
+            Err(ConfirmationError::AlreadyDecided {
+                decision: Decision::Approved,
+                ..
+            })
         ));
+        assert!(c.list().await.unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -164,8 +263,54 @@ mod tests {
         let ctx = ExecutionContext::new(CallerType::Direct, "u");
         let p = c.create("order", json!({}), None, ctx).await.unwrap();
         assert!(matches!(
-            c.take(&p.confirmation_id).await,
+            c.decide(&p.confirmation_id, DEFAULT_TENANT, Decision::Approved)
+                .await,
             Err(ConfirmationError::Expired { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn of_racing_decisions_exactly_one_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Confirmations::new(Store::open(dir.path()).unwrap(), Duration::from_secs(600));
+        for _ in 0..20 {
+            let ctx = ExecutionContext::new(CallerType::Direct, "u");
+            let p = c.create("order", json!({}), None, ctx).await.unwrap();
+            let racers = (0..8).map(|i| {
+                let (c, id) = (c.clone(), p.confirmation_id.clone());
+                let decision = if i % 2 == 0 {
+                    Decision::Approved
+                } else {
+                    Decision::Denied
+                };
+                tokio::spawn(async move { c.decide(&id, DEFAULT_TENANT, decision).await })
+            });
+            let results = futures::future::join_all(racers).await;
+            let won = results.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+            let lost = results
+                .iter()
+                .filter(|r| matches!(r, Ok(Err(ConfirmationError::AlreadyDecided { .. }))))
+                .count();
+            assert_eq!((won, lost), (1, 7), "{results:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn another_tenants_confirmation_is_not_found_pending_or_decided() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Confirmations::new(Store::open(dir.path()).unwrap(), Duration::from_secs(600));
+        let mut ctx = ExecutionContext::new(CallerType::Direct, "u");
+        ctx.tenant = Some("acme".into());
+        let p = c.create("order", json!({}), None, ctx).await.unwrap();
+        let id = &p.confirmation_id;
+        assert!(matches!(
+            c.decide(id, "globex", Decision::Approved).await,
+            Err(ConfirmationError::NotFound { .. })
+        ));
+        c.decide(id, "acme", Decision::Denied).await.unwrap();
+        assert!(matches!(
+            c.decide(id, "globex", Decision::Approved).await,
+            Err(ConfirmationError::NotFound { .. })
         ));
     }
 }

@@ -17,9 +17,9 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::{ApiError, ApiJson};
 use super::openapi::error_responses;
-use crate::executor::confirmations::{ConfirmationError, PendingConfirmation};
+use crate::executor::confirmations::{ConfirmationError, Decision as Decided, PendingConfirmation};
 use crate::executor::{Arguments, ExecuteTool};
-use crate::tenants::{DEFAULT_TENANT, Principal};
+use crate::tenants::Principal;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -53,7 +53,7 @@ struct DecisionOutcome {
 }
 
 fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
-    p.context.tenant.as_deref().unwrap_or(DEFAULT_TENANT) == caller.tenant
+    p.tenant() == caller.tenant
 }
 
 error_responses!(
@@ -138,6 +138,7 @@ struct Decision {
 error_responses!(
     DecideErrors:
     ConfirmationNotFound,
+    ConfirmationAlreadyDecided = "another request approved or denied it first; nothing ran for this one",
     ConfirmationExpired,
     StorageUnavailable
 );
@@ -161,8 +162,18 @@ async fn decide(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<Decision>,
 ) -> Result<Json<Value>, ApiError> {
-    owned(&state, &caller, &id).await?;
-    let pending = state.executor.shared().confirmations.take(&id).await?;
+    let decision = if body.approve {
+        Decided::Approved
+    } else {
+        Decided::Denied
+    };
+    // One atomic step: of racing requests exactly one gets the call.
+    let pending = state
+        .executor
+        .shared()
+        .confirmations
+        .decide(&id, &caller.tenant, decision)
+        .await?;
     if !body.approve {
         return Ok(Json(json!({
             "confirmation_id": id,

@@ -89,6 +89,16 @@ impl ReadCache {
                     generation.get_or_insert_with(|| self.generation.lock().expect("cache lock"));
                     self.docs.invalidate(&(namespace.clone(), key.clone()));
                 }
+                WriteOp::MoveDoc {
+                    namespace,
+                    key,
+                    to_namespace,
+                    ..
+                } => {
+                    generation.get_or_insert_with(|| self.generation.lock().expect("cache lock"));
+                    self.docs.invalidate(&(namespace.clone(), key.clone()));
+                    self.docs.invalidate(&(to_namespace.clone(), key.clone()));
+                }
                 _ => {}
             }
         }

@@ -238,6 +238,18 @@ pub enum WriteOp {
         namespace: String,
         key: String,
     },
+    /// Moves a document atomically: if `(namespace, key)` exists it is
+    /// removed, `to_value` is written at `(to_namespace, key)` and the old
+    /// value lands in `moved`; if it does not exist nothing is written and
+    /// `moved` is `None`. All writes go through the one writer, so of two
+    /// moves of one key exactly one finds it ([`Store::move_doc`]).
+    MoveDoc {
+        namespace: String,
+        key: String,
+        to_namespace: String,
+        to_value: Value,
+        moved: Arc<Mutex<Option<Value>>>,
+    },
     PutSummary {
         session_id: String,
         summary: StoredSummary,
@@ -891,6 +903,30 @@ impl Store {
         self.write(vec![op], durable).await
     }
 
+    /// Moves a document to another namespace with a new value, atomically
+    /// (see [`WriteOp::MoveDoc`]); `None` when it was not there, which is
+    /// what every caller but one sees when several move the same key.
+    pub async fn move_doc(
+        &self,
+        namespace: &str,
+        key: &str,
+        to_namespace: &str,
+        to_value: Value,
+        durable: bool,
+    ) -> Result<Option<Value>, StoreError> {
+        let moved = Arc::new(Mutex::new(None));
+        let op = WriteOp::MoveDoc {
+            namespace: namespace.into(),
+            key: key.into(),
+            to_namespace: to_namespace.into(),
+            to_value,
+            moved: moved.clone(),
+        };
+        self.write(vec![op], durable).await?;
+        let taken = moved.lock().expect("move slot").take();
+        Ok(taken)
+    }
+
     pub async fn record_count(&self) -> Result<u64, StoreError> {
         self.read(|db| Ok(db.begin_read()?.open_table(TOOL_CALLS)?.len()?))
             .await
@@ -1194,6 +1230,27 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                 }
                 WriteOp::DeleteDoc { namespace, key } => {
                     docs.remove((namespace.as_str(), key.as_str()))?;
+                }
+                WriteOp::MoveDoc {
+                    namespace,
+                    key,
+                    to_namespace,
+                    to_value,
+                    moved,
+                } => {
+                    let old = match docs.remove((namespace.as_str(), key.as_str()))? {
+                        Some(v) => Some(serde_json::from_slice::<Value>(v.value())?),
+                        None => None,
+                    };
+                    if old.is_some() {
+                        docs.insert(
+                            (to_namespace.as_str(), key.as_str()),
+                            serde_json::to_vec(to_value)?.as_slice(),
+                        )?;
+                    }
+                    // Assigned, not set once: a batch retried after a failed
+                    // commit reports what its own transaction found.
+                    *moved.lock().expect("move slot") = old;
                 }
                 WriteOp::PutSummary {
                     session_id,
