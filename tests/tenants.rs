@@ -1224,3 +1224,28 @@ async fn keys_authorization_headers_and_the_model_key_never_reach_the_log() {
     );
     assert_eq!(model.overruns(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_tool_answer_is_never_shared_between_tenants() {
+    let t = with_keys(AppOptions::offline()).await;
+    let acme = bearer(&t.app, &t.acme);
+    let globex = bearer(&t.app, &t.globex);
+    // `get_price` (category market) is cached for 5 s; same user, same params.
+    let call = json!({"user_id": "u1", "params": {"symbol": "AAPL"}});
+    let path = "/v1/tools/get_price/invoke";
+    let (status, first) = acme.post(path, &call).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    assert_eq!(first["metadata"]["cached"], false);
+    let (_, again) = acme.post(path, &call).await;
+    assert_eq!(
+        again["metadata"]["cached"], true,
+        "the cache works: {again}"
+    );
+    let (status, theirs) = globex.post(path, &call).await;
+    assert_eq!(status, StatusCode::OK, "{theirs}");
+    assert_eq!(
+        theirs["metadata"]["cached"], false,
+        "globex got acme's cached answer: {theirs}"
+    );
+    assert_ne!(theirs["executed_at"], first["executed_at"]);
+}

@@ -1,10 +1,15 @@
 //! The result cache: executor step after validation, before admission to
 //! the concurrency pool. A hit skips the pool and the handler.
 //!
-//! Key: (tool, user, canonical parameters, the context's variables):
-//! serde_json objects serialize with sorted keys, so equal parameters give
-//! equal keys; the variables carry per-agent settings (e.g. `fetch_page`'s
-//! site), so two agents never share an answer meant for the other. TTL: the tool
+//! Key: (tool, tenant, user, canonical parameters, the context's
+//! variables), written as one JSON array so no field's text can run into
+//! the next (a `user_id` is caller-asserted text). serde_json objects
+//! serialize with sorted keys, so equal parameters give equal keys. The
+//! tenant keeps one tenant's answers from another (they may come from
+//! per-tenant data, and carry the first caller's `executed_at`); the user
+//! keeps per-user data (portfolios, watchlists) per user; the variables
+//! carry per-agent settings (e.g. `fetch_page`'s site), so two agents never
+//! share an answer meant for the other. TTL: the tool
 //! definition's `cache.ttl_seconds` when set (0 = never cache), else by
 //! category: market 5 s, news 300 s, ml 60 s, portfolio 10 s, calculate
 //! never, trading and alerts never, http never (requests may have side
@@ -88,11 +93,15 @@ impl ResultCache {
         (seconds > 0).then(|| Duration::from_secs(seconds))
     }
 
-    pub fn key(tool: &str, user: Option<&str>, params: &Value, variables: &Value) -> String {
-        format!(
-            "{tool}\u{1}{}\u{1}{params}\u{1}{variables}",
-            user.unwrap_or("")
-        )
+    pub fn key(
+        tool: &str,
+        tenant: &str,
+        user: Option<&str>,
+        params: &Value,
+        variables: &Value,
+    ) -> String {
+        serde_json::to_string(&(tool, tenant, user, params, variables))
+            .expect("JSON values serialize")
     }
 
     pub async fn get(&self, key: &str) -> Option<ToolExecutionResult> {
@@ -162,11 +171,13 @@ mod tests {
     }
 
     #[test]
-    fn keys_ignore_parameter_order_and_separate_users() {
+    fn keys_ignore_parameter_order_and_separate_tenants_users_and_agents() {
         let none = Value::Null;
-        let a = ResultCache::key("t", Some("u"), &json!({"a": 1, "b": 2}), &none);
+        let params = json!({"a": 1, "b": 2});
+        let a = ResultCache::key("t", "acme", Some("u"), &params, &none);
         let b = ResultCache::key(
             "t",
+            "acme",
             Some("u"),
             &serde_json::from_str(r#"{"b":2,"a":1}"#).unwrap(),
             &none,
@@ -174,12 +185,16 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(
             a,
-            ResultCache::key("t", Some("v"), &json!({"a": 1, "b": 2}), &none)
+            ResultCache::key("t", "globex", Some("u"), &params, &none)
         );
+        assert_ne!(a, ResultCache::key("t", "acme", Some("v"), &params, &none));
+        assert_ne!(a, ResultCache::key("t", "acme", None, &params, &none));
         let site = json!({"site": {"base_url": "http://a"}});
+        assert_ne!(a, ResultCache::key("t", "acme", Some("u"), &params, &site));
+        // A user id cannot smuggle a separator into the next field.
         assert_ne!(
-            a,
-            ResultCache::key("t", Some("u"), &json!({"a": 1, "b": 2}), &site)
+            ResultCache::key("t", "a", Some("u\u{1}x"), &json!(1), &none),
+            ResultCache::key("t", "a", Some("u"), &json!("x\u{1}1"), &none)
         );
     }
 

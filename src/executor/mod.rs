@@ -385,6 +385,10 @@ async fn execute(
     let key = ttl.map(|_| {
         ResultCache::key(
             &def.name,
+            msg.ctx
+                .tenant
+                .as_deref()
+                .unwrap_or(crate::identity::DEFAULT_TENANT),
             msg.ctx.user_id.as_deref(),
             params,
             &msg.ctx.variables,
