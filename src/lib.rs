@@ -36,8 +36,8 @@
 //! conversation                    session actors and their tool sub-agents
 //! config                          agent definitions
 //! executor                        the one gate of every tool call
-//! tools                           definitions, registry, builtin handlers
 //! tenants                         API keys, per-tenant config
+//! tools                           definitions, registry, builtin handlers
 //! store                           redb
 //! model                           the model clients and chat types
 //! identity, error_code, retry     who calls; the public error codes; backoff

@@ -402,6 +402,7 @@ fn setup(
         registry: registry.clone(),
         store: store.clone(),
         limiter: Arc::new(RateLimiter::new()),
+        tenant_limiter: Arc::new(RateLimiter::new()),
         concurrency: Arc::new(ConcurrencyController::new(config.concurrency.clone())),
         cache: ResultCache::new(),
         confirmations: Confirmations::new(store.clone(), executor_config.confirmation_ttl),

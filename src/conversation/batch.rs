@@ -153,19 +153,18 @@ impl Actor for ToolSubAgent {
                 continue;
             }
             let executor = self.executor.clone();
-            let request = ExecuteTool {
-                tool_name: call.name.clone(),
-                arguments: Arguments::Raw(call.arguments.clone()),
-                tool_call_id: Some(call.id.clone()),
-                ctx: self.context.clone(),
-                confirmed: false,
-                span: tracing::info_span!(
-                    parent: &self.span,
-                    "tool_call",
-                    gen_ai.tool.name = %call.name,
-                    gen_ai.tool.call.id = %call.id,
-                ),
-            };
+            let mut request = ExecuteTool::new(
+                &call.name,
+                Arguments::Raw(call.arguments.clone()),
+                self.context.clone(),
+            );
+            request.tool_call_id = Some(call.id.clone());
+            request.span = tracing::info_span!(
+                parent: &self.span,
+                "tool_call",
+                gen_ai.tool.name = %call.name,
+                gen_ai.tool.call.id = %call.id,
+            );
             ctx.spawn(
                 async move { executor.execute(request).await }
                     .into_actor(self)

@@ -51,12 +51,14 @@ use futures::FutureExt;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
+use crate::error_code::PublicError;
 use crate::events::{EventBus, EventKind};
 use crate::retry::Backoff;
 use crate::store::{Store, ToolCallRecord, WriteOp};
+use crate::tenants::TenantConfig;
 use crate::tools::{
-    CallerType, ErrorType, ExecutionContext, RegisteredTool, ToolError, ToolExecutionResult,
-    ToolRegistry,
+    CallerType, ErrorType, ExecutionContext, RateLimit, RegisteredTool, ToolError,
+    ToolExecutionResult, ToolRegistry,
 };
 use cache::ResultCache;
 use concurrency::{AdmissionRequest, ConcurrencyController};
@@ -106,6 +108,10 @@ pub struct ExecuteTool {
     /// The caller's span for this call (a turn's tool batch, a workflow
     /// node); the executor's `execute_tool` span is its child.
     pub span: tracing::Span,
+    /// The tenant's ceiling for this tool, read from its config by
+    /// [`ExecutorHandle::execute`] before admission (admission itself
+    /// stays synchronous in the actor).
+    tenant_quota: Option<RateLimit>,
 }
 
 impl ExecuteTool {
@@ -117,6 +123,7 @@ impl ExecuteTool {
             ctx,
             confirmed: false,
             span: tracing::Span::current(),
+            tenant_quota: None,
         }
     }
 }
@@ -128,6 +135,9 @@ pub struct ExecutorShared {
     pub registry: ToolRegistry,
     pub store: Store,
     pub limiter: Arc<RateLimiter>,
+    /// Tenant-wide ceilings (`tool_quotas` of a tenant's config), keyed by
+    /// tenant and tool.
+    pub tenant_limiter: Arc<RateLimiter>,
     pub concurrency: Arc<ConcurrencyController>,
     pub cache: ResultCache,
     pub confirmations: Confirmations,
@@ -217,6 +227,26 @@ impl Executor {
                 ),
             );
             return Admission::Refused(Box::new(result), raw_params);
+        }
+        // The tenant's ceiling first: a call it refuses spends no user cell.
+        // (A call the user's limit then refuses has spent a tenant cell: the
+        // ceiling errs on the strict side, never the loose one.)
+        if !msg.confirmed
+            && let Some(quota) = &msg.tenant_quota
+        {
+            let tenant = msg
+                .ctx
+                .tenant
+                .as_deref()
+                .unwrap_or(crate::identity::DEFAULT_TENANT);
+            let gate = format!("{name} (tenant {tenant})");
+            if let Err(limited) = s.tenant_limiter.check(&gate, quota, tenant) {
+                s.metrics.rate_limited.fetch_add(1, Ordering::Relaxed);
+                let mut result =
+                    ToolExecutionResult::failure(name, ErrorType::RateLimited, limited.to_string());
+                result.metadata.retry_after_ms = Some(limited.retry_after_ms());
+                return Admission::Refused(Box::new(result), raw_params);
+            }
         }
         if !msg.confirmed && !def.rate_limit.is_unlimited() {
             let user = limit_key(&msg.ctx);
@@ -607,13 +637,14 @@ impl ExecutorHandle {
     pub fn start(arbiter: &actix::dev::ArbiterHandle, shared: ExecutorShared) -> Self {
         let for_actor = shared.clone();
         let addr = Supervisor::start_in_arbiter(arbiter, move |_| Executor { shared: for_actor });
-        let limiter = shared.limiter.clone();
+        let (limiter, tenant_limiter) = (shared.limiter.clone(), shared.tenant_limiter.clone());
         // Keyed limiter state grows with users: trim it now and then.
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(60));
             loop {
                 tick.tick().await;
                 limiter.retain_recent();
+                tenant_limiter.retain_recent();
             }
         });
         ExecutorHandle { addr, shared }
@@ -638,8 +669,32 @@ impl ExecutorHandle {
 
     /// Runs one call. Never fails: an unreachable executor is an
     /// `execution_error` outcome.
-    pub async fn execute(&self, call: ExecuteTool) -> ToolExecutionResult {
+    pub async fn execute(&self, mut call: ExecuteTool) -> ToolExecutionResult {
         let name = call.tool_name.clone();
+        if !call.confirmed {
+            let tenant = call
+                .ctx
+                .tenant
+                .as_deref()
+                .unwrap_or(crate::identity::DEFAULT_TENANT);
+            // The store's read cache answers this without IO on every call
+            // but the first after a config change.
+            match TenantConfig::load(&self.shared.store, tenant).await {
+                Ok(config) => call.tenant_quota = config.tool_quotas.get(&name).copied(),
+                Err(e) => {
+                    // Fail closed: a ceiling that cannot be read is not
+                    // skipped.
+                    return ToolExecutionResult::failure(
+                        &name,
+                        ErrorType::ExecutionError,
+                        format!(
+                            "the tenant's limits could not be read: {}",
+                            e.public_message()
+                        ),
+                    );
+                }
+            }
+        }
         match self.addr.send(call).await {
             Ok(result) => result,
             Err(e) => ToolExecutionResult::failure(

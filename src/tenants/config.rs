@@ -11,15 +11,25 @@
 //! cache for the tenant's calls. `auto_respond_enabled`,
 //! `respond_with_operator` and `response_delay_ms` drive auto-response on
 //! the visitor WebSocket; `suggestions_enabled` gates operator suggestions.
+//! `plan` caps the plan of every caller of the tenant (the effective plan
+//! is the lowest of tenant, key and request); `tool_quotas` set per-tool
+//! ceilings for the whole tenant, enforced by the executor beside each
+//! tool's per-user limits, so rotating `user_id` cannot exceed them.
 //! PATCH is a JSON merge patch (RFC 7396) checked like a full config.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error_code::{ErrorCode, PublicError};
+use crate::identity::Plan;
 use crate::store::{Store, StoreError};
+use crate::tools::RateLimit;
 
 const NAMESPACE: &str = "tenant_config";
+/// Tools a tenant config may set quotas for.
+const MAX_TOOL_QUOTAS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -33,6 +43,14 @@ pub struct TenantConfig {
     pub temperature: Option<f32>,
     pub response_delay_ms: u64,
     pub tool_config: ToolConfig,
+    /// The highest plan the tenant's callers may use (default `premium`:
+    /// unrestricted until the operator sets one). A key or a request can
+    /// only narrow it.
+    pub plan: Plan,
+    /// Per tool, calls per minute / hour / day for the whole tenant,
+    /// whatever `user_id` the calls carry (the per-user limits of the tool
+    /// still hold within it). A window of 0 refuses the tool outright.
+    pub tool_quotas: BTreeMap<String, RateLimit>,
 }
 
 impl Default for TenantConfig {
@@ -47,6 +65,8 @@ impl Default for TenantConfig {
             temperature: None,
             response_delay_ms: 0,
             tool_config: ToolConfig::default(),
+            plan: Plan::Premium,
+            tool_quotas: BTreeMap::new(),
         }
     }
 }
@@ -129,6 +149,16 @@ impl TenantConfig {
             && paths.iter().any(|p| !p.starts_with('/'))
         {
             return bad("tool_config.allowed_paths must be absolute paths starting with '/'");
+        }
+        if self.tool_quotas.len() > MAX_TOOL_QUOTAS {
+            return bad("tool_quotas may name at most 256 tools");
+        }
+        if self
+            .tool_quotas
+            .keys()
+            .any(|t| t.is_empty() || t.len() > 128)
+        {
+            return bad("tool_quotas keys must be tool names of 1 to 128 bytes");
         }
         Ok(())
     }
