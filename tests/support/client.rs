@@ -9,6 +9,10 @@
 //! the URL and key set, for what the helpers do not cover (headers, event
 //! streams); [`send`] reads its answer the same way.
 
+// Compiled into every integration-test crate and into `benches/load.rs`;
+// most use only part of it.
+#![allow(dead_code)]
+
 use std::time::Duration;
 
 use reqwest::header::AUTHORIZATION;
