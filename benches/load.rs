@@ -6,6 +6,9 @@
 //!        │ mock time per session (shared memory)        ▼
 //!        └──────────────────────────────────── mock model (axum; 0 or 50 ms per call)
 //!
+//! The client and the mock model are the tests' (`tests/support/client.rs`,
+//! `tests/support/mock_model.rs`), included by path.
+//!
 //! Every turn is the same: the user asks, the model asks for one
 //! `calculator` call, the executor runs it, the model answers (plus, once a
 //! session's history outgrows its window, cadre's rolling-summary request
@@ -73,15 +76,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::serve::ListenerExt;
 use cadre::Runtime;
 use cadre::executor::concurrency::{AdmissionRequest, ConcurrencyConfig, ConcurrencyController};
 use cadre::executor::limits::RateLimiter;
@@ -93,8 +89,18 @@ use cadre::store::{Store, StoredMessage, WriteOp};
 use cadre::tools::RateLimit;
 use cadre::tools::validate::ParamValidator;
 use futures::StreamExt;
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
+
+// The tests' HTTP client and mock model, shared with the bench.
+#[path = "../tests/support/client.rs"]
+mod client;
+#[path = "../tests/support/mock_model.rs"]
+mod mock_model;
+
+use client::Client;
+use mock_model::{MockModel, Reply};
 
 const AGENT_FILE: &str = r#"
 name = "bench"
@@ -201,19 +207,6 @@ fn env_flag(var: &str) -> bool {
 // The mock model
 // ---------------------------------------------------------------------------
 
-#[derive(Default)]
-struct MockState {
-    delay_us: AtomicU64,
-    requests: AtomicU64,
-    /// Requests for a rolling summary (no tools offered).
-    summaries: AtomicU64,
-    /// Nanoseconds spent serving all requests.
-    spent_total_ns: AtomicU64,
-    /// Nanoseconds the mock spent per session since the client last took
-    /// them, keyed by the session id the messages carry (see [`tagged`]).
-    spent: Mutex<HashMap<String, u64>>,
-}
-
 /// A turn's user message: it names its session, so the mock can charge its
 /// time (and that of the summary requests quoting it) to the session.
 fn tagged(session: &str, turn: &str) -> String {
@@ -234,50 +227,96 @@ fn session_of(messages: &[Value]) -> String {
         .unwrap_or_default()
 }
 
-/// An OpenAI-compatible chat-completions endpoint that always asks for one
-/// calculator call, then answers once it sees the tool result; a request
-/// without tools (cadre's rolling summary) gets a one-line summary.
+fn messages_of(request: &Value) -> &[Value] {
+    request["messages"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice)
+}
+
+/// A request for a rolling summary: no tools offered.
+fn is_summary(request: &Value) -> bool {
+    request["tools"].as_array().is_none_or(Vec::is_empty)
+}
+
+/// Every turn's model calls: one calculator call, then the answer once the
+/// tool result is in (or tools are refused); a summary request gets a
+/// one-line summary.
+fn turn_reply(request: &Value, number: usize) -> Reply {
+    let summary = is_summary(request);
+    let answer_now = summary
+        || messages_of(request)
+            .last()
+            .is_some_and(|m| m["role"] == "tool")
+        || request["tool_choice"] == "none";
+    if answer_now {
+        Reply::text(if summary { SUMMARY } else { ANSWER })
+    } else {
+        let arguments = json!({ "expression": EXPRESSION }).to_string();
+        Reply::tool_call(&format!("call_{number}"), "calculator", &arguments)
+    }
+}
+
+/// What the bench counts beside the mock's own request count.
+#[derive(Default)]
+struct MockAccounts {
+    /// Requests for a rolling summary (no tools offered).
+    summaries: AtomicU64,
+    /// Nanoseconds spent serving all requests.
+    spent_total_ns: AtomicU64,
+    /// Nanoseconds the mock spent per session since the client last took
+    /// them, keyed by the session id the messages carry (see [`tagged`]).
+    spent: Mutex<HashMap<String, u64>>,
+}
+
+/// The mock model of `tests/support` answering every request with
+/// [`turn_reply`], with no script, after the latency the phase sets. It
+/// times every request it serves (parse, the fixed delay, reply built) and
+/// the bench charges that to the session the request names.
 #[derive(Clone)]
 struct Mock {
-    state: Arc<MockState>,
-    addr: SocketAddr,
+    model: MockModel,
+    accounts: Arc<MockAccounts>,
 }
 
 impl Mock {
     fn start(rt: &tokio::runtime::Runtime) -> Mock {
-        let state = Arc::new(MockState::default());
-        let app = Router::new()
-            .route("/v1/chat/completions", post(complete))
-            .with_state(state.clone());
-        let listener = rt
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .expect("mock model: bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("mock model: local addr");
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        rt.spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                eprintln!("mock model stopped: {e}");
+        let model = rt.block_on(MockModel::start());
+        // Counted, not kept: the load sends millions of requests.
+        model.set_keep_bodies(false);
+        let accounts = Arc::new(MockAccounts::default());
+        let counted = accounts.clone();
+        model.set_responder(move |request, number| {
+            if is_summary(request) {
+                counted.summaries.fetch_add(1, Ordering::Relaxed);
             }
+            turn_reply(request, number)
         });
-        Mock { state, addr }
+        let charged = accounts.clone();
+        model.set_observer(move |request, spent| {
+            let spent = spent.as_nanos() as u64;
+            charged.spent_total_ns.fetch_add(spent, Ordering::Relaxed);
+            *charged
+                .spent
+                .lock()
+                .expect("mock lock")
+                .entry(session_of(messages_of(request)))
+                .or_default() += spent;
+        });
+        Mock { model, accounts }
     }
 
     fn base_url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        self.model.base_url()
     }
 
     fn set_delay(&self, delay: Duration) {
-        self.state
-            .delay_us
-            .store(delay.as_micros() as u64, Ordering::Relaxed);
+        self.model.set_latency(delay);
     }
 
     /// The mock's time for this session since the last call.
     fn take(&self, session: &str) -> Duration {
         let ns = self
-            .state
+            .accounts
             .spent
             .lock()
             .expect("mock lock")
@@ -289,111 +328,35 @@ impl Mock {
     /// (requests, summary requests, ns spent) so far.
     fn counts(&self) -> (u64, u64, u64) {
         (
-            self.state.requests.load(Ordering::Relaxed),
-            self.state.summaries.load(Ordering::Relaxed),
-            self.state.spent_total_ns.load(Ordering::Relaxed),
+            self.model.request_count() as u64,
+            self.accounts.summaries.load(Ordering::Relaxed),
+            self.accounts.spent_total_ns.load(Ordering::Relaxed),
         )
     }
-}
-
-async fn complete(State(state): State<Arc<MockState>>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let number = state.requests.fetch_add(1, Ordering::Relaxed) + 1;
-    let Ok(request) = serde_json::from_slice::<Value>(&body) else {
-        return (StatusCode::BAD_REQUEST, "mock: body is not JSON").into_response();
-    };
-    let messages = request["messages"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
-    let key = session_of(messages);
-    let summary = request["tools"].as_array().is_none_or(Vec::is_empty);
-    if summary {
-        state.summaries.fetch_add(1, Ordering::Relaxed);
-    }
-    let answer_now = summary
-        || messages.last().is_some_and(|m| m["role"] == "tool")
-        || request["tool_choice"] == "none";
-    let delay = state.delay_us.load(Ordering::Relaxed);
-    if delay > 0 {
-        tokio::time::sleep(Duration::from_micros(delay)).await;
-    }
-    let (message, finish) = if answer_now {
-        let text = if summary { SUMMARY } else { ANSWER };
-        (
-            json!({"role": "assistant", "content": text, "refusal": null}),
-            "stop",
-        )
-    } else {
-        let arguments = json!({ "expression": EXPRESSION }).to_string();
-        (
-            json!({
-                "role": "assistant",
-                "content": null,
-                "refusal": null,
-                "tool_calls": [{
-                    "id": format!("call_{number}"),
-                    "type": "function",
-                    "function": {"name": "calculator", "arguments": arguments},
-                }],
-            }),
-            "tool_calls",
-        )
-    };
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let reply = json!({
-        "id": format!("chatcmpl-bench-{number}"),
-        "object": "chat.completion",
-        "created": created,
-        "model": request["model"],
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": null}],
-        "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
-    })
-    .to_string();
-    let spent = started.elapsed().as_nanos() as u64;
-    state.spent_total_ns.fetch_add(spent, Ordering::Relaxed);
-    *state
-        .spent
-        .lock()
-        .expect("mock lock")
-        .entry(key)
-        .or_default() += spent;
-    ([(header::CONTENT_TYPE, "application/json")], reply).into_response()
 }
 
 // ---------------------------------------------------------------------------
 // The client
 // ---------------------------------------------------------------------------
 
+/// The bench's calls to cadre, through the tests' client; every failure is
+/// counted, not fatal.
 #[derive(Clone)]
 struct Api {
-    http: reqwest::Client,
-    base: String,
+    client: Client,
 }
 
 impl Api {
     fn new(addr: SocketAddr) -> Api {
         Api {
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(300))
-                .build()
-                .expect("HTTP client"),
-            base: format!("http://{addr}"),
+            client: Client::new(&format!("http://{addr}")).with_timeout(Duration::from_secs(300)),
         }
     }
 
     async fn create_session(&self) -> Result<String, String> {
-        let response = self
-            .http
-            .post(format!("{}/v1/sessions", self.base))
-            .json(&json!({"agent": "bench"}))
-            .send()
-            .await
-            .map_err(|e| format!("create session: {e}"))?;
-        let status = response.status();
-        let body: Value = response
-            .json()
+        let (status, body) = self
+            .client
+            .try_post("/v1/sessions", &json!({"agent": "bench"}))
             .await
             .map_err(|e| format!("create session: {e}"))?;
         match body["id"].as_str() {
@@ -404,11 +367,12 @@ impl Api {
 
     /// cadre's own series from `GET /metrics` (unlabelled ones), by name.
     async fn metrics(&self) -> HashMap<String, f64> {
-        let Ok(response) = self.http.get(format!("{}/metrics", self.base)).send().await else {
+        let Ok((_, body)) = self.client.try_get("/metrics").await else {
             return HashMap::new();
         };
-        let text = response.text().await.unwrap_or_default();
-        text.lines()
+        body.as_str()
+            .unwrap_or_default()
+            .lines()
             .filter(|l| !l.starts_with('#') && !l.contains('{'))
             .filter_map(|l| {
                 let (name, value) = l.split_once(' ')?;
@@ -419,15 +383,14 @@ impl Api {
 
     /// One turn; Ok(true) when the tool call succeeded and the answer came.
     async fn turn(&self, id: &str, content: &str) -> Result<bool, String> {
-        let response = self
-            .http
-            .post(format!("{}/v1/sessions/{id}/messages", self.base))
-            .json(&json!({ "content": content }))
-            .send()
+        let (status, body) = self
+            .client
+            .try_post(
+                &format!("/v1/sessions/{id}/messages"),
+                &json!({ "content": content }),
+            )
             .await
             .map_err(|e| format!("turn: {e}"))?;
-        let status = response.status();
-        let body: Value = response.json().await.map_err(|e| format!("turn: {e}"))?;
         if status != StatusCode::OK {
             return Err(format!("turn: HTTP {status}: {body}"));
         }

@@ -24,7 +24,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{AppOptions, TestApp, spawn_app};
+use support::{AppOptions, Client, TestApp, send, spawn_app};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A session id no session has.
@@ -33,21 +33,6 @@ const UNKNOWN_SESSION: &str = "00000000-0000-7000-8000-000000000000";
 const HANG: Duration = Duration::from_secs(30);
 /// Cases per property: enough to hit odd shapes, few enough for seconds.
 const CASES: u32 = 48;
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(HANG)
-        .build()
-        .expect("client")
-}
-
-async fn send(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
-    let r = request.send().await.expect("request sent (no hang)");
-    let status = r.status();
-    let text = r.text().await.expect("body read");
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
-}
 
 /// Asserts a 4xx whose body is exactly `{"error": {"code", "message"[, "details"]}}`.
 #[track_caller]
@@ -128,29 +113,19 @@ fn assert_sane(what: &str, path: &str, status: StatusCode, body: &Value) {
 
 struct Api {
     app: TestApp,
-    client: reqwest::Client,
+    /// The app's client, every request bounded by [`HANG`].
+    client: Client,
 }
 
 impl Api {
     fn start() -> Api {
-        Api {
-            app: spawn_app(AppOptions::offline()),
-            client: client(),
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.app.base)
+        let app = spawn_app(AppOptions::offline());
+        let client = app.client.clone().with_timeout(HANG);
+        Api { app, client }
     }
 
     async fn raw(&self, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
-        send(
-            self.client
-                .request(method, self.url(path))
-                .header("content-type", "application/json")
-                .body(body),
-        )
-        .await
+        self.client.send_raw(method, path, body).await
     }
 
     async fn json(&self, method: Method, path: &str, body: &Value) -> (StatusCode, Value) {
@@ -159,7 +134,7 @@ impl Api {
     }
 
     async fn get(&self, path: &str) -> (StatusCode, Value) {
-        send(self.client.get(self.url(path))).await
+        self.client.get(path).await
     }
 
     /// Sends bytes exactly as given on a fresh connection (no URL
@@ -709,7 +684,7 @@ async fn wrong_methods_and_content_types_are_json_4xx() {
             Some("text/plain"),
             Some("application/x-www-form-urlencoded"),
         ] {
-            let mut request = api.client.post(api.url(&path)).body("{}");
+            let mut request = api.client.request(Method::POST, &path).body("{}");
             if let Some(t) = content_type {
                 request = request.header("content-type", t);
             }
@@ -737,7 +712,7 @@ async fn events_and_metrics_survive_bad_requests() {
     // The SSE stream opens despite junk in the query and a body.
     let r = api
         .client
-        .get(api.url("/v1/events?since=%FF&x"))
+        .request(Method::GET, "/v1/events?since=%FF&x")
         .header("accept", "text/event-stream")
         .body("{not json")
         .send()
@@ -754,7 +729,7 @@ async fn events_and_metrics_survive_bad_requests() {
     for _ in 0..20 {
         let r = api
             .client
-            .get(api.url("/v1/events"))
+            .request(Method::GET, "/v1/events")
             .send()
             .await
             .expect("events answer");

@@ -105,16 +105,10 @@ async fn remote_commands_print_what_the_local_ones_print() {
     assert_eq!(doc["session"]["id"], json!(id));
     assert_eq!(doc["calls"][0]["tool_name"], "calculator");
     // The HTTP API's export is the document the CLI prints.
-    let api: Value = app
-        .client
-        .get(format!("{base}/v1/sessions/{id}/export"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, api) = app
+        .with_key(&key)
+        .get(&format!("/v1/sessions/{id}/export"))
+        .await;
     assert_eq!(api, doc);
     let summary = with_id("summary").await.unwrap();
     let s: Value = serde_json::from_str(&summary).unwrap();

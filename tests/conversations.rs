@@ -102,20 +102,10 @@ async fn create_session(app: &TestApp, agent: &str, metadata: Value) -> String {
 
 /// A message sent on its own task, so the test can go on while it waits.
 fn spawn_say(app: &TestApp, session: &str, content: &str) -> JoinHandle<(StatusCode, Value)> {
-    let client = app.client.clone();
-    let url = format!("{}/v1/sessions/{session}/messages", app.base);
-    let body = json!({ "content": content });
-    tokio::spawn(async move {
-        let r = client
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .expect("request sent");
-        let status = r.status();
-        let body = r.json().await.expect("JSON body");
-        (status, body)
-    })
+    app.client.spawn_post(
+        &format!("/v1/sessions/{session}/messages"),
+        json!({ "content": content }),
+    )
 }
 
 async fn joined<T>(task: JoinHandle<T>) -> T {

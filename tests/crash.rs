@@ -40,7 +40,7 @@
 //!   runs' tool nodes and agent sessions count in the `GET /v1/stats` check.
 //!
 //! The server is the real binary started by `tests/support/server.rs`. The
-//! model is a strict mock written here (not `tests/support`): it answers
+//! model is `tests/support`'s mock, strict and without a script: it answers
 //! a user message with two tool calls (calculator and echo) and tool
 //! results with text, which is deterministic under any interleaving, and it
 //! refuses, as OpenAI does, a history where an assistant message with
@@ -62,22 +62,17 @@ mod support;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode as AxumStatus;
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use futures::StreamExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::server::Server;
+use support::{Client, MockModel, Reply};
 use tokio::sync::Notify;
 
 /// Parallel requests of the checking phase.
@@ -160,85 +155,40 @@ impl Settings {
 // The strict mock model
 // ---------------------------------------------------------------------------
 
-#[derive(Default)]
-struct ModelState {
-    next_call: AtomicU64,
-    requests: AtomicU64,
-    /// Why each refused request was refused.
-    refusals: Mutex<Vec<String>>,
+/// The mock model of `tests/support`, strict (see the module doc) and
+/// answering every request from [`answer`].
+async fn strict_model() -> MockModel {
+    let model = MockModel::start().await;
+    model.set_strict(true);
+    // Counted, not kept: the large run sends millions of requests.
+    model.set_keep_bodies(false);
+    model.set_responder(answer);
+    model
 }
 
-struct StrictModel {
-    base_url: String,
-    state: Arc<ModelState>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for StrictModel {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl StrictModel {
-    async fn start() -> StrictModel {
-        let state = Arc::new(ModelState::default());
-        let app = Router::new()
-            .route("/v1/chat/completions", post(completions))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the mock model");
-        let addr = listener.local_addr().expect("mock model address");
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        StrictModel {
-            base_url: format!("http://{addr}/v1"),
-            state,
-            task,
-        }
-    }
-
-    fn refusals(&self) -> Vec<String> {
-        self.state
-            .refusals
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-}
-
-async fn completions(State(state): State<Arc<ModelState>>, body: Bytes) -> Response {
-    state.requests.fetch_add(1, Ordering::Relaxed);
-    let request: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => return refuse(&state, format!("the body is not JSON: {e}")),
-    };
-    let messages = request["messages"].as_array().cloned().unwrap_or_default();
-    if let Err(why) = openai_message_rules(&messages) {
-        return refuse(&state, why);
-    }
-    let last = messages.last().cloned().unwrap_or(Value::Null);
+/// A user message gets a calculator call (on the expression after its last
+/// `": "`) and an echo call; tool results get [`answer_for`] the user
+/// message; anything else is refused.
+fn answer(request: &Value, number: usize) -> Reply {
+    let messages = request["messages"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let last = messages.last().unwrap_or(&Value::Null);
     match last["role"].as_str() {
         Some("user") => {
             let content = last["content"].as_str().unwrap_or_default();
             let expression = content
                 .rsplit_once(": ")
                 .map_or("1+1", |(_, expression)| expression);
-            let n = state.next_call.fetch_add(2, Ordering::Relaxed);
-            completion(json!({
-                "role": "assistant",
-                "content": null,
-                "tool_calls": [
-                    {"id": format!("call_{n}"), "type": "function", "function": {
-                        "name": "calculator",
-                        "arguments": json!({"expression": expression}).to_string()}},
-                    {"id": format!("call_{}", n + 1), "type": "function", "function": {
-                        "name": "echo",
-                        "arguments": json!({"message": content}).to_string()}},
-                ],
-            }))
+            let (calculator, echo) = (format!("call_{number}_0"), format!("call_{number}_1"));
+            Reply::tool_calls(&[
+                (
+                    &calculator,
+                    "calculator",
+                    &json!({"expression": expression}).to_string(),
+                ),
+                (&echo, "echo", &json!({"message": content}).to_string()),
+            ])
         }
         Some("tool") => {
             let user = messages
@@ -252,91 +202,14 @@ async fn completions(State(state): State<Arc<ModelState>>, body: Bytes) -> Respo
                 .rev()
                 .take_while(|m| m["role"] == "tool")
                 .count();
-            completion(json!({
-                "role": "assistant",
-                "content": answer_for(user, results),
-            }))
+            Reply::text(&answer_for(user, results))
         }
-        other => refuse(&state, format!("unexpected last message role {other:?}")),
+        other => Reply::refusal(&format!("unexpected last message role {other:?}")),
     }
 }
 
 fn answer_for(user: &str, results: usize) -> String {
     format!("answered '{user}' from {results} tool results")
-}
-
-/// OpenAI's rule for tool messages: an assistant message with `tool_calls`
-/// is followed at once by one tool message per call id, and a tool message
-/// answers a call of the assistant message just before it.
-fn openai_message_rules(messages: &[Value]) -> Result<(), String> {
-    let mut open: Vec<String> = Vec::new();
-    for (i, m) in messages.iter().enumerate() {
-        let role = m["role"].as_str().unwrap_or_default();
-        if role == "tool" {
-            let id = m["tool_call_id"].as_str().unwrap_or_default();
-            let Some(at) = open.iter().position(|o| o == id) else {
-                return Err(format!(
-                    "messages[{i}]: messages with role 'tool' must be a response to a preceding \
-                     message with 'tool_calls' (tool_call_id {id:?})"
-                ));
-            };
-            open.remove(at);
-            continue;
-        }
-        if !open.is_empty() {
-            return Err(format!(
-                "messages[{i}]: an assistant message with 'tool_calls' must be followed by tool \
-                 messages responding to each 'tool_call_id'; missing {open:?}"
-            ));
-        }
-        if role == "assistant"
-            && let Some(calls) = m["tool_calls"].as_array()
-        {
-            open = calls
-                .iter()
-                .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
-                .collect();
-        }
-    }
-    if open.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "the request ends with unanswered tool calls {open:?}"
-        ))
-    }
-}
-
-fn completion(message: Value) -> Response {
-    let finish = if message["tool_calls"].is_array() {
-        "tool_calls"
-    } else {
-        "stop"
-    };
-    axum::Json(json!({
-        "id": "chatcmpl-crash",
-        "object": "chat.completion",
-        "created": 1_700_000_000u64,
-        "model": "mock-model",
-        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": null}],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-    }))
-    .into_response()
-}
-
-fn refuse(state: &ModelState, why: String) -> Response {
-    state
-        .refusals
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(why.clone());
-    (
-        AxumStatus::BAD_REQUEST,
-        axum::Json(json!({"error": {
-            "message": why, "type": "invalid_request_error", "param": "messages", "code": null
-        }})),
-    )
-        .into_response()
 }
 
 // ---------------------------------------------------------------------------
@@ -408,8 +281,7 @@ struct Book {
 
 /// Shared by the load tasks of one trial.
 struct Load {
-    client: reqwest::Client,
-    base: String,
+    client: Client,
     acked: AtomicUsize,
     progress: Notify,
     /// Set when the first run started with `wait` was answered, or when the
@@ -432,30 +304,6 @@ impl Load {
     }
 }
 
-async fn read_json(r: reqwest::Response) -> Result<(StatusCode, Value), reqwest::Error> {
-    let status = r.status();
-    let text = r.text().await?;
-    Ok((
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    ))
-}
-
-/// `POST {base}{path}` with a JSON body; the reply's status and body.
-async fn post_json(
-    load: &Load,
-    path: &str,
-    body: Value,
-) -> Result<(StatusCode, Value), reqwest::Error> {
-    let r = load
-        .client
-        .post(format!("{}{path}", load.base))
-        .json(&body)
-        .send()
-        .await?;
-    read_json(r).await
-}
-
 /// Sends turns to one session until the server dies (or the bound).
 async fn drive(load: Arc<Load>, mut book: Book) -> Book {
     for _ in 0..MAX_TURNS_PER_SESSION {
@@ -463,7 +311,10 @@ async fn drive(load: Arc<Load>, mut book: Book) -> Book {
         let n = book.turns_sent;
         let content = format!("s{} t{n}: {}+{n}", book.index, book.index);
         let path = format!("/v1/sessions/{}/messages", book.id);
-        let reply = post_json(&load, &path, json!({ "content": content })).await;
+        let reply = load
+            .client
+            .try_post(&path, &json!({ "content": content }))
+            .await;
         match reply {
             Ok((StatusCode::OK, body)) => {
                 let call_ids = body["tool_calls"]
@@ -524,7 +375,7 @@ async fn side_task(load: Arc<Load>, trial: usize, gaps_ms: Vec<u64>) -> SideAcks
     for (k, gap) in gaps_ms.into_iter().enumerate() {
         tokio::time::sleep(Duration::from_millis(gap)).await;
         let session = json!({"agent": "crash", "user_id": format!("side-{trial}-{k}")});
-        let reply = post_json(&load, "/v1/sessions", session).await;
+        let reply = load.client.try_post("/v1/sessions", &session).await;
         match reply {
             Ok((StatusCode::CREATED, body)) => {
                 acks.sessions
@@ -547,7 +398,10 @@ async fn side_task(load: Arc<Load>, trial: usize, gaps_ms: Vec<u64>) -> SideAcks
             "user_id": format!("crash-{trial}-{k}"),
             "params": {"symbol": "AAPL", "side": "buy", "quantity": 1, "order_type": "market"},
         });
-        let reply = post_json(&load, "/v1/tools/create_paper_order/invoke", order).await;
+        let reply = load
+            .client
+            .try_post("/v1/tools/create_paper_order/invoke", &order)
+            .await;
         match reply {
             Ok((StatusCode::ACCEPTED, body)) => {
                 match body["metadata"]["confirmation_id"].as_str() {
@@ -599,7 +453,10 @@ async fn workflow_task(load: Arc<Load>, trial: usize, gaps_ms: Vec<u64>) -> RunA
         let n = (trial * RUNS_PER_TRIAL + k + 1) as u64;
         let wait = k % 2 == 1;
         let path = format!("/v1/workflows/{WORKFLOW}/runs");
-        let reply = post_json(&load, &path, json!({"input": {"n": n}, "wait": wait})).await;
+        let reply = load
+            .client
+            .try_post(&path, &json!({"input": {"n": n}, "wait": wait}))
+            .await;
         match reply {
             Ok((StatusCode::CREATED, run)) => {
                 let Some(id) = run["id"].as_str() else {
@@ -671,16 +528,12 @@ impl Tally {
     }
 }
 
-async fn get(client: &reqwest::Client, url: String) -> Result<Value, String> {
-    let r = client
-        .get(&url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    match read_json(r).await {
+/// `GET path`: the body of a 200; anything else is an error that says so.
+async fn get(client: &Client, path: String) -> Result<Value, String> {
+    match client.try_get(&path).await {
         Ok((StatusCode::OK, body)) => Ok(body),
-        Ok((status, body)) => Err(format!("GET {url}: HTTP {status}: {body}")),
-        Err(e) => Err(format!("GET {url}: {e}")),
+        Ok((status, body)) => Err(format!("GET {path}: HTTP {status}: {body}")),
+        Err(e) => Err(format!("GET {path}: {e}")),
     }
 }
 
@@ -748,9 +601,9 @@ fn turn_shape(turn: &[Value]) -> Result<bool, String> {
 
 /// Checks one session against what its client was told; on success the
 /// book moves on (verified = today's history).
-async fn check_session(client: &reqwest::Client, base: &str, mut book: Book) -> (Book, Tally) {
+async fn check_session(client: &Client, mut book: Book) -> (Book, Tally) {
     let mut tally = Tally::default();
-    let result = check_session_inner(client, base, &book, &mut tally).await;
+    let result = check_session_inner(client, &book, &mut tally).await;
     match result {
         Ok(history) => {
             book.verified = history.len();
@@ -764,8 +617,7 @@ async fn check_session(client: &reqwest::Client, base: &str, mut book: Book) -> 
 }
 
 async fn check_session_inner(
-    client: &reqwest::Client,
-    base: &str,
+    client: &Client,
     book: &Book,
     tally: &mut Tally,
 ) -> Result<Vec<Value>, String> {
@@ -774,11 +626,7 @@ async fn check_session_inner(
     let mut history: Vec<Value> = Vec::new();
     let mut after = 0u64;
     loop {
-        let body = get(
-            client,
-            format!("{base}/v1/sessions/{id}/messages?after={after}"),
-        )
-        .await?;
+        let body = get(client, format!("/v1/sessions/{id}/messages?after={after}")).await?;
         let page = body["messages"]
             .as_array()
             .ok_or_else(|| format!("no messages array: {body}"))?;
@@ -884,7 +732,7 @@ async fn check_session_inner(
     // Call records against the whole history.
     let body = get(
         client,
-        format!("{base}/v1/calls?conversation_id={id}&limit={CALLS_LIMIT}"),
+        format!("/v1/calls?conversation_id={id}&limit={CALLS_LIMIT}"),
     )
     .await?;
     let records = body["calls"]
@@ -928,7 +776,7 @@ async fn check_session_inner(
         e.0 += 1;
         e.1 += u64::from(ok);
     }
-    let summary = get(client, format!("{base}/v1/sessions/{id}/summary")).await?;
+    let summary = get(client, format!("/v1/sessions/{id}/summary")).await?;
     if summary["message_count"] != history.len() {
         return Err(format!(
             "summary counts {} messages, the history has {}",
@@ -948,14 +796,13 @@ async fn check_session_inner(
 
 /// Every caller's records against `GET /v1/stats`.
 async fn check_stats(
-    client: &reqwest::Client,
-    base: &str,
+    client: &Client,
     mut tally: BTreeMap<String, (u64, u64)>,
 ) -> Result<(), String> {
     // Direct calls (the confirmations) have no conversation.
     let body = get(
         client,
-        format!("{base}/v1/calls?tool=create_paper_order&limit={CALLS_LIMIT}"),
+        format!("/v1/calls?tool=create_paper_order&limit={CALLS_LIMIT}"),
     )
     .await?;
     let direct = body["calls"].as_array().cloned().unwrap_or_default();
@@ -965,7 +812,7 @@ async fn check_stats(
     let e = tally.entry("create_paper_order".into()).or_default();
     e.0 += direct.len() as u64;
     e.1 += direct.iter().filter(|r| r["is_success"] == true).count() as u64;
-    let stats = get(client, format!("{base}/v1/stats")).await?;
+    let stats = get(client, "/v1/stats".to_owned()).await?;
     let total: u64 = tally.values().map(|(t, _)| t).sum();
     let ok: u64 = tally.values().map(|(_, s)| s).sum();
     if stats["total_calls"] != total || stats["successful_calls"] != ok {
@@ -1074,12 +921,8 @@ fn check_interrupted_run(run: &Value, n: u64) -> Result<(), String> {
 /// One acknowledged run after a restart: found, finished (succeeded) or
 /// interrupted, and unchanged since it was first seen finished. Returns
 /// its status.
-async fn check_run(
-    client: &reqwest::Client,
-    base: &str,
-    run: &mut AckedRun,
-) -> Result<String, String> {
-    let body = get(client, format!("{base}/v1/workflows/runs/{}", run.id))
+async fn check_run(client: &Client, run: &mut AckedRun) -> Result<String, String> {
+    let body = get(client, format!("/v1/workflows/runs/{}", run.id))
         .await
         .map_err(|e| format!("acknowledged run lost: {e}"))?;
     let status = body["status"].as_str().unwrap_or_default().to_owned();
@@ -1117,8 +960,7 @@ struct RunTally {
 /// the node's answer; any other is at most a prefix of a turn), and a
 /// record of a run that names a session names one of those.
 async fn check_workflows(
-    client: &reqwest::Client,
-    base: &str,
+    client: &Client,
     acked: &mut [AckedRun],
     flow_books: &mut HashMap<String, Book>,
     tally: &mut Tally,
@@ -1127,7 +969,7 @@ async fn check_workflows(
     let mut runs = RunTally::default();
     let checked: Vec<(usize, Result<String, String>)> =
         futures::stream::iter(acked.iter_mut().enumerate())
-            .map(|(i, run)| async move { (i, check_run(client, base, run).await) })
+            .map(|(i, run)| async move { (i, check_run(client, run).await) })
             .buffered(CHECK_PARALLELISM)
             .collect()
             .await;
@@ -1141,7 +983,7 @@ async fn check_workflows(
 
     let listed = match get(
         client,
-        format!("{base}/v1/workflows/runs?workflow={WORKFLOW}&limit={RUNS_LIMIT}"),
+        format!("/v1/workflows/runs?workflow={WORKFLOW}&limit={RUNS_LIMIT}"),
     )
     .await
     {
@@ -1171,7 +1013,7 @@ async fn check_workflows(
         .map(|id| async move {
             let body = get(
                 client,
-                format!("{base}/v1/calls?workflow_id={id}&limit={CALLS_LIMIT}"),
+                format!("/v1/calls?workflow_id={id}&limit={CALLS_LIMIT}"),
             )
             .await?;
             let records = body["calls"].as_array().cloned().unwrap_or_default();
@@ -1200,7 +1042,7 @@ async fn check_workflows(
     }
 
     // The agent nodes' sessions, known by their metadata.
-    let sessions = match get(client, format!("{base}/v1/sessions")).await {
+    let sessions = match get(client, "/v1/sessions".to_owned()).await {
         Ok(body) => body["sessions"].as_array().cloned().unwrap_or_default(),
         Err(e) => {
             failures.push(e);
@@ -1243,7 +1085,7 @@ async fn check_workflows(
         flow_books.insert(id.to_owned(), book);
     }
     let checked: Vec<(Book, Tally)> = futures::stream::iter(flow_books.drain().map(|(_, b)| b))
-        .map(|book| check_session(client, base, book))
+        .map(|book| check_session(client, book))
         .buffered(CHECK_PARALLELISM)
         .collect()
         .await;
@@ -1292,7 +1134,7 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
     );
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(settings.seed);
-    let model = StrictModel::start().await;
+    let model = strict_model().await;
     let data = tempfile::tempdir().expect("data dir");
     let agents = tempfile::tempdir().expect("agents dir");
     std::fs::write(
@@ -1311,25 +1153,18 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         // The server's log goes next to the data dir, inside the temp dir.
         data_dir: data.path().join("data"),
         agents_dir: agents.path().to_path_buf(),
-        model_url: model.base_url.clone(),
+        model_url: model.base_url(),
     };
-    let client = reqwest::Client::builder()
-        .timeout(REQUEST_TIMEOUT)
-        .build()
-        .expect("client");
-
     let mut server = start_server(&launch).await;
+    let mut client = server.client().with_timeout(REQUEST_TIMEOUT);
     let mut books: Vec<Book> = futures::stream::iter(0..settings.sessions)
         .map(|index| {
-            let (client, base) = (client.clone(), server.base.clone());
+            let client = client.clone();
             async move {
-                let body = client
-                    .post(format!("{base}/v1/sessions"))
-                    .json(&json!({"agent": "crash"}))
-                    .send()
+                let (status, body) = client
+                    .try_post("/v1/sessions", &json!({"agent": "crash"}))
                     .await
                     .expect("create a session");
-                let (status, body) = read_json(body).await.expect("session body");
                 assert_eq!(status, StatusCode::CREATED, "{body}");
                 Book {
                     index,
@@ -1359,7 +1194,6 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
             .collect();
         let load = Arc::new(Load {
             client: client.clone(),
-            base: server.base.clone(),
             acked: AtomicUsize::new(0),
             progress: Notify::new(),
             first_run_over: AtomicBool::new(false),
@@ -1414,10 +1248,11 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
 
         // Restart on the same data dir and check everything acknowledged.
         server = start_server(&launch).await;
+        client = server.client().with_timeout(REQUEST_TIMEOUT);
         let mut failures: Vec<String> = side.failures;
         failures.extend(flows.failures);
         let checked: Vec<(Book, Tally)> = futures::stream::iter(books.drain(..))
-            .map(|book| check_session(&client, &server.base, book))
+            .map(|book| check_session(&client, book))
             .buffered(CHECK_PARALLELISM)
             .collect()
             .await;
@@ -1427,23 +1262,17 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
             tally.add(t);
             books.push(book);
         }
-        let (runs, mut run_failures) = check_workflows(
-            &client,
-            &server.base,
-            &mut runs_acked,
-            &mut flow_books,
-            &mut tally,
-        )
-        .await;
+        let (runs, mut run_failures) =
+            check_workflows(&client, &mut runs_acked, &mut flow_books, &mut tally).await;
         failures.append(&mut run_failures);
         figures.in_flight_absent += tally.in_flight_absent;
         figures.in_flight_partial += tally.in_flight_partial;
         figures.in_flight_complete += tally.in_flight_complete;
         figures.lost += tally.lost;
-        if let Err(e) = check_stats(&client, &server.base, tally.per_tool).await {
+        if let Err(e) = check_stats(&client, tally.per_tool).await {
             failures.push(format!("counters: {e}"));
         }
-        let listed = get(&client, format!("{}/v1/confirmations", server.base)).await;
+        let listed = get(&client, "/v1/confirmations".to_owned()).await;
         match listed {
             Ok(body) => {
                 let ids: HashSet<&str> = body["confirmations"]
@@ -1463,7 +1292,7 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
             Err(e) => failures.push(e),
         }
         for id in &sessions_acked {
-            if let Err(e) = get(&client, format!("{}/v1/sessions/{id}", server.base)).await {
+            if let Err(e) = get(&client, format!("/v1/sessions/{id}")).await {
                 failures.push(format!("acknowledged session lost: {e}"));
             }
         }
@@ -1518,7 +1347,7 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         figures.sessions_created,
         figures.confirmations,
         figures.runs_acked,
-        model.state.requests.load(Ordering::Relaxed),
+        model.request_count(),
         started.elapsed().as_secs_f64()
     );
     assert_eq!(figures.lost, 0);

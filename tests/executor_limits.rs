@@ -23,8 +23,8 @@ use cadre::tools::{
     CallerType, ErrorType, ExecutionContext, FnHandler, ToolDefinition, ToolError,
     ToolExecutionResult, ToolHandler,
 };
-use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::gate::gate_tool;
 use support::{
@@ -123,7 +123,7 @@ async fn invoke_with_headers(
 ) -> (StatusCode, HeaderMap, Value) {
     let response = app
         .client
-        .post(format!("{}/v1/tools/{tool}/invoke", app.base))
+        .request(Method::POST, &format!("/v1/tools/{tool}/invoke"))
         .json(&body)
         .send()
         .await
@@ -134,29 +134,13 @@ async fn invoke_with_headers(
     (status, headers, body)
 }
 
-/// A POST running on its own task, so the test can go on while it waits.
-fn spawn_post(app: &TestApp, path: &str, body: Value) -> JoinHandle<(StatusCode, Value)> {
-    let client = app.client.clone();
-    let url = format!("{}{path}", app.base);
-    tokio::spawn(async move {
-        let response = client
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .expect("request sent");
-        let status = response.status();
-        (status, response.json().await.expect("JSON body"))
-    })
-}
-
 fn spawn_invoke(app: &TestApp, tool: &str, body: Value) -> JoinHandle<(StatusCode, Value)> {
-    spawn_post(app, &format!("/v1/tools/{tool}/invoke"), body)
+    app.client
+        .spawn_post(&format!("/v1/tools/{tool}/invoke"), body)
 }
 
 fn spawn_say(app: &TestApp, session: &str, content: &str) -> JoinHandle<(StatusCode, Value)> {
-    spawn_post(
-        app,
+    app.client.spawn_post(
         &format!("/v1/sessions/{session}/messages"),
         json!({ "content": content }),
     )
@@ -320,12 +304,7 @@ async fn the_31st_get_ohlcv_call_in_a_minute_is_rate_limited_while_another_user_
 async fn the_api_rate_limit_is_per_key_and_answers_429_with_retry_after() {
     let app =
         spawn_app(AppOptions::offline().config_toml("[api_limit]\nper_second = 1\nburst = 3\n"));
-    let health = |key: &str| {
-        app.client
-            .get(format!("{}/healthz", app.base))
-            .bearer_auth(key)
-            .send()
-    };
+    let health = |key: &str| app.with_key(key).request(Method::GET, "/healthz").send();
 
     for n in 1..=3 {
         let response = health("k1").await.expect("request sent");
@@ -372,7 +351,7 @@ async fn a_second_call_queues_behind_the_only_slot_while_a_workflow_node_call_by
     let (status, metrics) = {
         let response = app
             .client
-            .get(format!("{}/metrics", app.base))
+            .request(Method::GET, "/metrics")
             .send()
             .await
             .unwrap();

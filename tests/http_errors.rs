@@ -8,9 +8,9 @@
 mod support;
 
 use cadre::http::MAX_BODY_BYTES;
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use support::{AppOptions, spawn_app};
+use support::{AppOptions, send, spawn_app};
 
 /// A session id no session has.
 const UNKNOWN_SESSION: &str = "00000000-0000-7000-8000-000000000000";
@@ -47,14 +47,6 @@ fn json_body_of_len(field: &str, len: usize) -> Vec<u8> {
     body.extend_from_slice(br#""}"#);
     assert_eq!(body.len(), len);
     body
-}
-
-async fn send(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
-    let r = request.send().await.expect("request sent");
-    let status = r.status();
-    let text = r.text().await.expect("body read");
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -253,7 +245,7 @@ async fn a_body_without_a_json_content_type_is_415() {
 
     let request = app
         .client
-        .post(format!("{}/v1/sessions", app.base))
+        .request(Method::POST, "/v1/sessions")
         .header("content-type", "text/plain")
         .body(r#"{"agent": "assistant"}"#);
     let (status, body) = send(request).await;
@@ -282,8 +274,7 @@ async fn wrong_method_is_a_json_405() {
     let app = spawn_app(AppOptions::offline());
     let session = app.session("assistant").await;
 
-    let request = app.client.delete(format!("{}/v1/sessions", app.base));
-    let (status, body) = send(request).await;
+    let (status, body) = app.client.delete("/v1/sessions").await;
     assert_error(
         status,
         &body,
@@ -299,10 +290,7 @@ async fn wrong_method_is_a_json_405() {
         "METHOD_NOT_ALLOWED",
     );
 
-    let request = app
-        .client
-        .delete(format!("{}/v1/sessions/{session}", app.base));
-    let (status, body) = send(request).await;
+    let (status, body) = app.client.delete(&format!("/v1/sessions/{session}")).await;
     assert_error(
         status,
         &body,
@@ -430,8 +418,10 @@ async fn a_normal_turn_still_works_after_every_kind_of_error() {
         StatusCode::PAYLOAD_TOO_LARGE
     );
     assert_eq!(app.get("/nope").await.0, StatusCode::NOT_FOUND);
-    let delete = app.client.delete(format!("{}/v1/sessions", app.base));
-    assert_eq!(send(delete).await.0, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        app.client.delete("/v1/sessions").await.0,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
 
     let fresh = app.session("assistant").await;
     let (status, outcome) = app.say(&fresh, "What is 6*7?").await;

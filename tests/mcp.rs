@@ -57,16 +57,6 @@ fn served_agents() -> tempfile::TempDir {
     dir
 }
 
-async fn get_as(app: &TestApp, path: &str, key: Option<&str>) -> (StatusCode, Value) {
-    let mut r = app.client.get(format!("{}{path}", app.base));
-    if let Some(k) = key {
-        r = r.bearer_auth(k);
-    }
-    let r = r.send().await.expect("request sent");
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 /// The entry of `name` in GET /v1/tools, if listed.
 async fn listed(app: &TestApp, name: &str) -> Option<Value> {
     let (status, body) = app.get("/v1/tools").await;
@@ -465,14 +455,20 @@ async fn mcp_over_http_uses_the_callers_key_tenant_and_plan() {
     assert_eq!(ok.structured_content.as_ref().unwrap()["message"], "secret");
 
     // The calls are acme's: acme sees them, globex does not.
-    let (status, body) = get_as(&app, "/v1/calls?tool=calculator", Some(&keys[0])).await;
+    let (status, body) = app
+        .with_key(&keys[0])
+        .get("/v1/calls?tool=calculator")
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let calls = body["calls"].as_array().unwrap();
     assert_eq!(calls.len(), 1, "{body}");
     assert_eq!(calls[0]["caller_type"], "direct");
-    let (_, body) = get_as(&app, "/v1/calls?tool=calculator", Some(&keys[1])).await;
+    let (_, body) = app
+        .with_key(&keys[1])
+        .get("/v1/calls?tool=calculator")
+        .await;
     assert_eq!(body["calls"].as_array().unwrap().len(), 0, "{body}");
-    let (_, body) = get_as(&app, "/v1/calls?tool=vault", Some(&keys[0])).await;
+    let (_, body) = app.with_key(&keys[0]).get("/v1/calls?tool=vault").await;
     assert_eq!(body["calls"].as_array().unwrap().len(), 2, "{body}");
 
     // An agent over HTTP: a session of acme's, which globex cannot continue.

@@ -69,7 +69,7 @@ struct Answer {
 
 async fn fetch(app: &TestApp, method: &str, path: &str, body: Option<&Value>) -> Answer {
     let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-    let mut request = app.client.request(method, format!("{}{path}", app.base));
+    let mut request = app.client.request(method, path);
     if let Some(body) = body {
         request = request.json(body);
     }

@@ -20,8 +20,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::routing::post;
-use serde_json::json;
-use support::{MockModel, Reply, repo_agents};
+use support::{Client, MockModel, Reply, repo_agents};
 
 type Bodies = Arc<Mutex<Vec<Bytes>>>;
 
@@ -91,24 +90,10 @@ async fn a_turns_spans_reach_the_otlp_collector() {
     .await
     .unwrap();
 
-    let http = reqwest::Client::new();
-    let session: serde_json::Value = http
-        .post(format!("{base}/v1/sessions"))
-        .json(&json!({"agent": "assistant"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let id = session["id"].as_str().expect("a session id").to_string();
-    let reply = http
-        .post(format!("{base}/v1/sessions/{id}/messages"))
-        .json(&json!({"content": "What is 6*7?"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(reply.status(), reqwest::StatusCode::OK);
+    let client = Client::new(&base);
+    let id = client.session("assistant").await;
+    let (status, reply) = client.say(&id, "What is 6*7?").await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{reply}");
 
     // SIGTERM: the server shuts down and the exporter flushes on the way out.
     let pid = child.id() as i32;

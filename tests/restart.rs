@@ -9,12 +9,13 @@ use std::path::Path;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use support::Client;
 
 /// A `cadre serve` child process (see [`support::server`]) with the offline
-/// provider, and the HTTP calls these tests make to it.
+/// provider, and the checked calls these tests make to it.
 struct Server {
     process: support::server::Server,
-    client: reqwest::Client,
+    client: Client,
 }
 
 impl Server {
@@ -25,74 +26,43 @@ impl Server {
         })
         .await
         .expect("the start thread finished");
-        Server {
-            process,
-            client: reqwest::Client::new(),
-        }
+        let client = process.client();
+        Server { process, client }
     }
 
     fn kill_9(mut self) {
         self.process.kill_9();
     }
 
-    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.process.base))
-            .json(body)
-            .send()
-            .await
-            .expect("request sent");
-        read(r).await
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        let r = self
-            .client
-            .get(format!("{}{path}", self.process.base))
-            .send()
-            .await
-            .expect("request sent");
-        read(r).await
-    }
-
     async fn session(&self, agent: &str) -> String {
-        let (status, body) = self.post("/v1/sessions", &json!({"agent": agent})).await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
-        body["id"].as_str().expect("session id").to_owned()
+        self.client.session(agent).await
     }
 
     /// One turn; asserts it succeeded and returns the outcome.
     async fn say(&self, session: &str, content: &str) -> Value {
-        let (status, body) = self
-            .post(
-                &format!("/v1/sessions/{session}/messages"),
-                &json!({"content": content}),
-            )
-            .await;
+        let (status, body) = self.client.say(session, content).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         body
     }
 
     async fn messages(&self, session: &str) -> Vec<Value> {
-        let (status, body) = self.get(&format!("/v1/sessions/{session}/messages")).await;
+        let (status, body) = self
+            .client
+            .get(&format!("/v1/sessions/{session}/messages"))
+            .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert_eq!(body["session_id"], session);
         body["messages"].as_array().expect("messages array").clone()
     }
 
     async fn summary(&self, session: &str) -> Value {
-        let (status, body) = self.get(&format!("/v1/sessions/{session}/summary")).await;
+        let (status, body) = self
+            .client
+            .get(&format!("/v1/sessions/{session}/summary"))
+            .await;
         assert_eq!(status, StatusCode::OK, "{body}");
         body
     }
-}
-
-async fn read(r: reqwest::Response) -> (StatusCode, Value) {
-    let status = r.status();
-    let text = r.text().await.expect("body read");
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
 }
 
 fn roles(messages: &[Value]) -> Vec<&str> {

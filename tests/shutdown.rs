@@ -9,33 +9,18 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::server::Server;
-use support::{AppOptions, MockModel, Reply, agent_toml, agents_dir, spawn_app};
+use support::{AppOptions, Client, MockModel, Reply, agent_toml, agents_dir, spawn_app, try_send};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 
-async fn create_session(client: &reqwest::Client, base: &str) -> String {
-    let r = client
-        .post(format!("{base}/v1/sessions"))
-        .json(&json!({"agent": "bot"}))
-        .send()
-        .await
-        .expect("request sent");
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let body: Value = r.json().await.unwrap();
-    body["id"].as_str().unwrap().to_string()
-}
-
-async fn history(client: &reqwest::Client, base: &str, session: &str) -> Vec<(String, String)> {
-    let r = client
-        .get(format!("{base}/v1/sessions/{session}/messages"))
-        .send()
-        .await
-        .expect("request sent");
-    assert_eq!(r.status(), StatusCode::OK);
-    let body: Value = r.json().await.unwrap();
+async fn history(client: &Client, session: &str) -> Vec<(String, String)> {
+    let (status, body) = client
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     body["messages"]
         .as_array()
         .unwrap()
@@ -49,20 +34,16 @@ async fn history(client: &reqwest::Client, base: &str, session: &str) -> Vec<(St
         .collect()
 }
 
+/// A message sent on its own task; its answer, or the transport error.
 fn say(
-    client: &reqwest::Client,
-    base: &str,
+    client: &Client,
     session: &str,
     text: &str,
-) -> tokio::task::JoinHandle<Result<(StatusCode, String), reqwest::Error>> {
+) -> tokio::task::JoinHandle<Result<(StatusCode, Value), reqwest::Error>> {
     let request = client
-        .post(format!("{base}/v1/sessions/{session}/messages"))
+        .request(Method::POST, &format!("/v1/sessions/{session}/messages"))
         .json(&json!({"content": text}));
-    tokio::spawn(async move {
-        let r = request.send().await?;
-        let status = r.status();
-        Ok((status, r.text().await?))
-    })
+    tokio::spawn(try_send(request))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,16 +64,15 @@ async fn sigterm_lets_a_turn_finish_within_the_grace_cuts_the_other_and_exits_0(
         &model.base_url(),
         &[("CADRE_SERVER_SHUTDOWN_GRACE_S", "2")],
     );
-    let client = reqwest::Client::new();
-    let base = server.base.clone();
-    let slow_session = create_session(&client, &base).await;
-    let quick_session = create_session(&client, &base).await;
+    let client = server.client();
+    let slow_session = client.session("bot").await;
+    let quick_session = client.session("bot").await;
 
-    let slow = say(&client, &base, &slow_session, "slow question");
+    let slow = say(&client, &slow_session, "slow question");
     tokio::time::timeout(PATIENCE, model.wait_for_requests(1))
         .await
         .expect("the slow turn reached the model");
-    let quick = say(&client, &base, &quick_session, "quick question");
+    let quick = say(&client, &quick_session, "quick question");
     tokio::time::timeout(PATIENCE, model.wait_for_requests(2))
         .await
         .expect("the quick turn reached the model");
@@ -103,8 +83,9 @@ async fn sigterm_lets_a_turn_finish_within_the_grace_cuts_the_other_and_exits_0(
     // It stops accepting: a new connection is refused well within the grace.
     let deadline = Instant::now() + grace;
     loop {
-        let fresh = reqwest::Client::builder().build().unwrap();
-        if fresh.get(format!("{base}/healthz")).send().await.is_err() {
+        // A client of its own each time: no connection kept from before.
+        let fresh = Client::new(&client.base);
+        if fresh.try_get("/healthz").await.is_err() {
             break;
         }
         assert!(Instant::now() < deadline, "still accepting after SIGTERM");
@@ -118,7 +99,7 @@ async fn sigterm_lets_a_turn_finish_within_the_grace_cuts_the_other_and_exits_0(
         .unwrap()
         .expect("the quick turn got a reply");
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert!(body.contains("in time"), "{body}");
+    assert!(body.to_string().contains("in time"), "{body}");
 
     // The one past the grace is cut: never a 200.
     let cut = tokio::time::timeout(PATIENCE, slow)
@@ -141,15 +122,15 @@ async fn sigterm_lets_a_turn_finish_within_the_grace_cuts_the_other_and_exits_0(
 
     // After a restart: the finished turn is there, the cut one is not complete.
     let server = Server::start(&data, agents.path(), &model.base_url(), &[]);
-    let base = server.base.clone();
+    let client = server.client();
     assert_eq!(
-        history(&client, &base, &quick_session).await,
+        history(&client, &quick_session).await,
         [
             ("user".to_string(), "quick question".to_string()),
             ("assistant".to_string(), "in time".to_string())
         ]
     );
-    let cut = history(&client, &base, &slow_session).await;
+    let cut = history(&client, &slow_session).await;
     assert!(
         cut.iter().all(|(role, _)| role == "user"),
         "the cut turn looks complete: {cut:?}"
@@ -161,7 +142,7 @@ async fn an_open_event_subscription_ends_at_shutdown_instead_of_holding_it() {
     let mut app = spawn_app(AppOptions::offline().config_toml("[server]\nshutdown_grace_s = 60\n"));
     let events = app
         .client
-        .get(format!("{}/v1/events", app.base))
+        .request(Method::GET, "/v1/events")
         .send()
         .await
         .expect("request sent");

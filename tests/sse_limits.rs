@@ -9,7 +9,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::gate::gate_tool;
 use support::ws::{Ws, connect_ws};
@@ -21,7 +21,7 @@ const PATIENCE: Duration = Duration::from_secs(10);
 /// Opens `GET /v1/events` and waits for its headers.
 async fn open_events(app: &TestApp) -> reqwest::Response {
     app.client
-        .get(format!("{}/v1/events", app.base))
+        .request(Method::GET, "/v1/events")
         .send()
         .await
         .expect("request sent")
@@ -187,17 +187,11 @@ async fn the_cap_is_per_api_key_and_counts_workflow_run_events() {
             .data_dir(data.path())
             .config_toml("[api_limit]\nmax_streams = 1\n"),
     );
-    let get = |key: &str, path: &str| {
-        app.client
-            .get(format!("{}{path}", app.base))
-            .bearer_auth(key)
-            .send()
-    };
+    let get = |key: &str, path: &str| app.with_key(key).request(Method::GET, path).send();
     let (acme, globex) = (&keys[0], &keys[1]);
     let run = app
-        .client
-        .post(format!("{}/v1/workflows/sum/runs", app.base))
-        .bearer_auth(acme)
+        .with_key(acme)
+        .request(Method::POST, "/v1/workflows/sum/runs")
         .json(&json!({"input": {}, "wait": true}))
         .send()
         .await
@@ -239,7 +233,7 @@ async fn connect_when_free(app: &TestApp, session: &str) -> Ws {
 /// comes back whole: status and JSON body.
 async fn upgrade_request(app: &TestApp, session: &str) -> reqwest::Response {
     app.client
-        .get(format!("{}/v1/sessions/{session}/ws", app.base))
+        .request(Method::GET, &format!("/v1/sessions/{session}/ws"))
         .header("connection", "upgrade")
         .header("upgrade", "websocket")
         .header("sec-websocket-version", "13")

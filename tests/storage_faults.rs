@@ -15,61 +15,23 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::server::Server;
-use support::{MockModel, Reply, agent_toml, agents_dir};
+use support::{Client, MockModel, Reply, agent_toml, agents_dir};
 
-async fn send(client: &reqwest::Client, r: reqwest::RequestBuilder) -> (StatusCode, Value) {
-    let _ = client;
-    let r = r.send().await.expect("request sent");
-    let status = r.status();
-    let text = r.text().await.expect("body read");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-struct Api {
-    client: reqwest::Client,
-    base: String,
-}
-
-impl Api {
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        send(
-            &self.client,
-            self.client.get(format!("{}{path}", self.base)),
-        )
-        .await
-    }
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        send(
-            &self.client,
-            self.client.post(format!("{}{path}", self.base)).json(&body),
-        )
-        .await
-    }
-    async fn say(&self, session: &str, text: &str) -> (StatusCode, Value) {
-        self.post(
-            &format!("/v1/sessions/{session}/messages"),
-            json!({"content": text}),
-        )
-        .await
-    }
-    async fn contents(&self, session: &str) -> Vec<(String, String)> {
-        let (status, body) = self.get(&format!("/v1/sessions/{session}/messages")).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["messages"]
-            .as_array()
-            .expect("messages")
-            .iter()
-            .map(|m| {
-                (
-                    m["role"].as_str().unwrap_or_default().to_string(),
-                    m["content"].as_str().unwrap_or_default().to_string(),
-                )
-            })
-            .collect()
-    }
+/// `(role, content)` of every message in `session`'s history.
+async fn contents(api: &Client, session: &str) -> Vec<(String, String)> {
+    let (status, body) = api.get(&format!("/v1/sessions/{session}/messages")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or_default().to_string(),
+                m["content"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
 
 fn assert_storage_error(status: StatusCode, body: &Value) {
@@ -91,19 +53,16 @@ async fn a_full_disk_is_a_503_history_stays_readable_and_writes_resume_without_a
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut server = Server::start(&data, agents.path(), &model.base_url(), &[]);
-    let api = Api {
-        client: reqwest::Client::new(),
-        base: server.base.clone(),
-    };
+    let api = server.client();
 
-    let (status, body) = api.post("/v1/sessions", json!({"agent": "bot"})).await;
+    let (status, body) = api.post("/v1/sessions", &json!({"agent": "bot"})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let session = body["id"].as_str().unwrap().to_string();
     for text in ["first", "second"] {
         let (status, body) = api.say(&session, text).await;
         assert_eq!(status, StatusCode::OK, "{body}");
     }
-    let before = api.contents(&session).await;
+    let before = contents(&api, &session).await;
     assert_eq!(before.len(), 4, "{before:?}");
 
     // The disk is full.
@@ -111,13 +70,13 @@ async fn a_full_disk_is_a_503_history_stays_readable_and_writes_resume_without_a
 
     let (status, body) = api.say(&session, "lost in the outage").await;
     assert_storage_error(status, &body);
-    let (status, body) = api.post("/v1/sessions", json!({"agent": "bot"})).await;
+    let (status, body) = api.post("/v1/sessions", &json!({"agent": "bot"})).await;
     assert_storage_error(status, &body);
     let (status, body) = api.say(&session, "also refused").await;
     assert_storage_error(status, &body);
 
     // What was stored is intact and readable meanwhile.
-    assert_eq!(api.contents(&session).await, before);
+    assert_eq!(contents(&api, &session).await, before);
     let (status, body) = api.get(&format!("/v1/sessions/{session}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 
@@ -170,11 +129,11 @@ async fn a_full_disk_is_a_503_history_stays_readable_and_writes_resume_without_a
 
     let (status, body) = api.say(&session, "third").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let (status, body) = api.post("/v1/sessions", json!({"agent": "bot"})).await;
+    let (status, body) = api.post("/v1/sessions", &json!({"agent": "bot"})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let other = body["id"].as_str().unwrap().to_string();
 
-    let after = api.contents(&session).await;
+    let after = contents(&api, &session).await;
     check_history(&before, &after);
 
     // A clean stop and a restart on the same file: all of it is still there.
@@ -183,11 +142,8 @@ async fn a_full_disk_is_a_503_history_stays_readable_and_writes_resume_without_a
     assert!(status.success(), "exit {status:?}\n{}", server.log_tail());
     drop(server);
     let server = Server::start(&data, agents.path(), &model.base_url(), &[]);
-    let api = Api {
-        client: reqwest::Client::new(),
-        base: server.base.clone(),
-    };
-    assert_eq!(api.contents(&session).await, after);
+    let api = server.client();
+    assert_eq!(contents(&api, &session).await, after);
     let (status, body) = api.get(&format!("/v1/sessions/{other}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let (status, body) = api.say(&session, "fourth").await;
@@ -238,37 +194,22 @@ async fn a_turn_spanning_an_outage_is_refused_and_the_session_reloads() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let server = Server::start(&data, agents.path(), &model.base_url(), &[]);
-    let api = Api {
-        client: reqwest::Client::new(),
-        base: server.base.clone(),
-    };
-    let (status, body) = api.post("/v1/sessions", json!({"agent": "bot"})).await;
+    let api = server.client();
+    let (status, body) = api.post("/v1/sessions", &json!({"agent": "bot"})).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let session = body["id"].as_str().unwrap().to_string();
 
-    let spanning = {
-        let (client, url) = (
-            api.client.clone(),
-            format!("{}/v1/sessions/{session}/messages", api.base),
-        );
-        tokio::spawn(async move {
-            let r = client
-                .post(url)
-                .json(&json!({"content": "spanning"}))
-                .send()
-                .await
-                .expect("request sent");
-            let status = r.status();
-            (status, r.json::<Value>().await.expect("JSON body"))
-        })
-    };
+    let spanning = api.spawn_post(
+        &format!("/v1/sessions/{session}/messages"),
+        json!({"content": "spanning"}),
+    );
     tokio::time::timeout(Duration::from_secs(10), model.wait_for_requests(1))
         .await
         .expect("the turn reached the model");
 
     // An outage and its recovery while the model is still thinking.
     server.limit_file_size(Some(0));
-    let (status, body) = api.post("/v1/sessions", json!({"agent": "bot"})).await;
+    let (status, body) = api.post("/v1/sessions", &json!({"agent": "bot"})).await;
     assert_storage_error(status, &body);
     server.limit_file_size(None);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -293,7 +234,7 @@ async fn a_turn_spanning_an_outage_is_refused_and_the_session_reloads() {
 
     let (status, body) = api.say(&session, "after").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let history = api.contents(&session).await;
+    let history = contents(&api, &session).await;
     assert!(
         !history.iter().any(|(_, c)| c == "late answer"),
         "the refused turn's answer was stored: {history:?}"

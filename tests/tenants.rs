@@ -16,11 +16,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
-use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::ws::{Ws, connect_ws};
-use support::{AppOptions, MockModel, Reply, TestApp, spawn_app};
+use support::{AppOptions, Client, MockModel, Reply, TestApp, send, spawn_app};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_tungstenite::tungstenite::{self, Message};
 
@@ -74,86 +74,36 @@ async fn with_keys(options: AppOptions) -> KeyedApp {
     }
 }
 
-/// Requests to one server with one `Authorization` header (or none).
-struct Caller {
-    base: String,
-    client: reqwest::Client,
-    authorization: Option<String>,
+fn bearer(app: &TestApp, key: &str) -> Client {
+    app.with_key(key)
 }
 
-impl Caller {
-    fn at(base: &str, authorization: Option<String>) -> Caller {
-        Caller {
-            base: base.to_owned(),
-            client: reqwest::Client::new(),
-            authorization,
-        }
-    }
+fn anonymous(app: &TestApp) -> Client {
+    app.client.clone()
 }
 
-fn bearer(app: &TestApp, key: &str) -> Caller {
-    Caller::at(&app.base, Some(format!("Bearer {key}")))
+/// Creates a session of `agent` on the pro plan; returns its id.
+async fn pro_session(caller: &Client, agent: &str) -> String {
+    let (status, body) = caller
+        .post("/v1/sessions", &json!({"agent": agent, "plan": "pro"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["id"].as_str().expect("session id").to_owned()
 }
 
-fn anonymous(app: &TestApp) -> Caller {
-    Caller::at(&app.base, None)
+/// One turn; asserts it succeeded and returns the outcome.
+async fn say_ok(caller: &Client, session: &str, content: &str) -> Value {
+    let (status, body) = caller.say(session, content).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body
 }
 
-impl Caller {
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let r = self.client.request(method, format!("{}{path}", self.base));
-        match &self.authorization {
-            Some(a) => r.header(AUTHORIZATION, a),
-            None => r,
-        }
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        read(self.request(reqwest::Method::GET, path)).await
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
-        read(self.request(reqwest::Method::POST, path).json(body)).await
-    }
-
-    async fn patch(&self, path: &str, body: &Value) -> (StatusCode, Value) {
-        read(self.request(reqwest::Method::PATCH, path).json(body)).await
-    }
-
-    /// Creates a session of `agent` (on the pro plan); returns its id.
-    async fn session(&self, agent: &str) -> String {
-        let (status, body) = self
-            .post("/v1/sessions", &json!({"agent": agent, "plan": "pro"}))
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
-        body["id"].as_str().expect("session id").to_owned()
-    }
-
-    /// One turn; asserts it succeeded and returns the outcome.
-    async fn say(&self, session: &str, content: &str) -> Value {
-        let (status, body) = self
-            .post(
-                &format!("/v1/sessions/{session}/messages"),
-                &json!({ "content": content }),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body
-    }
-
-    async fn messages(&self, session: &str) -> Vec<Value> {
-        let (status, body) = self.get(&format!("/v1/sessions/{session}/messages")).await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        body["messages"].as_array().expect("messages").clone()
-    }
-}
-
-async fn read(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
-    let r = request.send().await.expect("request sent");
-    let status = r.status();
-    let text = r.text().await.expect("body read");
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
+async fn history(caller: &Client, session: &str) -> Vec<Value> {
+    let (status, body) = caller
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["messages"].as_array().expect("messages").clone()
 }
 
 fn error_code(body: &Value) -> &str {
@@ -186,7 +136,7 @@ async fn with_keys_configured_a_missing_or_wrong_key_is_401_and_never_echoed() {
 
     let response = app
         .client
-        .get(format!("{}/v1/calls", app.base))
+        .request(Method::GET, "/v1/calls")
         .send()
         .await
         .unwrap();
@@ -206,7 +156,7 @@ async fn with_keys_configured_a_missing_or_wrong_key_is_401_and_never_echoed() {
     for authorization in wrong {
         let response = app
             .client
-            .post(format!("{}/v1/sessions", app.base))
+            .request(Method::POST, "/v1/sessions")
             .header(AUTHORIZATION, &authorization)
             .json(&json!({"agent": "assistant"}))
             .send()
@@ -231,9 +181,9 @@ async fn with_keys_configured_a_missing_or_wrong_key_is_401_and_never_echoed() {
     assert_eq!(body["status"], "ok");
 
     // The right key, in any case of the scheme, gets through.
-    let mut acme = bearer(app, &t.acme);
-    let session = acme.session("assistant").await;
-    acme.authorization = Some(format!("bearer {}", t.acme));
+    let acme = bearer(app, &t.acme);
+    let session = pro_session(&acme, "assistant").await;
+    let acme = acme.with_authorization(format!("bearer {}", t.acme));
     let (status, body) = acme.get(&format!("/v1/sessions/{session}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["tenant"], "acme");
@@ -243,11 +193,11 @@ async fn with_keys_configured_a_missing_or_wrong_key_is_401_and_never_echoed() {
 async fn with_no_key_ever_created_the_server_runs_open_as_the_default_tenant() {
     let app = spawn_app(AppOptions::offline());
     let caller = anonymous(&app);
-    let session = caller.session("assistant").await;
+    let session = pro_session(&caller, "assistant").await;
     let (status, body) = caller.get(&format!("/v1/sessions/{session}")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["tenant"], "default");
-    let answer = caller.say(&session, "What is 6*7?").await;
+    let answer = say_ok(&caller, &session, "What is 6*7?").await;
     assert!(
         answer["answer"].as_str().unwrap().contains("42"),
         "{answer}"
@@ -307,8 +257,8 @@ async fn another_tenants_session_calls_and_confirmations_are_not_found() {
     let globex = bearer(app, &t.globex);
 
     // Acme: a session with a calculator turn, and a paper order waiting.
-    let session = acme.session("assistant").await;
-    let turn = acme.say(&session, "What is 6*7?").await;
+    let session = pro_session(&acme, "assistant").await;
+    let turn = say_ok(&acme, &session, "What is 6*7?").await;
     assert_eq!(turn["tool_calls"][0]["name"], "calculator", "{turn}");
     let (status, order) = acme
         .post(
@@ -325,7 +275,7 @@ async fn another_tenants_session_calls_and_confirmations_are_not_found() {
         .as_str()
         .expect("a confirmation id")
         .to_owned();
-    let acme_history = acme.messages(&session).await;
+    let acme_history = history(&acme, &session).await;
 
     // Globex, walking every route that takes acme's ids.
     let secrets = ["6*7", "calculator", "AAPL", "acme-trader", "What is"];
@@ -347,10 +297,10 @@ async fn another_tenants_session_calls_and_confirmations_are_not_found() {
         &secrets,
     );
     let streamed = globex
-        .request(reqwest::Method::POST, &format!("{s}/messages"))
+        .request(Method::POST, &format!("{s}/messages"))
         .header("accept", "text/event-stream")
         .json(&json!({"content": "What is 1+1?"}));
-    assert_not_found("POST messages (SSE)", read(streamed).await, &secrets);
+    assert_not_found("POST messages (SSE)", send(streamed).await, &secrets);
     assert_not_found(
         "GET summary",
         globex.get(&format!("{s}/summary")).await,
@@ -404,7 +354,7 @@ async fn another_tenants_session_calls_and_confirmations_are_not_found() {
     assert_eq!(pending["confirmations"], json!([]), "{pending}");
 
     // Nothing globex tried changed acme's data; acme still sees all of it.
-    assert_eq!(acme.messages(&session).await, acme_history);
+    assert_eq!(history(&acme, &session).await, acme_history);
     let (status, shown) = acme.get(&c).await;
     assert_eq!(status, StatusCode::OK, "still pending: {shown}");
     let (_, calls) = acme
@@ -422,8 +372,8 @@ async fn another_tenants_session_calls_and_confirmations_are_not_found() {
     );
 
     // Globex's own session works as usual.
-    let own = globex.session("assistant").await;
-    let turn = globex.say(&own, "What is 2+3?").await;
+    let own = pro_session(&globex, "assistant").await;
+    let turn = say_ok(&globex, &own, "What is 2+3?").await;
     assert!(turn["answer"].as_str().unwrap().contains('5'), "{turn}");
     let (_, calls) = globex.get("/v1/calls").await;
     assert_eq!(calls["count"], 1, "{calls}");
@@ -459,7 +409,7 @@ async fn runtime_wide_data_and_tenant_configs_need_an_admin_key() {
     assert_eq!(config["tenant"], "acme");
     assert_eq!(config["config"]["auto_respond_enabled"], true);
     let events = admin
-        .request(reqwest::Method::GET, "/v1/events")
+        .request(Method::GET, "/v1/events")
         .send()
         .await
         .unwrap();
@@ -473,7 +423,7 @@ async fn runtime_wide_data_and_tenant_configs_need_an_admin_key() {
 }
 
 /// Acme's finished `market-brief` run; returns its id.
-async fn acme_market_brief(acme: &Caller) -> String {
+async fn acme_market_brief(acme: &Client) -> String {
     let (status, run) = acme
         .post(
             "/v1/workflows/market-brief/runs",
@@ -612,8 +562,8 @@ async fn a_tenants_config_overrides_the_agent_in_its_model_requests_only() {
         Reply::tool_call("c1", "calculator", r#"{"expression":"6*7"}"#),
         Reply::text("It is 42."),
     ]);
-    let session = acme.session("assistant").await;
-    let turn = acme.say(&session, "What is 6*7?").await;
+    let session = pro_session(&acme, "assistant").await;
+    let turn = say_ok(&acme, &session, "What is 6*7?").await;
     assert_eq!(turn["answer"], "It is 42.");
     let requests = model.requests();
     assert_eq!(requests.len(), 2);
@@ -633,8 +583,8 @@ async fn a_tenants_config_overrides_the_agent_in_its_model_requests_only() {
 
     // Globex's turn: the agent's own settings.
     model.push(Reply::text("Hello."));
-    let other = globex.session("assistant").await;
-    globex.say(&other, "Hi").await;
+    let other = pro_session(&globex, "assistant").await;
+    say_ok(&globex, &other, "Hi").await;
     let r = &model.requests()[2];
     assert_eq!(r["model"], "mock-model", "{r}");
     assert!(r.get("temperature").is_none_or(Value::is_null), "{r}");
@@ -656,7 +606,7 @@ async fn a_tenants_config_overrides_the_agent_in_its_model_requests_only() {
     assert!(body["config"]["temperature"].is_null(), "{body}");
     assert_eq!(body["config"]["preferred_model"], "acme-model");
     model.push(Reply::text("Again."));
-    acme.say(&session, "And now?").await;
+    say_ok(&acme, &session, "And now?").await;
     let r = &model.requests()[3];
     assert!(r.get("temperature").is_none_or(Value::is_null), "{r}");
     assert_eq!(r["model"], "acme-model");
@@ -709,7 +659,7 @@ async fn suggestions_use_the_tenants_prompt_and_model() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let session = acme.session("assistant").await;
+    let session = pro_session(&acme, "assistant").await;
     let (status, body) = acme
         .post(&format!("/v1/sessions/{session}/suggestions"), &json!({}))
         .await;
@@ -797,7 +747,7 @@ fn types(frames: &[Value]) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_visitor_message_over_the_websocket_gets_an_answer_with_its_turn_events() {
     let app = spawn_app(AppOptions::offline());
-    let session = anonymous(&app).session("assistant").await;
+    let session = pro_session(&anonymous(&app), "assistant").await;
     let mut ws = connect_ws(&app, &session, None).await.expect("connected");
 
     send_frame(
@@ -823,7 +773,7 @@ async fn a_visitor_message_over_the_websocket_gets_an_answer_with_its_turn_event
     assert!(reply["answer"].as_str().unwrap().contains("42"), "{reply}");
     assert_eq!(reply["tool_calls"][0]["name"], "calculator");
 
-    let messages = anonymous(&app).messages(&session).await;
+    let messages = history(&anonymous(&app), &session).await;
     assert_eq!(messages[0]["role"], "user");
     assert_eq!(messages[0]["content"], "What is 6*7?");
     assert_eq!(messages.last().unwrap()["content"], reply["answer"]);
@@ -835,7 +785,7 @@ async fn an_assigned_operator_silences_auto_response_unless_the_tenant_answers_a
     model.set_default(Some(Reply::text("The bot answers.")));
     let app = spawn_app(AppOptions::with_model(&model));
     let caller = anonymous(&app);
-    let session = caller.session("assistant").await;
+    let session = pro_session(&caller, "assistant").await;
     let mut ws = connect_ws(&app, &session, None).await.expect("connected");
 
     send_frame(
@@ -872,7 +822,7 @@ async fn an_assigned_operator_silences_auto_response_unless_the_tenant_answers_a
     assert_eq!(stored["type"], "message_stored", "{stored}");
     assert_eq!(stored["role"], "operator");
     assert_eq!(model.request_count(), 0, "no model turn so far");
-    let messages = caller.messages(&session).await;
+    let messages = history(&caller, &session).await;
     let operator = messages.last().unwrap();
     assert_eq!(operator["role"], "assistant", "{operator}");
     assert_eq!(operator["name"], "operator:op1", "{operator}");
@@ -951,7 +901,7 @@ async fn an_assigned_operator_silences_auto_response_unless_the_tenant_answers_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_frame_gets_an_error_frame_and_the_socket_stays_usable() {
     let app = spawn_app(AppOptions::offline());
-    let session = anonymous(&app).session("assistant").await;
+    let session = pro_session(&anonymous(&app), "assistant").await;
     let mut ws = connect_ws(&app, &session, None).await.expect("connected");
 
     let bad = [
@@ -978,7 +928,7 @@ async fn a_malformed_frame_gets_an_error_frame_and_the_socket_stays_usable() {
     .await;
     let stored = next_frame(&mut ws).await;
     assert_eq!(stored["type"], "message_stored", "{stored}");
-    let messages = anonymous(&app).messages(&session).await;
+    let messages = history(&anonymous(&app), &session).await;
     assert_eq!(
         messages.len(),
         1,
@@ -990,7 +940,7 @@ async fn a_malformed_frame_gets_an_error_frame_and_the_socket_stays_usable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_websocket_needs_a_key_when_keys_are_configured() {
     let t = with_keys(AppOptions::offline()).await;
-    let session = bearer(&t.app, &t.acme).session("assistant").await;
+    let session = pro_session(&bearer(&t.app, &t.acme), "assistant").await;
     match connect_ws(&t.app, &session, None).await {
         Err(tungstenite::Error::Http(response)) => {
             assert_eq!(response.status(), StatusCode::UNAUTHORIZED)
@@ -1023,9 +973,9 @@ async fn the_websocket_needs_a_key_when_keys_are_configured() {
 async fn suggestions_are_three_replies_unless_the_tenant_turned_them_off() {
     let app = spawn_app(AppOptions::offline());
     let caller = anonymous(&app);
-    let session = caller.session("assistant").await;
-    caller.say(&session, "What is 6*7?").await;
-    let before = caller.messages(&session).await;
+    let session = pro_session(&caller, "assistant").await;
+    say_ok(&caller, &session, "What is 6*7?").await;
+    let before = history(&caller, &session).await;
 
     let path = format!("/v1/sessions/{session}/suggestions");
     let (status, body) = caller.post(&path, &json!({})).await;
@@ -1036,7 +986,7 @@ async fn suggestions_are_three_replies_unless_the_tenant_turned_them_off() {
     for s in suggestions {
         assert!(!s.as_str().expect("a string").trim().is_empty(), "{body}");
     }
-    assert_eq!(caller.messages(&session).await, before, "nothing stored");
+    assert_eq!(history(&caller, &session).await, before, "nothing stored");
 
     let (status, body) = caller
         .patch(
@@ -1170,17 +1120,19 @@ async fn keys_authorization_headers_and_the_model_key_never_reach_the_log() {
         .to_owned();
     let base = format!("http://{addr}");
 
-    let acme = Caller::at(&base, Some(format!("Bearer {key}")));
-    let session = acme.session("assistant").await;
-    let turn = acme.say(&session, "What is 6*7?").await;
+    let acme = Client::new(&base).with_key(&key);
+    let session = pro_session(&acme, "assistant").await;
+    let turn = say_ok(&acme, &session, "What is 6*7?").await;
     assert_eq!(turn["answer"], "6*7 = 42");
     let bad_key = forged(&key);
-    let (status, body) = Caller::at(&base, Some(format!("Bearer {bad_key}")))
+    let (status, body) = Client::new(&base)
+        .with_key(&bad_key)
         .get(&format!("/v1/sessions/{session}"))
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     assert!(!body.to_string().contains(&bad_key), "{body}");
-    let (status, _) = Caller::at(&base, Some(format!("Token {key}")))
+    let (status, _) = Client::new(&base)
+        .with_authorization(format!("Token {key}"))
         .get("/v1/calls")
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);

@@ -22,7 +22,7 @@ use cadre::events::{Event, EventKind};
 use cadre::tools::builtin::echo;
 use cadre::tools::{FnHandler, ToolDefinition, ToolRegistry};
 use futures::StreamExt;
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::{AppOptions, MockModel, Reply, TestApp, agents_dir, repo_agents, spawn_app};
 use tokio::sync::broadcast::{self, error::RecvError};
@@ -1235,7 +1235,7 @@ async fn get_events_streams_an_execution_completed_event_for_an_invoked_tool() {
     let app = spawn_app(AppOptions::offline().agents(agents.path()));
     let response = app
         .client
-        .get(format!("{}/v1/events", app.base))
+        .request(Method::GET, "/v1/events")
         .send()
         .await
         .expect("events stream opens");

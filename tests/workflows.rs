@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 
 use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
 use cadre::workflow::{WorkflowEventKind, WorkflowRun, Workflows};
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::gate::gate_tool;
-use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, repo_agents, spawn_app};
+use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, repo_agents, send, spawn_app};
 
 /// How long anything the test waits for may take before it fails loudly.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -698,19 +698,8 @@ async fn with_the_pool_held_by_a_conversation_a_workflow_still_runs_and_is_not_c
     );
     let session = app.session("worker").await;
     let turn = {
-        let (client, url) = (
-            app.client.clone(),
-            format!("{}/v1/sessions/{session}/messages", app.base),
-        );
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .json(&json!({"content": "hold the slot"}))
-                .send()
-                .await
-                .expect("request sent")
-                .status()
-        })
+        let (client, session) = (app.client.clone(), session.clone());
+        tokio::spawn(async move { client.say(&session, "hold the slot").await.0 })
     };
     assert_eq!(gate.started().await, "held");
     let (_, limits) = app.get("/v1/limits").await;
@@ -836,7 +825,7 @@ async fn node_events_stream_over_sse_until_the_run_is_over() {
     gate.started().await;
     let response = app
         .client
-        .get(format!("{}/v1/workflows/runs/{id}/events", app.base))
+        .request(Method::GET, &format!("/v1/workflows/runs/{id}/events"))
         .send()
         .await
         .expect("events request");
@@ -864,7 +853,7 @@ async fn node_events_stream_over_sse_until_the_run_is_over() {
     // A finished run: its snapshot, then the stream ends.
     let response = app
         .client
-        .get(format!("{}/v1/workflows/runs/{id}/events", app.base))
+        .request(Method::GET, &format!("/v1/workflows/runs/{id}/events"))
         .send()
         .await
         .expect("events request");
@@ -1022,24 +1011,15 @@ async fn account_review_fans_out_over_the_positions_and_reviews_them() {
 async fn as_tenant(
     app: &TestApp,
     key: &str,
-    method: reqwest::Method,
+    method: Method,
     path: &str,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
-    let mut request = app
-        .client
-        .request(method, format!("{}{path}", app.base))
-        .bearer_auth(key);
+    let mut request = app.with_key(key).request(method, path);
     if let Some(body) = body {
         request = request.json(&body);
     }
-    let response = request.send().await.expect("request sent");
-    let status = response.status();
-    let text = response.text().await.expect("body read");
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    send(request).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1056,7 +1036,6 @@ async fn a_run_belongs_to_the_tenant_that_started_it_with_its_calls_and_sessions
         (acme, globex)
     };
     let app = spawn_app(AppOptions::offline().data_dir(data.path()));
-    use reqwest::Method;
 
     let (status, run) = as_tenant(
         &app,

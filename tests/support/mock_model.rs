@@ -33,8 +33,10 @@
 //!
 //! * Reply kinds: [`Reply::text`], [`Reply::tool_call`], [`Reply::tool_calls`],
 //!   [`Reply::fail`] / [`Reply::error`] (an OpenAI error body with a status),
-//!   [`Reply::rate_limited`] (429 with `Retry-After`), [`Reply::garbage`]
-//!   (200 but not JSON) and [`Reply::slow`] (sleeps, then answers).
+//!   [`Reply::refusal`] (a 400 for a request the model finds malformed,
+//!   kept in [`MockModel::refusals`]), [`Reply::rate_limited`] (429 with
+//!   `Retry-After`), [`Reply::garbage`] (200 but not JSON) and
+//!   [`Reply::slow`] (sleeps, then answers).
 //! * Every request body is recorded, in arrival order, overruns included:
 //!   [`MockModel::requests`], [`MockModel::request_count`].
 //!   [`MockModel::wait_for_requests`] waits without polling.
@@ -43,7 +45,20 @@
 //!   HTTP 500 with the message `mock model script exhausted`. So a test that
 //!   forgot a reply fails clearly. For load tests,
 //!   [`MockModel::set_default`] gives a reply to use instead whenever the
-//!   script is empty.
+//!   script is empty, and [`MockModel::set_responder`] a function that
+//!   builds one from the request, so the mock answers forever without a
+//!   script (a tool call when the last message is the user's, text once it
+//!   is a tool result, say).
+//! * Other modes, all off by default: [`MockModel::set_latency`] (every
+//!   answer waits this long first), [`MockModel::set_strict`] (requests
+//!   are checked against OpenAI's rules first, see [`openai_message_rules`];
+//!   one that breaks them is refused with a 400, as OpenAI refuses it, and
+//!   kept in [`MockModel::refusals`]), [`MockModel::set_keep_bodies`]
+//!   (`false`: requests are counted but their bodies not kept, so a long
+//!   load run does not grow the mock's memory) and
+//!   [`MockModel::set_observer`] (called with each request and the time the
+//!   mock spent on it, parsing, latency and answer included, for a load
+//!   test that subtracts the model's time from what its client saw).
 //! * Requests with `"stream": true` get a `text/event-stream` answer: a role
 //!   delta, content in pieces of a few characters (or tool-call deltas with
 //!   the arguments split across several chunks), a chunk with
@@ -74,7 +89,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -82,6 +97,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -116,6 +132,10 @@ pub enum Reply {
         error_type: String,
         message: String,
     },
+    /// 400 `invalid_request_error` on `messages` with this message: the
+    /// model refusing a request it finds malformed. Kept in
+    /// [`MockModel::refusals`].
+    Refusal(String),
     /// 429 with a `Retry-After: <secs>` header and a `rate_limit_error` body.
     RateLimited { retry_after_secs: u64 },
     /// 200 with a body that is not JSON (for streams, an event that is not JSON).
@@ -184,6 +204,11 @@ impl Reply {
         }
     }
 
+    /// A 400 refusal of the request, saying why (see [`Reply::Refusal`]).
+    pub fn refusal(why: &str) -> Reply {
+        Reply::Refusal(why.to_owned())
+    }
+
     /// 429 with `Retry-After: <retry_after_secs>`.
     pub fn rate_limited(retry_after_secs: u64) -> Reply {
         Reply::RateLimited { retry_after_secs }
@@ -200,12 +225,53 @@ impl Reply {
     }
 }
 
-#[derive(Default)]
+/// Builds the answer to a request that found the script empty, from its
+/// body and its number (1 for the first request the mock received).
+pub type Responder = dyn Fn(&Value, usize) -> Reply + Send + Sync;
+
+/// Told of each request once it is answered: its body and the time the mock
+/// spent on it.
+pub type Observer = dyn Fn(&Value, Duration) + Send + Sync;
+
+/// What answers a request that finds the script empty.
+#[derive(Clone)]
+enum Fallback {
+    /// Nothing: the request is an overrun.
+    Overrun,
+    Reply(Reply),
+    Responder(Arc<Responder>),
+}
+
 struct Script {
     replies: VecDeque<Reply>,
-    default: Option<Reply>,
+    fallback: Fallback,
+    /// Requests received, overruns and refusals included.
+    count: usize,
+    /// Their bodies, while `keep_bodies` is on.
     requests: Vec<Value>,
+    keep_bodies: bool,
     overruns: usize,
+    refusals: Vec<String>,
+    strict: bool,
+    latency: Duration,
+    observer: Option<Arc<Observer>>,
+}
+
+impl Default for Script {
+    fn default() -> Script {
+        Script {
+            replies: VecDeque::new(),
+            fallback: Fallback::Overrun,
+            count: 0,
+            requests: Vec::new(),
+            keep_bodies: true,
+            overruns: 0,
+            refusals: Vec::new(),
+            strict: false,
+            latency: Duration::ZERO,
+            observer: None,
+        }
+    }
 }
 
 struct Shared {
@@ -246,7 +312,7 @@ impl std::fmt::Debug for MockModel {
         f.debug_struct("MockModel")
             .field("addr", &self.addr)
             .field("remaining", &s.replies.len())
-            .field("requests", &s.requests.len())
+            .field("requests", &s.count)
             .field("overruns", &s.overruns)
             .finish()
     }
@@ -268,6 +334,10 @@ impl MockModel {
             .await
             .expect("mock model: bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("mock model: local_addr");
+        // As a model server would: no Nagle delay on small answers.
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let server = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 eprintln!("mock model: server on {addr} stopped: {e}");
@@ -296,14 +366,15 @@ impl MockModel {
     }
 
     /// Every request body received, in arrival order, overruns included.
-    /// A body that was not JSON is recorded as a JSON string.
+    /// A body that was not JSON is recorded as a JSON string. Empty of
+    /// what arrived while [`Self::set_keep_bodies`] was off.
     pub fn requests(&self) -> Vec<Value> {
         self.shared.lock().requests.clone()
     }
 
     /// How many requests have arrived so far.
     pub fn request_count(&self) -> usize {
-        self.shared.lock().requests.len()
+        self.shared.lock().count
     }
 
     /// Scripted replies not yet taken.
@@ -316,10 +387,49 @@ impl MockModel {
         self.shared.lock().overruns
     }
 
+    /// Why each refused request was refused ([`Self::set_strict`],
+    /// [`Reply::refusal`]), in arrival order.
+    pub fn refusals(&self) -> Vec<String> {
+        self.shared.lock().refusals.clone()
+    }
+
     /// A reply for when the script is empty, used instead of an overrun.
     /// `None` restores overrun behaviour.
     pub fn set_default(&self, reply: Option<Reply>) {
-        self.shared.lock().default = reply;
+        self.shared.lock().fallback = reply.map_or(Fallback::Overrun, Fallback::Reply);
+    }
+
+    /// Answers every request that finds the script empty with what
+    /// `responder` builds from it, instead of an overrun.
+    /// `set_default(None)` restores overrun behaviour.
+    pub fn set_responder(
+        &self,
+        responder: impl Fn(&Value, usize) -> Reply + Send + Sync + 'static,
+    ) {
+        self.shared.lock().fallback = Fallback::Responder(Arc::new(responder));
+    }
+
+    /// Every answer waits `latency` (tokio time) before it goes out.
+    pub fn set_latency(&self, latency: Duration) {
+        self.shared.lock().latency = latency;
+    }
+
+    /// On: a request that breaks [`openai_message_rules`] (or is not JSON)
+    /// is refused with a 400 before it takes a reply, as OpenAI refuses it,
+    /// and kept in [`Self::refusals`].
+    pub fn set_strict(&self, strict: bool) {
+        self.shared.lock().strict = strict;
+    }
+
+    /// Off: requests are counted, and their bodies dropped.
+    pub fn set_keep_bodies(&self, keep: bool) {
+        self.shared.lock().keep_bodies = keep;
+    }
+
+    /// Calls `observer` with each request once its answer is built, and the
+    /// time the mock spent on it (parsing, latency, answer).
+    pub fn set_observer(&self, observer: impl Fn(&Value, Duration) + Send + Sync + 'static) {
+        self.shared.lock().observer = Some(Arc::new(observer));
     }
 
     /// Resolves once at least `n` requests have arrived. It has no timeout of
@@ -344,37 +454,60 @@ impl MockModel {
 // ---------------------------------------------------------------------------
 
 async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    let request: Value = serde_json::from_slice(&body)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
+    let started = Instant::now();
+    let parsed = serde_json::from_slice::<Value>(&body);
+    let not_json = parsed
+        .as_ref()
+        .err()
+        .map(|e| format!("the body is not JSON: {e}"));
+    let request =
+        parsed.unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
 
-    let (number, reply) = {
+    let (number, taken, latency, observer) = {
         let mut script = shared.lock();
-        script.requests.push(request.clone());
-        let number = script.requests.len();
-        let reply = match script.replies.pop_front() {
-            Some(reply) => Some(reply),
-            None => {
-                let default = script.default.clone();
-                if default.is_none() {
-                    script.overruns += 1;
-                }
-                default
-            }
+        script.count += 1;
+        if script.keep_bodies {
+            script.requests.push(request.clone());
+        }
+        let number = script.count;
+        let refused = if script.strict {
+            not_json.or_else(|| openai_message_rules(&request).err())
+        } else {
+            None
         };
-        (number, reply)
+        let taken = match refused {
+            Some(why) => Fallback::Reply(Reply::Refusal(why)),
+            None => match script.replies.pop_front() {
+                Some(reply) => Fallback::Reply(reply),
+                None => {
+                    if matches!(script.fallback, Fallback::Overrun) {
+                        script.overruns += 1;
+                    }
+                    script.fallback.clone()
+                }
+            },
+        };
+        (number, taken, script.latency, script.observer.clone())
     };
     shared.arrived.notify_waiters();
 
-    let Some(mut reply) = reply else {
-        eprintln!(
-            "\n!!!!! MOCK MODEL SCRIPT EXHAUSTED: request #{number} to {CHAT_PATH} found no \
-             scripted Reply left (push more replies or call set_default). Answering HTTP 500. \
-             Last message: {} !!!!!\n",
-            last_message_excerpt(&request)
-        );
-        return error_response(500, "mock_script_exhausted", SCRIPT_EXHAUSTED);
+    let mut reply = match taken {
+        Fallback::Reply(reply) => reply,
+        Fallback::Responder(responder) => responder(&request, number),
+        Fallback::Overrun => {
+            eprintln!(
+                "\n!!!!! MOCK MODEL SCRIPT EXHAUSTED: request #{number} to {CHAT_PATH} found no \
+                 scripted Reply left (push more replies or call set_default). Answering HTTP 500. \
+                 Last message: {} !!!!!\n",
+                last_message_excerpt(&request)
+            );
+            return error_response(500, "mock_script_exhausted", SCRIPT_EXHAUSTED, None);
+        }
     };
 
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     while let Reply::Slow(delay, inner) = reply {
         tokio::time::sleep(delay).await;
         reply = *inner;
@@ -382,17 +515,23 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
 
     let streaming = request.get("stream").and_then(Value::as_bool) == Some(true);
     let ctx = ReplyContext::new(&request, number);
-    match reply {
+    let response = match reply {
         Reply::Error {
             status,
             error_type,
             message,
-        } => error_response(status, &error_type, &message),
+        } => error_response(status, &error_type, &message, None),
+        Reply::Refusal(why) => {
+            let response = error_response(400, "invalid_request_error", &why, Some("messages"));
+            shared.lock().refusals.push(why);
+            response
+        }
         Reply::RateLimited { retry_after_secs } => {
             let mut response = error_response(
                 429,
                 "rate_limit_error",
                 &format!("Rate limit reached (mock). Retry after {retry_after_secs}s."),
+                None,
             );
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -415,6 +554,56 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
         Reply::ToolCalls(calls) if streaming => sse_response(ctx.tool_call_stream(&calls)),
         Reply::ToolCalls(calls) => axum::Json(ctx.tool_call_completion(&calls)).into_response(),
         Reply::Slow(..) => unreachable!("Slow replies are unwrapped above"),
+    };
+    if let Some(observer) = observer {
+        observer(&request, started.elapsed());
+    }
+    response
+}
+
+/// OpenAI's rule for tool messages, which it enforces with a 400: an
+/// assistant message with `tool_calls` is followed at once by one tool
+/// message per call id, and a tool message answers a call of the assistant
+/// message just before it.
+pub fn openai_message_rules(request: &Value) -> Result<(), String> {
+    let messages = request["messages"]
+        .as_array()
+        .ok_or("the request has no 'messages' array")?;
+    let mut open: Vec<String> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let role = m["role"].as_str().unwrap_or_default();
+        if role == "tool" {
+            let id = m["tool_call_id"].as_str().unwrap_or_default();
+            let Some(at) = open.iter().position(|o| o == id) else {
+                return Err(format!(
+                    "messages[{i}]: messages with role 'tool' must be a response to a preceding \
+                     message with 'tool_calls' (tool_call_id {id:?})"
+                ));
+            };
+            open.remove(at);
+            continue;
+        }
+        if !open.is_empty() {
+            return Err(format!(
+                "messages[{i}]: an assistant message with 'tool_calls' must be followed by tool \
+                 messages responding to each 'tool_call_id'; missing {open:?}"
+            ));
+        }
+        if role == "assistant"
+            && let Some(calls) = m["tool_calls"].as_array()
+        {
+            open = calls
+                .iter()
+                .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
+                .collect();
+        }
+    }
+    if open.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the request ends with unanswered tool calls {open:?}"
+        ))
     }
 }
 
@@ -427,16 +616,17 @@ async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> Resp
         404,
         "invalid_request_error",
         &format!("mock model: unknown route {method} {uri}"),
+        None,
     )
 }
 
-fn error_response(status: u16, error_type: &str, message: &str) -> Response {
+fn error_response(status: u16, error_type: &str, message: &str, param: Option<&str>) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = json!({
         "error": {
             "message": message,
             "type": error_type,
-            "param": null,
+            "param": param,
             "code": null,
         }
     });
@@ -480,6 +670,23 @@ fn pieces(s: &str, n: usize) -> Vec<String> {
     chars.chunks(n).map(|c| c.iter().collect()).collect()
 }
 
+/// The length of `value` as compact JSON, without building the string.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).expect("a Value serialises");
+    count.0
+}
+
 fn tokens(len: usize) -> u64 {
     (len / 4).max(1) as u64
 }
@@ -504,10 +711,7 @@ impl ReplyContext {
             .and_then(Value::as_str)
             .unwrap_or("mock-model")
             .to_owned();
-        let prompt_len = request
-            .get("messages")
-            .map(|m| m.to_string().len())
-            .unwrap_or(0);
+        let prompt_len = request.get("messages").map(json_len).unwrap_or(0);
         let include_usage = request
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
@@ -898,6 +1102,73 @@ mod self_test {
             chunks.last().unwrap()["choices"][0]["finish_reason"],
             "tool_calls"
         );
+    }
+
+    #[tokio::test]
+    async fn a_responder_answers_from_the_request_with_latency_and_an_observer() {
+        let model = MockModel::start().await;
+        model.set_keep_bodies(false);
+        model.set_latency(Duration::from_millis(30));
+        model.set_responder(|request, number| {
+            Reply::text(&format!("#{number}: {}", request["messages"][0]["content"]))
+        });
+        let observed = Arc::new(Mutex::new(Vec::new()));
+        let seen = observed.clone();
+        model.set_observer(move |request, spent| {
+            seen.lock().unwrap().push((request["model"].clone(), spent));
+        });
+        for number in 1..=2 {
+            let reply: Value = post(&model, &body(false)).await.json().await.unwrap();
+            assert_eq!(
+                reply["choices"][0]["message"]["content"],
+                format!("#{number}: \"hello\"")
+            );
+        }
+        assert_eq!(model.request_count(), 2);
+        assert!(model.requests().is_empty(), "bodies are not kept");
+        assert_eq!(model.overruns(), 0);
+        let observed = observed.lock().unwrap().clone();
+        assert_eq!(observed.len(), 2);
+        assert!(
+            observed
+                .iter()
+                .all(|(m, spent)| m == "gpt-test" && *spent >= Duration::from_millis(30))
+        );
+    }
+
+    #[tokio::test]
+    async fn strict_mode_refuses_unanswered_tool_calls_before_the_script() {
+        let model = MockModel::start().await;
+        model.set_strict(true);
+        model.push(Reply::text("fine"));
+        let mut broken = body(false);
+        broken["messages"] = json!([
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ]},
+            {"role": "user", "content": "again"},
+        ]);
+        let response = post(&model, &broken).await;
+        assert_eq!(response.status(), 400);
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert_eq!(error["error"]["param"], "messages");
+        assert_eq!(model.refusals().len(), 1, "{:?}", model.refusals());
+        assert_eq!(model.remaining(), 1, "a refused request takes no reply");
+
+        let reply: Value = post(&model, &body(false)).await.json().await.unwrap();
+        assert_eq!(reply["choices"][0]["message"]["content"], "fine");
+        model.push(Reply::refusal("no"));
+        assert_eq!(post(&model, &body(false)).await.status(), 400);
+        assert_eq!(
+            model.refusals(),
+            [
+                "messages[2]: an assistant message with 'tool_calls' must be followed by tool messages responding to each 'tool_call_id'; missing [\"c1\"]",
+                "no"
+            ]
+        );
+        assert_eq!(model.request_count(), 3);
     }
 
     #[tokio::test]

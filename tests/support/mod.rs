@@ -1,11 +1,15 @@
 //! Shared test harness: a real cadre (HTTP on a loopback port, redb in a temp
 //! dir, real actors) against a model faked at the wire by [`mock_model`].
 //!
-//! `spawn_app(...)` returns a [`TestApp`]; request helpers return
-//! `(StatusCode, Value)`. Dropping the app shuts cadre down and closes the
-//! database, so a test can start a second app on the same data dir.
+//! `spawn_app(...)` returns a [`TestApp`]; its requests go through the one
+//! HTTP client of the tests, [`client::Client`] (also what
+//! [`server::Server::client`] gives for the real binary), whose helpers
+//! return `(StatusCode, Value)`. Dropping the app shuts cadre down and
+//! closes the database, so a test can start a second app on the same data
+//! dir.
 #![allow(dead_code)]
 
+pub mod client;
 pub mod gate;
 pub mod mock_model;
 pub mod server;
@@ -24,6 +28,8 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 #[allow(unused_imports)]
+pub use client::{Client, send, try_send};
+#[allow(unused_imports)]
 pub use mock_model::{MockModel, Reply};
 
 /// The repository's own agents folder (ships `assistant`).
@@ -33,7 +39,8 @@ pub fn repo_agents() -> PathBuf {
 
 pub struct TestApp {
     pub base: String,
-    pub client: reqwest::Client,
+    /// A client of this app that presents no key.
+    pub client: Client,
     pub runtime: Option<Runtime>,
     pub data_dir: PathBuf,
     /// Kept alive for the test's duration.
@@ -140,9 +147,10 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
     }
     let runtime = builder.start().expect("cadre starts");
     let addr = runtime.addr().expect("listening");
+    let base = format!("http://{addr}");
     TestApp {
-        base: format!("http://{addr}"),
-        client: reqwest::Client::new(),
+        client: Client::new(&base),
+        base,
         runtime: Some(runtime),
         data_dir,
         _dirs: dirs,
@@ -158,79 +166,43 @@ pub fn agents_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
     dir
 }
 
+/// The requests tests make most, through [`TestApp::client`].
 impl TestApp {
     pub async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .json(body)
-            .send()
-            .await
-            .expect("request sent");
-        read(r).await
+        self.client.post(path, body).await
     }
 
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
-        let r = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("request sent");
-        read(r).await
+        self.client.post_raw(path, body).await
     }
 
     pub async fn get(&self, path: &str) -> (StatusCode, Value) {
-        let r = self
-            .client
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .expect("request sent");
-        read(r).await
+        self.client.get(path).await
     }
 
     /// POSTs a message with `Accept: text/event-stream`; the response as is.
     pub async fn post_streaming(&self, session: &str, content: &str) -> reqwest::Response {
-        self.client
-            .post(format!("{}/v1/sessions/{session}/messages", self.base))
-            .header("accept", "text/event-stream")
-            .json(&serde_json::json!({ "content": content }))
-            .send()
-            .await
-            .expect("request sent")
+        self.client.post_streaming(session, content).await
     }
 
     /// Creates a session of `agent`; returns its id.
     pub async fn session(&self, agent: &str) -> String {
-        let (status, body) = self
-            .post("/v1/sessions", &serde_json::json!({"agent": agent}))
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
-        body["id"].as_str().expect("session id").to_string()
+        self.client.session(agent).await
     }
 
     pub async fn say(&self, session: &str, content: &str) -> (StatusCode, Value) {
-        self.post(
-            &format!("/v1/sessions/{session}/messages"),
-            &serde_json::json!({"content": content}),
-        )
-        .await
+        self.client.say(session, content).await
+    }
+
+    /// A client of this app that presents `key`.
+    pub fn with_key(&self, key: &str) -> Client {
+        self.client.with_key(key)
     }
 
     /// Shuts cadre down (closing the database) and keeps the temp dirs.
     pub fn stop(&mut self) {
         self.runtime.take();
     }
-}
-
-async fn read(r: reqwest::Response) -> (StatusCode, Value) {
-    let status = r.status();
-    let text = r.text().await.expect("body read");
-    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    (status, body)
 }
 
 /// An agent file with the given tools and limits.

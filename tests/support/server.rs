@@ -102,6 +102,11 @@ impl Server {
         server
     }
 
+    /// A client of this server that presents no key.
+    pub fn client(&self) -> super::Client {
+        super::Client::new(&self.base)
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
