@@ -743,7 +743,7 @@ async fn an_mcp_client_ends_its_http_session_with_delete_and_gets_204() {
     // And the session is gone.
     let r = app
         .client
-        .post(format!("{}/mcp", app.base))
+        .request(reqwest::Method::POST, "/mcp")
         .header("mcp-session-id", &session)
         .header("accept", "application/json, text/event-stream")
         .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
