@@ -63,3 +63,83 @@ impl Principal {
         }
     }
 }
+
+/// Longest `user_id` a caller may assert.
+pub const MAX_USER_ID_BYTES: usize = 128;
+
+/// The end user a call is for, as the tenant's backend asserts it (the key
+/// speaks for its users, as in the seeds). Bounded, since it keys per-user
+/// limits, caches and documents: 1 to 128 bytes of ASCII letters, digits
+/// and `-_.@:+` (room for emails and prefixed ids such as `slack:U123`).
+/// Anything else is refused where it enters (422), never truncated.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct UserId(String);
+
+/// Why a `user_id` was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("user_id must be 1 to 128 bytes of ASCII letters, digits and - _ . @ : +")]
+pub struct BadUserId;
+
+impl UserId {
+    pub fn parse(raw: &str) -> Result<UserId, BadUserId> {
+        let ok = !raw.is_empty()
+            && raw.len() <= MAX_USER_ID_BYTES
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.@:+".contains(&b));
+        if ok {
+            Ok(UserId(raw.to_string()))
+        } else {
+            Err(BadUserId)
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for UserId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        UserId::parse(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+impl utoipa::PartialSchema for UserId {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .min_length(Some(1))
+            .max_length(Some(MAX_USER_ID_BYTES))
+            .pattern(Some(r"^[A-Za-z0-9_.@:+-]+$"))
+            .description(Some(
+                "The end user the call is for, as the tenant's backend asserts it",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for UserId {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_ids_are_bounded_and_of_a_plain_charset() {
+        for ok in ["u1", "alice@example.com", "slack:U123", "a+b-c_d.e", &"x".repeat(128)] {
+            assert!(UserId::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", " ", "a b", "ü", "a/b", "a\u{1}b", &"x".repeat(129)] {
+            assert_eq!(UserId::parse(bad), Err(BadUserId), "{bad:?}");
+        }
+        let parsed: Result<UserId, _> = serde_json::from_value(serde_json::json!("x".repeat(200)));
+        assert!(parsed.is_err());
+    }
+}
