@@ -16,7 +16,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
+use super::extract::ApiJson;
 use super::openapi::ErrorBody;
 use crate::executor::confirmations::{ConfirmationError, PendingConfirmation};
 use crate::executor::{Arguments, ExecuteTool};

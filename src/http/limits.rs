@@ -10,7 +10,7 @@
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use serde::Deserialize;
@@ -21,6 +21,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
+use super::extract::ApiQuery;
 use super::openapi::ErrorBody;
 use crate::executor::limit_key;
 use crate::tenants::Principal;
@@ -83,14 +84,14 @@ struct QuotaQuery {
     params(QuotaQuery),
     responses(
         (status = 200, description = "What is left per window; reading it spends nothing", body = QuotaView),
-        (status = 400, description = "`BAD_REQUEST`: `tool` missing or the query does not parse", body = ErrorBody),
         (status = 404, description = "`TOOL_NOT_FOUND`", body = ErrorBody),
+        (status = 422, description = "`VALIDATION_ERROR`: `tool` missing or given twice", body = ErrorBody),
     )
 )]
 async fn quota(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    Query(q): Query<QuotaQuery>,
+    ApiQuery(q): ApiQuery<QuotaQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let tool = state.registry.get(&q.tool).ok_or_else(|| {
         ApiError::new(

@@ -20,6 +20,7 @@ pub mod calls;
 pub mod confirmations;
 pub mod error;
 pub mod events;
+pub mod extract;
 pub mod limits;
 pub mod openapi;
 pub mod rate_limit;
@@ -72,8 +73,15 @@ pub struct AppState {
 
 /// Every route the server serves, and the OpenAPI document that describes
 /// them all but `/openapi.json` and `/docs` themselves. Both come from the
-/// handlers' `#[utoipa::path]` annotations (see [`openapi`]).
+/// handlers' `#[utoipa::path]` annotations (see [`openapi`]). The document
+/// is a keyed server's; [`router`] serves an open server's its own.
 pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let (routes, doc) = api_routes();
+    (routes.merge(openapi::routes(doc.clone())), doc)
+}
+
+/// The API's routes (without `/openapi.json` and `/docs`) and their document.
+fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
@@ -89,7 +97,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(workflows::routes())
         .split_for_parts();
     openapi::CommonErrors.modify(&mut doc);
-    (routes.merge(openapi::routes(doc.clone())), doc)
+    (routes, doc)
 }
 
 /// The whole HTTP API: [`routes`] plus `/mcp`, MCP's streamable HTTP
@@ -106,8 +114,12 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
         !keys.is_open(),
         state.mcp_shutdown.clone(),
     );
-    let (routes, _) = routes();
+    let (routes, mut doc) = api_routes();
+    if keys.is_open() {
+        openapi::open_mode(&mut doc);
+    }
     routes
+        .merge(openapi::routes(doc))
         .route_service("/mcp", mcp)
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -19,14 +19,15 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiQuery};
 use super::openapi::ErrorBody;
 use super::streams::StreamQuota;
+use super::tools::{PlanName, parse_plan};
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
 use crate::store::Session;
 use crate::tenants::Principal;
-use crate::tools::Plan;
 
 /// Longest message content accepted, in bytes (the body cap is larger to
 /// leave room for JSON escapes).
@@ -45,9 +46,14 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 struct CreateBody {
     /// The agent that answers (a file in the agents folder).
+    #[schema(
+        min_length = 1,
+        pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     agent: String,
     user_id: Option<String>,
     /// `free` (default), `pro` or `premium`: which tools the session may call.
+    #[schema(value_type = Option<PlanName>)]
     plan: Option<String>,
     /// Free-form object kept with the session.
     #[serde(default)]
@@ -63,8 +69,10 @@ struct SessionView {
     tenant: String,
     agent: String,
     user_id: Option<String>,
+    #[schema(value_type = PlanName)]
     plan: String,
-    #[schema(value_type = Object)]
+    /// The object given at creation; `null` when none was.
+    #[schema(value_type = Option<Object>, required = true)]
     metadata: Value,
     /// RFC 3339 timestamp.
     created_at: String,
@@ -89,6 +97,78 @@ struct TurnReply {
     iterations: u32,
     /// Whether the turn ended with a forced answer (`tool_choice = none`).
     fallback_used: bool,
+}
+
+/// `turn_started`: the turn was accepted.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnStarted {
+    /// `turn_started`
+    r#type: String,
+    session_id: String,
+}
+
+/// `model_delta`: a piece of the answer's text as the model writes it.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ModelDelta {
+    /// `model_delta`
+    r#type: String,
+    text: String,
+}
+
+/// `tool_call_started`: the model asked for a tool call.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ToolCallStarted {
+    /// `tool_call_started`
+    r#type: String,
+    id: String,
+    name: String,
+    /// Parsed arguments, or the raw string when they were not JSON.
+    #[schema(value_type = Value)]
+    arguments: Value,
+}
+
+/// `tool_call_completed`: a tool call's report.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ToolCallCompleted {
+    /// `tool_call_completed`
+    r#type: String,
+    id: String,
+    name: String,
+    #[schema(value_type = Value)]
+    arguments: Value,
+    is_success: bool,
+    #[schema(value_type = Option<Value>)]
+    output: Option<Value>,
+    error: Option<String>,
+    error_type: Option<String>,
+    source_id: Option<String>,
+}
+
+/// `turn_failed`: the turn ended with this error (the stream ends).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnFailed {
+    error: super::openapi::ErrorDetail,
+    /// The status a JSON reply would have had.
+    status: u16,
+}
+
+super::openapi::event_stream! {
+    /// The events of a streamed turn, in this order: `turn_started`, then
+    /// `model_delta` and tool calls as they happen, then `turn_completed`
+    /// (the JSON reply) or `turn_failed`.
+    TurnStream {
+        "turn_started" => TurnStarted,
+        "model_delta" => ModelDelta,
+        "tool_call_started" => ToolCallStarted,
+        "tool_call_completed" => ToolCallCompleted,
+        "turn_completed" => TurnReply,
+        "turn_failed" => TurnFailed,
+    }
 }
 
 #[derive(ToSchema)]
@@ -154,12 +234,7 @@ async fn create(
     if !(body.metadata.is_null() || body.metadata.is_object()) {
         return Err(ApiError::validation("metadata must be an object"));
     }
-    let plan = match body.plan.as_deref() {
-        None => Plan::Free,
-        Some(p) => Plan::parse(p).ok_or_else(|| {
-            ApiError::validation(format!("unknown plan '{p}' (free, pro or premium)"))
-        })?,
-    };
+    let plan = parse_plan(body.plan.as_deref())?;
     let session = state
         .sessions
         .create(NewSession {
@@ -253,6 +328,10 @@ async fn export(
 #[serde(deny_unknown_fields)]
 struct MessageBody {
     /// The user's message, at most 256 KiB.
+    #[schema(
+        min_length = 1,
+        pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     content: String,
 }
 
@@ -268,12 +347,12 @@ struct MessageBody {
     tag = "sessions",
     params(
         ("id" = String, Path, description = "Session id"),
-        ("Accept" = Option<String>, Header, description = "`text/event-stream` for a stream of Server-Sent Events"),
+        ("Accept" = Option<String>, Header, description = "`text/event-stream` for a stream of Server-Sent Events", example = "text/event-stream"),
     ),
     request_body = MessageBody,
     responses(
         (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply) or `turn_failed` (data: the JSON error body)",
-            content((TurnReply = "application/json"), (String = "text/event-stream"))),
+            content((TurnReply = "application/json"), (TurnStream = "text/event-stream"))),
         (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
         (status = 409, description = "`CONVERSATION_BUSY`: a turn is running and the agent rejects concurrent messages", body = ErrorBody),
         (status = 413, description = "`PAYLOAD_TOO_LARGE`: the body is over 1 MiB or content over 256 KiB", body = ErrorBody),
@@ -354,8 +433,10 @@ pub const MAX_PAGE: usize = 1_000;
 #[serde(deny_unknown_fields)]
 struct HistoryQuery {
     /// Only messages after this seq (the previous page's `next_after`).
+    #[param(minimum = 0, maximum = 18446744073709551615_u64)]
     after: Option<u64>,
     /// 1 to 1,000 (default 1,000).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
@@ -370,7 +451,6 @@ struct HistoryQuery {
     params(("id" = String, Path, description = "Session id"), HistoryQuery),
     responses(
         (status = 200, description = "One page of messages, oldest first", body = HistoryPage),
-        (status = 400, description = "`BAD_REQUEST`: the query string does not parse", body = ErrorBody),
         (status = 404, description = "`SESSION_NOT_FOUND`", body = ErrorBody),
         (status = 422, description = "`VALIDATION_ERROR`: limit out of range", body = ErrorBody),
         (status = 503, description = "`STORAGE_UNAVAILABLE`", body = ErrorBody),
@@ -380,7 +460,7 @@ async fn history(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-    Query(q): Query<HistoryQuery>,
+    ApiQuery(q): ApiQuery<HistoryQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(MAX_PAGE);
     if limit == 0 || limit > MAX_PAGE {
