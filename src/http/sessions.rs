@@ -433,7 +433,7 @@ pub const MAX_PAGE: usize = 1_000;
 #[serde(deny_unknown_fields)]
 struct HistoryQuery {
     /// Only messages after this seq (the previous page's `next_after`).
-    #[param(minimum = 0, maximum = 18446744073709551615_u64)]
+    #[param(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     after: Option<u64>,
     /// 1 to 1,000 (default 1,000).
     #[param(minimum = 1, maximum = 1000)]

@@ -73,7 +73,7 @@ struct TenantConfigPatch {
     preferred_model: Option<String>,
     #[schema(max_length = 20000)]
     custom_system_prompt: Option<String>,
-    #[schema(format = Int64, minimum = 1, maximum = 4294967295_u32)]
+    #[schema(format = "uint32", minimum = 1, maximum = 4294967295_u32)]
     max_response_tokens: Option<u32>,
     #[schema(minimum = 0, maximum = 2)]
     temperature: Option<f32>,
@@ -92,7 +92,7 @@ struct ToolConfigPatch {
     #[schema(minimum = 1, maximum = 10)]
     max_iterations: Option<u32>,
     cache_enabled: Option<bool>,
-    #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
+    #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     cache_ttl_seconds: Option<u64>,
 }
 

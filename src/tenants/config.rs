@@ -41,7 +41,7 @@ pub struct TenantConfig {
     /// Replaces the agent's system prompt.
     #[schema(max_length = 20000)]
     pub custom_system_prompt: Option<String>,
-    #[schema(format = Int64, minimum = 1, maximum = 4294967295_u32)]
+    #[schema(format = "uint32", minimum = 1, maximum = 4294967295_u32)]
     pub max_response_tokens: Option<u32>,
     #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f32>,
@@ -80,7 +80,7 @@ pub struct ToolConfig {
     pub max_iterations: Option<u32>,
     /// Tool results are cached.
     pub cache_enabled: bool,
-    #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
+    #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     pub cache_ttl_seconds: Option<u64>,
 }
 
