@@ -5,14 +5,17 @@
 //! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
 //!
 //! Bodies are capped at [`MAX_BODY_BYTES`] (413); every error, including
-//! unknown routes, is JSON (see [`error`]). Rejections that axum's own
-//! extractors write as plain text (a path segment that is not UTF-8, a
-//! query string that does not deserialize) are rewritten into the same
-//! shape by [`json_errors`], so no error leaves the API as text. A request whose declared body is
-//! over the cap is answered 413 after its body is read and dropped (up to
-//! [`MAX_DRAIN_BYTES`]), with `Connection: close`: closing a socket that
-//! still holds unread data makes the kernel reset it, and the client would
-//! lose the 413.
+//! unknown routes, is JSON (see [`error`]). Handlers take their bodies and
+//! queries through [`extract`], which holds them to the published document
+//! (a body that breaks its schema, or a query that does not deserialize, is
+//! a 422). Rejections that axum's own extractors write as plain text (a
+//! path segment that is not UTF-8) are rewritten into the same shape by
+//! [`json_errors`], so no error leaves the API as text. The document served
+//! is the server's own: without API keys it asks for none (see [`openapi`]).
+//! A request whose declared body is over the cap is answered 413 after its
+//! body is read and dropped (up to [`MAX_DRAIN_BYTES`]), with `Connection:
+//! close`: closing a socket that still holds unread data makes the kernel
+//! reset it, and the client would lose the 413.
 
 pub mod assist;
 pub mod auth;
