@@ -43,7 +43,7 @@
 //! `text/event-stream` response describes one event, as 3.2 does for
 //! `itemSchema` and as tools (schemathesis) read 3.1 documents: `{event,
 //! data}`, one alternative per event name, `data` being JSON
-//! (`contentMediaType`) that fits `contentSchema`. [`event_stream!`]
+//! (`contentMediaType`) that fits `contentSchema`. `event_stream!`
 //! declares such a stream from its (event name, payload type) table.
 //!
 //! [`ApiJson`]: super::extract::ApiJson

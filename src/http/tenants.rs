@@ -10,7 +10,7 @@
 //! are 422) and stored durably before the reply; the next turn of the
 //! tenant's sessions uses it.
 //!
-//! The bodies' schemas ([`TenantConfig`]'s own, and [`TenantConfigPatch`]
+//! The bodies' schemas ([`TenantConfig`]'s own, and `TenantConfigPatch`
 //! for a merge patch: the same keys, each nullable) state what
 //! `TenantConfig` refuses (ranges, lengths, unknown keys, anything but an
 //! object), so the document says it; the extractor holds bodies to them

@@ -14,10 +14,8 @@
 //! PATCH is a JSON merge patch (RFC 7396) checked like a full config.
 //!
 //! The types derive their OpenAPI schema (`POST /v1/tenants/{id}/config`'s
-//! body): its bounds are written next to the fields and mirror [`check`],
-//! so the API's document states what `check` refuses.
-//!
-//! [`check`]: TenantConfig::check
+//! body): its bounds are written next to the fields and mirror
+//! `TenantConfig::check`, so the API's document states what it refuses.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
