@@ -1,8 +1,8 @@
 //! Request extractors: what a handler receives is what `/openapi.json`
 //! says it may send.
 //!
-//! body ──axum::Json<Value>──▶ 400 / 413 / 415 ──the documented schema──▶ 422 ──serde──▶ handler
-//! query ──axum::Query<T>──▶ 422
+//! body ──`axum::Json<Value>`──▶ 400 / 413 / 415 ──the documented schema──▶ 422 ──serde──▶ handler
+//! query ──`axum::Query<T>`──▶ 422
 //!
 //! [`ApiJson<T>`] checks a JSON body against `T`'s own OpenAPI schema (the
 //! one `#[utoipa::path(request_body = T)]` publishes) before serde sees it,
