@@ -16,7 +16,18 @@ pub const DEFAULT_TENANT: &str = "default";
 
 /// Subscription plans, ordered: free < pro < premium.
 #[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    utoipa::ToSchema,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Plan {
@@ -133,7 +144,13 @@ mod tests {
 
     #[test]
     fn user_ids_are_bounded_and_of_a_plain_charset() {
-        for ok in ["u1", "alice@example.com", "slack:U123", "a+b-c_d.e", &"x".repeat(128)] {
+        for ok in [
+            "u1",
+            "alice@example.com",
+            "slack:U123",
+            "a+b-c_d.e",
+            &"x".repeat(128),
+        ] {
             assert!(UserId::parse(ok).is_ok(), "{ok}");
         }
         for bad in ["", " ", "a b", "ü", "a/b", "a\u{1}b", &"x".repeat(129)] {

@@ -7,8 +7,12 @@
 //!
 //! One exception is part of the contract: `POST /v1/tools/{name}/invoke`
 //! always answers with the full `ToolExecutionResult` once the body parsed
-//! (`is_success: false`, `error`, `error_type`; the status from the error
-//! type), so a caller sees the same outcome the model would. Requests the
+//! and fits the document (`is_success: false`, `error`, `error_type`; the
+//! status from the error type), so a caller sees the same outcome the model
+//! would. Bodies are JSON objects and nothing else: an array (which serde
+//! would read as a struct's fields in order) is a 422 like any other
+//! value that breaks the documented schema, and no message names a Rust
+//! type. Requests the
 //! HTTP parser itself refuses (raw non-UTF-8 bytes in the request line)
 //! never reach the router: for those only "a 400, no hang" is checked.
 //!
@@ -855,4 +859,220 @@ fn random_bodies_to_validate_and_create_are_answered_or_refused_in_json() {
         "/v1/sessions",
         "/v1/confirmations/conf_00000000000000000000000000000000",
     ]);
+}
+
+/// Words of Rust's or serde's that an error message must not show.
+const RUST_WORDS: [&str; 13] = [
+    "struct ",
+    "enum ",
+    "Body",
+    "TenantConfig",
+    "ToolConfig",
+    "u32",
+    "i32",
+    "u64",
+    "usize",
+    "String",
+    "Option<",
+    "Vec<",
+    "serde",
+];
+
+#[track_caller]
+fn assert_no_rust_words(what: &str, body: &Value) {
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    for word in RUST_WORDS {
+        assert!(!message.contains(word), "{what}: {word:?} in {message:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_json_objects_and_nothing_else() {
+    let api = Api::start();
+    let session = api.session().await;
+    let (_, before) = api.get("/v1/sessions").await;
+    let mut routes: Vec<(Method, String)> = post_routes(&session)
+        .into_iter()
+        .map(|(path, _)| (Method::POST, path))
+        .collect();
+    routes.push((Method::POST, "/v1/tenants/default/config".into()));
+    routes.push((Method::PATCH, "/v1/tenants/default/config".into()));
+    routes.push((Method::POST, "/v1/improve".into()));
+    routes.push((Method::POST, "/v1/workflows/market-brief/runs".into()));
+    let not_objects = [
+        json!([]),
+        json!(["assistant", null, null, null]),
+        json!([{"content": "hi"}]),
+        json!([true, false, true, null, null, null, null, 0, {}]),
+        json!("assistant"),
+        json!(7),
+        json!(true),
+        json!(null),
+    ];
+    for (method, path) in &routes {
+        for body in &not_objects {
+            let (status, reply) = api.json(method.clone(), path, body).await;
+            let what = format!("{method} {path} {body}");
+            assert_api_error(&what, status, &reply);
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{what}: {reply}");
+            assert_eq!(reply["error"]["code"], "VALIDATION_ERROR", "{what}");
+            assert_no_rust_words(&what, &reply);
+        }
+    }
+    let (_, after) = api.get("/v1/sessions").await;
+    assert_eq!(before["count"], after["count"], "no session was created");
+
+    // Nested objects too: serde's sequence form of a nested struct.
+    let (status, _) = api
+        .json(
+            Method::PATCH,
+            "/v1/tenants/default/config",
+            &json!({"temperature": 0.5}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    for body in [
+        json!({"tool_config": [true, null, null, true, null]}),
+        json!({"tool_config": []}),
+        json!([]),
+    ] {
+        let (status, reply) = api
+            .json(Method::PATCH, "/v1/tenants/default/config", &body)
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {reply}");
+        assert_no_rust_words(&body.to_string(), &reply);
+    }
+    let (_, config) = api.get("/v1/tenants/default/config").await;
+    assert_eq!(
+        config["config"]["temperature"],
+        json!(0.5),
+        "the config was not reset: {config}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_values_are_422_in_json_terms() {
+    let api = Api::start();
+    let session = api.session().await;
+    let cases = [
+        (
+            Method::POST,
+            "/v1/sessions".to_string(),
+            json!({"agent": "assistant", "plan": "Pro"}),
+        ),
+        (Method::POST, "/v1/sessions".into(), json!({"agent": "   "})),
+        (Method::POST, "/v1/sessions".into(), json!({"agent": ""})),
+        (
+            Method::POST,
+            format!("/v1/sessions/{session}/messages"),
+            json!({"content": "\u{a0}\n"}),
+        ),
+        (Method::POST, "/v1/improve".into(), json!({"text": ""})),
+        (
+            Method::POST,
+            "/v1/tools/calculator/invoke".into(),
+            json!({"params": {"expression": "1"}, "priority": 3_000_000_000u64}),
+        ),
+        (
+            Method::POST,
+            "/v1/tools/calculator/invoke".into(),
+            json!({"params": {"expression": "1"}, "priority": 1.5}),
+        ),
+        (
+            Method::PATCH,
+            "/v1/tenants/default/config".into(),
+            json!({"max_response_tokens": 5e9}),
+        ),
+        (
+            Method::PATCH,
+            "/v1/tenants/default/config".into(),
+            json!({"temperature": 2.0000001}),
+        ),
+        (
+            Method::PATCH,
+            "/v1/tenants/default/config".into(),
+            json!({"response_delay_ms": -1}),
+        ),
+        (
+            Method::PATCH,
+            "/v1/tenants/default/config".into(),
+            json!({"tool_config": {"allowed_paths": ["docs"]}}),
+        ),
+        (
+            Method::POST,
+            "/v1/tenants/default/config".into(),
+            json!({"custom_system_prompt": "x".repeat(20_001)}),
+        ),
+    ];
+    for (method, path, body) in cases {
+        let what = format!(
+            "{method} {path} {}",
+            body.to_string().chars().take(80).collect::<String>()
+        );
+        let (status, reply) = api.json(method, &path, &body).await;
+        assert_api_error(&what, status, &reply);
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{what}: {reply}");
+        assert_no_rust_words(&what, &reply);
+    }
+    // Integral numbers are integers, as JSON Schema counts them.
+    let (status, reply) = api
+        .json(
+            Method::PATCH,
+            "/v1/tenants/default/config",
+            &json!({"response_delay_ms": 0.0, "max_response_tokens": 512.0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["config"]["max_response_tokens"], json!(512));
+    // A prompt of 20,000 characters is within bounds, however many bytes.
+    let (status, reply) = api
+        .json(
+            Method::POST,
+            "/v1/tenants/default/config",
+            &json!({"custom_system_prompt": "é".repeat(20_000)}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_out_of_range_is_422_however_large() {
+    let api = Api::start();
+    let session = api.session().await;
+    let history = format!("/v1/sessions/{session}/messages");
+    for path in ["/v1/calls", history.as_str(), "/v1/workflows/runs"] {
+        for limit in [
+            "0",
+            "1001",
+            "99999999999999999999999999",
+            "-1",
+            "abc",
+            "1e3",
+            "1.5",
+        ] {
+            let url = format!("{path}?limit={limit}");
+            let (status, reply) = api.get(&url).await;
+            assert_api_error(&url, status, &reply);
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{url}: {reply}");
+            assert_eq!(reply["error"]["code"], "VALIDATION_ERROR", "{url}");
+        }
+        for limit in ["1", "1000", "12.0"] {
+            let url = format!("{path}?limit={limit}");
+            let (status, reply) = api.get(&url).await;
+            assert_eq!(status, StatusCode::OK, "{url}: {reply}");
+        }
+    }
+    for query in ["wait=maybe", "unknown=1"] {
+        let url = format!("/v1/workflows/runs/no-such-run/resume?{query}");
+        let (status, reply) = api.json(Method::POST, &url, &json!({})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{url}: {reply}");
+    }
+    let (status, _) = api.get("/v1/limits/quota").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "tool is required");
+    let (status, _) = api.get("/v1/tools?plan=PRO").await;
+    assert_eq!(
+        status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "plans are spelled as documented"
+    );
 }

@@ -849,8 +849,10 @@ async fn a_paper_order_waits_for_approval_and_then_runs() {
     let fills = fills(&app).await;
     assert_eq!(fills.len(), 1);
     assert_eq!(fills[0]["order_id"], order["id"]);
-    let (status, _) = decide(&app, &id, true).await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "it runs once");
+    let (status, again) = decide(&app, &id, true).await;
+    assert_eq!(status, StatusCode::CONFLICT, "it runs once: {again}");
+    assert_eq!(again["error"]["code"], "CONFIRMATION_ALREADY_DECIDED");
+    assert_eq!(fills(&app).await.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -864,8 +866,15 @@ async fn a_denied_confirmation_is_discarded_and_cannot_be_decided_again() {
     assert!(fills(&app).await.is_empty());
 
     let (status, body) = decide(&app, &id, true).await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
-    assert_eq!(body["error"]["code"], "CONFIRMATION_NOT_FOUND");
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "CONFIRMATION_ALREADY_DECIDED");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("denied"),
+        "{body}"
+    );
     assert!(fills(&app).await.is_empty());
 }
 

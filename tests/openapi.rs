@@ -2,7 +2,11 @@
 //! official JSON Schema accepts, it names exactly the routes the router
 //! serves, its responses say what the server really sends (statuses,
 //! content types, JSON shapes), every error response is the one error body,
-//! and `/docs` serves Swagger UI from this server alone.
+//! and `/docs` serves Swagger UI from this server alone. Each event
+//! stream sends only the events its schema lists, with payloads that fit
+//! them; the limits the server checks are in the document; an open
+//! server's document asks for no key. (The fuzzing of the whole contract
+//! is `tests/contract.rs`.)
 //!
 //! Routes are compared two ways: the (method, path) table read from the
 //! router itself (axum's `Debug` of a `Router` lists each route's path and
@@ -31,10 +35,11 @@ const DOCS_ROUTES: [(&str, &str); 4] = [
 
 /// Operations whose failures are the tool's outcome (`ToolExecutionResult`)
 /// rather than the error body, by design (see src/http/tools.rs).
-const TOOL_OUTCOME_ERRORS: [(&str, &str, &str); 4] = [
+const TOOL_OUTCOME_ERRORS: [(&str, &str, &str); 5] = [
     ("post", "/v1/tools/{name}/invoke", "403"),
     ("post", "/v1/tools/{name}/invoke", "404"),
     ("post", "/v1/tools/{name}/invoke", "502"),
+    ("post", "/v1/tools/{name}/invoke", "503"),
     ("post", "/v1/tools/{name}/invoke", "504"),
 ];
 
@@ -709,6 +714,11 @@ async fn the_spec_and_docs_need_no_key_when_keys_are_configured() {
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     let doc = spec(&app).await;
     assert!(doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer");
+    assert_eq!(
+        doc["security"],
+        json!([{"bearer": []}]),
+        "every operation needs the key"
+    );
     for path in ["/docs/", "/docs/swagger-ui.css"] {
         assert_eq!(
             fetch(&app, "get", path, None).await.status,
@@ -719,4 +729,308 @@ async fn the_spec_and_docs_need_no_key_when_keys_are_configured() {
     // Public means these paths only, not anything that starts like them.
     let (status, _) = app.get("/docsx").await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+/// One Server-Sent Event: its name and its data, as sent.
+struct SseEvent {
+    name: String,
+    data: String,
+}
+
+/// The complete events in `text` (keep-alive comments skipped).
+fn parse_events(text: &str) -> Vec<SseEvent> {
+    let text = text.replace("\r\n", "\n");
+    let complete = &text[..text.rfind("\n\n").map_or(0, |at| at + 2)];
+    let mut events = Vec::new();
+    for block in complete.split("\n\n") {
+        let mut name = None;
+        let mut data = Vec::new();
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                name = Some(v.trim().to_string());
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push(v.strip_prefix(' ').unwrap_or(v));
+            }
+        }
+        if let Some(name) = name {
+            events.push(SseEvent {
+                name,
+                data: data.join("\n"),
+            });
+        }
+    }
+    events
+}
+
+/// Reads an event stream until `done` says so with the events so far (or
+/// the stream ends); at most 20 s.
+async fn read_events(
+    mut response: reqwest::Response,
+    done: impl Fn(&[SseEvent]) -> bool,
+) -> Vec<SseEvent> {
+    let mut text = String::new();
+    let reading = async {
+        while let Some(chunk) = response.chunk().await.expect("stream chunk") {
+            text.push_str(&String::from_utf8_lossy(&chunk));
+            if done(&parse_events(&text)) {
+                break;
+            }
+        }
+    };
+    let in_time = tokio::time::timeout(std::time::Duration::from_secs(20), reading)
+        .await
+        .is_ok();
+    let events = parse_events(&text);
+    assert!(
+        in_time,
+        "the events came in time; so far: {:?}",
+        event_names(&events)
+    );
+    events
+}
+
+/// Checks each event against the `text/event-stream` schema of `method
+/// path`'s 200: one alternative names the event, and its data is JSON
+/// that fits that alternative's `contentSchema`.
+fn events_conform(doc: &Value, method: &str, path: &str, events: &[SseEvent]) {
+    let schema =
+        &doc["paths"][path][method]["responses"]["200"]["content"]["text/event-stream"]["schema"];
+    let name = schema["$ref"]
+        .as_str()
+        .and_then(|r| r.strip_prefix("#/components/schemas/"))
+        .unwrap_or_else(|| panic!("{method} {path}: the event schema is a component: {schema}"));
+    let alternatives = doc["components"]["schemas"][name]["oneOf"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{name} lists its events"));
+    for event in events {
+        let alternative = alternatives
+            .iter()
+            .find(|a| a["properties"]["event"]["enum"] == json!([event.name]))
+            .unwrap_or_else(|| panic!("{method} {path}: event `{}` is not documented", event.name));
+        let data = &alternative["properties"]["data"];
+        assert_eq!(data["contentMediaType"], "application/json");
+        let mut content_schema = data["contentSchema"].clone();
+        content_schema["components"] = doc["components"].clone();
+        let validator = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(&content_schema)
+            .expect("the payload schema compiles");
+        let payload: Value = serde_json::from_str(&event.data)
+            .unwrap_or_else(|e| panic!("`{}` data is JSON: {e}: {}", event.name, event.data));
+        let errors: Vec<String> = validator
+            .iter_errors(&payload)
+            .map(|e| format!("{e} at {}", e.instance_path()))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{method} {path}: `{}` does not fit its documented payload: {errors:?}\n{payload}",
+            event.name
+        );
+    }
+}
+
+fn event_names(events: &[SseEvent]) -> Vec<&str> {
+    events.iter().map(|e| e.name.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_stream_sends_the_events_its_document_declares() {
+    let model = support::MockModel::start().await;
+    let app = spawn_app(
+        AppOptions::with_model(&model)
+            .config_toml("[api_limit]\nper_second = 10000\nburst = 10000\n"),
+    );
+    let doc = spec(&app).await;
+
+    // A turn with a tool call, then a turn that fails.
+    let runtime = app
+        .client
+        .request(reqwest::Method::GET, "/v1/events")
+        .send()
+        .await
+        .expect("subscribed");
+    assert_eq!(runtime.status(), StatusCode::OK);
+    model.push_all([
+        support::Reply::tool_call("c1", "calculator", r#"{"expression": "2+2"}"#),
+        support::Reply::text("It is 4."),
+        support::Reply::fail(400),
+    ]);
+    let session = app.session("assistant").await;
+    let turn = read_events(app.post_streaming(&session, "What is 2+2?").await, |_| {
+        false
+    })
+    .await;
+    let names = event_names(&turn);
+    for expected in [
+        "turn_started",
+        "tool_call_started",
+        "tool_call_completed",
+        "model_delta",
+        "turn_completed",
+    ] {
+        assert!(names.contains(&expected), "{expected} in {names:?}");
+    }
+    events_conform(&doc, "post", "/v1/sessions/{id}/messages", &turn);
+    let failed = read_events(app.post_streaming(&session, "Again?").await, |_| false).await;
+    assert_eq!(
+        event_names(&failed).last(),
+        Some(&"turn_failed"),
+        "{:?}",
+        event_names(&failed)
+    );
+    events_conform(&doc, "post", "/v1/sessions/{id}/messages", &failed);
+    // The check is not a rubber stamp: a payload that misses a field, or
+    // an event the document does not list, fails it.
+    for (name, data) in [("turn_started", "{}"), ("turn_paused", "{}")] {
+        let broken = [SseEvent {
+            name: name.into(),
+            data: data.into(),
+        }];
+        let checked = std::panic::catch_unwind(|| {
+            events_conform(&doc, "post", "/v1/sessions/{id}/messages", &broken)
+        });
+        assert!(checked.is_err(), "{name} {data} passed");
+    }
+
+    // Runtime events: the calls of those turns, and a direct one.
+    let (status, _) = app
+        .post(
+            "/v1/tools/calculator/invoke",
+            &json!({"params": {"expression": 5}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let runtime = read_events(runtime, |events| {
+        event_names(events).contains(&"validation_error")
+    })
+    .await;
+    let names = event_names(&runtime);
+    assert!(names.contains(&"execution_completed"), "{names:?}");
+    events_conform(&doc, "get", "/v1/events", &runtime);
+
+    // A workflow run's events, from its snapshot to `run_finished`.
+    model.set_default(Some(support::Reply::text("A fine account.")));
+    let (status, run) = app
+        .post("/v1/workflows/account-review/runs", &json!({"input": {}}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    let run_events = app
+        .client
+        .request(
+            reqwest::Method::GET,
+            &format!("/v1/workflows/runs/{}/events", run["id"].as_str().unwrap()),
+        )
+        .send()
+        .await
+        .expect("subscribed");
+    let run_events = read_events(run_events, |_| false).await;
+    let names = event_names(&run_events);
+    assert_eq!(names.first(), Some(&"snapshot"), "{names:?}");
+    assert_eq!(names.last(), Some(&"run_finished"), "{names:?}");
+    events_conform(&doc, "get", "/v1/workflows/runs/{id}/events", &run_events);
+}
+
+#[tokio::test]
+async fn the_document_states_the_limits_the_server_checks() {
+    let (_, doc) = cadre::http::routes();
+    let doc = serde_json::to_value(&doc).unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let param = |path: &str, name: &str| -> Value {
+        doc["paths"][path]["get"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{path} has {name}"))["schema"]
+            .clone()
+    };
+    for path in [
+        "/v1/calls",
+        "/v1/sessions/{id}/messages",
+        "/v1/workflows/runs",
+    ] {
+        let limit = param(path, "limit");
+        assert_eq!(
+            (&limit["minimum"], &limit["maximum"]),
+            (&json!(1), &json!(1000)),
+            "{path}"
+        );
+    }
+    let plans: Vec<&str> = cadre::http::tools::PLANS
+        .iter()
+        .map(|p| p.as_str())
+        .collect();
+    assert_eq!(schemas["PlanName"]["enum"], json!(plans));
+    assert_eq!(param("/v1/tools", "plan")["enum"], json!(plans));
+    assert_eq!(
+        param("/v1/tools", "view")["enum"],
+        json!(["openai", "definitions"])
+    );
+    for (body, field) in [
+        ("CreateBody", "agent"),
+        ("MessageBody", "content"),
+        ("ImproveBody", "text"),
+    ] {
+        let field = &schemas[body]["properties"][field];
+        assert_eq!(field["minLength"], 1, "{body}");
+        assert_eq!(field["pattern"], cadre::http::extract::NOT_BLANK, "{body}");
+    }
+    // Tenant configs: no unknown key, and the patch has the config's keys.
+    for (config, patch) in [
+        ("TenantConfig", "TenantConfigPatch"),
+        ("ToolConfig", "ToolConfigPatch"),
+    ] {
+        let keys = |name: &str| -> BTreeSet<String> {
+            assert_eq!(schemas[name]["additionalProperties"], false, "{name}");
+            schemas[name]["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect()
+        };
+        assert_eq!(keys(config), keys(patch));
+        let defaults = serde_json::to_value(cadre::tenants::TenantConfig::default()).unwrap();
+        if config == "TenantConfig" {
+            let served: BTreeSet<String> = defaults.as_object().unwrap().keys().cloned().collect();
+            assert_eq!(keys(config), served);
+        }
+    }
+    assert_eq!(
+        schemas["SessionView"]["properties"]["metadata"]["type"],
+        json!(["object", "null"])
+    );
+    assert!(
+        schemas["ValidateBody"]["properties"]["params"]
+            .get("type")
+            .is_none(),
+        "validate takes any JSON value as params"
+    );
+    let invoke = &doc["paths"]["/v1/tools/{name}/invoke"]["post"]["responses"];
+    assert!(
+        invoke["503"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("tool_unavailable")
+    );
+    assert_eq!(
+        doc["security"],
+        json!([{"bearer": []}]),
+        "a keyed server's document"
+    );
+}
+
+#[tokio::test]
+async fn an_open_server_documents_that_no_key_is_needed() {
+    let app = app();
+    let doc = spec(&app).await;
+    assert_eq!(doc["security"], json!([]), "{}", doc["security"]);
+    assert!(
+        doc["info"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("open mode")
+    );
+    let (status, _) = app.get("/v1/sessions").await;
+    assert_eq!(status, StatusCode::OK, "no key needed");
 }

@@ -16,7 +16,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
+use super::extract::ApiJson;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::tenants::Principal;
@@ -95,6 +96,10 @@ async fn suggestions(
 #[serde(deny_unknown_fields)]
 struct ImproveBody {
     /// At most 16 KiB.
+    #[schema(
+        min_length = 1,
+        pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     text: String,
     /// Whose model rewords it (default: the first agent).
     agent: Option<String>,

@@ -4,7 +4,7 @@
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use utoipa::{IntoParams, ToSchema};
@@ -14,6 +14,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
+use super::extract::ApiQuery;
 use super::openapi::error_responses;
 use crate::store::{CallFilter, Store, StoreError};
 use crate::tenants::Principal;
@@ -38,6 +39,7 @@ struct CallsQuery {
     /// Only calls of this tool.
     tool: Option<String>,
     /// 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
@@ -85,7 +87,7 @@ error_responses!(
 async fn calls(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    Query(q): Query<CallsQuery>,
+    ApiQuery(q): ApiQuery<CallsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     if limit == 0 || limit > MAX_LIMIT {

@@ -15,7 +15,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
+use super::extract::ApiJson;
 use super::openapi::error_responses;
 use crate::executor::confirmations::{ConfirmationError, Decision as Decided, PendingConfirmation};
 use crate::executor::{Arguments, ExecuteTool};

@@ -9,8 +9,6 @@
 //! detail (storage errors) is logged, not sent.
 
 use axum::Json;
-use axum::extract::FromRequest;
-use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -98,28 +96,5 @@ impl<E: PublicError> From<E> for ApiError {
             message: e.public_message(),
             details: e.details(),
         }
-    }
-}
-
-/// `Json<T>` whose rejections come out in our error shape: 400 for
-/// malformed JSON, 413 over the body limit, 415 without a JSON content
-/// type, 422 for a well-formed body with missing or mistyped fields.
-#[derive(FromRequest)]
-#[from_request(via(axum::Json), rejection(ApiError))]
-pub struct ApiJson<T>(pub T);
-
-impl From<JsonRejection> for ApiError {
-    fn from(r: JsonRejection) -> Self {
-        let code = match &r {
-            JsonRejection::JsonDataError(_) => ErrorCode::ValidationError,
-            JsonRejection::JsonSyntaxError(_) => ErrorCode::MalformedJson,
-            _ => match r.status() {
-                StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
-                StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
-                StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::ValidationError,
-                _ => ErrorCode::MalformedJson,
-            },
-        };
-        ApiError::new(code, r.body_text())
     }
 }

@@ -13,13 +13,14 @@ use futures::Stream;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
-use super::openapi::error_responses;
+use super::openapi::{Lagged, error_responses};
 use super::streams::StreamQuota;
 use crate::tenants::Principal;
 
@@ -32,6 +33,66 @@ error_responses!(
     AdminRequired
 );
 
+/// What happened in the runtime: `{at, type, ...}`, `type` being the
+/// event's name; the other fields depend on it (`tool` for the `tool_*`,
+/// `validation_error` and `execution_*` events; `version` and `source` for
+/// `tool_loaded`, `tool_added` and `tool_updated`; `tools` and `errors`
+/// for `reload_completed`; `file`, `line` and `message` for `load_error`;
+/// `fields` for `validation_error`; `caller_type`, `conversation_id` and
+/// `workflow_id` for `execution_started`; `execution_time_ms` and `cached`
+/// for `execution_completed`; `error_type` and `error` for
+/// `execution_failed`; `server` for `mcp_server_*`, with `tools` when up
+/// and `reason` when down).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct RuntimeEvent {
+    /// RFC 3339 timestamp.
+    at: String,
+    r#type: String,
+    tool: Option<String>,
+    version: Option<String>,
+    source: Option<String>,
+    #[schema(minimum = 0)]
+    tools: Option<u64>,
+    #[schema(minimum = 0)]
+    errors: Option<u64>,
+    file: Option<String>,
+    #[schema(minimum = 0)]
+    line: Option<u64>,
+    message: Option<String>,
+    fields: Option<Vec<String>>,
+    caller_type: Option<String>,
+    conversation_id: Option<String>,
+    workflow_id: Option<String>,
+    #[schema(minimum = 0)]
+    execution_time_ms: Option<u64>,
+    cached: Option<bool>,
+    error_type: Option<String>,
+    error: Option<String>,
+    server: Option<String>,
+    reason: Option<String>,
+}
+
+super::openapi::event_stream! {
+    /// Runtime events, one `event:` per kind, as they happen.
+    RuntimeEvents {
+        "tool_loaded" => RuntimeEvent,
+        "tool_added" => RuntimeEvent,
+        "tool_updated" => RuntimeEvent,
+        "tool_removed" => RuntimeEvent,
+        "reload_started" => RuntimeEvent,
+        "reload_completed" => RuntimeEvent,
+        "load_error" => RuntimeEvent,
+        "validation_error" => RuntimeEvent,
+        "execution_started" => RuntimeEvent,
+        "execution_completed" => RuntimeEvent,
+        "execution_failed" => RuntimeEvent,
+        "mcp_server_up" => RuntimeEvent,
+        "mcp_server_down" => RuntimeEvent,
+        "lagged" => Lagged,
+    }
+}
+
 /// Runtime-wide events: admin only (they span tenants).
 #[utoipa::path(
     get,
@@ -40,7 +101,7 @@ error_responses!(
     summary = "Runtime events as Server-Sent Events (admin)",
     tag = "events",
     responses(
-        (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data; `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data; `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = RuntimeEvents),
         EventsErrors,
     )
 )]

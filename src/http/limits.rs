@@ -10,7 +10,7 @@
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use serde::Deserialize;
@@ -21,6 +21,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
+use super::extract::ApiQuery;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::executor::limit_key;
@@ -96,7 +97,7 @@ error_responses!(
 async fn quota(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    Query(q): Query<QuotaQuery>,
+    ApiQuery(q): ApiQuery<QuotaQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let tool = state.registry.get(&q.tool).ok_or_else(|| {
         ApiError::new(

@@ -5,14 +5,17 @@
 //! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
 //!
 //! Bodies are capped at [`MAX_BODY_BYTES`] (413); every error, including
-//! unknown routes, is JSON (see [`error`]). Rejections that axum's own
-//! extractors write as plain text (a path segment that is not UTF-8, a
-//! query string that does not deserialize) are rewritten into the same
-//! shape by [`json_errors`], so no error leaves the API as text. A request whose declared body is
-//! over the cap is answered 413 after its body is read and dropped (up to
-//! [`MAX_DRAIN_BYTES`]), with `Connection: close`: closing a socket that
-//! still holds unread data makes the kernel reset it, and the client would
-//! lose the 413.
+//! unknown routes, is JSON (see [`error`]). Handlers take their bodies and
+//! queries through [`extract`], which holds them to the published document
+//! (a body that breaks its schema, or a query that does not deserialize, is
+//! a 422). Rejections that axum's own extractors write as plain text (a
+//! path segment that is not UTF-8) are rewritten into the same shape by
+//! [`json_errors`], so no error leaves the API as text. The document served
+//! is the server's own: without API keys it asks for none (see [`openapi`]).
+//! A request whose declared body is over the cap is answered 413 after its
+//! body is read and dropped (up to [`MAX_DRAIN_BYTES`]), with `Connection:
+//! close`: closing a socket that still holds unread data makes the kernel
+//! reset it, and the client would lose the 413.
 
 pub mod assist;
 pub mod auth;
@@ -21,6 +24,7 @@ pub mod calls;
 pub mod confirmations;
 pub mod error;
 pub mod events;
+pub mod extract;
 pub mod limits;
 pub mod openapi;
 pub mod rate_limit;
@@ -74,8 +78,15 @@ pub struct AppState {
 
 /// Every route the server serves, and the OpenAPI document that describes
 /// them all but `/openapi.json` and `/docs` themselves. Both come from the
-/// handlers' `#[utoipa::path]` annotations (see [`openapi`]).
+/// handlers' `#[utoipa::path]` annotations (see [`openapi`]). The document
+/// is a keyed server's; [`router`] serves an open server's its own.
 pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let (routes, doc) = api_routes();
+    (routes.merge(openapi::routes(doc.clone())), doc)
+}
+
+/// The API's routes (without `/openapi.json` and `/docs`) and their document.
+fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .routes(routes!(healthz))
         .routes(routes!(readyz))
@@ -91,7 +102,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(workflows::routes())
         .split_for_parts();
     openapi::CommonErrors.modify(&mut doc);
-    (routes.merge(openapi::routes(doc.clone())), doc)
+    (routes, doc)
 }
 
 /// The whole HTTP API: [`routes`] plus `/mcp`, MCP's streamable HTTP
@@ -109,8 +120,12 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
         MAX_BODY_BYTES,
         state.mcp_shutdown.clone(),
     );
-    let (routes, _) = routes();
+    let (routes, mut doc) = api_routes();
+    if keys.is_open() {
+        openapi::open_mode(&mut doc);
+    }
     routes
+        .merge(openapi::routes(doc))
         .route_service("/mcp", mcp)
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {

@@ -26,7 +26,27 @@
 //! needs the contract before it has a key. They stay under the API's rate
 //! limit, and are not themselves operations of the document.
 //!
-//! [`ApiJson`]: super::error::ApiJson
+//! The document describes the server that serves it. A server without API
+//! keys (open mode: every caller is the `default` tenant, as admin) serves
+//! it without the bearer requirement ([`open_mode`]): there, no key is
+//! needed and none is checked, and a client or a tester reading the
+//! document must not expect a 401.
+//!
+//! Requests are held to the document by [`super::extract`]: a JSON body is
+//! checked against the very schema published here before a handler sees
+//! it. So the limits written into the request types (`minLength`, enums,
+//! ranges, `additionalProperties: false`) are the server's limits, not a
+//! description of them.
+//!
+//! Server-Sent Events: OpenAPI 3.1 has no keyword for the items of a
+//! stream (3.2 adds `itemSchema`), so the `schema` of a
+//! `text/event-stream` response describes one event, as 3.2 does for
+//! `itemSchema` and as tools (schemathesis) read 3.1 documents: `{event,
+//! data}`, one alternative per event name, `data` being JSON
+//! (`contentMediaType`) that fits `contentSchema`. `event_stream!`
+//! declares such a stream from its (event name, payload type) table.
+//!
+//! [`ApiJson`]: super::extract::ApiJson
 
 use std::collections::BTreeMap;
 
@@ -34,7 +54,7 @@ use axum::Router;
 use serde_json::Value;
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::path::Operation;
-use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{Content, Header, OpenApi as OpenApiDoc, Ref, RefOr, Response};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
@@ -267,6 +287,89 @@ impl Modify for CommonErrors {
             }
         }
     }
+}
+
+/// The document of a server without API keys: no operation needs a key.
+pub fn open_mode(doc: &mut OpenApiDoc) {
+    doc.security = Some(Vec::new());
+    doc.info.description = Some(format!(
+        "{} This server runs without API keys (open mode): no `Authorization` is needed or checked, and every request is the `default` tenant with admin rights.",
+        doc.info.description.as_deref().unwrap_or_default()
+    ));
+}
+
+/// The schema of one event of a Server-Sent Events stream (see the module
+/// doc): one alternative per `(event name, payload schema name)`.
+pub fn sse_events(events: &[(&str, std::borrow::Cow<'static, str>)]) -> RefOr<Schema> {
+    let mut one_of = OneOfBuilder::new();
+    for (name, payload) in events {
+        let event = ObjectBuilder::new()
+            .property(
+                "event",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some([*name])),
+            )
+            .required("event")
+            .property(
+                "data",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .content_media_type("application/json")
+                    .content_schema(Some(Ref::from_schema_name(payload.as_ref()))),
+            )
+            .required("data");
+        one_of = one_of.item(event);
+    }
+    one_of
+        .description(Some(
+            "One event of the stream: `event` names it, `data` is its JSON payload.",
+        ))
+        .into()
+}
+
+/// Declares a type standing for a Server-Sent Events stream, as its table
+/// of event names and payload types; use it as the `text/event-stream`
+/// body of a `#[utoipa::path]` response.
+macro_rules! event_stream {
+    ($(#[$doc:meta])* $name:ident { $($event:literal => $data:ty),* $(,)? }) => {
+        $(#[$doc])*
+        pub struct $name;
+
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                $crate::http::openapi::sse_events(&[
+                    $(($event, <$data as utoipa::ToSchema>::name())),*
+                ])
+            }
+        }
+
+        impl utoipa::ToSchema for $name {
+            fn schemas(
+                schemas: &mut Vec<(
+                    String,
+                    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+                )>,
+            ) {
+                $(
+                    schemas.push((
+                        <$data as utoipa::ToSchema>::name().into(),
+                        <$data as utoipa::PartialSchema>::schema(),
+                    ));
+                    <$data as utoipa::ToSchema>::schemas(schemas);
+                )*
+            }
+        }
+    };
+}
+pub(crate) use event_stream;
+
+/// `lagged`: the subscriber fell behind and missed this many events; the
+/// stream goes on.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct Lagged {
+    missed: u64,
 }
 
 /// `GET /openapi.json` and Swagger UI under `/docs`, over `doc`.

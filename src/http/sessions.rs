@@ -5,7 +5,7 @@ use std::convert::Infallible;
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -19,15 +19,16 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
 use super::streams::StreamQuota;
+use super::tools::{PlanName, parse_plan};
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
 use crate::error_code::ErrorCode;
 use crate::store::Session;
 use crate::tenants::Principal;
-use crate::tools::Plan;
 
 /// Longest message content accepted, in bytes (the body cap is larger to
 /// leave room for JSON escapes).
@@ -46,9 +47,14 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 struct CreateBody {
     /// The agent that answers (a file in the agents folder).
+    #[schema(
+        min_length = 1,
+        pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     agent: String,
     user_id: Option<String>,
     /// `free` (default), `pro` or `premium`: which tools the session may call.
+    #[schema(value_type = Option<PlanName>)]
     plan: Option<String>,
     /// Free-form object kept with the session.
     #[serde(default)]
@@ -64,8 +70,10 @@ struct SessionView {
     tenant: String,
     agent: String,
     user_id: Option<String>,
+    #[schema(value_type = PlanName)]
     plan: String,
-    #[schema(value_type = Object)]
+    /// The object given at creation; `null` when none was.
+    #[schema(value_type = Option<Object>, required = true)]
     metadata: Value,
     /// RFC 3339 timestamp.
     created_at: String,
@@ -90,6 +98,78 @@ struct TurnReply {
     iterations: u32,
     /// Whether the turn ended with a forced answer (`tool_choice = none`).
     fallback_used: bool,
+}
+
+/// `turn_started`: the turn was accepted.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnStarted {
+    /// `turn_started`
+    r#type: String,
+    session_id: String,
+}
+
+/// `model_delta`: a piece of the answer's text as the model writes it.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ModelDelta {
+    /// `model_delta`
+    r#type: String,
+    text: String,
+}
+
+/// `tool_call_started`: the model asked for a tool call.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ToolCallStarted {
+    /// `tool_call_started`
+    r#type: String,
+    id: String,
+    name: String,
+    /// Parsed arguments, or the raw string when they were not JSON.
+    #[schema(value_type = Value)]
+    arguments: Value,
+}
+
+/// `tool_call_completed`: a tool call's report.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ToolCallCompleted {
+    /// `tool_call_completed`
+    r#type: String,
+    id: String,
+    name: String,
+    #[schema(value_type = Value)]
+    arguments: Value,
+    is_success: bool,
+    #[schema(value_type = Option<Value>)]
+    output: Option<Value>,
+    error: Option<String>,
+    error_type: Option<String>,
+    source_id: Option<String>,
+}
+
+/// `turn_failed`: the turn ended with this error (the stream ends).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnFailed {
+    error: super::openapi::ErrorDetail,
+    /// The status a JSON reply would have had.
+    status: u16,
+}
+
+super::openapi::event_stream! {
+    /// The events of a streamed turn, in this order: `turn_started`, then
+    /// `model_delta` and tool calls as they happen, then `turn_completed`
+    /// (the JSON reply) or `turn_failed`.
+    TurnStream {
+        "turn_started" => TurnStarted,
+        "model_delta" => ModelDelta,
+        "tool_call_started" => ToolCallStarted,
+        "tool_call_completed" => ToolCallCompleted,
+        "turn_completed" => TurnReply,
+        "turn_failed" => TurnFailed,
+    }
 }
 
 #[derive(ToSchema)]
@@ -160,12 +240,7 @@ async fn create(
     if !(body.metadata.is_null() || body.metadata.is_object()) {
         return Err(ApiError::validation("metadata must be an object"));
     }
-    let plan = match body.plan.as_deref() {
-        None => Plan::Free,
-        Some(p) => Plan::parse(p).ok_or_else(|| {
-            ApiError::validation(format!("unknown plan '{p}' (free, pro or premium)"))
-        })?,
-    };
+    let plan = parse_plan(body.plan.as_deref())?;
     let session = state
         .sessions
         .create(NewSession {
@@ -274,6 +349,10 @@ async fn export(
 #[serde(deny_unknown_fields)]
 struct MessageBody {
     /// The user's message, at most 256 KiB.
+    #[schema(
+        min_length = 1,
+        pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     content: String,
 }
 
@@ -303,12 +382,12 @@ error_responses!(
     tag = "sessions",
     params(
         ("id" = String, Path, description = "Session id"),
-        ("Accept" = Option<String>, Header, description = "`text/event-stream` for a stream of Server-Sent Events"),
+        ("Accept" = Option<String>, Header, description = "`text/event-stream` for a stream of Server-Sent Events", example = "text/event-stream"),
     ),
     request_body = MessageBody,
     responses(
         (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply) or `turn_failed` (data: the JSON error body)",
-            content((TurnReply = "application/json"), (String = "text/event-stream"))),
+            content((TurnReply = "application/json"), (TurnStream = "text/event-stream"))),
         SendErrors,
     )
 )]
@@ -382,8 +461,10 @@ pub const MAX_PAGE: usize = 1_000;
 #[serde(deny_unknown_fields)]
 struct HistoryQuery {
     /// Only messages after this seq (the previous page's `next_after`).
+    #[param(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     after: Option<u64>,
     /// 1 to 1,000 (default 1,000).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
@@ -413,7 +494,7 @@ async fn history(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-    Query(q): Query<HistoryQuery>,
+    ApiQuery(q): ApiQuery<HistoryQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(MAX_PAGE);
     if limit == 0 || limit > MAX_PAGE {

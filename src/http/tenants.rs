@@ -9,6 +9,13 @@
 //! Every change is checked like a full config (unknown keys and bad values
 //! are 422) and stored durably before the reply; the next turn of the
 //! tenant's sessions uses it.
+//!
+//! The bodies' schemas ([`TenantConfig`]'s own, and `TenantConfigPatch`
+//! for a merge patch: the same keys, each nullable) state what
+//! `TenantConfig` refuses (ranges, lengths, unknown keys, anything but an
+//! object), so the document says it; the extractor holds bodies to them
+//! before `TenantConfig` checks its values again (the tests below keep the
+//! patch's schema in step with the config's).
 
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
@@ -19,7 +26,8 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::require_admin;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
+use super::extract::ApiJsonValue;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::tenants::{Principal, TenantConfig, valid_tenant_id};
@@ -34,10 +42,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[allow(dead_code)]
 struct TenantConfigView {
     tenant: String,
-    /// `{custom_system_prompt, preferred_model, temperature, max_response_tokens, auto_respond_enabled,
-    /// respond_with_operator, suggestions_enabled, response_delay_ms, tool_config}`.
-    #[schema(value_type = Object)]
-    config: Value,
+    config: TenantConfig,
 }
 
 #[derive(ToSchema)]
@@ -53,6 +58,43 @@ struct Provider {
 #[allow(dead_code)]
 struct Providers {
     providers: Vec<Provider>,
+}
+
+/// A JSON merge patch (RFC 7396) of a tenant's config: a key set to `null`
+/// goes back to its default, a key left out stays as it is.
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct TenantConfigPatch {
+    auto_respond_enabled: Option<bool>,
+    respond_with_operator: Option<bool>,
+    suggestions_enabled: Option<bool>,
+    preferred_model: Option<String>,
+    #[schema(max_length = 20000)]
+    custom_system_prompt: Option<String>,
+    #[schema(format = "uint32", minimum = 1, maximum = 4294967295_u32)]
+    max_response_tokens: Option<u32>,
+    #[schema(minimum = 0, maximum = 2)]
+    temperature: Option<f32>,
+    #[schema(minimum = 0, maximum = 60000)]
+    response_delay_ms: Option<u64>,
+    tool_config: Option<ToolConfigPatch>,
+    plan: Option<crate::identity::Plan>,
+    tool_quotas: Option<std::collections::BTreeMap<String, crate::tools::RateLimit>>,
+}
+
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ToolConfigPatch {
+    fetch_page_enabled: Option<bool>,
+    #[schema(inline, value_type = Option<Vec<crate::tenants::config::AbsolutePath>>)]
+    allowed_paths: Option<Vec<String>>,
+    #[schema(minimum = 1, maximum = 10)]
+    max_iterations: Option<u32>,
+    cache_enabled: Option<bool>,
+    #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
+    cache_ttl_seconds: Option<u64>,
 }
 
 fn check(caller: &Principal, tenant: &str) -> Result<(), ApiError> {
@@ -110,7 +152,7 @@ error_responses!(
     summary = "Replace a tenant's config (admin)",
     tag = "tenants",
     params(("id" = String, Path, description = "Tenant id")),
-    request_body(content = Object, description = "A full config; missing keys take their defaults"),
+    request_body(content = TenantConfig, description = "A full config; missing keys take their defaults"),
     responses(
         (status = 200, description = "The config as stored", body = TenantConfigView),
         ReplaceErrors,
@@ -120,7 +162,7 @@ async fn replace(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(tenant): Path<String>,
-    ApiJson(body): ApiJson<Value>,
+    ApiJsonValue(body, _): ApiJsonValue<TenantConfig>,
 ) -> Result<Json<Value>, ApiError> {
     check(&caller, &tenant)?;
     let config = TenantConfig::from_json(body)?;
@@ -143,7 +185,7 @@ error_responses!(
     summary = "Merge-patch a tenant's config (admin)",
     tag = "tenants",
     params(("id" = String, Path, description = "Tenant id")),
-    request_body(content = Object, description = "A JSON merge patch (RFC 7396) of the config"),
+    request_body(content = TenantConfigPatch, description = "A JSON merge patch (RFC 7396) of the config"),
     responses(
         (status = 200, description = "The config as stored", body = TenantConfigView),
         PatchErrors,
@@ -153,7 +195,7 @@ async fn patch(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(tenant): Path<String>,
-    ApiJson(body): ApiJson<Value>,
+    ApiJsonValue(body, _): ApiJsonValue<TenantConfigPatch>,
 ) -> Result<Json<Value>, ApiError> {
     check(&caller, &tenant)?;
     let current = TenantConfig::load(&state.store, &tenant).await?;

@@ -10,10 +10,17 @@
 //! pending confirmation, 403 plan, 404 unknown tool, 422 validation, 429
 //! rate limited or queue full (with `Retry-After`), 502 the tool failed, 503
 //! its MCP server is down (`tool_unavailable`), 504 it timed out.
+//! A request that does not fit the document (a body that is not an
+//! object, `params` that is not one, an unknown plan) is refused before any
+//! call, with the 422 error body.
+//!
+//! Plans are spelled exactly as [`PlanName`] lists them (`free`, `pro`,
+//! `premium`), in bodies and queries alike: the document's enum is the
+//! whole truth (the CLI's `--plan` stays case-insensitive).
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -23,7 +30,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiQuery};
 use super::openapi::ErrorBody;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
@@ -67,7 +75,7 @@ struct ToolResult {
     output: Option<Value>,
     error: Option<String>,
     /// `tool_not_found`, `plan_required`, `rate_limited`, `queue_full`, `validation_error`,
-    /// `timeout`, `execution_error` or `pending_confirmation`.
+    /// `timeout`, `execution_error`, `pending_confirmation` or `tool_unavailable`.
     error_type: Option<String>,
     /// For `validation_error`: `{field, code, message}` per failure.
     #[schema(value_type = Option<Vec<Object>>)]
@@ -100,21 +108,50 @@ struct Validation {
     validated_params: Option<Value>,
 }
 
+/// A plan as the API spells it: exactly one of these names.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub enum PlanName {
+    Free,
+    Pro,
+    Premium,
+}
+
+/// The plans [`PlanName`] lists, in its order.
+pub const PLANS: [Plan; 3] = [Plan::Free, Plan::Pro, Plan::Premium];
+
+/// A plan named as [`PlanName`] says (`free` when absent); any other
+/// spelling is a 422, as the document's enum says.
 pub fn parse_plan(plan: Option<&str>) -> Result<Plan, ApiError> {
     match plan {
         None => Ok(Plan::Free),
-        Some(p) => Plan::parse(p).ok_or_else(|| {
-            ApiError::validation(format!("unknown plan '{p}' (free, pro or premium)"))
-        }),
+        Some(p) => PLANS
+            .into_iter()
+            .find(|known| known.as_str() == p)
+            .ok_or_else(|| {
+                ApiError::validation(format!("unknown plan '{p}' (free, pro or premium)"))
+            }),
     }
+}
+
+/// What `GET /v1/tools` lists.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum ToolListView {
+    Openai,
+    Definitions,
 }
 
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 struct ListQuery {
     /// `free`, `pro` or `premium`: only what that plan may call.
+    #[param(inline, value_type = Option<PlanName>)]
     plan: Option<String>,
     /// `openai` (default): function specs; `definitions`: the full definitions.
+    #[param(inline, value_type = Option<ToolListView>)]
     view: Option<String>,
 }
 
@@ -137,7 +174,7 @@ error_responses!(
 )]
 async fn list(
     State(state): State<AppState>,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let defs = match q.plan.as_deref() {
         None => state.registry.definitions(),
@@ -213,9 +250,11 @@ struct InvokeBody {
     params: Value,
     user_id: Option<String>,
     /// `free` (default), `pro` or `premium`.
+    #[schema(value_type = Option<PlanName>)]
     plan: Option<String>,
     /// Queue order under the priority strategy.
     #[serde(default)]
+    #[schema(minimum = -2147483648, maximum = 2147483647)]
     priority: i32,
 }
 
@@ -236,6 +275,7 @@ struct InvokeBody {
         (status = 429, description = "`rate_limited` / `queue_full` (tool outcome); see `Retry-After`",
             body = ToolResultOrError, headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "`execution_error` (tool outcome)", body = ToolResult),
+        (status = 503, description = "`tool_unavailable` (tool outcome): the tool's MCP server is down; its tools come back when it does", body = ToolResult),
         (status = 504, description = "`timeout` (tool outcome)", body = ToolResult),
     )
 )]
@@ -284,9 +324,10 @@ async fn invoke(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct ValidateBody {
-    /// The arguments to check (default `{}`).
+    /// The arguments to check (default `{}`): any JSON value; what is not
+    /// an object fails the tool's schema and comes back `is_valid: false`.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Value)]
     params: Value,
 }
 

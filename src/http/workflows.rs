@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
@@ -41,8 +41,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, ApiJson};
-use super::openapi::error_responses;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiQuery};
+use super::openapi::{Lagged, error_responses};
 use crate::tenants::Principal;
 use crate::workflow::{RunFilter, StartRun, WorkflowError, WorkflowEventKind, WorkflowRun};
 
@@ -87,6 +88,62 @@ struct RunList {
     /// Newest first.
     runs: Vec<Run>,
     count: usize,
+}
+
+/// How a run stands.
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum RunStatusName {
+    Running,
+    Succeeded,
+    Failed,
+    Interrupted,
+}
+
+/// A change in a run: `{run_id, at, type, ...}`, `type` being the event's
+/// name; the other fields depend on it (`workflow` for `run_started`;
+/// `node` for `node_*` and `item_*`; `attempts` for `node_succeeded` and
+/// `node_failed`; `item` for `item_*`; `error` for `*_failed` and
+/// `run_finished`; `reason` for `node_skipped`; `status` for
+/// `run_finished`).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct RunEvent {
+    run_id: String,
+    /// RFC 3339 timestamp.
+    at: String,
+    /// `run_started`, `node_started`, `node_succeeded`, `node_failed`, `node_skipped`,
+    /// `item_started`, `item_succeeded`, `item_failed` or `run_finished`.
+    r#type: String,
+    workflow: Option<String>,
+    node: Option<String>,
+    #[schema(minimum = 0)]
+    attempts: Option<u32>,
+    #[schema(minimum = 0)]
+    item: Option<u64>,
+    error: Option<String>,
+    reason: Option<String>,
+    status: Option<RunStatusName>,
+}
+
+super::openapi::event_stream! {
+    /// A run's events: `snapshot` (the run as it is) first, then one event
+    /// per change; the stream ends after `run_finished` (at once if the run
+    /// was already over).
+    RunEvents {
+        "snapshot" => Run,
+        "run_started" => RunEvent,
+        "node_started" => RunEvent,
+        "node_succeeded" => RunEvent,
+        "node_failed" => RunEvent,
+        "node_skipped" => RunEvent,
+        "item_started" => RunEvent,
+        "item_succeeded" => RunEvent,
+        "item_failed" => RunEvent,
+        "run_finished" => RunEvent,
+        "lagged" => Lagged,
+    }
 }
 
 #[utoipa::path(
@@ -213,6 +270,7 @@ struct ListQuery {
     /// Only runs of this workflow.
     workflow: Option<String>,
     /// 1 to 1,000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
@@ -238,7 +296,7 @@ error_responses!(
 async fn list_runs(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
     if limit == 0 || limit > MAX_LIMIT {
@@ -317,7 +375,7 @@ async fn resume(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-    Query(q): Query<ResumeQuery>,
+    ApiQuery(q): ApiQuery<ResumeQuery>,
 ) -> Result<Json<Value>, ApiError> {
     owned(&state, &caller, &id).await?;
     let run = state.workflows.resume(&id).await?;
@@ -344,7 +402,7 @@ error_responses!(
     params(("id" = String, Path, description = "Run id")),
     responses(
         (status = 200, description = "Server-Sent Events: `snapshot` (the run), then `node_started`, `node_succeeded`, `node_failed`, `node_skipped`, `item_*`, `run_finished` (the stream ends after it); `lagged` (`{missed}`) when the subscriber fell behind",
-            content_type = "text/event-stream", body = String),
+            content_type = "text/event-stream", body = RunEvents),
         EventsErrors,
     )
 )]

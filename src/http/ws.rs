@@ -64,7 +64,15 @@ error_responses!(
     summary = "Visitor chat over a WebSocket",
     tag = "sessions",
     description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Frames over 256 KiB close it.",
-    params(("id" = String, Path, description = "Session id")),
+    params(
+        ("id" = String, Path, description = "Session id"),
+        ("Connection" = String, Header, description = "A list holding `upgrade` (any case)",
+            pattern = "(^|,)[ \\t]*[Uu][Pp][Gg][Rr][Aa][Dd][Ee][ \\t]*(,|$)", example = "upgrade"),
+        ("Upgrade" = String, Header, description = "`websocket` (any case)",
+            pattern = "^[Ww][Ee][Bb][Ss][Oo][Cc][Kk][Ee][Tt]$", example = "websocket"),
+        ("Sec-WebSocket-Version" = String, Header, description = "`13`", pattern = "^13$", example = "13"),
+        ("Sec-WebSocket-Key" = String, Header, description = "The client's nonce (RFC 6455)", example = "dGhlIHNhbXBsZSBub25jZQ=="),
+    ),
     responses(
         (status = 101, description = "Switched to the WebSocket protocol"),
         UpgradeErrors,

@@ -16,6 +16,10 @@
 //! ceilings for the whole tenant, enforced by the executor beside each
 //! tool's per-user limits, so rotating `user_id` cannot exceed them.
 //! PATCH is a JSON merge patch (RFC 7396) checked like a full config.
+//!
+//! The types derive their OpenAPI schema (`POST /v1/tenants/{id}/config`'s
+//! body): its bounds are written next to the fields and mirror
+//! `TenantConfig::check`, so the API's document states what it refuses.
 
 use std::collections::BTreeMap;
 
@@ -31,16 +35,26 @@ const NAMESPACE: &str = "tenant_config";
 /// Tools a tenant config may set quotas for.
 const MAX_TOOL_QUOTAS: usize = 256;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct TenantConfig {
+    /// Visitor messages get a model turn.
     pub auto_respond_enabled: bool,
+    /// The model answers even while an operator is assigned.
     pub respond_with_operator: bool,
+    /// Operators may ask for reply suggestions.
     pub suggestions_enabled: bool,
+    /// The model of the tenant's turns, instead of the agent's.
     pub preferred_model: Option<String>,
+    /// Replaces the agent's system prompt.
+    #[schema(max_length = 20000)]
     pub custom_system_prompt: Option<String>,
+    #[schema(format = "uint32", minimum = 1, maximum = 4294967295_u32)]
     pub max_response_tokens: Option<u32>,
+    #[schema(minimum = 0, maximum = 2)]
     pub temperature: Option<f32>,
+    /// Wait before an automatic answer.
+    #[schema(minimum = 0, maximum = 60000)]
     pub response_delay_ms: u64,
     pub tool_config: ToolConfig,
     /// The highest plan the tenant's callers may use (default `premium`:
@@ -71,15 +85,28 @@ impl Default for TenantConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ToolConfig {
+    /// `fetch_page` stays available.
     pub fetch_page_enabled: bool,
+    /// The site paths `fetch_page` may read, each starting with `/`.
+    #[schema(inline, value_type = Option<Vec<AbsolutePath>>)]
     pub allowed_paths: Option<Vec<String>>,
+    /// Tool rounds per turn.
+    #[schema(minimum = 1, maximum = 10)]
     pub max_iterations: Option<u32>,
+    /// Tool results are cached.
     pub cache_enabled: bool,
+    #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     pub cache_ttl_seconds: Option<u64>,
 }
+
+/// A path on the site, starting with `/`.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, pattern = "^/")]
+#[allow(dead_code)]
+pub struct AbsolutePath(String);
 
 impl Default for ToolConfig {
     fn default() -> Self {
@@ -140,10 +167,12 @@ impl TenantConfig {
         {
             return bad("tool_config.max_iterations must be between 1 and 10");
         }
+        // Characters, not bytes: a JSON Schema `maxLength` (the API's
+        // document) can state the one and not the other.
         if let Some(p) = &self.custom_system_prompt
-            && p.len() > 20_000
+            && p.chars().count() > 20_000
         {
-            return bad("custom_system_prompt is longer than 20000 bytes");
+            return bad("custom_system_prompt is longer than 20000 characters");
         }
         if let Some(paths) = &self.tool_config.allowed_paths
             && paths.iter().any(|p| !p.starts_with('/'))
@@ -165,9 +194,16 @@ impl TenantConfig {
 
     /// A config from JSON, checked.
     pub fn from_json(value: Value) -> Result<TenantConfig, TenantConfigError> {
+        // serde's own words name Rust types (`expected u32`): keep what
+        // comes before them.
         let config: TenantConfig =
             serde_json::from_value(value).map_err(|e| TenantConfigError::Invalid {
-                message: e.to_string(),
+                message: e
+                    .to_string()
+                    .split(", expected")
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
             })?;
         config.check()?;
         Ok(config)

@@ -19,7 +19,7 @@ pub use crate::identity::Plan;
 use crate::model::ToolSpec;
 
 /// Calls allowed per user and tool in each window; unset windows are unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
     pub per_minute: Option<u32>,

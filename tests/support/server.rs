@@ -39,6 +39,12 @@ impl Server {
         Self::spawn(data_dir, agents, None, &[])
     }
 
+    /// [`Self::start_offline`] with server config variables (`CADRE_*`).
+    #[allow(dead_code)]
+    pub fn start_offline_with(data_dir: &Path, agents: &Path, env: &[(&str, &str)]) -> Server {
+        Self::spawn(data_dir, agents, None, env)
+    }
+
     fn spawn(
         data_dir: &Path,
         agents: &Path,
