@@ -846,13 +846,17 @@ async fn a_paper_order_waits_for_approval_and_then_runs() {
     assert_eq!(order["status"], "filled", "{body}");
     assert_eq!(order["symbol"], "AAPL");
 
-    let fills = fills(&app).await;
-    assert_eq!(fills.len(), 1);
-    assert_eq!(fills[0]["order_id"], order["id"]);
+    let filled = fills(&app).await;
+    assert_eq!(filled.len(), 1);
+    assert_eq!(filled[0]["order_id"], order["id"]);
     let (status, again) = decide(&app, &id, true).await;
     assert_eq!(status, StatusCode::CONFLICT, "it runs once: {again}");
     assert_eq!(again["error"]["code"], "CONFIRMATION_ALREADY_DECIDED");
-    assert_eq!(fills(&app).await.len(), 1);
+    assert_eq!(
+        fills(&app).await.len(),
+        1,
+        "the second decision filled nothing more"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
