@@ -78,6 +78,10 @@ error_codes! {
         "no valid API key (`Authorization: Bearer <key>`)";
     AdminRequired = "ADMIN_REQUIRED", FORBIDDEN, false,
         "the operation needs an admin API key";
+    MetricsKeyRequired = "METRICS_KEY_REQUIRED", FORBIDDEN, false,
+        "`/metrics` needs an admin key or a metrics (scrape) key";
+    ScrapeOnlyKey = "SCRAPE_ONLY_KEY", FORBIDDEN, false,
+        "a metrics (scrape) key may read `/metrics` and nothing else";
     SuggestionsDisabled = "SUGGESTIONS_DISABLED", FORBIDDEN, false,
         "reply suggestions are turned off for this tenant";
     NotFound = "NOT_FOUND", NOT_FOUND, false,
@@ -96,6 +100,8 @@ error_codes! {
         "no workflow run with that id (another tenant's run is answered the same)";
     ConfirmationNotFound = "CONFIRMATION_NOT_FOUND", NOT_FOUND, false,
         "no pending confirmation with that id";
+    KeyNotFound = "KEY_NOT_FOUND", NOT_FOUND, false,
+        "no API key with that id";
     MethodNotAllowed = "METHOD_NOT_ALLOWED", METHOD_NOT_ALLOWED, false,
         "the route does not take this method (see `Allow`)";
     ConversationBusy = "CONVERSATION_BUSY", CONFLICT, false,
@@ -115,7 +121,7 @@ error_codes! {
     ValidationError = "VALIDATION_ERROR", UNPROCESSABLE_ENTITY, false,
         "a field or parameter is missing, unknown, of the wrong type or out of range";
     RateLimited = "RATE_LIMITED", TOO_MANY_REQUESTS, true,
-        "over the API's per-caller request rate; see `Retry-After`";
+        "over the API's per-caller request rate, or too many failed authentications from this address; see `Retry-After`";
     TooManyStreams = "TOO_MANY_STREAMS", TOO_MANY_REQUESTS, true,
         "the caller has as many event streams and WebSockets open as allowed";
     InternalError = "INTERNAL_ERROR", INTERNAL_SERVER_ERROR, false,

@@ -3,7 +3,8 @@
 //! tenants (keys) ──▶ [`Principal`] ──▶ http / mcp handlers
 //! store, tools, executor, workflow ──▶ [`Plan`], [`DEFAULT_TENANT`]
 //!
-//! The tenant, plan and admin right of a caller are plain data that the
+//! The tenant, plan ceiling and rights (admin, scrape-only) of a caller
+//! come from its key ([`crate::tenants`]). They are plain data that the
 //! store (sessions carry a tenant and a plan), the tool definitions
 //! (`required_plan`) and the key ring all name. They live here, below all
 //! of them, so none of those modules has to import another for them.
@@ -56,22 +57,36 @@ impl Plan {
     }
 }
 
-/// The caller of a request, once authenticated.
+/// The caller of a request, once authenticated: what its key allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
     pub tenant: String,
     pub admin: bool,
+    /// The highest plan the key may use: a ceiling, not the plan a call
+    /// runs with (that is the lowest of tenant, key and request).
+    pub plan: Plan,
+    /// A scrape key: it may read `/metrics` and nothing else.
+    pub metrics_only: bool,
     /// The verified key's id (`None` when the server runs open).
     pub key_id: Option<String>,
 }
 
 impl Principal {
+    /// The local operator of a server that runs open (loopback only):
+    /// tenant `default`, admin, every plan.
     pub fn open() -> Self {
         Principal {
             tenant: DEFAULT_TENANT.into(),
             admin: true,
+            plan: Plan::Premium,
+            metrics_only: false,
             key_id: None,
         }
+    }
+
+    /// May read `/metrics`: an admin key or a scrape key.
+    pub fn may_scrape(&self) -> bool {
+        self.admin || self.metrics_only
     }
 }
 

@@ -94,7 +94,8 @@ enum Command {
         #[command(subcommand)]
         command: ToolsCommand,
     },
-    /// API keys of tenants (work on the data dir: stop the server first).
+    /// API keys of tenants: with `--url` (and an admin `--api-key`) on a
+    /// running server, else on the data dir (the server stopped).
     Keys {
         #[command(subcommand)]
         command: KeysCommand,
@@ -169,13 +170,23 @@ enum KeysCommand {
     Create {
         #[arg(long)]
         tenant: String,
-        /// May manage tenant configs and read runtime-wide stats and events.
+        /// May manage tenant configs and keys, and read runtime-wide stats,
+        /// events and /metrics.
         #[arg(long)]
         admin: bool,
+        /// The highest plan the key may use: free, pro or premium (default: every plan).
+        #[arg(long, value_parser = parse_plan)]
+        plan: Option<Plan>,
+        /// A scrape key: it may read /metrics and nothing else.
+        #[arg(long, conflicts_with = "admin")]
+        metrics: bool,
+        /// When the key stops working (RFC 3339, e.g. 2030-01-01T00:00:00Z).
+        #[arg(long)]
+        expires_at: Option<jiff::Timestamp>,
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
-    /// List keys (ids and tenants; never the keys).
+    /// List keys (ids, tenants, rights, status; never the keys).
     List {
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
@@ -186,6 +197,10 @@ enum KeysCommand {
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
+}
+
+fn parse_plan(s: &str) -> Result<Plan, String> {
+    Plan::parse(s).ok_or_else(|| format!("'{s}' is not a plan: free, pro or premium"))
 }
 
 #[derive(Subcommand)]
@@ -563,44 +578,40 @@ fn open_store(data_dir: &std::path::Path) -> anyhow::Result<cadre::store::Store>
 }
 
 fn keys(command: KeysCommand) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+    use cadre::tenants::NewKey;
+
+    block_on(async {
+        let now = jiff::Timestamp::now();
         match command {
             KeysCommand::Create {
                 tenant,
                 admin,
+                plan,
+                metrics,
+                expires_at,
                 data_dir,
             } => {
                 let store = open_store(&data_dir)?;
-                let (key, record) = cadre::tenants::create_key(&store, &tenant, admin).await?;
-                println!("{key}");
-                eprintln!(
-                    "key {} for tenant {}{}: shown once, store it now",
-                    record.key_id,
-                    record.tenant,
-                    if admin { " (admin)" } else { "" }
-                );
+                let mut new = NewKey::tenant(tenant);
+                new.admin = admin;
+                new.metrics = metrics;
+                new.expires_at = expires_at;
+                if let Some(plan) = plan {
+                    new.plan = plan;
+                }
+                let (key, record) = cadre::tenants::issue_key(&store, &new, now).await?;
+                cli::render::created_key(&key, &record.info(now));
             }
             KeysCommand::List { data_dir } => {
                 let store = open_store(&data_dir)?;
                 for k in cadre::tenants::list_keys(&store).await? {
-                    let state = match k.revoked_at {
-                        Some(t) => format!("revoked {t}"),
-                        None => "active".into(),
-                    };
-                    let admin = if k.admin { "admin" } else { "" };
-                    println!(
-                        "{:<14} {:<20} {admin:<6} {} {state}",
-                        k.key_id, k.tenant, k.created_at
-                    );
+                    println!("{}", cli::render::key_line(&k.info(now)));
                 }
             }
             KeysCommand::Revoke { key_id, data_dir } => {
                 let store = open_store(&data_dir)?;
                 let k = cadre::tenants::revoke_key(&store, &key_id).await?;
-                println!("revoked {} (tenant {})", k.key_id, k.tenant);
+                println!("revoked {}", k.key_id);
             }
         }
         Ok(())

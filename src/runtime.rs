@@ -482,9 +482,11 @@ async fn serve(
             let _ = ready.send(Err(RuntimeError::Open { addr }));
             return;
         }
-        tracing::warn!(%addr, "no API keys configured: serving open on loopback as tenant 'default'; create keys with `cadre keys create --tenant ID`");
+        tracing::warn!(%addr, "no API keys configured: serving open on loopback as tenant 'default'; create keys with `cadre keys create --tenant ID` or POST /v1/keys (the first ends open mode)");
     }
-    let api_limit = match ApiRateLimit::new(&builder.config.api_limit) {
+    let limits = ApiRateLimit::new(&builder.config.api_limit)
+        .and_then(|l| Ok((l, builder.config.api_limit.failed_auths()?)));
+    let (api_limit, failed_auths) = match limits {
         Ok(l) => l,
         Err(e) => {
             let _ = ready.send(Err(RuntimeError::Tool {
@@ -541,10 +543,11 @@ async fn serve(
                     executor,
                     events,
                     workflows: workflows.clone(),
+                    keys,
                     mcp_shutdown: mcp_shutdown.clone(),
                 },
                 api_limit,
-                keys,
+                failed_auths,
             )
             .into_make_service_with_connect_info::<SocketAddr>();
             let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
@@ -571,7 +574,7 @@ async fn serve(
             }
         }
         None => {
-            drop((sessions, registry, executor, api_limit, keys));
+            drop((sessions, registry, executor, api_limit, failed_auths, keys));
             shutdown.await;
         }
     }

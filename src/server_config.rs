@@ -4,7 +4,8 @@
 //! file (TOML) ──▶ table ──CADRE_<SECTION>_<KEY> overrides──▶ [`ServerConfig`] (deny unknown keys) ──validate──▶ runtime
 //!
 //! Sections: `[concurrency]` (the executor's pool), `[api_limit]` (HTTP
-//! requests and open event streams per API key), `[executor]`, `[tools]`,
+//! requests and open event streams per API key, failed authentications per
+//! address), `[executor]`, `[tools]`,
 //! `[sessions]`, `[server]` (shutdown grace). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
@@ -216,6 +217,11 @@ impl ServerConfig {
         }
         if self.api_limit.max_streams == 0 {
             return Err("api_limit.max_streams must be at least 1".into());
+        }
+        if self.api_limit.failed_auth_burst == 0 || self.api_limit.failed_auth_per_minute == 0 {
+            return Err(
+                "api_limit.failed_auth_burst and failed_auth_per_minute must be at least 1".into(),
+            );
         }
         Ok(())
     }

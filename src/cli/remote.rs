@@ -6,9 +6,11 @@
 //!
 //! Decisions where the task was silent:
 //! - Commands that check files on this machine (`tools check`, `config
-//!   check`), manage keys (`keys`, which writes the data dir) or run the
-//!   server (`serve`) ignore `--url`: [`run`] returns `None` for them and
-//!   `main` runs them locally.
+//!   check`) or run the server (`serve`) ignore `--url`: [`run`] returns
+//!   `None` for them and `main` runs them locally.
+//! - `keys create|list|revoke` go to `/v1/keys` (the `--api-key` must be an
+//!   admin key, or the server runs open) and print what the local commands
+//!   print: the record comes back as the same `KeyInfo`.
 //! - A JSON error body (`{"error": {"code", "message", "details"?}}`)
 //!   becomes the command's error, `CODE (HTTP status): message`, so it is
 //!   printed on stderr and the exit code is 1. A body that is not JSON is
@@ -28,8 +30,9 @@ use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{Value, json};
 
 use super::render;
-use crate::{Command, SessionsCommand, ToolsCommand, WorkflowCommand};
+use crate::{Command, KeysCommand, SessionsCommand, ToolsCommand, WorkflowCommand};
 use cadre::store::{Session, ToolCallRecord};
+use cadre::tenants::KeyInfo;
 use cadre::tools::ToolDefinition;
 use cadre::workflow::WorkflowRun;
 
@@ -43,6 +46,7 @@ pub fn run(url: &str, api_key: Option<&str>, command: &Command) -> Option<anyhow
             | Command::Stats { .. }
             | Command::Chat { .. }
             | Command::Workflow { .. }
+            | Command::Keys { .. }
             | Command::Tools {
                 command: ToolsCommand::List { .. } | ToolsCommand::Invoke { .. },
             }
@@ -103,7 +107,8 @@ impl Client {
         }
     }
 
-    /// Sends, and reads the reply as JSON (status and body).
+    /// Sends, and reads the reply as JSON (status and body; `null` for an
+    /// empty success).
     fn send(&self, request: RequestBuilder) -> anyhow::Result<(reqwest::StatusCode, Value)> {
         self.rt.block_on(async {
             let response = request
@@ -114,6 +119,8 @@ impl Client {
             let text = response.text().await.context("reading the reply")?;
             match serde_json::from_str::<Value>(&text) {
                 Ok(body) => Ok((status, body)),
+                // 204 No Content (a revoked key).
+                Err(_) if status.is_success() && text.is_empty() => Ok((status, Value::Null)),
                 Err(_) if status.is_success() => {
                     bail!("the server's reply is not JSON: {}", text.trim())
                 }
@@ -250,7 +257,50 @@ impl Client {
                 message,
                 ..
             } => self.chat(agent, plan, session.as_deref(), message.clone()),
+            Command::Keys { command } => self.keys(command),
             _ => unreachable!("run() passes only remote commands"),
+        }
+    }
+
+    fn keys(&self, command: &KeysCommand) -> anyhow::Result<()> {
+        match command {
+            KeysCommand::Create {
+                tenant,
+                admin,
+                plan,
+                metrics,
+                expires_at,
+                ..
+            } => {
+                let body = json!({
+                    "tenant": tenant,
+                    "admin": admin,
+                    "plan": plan,
+                    "metrics": metrics,
+                    "expires_at": expires_at,
+                });
+                let created = self.post("/v1/keys", &body)?;
+                let key = created["key"].as_str().context("the server sent no key")?;
+                let info: KeyInfo =
+                    serde_json::from_value(created.clone()).context("the server's key record")?;
+                render::created_key(key, &info);
+                Ok(())
+            }
+            KeysCommand::List { .. } => {
+                let body = self.get("/v1/keys")?;
+                let keys: Vec<KeyInfo> =
+                    serde_json::from_value(body["keys"].clone()).context("the server's keys")?;
+                for k in &keys {
+                    println!("{}", render::key_line(k));
+                }
+                Ok(())
+            }
+            KeysCommand::Revoke { key_id, .. } => {
+                let path = format!("/v1/keys/{}", segment(key_id));
+                self.call(self.request(Method::DELETE, &path))?;
+                println!("revoked {key_id}");
+                Ok(())
+            }
         }
     }
 

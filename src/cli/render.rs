@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use serde_json::Value;
 
 use cadre::store::{Session, StoredMessage, ToolCallRecord};
+use cadre::tenants::{KeyInfo, KeyStatus};
 use cadre::tools::ToolDefinition;
 use cadre::workflow::WorkflowRun;
 
@@ -20,6 +21,49 @@ pub fn session_line(s: &Session) -> String {
         "{}  {:<12} {:<18} {}",
         s.id, s.tenant, s.agent, s.created_at
     )
+}
+
+/// `cadre keys list`: one line per key: id, tenant, role, plan, created, status.
+pub fn key_line(k: &KeyInfo) -> String {
+    let role = match (k.admin, k.metrics) {
+        (true, _) => "admin",
+        (false, true) => "metrics",
+        (false, false) => "tenant",
+    };
+    let status = match (k.status, k.expires_at, k.revoked_at) {
+        (KeyStatus::Revoked, _, Some(at)) => format!("revoked {at}"),
+        (KeyStatus::Expired, Some(at), _) => format!("expired {at}"),
+        (KeyStatus::Active, Some(at), _) => format!("active until {at}"),
+        (status, _, _) => format!("{status:?}").to_lowercase(),
+    };
+    format!(
+        "{:<14} {:<20} {role:<7} {:<8} {} {status}",
+        k.key_id,
+        k.tenant,
+        k.plan.as_str(),
+        k.created_at
+    )
+}
+
+/// `cadre keys create`: the key alone on stdout (it is shown once), what
+/// it is on stderr.
+pub fn created_key(key: &str, k: &KeyInfo) {
+    println!("{key}");
+    let role = match (k.admin, k.metrics) {
+        (true, _) => ", admin",
+        (false, true) => ", metrics only",
+        (false, false) => "",
+    };
+    let expiry = k
+        .expires_at
+        .map(|at| format!(", expires {at}"))
+        .unwrap_or_default();
+    eprintln!(
+        "key {} for tenant {} (plan {}{role}{expiry}): shown once, store it now",
+        k.key_id,
+        k.tenant,
+        k.plan.as_str()
+    );
 }
 
 /// `cadre sessions show`: the session and its messages, from an export

@@ -1,31 +1,67 @@
 //! Authentication: every request's caller, from `Authorization: Bearer`.
 //!
 //! request ──▶ authenticate ──Principal (request extension)──▶ handlers
+//!                 ├─ address over its failure budget ──▶ 429 RATE_LIMITED (key not checked)
+//!                 ├─ no key, or a refused one (counted) ──▶ 401 UNAUTHORIZED
+//!                 └─ a scrape key anywhere but `/metrics` ──▶ 403 SCRAPE_ONLY_KEY
 //!
 //! With keys configured, a request without a valid key is 401 (the body
-//! never echoes the key); `/healthz` and `/readyz` stay open for probes, and
-//! so do `/openapi.json` and `/docs` (the API's description, no data). With no key ever
-//! created the server runs open: every request is the `default` tenant with
-//! admin rights. Handlers take the caller as `Extension<Principal>` and
-//! [`require_admin`] guards admin-only routes.
+//! never echoes the key; it says whether the key is unknown, revoked or
+//! expired, the last two only once its secret matched); `/healthz` and
+//! `/readyz` stay open for probes, and so do `/openapi.json` and `/docs`
+//! (the API's description, no data). With no key ever created the server
+//! runs open: every request is the `default` tenant with admin rights and
+//! every plan. The key ring is read on every request, so a key created or
+//! revoked through `/v1/keys` counts from the next request on, and the
+//! first key ends open mode.
+//!
+//! Wrong keys are counted per client address ([`super::auth_limit`]); an
+//! address past its budget is answered 429 with `Retry-After`.
+//!
+//! Handlers take the caller as `Extension<Principal>`; [`require_admin`]
+//! guards admin-only routes and [`require_scraper`] `/metrics`. A metrics
+//! (scrape) key is refused here everywhere but `/metrics` (403
+//! `SCRAPE_ONLY_KEY`, not 401: the key is valid, its scope is not), so no
+//! handler has to think of it.
 
-use axum::extract::{Request, State};
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::auth_limit::{FailedAuths, client_of};
 use super::error::ApiError;
+use super::rate_limit::too_many_requests;
 use crate::error_code::ErrorCode;
 use crate::tenants::{KeyRing, Principal};
 
-pub async fn authenticate(
-    State(keys): State<KeyRing>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    if keys.is_open() || super::openapi::is_public(request.uri().path()) {
+/// Where Prometheus scrapes; the one path a metrics key may read.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The state of [`authenticate`]: the live key ring and the failure
+/// budget of every address.
+#[derive(Clone)]
+pub struct Auth {
+    pub keys: KeyRing,
+    pub failures: FailedAuths,
+}
+
+pub async fn authenticate(State(auth): State<Auth>, mut request: Request, next: Next) -> Response {
+    if auth.keys.is_open() || super::openapi::is_public(request.uri().path()) {
         request.extensions_mut().insert(Principal::open());
         return next.run(request).await;
+    }
+    let client = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .and_then(|ConnectInfo(addr)| client_of(addr.ip()));
+    let now = Instant::now();
+    if let Some(wait) = auth.failures.blocked(client, now) {
+        tracing::debug!("failed-authentication budget of an address spent");
+        return too_many_requests("too many failed authentications from this address", wait);
     }
     let presented = request
         .headers()
@@ -38,12 +74,23 @@ pub async fn authenticate(
     let Some(presented) = presented else {
         return unauthorized("an API key is required: send `Authorization: Bearer <key>`");
     };
-    match keys.verify(presented) {
-        Some(principal) => {
+    match auth.keys.verify(presented) {
+        Ok(principal) => {
+            if principal.metrics_only && request.uri().path() != METRICS_PATH {
+                return ApiError::new(
+                    ErrorCode::ScrapeOnlyKey,
+                    "this is a metrics key: it may read /metrics and nothing else",
+                )
+                .into_response();
+            }
             request.extensions_mut().insert(principal);
             next.run(request).await
         }
-        None => unauthorized("the API key is not valid"),
+        Err(refusal) => {
+            auth.failures.record(client, now);
+            tracing::debug!(reason = %refusal, "authentication failed");
+            unauthorized(&refusal.to_string())
+        }
     }
 }
 
@@ -64,6 +111,18 @@ pub fn require_admin(principal: &Principal) -> Result<(), ApiError> {
         Err(ApiError::new(
             ErrorCode::AdminRequired,
             "this needs an admin API key",
+        ))
+    }
+}
+
+/// Refuses callers that may not read `/metrics`: neither admin nor metrics keys.
+pub fn require_scraper(principal: &Principal) -> Result<(), ApiError> {
+    if principal.may_scrape() {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::MetricsKeyRequired,
+            "/metrics needs an admin key or a metrics key (`cadre keys create --metrics`)",
         ))
     }
 }

@@ -4,7 +4,8 @@
 //! - `GET /v1/limits/quota?user_id=&tool=`: what is left of a user's rate
 //!   limit for a tool, per window (`{remaining, reset_at}`); reading it
 //!   spends nothing.
-//! - `GET /metrics`: Prometheus text format. Rendered by hand from the
+//! - `GET /metrics`: Prometheus text format, for admin and metrics keys
+//!   (anyone when the server runs open). Rendered by hand from the
 //!   runtime's own snapshots: each runtime has its own numbers (tests run
 //!   several in one process), which a process-global recorder would mix.
 
@@ -20,6 +21,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
+use super::auth::require_scraper;
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::openapi::error_responses;
@@ -122,16 +124,30 @@ async fn quota(
     })))
 }
 
+error_responses!(
+    MetricsErrors:
+    MetricsKeyRequired = "the key is neither an admin nor a metrics key"
+);
+
+/// With keys configured, an admin key or a metrics (scrape) key reads it,
+/// as Prometheus' `authorization` scrape config sends one.
 #[utoipa::path(
     get,
     path = "/metrics",
     operation_id = "metrics",
-    summary = "Prometheus metrics",
+    summary = "Prometheus metrics (admin or metrics key)",
     tag = "limits",
-    responses((status = 200, description = "Prometheus text format (0.0.4)",
-        content_type = "text/plain; version=0.0.4; charset=utf-8", body = String))
+    responses(
+        (status = 200, description = "Prometheus text format (0.0.4)",
+            content_type = "text/plain; version=0.0.4; charset=utf-8", body = String),
+        MetricsErrors,
+    )
 )]
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> Result<impl IntoResponse, ApiError> {
+    require_scraper(&caller)?;
     let m = state.executor.shared().concurrency.metrics();
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, kind: &str, value: String| {
@@ -213,11 +229,11 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         "cadre_store_commit_duration_seconds",
         "Duration of redb commits (one commit may carry many writes).",
     );
-    (
+    Ok((
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
         out,
-    )
+    ))
 }

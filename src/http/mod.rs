@@ -1,6 +1,6 @@
 //! HTTP API (axum): the way users reach sessions, tools and the executor.
 //!
-//! client ──HTTP──▶ rate limit (per API key) ──▶ router ──▶ one file per resource
+//! client ──HTTP──▶ auth (key ring; failed keys per address) ──▶ rate limit (per API key) ──▶ router ──▶ one file per resource
 //!                                                          ──▶ Sessions, ToolRegistry, ExecutorHandle
 //! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
 //!
@@ -19,12 +19,14 @@
 
 pub mod assist;
 pub mod auth;
+pub mod auth_limit;
 pub mod caller;
 pub mod calls;
 pub mod confirmations;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod keys;
 pub mod limits;
 pub mod openapi;
 pub mod rate_limit;
@@ -72,6 +74,9 @@ pub struct AppState {
     pub executor: ExecutorHandle,
     pub events: EventBus,
     pub workflows: Workflows,
+    /// The live key ring: read by authentication on every request, changed
+    /// by `/v1/keys`.
+    pub keys: KeyRing,
     /// Cancelled at shutdown: ends the open `/mcp` sessions.
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
 }
@@ -97,6 +102,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(events::routes())
         .merge(limits::routes())
         .merge(tenants::routes())
+        .merge(keys::routes())
         .merge(assist::routes())
         .merge(ws::routes())
         .merge(workflows::routes())
@@ -109,7 +115,13 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 /// transport. `/mcp` speaks MCP's own JSON-RPC protocol (its contract is the
 /// MCP specification), so the OpenAPI document does not describe it; it sits
 /// behind the same key and rate-limit layers as everything else.
-pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router {
+/// `failed_auths`: the failure budget of client addresses ([`auth_limit`]).
+pub fn router(
+    state: AppState,
+    api_limit: ApiRateLimit,
+    failed_auths: auth_limit::FailedAuths,
+) -> Router {
+    let keys = state.keys.clone();
     let mcp = crate::mcp::server::http_service(
         crate::mcp::McpServerDeps {
             registry: state.registry.clone(),
@@ -138,7 +150,13 @@ pub fn router(state: AppState, api_limit: ApiRateLimit, keys: KeyRing) -> Router
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(from_fn(refuse_oversized))
         .layer(from_fn_with_state(api_limit, rate_limit::limit))
-        .layer(from_fn_with_state(keys, auth::authenticate))
+        .layer(from_fn_with_state(
+            auth::Auth {
+                keys,
+                failures: failed_auths,
+            },
+            auth::authenticate,
+        ))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

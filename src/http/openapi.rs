@@ -111,6 +111,7 @@ pub struct ErrorDetail {
         (name = "events", description = "Runtime events"),
         (name = "limits", description = "Concurrency, quotas and metrics"),
         (name = "tenants", description = "Tenant configuration and model providers"),
+        (name = "keys", description = "API keys: create, list, revoke while the server runs"),
         (name = "workflows", description = "Multi-agent workflows and their runs"),
         (name = "health", description = "Liveness"),
     )

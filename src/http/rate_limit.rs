@@ -56,6 +56,11 @@ pub struct ApiLimitConfig {
     /// Streams (SSE and WebSockets) a caller may hold open at once
     /// ([`super::streams`]).
     pub max_streams: u32,
+    /// Wrong keys an address may present at once before it is answered
+    /// 429 ([`super::auth_limit`]).
+    pub failed_auth_burst: u32,
+    /// Wrong keys forgiven per minute once that budget is spent.
+    pub failed_auth_per_minute: u32,
 }
 
 impl Default for ApiLimitConfig {
@@ -64,6 +69,8 @@ impl Default for ApiLimitConfig {
             per_second: 50,
             burst: 100,
             max_streams: 32,
+            failed_auth_burst: 10,
+            failed_auth_per_minute: 10,
         }
     }
 }
@@ -74,6 +81,8 @@ pub enum ApiLimitConfigError {
     ZeroRate,
     #[error("the API rate limit's burst must be at least 1")]
     ZeroBurst,
+    #[error("api_limit.failed_auth_burst and failed_auth_per_minute must be at least 1")]
+    ZeroFailedAuth,
 }
 
 impl ApiLimitConfig {
@@ -82,6 +91,15 @@ impl ApiLimitConfig {
         let rate = NonZeroU32::new(self.per_second).ok_or(ApiLimitConfigError::ZeroRate)?;
         let burst = NonZeroU32::new(self.burst).ok_or(ApiLimitConfigError::ZeroBurst)?;
         Ok(Quota::per_second(rate).allow_burst(burst))
+    }
+
+    /// The failed-authentication budget per address.
+    pub fn failed_auths(&self) -> Result<super::auth_limit::FailedAuths, ApiLimitConfigError> {
+        let burst =
+            NonZeroU32::new(self.failed_auth_burst).ok_or(ApiLimitConfigError::ZeroFailedAuth)?;
+        let per_minute = NonZeroU32::new(self.failed_auth_per_minute)
+            .ok_or(ApiLimitConfigError::ZeroFailedAuth)?;
+        Ok(super::auth_limit::FailedAuths::new(burst, per_minute))
     }
 }
 
@@ -179,23 +197,28 @@ where
             next.run(request).await
         }
         Err(wait) => {
-            let seconds = retry_after_secs(wait);
             tracing::debug!(
                 caller = caller.kind(),
-                retry_after_s = seconds,
+                retry_after_s = retry_after_secs(wait),
                 "API rate limit reached"
             );
-            let mut response = ApiError::new(
-                ErrorCode::RateLimited,
-                format!("too many requests; retry in {seconds} s"),
-            )
-            .into_response();
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(seconds));
-            response
+            too_many_requests("too many requests", wait)
         }
     }
+}
+
+/// 429 `RATE_LIMITED`: `{what}; retry in N s`, with `Retry-After: N`.
+pub(super) fn too_many_requests(what: &str, wait: Duration) -> Response {
+    let seconds = retry_after_secs(wait);
+    let mut response = ApiError::new(
+        ErrorCode::RateLimited,
+        format!("{what}; retry in {seconds} s"),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    response
 }
 
 /// Whole seconds, rounded up, at least 1.
@@ -385,6 +408,8 @@ mod tests {
                 per_second: 50,
                 burst: 100,
                 max_streams: 32,
+                failed_auth_burst: 10,
+                failed_auth_per_minute: 10,
             }
         );
         let config: ApiLimitConfig = serde_json::from_str(r#"{"burst": 10}"#).unwrap();
