@@ -82,6 +82,8 @@ error_codes! {
         "`/metrics` needs an admin key or a metrics (scrape) key";
     ScrapeOnlyKey = "SCRAPE_ONLY_KEY", FORBIDDEN, false,
         "a metrics (scrape) key may read `/metrics` and nothing else";
+    PlanNotEntitled = "PLAN_NOT_ENTITLED", FORBIDDEN, false,
+        "the request asks for a plan above what its key and tenant allow";
     SuggestionsDisabled = "SUGGESTIONS_DISABLED", FORBIDDEN, false,
         "reply suggestions are turned off for this tenant";
     NotFound = "NOT_FOUND", NOT_FOUND, false,

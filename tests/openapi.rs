@@ -35,8 +35,7 @@ const DOCS_ROUTES: [(&str, &str); 4] = [
 
 /// Operations whose failures are the tool's outcome (`ToolExecutionResult`)
 /// rather than the error body, by design (see src/http/tools.rs).
-const TOOL_OUTCOME_ERRORS: [(&str, &str, &str); 5] = [
-    ("post", "/v1/tools/{name}/invoke", "403"),
+const TOOL_OUTCOME_ERRORS: [(&str, &str, &str); 4] = [
     ("post", "/v1/tools/{name}/invoke", "404"),
     ("post", "/v1/tools/{name}/invoke", "502"),
     ("post", "/v1/tools/{name}/invoke", "503"),

@@ -67,7 +67,6 @@ struct Stats {
 
 error_responses!(
     CallsErrors:
-    BadRequest = "the query string does not parse",
     ValidationError = "limit out of range",
     StorageUnavailable
 );

@@ -211,6 +211,9 @@ fn integers_as_integers(value: &mut Value, schema: &Value, root: &Value, depth: 
             for (name, field) in fields.iter_mut() {
                 if let Some(property) = schema["properties"].get(name) {
                     integers_as_integers(field, property, root, depth + 1);
+                } else if schema["additionalProperties"].is_object() {
+                    // A map (`tool_quotas`): each value has the one schema.
+                    integers_as_integers(field, &schema["additionalProperties"], root, depth + 1);
                 }
             }
         }

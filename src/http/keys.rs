@@ -44,12 +44,13 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 struct CreateKey {
     /// The tenant the key calls as (letters, digits, '_' or '-', at most 64).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     tenant: String,
     /// May manage tenant configs and keys, and read runtime-wide data and `/metrics`.
     #[serde(default)]
     admin: bool,
     /// The highest plan the key may use: `free`, `pro` or `premium` (default: every plan).
-    #[schema(value_type = Option<String>, example = "pro")]
+    #[schema(example = "pro")]
     plan: Option<Plan>,
     /// A scrape key: `/metrics` and nothing else (not with `admin`).
     #[serde(default)]

@@ -27,6 +27,7 @@ use super::extract::ApiQuery;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::executor::limit_key;
+use crate::identity::UserId;
 use crate::tenants::Principal;
 use crate::tools::{CallerType, ExecutionContext};
 
@@ -73,14 +74,15 @@ async fn limits(State(state): State<AppState>) -> Json<Value> {
 #[into_params(parameter_in = Query)]
 struct QuotaQuery {
     /// Whose quota (default `anonymous`).
-    user_id: Option<String>,
+    #[param(value_type = Option<String>, max_length = 128, pattern = "^[A-Za-z0-9_.@:+-]+$")]
+    user_id: Option<UserId>,
     /// The tool's name.
     tool: String,
 }
 
 error_responses!(
     QuotaErrors:
-    BadRequest = "`tool` missing or the query does not parse",
+    ValidationError = "`tool` missing, or a parameter that does not parse",
     ToolNotFound
 );
 
@@ -107,7 +109,7 @@ async fn quota(
             format!("no tool named '{}'", q.tool),
         )
     })?;
-    let user = q.user_id.as_deref().unwrap_or("anonymous");
+    let user = q.user_id.as_ref().map_or("anonymous", UserId::as_str);
     let mut ctx = ExecutionContext::new(CallerType::Direct, user);
     ctx.user_id = Some(user.to_string());
     ctx.tenant = Some(caller.tenant);

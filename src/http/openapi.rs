@@ -201,7 +201,7 @@ fn error_response() -> Response {
 
 /// Adds a code to a response: a line of its description and an example
 /// body named after the code. A code already there is left as it is.
-fn add_code(response: &mut Response, code: ErrorCode, note: Option<&str>) {
+pub(crate) fn add_code(response: &mut Response, code: ErrorCode, note: Option<&str>) {
     let entry = response
         .content
         .entry("application/json".into())
@@ -270,6 +270,19 @@ impl Modify for CommonErrors {
                     r.headers.entry("Retry-After".into()).or_insert_with(|| {
                         RefOr::T(Header::new(ObjectBuilder::new().schema_type(Type::Integer)))
                     });
+                }
+                let has_query = op.parameters.iter().flatten().any(|p| match p {
+                    RefOr::T(p) => {
+                        matches!(p.parameter_in, utoipa::openapi::path::ParameterIn::Query)
+                    }
+                    RefOr::Ref(_) => false,
+                });
+                if has_query {
+                    add(
+                        op,
+                        ErrorCode::ValidationError,
+                        "a query parameter is missing, repeated, out of range or does not parse",
+                    );
                 }
                 if op.request_body.is_some() {
                     add(op, ErrorCode::MalformedJson, "the body is not JSON");

@@ -27,8 +27,10 @@ use super::tools::{PlanName, parse_plan};
 use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
 use crate::error_code::ErrorCode;
+use crate::identity::UserId;
 use crate::store::Session;
 use crate::tenants::Principal;
+use crate::tenants::config::entitled_plan;
 
 /// Longest message content accepted, in bytes (the body cap is larger to
 /// leave room for JSON escapes).
@@ -52,7 +54,7 @@ struct CreateBody {
         pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
     )]
     agent: String,
-    user_id: Option<String>,
+    user_id: Option<UserId>,
     /// `free` (default), `pro` or `premium`: which tools the session may call.
     #[schema(value_type = Option<PlanName>)]
     plan: Option<String>,
@@ -212,6 +214,7 @@ fn session_json(s: &Session) -> Value {
 
 error_responses!(
     CreateErrors:
+    PlanNotEntitled = "`plan` is above what the key and the tenant allow",
     AgentNotFound,
     ValidationError = "empty agent, metadata not an object, unknown plan or field",
     StorageUnavailable
@@ -240,13 +243,14 @@ async fn create(
     if !(body.metadata.is_null() || body.metadata.is_object()) {
         return Err(ApiError::validation("metadata must be an object"));
     }
-    let plan = parse_plan(body.plan.as_deref())?;
+    let asked = parse_plan(body.plan.as_deref())?;
+    let plan = entitled_plan(&state.store, &caller, Some(asked)).await?;
     let session = state
         .sessions
         .create(NewSession {
             tenant: caller.tenant,
             agent: body.agent,
-            user_id: body.user_id,
+            user_id: body.user_id.map(UserId::into_string),
             plan,
             metadata: body.metadata,
         })
@@ -470,7 +474,6 @@ struct HistoryQuery {
 
 error_responses!(
     HistoryErrors:
-    BadRequest = "the query string does not parse",
     SessionNotFound,
     ValidationError = "limit out of range",
     StorageUnavailable

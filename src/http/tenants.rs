@@ -80,6 +80,7 @@ struct TenantConfigPatch {
     response_delay_ms: Option<u64>,
     tool_config: Option<ToolConfigPatch>,
     plan: Option<crate::identity::Plan>,
+    #[schema(schema_with = crate::tenants::config::tool_quotas_schema, nullable)]
     tool_quotas: Option<std::collections::BTreeMap<String, crate::tools::RateLimit>>,
 }
 

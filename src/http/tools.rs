@@ -36,7 +36,9 @@ use super::openapi::ErrorBody;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::executor::{Arguments, ExecuteTool};
+use crate::identity::UserId;
 use crate::tenants::Principal;
+use crate::tenants::config::entitled_plan;
 use crate::tools::{CallerType, ExecutionContext, Plan};
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -248,7 +250,7 @@ struct InvokeBody {
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     params: Value,
-    user_id: Option<String>,
+    user_id: Option<UserId>,
     /// `free` (default), `pro` or `premium`.
     #[schema(value_type = Option<PlanName>)]
     plan: Option<String>,
@@ -256,6 +258,32 @@ struct InvokeBody {
     #[serde(default)]
     #[schema(minimum = -2147483648, maximum = 2147483647)]
     priority: i32,
+}
+
+/// Invoke's 403: the `plan_required` tool outcome, or the API's own
+/// refusal of a plan the key and tenant do not allow.
+struct InvokeForbidden;
+
+impl utoipa::IntoResponses for InvokeForbidden {
+    fn responses() -> std::collections::BTreeMap<
+        String,
+        utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
+    > {
+        use utoipa::openapi::{Content, Ref, RefOr, Response};
+        let mut forbidden = Response::new("`plan_required` (tool outcome)");
+        forbidden.content.insert(
+            "application/json".into(),
+            RefOr::T(Content::new(Some(Ref::from_schema_name(
+                "ToolResultOrError",
+            )))),
+        );
+        super::openapi::add_code(
+            &mut forbidden,
+            ErrorCode::PlanNotEntitled,
+            Some("the body's `plan` is above what the key and the tenant allow"),
+        );
+        [("403".to_string(), RefOr::T(forbidden))].into()
+    }
 }
 
 #[utoipa::path(
@@ -269,8 +297,8 @@ struct InvokeBody {
     responses(
         (status = 200, description = "The call succeeded", body = ToolResult),
         (status = 202, description = "`pending_confirmation`: approve or deny `metadata.confirmation_id`", body = ToolResult),
-        (status = 403, description = "`plan_required` (tool outcome)", body = ToolResult),
         (status = 404, description = "`tool_not_found` (tool outcome)", body = ToolResult),
+        InvokeForbidden,
         (status = 422, description = "`validation_error` (tool outcome)", body = ToolResultOrError),
         (status = 429, description = "`rate_limited` / `queue_full` (tool outcome); see `Retry-After`",
             body = ToolResultOrError, headers(("Retry-After" = u64, description = "Seconds to wait"))),
@@ -287,10 +315,14 @@ async fn invoke(
 ) -> Result<Response, ApiError> {
     let mut ctx = ExecutionContext::new(
         CallerType::Direct,
-        body.user_id.clone().unwrap_or_else(|| "http".into()),
+        body.user_id
+            .as_ref()
+            .map_or("http", UserId::as_str)
+            .to_string(),
     );
-    ctx.user_id = body.user_id;
-    ctx.plan = parse_plan(body.plan.as_deref())?;
+    ctx.user_id = body.user_id.map(UserId::into_string);
+    let asked = parse_plan(body.plan.as_deref())?;
+    ctx.plan = entitled_plan(&state.store, &caller, Some(asked)).await?;
     ctx.priority = body.priority;
     ctx.tenant = Some(caller.tenant);
     let params = if body.params.is_null() {

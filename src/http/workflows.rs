@@ -44,6 +44,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery};
 use super::openapi::{Lagged, error_responses};
+use crate::identity::UserId;
 use crate::tenants::Principal;
 use crate::workflow::{RunFilter, StartRun, WorkflowError, WorkflowEventKind, WorkflowRun};
 
@@ -205,7 +206,7 @@ struct StartBody {
     /// Answer when the run is over instead of at once.
     #[serde(default)]
     wait: bool,
-    user_id: Option<String>,
+    user_id: Option<UserId>,
 }
 
 /// The run, if the caller's tenant owns it; else "not found".
@@ -251,7 +252,7 @@ async fn start(
             StartRun {
                 input: body.input,
                 tenant: caller.tenant,
-                user_id: body.user_id,
+                user_id: body.user_id.map(UserId::into_string),
             },
         )
         .await?;
@@ -276,7 +277,6 @@ struct ListQuery {
 
 error_responses!(
     ListRunsErrors:
-    BadRequest = "the query string does not parse",
     ValidationError = "limit out of range",
     StorageUnavailable
 );
@@ -352,7 +352,6 @@ struct ResumeQuery {
 
 error_responses!(
     ResumeErrors:
-    BadRequest = "the query string does not parse",
     RunNotFound,
     RunNotResumable = "running or succeeded",
     StorageUnavailable,

@@ -8,9 +8,11 @@
 //!
 //! Who calls: over HTTP the request passed the API's own layers, so the
 //! tenant is the bearer key's ([`crate::tenants::Principal`], as for every
-//! other route); the plan is the `X-Cadre-Plan` header (default free), the
-//! same trust as the `plan` field of `POST /v1/tools/{name}/invoke`, and the
-//! user the `X-Cadre-User` header (rate limits count per user). Over stdio
+//! other route); the plan is the `X-Cadre-Plan` header (default free), held
+//! to what the key and the tenant allow like the `plan` field of
+//! `POST /v1/tools/{name}/invoke` (asking above it refuses the request), and
+//! the user the `X-Cadre-User` header (rate limits count per user; bounded
+//! like every `user_id`). Over stdio
 //! the caller is the local operator: tenant `default`, the plan of
 //! `cadre mcp --plan` (default free). tools/list shows what that plan may
 //! call; a call above it still reaches the executor, which refuses it
@@ -57,8 +59,11 @@ use rmcp::{ErrorData, ServerHandler};
 use serde_json::{Map, Value, json};
 
 use crate::conversation::{NewSession, Sessions};
+use crate::error_code::PublicError;
 use crate::events::EventKind;
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
+use crate::identity::UserId;
+use crate::tenants::config::entitled_plan;
 use crate::tenants::{DEFAULT_TENANT, Principal};
 use crate::tools::definition::Entry;
 use crate::tools::{CallerType, ExecutionContext, Plan, ToolRegistry};
@@ -119,7 +124,7 @@ impl CadreMcp {
         CadreMcp { deps, fixed: None }
     }
 
-    fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+    async fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
         if let Some(c) = &self.fixed {
             return Ok(c.clone());
         }
@@ -130,6 +135,7 @@ impl CadreMcp {
         let principal = parts
             .extensions
             .get::<Principal>()
+            .cloned()
             .ok_or_else(|| ErrorData::internal_error("the request was not authenticated", None))?;
         let header = |name: &str| {
             parts
@@ -138,7 +144,7 @@ impl CadreMcp {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         };
-        let plan = match header(PLAN_HEADER) {
+        let asked = match header(PLAN_HEADER) {
             None => Plan::Free,
             Some(p) => Plan::parse(&p).ok_or_else(|| {
                 ErrorData::invalid_request(
@@ -147,10 +153,22 @@ impl CadreMcp {
                 )
             })?,
         };
+        // The header can only narrow what the key and the tenant allow.
+        let plan = entitled_plan(&self.deps.executor.shared().store, &principal, Some(asked))
+            .await
+            .map_err(|e| ErrorData::invalid_request(e.public_message(), None))?;
+        let user_id = match header(USER_HEADER) {
+            None => None,
+            Some(u) => Some(
+                UserId::parse(&u)
+                    .map_err(|e| ErrorData::invalid_request(format!("{USER_HEADER}: {e}"), None))?
+                    .into_string(),
+            ),
+        };
         Ok(Caller {
-            tenant: principal.tenant.clone(),
+            tenant: principal.tenant,
             plan,
-            user_id: header(USER_HEADER),
+            user_id,
         })
     }
 
@@ -305,7 +323,7 @@ impl ServerHandler for CadreMcp {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let caller = self.caller(&context)?;
+        let caller = self.caller(&context).await?;
         Ok(ListToolsResult::with_all_items(self.tools_for(caller.plan)))
     }
 
@@ -314,7 +332,7 @@ impl ServerHandler for CadreMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let caller = self.caller(&context)?;
+        let caller = self.caller(&context).await?;
         let args = request.arguments.unwrap_or_default();
         let name = request.name.to_string();
         if let Some(agent) = name.strip_prefix(AGENT_PREFIX)

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error_code::{ErrorCode, PublicError};
-use crate::identity::Plan;
+use crate::identity::{Plan, Principal};
 use crate::store::{Store, StoreError};
 use crate::tools::RateLimit;
 
@@ -64,7 +64,25 @@ pub struct TenantConfig {
     /// Per tool, calls per minute / hour / day for the whole tenant,
     /// whatever `user_id` the calls carry (the per-user limits of the tool
     /// still hold within it). A window of 0 refuses the tool outright.
+    #[schema(schema_with = tool_quotas_schema)]
     pub tool_quotas: BTreeMap<String, RateLimit>,
+}
+
+/// `tool_quotas` as the document states it: at most 256 tool names of 1 to
+/// 128 bytes, each with its windows.
+pub fn tool_quotas_schema() -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(128)),
+        ))
+        .max_properties(Some(MAX_TOOL_QUOTAS))
+        .additional_properties(Some(<RateLimit as utoipa::PartialSchema>::schema()))
+        .build()
 }
 
 impl Default for TenantConfig {
@@ -185,9 +203,9 @@ impl TenantConfig {
         if self
             .tool_quotas
             .keys()
-            .any(|t| t.is_empty() || t.len() > 128)
+            .any(|t| t.is_empty() || t.chars().count() > 128)
         {
-            return bad("tool_quotas keys must be tool names of 1 to 128 bytes");
+            return bad("tool_quotas keys must be tool names of 1 to 128 characters");
         }
         Ok(())
     }
@@ -229,6 +247,67 @@ impl TenantConfig {
         store.put_doc(NAMESPACE, tenant, value, true).await?;
         Ok(())
     }
+}
+
+/// A request that asks for more than its tenant and key allow.
+#[derive(Debug, thiserror::Error)]
+pub enum EntitlementError {
+    #[error(
+        "the {} plan was asked for; this key and tenant allow up to the {} plan",
+        asked.as_str(),
+        allowed.as_str()
+    )]
+    NotEntitled { asked: Plan, allowed: Plan },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl PublicError for EntitlementError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            EntitlementError::NotEntitled { .. } => ErrorCode::PlanNotEntitled,
+            EntitlementError::Store(s) => s.code(),
+        }
+    }
+
+    fn public_message(&self) -> String {
+        match self {
+            EntitlementError::Store(s) => s.public_message(),
+            other => other.to_string(),
+        }
+    }
+}
+
+/// The plan a request runs with: the plan it names (free when it names
+/// none), if both its tenant's plan and its key's plan allow it. A request
+/// can only narrow what its key and tenant give, never widen it: asking
+/// for more is refused, not quietly lowered, so a caller never gets less
+/// than it believes it has.
+pub async fn entitled_plan(
+    store: &Store,
+    caller: &Principal,
+    asked: Option<Plan>,
+) -> Result<Plan, EntitlementError> {
+    let asked = asked.unwrap_or(Plan::Free);
+    if asked == Plan::Free {
+        return Ok(asked);
+    }
+    let tenant = TenantConfig::load(store, &caller.tenant)
+        .await
+        .map_err(|e| match e {
+            TenantConfigError::Store(s) => EntitlementError::Store(s),
+            // A stored config is checked when written; one that no longer
+            // reads allows nothing above free.
+            TenantConfigError::Invalid { .. } => EntitlementError::NotEntitled {
+                asked,
+                allowed: Plan::Free,
+            },
+        })?;
+    let allowed = tenant.plan.min(caller.plan);
+    if asked > allowed {
+        return Err(EntitlementError::NotEntitled { asked, allowed });
+    }
+    Ok(asked)
 }
 
 /// RFC 7396: objects merge key by key, `null` removes, anything else replaces.

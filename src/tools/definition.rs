@@ -22,8 +22,11 @@ use crate::model::ToolSpec;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RateLimit {
+    #[schema(format = "uint32", minimum = 0, maximum = 4294967295_u32)]
     pub per_minute: Option<u32>,
+    #[schema(format = "uint32", minimum = 0, maximum = 4294967295_u32)]
     pub per_hour: Option<u32>,
+    #[schema(format = "uint32", minimum = 0, maximum = 4294967295_u32)]
     pub per_day: Option<u32>,
 }
 
