@@ -5,13 +5,14 @@
 //! handler ──ApiError::new(ErrorCode::…, message)──────▶ response
 //!
 //! The codes, their statuses and meanings are one table
-//! ([`crate::error_code`]); this file only builds the body. Internal
-//! detail (storage errors) is logged, not sent.
+//! ([`crate::error_code`]); this file only builds the body (and
+//! `Retry-After`, when the error says how long to wait). Internal detail
+//! (storage errors) is logged, not sent.
 
 use axum::Json;
 use axum::extract::FromRequest;
 use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -25,6 +26,8 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub details: Option<Value>,
+    /// Sent as `Retry-After`, in whole seconds.
+    pub retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
@@ -35,6 +38,7 @@ impl ApiError {
             code,
             message: message.into(),
             details: None,
+            retry_after_secs: None,
         }
     }
 
@@ -79,7 +83,13 @@ impl IntoResponse for ApiError {
         if let Some(obj) = body.as_object_mut() {
             obj.remove("status");
         }
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
     }
 }
 
@@ -97,6 +107,10 @@ impl<E: PublicError> From<E> for ApiError {
             code,
             message: e.public_message(),
             details: e.details(),
+            // Whole seconds, rounded up: never earlier than the wait.
+            retry_after_secs: e
+                .retry_after()
+                .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
         }
     }
 }
