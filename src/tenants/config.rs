@@ -11,6 +11,9 @@
 //! cache for the tenant's calls. `auto_respond_enabled`,
 //! `respond_with_operator` and `response_delay_ms` drive auto-response on
 //! the visitor WebSocket; `suggestions_enabled` gates operator suggestions.
+//! `monthly_token_budget` caps the model tokens (prompt + completion) of
+//! the tenant's calendar month, UTC: once used up, turns are refused with
+//! 429 `BUDGET_EXCEEDED` until the month ends (see `conversation::budget`).
 //! PATCH is a JSON merge patch (RFC 7396) checked like a full config.
 
 use serde::{Deserialize, Serialize};
@@ -33,6 +36,8 @@ pub struct TenantConfig {
     pub temperature: Option<f32>,
     pub response_delay_ms: u64,
     pub tool_config: ToolConfig,
+    /// Tokens per calendar month (UTC); `None`: unlimited.
+    pub monthly_token_budget: Option<u64>,
 }
 
 impl Default for TenantConfig {
@@ -47,6 +52,7 @@ impl Default for TenantConfig {
             temperature: None,
             response_delay_ms: 0,
             tool_config: ToolConfig::default(),
+            monthly_token_budget: None,
         }
     }
 }
