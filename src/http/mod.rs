@@ -28,6 +28,7 @@ pub mod sessions;
 pub mod streams;
 pub mod tenants;
 pub mod tools;
+pub mod usage;
 pub mod workflows;
 pub mod ws;
 
@@ -86,6 +87,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(events::routes())
         .merge(limits::routes())
         .merge(tenants::routes())
+        .merge(usage::routes())
         .merge(assist::routes())
         .merge(ws::routes())
         .merge(workflows::routes())

@@ -116,6 +116,8 @@ struct SummaryView {
     /// User messages.
     turns: u64,
     last_activity_at: Option<String>,
+    /// Every model call of the session: turns, their summaries, suggestions.
+    token_usage: super::usage::TokenUsageView,
 }
 
 fn session_json(s: &Session) -> Value {
