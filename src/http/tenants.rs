@@ -35,7 +35,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 struct TenantConfigView {
     tenant: String,
     /// `{custom_system_prompt, preferred_model, temperature, max_response_tokens, auto_respond_enabled,
-    /// respond_with_operator, suggestions_enabled, response_delay_ms, tool_config}`.
+    /// respond_with_operator, suggestions_enabled, response_delay_ms, tool_config, monthly_token_budget}`.
     #[schema(value_type = Object)]
     config: Value,
 }
