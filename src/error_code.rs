@@ -126,6 +126,8 @@ error_codes! {
         "over the API's per-caller request rate, or too many failed authentications from this address; see `Retry-After`";
     TooManyStreams = "TOO_MANY_STREAMS", TOO_MANY_REQUESTS, true,
         "the caller has as many event streams and WebSockets open as allowed";
+    BudgetExceeded = "BUDGET_EXCEEDED", TOO_MANY_REQUESTS, false,
+        "the tenant's monthly token budget is spent: no model call until it resets (`Retry-After`, `details.resets_at`)";
     InternalError = "INTERNAL_ERROR", INTERNAL_SERVER_ERROR, false,
         "an unexpected failure inside cadre";
     ModelUnavailable = "MODEL_UNAVAILABLE", BAD_GATEWAY, true,
@@ -177,6 +179,11 @@ pub trait PublicError: std::error::Error {
 
     /// Structured detail for some codes (a workflow input's field errors).
     fn details(&self) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// How long until asking again can succeed: sent as `Retry-After`.
+    fn retry_after(&self) -> Option<std::time::Duration> {
         None
     }
 }

@@ -31,6 +31,12 @@
 //! given an event sink streams its progress
 //! ([`TurnEvent`]): model deltas, tool calls started and completed, the
 //! outcome.
+//!
+//! Token usage: each model reply's usage (a call that failed reported
+//! none) is counted into the next write the turn makes anyway, beside its
+//! messages: a tool round's with its step, the last call's with the turn's
+//! durable commit, a summary call's with the summary. No model call pays a
+//! commit of its own, and a turn's usage is durable when its reply is sent.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -51,7 +57,10 @@ use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
 use crate::model::{ChatMessage, ModelError};
-use crate::store::{Session, Store, StoreError, StoredMessage, StoredSummary, WriteOp};
+use crate::store::usage::day_of;
+use crate::store::{
+    Session, Store, StoreError, StoredMessage, StoredSummary, TokenUsage, UsageDelta, WriteOp,
+};
 use crate::tools::{CallerType, ExecutionContext};
 
 /// Why a turn did not produce an answer.
@@ -216,6 +225,8 @@ pub struct Conversation {
     batch_id: u64,
     /// The messages of the running step, not yet handed to the writer.
     unsaved: Vec<StoredMessage>,
+    /// Tokens of the model calls not yet handed to the writer.
+    unsaved_usage: TokenUsage,
     idle_timeout: Duration,
     last_active: Instant,
     metrics: Arc<Metrics>,
@@ -271,6 +282,7 @@ impl Conversation {
             queue: VecDeque::new(),
             batch_id: 0,
             unsaved: Vec::new(),
+            unsaved_usage: TokenUsage::default(),
             idle_timeout,
             last_active: Instant::now(),
             metrics,
@@ -361,15 +373,31 @@ impl Conversation {
             }));
     }
 
-    /// The write of everything staged (nothing when nothing is).
+    /// The writes of everything staged, usage included (nothing when nothing is).
     fn take_unsaved(&mut self) -> Vec<WriteOp> {
-        if self.unsaved.is_empty() {
-            return Vec::new();
+        let mut ops = Vec::new();
+        if !self.unsaved.is_empty() {
+            ops.push(WriteOp::AppendMessages {
+                session_id: self.session.id.clone(),
+                messages: std::mem::take(&mut self.unsaved),
+            });
         }
-        vec![WriteOp::AppendMessages {
-            session_id: self.session.id.clone(),
-            messages: std::mem::take(&mut self.unsaved),
-        }]
+        let usage = std::mem::take(&mut self.unsaved_usage);
+        ops.extend(self.usage_op(usage));
+        ops
+    }
+
+    /// The write that adds `usage` to this session's and its tenant's counters.
+    fn usage_op(&self, usage: TokenUsage) -> Option<WriteOp> {
+        (!usage.is_empty()).then(|| {
+            WriteOp::RecordUsage(UsageDelta {
+                session_id: Some(self.session.id.clone()),
+                tenant: self.session.tenant.clone(),
+                agent: self.agent.name.clone(),
+                day: day_of(Timestamp::now()),
+                usage,
+            })
+        })
     }
 
     /// The final, durable write of a turn (or a record), refused when the
@@ -494,6 +522,8 @@ impl Conversation {
                     record_to.record("gen_ai.usage.output_tokens", u.completion_tokens);
                 }
                 record_to.record("gen_ai.response.tool_calls", reply.tool_calls.len());
+                self.unsaved_usage
+                    .add(&TokenUsage::of_reply(reply.usage.as_ref()));
                 let step = self.machine.on_model_reply(reply);
                 self.perform(step, ctx);
             }
@@ -577,28 +607,31 @@ impl Conversation {
             async move { model.complete(request).await }
                 .into_actor(self)
                 .map(|result, act, ctx| {
-                    let text = match result {
-                        Ok(r) => r.content,
+                    let (text, usage) = match result {
+                        Ok(r) => (r.content, TokenUsage::of_reply(r.usage.as_ref())),
                         Err(e) => {
                             tracing::warn!(session = %act.session.id, error = %e, "summary not updated");
-                            None
+                            (None, TokenUsage::default())
                         }
                     };
+                    let mut ops: Vec<WriteOp> = act.usage_op(usage).into_iter().collect();
                     if let Some(summary) = act.machine.on_summary(text) {
-                        let op = WriteOp::PutSummary {
+                        ops.push(WriteOp::PutSummary {
                             session_id: act.session.id.clone(),
                             summary: StoredSummary {
                                 text: summary.text,
                                 covers_until_seq: summary.covers_until_seq,
                                 updated_at: Timestamp::now(),
                             },
-                        };
+                        });
+                    }
+                    if !ops.is_empty() {
                         let store = act.store.clone();
                         let generation = act.generation;
-                        // Derived data: made durable by the next durable commit.
+                        // Derived data and its cost: made durable by the next durable commit.
                         ctx.spawn(
                             async move {
-                                if let Err(e) = store.write_at(generation, vec![op], false).await {
+                                if let Err(e) = store.write_at(generation, ops, false).await {
                                     tracing::warn!(error = %e, "summary not stored");
                                 }
                             }

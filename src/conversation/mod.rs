@@ -7,10 +7,12 @@
 //!   spawns per batch of tool calls.
 //! - [`sessions`]: the registry of live conversations and the session API.
 //! - [`summary`]: tool usage summaries.
+//! - [`budget`]: the monthly token budget gate every turn passes first.
 
 pub mod actor;
 pub mod auto_respond;
 pub mod batch;
+pub mod budget;
 pub mod context;
 pub mod machine;
 pub mod sessions;

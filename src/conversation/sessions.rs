@@ -8,7 +8,11 @@
 //! recent history loaded from the store. Exactly one actor exists per live
 //! session: the map is checked again under its lock after the (async) load.
 //! Reads (history, summary) go to the store directly and never wait behind a
-//! running turn.
+//! running turn. Every turn, whoever starts it, and every other model call
+//! made for a tenant (operator suggestions, rewording) first passes
+//! [`Sessions::admit`], the token budget gate ([`super::budget`]); the
+//! calls made outside turns record their usage here, the turns' own in the
+//! conversation actor.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,6 +24,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::actor::{Conversation, ConversationHandle, TurnError, TurnSink};
+use super::budget::{self, BudgetExceeded, Month};
 use super::context::{self, PromptLayers};
 use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnSettings};
 use super::summary::ToolUsageSummary;
@@ -28,7 +33,8 @@ use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
 use crate::model::ChatMessage;
-use crate::store::{Session, Store, StoreError, StoredMessage, WriteOp};
+use crate::store::usage::day_of;
+use crate::store::{Session, Store, StoreError, StoredMessage, TokenUsage, UsageDelta, WriteOp};
 use crate::tenants::TenantConfig;
 use crate::tenants::config::TenantConfigError;
 use crate::tools::{Plan, ToolRegistry};
@@ -43,6 +49,8 @@ pub enum SessionError {
     Turn(#[from] TurnError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    BudgetExceeded(#[from] BudgetExceeded),
 }
 
 impl PublicError for SessionError {
@@ -52,6 +60,25 @@ impl PublicError for SessionError {
             SessionError::AgentNotFound { .. } => ErrorCode::AgentNotFound,
             SessionError::Turn(t) => t.code(),
             SessionError::Store(s) => s.code(),
+            SessionError::BudgetExceeded(_) => ErrorCode::BudgetExceeded,
+        }
+    }
+
+    fn details(&self) -> Option<Value> {
+        match self {
+            SessionError::BudgetExceeded(b) => Some(serde_json::json!({
+                "monthly_token_budget": b.budget,
+                "used_tokens": b.used,
+                "resets_at": b.resets_at,
+            })),
+            _ => None,
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            SessionError::BudgetExceeded(b) => Some(b.retry_after),
+            _ => None,
         }
     }
 
@@ -86,6 +113,9 @@ pub struct SessionSummary {
     /// User messages.
     pub turns: u64,
     pub last_activity_at: Option<Timestamp>,
+    /// Every model call of the session: its turns' calls, their summaries,
+    /// operator suggestions.
+    pub token_usage: TokenUsage,
 }
 
 pub const SUGGESTIONS_INSTRUCTIONS: &str = "You help a human operator answer a website visitor. \
@@ -145,6 +175,7 @@ pub async fn summarize(store: &Store, id: &str) -> Result<SessionSummary, Sessio
         message_count: stats.count,
         turns: stats.user_messages,
         last_activity_at: stats.last_at,
+        token_usage: store.session_usage(id).await?,
     })
 }
 
@@ -369,6 +400,7 @@ impl Sessions {
     /// messages. A model call of its own, outside the conversation's turns.
     pub async fn suggestions(&self, tenant: &str, id: &str) -> Result<Vec<String>, SessionError> {
         let session = self.get_as(tenant, id).await?;
+        self.admit(tenant).await?;
         let agent = self.agent_of(&session)?;
         // The tenant's prompt and model, as in its turns.
         let mut settings = turn_settings(&agent, &session, &self.inner.registry);
@@ -412,11 +444,19 @@ impl Sessions {
             .complete(request)
             .await
             .map_err(TurnError::from)?;
+        self.record_usage(Some(id), tenant, &agent.name, reply.usage.as_ref());
         Ok(three_lines(reply.content.as_deref().unwrap_or_default()))
     }
 
-    /// `text` reworded by the model of `agent` (default: the first agent).
-    pub async fn improve(&self, text: &str, agent: Option<&str>) -> Result<String, SessionError> {
+    /// `text` reworded by the model of `agent` (default: the first agent),
+    /// for and billed to `tenant`.
+    pub async fn improve(
+        &self,
+        tenant: &str,
+        text: &str,
+        agent: Option<&str>,
+    ) -> Result<String, SessionError> {
+        self.admit(tenant).await?;
         let agent = match agent {
             Some(name) => self
                 .inner
@@ -446,7 +486,44 @@ impl Sessions {
             .complete(request)
             .await
             .map_err(TurnError::from)?;
+        self.record_usage(None, tenant, &agent.name, reply.usage.as_ref());
         Ok(reply.content.unwrap_or_default().trim().to_string())
+    }
+
+    /// The token budget gate: `Ok` while `tenant` has tokens left this
+    /// month (or no budget), else [`SessionError::BudgetExceeded`].
+    pub async fn admit(&self, tenant: &str) -> Result<(), SessionError> {
+        let Some(limit) = self.tenant_config(tenant).await?.monthly_token_budget else {
+            return Ok(());
+        };
+        let now = Timestamp::now();
+        let month = Month::of(now);
+        let used = self
+            .inner
+            .store
+            .tenant_usage(tenant, month.first, month.last)
+            .await?;
+        budget::check(Some(limit), &used, &month, now)?;
+        Ok(())
+    }
+
+    /// Counts a model call made outside a turn, with the next commit.
+    fn record_usage(
+        &self,
+        session_id: Option<&str>,
+        tenant: &str,
+        agent: &str,
+        usage: Option<&crate::model::Usage>,
+    ) {
+        self.inner
+            .store
+            .write_behind(vec![WriteOp::RecordUsage(UsageDelta {
+                session_id: session_id.map(str::to_string),
+                tenant: tenant.to_string(),
+                agent: agent.to_string(),
+                day: day_of(Timestamp::now()),
+                usage: TokenUsage::of_reply(usage),
+            })]);
     }
 
     /// The session by id, whoever owns it (in-process callers).
@@ -469,9 +546,9 @@ impl Sessions {
 
     /// Hands a turn of a caller of `tenant` to the session and returns as
     /// soon as it is accepted (queued), so a streaming reply can start; a
-    /// refusal (unknown session, `Busy` under `multitask = "reject"`, the
-    /// store) comes back here, before anything was streamed. The returned
-    /// future is the turn's outcome.
+    /// refusal (unknown session, the token budget, `Busy` under `multitask =
+    /// "reject"`, the store) comes back here, before anything was streamed.
+    /// The returned future is the turn's outcome.
     pub async fn start_message_as(
         &self,
         tenant: &str,
@@ -486,7 +563,8 @@ impl Sessions {
         self.start_message_with(id, content, events).await
     }
 
-    /// [`Self::start_message_as`] for in-process callers.
+    /// [`Self::start_message_as`] for in-process callers. Every turn starts
+    /// here, so this is where the token budget refuses one.
     pub async fn start_message_with(
         &self,
         id: &str,
@@ -496,7 +574,9 @@ impl Sessions {
         impl Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static,
         SessionError,
     > {
-        let settings = self.settings_of(id).await?;
+        let session = self.get(id).await?;
+        self.admit(&session.tenant).await?;
+        let settings = self.settings_of(&session).await?;
         let handle = self.handle(id).await?;
         let accepted = match handle
             .submit(content.clone(), Some(settings.clone()), events.clone())
@@ -528,10 +608,9 @@ impl Sessions {
     }
 
     /// The settings of the session's next turn: agent, tenant, session.
-    async fn settings_of(&self, id: &str) -> Result<TurnSettings, SessionError> {
-        let session = self.get(id).await?;
-        let agent = self.agent_of(&session)?;
-        let mut settings = turn_settings(&agent, &session, &self.inner.registry);
+    async fn settings_of(&self, session: &Session) -> Result<TurnSettings, SessionError> {
+        let agent = self.agent_of(session)?;
+        let mut settings = turn_settings(&agent, session, &self.inner.registry);
         match TenantConfig::load(&self.inner.store, &session.tenant).await {
             Ok(config) => settings.apply_tenant(&config),
             Err(TenantConfigError::Store(s)) => return Err(s.into()),

@@ -5,7 +5,10 @@
 //! - `POST /v1/improve` `{text, agent?}` -> `{text}`: the text reworded.
 //!
 //! Each is one model call without tools, outside the conversation's turns:
-//! nothing is stored in the session.
+//! nothing is stored in the session but the call's token usage (the
+//! session's and the tenant's; rewording only the tenant's), and each is
+//! refused with 429 `BUDGET_EXCEEDED` once the tenant's monthly token
+//! budget is spent, like a turn.
 
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
@@ -50,6 +53,7 @@ error_responses!(
     SuggestionsErrors:
     SuggestionsDisabled,
     SessionNotFound,
+    BudgetExceeded,
     ModelUnavailable,
     ModelBadResponse,
     ModelRejected,
@@ -110,9 +114,11 @@ error_responses!(
     AgentNotFound,
     PayloadTooLarge = "the body is over 1 MiB or the text over 16 KiB",
     ValidationError = "empty text or unknown field",
+    BudgetExceeded,
     ModelUnavailable,
     ModelBadResponse,
     ModelRejected,
+    StorageUnavailable,
     ModelTimeout
 );
 
@@ -130,6 +136,7 @@ error_responses!(
 )]
 async fn improve(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     ApiJson(body): ApiJson<ImproveBody>,
 ) -> Result<Json<Value>, ApiError> {
     if body.text.trim().is_empty() {
@@ -143,7 +150,7 @@ async fn improve(
     }
     let text = state
         .sessions
-        .improve(&body.text, body.agent.as_deref())
+        .improve(&caller.tenant, &body.text, body.agent.as_deref())
         .await?;
     Ok(Json(json!({ "text": text })))
 }

@@ -5,11 +5,12 @@
 //! handler ──ApiError::new(ErrorCode::…, message)──────▶ response
 //!
 //! The codes, their statuses and meanings are one table
-//! ([`crate::error_code`]); this file only builds the body. Internal
-//! detail (storage errors) is logged, not sent.
+//! ([`crate::error_code`]); this file only builds the body (and
+//! `Retry-After`, when the error says how long to wait). Internal detail
+//! (storage errors) is logged, not sent.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
@@ -23,6 +24,8 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub details: Option<Value>,
+    /// Sent as `Retry-After`, in whole seconds.
+    pub retry_after_secs: Option<u64>,
 }
 
 impl ApiError {
@@ -33,6 +36,7 @@ impl ApiError {
             code,
             message: message.into(),
             details: None,
+            retry_after_secs: None,
         }
     }
 
@@ -77,7 +81,13 @@ impl IntoResponse for ApiError {
         if let Some(obj) = body.as_object_mut() {
             obj.remove("status");
         }
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
     }
 }
 
@@ -95,6 +105,10 @@ impl<E: PublicError> From<E> for ApiError {
             code,
             message: e.public_message(),
             details: e.details(),
+            // Whole seconds, rounded up: never earlier than the wait.
+            retry_after_secs: e
+                .retry_after()
+                .map(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0)),
         }
     }
 }

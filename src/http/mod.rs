@@ -34,6 +34,7 @@ pub mod sessions;
 pub mod streams;
 pub mod tenants;
 pub mod tools;
+pub mod usage;
 pub mod workflows;
 pub mod ws;
 
@@ -103,6 +104,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(limits::routes())
         .merge(tenants::routes())
         .merge(keys::routes())
+        .merge(usage::routes())
         .merge(assist::routes())
         .merge(ws::routes())
         .merge(workflows::routes())

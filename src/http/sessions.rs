@@ -198,6 +198,8 @@ struct SummaryView {
     /// User messages.
     turns: u64,
     last_activity_at: Option<String>,
+    /// Every model call of the session: turns, their summaries, suggestions.
+    token_usage: super::usage::TokenUsageView,
 }
 
 fn session_json(s: &Session) -> Value {
@@ -364,6 +366,7 @@ error_responses!(
     SendErrors:
     SessionNotFound,
     ConversationBusy = "a turn is running and the agent rejects concurrent messages",
+    BudgetExceeded,
     PayloadTooLarge = "the body is over 1 MiB or content over 256 KiB",
     ValidationError = "empty content or unknown field",
     ModelUnavailable,

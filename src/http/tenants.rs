@@ -82,6 +82,8 @@ struct TenantConfigPatch {
     plan: Option<crate::identity::Plan>,
     #[schema(schema_with = crate::tenants::config::tool_quotas_schema, nullable)]
     tool_quotas: Option<std::collections::BTreeMap<String, crate::tools::RateLimit>>,
+    #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
+    monthly_token_budget: Option<u64>,
 }
 
 #[derive(ToSchema)]

@@ -7,6 +7,8 @@
 //! The types here are cadre's own; async-openai's types never leave
 //! [`openai`]. A [`ChatMessage`] is both what the model sees and what the
 //! store keeps, so history needs no translation on its way back to the model.
+//! Each reply carries the call's token [`Usage`] as the provider reported
+//! it; the conversation records it (see `store::usage`).
 //! Owns: the wire protocol, retries against the endpoint. Does not: run tools.
 
 pub mod offline;
@@ -158,6 +160,7 @@ pub struct ChatRequest {
     pub purpose: Purpose,
 }
 
+/// The tokens one model call used, as the provider reported them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: u32,
@@ -168,6 +171,8 @@ pub struct Usage {
 pub struct ChatResponse {
     pub content: Option<String>,
     pub tool_calls: Vec<ToolCall>,
+    /// `None` when the endpoint reported no usage: the call is counted
+    /// with zero tokens (an estimate would be billed as if it were real).
     pub usage: Option<Usage>,
 }
 

@@ -17,6 +17,10 @@
 //! 4. otherwise: says what it is and which tools it could use.
 //!
 //! Same input, same output: tool call ids derive from the message count.
+//!
+//! Usage: every reply reports zero tokens. No language model runs, so none
+//! are spent; an estimate (characters / 4) would make budgets bind on calls
+//! that cost nothing. Its calls still count as model calls.
 
 use std::collections::HashSet;
 
@@ -24,7 +28,7 @@ use serde_json::{Map, Value, json};
 
 use super::{
     ChatMessage, ChatModel, ChatRequest, ChatResponse, ModelError, Purpose, Role, ToolCall,
-    ToolChoice, ToolSpec,
+    ToolChoice, ToolSpec, Usage,
 };
 
 #[derive(Debug, Default)]
@@ -51,7 +55,7 @@ fn text(content: String) -> ChatResponse {
     ChatResponse {
         content: Some(content),
         tool_calls: Vec::new(),
-        usage: None,
+        usage: Some(Usage::default()),
     }
 }
 
@@ -83,7 +87,7 @@ pub fn route(request: &ChatRequest) -> ChatResponse {
                 name: tool.name.clone(),
                 arguments: args.to_string(),
             }],
-            usage: None,
+            usage: Some(Usage::default()),
         };
     }
     let tools: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();

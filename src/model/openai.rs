@@ -14,6 +14,11 @@
 //! `max_retry_after`). Other 4xx are not retried. A reply that is not a chat
 //! completion is `InvalidResponse`, not retried: an endpoint that answers
 //! garbage once usually answers it again.
+//!
+//! Usage: the reply's `usage` becomes [`ChatResponse::usage`]; streamed
+//! requests ask for it with `stream_options.include_usage` (the last chunk
+//! carries it). An endpoint that sends none leaves `usage` empty, and the
+//! call counts with zero tokens (see [`super`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -275,7 +280,12 @@ impl ChatModel for OpenAiModel {
         request: ChatRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ModelError> {
-        let wire = self.wire(&request);
+        let mut wire = self.wire(&request);
+        // Without it, a stream carries no usage and the call would count no tokens.
+        wire.stream_options = Some(oa::ChatCompletionStreamOptions {
+            include_usage: Some(true),
+            include_obfuscation: None,
+        });
         let emitted = AtomicBool::new(false);
         self.retrying(|| async {
             match self.attempt_stream(wire.clone(), on_delta, &emitted).await {

@@ -15,7 +15,9 @@
 //! pays one commit, with one fsync, before it is acknowledged.
 //! Readers use their own read transactions on blocking threads and never wait
 //! for the writer. Sessions and documents, read on every turn, are served
-//! from a read cache the writer invalidates ([`cache`]). Owns: the file layout ([`tables`]). Does not: decide what to write.
+//! from a read cache the writer invalidates ([`cache`]). Token usage is
+//! counted by increments the writer applies in the same batches ([`usage`]).
+//! Owns: the file layout ([`tables`]). Does not: decide what to write.
 //!
 //! Storage faults (disk full, EIO, a file size limit): a commit that fails
 //! with an I/O error leaves redb refusing every later operation until the
@@ -35,6 +37,7 @@
 mod cache;
 mod read_view;
 pub mod tables;
+pub mod usage;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,6 +55,7 @@ use crate::error_code::{ErrorCode, PublicError};
 use crate::identity::Plan;
 use crate::model::ChatMessage;
 use tables::*;
+pub use usage::{TokenUsage, UsageDelta, UsageRow};
 
 /// Requests the writer drains into one transaction at most.
 const MAX_BATCH: usize = 1024;
@@ -254,6 +258,8 @@ pub enum WriteOp {
         session_id: String,
         summary: StoredSummary,
     },
+    /// Adds a model call's tokens to its session's and tenant's counters.
+    RecordUsage(UsageDelta),
 }
 
 /// A session's rolling summary.
@@ -971,6 +977,8 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
         txn.open_table(TOOL_STATS)?;
         txn.open_table(DOCS)?;
+        txn.open_table(SESSION_USAGE)?;
+        txn.open_table(TENANT_USAGE)?;
     }
     txn.commit()?;
     Ok(())
@@ -1174,6 +1182,8 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
         let mut stats = txn.open_table(TOOL_STATS)?;
         let mut docs = txn.open_table(DOCS)?;
         let mut summaries = txn.open_table(SUMMARIES)?;
+        let mut session_usage = txn.open_table(SESSION_USAGE)?;
+        let mut tenant_usage = txn.open_table(TENANT_USAGE)?;
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
             match op {
                 WriteOp::PutSession(s) => {
@@ -1258,6 +1268,9 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                 } => {
                     summaries
                         .insert(session_id.as_str(), serde_json::to_vec(summary)?.as_slice())?;
+                }
+                WriteOp::RecordUsage(delta) => {
+                    usage::apply(&mut session_usage, &mut tenant_usage, delta)?;
                 }
             }
         }

@@ -41,3 +41,12 @@ pub const TOOL_STATS: TableDefinition<&str, &[u8]> = TableDefinition::new("tool_
 /// (namespace, key) -> json document: small per-user state of tools
 /// (paper orders, alerts, watchlists...) and pending confirmations.
 pub const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("docs");
+
+/// session_id -> `TokenUsage` (json): every model call the session made.
+pub const SESSION_USAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("session_usage");
+
+/// (tenant, day `YYYY-MM-DD` UTC, agent) -> `TokenUsage` (json). One row per
+/// tenant, day and agent, so no row is shared by every tenant's turns; a
+/// tenant's month is a range of at most 31 days of rows.
+pub const TENANT_USAGE: TableDefinition<(&str, &str, &str), &[u8]> =
+    TableDefinition::new("tenant_usage");

@@ -15,6 +15,9 @@
 //! is the lowest of tenant, key and request); `tool_quotas` set per-tool
 //! ceilings for the whole tenant, enforced by the executor beside each
 //! tool's per-user limits, so rotating `user_id` cannot exceed them.
+//! `monthly_token_budget` caps the model tokens (prompt + completion) of
+//! the tenant's calendar month, UTC: once used up, turns are refused with
+//! 429 `BUDGET_EXCEEDED` until the month ends (see `conversation::budget`).
 //! PATCH is a JSON merge patch (RFC 7396) checked like a full config.
 //!
 //! The types derive their OpenAPI schema (`POST /v1/tenants/{id}/config`'s
@@ -66,6 +69,9 @@ pub struct TenantConfig {
     /// still hold within it). A window of 0 refuses the tool outright.
     #[schema(schema_with = tool_quotas_schema)]
     pub tool_quotas: BTreeMap<String, RateLimit>,
+    /// Tokens per calendar month (UTC); `None`: unlimited.
+    #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
+    pub monthly_token_budget: Option<u64>,
 }
 
 /// `tool_quotas` as the document states it: at most 256 tool names of 1 to
@@ -99,6 +105,7 @@ impl Default for TenantConfig {
             tool_config: ToolConfig::default(),
             plan: Plan::Premium,
             tool_quotas: BTreeMap::new(),
+            monthly_token_budget: None,
         }
     }
 }

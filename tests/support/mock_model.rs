@@ -79,7 +79,8 @@
 //!
 //! Token usage is made up but deterministic: `prompt_tokens` is
 //! `len(serialized messages) / 4` and `completion_tokens` is
-//! `len(content or arguments) / 4`, each at least 1.
+//! `len(content or arguments) / 4`, each at least 1. [`Reply::with_usage`]
+//! reports chosen numbers instead (in the body, or the stream's usage chunk).
 
 // This file is compiled into every integration-test crate that says
 // `mod support;`, and most crates use only part of it.
@@ -142,6 +143,12 @@ pub enum Reply {
     Garbage,
     /// Sleeps (tokio time) for the delay, then answers with the inner reply.
     Slow(Duration, Box<Reply>),
+    /// Answers with the inner reply, reporting this usage.
+    Usage {
+        prompt_tokens: u64,
+        completion_tokens: u64,
+        then: Box<Reply>,
+    },
 }
 
 impl Reply {
@@ -222,6 +229,15 @@ impl Reply {
     /// Waits `delay` (tokio::time::sleep), then answers with `then`.
     pub fn slow(delay: Duration, then: Reply) -> Reply {
         Reply::Slow(delay, Box::new(then))
+    }
+
+    /// `then`, reporting `prompt_tokens` and `completion_tokens` as its usage.
+    pub fn with_usage(prompt_tokens: u64, completion_tokens: u64, then: Reply) -> Reply {
+        Reply::Usage {
+            prompt_tokens,
+            completion_tokens,
+            then: Box::new(then),
+        }
     }
 }
 
@@ -508,13 +524,28 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    while let Reply::Slow(delay, inner) = reply {
-        tokio::time::sleep(delay).await;
-        reply = *inner;
+    let mut usage = None;
+    loop {
+        match reply {
+            Reply::Slow(delay, inner) => {
+                tokio::time::sleep(delay).await;
+                reply = *inner;
+            }
+            Reply::Usage {
+                prompt_tokens,
+                completion_tokens,
+                then,
+            } => {
+                usage = Some((prompt_tokens, completion_tokens));
+                reply = *then;
+            }
+            _ => break,
+        }
     }
 
     let streaming = request.get("stream").and_then(Value::as_bool) == Some(true);
-    let ctx = ReplyContext::new(&request, number);
+    let mut ctx = ReplyContext::new(&request, number);
+    ctx.usage = usage;
     let response = match reply {
         Reply::Error {
             status,
@@ -553,7 +584,9 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
         Reply::Text(content) => axum::Json(ctx.text_completion(&content)).into_response(),
         Reply::ToolCalls(calls) if streaming => sse_response(ctx.tool_call_stream(&calls)),
         Reply::ToolCalls(calls) => axum::Json(ctx.tool_call_completion(&calls)).into_response(),
-        Reply::Slow(..) => unreachable!("Slow replies are unwrapped above"),
+        Reply::Slow(..) | Reply::Usage { .. } => {
+            unreachable!("Slow and Usage replies are unwrapped above")
+        }
     };
     if let Some(observer) = observer {
         observer(&request, started.elapsed());
@@ -698,6 +731,8 @@ struct ReplyContext {
     model: String,
     prompt_tokens: u64,
     include_usage: bool,
+    /// Scripted (prompt, completion) tokens, instead of the made-up ones.
+    usage: Option<(u64, u64)>,
 }
 
 impl ReplyContext {
@@ -722,15 +757,18 @@ impl ReplyContext {
             model,
             prompt_tokens: tokens(prompt_len),
             include_usage,
+            usage: None,
         }
     }
 
     fn usage(&self, completion_len: usize) -> Value {
-        let completion_tokens = tokens(completion_len);
+        let (prompt_tokens, completion_tokens) = self
+            .usage
+            .unwrap_or((self.prompt_tokens, tokens(completion_len)));
         json!({
-            "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
-            "total_tokens": self.prompt_tokens + completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
         })
     }
 

@@ -1,0 +1,547 @@
+//! Token usage and budgets end to end: every model call of a turn is
+//! counted in the session's summary and in its tenant's usage by day and
+//! agent, one tenant never sees another's, an admin sees every tenant's,
+//! a tenant past its monthly budget is refused before any model call (on
+//! every way a turn starts), and the usage that refuses it survives
+//! `kill -9` and a restart.
+//!
+//! The model is the mock at the wire, scripted with the usage each reply
+//! reports ([`Reply::with_usage`]).
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use serde_json::{Value, json};
+use support::ws::connect_ws;
+use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, agents_dir, spawn_app};
+use tokio_tungstenite::tungstenite::Message;
+
+/// Upper bound for anything a test waits for (a frame, a reply).
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// The agent the tests talk to: the calculator, room for a tool round.
+const AGENT: &str = "counter";
+/// The same with a window of one message: a summary call after a tool round.
+const BRIEF: &str = "brief";
+
+fn agents() -> tempfile::TempDir {
+    agents_dir(&[
+        ("counter.toml", &agent_toml(AGENT, &["calculator"], 3)),
+        (
+            "brief.toml",
+            &format!(
+                "{}history_window = 1\n",
+                agent_toml(BRIEF, &["calculator"], 3)
+            ),
+        ),
+    ])
+}
+
+/// A turn of two model calls: a tool round, then the answer. 280 tokens.
+fn two_call_turn(model: &MockModel) {
+    model.push(Reply::with_usage(
+        100,
+        10,
+        Reply::tool_call("c1", "calculator", r#"{"expression":"6*7"}"#),
+    ));
+    model.push(Reply::with_usage(150, 20, Reply::text("It is 42.")));
+}
+
+// ---------------------------------------------------------------------------
+// Keys and callers
+// ---------------------------------------------------------------------------
+
+/// A cadre with keys for acme, globex (neither admin) and an admin of `ops`.
+struct Keyed {
+    app: TestApp,
+    acme: Caller,
+    globex: Caller,
+    admin: Caller,
+    _data: tempfile::TempDir,
+    _agents: tempfile::TempDir,
+}
+
+async fn keyed(model: &MockModel) -> Keyed {
+    let data = tempfile::tempdir().expect("temp dir");
+    let store = cadre::store::Store::open(data.path()).expect("open the data dir");
+    let mut keys = Vec::new();
+    for (tenant, admin) in [("acme", false), ("globex", false), ("ops", true)] {
+        let (key, _) = cadre::tenants::create_key(&store, tenant, admin)
+            .await
+            .expect("key created");
+        keys.push(key);
+    }
+    drop(store);
+    let agents = agents();
+    let app = spawn_app(
+        AppOptions::with_model(model)
+            .agents(agents.path())
+            .data_dir(data.path()),
+    );
+    let caller = |key: &str| Caller {
+        base: app.base.clone(),
+        client: reqwest::Client::new(),
+        key: Some(key.to_string()),
+    };
+    Keyed {
+        acme: caller(&keys[0]),
+        globex: caller(&keys[1]),
+        admin: caller(&keys[2]),
+        app,
+        _data: data,
+        _agents: agents,
+    }
+}
+
+/// Requests to one server with one key (or none: a server running open).
+struct Caller {
+    base: String,
+    client: reqwest::Client,
+    key: Option<String>,
+}
+
+struct Answer {
+    status: StatusCode,
+    retry_after: Option<u64>,
+    content_type: String,
+    body: Value,
+}
+
+impl Caller {
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self.client.request(method, format!("{}{path}", self.base));
+        match &self.key {
+            Some(k) => r.header(AUTHORIZATION, format!("Bearer {k}")),
+            None => r,
+        }
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Answer {
+        let r = request.send().await.expect("request sent");
+        let header = |name| {
+            r.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let retry_after = header(RETRY_AFTER).map(|v| v.parse().expect("Retry-After in seconds"));
+        let content_type = header(CONTENT_TYPE).unwrap_or_default();
+        let status = r.status();
+        let text = r.text().await.expect("body read");
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Answer {
+            status,
+            retry_after,
+            content_type,
+            body,
+        }
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let a = self.send(self.request(reqwest::Method::GET, path)).await;
+        (a.status, a.body)
+    }
+
+    async fn session(&self) -> String {
+        self.session_of(AGENT).await
+    }
+
+    async fn session_of(&self, agent: &str) -> String {
+        let a = self
+            .send(
+                self.request(reqwest::Method::POST, "/v1/sessions")
+                    .json(&json!({ "agent": agent })),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::CREATED, "{}", a.body);
+        a.body["id"].as_str().expect("session id").to_string()
+    }
+
+    async fn say(&self, session: &str, content: &str) -> Answer {
+        self.send(
+            self.request(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/messages"),
+            )
+            .json(&json!({ "content": content })),
+        )
+        .await
+    }
+
+    async fn say_streaming(&self, session: &str, content: &str) -> Answer {
+        self.send(
+            self.request(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/messages"),
+            )
+            .header("accept", "text/event-stream")
+            .json(&json!({ "content": content })),
+        )
+        .await
+    }
+
+    async fn set_budget(&self, tenant: &str, tokens: u64) {
+        let a = self
+            .send(
+                self.request(
+                    reqwest::Method::PATCH,
+                    &format!("/v1/tenants/{tenant}/config"),
+                )
+                .json(&json!({ "monthly_token_budget": tokens })),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+        assert_eq!(a.body["config"]["monthly_token_budget"], tokens);
+    }
+
+    async fn token_usage(&self, session: &str) -> Value {
+        let (status, body) = self.get(&format!("/v1/sessions/{session}/summary")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["token_usage"].clone()
+    }
+
+    /// `GET /v1/usage` over yesterday..tomorrow (UTC), so a turn near
+    /// midnight is in range; `extra` is appended to the query.
+    async fn usage(&self, extra: &str) -> (StatusCode, Value) {
+        let today = jiff::Timestamp::now()
+            .to_zoned(jiff::tz::TimeZone::UTC)
+            .date();
+        let (from, to) = (today.yesterday().unwrap(), today.tomorrow().unwrap());
+        self.get(&format!("/v1/usage?from={from}&to={to}{extra}"))
+            .await
+    }
+}
+
+fn counters(prompt: u64, completion: u64, calls: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "model_calls": calls,
+    })
+}
+
+/// `(tenant, agent, total_tokens)` of each usage row.
+fn rows(report: &Value) -> Vec<(String, String, u64)> {
+    report["usage"]
+        .as_array()
+        .expect("usage rows")
+        .iter()
+        .map(|r| {
+            (
+                r["tenant"].as_str().unwrap().to_string(),
+                r["agent"].as_str().unwrap().to_string(),
+                r["total_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Counting
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_model_calls_of_a_turn_add_up_in_the_session_summary_and_the_tenants_usage() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    let session = t.acme.session().await;
+    assert_eq!(t.acme.token_usage(&session).await, counters(0, 0, 0));
+
+    two_call_turn(&model);
+    let turn = t.acme.say(&session, "What is 6*7?").await;
+    assert_eq!(turn.status, StatusCode::OK, "{}", turn.body);
+    assert_eq!(turn.body["iterations"], 2, "{}", turn.body);
+    assert_eq!(model.request_count(), 2);
+
+    assert_eq!(t.acme.token_usage(&session).await, counters(250, 30, 2));
+    let (status, report) = t.acme.usage("").await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(report["tenant"], "acme");
+    assert_eq!(rows(&report), [("acme".into(), AGENT.into(), 280)]);
+    let row = &report["usage"][0];
+    assert_eq!(
+        (
+            &row["prompt_tokens"],
+            &row["completion_tokens"],
+            &row["model_calls"]
+        ),
+        (&json!(250), &json!(30), &json!(2))
+    );
+    assert_eq!(report["totals"], counters(250, 30, 2));
+    assert_eq!(report["budget"], Value::Null, "acme has no budget");
+
+    // A second turn adds to the same session and the same day's row.
+    model.push(Reply::with_usage(40, 5, Reply::text("Still 42.")));
+    let turn = t.acme.say(&session, "And again?").await;
+    assert_eq!(turn.status, StatusCode::OK, "{}", turn.body);
+    assert_eq!(t.acme.token_usage(&session).await, counters(290, 35, 3));
+    assert_eq!(t.acme.usage("").await.1["totals"], counters(290, 35, 3));
+    assert_eq!(model.overruns(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_calls_and_the_summary_call_after_a_turn_count_too() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    let session = t.acme.session_of(BRIEF).await;
+    // Four messages outgrow two windows of one: a summary call follows.
+    two_call_turn(&model);
+    model.push(Reply::with_usage(30, 4, Reply::text("They asked 6*7.")));
+    // The streamed turn's usage comes in the stream's last chunk; the
+    // summary call after it is refused, and so counts nothing.
+    model.push(Reply::with_usage(40, 5, Reply::text("Still 42.")));
+    model.push(Reply::fail(400));
+
+    assert_eq!(t.acme.say(&session, "6*7?").await.status, StatusCode::OK);
+    // Queued behind the summary call, whose usage is written before this
+    // turn's final commit.
+    let streamed = t.acme.say_streaming(&session, "Again?").await;
+    assert_eq!(streamed.status, StatusCode::OK);
+    let text = streamed.body.as_str().expect("an event stream");
+    assert!(text.contains("event: turn_completed"), "{text}");
+    // The refused summary call after it.
+    tokio::time::timeout(PATIENCE, model.wait_for_requests(5))
+        .await
+        .expect("the summary call after the streamed turn");
+    let requests = model.requests();
+    assert_eq!(requests[3]["stream"], true);
+    assert_eq!(requests[3]["stream_options"]["include_usage"], true);
+
+    assert_eq!(
+        t.acme.token_usage(&session).await,
+        counters(250 + 30 + 40, 30 + 4 + 5, 4)
+    );
+    assert_eq!(t.acme.usage("").await.1["totals"], counters(320, 39, 4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_sees_only_its_own_usage_and_an_admin_sees_every_tenants() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    let acme_session = t.acme.session().await;
+    two_call_turn(&model);
+    assert_eq!(
+        t.acme.say(&acme_session, "6*7?").await.status,
+        StatusCode::OK
+    );
+    let globex_session = t.globex.session().await;
+    model.push(Reply::with_usage(7, 3, Reply::text("Hello.")));
+    assert_eq!(
+        t.globex.say(&globex_session, "Hi").await.status,
+        StatusCode::OK
+    );
+
+    let (_, globex) = t.globex.usage("").await;
+    assert_eq!(rows(&globex), [("globex".into(), AGENT.into(), 10)]);
+    assert_eq!(globex["totals"], counters(7, 3, 1));
+    let (_, acme) = t.acme.usage("").await;
+    assert_eq!(rows(&acme), [("acme".into(), AGENT.into(), 280)]);
+    // Another tenant's session summary, usage included, is not found.
+    let (status, _) = t
+        .globex
+        .get(&format!("/v1/sessions/{acme_session}/summary"))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Naming another tenant needs an admin key.
+    let (status, body) = t.globex.usage("&tenant=acme").await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "ADMIN_REQUIRED");
+    let (status, _) = t.globex.usage("&tenant=globex").await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, all) = t.admin.usage("").await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert_eq!(all["tenant"], Value::Null);
+    assert_eq!(
+        rows(&all),
+        [
+            ("acme".into(), AGENT.into(), 280),
+            ("globex".into(), AGENT.into(), 10)
+        ]
+    );
+    assert_eq!(all["totals"], counters(257, 33, 3));
+    let (_, one) = t.admin.usage("&tenant=globex").await;
+    assert_eq!(rows(&one), [("globex".into(), AGENT.into(), 10)]);
+
+    // Ranges are bounded and days are days.
+    let (status, body) = t.admin.get("/v1/usage?from=2024-01-01&to=2025-01-01").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let (status, _) = t.admin.get("/v1/usage?from=2024-01-01&to=2024-12-31").await;
+    assert_eq!(status, StatusCode::OK, "366 days are allowed");
+    let (status, _) = t.admin.get("/v1/usage?from=2024-1-1").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _) = t.admin.get("/v1/usage?from=2024-02-02&to=2024-02-01").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+// ---------------------------------------------------------------------------
+// Budgets
+// ---------------------------------------------------------------------------
+
+/// The seconds from now to 00:00 UTC on the 1st of next month, and that instant.
+fn until_next_month() -> (u64, String) {
+    let now = jiff::Timestamp::now();
+    let today = now.to_zoned(jiff::tz::TimeZone::UTC).date();
+    let next = today
+        .last_of_month()
+        .tomorrow()
+        .unwrap()
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .unwrap()
+        .timestamp();
+    let secs = next.duration_since(now).as_secs().max(1) as u64;
+    (secs, next.to_string())
+}
+
+/// A refusal: 429 `BUDGET_EXCEEDED`, JSON, `Retry-After` up to the reset,
+/// and the reset instant in the message and the details.
+fn assert_budget_exceeded(answer: &Answer, used: u64) {
+    assert_eq!(
+        answer.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        answer.body
+    );
+    assert!(
+        answer.content_type.starts_with("application/json"),
+        "{}",
+        answer.content_type
+    );
+    let error = &answer.body["error"];
+    assert_eq!(error["code"], "BUDGET_EXCEEDED", "{}", answer.body);
+    let (secs, resets_at) = until_next_month();
+    assert_eq!(error["details"]["resets_at"], resets_at.as_str());
+    assert_eq!(error["details"]["used_tokens"], used);
+    assert!(
+        error["message"].as_str().unwrap().contains(&resets_at),
+        "{error}"
+    );
+    let retry_after = answer.retry_after.expect("Retry-After");
+    assert!(
+        retry_after >= 1 && retry_after.abs_diff(secs) <= 5,
+        "Retry-After {retry_after}, {secs} s to the reset"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_budget_a_tenants_turns_are_refused_before_any_model_call() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    t.admin.set_budget("acme", 250).await;
+    let session = t.acme.session().await;
+
+    // Admitted under the budget, the turn runs to its end and crosses it.
+    two_call_turn(&model);
+    let turn = t.acme.say(&session, "What is 6*7?").await;
+    assert_eq!(turn.status, StatusCode::OK, "{}", turn.body);
+    assert_eq!(model.request_count(), 2);
+
+    // Every way a turn starts is refused, and the model hears of none.
+    assert_budget_exceeded(&t.acme.say(&session, "And 7*8?").await, 280);
+    assert_budget_exceeded(&t.acme.say_streaming(&session, "And 7*8?").await, 280);
+    let other = t.acme.session().await;
+    assert_budget_exceeded(&t.acme.say(&other, "Hello?").await, 280);
+    let mut ws = connect_ws(&t.app, &session, t.acme.key.as_deref())
+        .await
+        .expect("connected");
+    ws.send(Message::text(
+        json!({"type": "visitor_message", "content": "Anyone?"}).to_string(),
+    ))
+    .await
+    .expect("frame sent");
+    let decision = next_frame(&mut ws).await;
+    assert_eq!(decision["type"], "auto_respond", "{decision}");
+    let refused = next_frame(&mut ws).await;
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(refused["error"]["code"], "BUDGET_EXCEEDED", "{refused}");
+    assert_eq!(model.request_count(), 2, "{:?}", model.requests());
+
+    let (_, report) = t.acme.usage("").await;
+    let (_, resets_at) = until_next_month();
+    assert_eq!(
+        report["budget"],
+        json!({
+            "monthly_token_budget": 250,
+            "used_tokens": 280,
+            "remaining_tokens": 0,
+            "resets_at": resets_at,
+        })
+    );
+
+    // Another tenant, without a budget, goes on.
+    let globex = t.globex.session().await;
+    model.push(Reply::with_usage(7, 3, Reply::text("Hello.")));
+    assert_eq!(t.globex.say(&globex, "Hi").await.status, StatusCode::OK);
+    // Raising the budget lets acme go on at once.
+    t.admin.set_budget("acme", 1_000).await;
+    model.push(Reply::with_usage(7, 3, Reply::text("56.")));
+    assert_eq!(
+        t.acme.say(&session, "And 7*8?").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(model.overruns(), 0);
+}
+
+async fn next_frame(ws: &mut support::ws::Ws) -> Value {
+    loop {
+        let message = tokio::time::timeout(PATIENCE, ws.next())
+            .await
+            .expect("a frame in time")
+            .expect("the socket is open")
+            .expect("a frame");
+        if let Message::Text(text) = message {
+            return serde_json::from_str(&text).expect("a JSON frame");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Durability
+// ---------------------------------------------------------------------------
+
+/// `cadre serve` as a child process, running open (tenant `default`, admin).
+async fn serve(data: &Path, agents: &Path, model: &MockModel) -> support::server::Server {
+    let (data, agents, url) = (data.to_path_buf(), agents.to_path_buf(), model.base_url());
+    tokio::task::spawn_blocking(move || support::server::Server::start(&data, &agents, &url, &[]))
+        .await
+        .expect("the start thread finished")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_usage_that_spent_a_budget_survives_kill_9_and_a_restart() {
+    let model = MockModel::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let data = dir.path().join("data");
+    let agents = agents();
+    let mut server = serve(&data, agents.path(), &model).await;
+    let open = Caller {
+        base: server.base.clone(),
+        client: reqwest::Client::new(),
+        key: None,
+    };
+    open.set_budget("default", 100).await;
+    let session = open.session().await;
+    model.push(Reply::with_usage(90, 20, Reply::text("Hello.")));
+    let turn = open.say(&session, "Hi").await;
+    assert_eq!(turn.status, StatusCode::OK, "{}", turn.body);
+
+    // Acknowledged turns are durable, and their usage with them.
+    tokio::task::spawn_blocking(move || server.kill_9())
+        .await
+        .unwrap();
+    let server = serve(&data, agents.path(), &model).await;
+    let open = Caller {
+        base: server.base.clone(),
+        ..open
+    };
+    assert_eq!(open.token_usage(&session).await, counters(90, 20, 1));
+    assert_budget_exceeded(&open.say(&session, "Again?").await, 110);
+    assert_eq!(model.request_count(), 1, "{:?}", model.requests());
+    assert_eq!(model.overruns(), 0);
+}
