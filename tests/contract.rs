@@ -20,10 +20,11 @@
 //!   fits the document succeeds with 101 Switching Protocols (documented);
 //!   the checks expect a 2xx from HTTP.
 //!
-//! - `create_key`: `positive_data_acceptance` also takes a 422: an
-//!   `expires_at` in the past and `admin` with `metrics` are refused, rules
-//!   between a value and the clock or between two fields that the document
-//!   states in words only. In open mode `create_key` is not run at all: the
+//! - `create_key` and `show_usage`: `positive_data_acceptance` also takes
+//!   a 422: an `expires_at` in the past, `admin` with `metrics`, a usage
+//!   range over 366 days or ending before it starts (`to` defaults to
+//!   today) are refused, rules between a value and the clock or between two
+//!   fields that the document states in words only. In open mode `create_key` is not run at all: the
 //!   first key ends open mode (by design), and every later request of the
 //!   run would then be a 401 the open document does not describe.
 //!
@@ -100,11 +101,12 @@ parameters = { "body.agent" = { dictionary = "agents", probability = 0.8 } }
 include-operation-id = ["invoke_tool", "start_run"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 
-# A key's `expires_at` must lie in the future and `admin` excludes `metrics`:
+# A key's `expires_at` must lie in the future and `admin` excludes `metrics`;
+# a usage range is at most 366 days, `to` (default today) not before `from`:
 # rules between a value and the clock, or between two fields, that the
 # document states in words but not in its schema.
 [[operations]]
-include-operation-id = "create_key"
+include-operation-id = ["create_key", "show_usage"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "409", "422", "429", "5xx"]
 
 # A WebSocket upgrade's success is 101.

@@ -793,3 +793,75 @@ async fn cadre_mcp_exits_0_when_the_client_leaves_after_server_discover() {
         .unwrap();
     assert_eq!(status.code(), Some(0), "{status}");
 }
+
+/// Sends one JSON-RPC message to `/mcp` as `key`, in session `session`.
+async fn mcp_post(
+    app: &TestApp,
+    key: &str,
+    session: Option<&str>,
+    message: serde_json::Value,
+) -> reqwest::Response {
+    let mut request = app
+        .with_key(key)
+        .request(reqwest::Method::POST, "/mcp")
+        .header("accept", "application/json, text/event-stream")
+        .json(&message);
+    if let Some(id) = session {
+        request = request.header("mcp-session-id", id);
+    }
+    request.send().await.expect("request sent")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_session_belongs_to_the_key_that_opened_it() {
+    let data = tempfile::tempdir().unwrap();
+    let keys = create_keys(data.path(), &["acme", "globex"]).await;
+    let agents = served_agents();
+    let app = spawn_app(
+        AppOptions::offline()
+            .agents(agents.path())
+            .data_dir(data.path()),
+    );
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}});
+    let opened = mcp_post(&app, &keys[0], None, init).await;
+    assert_eq!(opened.status(), StatusCode::OK);
+    let session = opened
+        .headers()
+        .get("mcp-session-id")
+        .expect("a session id")
+        .to_str()
+        .unwrap()
+        .to_string();
+    drop(opened);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let r = mcp_post(&app, &keys[0], Some(&session), initialized).await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+
+    // Another tenant's key holding the id: as if the session did not exist.
+    let theirs = mcp_post(&app, &keys[1], Some(&session), ping.clone()).await;
+    assert_eq!(theirs.status(), StatusCode::NOT_FOUND);
+    let deleted = app
+        .with_key(&keys[1])
+        .request(reqwest::Method::DELETE, "/mcp")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), StatusCode::NOT_FOUND);
+
+    // The owner still has it, and may end it.
+    let mine = mcp_post(&app, &keys[0], Some(&session), ping.clone()).await;
+    assert_eq!(mine.status(), StatusCode::OK);
+    drop(mine);
+    let ended = app
+        .with_key(&keys[0])
+        .request(reqwest::Method::DELETE, "/mcp")
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), StatusCode::NO_CONTENT);
+}

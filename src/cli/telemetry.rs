@@ -61,6 +61,13 @@ impl Drop for Telemetry {
 pub fn init(json: bool, default_filter: &str) -> anyhow::Result<Telemetry> {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // rmcp logs each new MCP session's id at INFO; the id is what a client
+    // presents to use the session, so it never reaches a log line.
+    let filter = filter.add_directive(
+        "rmcp::transport::streamable_http_server::session=warn"
+            .parse()
+            .expect("a valid directive"),
+    );
     // A log line that cannot be written (stderr on a full disk) is dropped:
     // the default reports it with `eprintln!`, which panics when stderr
     // fails, and would take down whichever thread was logging.

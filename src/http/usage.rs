@@ -11,7 +11,7 @@
 //! is used and left this month and when it resets. A session's own usage
 //! is on its summary (`GET /v1/sessions/{id}/summary`).
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::{Extension, Json};
 use jiff::Timestamp;
 use jiff::civil::Date;
@@ -24,6 +24,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
+use super::extract::ApiQuery;
 use super::openapi::error_responses;
 use crate::conversation::budget::Month;
 use crate::store::TokenUsage;
@@ -96,17 +97,19 @@ struct UsageReport {
 #[serde(deny_unknown_fields)]
 struct UsageQuery {
     /// First day, `YYYY-MM-DD` (UTC); default: the 1st of the current month.
+    #[param(format = Date)]
     from: Option<String>,
     /// Last day, inclusive; default: today (UTC). At most 366 days after `from`.
+    #[param(format = Date)]
     to: Option<String>,
     /// Admin keys: only this tenant (default: every tenant). Other keys may
     /// name only their own.
+    #[param(pattern = "^[A-Za-z0-9_-]{1,64}$")]
     tenant: Option<String>,
 }
 
 error_responses!(
     UsageErrors:
-    BadRequest = "the query string does not parse or names an unknown parameter",
     AdminRequired = "`tenant` names another tenant and the key is not an admin's",
     ValidationError = "a day that is not `YYYY-MM-DD`, `to` before `from`, more than 366 days, or a bad tenant id",
     StorageUnavailable
@@ -127,7 +130,7 @@ error_responses!(
 async fn usage(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    Query(q): Query<UsageQuery>,
+    ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let now = Timestamp::now();
     let today = day_of(now);

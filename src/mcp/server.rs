@@ -41,6 +41,7 @@
 //! needs of a running cadre is handed to it ([`McpServerDeps`], the body
 //! limit, the stop token): it sits below the HTTP API and the runtime.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -472,20 +473,67 @@ pub fn http_service(
     if authenticated {
         config = config.disable_allowed_hosts();
     }
-    McpHttpService(StreamableHttpService::new(
-        move || Ok(CadreMcp::http(deps.clone())),
-        Arc::default(),
-        config,
-    ))
+    let sessions = Arc::new(LocalSessionManager::default());
+    McpHttpService {
+        inner: StreamableHttpService::new(
+            move || Ok(CadreMcp::http(deps.clone())),
+            sessions.clone(),
+            config,
+        ),
+        sessions,
+        owners: Arc::default(),
+    }
 }
 
-/// rmcp's streamable HTTP service, answering a session's `DELETE` with
-/// 204 No Content where rmcp answers 202 Accepted (not configurable in
-/// rmcp 3.11). The session is closed by the time either is sent; MCP's
-/// Python SDK takes anything but 200 or 204 as a failed termination, and
-/// rmcp's own client any 2xx.
+/// The header that names an MCP session (streamable HTTP).
+const SESSION_HEADER: &str = "mcp-session-id";
+/// Owners kept before the ones of ended sessions are dropped.
+const OWNERS_BEFORE_PRUNE: usize = 1024;
+
+/// Who opened a session: the tenant and the key (`-` when the server runs
+/// open). Only the same key may use or end it.
+fn owner_of(request: &axum::extract::Request) -> String {
+    match request.extensions().get::<Principal>() {
+        Some(p) => format!("{}/{}", p.tenant, p.key_id.as_deref().unwrap_or("-")),
+        None => "-".into(),
+    }
+}
+
+/// rmcp's streamable HTTP service, with two changes:
+/// - a session's `DELETE` is answered 204 No Content where rmcp answers 202
+///   Accepted (not configurable in rmcp 3.11). The session is closed by the
+///   time either is sent; MCP's Python SDK takes anything but 200 or 204 as
+///   a failed termination, and rmcp's own client any 2xx.
+/// - each session belongs to the key that opened it: a request naming a
+///   session that another key (or tenant) opened is answered 404, as an
+///   unknown session is, and never reaches it. The session id alone is not
+///   a credential.
 #[derive(Clone)]
-pub struct McpHttpService(StreamableHttpService<CadreMcp, LocalSessionManager>);
+pub struct McpHttpService {
+    inner: StreamableHttpService<CadreMcp, LocalSessionManager>,
+    sessions: Arc<LocalSessionManager>,
+    /// Session id -> [`owner_of`] the request that opened it.
+    owners: Arc<std::sync::Mutex<HashMap<String, String>>>,
+}
+
+impl McpHttpService {
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops the owners of sessions rmcp no longer holds (closed, expired).
+    async fn prune(&self) {
+        let live: std::collections::HashSet<String> = self
+            .sessions
+            .sessions
+            .read()
+            .await
+            .keys()
+            .map(|id| id.to_string())
+            .collect();
+        self.owners().retain(|id, _| live.contains(id));
+    }
+}
 
 impl tower::Service<axum::extract::Request> for McpHttpService {
     type Response = axum::response::Response;
@@ -497,10 +545,47 @@ impl tower::Service<axum::extract::Request> for McpHttpService {
     }
 
     fn call(&mut self, request: axum::extract::Request) -> Self::Future {
-        let inner = self.0.clone();
+        let this = self.clone();
         Box::pin(async move {
             let delete = request.method() == Method::DELETE;
-            let mut response = inner.handle(request).await.map(axum::body::Body::new);
+            let owner = owner_of(&request);
+            let named = request
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            if let Some(id) = &named {
+                let theirs = this.owners().get(id).is_some_and(|o| *o != owner);
+                if theirs {
+                    let mut refused = axum::response::Response::new(axum::body::Body::from(
+                        "Not Found: Session not found",
+                    ));
+                    *refused.status_mut() = StatusCode::NOT_FOUND;
+                    return Ok(refused);
+                }
+            }
+            let mut response = this.inner.handle(request).await.map(axum::body::Body::new);
+            if let Some(id) = response
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|_| named.is_none())
+            {
+                let crowded = {
+                    let mut owners = this.owners();
+                    owners.insert(id.to_string(), owner);
+                    owners.len() > OWNERS_BEFORE_PRUNE
+                };
+                if crowded {
+                    this.prune().await;
+                }
+            }
+            if delete
+                && response.status().is_success()
+                && let Some(id) = &named
+            {
+                this.owners().remove(id);
+            }
             if delete && response.status() == StatusCode::ACCEPTED {
                 *response.status_mut() = StatusCode::NO_CONTENT;
             }
