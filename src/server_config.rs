@@ -3,7 +3,8 @@
 //!
 //! file (TOML) ──▶ table ──CADRE_<SECTION>_<KEY> overrides──▶ [`ServerConfig`] (deny unknown keys) ──validate──▶ runtime
 //!
-//! Sections: `[concurrency]` (the executor's pool), `[api_limit]` (HTTP
+//! Sections: `[concurrency]` (the executor's pool and each tenant's share
+//! of it, `max_per_tenant`), `[api_limit]` (HTTP
 //! requests and open event streams per API key, failed authentications per
 //! address), `[executor]`, `[tools]`,
 //! `[sessions]`, `[server]` (shutdown grace). An override's value is
@@ -315,10 +316,46 @@ mod tests {
     }
 
     #[test]
+    fn max_per_tenant_is_set_from_the_file_or_the_environment_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cadre.toml");
+        std::fs::write(
+            &path,
+            "[concurrency]\nmax_concurrent = 8\nmax_per_tenant = 2\n",
+        )
+        .unwrap();
+        let c = ServerConfig::load(Some(&path), env(&[])).unwrap();
+        assert_eq!(c.concurrency.tenant_slots(), 2);
+        let c = ServerConfig::load(
+            Some(&path),
+            env(&[("CADRE_CONCURRENCY_MAX_PER_TENANT", "6")]),
+        )
+        .unwrap();
+        assert_eq!(c.concurrency.max_per_tenant, Some(6));
+
+        for bad in ["0", "9", "half"] {
+            let err = ServerConfig::load(
+                Some(&path),
+                env(&[("CADRE_CONCURRENCY_MAX_PER_TENANT", bad)]),
+            )
+            .unwrap_err();
+            assert!(err.to_string().contains("max_per_tenant"), "{bad}: {err}");
+        }
+        let err = ServerConfig::load(None, env(&[("CADRE_CONCURRENCY_MAX_PER_TENNANT", "2")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("max_per_tennant"), "{err}");
+    }
+
+    #[test]
     fn no_file_gives_the_defaults() {
         let c = ServerConfig::load(None, env(&[])).unwrap();
         assert_eq!(c.concurrency.max_concurrent, 10);
         assert_eq!(c.concurrency.queue_size, 100);
+        assert_eq!(c.concurrency.max_per_tenant, None);
+        assert_eq!(
+            (c.concurrency.tenant_slots(), c.concurrency.tenant_queue()),
+            (5, 50)
+        );
         assert_eq!(c.tools.reload_interval_s, 5.0);
         assert_eq!(c.api_limit.max_streams, 32);
     }

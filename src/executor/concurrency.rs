@@ -14,19 +14,48 @@
 //! and, when its category has a `bucket_limits` entry, one slot of that
 //! bucket. Categories without an entry need only the pool slot.
 //!
-//! Strategies. `fifo` admits waiters in arrival order (their priority is
-//! ignored); `priority` admits the highest `priority` first and keeps arrival
-//! order among equals; `reject` has no queue: a call that finds no slot is
-//! refused at once with [`Refusal::QueueFull`]. Under `fifo` and `priority`
-//! at most `queue_size` callers wait; one more is refused with `QueueFull`
-//! (no eviction: a high-priority newcomer does not push out a waiter).
+//! Tenants. The pool is shared, admission is fair: a tenant (the call's
+//! `ctx.tenant`, `default` when none) holds at most `max_per_tenant` slots
+//! (default half the pool, at least 1), whether or not anyone else is
+//! waiting, so a tenant flooding with long calls leaves the rest of the pool
+//! to the others. Each tenant has its own queue inside the pool, of at most
+//! its share of `queue_size` (`queue_size × max_per_tenant / max_concurrent`,
+//! at least 1); past it the call is refused with
+//! [`Refusal::TenantQueueFull`] (`queue_full`). Freed slots go round-robin
+//! between the tenants with a waiter that can run: the tenant served goes to
+//! the back of the turns, a tenant skipped (at its cap, or its waiters'
+//! buckets full) keeps its place. Plain round-robin, not weighted by plan:
+//! the plan belongs to each call (`ctx.plan`, chosen per request), not to
+//! the tenant, so a weight would be whatever the last caller asked for.
+//! Setting `max_per_tenant = max_concurrent` turns the cap off (one tenant,
+//! or tenants that trust each other) and leaves the round-robin.
 //!
-//! Buckets never block other categories. When slots free up, the queue is
-//! scanned in strategy order and every waiter that can run now is admitted; a
-//! waiter whose bucket is full is skipped, not a head-of-line blocker. The
-//! invariant after every change is "no queued waiter could run now", which
-//! is why a newcomer that fits may start at once without overtaking anyone
-//! who could have started.
+//! Strategies, inside each tenant's queue. `fifo` admits a tenant's waiters
+//! in arrival order (their priority is ignored); `priority` admits its
+//! highest `priority` first and keeps arrival order among equals (priority
+//! never lets one tenant overtake another's turn); `reject` has no queue: a
+//! call that finds no slot is refused at once with [`Refusal::QueueFull`].
+//! Under `fifo` and `priority` at most `queue_size` callers wait in all; one
+//! more is refused with `QueueFull` (no eviction: a high-priority newcomer
+//! does not push out a waiter).
+//!
+//! Buckets never block other categories. When slots free up, the turns are
+//! walked and each tenant's queue scanned in strategy order; every waiter
+//! that can run now is admitted, one per tenant per round; a waiter whose
+//! bucket is full, or whose tenant is at its cap, is skipped, not a
+//! head-of-line blocker. The invariant after every change is "no queued
+//! waiter could run now", which is why a newcomer that fits may start at
+//! once without overtaking anyone who could have started.
+//!
+//! Per-call timeouts. What a caller may ask a call to hold its slot for is
+//! capped by each tool (`sleep` 60 s, `http_request` 300 s + 5 s grace;
+//! operator-written tools at most 3600 s); `ExecutionContext.timeout` is
+//! not settable over the API and is set only by workflow nodes, which
+//! bypass the pool. With `max_per_tenant` below `max_concurrent` these caps
+//! no longer decide who gets a slot: a tenant holding its share with long
+//! calls delays only its own queue, and another tenant's call waits at most
+//! for one of the slots its own share leaves free, i.e. one slot's turn of
+//! the calls that hold it. They stay as they are.
 //!
 //! Timeouts. A waiter waits at most its request's timeout (else
 //! `default_timeout_s`), then leaves with [`Refusal::Timeout`]. The queue
@@ -52,11 +81,11 @@
 //! and nothing else. A poisoned lock is used as is: `State` has no
 //! multi-step update that a panic could leave half done.
 //!
-//! Owns: slots, the wait queue, admission metrics. Does not: time out the
+//! Owns: slots, the per-tenant wait queues, admission metrics. Does not: time out the
 //! handler (the executor does), rate-limit per plan (the governor does).
 
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -65,6 +94,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::identity::DEFAULT_TENANT;
 use crate::tools::{CallerType, ErrorType};
 
 /// How many tool calls may run at once, and what happens to the rest.
@@ -81,6 +111,10 @@ pub struct ConcurrencyConfig {
     /// Slot limits per tool category (`{"http": 5, "ai": 2}`), on top of the
     /// pool. Categories not named here need only a pool slot.
     pub bucket_limits: BTreeMap<String, usize>,
+    /// Most pool slots one tenant holds at once; its share of the queue is
+    /// the same fraction of `queue_size`. Unset: half of `max_concurrent`,
+    /// at least 1 ([`tenant_slots`](Self::tenant_slots)).
+    pub max_per_tenant: Option<usize>,
 }
 
 impl Default for ConcurrencyConfig {
@@ -91,6 +125,7 @@ impl Default for ConcurrencyConfig {
             default_timeout_s: 30.0,
             strategy: Strategy::Fifo,
             bucket_limits: BTreeMap::new(),
+            max_per_tenant: None,
         }
     }
 }
@@ -108,12 +143,38 @@ impl ConcurrencyConfig {
                 bucket: bucket.clone(),
             });
         }
+        if let Some(value) = self.max_per_tenant
+            && !(1..=self.max_concurrent).contains(&value)
+        {
+            return Err(ConfigError::MaxPerTenant {
+                value,
+                max_concurrent: self.max_concurrent,
+            });
+        }
         match Duration::try_from_secs_f64(self.default_timeout_s) {
             Ok(timeout) if !timeout.is_zero() => Ok(()),
             _ => Err(ConfigError::DefaultTimeout {
                 value: self.default_timeout_s,
             }),
         }
+    }
+
+    /// Pool slots one tenant may hold: `max_per_tenant`, else half the pool;
+    /// always between 1 and `max_concurrent`.
+    pub fn tenant_slots(&self) -> usize {
+        let pool = self.max_concurrent.max(1);
+        self.max_per_tenant.unwrap_or(pool / 2).clamp(1, pool)
+    }
+
+    /// Callers of one tenant that may wait: the tenant's share of the pool
+    /// applied to `queue_size`, at least 1 (0 only when `queue_size` is 0).
+    pub fn tenant_queue(&self) -> usize {
+        if self.queue_size == 0 {
+            return 0;
+        }
+        let pool = self.max_concurrent.max(1);
+        let share = (self.queue_size as u128 * self.tenant_slots() as u128 / pool as u128) as usize;
+        share.max(1)
     }
 
     /// `default_timeout_s` as a duration; 30 s if it is not a valid one
@@ -148,6 +209,8 @@ pub enum ConfigError {
     BucketLimitZero { bucket: String },
     #[error("default_timeout_s must be a positive, finite number of seconds, got {value}")]
     DefaultTimeout { value: f64 },
+    #[error("max_per_tenant must be between 1 and max_concurrent ({max_concurrent}), got {value}")]
+    MaxPerTenant { value: usize, max_concurrent: usize },
 }
 
 impl ConfigError {
@@ -157,6 +220,7 @@ impl ConfigError {
             ConfigError::MaxConcurrentZero => "max_concurrent".into(),
             ConfigError::BucketLimitZero { bucket } => format!("bucket_limits.{bucket}"),
             ConfigError::DefaultTimeout { .. } => "default_timeout_s".into(),
+            ConfigError::MaxPerTenant { .. } => "max_per_tenant".into(),
         }
     }
 }
@@ -164,6 +228,8 @@ impl ConfigError {
 /// One call asking to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AdmissionRequest {
+    /// Whose share of the pool and whose queue the call uses.
+    pub tenant: String,
     /// The tool's category; picks the bucket, if one is configured.
     pub category: String,
     /// Higher runs first under [`Strategy::Priority`]; ignored otherwise.
@@ -175,9 +241,11 @@ pub struct AdmissionRequest {
 }
 
 impl AdmissionRequest {
-    /// A counted call of `category`: priority 0, default timeout.
+    /// A counted call of `category` for the default tenant: priority 0,
+    /// default timeout.
     pub fn new(category: impl Into<String>) -> Self {
         AdmissionRequest {
+            tenant: DEFAULT_TENANT.to_owned(),
             category: category.into(),
             priority: 0,
             bypass: false,
@@ -191,6 +259,11 @@ impl AdmissionRequest {
             bypass: caller == CallerType::WorkflowNode,
             ..AdmissionRequest::new(category)
         }
+    }
+
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = tenant.into();
+        self
     }
 
     pub fn with_priority(mut self, priority: i32) -> Self {
@@ -210,6 +283,11 @@ pub enum Refusal {
     /// No free slot and no place to wait (`queue_size` is 0 under `reject`).
     #[error("no free execution slot and the wait queue is full ({queue_size} places)")]
     QueueFull { queue_size: usize },
+    /// The caller's tenant already has its share of the queue waiting.
+    #[error(
+        "no free execution slot for this tenant and its share of the wait queue is full ({places} places)"
+    )]
+    TenantQueueFull { places: usize },
     /// Waited for a slot until the timeout.
     #[error("no execution slot became free within {} ms", waited.as_millis())]
     Timeout { waited: Duration },
@@ -219,7 +297,7 @@ impl Refusal {
     /// The tool failure this refusal is reported as.
     pub fn error_type(&self) -> ErrorType {
         match self {
-            Refusal::QueueFull { .. } => ErrorType::QueueFull,
+            Refusal::QueueFull { .. } | Refusal::TenantQueueFull { .. } => ErrorType::QueueFull,
             Refusal::Timeout { .. } => ErrorType::Timeout,
         }
     }
@@ -229,6 +307,7 @@ impl Refusal {
 /// next waiter(s) that fit.
 #[must_use = "dropping a permit frees its slot at once"]
 pub struct Permit {
+    tenant: String,
     category: String,
     /// The controller's state, to give the slots back; `None` for a bypass
     /// permit, which holds no slot.
@@ -260,7 +339,7 @@ impl fmt::Debug for Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(state) = self.owner.take() {
-            lock(&state).release(&self.category, Some(self.since.elapsed()));
+            lock(&state).release(&self.tenant, &self.category, Some(self.since.elapsed()));
         }
     }
 }
@@ -284,6 +363,14 @@ pub struct ConcurrencyMetrics {
     pub avg_execution_time_ms: f64,
     /// One entry per configured bucket.
     pub buckets: BTreeMap<String, BucketMetrics>,
+    /// Pool slots one tenant may hold ([`ConcurrencyConfig::tenant_slots`]).
+    pub max_per_tenant: usize,
+    /// Callers of one tenant that may wait ([`ConcurrencyConfig::tenant_queue`]).
+    pub max_queued_per_tenant: usize,
+    /// Tenants holding at least one slot now.
+    pub tenants_running: usize,
+    /// Tenants with at least one caller waiting.
+    pub tenants_waiting: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -319,6 +406,7 @@ impl ConcurrencyController {
     /// any slot granted to it meanwhile goes to the next waiter.
     pub async fn acquire(&self, req: AdmissionRequest) -> Result<Permit, Refusal> {
         let AdmissionRequest {
+            tenant,
             category,
             priority,
             bypass,
@@ -327,14 +415,15 @@ impl ConcurrencyController {
         if bypass {
             lock(&self.state).total_bypassed += 1;
             return Ok(Permit {
+                tenant,
                 category,
                 owner: None,
                 since: Instant::now(),
             });
         }
-        let admitted = lock(&self.state).admit(&category, priority);
+        let admitted = lock(&self.state).admit(&tenant, &category, priority);
         let (key, mut granted) = match admitted {
-            Admit::Now => return Ok(self.permit(category)),
+            Admit::Now => return Ok(self.permit(tenant, category)),
             Admit::Refused(refusal) => return Err(refusal),
             Admit::Queued(key, granted) => (key, granted),
         };
@@ -344,6 +433,7 @@ impl ConcurrencyController {
         let waiter = QueuedWaiter {
             state: &self.state,
             key,
+            tenant,
             category,
             armed: true,
         };
@@ -358,8 +448,8 @@ impl ConcurrencyController {
             }
         }
         let mut state = lock(&self.state);
-        let left = state.leave(&key);
-        let category = waiter.disarm();
+        let left = state.leave(&waiter.tenant, &key);
+        let (tenant, category) = waiter.disarm();
         match left {
             Left::Queued => {
                 state.total_timeout += 1;
@@ -370,7 +460,7 @@ impl ConcurrencyController {
             Left::Granted => {
                 state.total_acquired += 1;
                 drop(state);
-                Ok(self.permit(category))
+                Ok(self.permit(tenant, category))
             }
         }
     }
@@ -380,8 +470,9 @@ impl ConcurrencyController {
     }
 
     /// A permit for slots already taken in the state.
-    fn permit(&self, category: String) -> Permit {
+    fn permit(&self, tenant: String, category: String) -> Permit {
         Permit {
+            tenant,
             category,
             owner: Some(Arc::clone(&self.state)),
             since: Instant::now(),
@@ -394,15 +485,19 @@ impl ConcurrencyController {
 struct QueuedWaiter<'a> {
     state: &'a Mutex<State>,
     key: WaitKey,
+    tenant: String,
     category: String,
     armed: bool,
 }
 
 impl QueuedWaiter<'_> {
     /// The waiter left the queue by itself; nothing to undo. Takes no lock.
-    fn disarm(mut self) -> String {
+    fn disarm(mut self) -> (String, String) {
         self.armed = false;
-        std::mem::take(&mut self.category)
+        (
+            std::mem::take(&mut self.tenant),
+            std::mem::take(&mut self.category),
+        )
     }
 }
 
@@ -412,8 +507,8 @@ impl Drop for QueuedWaiter<'_> {
             return;
         }
         let mut state = lock(self.state);
-        if let Left::Granted = state.leave(&self.key) {
-            state.release(&self.category, None);
+        if let Left::Granted = state.leave(&self.tenant, &self.key) {
+            state.release(&self.tenant, &self.category, None);
         }
     }
 }
@@ -422,8 +517,8 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Queue order: `rank` first (the negated priority, or 0 under fifo), then
-/// arrival.
+/// Order inside a tenant's queue: `rank` first (the negated priority, or 0
+/// under fifo), then arrival.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct WaitKey {
     rank: Reverse<i32>,
@@ -462,15 +557,40 @@ enum Left {
     Granted,
 }
 
-/// Slots, queue and counters; every decision, no IO.
+/// One tenant's part of the pool: present while it holds or awaits a slot.
+#[derive(Debug, Default)]
+struct TenantSlots {
+    /// Pool slots its calls hold now (at most `tenant_slots`).
+    running: usize,
+    /// Its own queue, in strategy order.
+    waiters: BTreeMap<WaitKey, Waiter>,
+}
+
+impl TenantSlots {
+    fn is_idle(&self) -> bool {
+        self.running == 0 && self.waiters.is_empty()
+    }
+}
+
+/// Slots, queues and counters; every decision, no IO.
 #[derive(Debug)]
 struct State {
     strategy: Strategy,
     max_concurrent: usize,
     queue_size: usize,
+    /// Slots one tenant may hold, and callers of one tenant that may wait.
+    tenant_slots: usize,
+    tenant_queue: usize,
     current: usize,
     buckets: BTreeMap<String, Bucket>,
-    waiters: BTreeMap<WaitKey, Waiter>,
+    /// Tenants holding or awaiting slots; an idle tenant is dropped, so the
+    /// map is bounded by the slots and the queue, not by every tenant ever.
+    tenants: BTreeMap<String, TenantSlots>,
+    /// Tenants with waiters, in turn order: the front is served first, and
+    /// a tenant served goes to the back.
+    turns: VecDeque<String>,
+    /// Waiters of all tenants.
+    queued: usize,
     next_seq: u64,
     total_acquired: u64,
     total_rejected: u64,
@@ -487,13 +607,17 @@ impl State {
             strategy: config.strategy,
             max_concurrent: config.max_concurrent,
             queue_size: config.queue_size,
+            tenant_slots: config.tenant_slots(),
+            tenant_queue: config.tenant_queue(),
             current: 0,
             buckets: config
                 .bucket_limits
                 .iter()
                 .map(|(name, &limit)| (name.clone(), Bucket { limit, current: 0 }))
                 .collect(),
-            waiters: BTreeMap::new(),
+            tenants: BTreeMap::new(),
+            turns: VecDeque::new(),
+            queued: 0,
             next_seq: 0,
             total_acquired: 0,
             total_rejected: 0,
@@ -504,37 +628,57 @@ impl State {
         }
     }
 
-    fn fits(&self, category: &str) -> bool {
-        self.current < self.max_concurrent
-            && self
-                .buckets
-                .get(category)
-                .is_none_or(|bucket| bucket.current < bucket.limit)
+    fn bucket_has_room(&self, category: &str) -> bool {
+        self.buckets
+            .get(category)
+            .is_none_or(|bucket| bucket.current < bucket.limit)
     }
 
-    fn take(&mut self, category: &str) {
+    fn running(&self, tenant: &str) -> usize {
+        self.tenants.get(tenant).map_or(0, |t| t.running)
+    }
+
+    fn fits(&self, tenant: &str, category: &str) -> bool {
+        self.current < self.max_concurrent
+            && self.running(tenant) < self.tenant_slots
+            && self.bucket_has_room(category)
+    }
+
+    fn take(&mut self, tenant: &str, category: &str) {
         self.current += 1;
+        self.tenants.entry(tenant.to_owned()).or_default().running += 1;
         if let Some(bucket) = self.buckets.get_mut(category) {
             bucket.current += 1;
         }
     }
 
-    /// A counted call asks to run: slots now, a place in the queue, or a
-    /// refusal. A newcomer that fits overtakes nobody: by the invariant, no
-    /// queued waiter could run now.
-    fn admit(&mut self, category: &str, priority: i32) -> Admit {
-        if self.fits(category) {
-            self.take(category);
+    /// A counted call asks to run: slots now, a place in its tenant's
+    /// queue, or a refusal. A newcomer that fits overtakes nobody: by the
+    /// invariant, no queued waiter could run now.
+    fn admit(&mut self, tenant: &str, category: &str, priority: i32) -> Admit {
+        if self.fits(tenant, category) {
+            self.take(tenant, category);
             self.total_acquired += 1;
             return Admit::Now;
         }
-        let queue_size = match self.strategy {
-            Strategy::Reject => 0,
-            Strategy::Fifo | Strategy::Priority => self.queue_size,
+        let waiting = self.tenants.get(tenant).map_or(0, |t| t.waiters.len());
+        let refusal = match self.strategy {
+            Strategy::Reject => Some(Refusal::QueueFull { queue_size: 0 }),
+            Strategy::Fifo | Strategy::Priority if self.queued >= self.queue_size => {
+                Some(Refusal::QueueFull {
+                    queue_size: self.queue_size,
+                })
+            }
+            Strategy::Fifo | Strategy::Priority if waiting >= self.tenant_queue => {
+                Some(Refusal::TenantQueueFull {
+                    places: self.tenant_queue,
+                })
+            }
+            Strategy::Fifo | Strategy::Priority => None,
         };
-        if self.waiters.len() >= queue_size {
+        if let Some(refusal) = refusal {
             self.total_rejected += 1;
-            return Admit::Refused(Refusal::QueueFull { queue_size });
+            return Admit::Refused(refusal);
         }
         let rank = match self.strategy {
             Strategy::Priority => Reverse(priority),
@@ -546,21 +690,33 @@ impl State {
         };
         self.next_seq += 1;
         let (granted, receiver) = oneshot::channel();
-        self.waiters.insert(
+        let slots = self.tenants.entry(tenant.to_owned()).or_default();
+        slots.waiters.insert(
             key,
             Waiter {
                 category: category.to_owned(),
                 granted,
             },
         );
+        if slots.waiters.len() == 1 {
+            self.turns.push_back(tenant.to_owned());
+        }
+        self.queued += 1;
         Admit::Queued(key, receiver)
     }
 
     /// A counted permit gives its slots back (`held` is `None` when the
-    /// permit never reached its caller); frees slots for the queue.
-    fn release(&mut self, category: &str, held: Option<Duration>) {
+    /// permit never reached its caller); frees slots for the queues.
+    fn release(&mut self, tenant: &str, category: &str, held: Option<Duration>) {
         debug_assert!(self.current > 0, "released a pool slot nobody held");
         self.current = self.current.saturating_sub(1);
+        if let Some(slots) = self.tenants.get_mut(tenant) {
+            debug_assert!(slots.running > 0, "released a slot {tenant} did not hold");
+            slots.running = slots.running.saturating_sub(1);
+            if slots.is_idle() {
+                self.tenants.remove(tenant);
+            }
+        }
         if let Some(bucket) = self.buckets.get_mut(category) {
             debug_assert!(bucket.current > 0, "released a {category} slot nobody held");
             bucket.current = bucket.current.saturating_sub(1);
@@ -572,39 +728,76 @@ impl State {
         self.grant_waiters();
     }
 
-    /// Admits, in queue order, every waiter that fits now, skipping those
-    /// whose bucket is full. Restores "no queued waiter could run now".
+    /// The first waiter of `tenant`, in strategy order, that could run now.
+    fn runnable(&self, tenant: &str) -> Option<WaitKey> {
+        let slots = self.tenants.get(tenant)?;
+        if slots.running >= self.tenant_slots {
+            return None;
+        }
+        slots
+            .waiters
+            .iter()
+            .find(|(_, waiter)| self.bucket_has_room(&waiter.category))
+            .map(|(key, _)| *key)
+    }
+
+    /// Admits waiters that fit, one per tenant in turn order, round after
+    /// round until the pool is full or nobody left could run; skips
+    /// waiters whose bucket is full or whose tenant is at its cap. Restores
+    /// "no queued waiter could run now".
     fn grant_waiters(&mut self) {
         let mut granted = Vec::new();
-        for (key, waiter) in &self.waiters {
-            if self.current >= self.max_concurrent {
+        while self.current < self.max_concurrent {
+            let next = (0..self.turns.len())
+                .find_map(|turn| self.runnable(&self.turns[turn]).map(|key| (turn, key)));
+            let Some((turn, key)) = next else {
                 break;
-            }
-            match self.buckets.get_mut(&waiter.category) {
-                Some(bucket) if bucket.current >= bucket.limit => continue,
-                Some(bucket) => bucket.current += 1,
-                None => {}
+            };
+            let Some(tenant) = self.turns.remove(turn) else {
+                break;
+            };
+            let Some(slots) = self.tenants.get_mut(&tenant) else {
+                break;
+            };
+            let Some(waiter) = slots.waiters.remove(&key) else {
+                break;
+            };
+            slots.running += 1;
+            if !slots.waiters.is_empty() {
+                self.turns.push_back(tenant);
             }
             self.current += 1;
-            granted.push(*key);
-        }
-        for key in granted {
-            if let Some(waiter) = self.waiters.remove(&key) {
-                // A send fails only if the waiting future is being dropped;
-                // its guard then finds itself granted and returns the slots.
-                let _ = waiter.granted.send(());
+            self.queued -= 1;
+            if let Some(bucket) = self.buckets.get_mut(&waiter.category) {
+                bucket.current += 1;
             }
+            granted.push(waiter);
+        }
+        for waiter in granted {
+            // A send fails only if the waiting future is being dropped;
+            // its guard then finds itself granted and returns the slots.
+            let _ = waiter.granted.send(());
         }
     }
 
-    /// The waiter `key` stops waiting (woken, past its deadline or
-    /// cancelled) and learns whether it still held only a place in the queue
-    /// or had been granted its slots.
-    fn leave(&mut self, key: &WaitKey) -> Left {
-        match self.waiters.remove(key) {
-            Some(_) => Left::Queued,
-            None => Left::Granted,
+    /// The waiter `key` of `tenant` stops waiting (woken, past its deadline
+    /// or cancelled) and learns whether it still held only a place in the
+    /// queue or had been granted its slots.
+    fn leave(&mut self, tenant: &str, key: &WaitKey) -> Left {
+        let Some(slots) = self.tenants.get_mut(tenant) else {
+            return Left::Granted;
+        };
+        if slots.waiters.remove(key).is_none() {
+            return Left::Granted;
         }
+        self.queued -= 1;
+        if slots.waiters.is_empty() {
+            self.turns.retain(|t| t != tenant);
+        }
+        if slots.is_idle() {
+            self.tenants.remove(tenant);
+        }
+        Left::Queued
     }
 
     fn metrics(&self) -> ConcurrencyMetrics {
@@ -620,7 +813,7 @@ impl State {
                 (name.clone(), metrics)
             })
             .collect();
-        for waiter in self.waiters.values() {
+        for waiter in self.tenants.values().flat_map(|t| t.waiters.values()) {
             if let Some(bucket) = buckets.get_mut(&waiter.category) {
                 bucket.queue += 1;
             }
@@ -632,13 +825,17 @@ impl State {
         };
         ConcurrencyMetrics {
             current_concurrent: self.current,
-            queue_length: self.waiters.len(),
+            queue_length: self.queued,
             total_acquired: self.total_acquired,
             total_rejected: self.total_rejected,
             total_timeout: self.total_timeout,
             total_bypassed: self.total_bypassed,
             avg_execution_time_ms,
             buckets,
+            max_per_tenant: self.tenant_slots,
+            max_queued_per_tenant: self.tenant_queue,
+            tenants_running: self.tenants.values().filter(|t| t.running > 0).count(),
+            tenants_waiting: self.turns.len(),
         }
     }
 }
@@ -663,6 +860,17 @@ mod tests {
         ConcurrencyConfig {
             max_concurrent: 1,
             ..ConcurrencyConfig::default()
+        }
+    }
+
+    /// The tenant of calls that name none.
+    const T: &str = DEFAULT_TENANT;
+
+    /// `config` with the tenant cap off: one tenant may use the whole pool.
+    fn whole_pool(config: ConcurrencyConfig) -> ConcurrencyConfig {
+        ConcurrencyConfig {
+            max_per_tenant: Some(config.max_concurrent),
+            ..config
         }
     }
 
@@ -737,6 +945,7 @@ mod tests {
         let m = controller.metrics();
         assert_eq!(m.current_concurrent, 0, "{m:?}");
         assert_eq!(m.queue_length, 0, "{m:?}");
+        assert_eq!((m.tenants_running, m.tenants_waiting), (0, 0), "{m:?}");
         for (name, bucket) in &m.buckets {
             assert_eq!(
                 (bucket.current, bucket.queue),
@@ -804,6 +1013,188 @@ mod tests {
             assert_eq!(err.key(), "default_timeout_s", "{value}");
             assert!(err.to_string().contains("default_timeout_s"));
         }
+    }
+
+    #[test]
+    fn a_tenant_share_defaults_to_half_the_pool_and_the_same_share_of_the_queue() {
+        let share = |max_concurrent, queue_size, max_per_tenant| {
+            let config = ConcurrencyConfig {
+                max_concurrent,
+                queue_size,
+                max_per_tenant,
+                ..ConcurrencyConfig::default()
+            };
+            (config.tenant_slots(), config.tenant_queue())
+        };
+        assert_eq!(share(10, 100, None), (5, 50));
+        assert_eq!(share(1, 100, None), (1, 100), "at least one slot");
+        assert_eq!(share(3, 10, None), (1, 3));
+        assert_eq!(share(4, 1, None), (2, 1), "at least one place");
+        assert_eq!(share(4, 0, None), (2, 0), "no queue stays no queue");
+        assert_eq!(share(10, 100, Some(10)), (10, 100), "the cap off");
+        assert_eq!(share(10, 100, Some(2)), (2, 20));
+
+        let config: ConcurrencyConfig = toml::from_str("max_per_tenant = 3").unwrap();
+        assert_eq!(config.max_per_tenant, Some(3));
+        for bad in [0, 11] {
+            let config = ConcurrencyConfig {
+                max_per_tenant: Some(bad),
+                ..ConcurrencyConfig::default()
+            };
+            let err = config.validate().unwrap_err();
+            assert_eq!(err.key(), "max_per_tenant", "{bad}");
+            assert!(err.to_string().contains("max_per_tenant"), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tenant_holds_at_most_its_share_while_the_others_run() {
+        let c = controller(ConcurrencyConfig {
+            max_concurrent: 4,
+            ..ConcurrencyConfig::default()
+        });
+        let b1 = c.acquire(req("x").with_tenant("b")).await.unwrap();
+        let b2 = c.acquire(req("x").with_tenant("b")).await.unwrap();
+        // Two slots are free, but not for b.
+        let mut b3 = Box::pin(c.acquire(req("x").with_tenant("b")));
+        assert!((&mut b3).now_or_never().is_none(), "b is at its share");
+        let m = c.metrics();
+        assert_eq!((m.current_concurrent, m.queue_length), (2, 1));
+        assert_eq!((m.tenants_running, m.tenants_waiting), (1, 1));
+
+        let a1 = c.acquire(req("x").with_tenant("a")).now_or_never();
+        let a2 = c.acquire(req("x").with_tenant("a")).now_or_never();
+        assert!(matches!(a1, Some(Ok(_))) && matches!(a2, Some(Ok(_))));
+        assert_eq!(c.metrics().current_concurrent, 4);
+
+        // b's own release lets its waiter in; a's would not.
+        drop(a1);
+        assert!((&mut b3).now_or_never().is_none(), "a's slot is not b's");
+        drop(b1);
+        let b3 = b3.await.expect("b's turn");
+        drop((a2, b2, b3));
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn past_its_share_of_the_queue_a_tenant_is_refused_and_the_others_still_wait() {
+        let c = controller(ConcurrencyConfig {
+            max_concurrent: 2,
+            queue_size: 4,
+            ..ConcurrencyConfig::default()
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let b = c.acquire(req("x").with_tenant("b")).await.unwrap();
+        spawn_caller(&c, "b1", req("x").with_tenant("b"), &tx);
+        spawn_caller(&c, "b2", req("x").with_tenant("b"), &tx);
+        queued(&c, 2).await;
+
+        let refused = c.acquire(req("x").with_tenant("b")).now_or_never();
+        let refusal = refused.expect("no waiting").unwrap_err();
+        assert_eq!(refusal, Refusal::TenantQueueFull { places: 2 });
+        assert_eq!(refusal.error_type(), ErrorType::QueueFull);
+        assert!(refusal.to_string().contains("share of the wait queue"));
+
+        // a holds the other slot and queues its own share.
+        let a = c.acquire(req("x").with_tenant("a")).await.unwrap();
+        spawn_caller(&c, "a1", req("x").with_tenant("a"), &tx);
+        spawn_caller(&c, "a2", req("x").with_tenant("a"), &tx);
+        queued(&c, 4).await;
+        // The whole queue is full now: a third tenant finds no place.
+        let full = c.acquire(req("x").with_tenant("c")).now_or_never();
+        let full = full.expect("no waiting").unwrap_err();
+        assert_eq!(full, Refusal::QueueFull { queue_size: 4 });
+        assert_eq!(c.metrics().total_rejected, 2);
+
+        drop((a, b));
+        let mut names = admission_order(&mut rx, 4).await;
+        names.sort_unstable();
+        assert_eq!(names, ["a1", "a2", "b1", "b2"]);
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn freed_slots_go_round_robin_between_tenants_with_waiters() {
+        let c = controller(whole_pool(one_slot()));
+        let holder = c.acquire(req("x").with_tenant("h")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let callers = [
+            ("b1", "b"),
+            ("b2", "b"),
+            ("b3", "b"),
+            ("a1", "a"),
+            ("a2", "a"),
+            ("c1", "c"),
+        ];
+        for (n, (name, tenant)) in callers.into_iter().enumerate() {
+            spawn_caller(&c, name, req("x").with_tenant(tenant), &tx);
+            queued(&c, n + 1).await;
+        }
+        drop(holder);
+        assert_eq!(
+            admission_order(&mut rx, 6).await,
+            ["b1", "a1", "c1", "b2", "a2", "b3"]
+        );
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn priority_orders_a_tenant_own_queue_and_never_jumps_another_tenant_turn() {
+        let c = controller(whole_pool(ConcurrencyConfig {
+            strategy: Strategy::Priority,
+            ..one_slot()
+        }));
+        let holder = c.acquire(req("x").with_tenant("h")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let callers = [
+            ("b-low", "b", 1),
+            ("a", "a", 0),
+            ("b-high", "b", 9),
+            ("b-mid", "b", 5),
+        ];
+        for (n, (name, tenant, priority)) in callers.into_iter().enumerate() {
+            let request = req("x").with_tenant(tenant).with_priority(priority);
+            spawn_caller(&c, name, request, &tx);
+            queued(&c, n + 1).await;
+        }
+        drop(holder);
+        assert_eq!(
+            admission_order(&mut rx, 4).await,
+            ["b-high", "a", "b-mid", "b-low"]
+        );
+        assert_all_free(&c);
+    }
+
+    #[tokio::test]
+    async fn a_tenant_whose_waiters_cannot_run_keeps_its_turn() {
+        let c = controller(whole_pool(ConcurrencyConfig {
+            max_concurrent: 2,
+            bucket_limits: buckets(&[("http", 1)]),
+            ..ConcurrencyConfig::default()
+        }));
+        let http = c.acquire(req("http").with_tenant("h")).await.unwrap();
+        let other = c.acquire(req("x").with_tenant("h")).await.unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        spawn_caller(&c, "b-http", req("http").with_tenant("b"), &tx);
+        queued(&c, 1).await;
+        spawn_caller(&c, "a-1", req("x").with_tenant("a"), &tx);
+        queued(&c, 2).await;
+        spawn_caller(&c, "a-2", req("x").with_tenant("a"), &tx);
+        queued(&c, 3).await;
+
+        // A pool slot frees while http is full: b is skipped, a runs.
+        drop(other);
+        let (name, a1) = next_in(&mut rx).await;
+        assert_eq!(name, "a-1");
+        // http frees: b, skipped last time, comes before a's second call.
+        drop(http);
+        let (name, b) = next_in(&mut rx).await;
+        assert_eq!(name, "b-http");
+        drop(a1);
+        let (name, a2) = next_in(&mut rx).await;
+        assert_eq!(name, "a-2");
+        drop((b, a2));
+        assert_all_free(&c);
     }
 
     #[tokio::test]
@@ -928,11 +1319,11 @@ mod tests {
 
     #[tokio::test]
     async fn full_bucket_does_not_block_other_categories() {
-        let c = controller(ConcurrencyConfig {
+        let c = controller(whole_pool(ConcurrencyConfig {
             max_concurrent: 3,
             bucket_limits: buckets(&[("http", 1)]),
             ..ConcurrencyConfig::default()
-        });
+        }));
         let http = c.acquire(req("http")).await.unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
         spawn_caller(&c, "http-waiter", req("http"), &tx);
@@ -957,11 +1348,11 @@ mod tests {
 
     #[tokio::test]
     async fn freed_slot_skips_a_waiter_whose_bucket_is_full() {
-        let c = controller(ConcurrencyConfig {
+        let c = controller(whole_pool(ConcurrencyConfig {
             max_concurrent: 2,
             bucket_limits: buckets(&[("http", 1)]),
             ..ConcurrencyConfig::default()
-        });
+        }));
         let http = c.acquire(req("http")).await.unwrap();
         let market = c.acquire(req("market")).await.unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1071,25 +1462,25 @@ mod tests {
     #[test]
     fn a_grant_that_lands_as_the_deadline_fires_is_kept_not_leaked() {
         let mut state = State::new(&one_slot());
-        assert!(matches!(state.admit("x", 0), Admit::Now));
-        let Admit::Queued(key, mut granted) = state.admit("x", 0) else {
+        assert!(matches!(state.admit(T, "x", 0), Admit::Now));
+        let Admit::Queued(key, mut granted) = state.admit(T, "x", 0) else {
             panic!("expected to wait");
         };
         // The holder leaves: the scan takes the slot for the waiter...
-        state.release("x", Some(Duration::from_millis(1)));
+        state.release(T, "x", Some(Duration::from_millis(1)));
         assert!(granted.try_recv().is_ok());
         assert_eq!(state.current, 1);
         // ...which, woken by its deadline instead, finds the slot is its own.
-        assert_eq!(state.leave(&key), Left::Granted);
+        assert_eq!(state.leave(T, &key), Left::Granted);
         assert_eq!(state.current, 1);
 
         // A waiter that leaves before any grant holds nothing.
-        let Admit::Queued(late, _granted) = state.admit("x", 0) else {
+        let Admit::Queued(late, _granted) = state.admit(T, "x", 0) else {
             panic!("expected to wait");
         };
-        assert_eq!(state.leave(&late), Left::Queued);
-        assert_eq!((state.current, state.waiters.len()), (1, 0));
-        state.release("x", None);
+        assert_eq!(state.leave(T, &late), Left::Queued);
+        assert_eq!((state.current, state.queued), (1, 0));
+        state.release(T, "x", None);
         assert_eq!(state.current, 0);
     }
 
@@ -1097,24 +1488,24 @@ mod tests {
     fn average_hold_time_is_over_released_counted_permits() {
         let mut state = State::new(&ConcurrencyConfig::default());
         assert_eq!(state.metrics().avg_execution_time_ms, 0.0);
-        assert!(matches!(state.admit("x", 0), Admit::Now));
-        assert!(matches!(state.admit("x", 0), Admit::Now));
-        assert!(matches!(state.admit("x", 0), Admit::Now));
-        state.release("x", Some(Duration::from_millis(100)));
-        state.release("x", Some(Duration::from_millis(300)));
+        assert!(matches!(state.admit(T, "x", 0), Admit::Now));
+        assert!(matches!(state.admit(T, "x", 0), Admit::Now));
+        assert!(matches!(state.admit(T, "x", 0), Admit::Now));
+        state.release(T, "x", Some(Duration::from_millis(100)));
+        state.release(T, "x", Some(Duration::from_millis(300)));
         // Returned by a cancelled waiter: never ran, not averaged.
-        state.release("x", None);
+        state.release(T, "x", None);
         assert_eq!(state.metrics().avg_execution_time_ms, 200.0);
     }
 
     #[tokio::test]
     async fn metrics_report_counts_and_buckets() {
-        let c = controller(ConcurrencyConfig {
+        let c = controller(whole_pool(ConcurrencyConfig {
             max_concurrent: 2,
             queue_size: 10,
             bucket_limits: buckets(&[("ai", 2), ("http", 1)]),
             ..ConcurrencyConfig::default()
-        });
+        }));
         let http = c.acquire(req("http")).await.unwrap();
         let market = c.acquire(req("market")).await.unwrap();
         let (tx, mut rx) = mpsc::unbounded_channel();
@@ -1136,6 +1527,10 @@ mod tests {
         assert_eq!(json["total_timeout"], 1);
         assert_eq!(json["total_bypassed"], 0);
         assert_eq!(json["avg_execution_time_ms"], 0.0);
+        assert_eq!(json["max_per_tenant"], 2);
+        assert_eq!(json["max_queued_per_tenant"], 10);
+        assert_eq!(json["tenants_running"], 1);
+        assert_eq!(json["tenants_waiting"], 1);
         assert_eq!(
             json["buckets"],
             json!({
@@ -1162,9 +1557,9 @@ mod tests {
         assert!(c.metrics().avg_execution_time_ms >= 0.0);
     }
 
-    /// Property: whatever mix of grants, timeouts, refusals and
+    /// Property: whatever mix of tenants, grants, timeouts, refusals and
     /// cancellations happens across threads, once everything is dropped no
-    /// slot and no waiter is left behind.
+    /// slot, no waiter and no tenant entry is left behind.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn churn_of_grants_timeouts_and_cancels_leaks_no_slot() {
         let c = controller(ConcurrencyConfig {
@@ -1180,8 +1575,10 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 for j in 0..40usize {
                     let category = ["http", "ai", "market"][(i + j) % 3];
+                    let tenant = ["acme", "globex", T][(i + 2 * j) % 3];
                     let timeout = Duration::from_micros(((i * 7 + j * 13) % 400) as u64);
                     let request = req(category)
+                        .with_tenant(tenant)
                         .with_priority((j % 4) as i32)
                         .with_timeout(timeout);
                     if j % 5 == 0 {
@@ -1208,5 +1605,10 @@ mod tests {
             .expect("callers finish");
         assert_all_free(&c);
         assert!(c.metrics().total_acquired > 0);
+        let state = lock(&c.state);
+        assert!(
+            state.tenants.is_empty() && state.turns.is_empty(),
+            "{state:?}"
+        );
     }
 }

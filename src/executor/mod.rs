@@ -13,7 +13,8 @@
 //! 5. cache ([`cache`]; a hit has `metadata.cached = true`)
 //! 6. confirmation ([`confirmations`]): a `require_confirmation` tool does not
 //!    run; the call is stored and `pending_confirmation` returned
-//! 7. concurrency admission ([`concurrency`]; `queue_full`, `timeout`);
+//! 7. concurrency admission ([`concurrency`]; `queue_full`, `timeout`), fair
+//!    between tenants (a share of the pool and queue each, round-robin);
 //!    workflow-node callers bypass it and are not counted
 //! 8. run with timeout and retries (exponential backoff with jitter, only
 //!    for retryable failures: timeouts, transient errors); a handler's
@@ -464,7 +465,13 @@ async fn execute(
             ),
         };
     }
+    let tenant = msg
+        .ctx
+        .tenant
+        .as_deref()
+        .unwrap_or(crate::identity::DEFAULT_TENANT);
     let request = AdmissionRequest::for_caller(def.category.clone(), msg.ctx.caller_type)
+        .with_tenant(tenant)
         .with_priority(msg.ctx.priority);
     let permit = match s.concurrency.acquire(request).await {
         Ok(p) => p,
