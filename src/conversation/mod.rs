@@ -20,5 +20,5 @@ pub mod summary;
 
 pub use actor::TurnError;
 pub use machine::{CallReport, TurnOutcome};
-pub use sessions::{NewSession, SessionError, SessionSummary, Sessions};
+pub use sessions::{NewSession, SessionError, SessionLimits, SessionSummary, Sessions};
 pub use summary::ToolUsageSummary;

@@ -366,6 +366,7 @@ error_responses!(
     SendErrors:
     SessionNotFound,
     ConversationBusy = "a turn is running and the agent rejects concurrent messages",
+    ConversationQueueFull = "`[sessions] max_queued_turns` turns already wait in the session",
     BudgetExceeded,
     PayloadTooLarge = "the body is over 1 MiB or content over 256 KiB",
     ValidationError = "empty content or unknown field",
