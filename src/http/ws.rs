@@ -21,6 +21,15 @@
 //! the cap the request is answered with the 429 `TOO_MANY_STREAMS` JSON
 //! error and never switches protocols. A socket is not ended at shutdown
 //! the way SSE subscriptions are; it lasts as long as its connection.
+//!
+//! Every text frame is a request to the API's rate limit: it takes a cell
+//! of the caller's bucket ([`super::rate_limit::RequestBudget`], the same
+//! bucket as the caller's REST requests) before it is parsed. Over the
+//! limit the frame gets an `error` frame with `RATE_LIMITED` and is not
+//! acted on (nothing stored, no turn); the socket stays open. A turn a
+//! visitor message started is queued like any other
+//! (`[sessions] max_queued_turns`); frames are handled one at a time, so
+//! one socket waits for its own turn before the next frame is read.
 
 use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -35,6 +44,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::ApiError;
 use super::openapi::error_responses;
+use super::rate_limit::RequestBudget;
 use super::streams::{StreamQuota, StreamSlot};
 use crate::conversation::actor::TurnEvent;
 use crate::conversation::auto_respond::should_auto_respond;
@@ -82,6 +92,7 @@ async fn upgrade(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Extension(quota): Extension<StreamQuota>,
+    Extension(budget): Extension<RequestBudget>,
     Path(id): Path<String>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -89,7 +100,7 @@ async fn upgrade(
     let slot = quota.acquire()?;
     Ok(ws
         .max_message_size(MAX_FRAME_BYTES)
-        .on_upgrade(move |socket| serve(socket, state, caller, id, slot)))
+        .on_upgrade(move |socket| serve(socket, state, caller, id, slot, budget)))
 }
 
 #[derive(Deserialize)]
@@ -122,29 +133,21 @@ async fn serve(
     caller: Principal,
     id: String,
     _slot: StreamSlot,
+    budget: RequestBudget,
 ) {
     while let Some(Ok(message)) = socket.recv().await {
         let text = match message {
-            Message::Text(t) => t.to_string(),
+            Message::Text(t) => t,
             Message::Close(_) => break,
             _ => continue,
         };
-        let frame: Frame = match serde_json::from_str(&text) {
-            Ok(f) => f,
-            Err(e) => {
-                let error = ApiError::validation(format!("bad frame: {e}")).body();
-                if !send(
-                    &mut socket,
-                    json!({"type": "error", "error": error["error"]}),
-                )
-                .await
-                {
-                    break;
-                }
-                continue;
-            }
+        let result = match budget.take() {
+            Ok(()) => match serde_json::from_str::<Frame>(&text) {
+                Ok(frame) => handle(&mut socket, &state, &caller, &id, frame).await,
+                Err(e) => Err(ApiError::validation(format!("bad frame: {e}"))),
+            },
+            Err(limited) => Err(limited),
         };
-        let result = handle(&mut socket, &state, &caller, &id, frame).await;
         if let Err(e) = result {
             let body = e.body();
             if !send(
