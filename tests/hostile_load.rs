@@ -318,3 +318,38 @@ async fn mcp_streams_count_against_max_streams() {
     }
     drop(second);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_metadata_ids_and_operator_ids_are_bounded_before_any_work() {
+    let app = spawn_app(AppOptions::offline());
+    // Metadata over 16 KiB as JSON: 413, and no session was created.
+    let big = json!({"agent": "assistant", "metadata": {"note": "x".repeat(16 * 1024)}});
+    let (status, body) = app.post("/v1/sessions", &big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(body["error"]["code"], "PAYLOAD_TOO_LARGE", "{body}");
+    let (_, listed) = app.get("/v1/sessions").await;
+    assert_eq!(
+        listed.to_string().matches("\"agent\"").count(),
+        0,
+        "{listed}"
+    );
+
+    // An id far longer than any session id: not found, and not echoed.
+    let long_id = "a".repeat(4096);
+    let (status, body) = app.get(&format!("/v1/sessions/{long_id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.to_string().len() < 1024, "{body}");
+
+    // An operator id over 128 bytes is refused; the session keeps none.
+    let session = app.session("assistant").await;
+    let mut ws = connect_ws(&app, &session, None).await.expect("upgraded");
+    let frame = json!({"type": "assign_operator", "operator_id": "o".repeat(129)});
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+    let Some(Ok(Message::Text(text))) = ws.next().await else {
+        panic!("an answer frame");
+    };
+    let frame: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(frame["error"]["code"], "VALIDATION_ERROR", "{frame}");
+    let (_, shown) = app.get(&format!("/v1/sessions/{session}")).await;
+    assert!(shown["metadata"].get("operator_id").is_none(), "{shown}");
+}

@@ -91,6 +91,14 @@ impl PublicError for SessionError {
     }
 }
 
+/// Session ids are UUIDs (36 bytes); a longer one a caller names (in a
+/// path, a WebSocket URL, an MCP agent tool's `session_id`) is unknown.
+pub const MAX_SESSION_ID_BYTES: usize = 128;
+
+/// Most bytes a session's `metadata` may take, as JSON: it is stored with
+/// the session and read with each of its turns and listings.
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+
 /// What a new session starts with.
 #[derive(Debug, Clone, Default)]
 pub struct NewSession {
@@ -546,8 +554,14 @@ impl Sessions {
             })]);
     }
 
-    /// The session by id, whoever owns it (in-process callers).
+    /// The session by id, whoever owns it (in-process callers). An id
+    /// longer than [`MAX_SESSION_ID_BYTES`] is not found without a read.
     pub async fn get(&self, id: &str) -> Result<Session, SessionError> {
+        if id.len() > MAX_SESSION_ID_BYTES {
+            return Err(SessionError::NotFound {
+                id: format!("{}...", id.chars().take(32).collect::<String>()),
+            });
+        }
         self.inner
             .store
             .get_session(id)

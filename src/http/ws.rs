@@ -13,7 +13,8 @@
 //! stored as it is. Operator messages are stored (as assistant messages
 //! named `operator:<id>`) without a model turn. Frames are handled one at
 //! a time, in order; a bad frame gets an `error` frame and the socket stays
-//! open. Frames over [`MAX_FRAME_BYTES`] close it.
+//! open. Frames over [`MAX_FRAME_BYTES`] close it; an `operator_id` over
+//! [`MAX_OPERATOR_ID_BYTES`] gets an `error` frame (`VALIDATION_ERROR`).
 //!
 //! A socket holds one of its caller's stream slots ([`super::streams`],
 //! `[api_limit] max_streams`, shared with the SSE endpoints) from the
@@ -52,6 +53,8 @@ use crate::model::ChatMessage;
 use crate::tenants::Principal;
 
 pub const MAX_FRAME_BYTES: usize = 256 * 1024;
+/// The longest `operator_id` a frame may carry (as a `user_id`).
+pub const MAX_OPERATOR_ID_BYTES: usize = 128;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(upgrade))
@@ -172,6 +175,7 @@ async fn handle(
     let sessions = &state.sessions;
     match frame {
         Frame::AssignOperator { operator_id } => {
+            check_operator(&operator_id)?;
             sessions
                 .set_operator(&caller.tenant, id, Some(operator_id.clone()))
                 .await?;
@@ -190,6 +194,9 @@ async fn handle(
             operator_id,
         } => {
             check_content(&content)?;
+            if let Some(op) = &operator_id {
+                check_operator(op)?;
+            }
             let session = sessions.get_as(&caller.tenant, id).await?;
             let who = operator_id
                 .or_else(|| session.metadata["operator_id"].as_str().map(str::to_string))
@@ -261,6 +268,17 @@ async fn forward(socket: &mut WebSocket, event: TurnEvent) {
         other => serde_json::to_value(other).unwrap_or(Value::Null),
     };
     send(socket, value).await;
+}
+
+/// Operator ids are kept in the session's metadata and in message names:
+/// at most [`MAX_OPERATOR_ID_BYTES`], checked before anything is stored.
+fn check_operator(operator_id: &str) -> Result<(), ApiError> {
+    if operator_id.len() > MAX_OPERATOR_ID_BYTES {
+        return Err(ApiError::validation(format!(
+            "operator_id is longer than {MAX_OPERATOR_ID_BYTES} bytes"
+        )));
+    }
+    Ok(())
 }
 
 fn check_content(content: &str) -> Result<(), ApiError> {
