@@ -76,7 +76,7 @@ error_responses!(
     operation_id = "session_websocket",
     summary = "Visitor chat over a WebSocket",
     tag = "sessions",
-    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Frames over 256 KiB close it.",
+    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Each frame counts against the caller's API rate limit like a request: over it the frame gets an `error` frame `RATE_LIMITED` and is not acted on. Frames over 256 KiB close it; an `operator_id` is at most 128 bytes.",
     params(
         ("id" = String, Path, description = "Session id"),
         ("Connection" = String, Header, description = "A list holding `upgrade` (any case)",
