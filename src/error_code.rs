@@ -126,6 +126,8 @@ error_codes! {
         "over the API's per-caller request rate, or too many failed authentications from this address; see `Retry-After`";
     TooManyStreams = "TOO_MANY_STREAMS", TOO_MANY_REQUESTS, true,
         "the caller has as many event streams and WebSockets open as allowed";
+    ConversationQueueFull = "CONVERSATION_QUEUE_FULL", TOO_MANY_REQUESTS, true,
+        "the session already has as many turns waiting as allowed (`[sessions] max_queued_turns`); send once one has run";
     BudgetExceeded = "BUDGET_EXCEEDED", TOO_MANY_REQUESTS, false,
         "the tenant's monthly token budget is spent: no model call until it resets (`Retry-After`, `details.resets_at`)";
     InternalError = "INTERNAL_ERROR", INTERNAL_SERVER_ERROR, false,

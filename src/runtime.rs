@@ -419,7 +419,7 @@ fn setup(
         registry.clone(),
         executor.clone(),
         conversation_arbiters.to_vec(),
-        Duration::from_secs_f64(config.sessions.idle_timeout_s),
+        config.sessions.limits(),
         metrics,
     );
     let workflows = Workflows::new(WorkflowsDeps {

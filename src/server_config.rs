@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::conversation::SessionLimits;
 use crate::executor::ExecutorConfig;
 use crate::executor::concurrency::ConcurrencyConfig;
 use crate::http::rate_limit::ApiLimitConfig;
@@ -66,12 +67,28 @@ pub struct SessionsSection {
     /// Seconds without a message after which a conversation leaves memory
     /// (it is reloaded from the store on its next message).
     pub idle_timeout_s: f64,
+    /// Turns a session holds waiting behind its running one under
+    /// `multitask = "enqueue"`; one more is answered 429
+    /// `CONVERSATION_QUEUE_FULL`. 0: only the running turn.
+    pub max_queued_turns: usize,
 }
 
 impl Default for SessionsSection {
     fn default() -> Self {
+        let limits = SessionLimits::default();
         SessionsSection {
-            idle_timeout_s: 300.0,
+            idle_timeout_s: limits.idle_timeout.as_secs_f64(),
+            max_queued_turns: limits.max_queued_turns,
+        }
+    }
+}
+
+impl SessionsSection {
+    /// What [`crate::conversation::Sessions`] runs with.
+    pub fn limits(&self) -> SessionLimits {
+        SessionLimits {
+            idle_timeout: Duration::from_secs_f64(self.idle_timeout_s),
+            max_queued_turns: self.max_queued_turns,
         }
     }
 }
@@ -358,5 +375,7 @@ mod tests {
         );
         assert_eq!(c.tools.reload_interval_s, 5.0);
         assert_eq!(c.api_limit.max_streams, 32);
+        assert_eq!(c.sessions.max_queued_turns, 8);
+        assert_eq!(c.sessions.idle_timeout_s, 300.0);
     }
 }

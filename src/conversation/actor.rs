@@ -8,8 +8,17 @@
 //!
 //! Turns are serialised: a `UserTurn` arriving during a turn waits in the
 //! actor's queue (in arrival order), or is refused with `Busy` when the
-//! agent's `multitask` is `reject`. Messages recorded without a turn (an
-//! operator's reply) take their place in the same queue. The actor never
+//! agent's `multitask` is `reject`. The queue holds at most
+//! `max_queued_turns` turns (`[sessions] max_queued_turns`, default 8; the
+//! running one is not counted): one more is refused with `QueueFull`
+//! before it is queued, so a caller cannot make a session hold unbounded
+//! messages in memory. A queued turn whose caller is gone (the receiver
+//! of its outcome is dropped, or its event sink closed: the HTTP client
+//! disconnected) was never acknowledged: it is dropped before it starts
+//! and when the queue is counted, and nothing of it is stored or sent to
+//! the model. Messages recorded without a turn (an operator's reply) take
+//! their place in the same queue; they are not turns and are not counted
+//! (the WebSocket that sends them is rate-limited, and waits for each). The actor never
 //! blocks on IO: the model call, store writes and the tool batch run as
 //! spawned futures or actors, so the mailbox stays free for reports. A
 //! turn's steps (the user's message, tool calls, tool results) are handed
@@ -76,6 +85,9 @@ pub enum TurnError {
     /// The conversation actor could not be reached (it stopped).
     #[error("the conversation is unavailable")]
     Unavailable,
+    /// `max` turns already wait behind the running one.
+    #[error("{max} turns are already waiting in this session")]
+    QueueFull { max: usize },
 }
 
 impl PublicError for TurnError {
@@ -85,6 +97,7 @@ impl PublicError for TurnError {
             TurnError::Store(s) => s.code(),
             TurnError::Busy => ErrorCode::ConversationBusy,
             TurnError::Unavailable => ErrorCode::ConversationUnavailable,
+            TurnError::QueueFull { .. } => ErrorCode::ConversationQueueFull,
         }
     }
 
@@ -99,6 +112,9 @@ impl PublicError for TurnError {
             TurnError::Unavailable => {
                 "the conversation could not be reached; retry the request".into()
             }
+            TurnError::QueueFull { max } => format!(
+                "{max} messages already wait for their turn in this session, the most allowed; send this one when one of them has run"
+            ),
         }
     }
 }
@@ -171,6 +187,9 @@ pub struct RecordMessage {
 
 type TurnReply = oneshot::Sender<Result<TurnOutcome, TurnError>>;
 
+/// Turns a session's queue holds besides the running one, unless configured.
+pub const DEFAULT_MAX_QUEUED_TURNS: usize = 8;
+
 /// A turn the conversation took on; its outcome follows.
 pub struct AcceptedTurn(oneshot::Receiver<Result<TurnOutcome, TurnError>>);
 
@@ -192,6 +211,19 @@ enum Pending {
         message: ChatMessage,
         reply: oneshot::Sender<Result<u64, TurnError>>,
     },
+}
+
+impl Pending {
+    /// A turn nobody waits for any more: its outcome's receiver was
+    /// dropped, or its event sink closed (the streaming client left).
+    fn abandoned(&self) -> bool {
+        match self {
+            Pending::Turn { reply, events, .. } => {
+                reply.is_closed() || events.as_ref().is_some_and(|e| e.is_closed())
+            }
+            Pending::Record { .. } => false,
+        }
+    }
 }
 
 struct Current {
@@ -220,6 +252,8 @@ pub struct Conversation {
     current: Option<Current>,
     busy: bool,
     queue: VecDeque<Pending>,
+    /// Turns the queue may hold besides the running one.
+    max_queued_turns: usize,
     /// Id of the tool batch the current turn waits for; reports of other
     /// batches (from a turn that already failed) are ignored.
     batch_id: u64,
@@ -280,6 +314,7 @@ impl Conversation {
             current: None,
             busy: false,
             queue: VecDeque::new(),
+            max_queued_turns: DEFAULT_MAX_QUEUED_TURNS,
             batch_id: 0,
             unsaved: Vec::new(),
             unsaved_usage: TokenUsage::default(),
@@ -296,10 +331,27 @@ impl Conversation {
         self
     }
 
+    /// At most `max` turns wait behind the running one.
+    pub fn max_queued_turns(mut self, max: usize) -> Self {
+        self.max_queued_turns = max;
+        self
+    }
+
+    /// Forgets the queued turns nobody waits for.
+    fn drop_abandoned(&mut self) {
+        let before = self.queue.len();
+        self.queue.retain(|p| !p.abandoned());
+        let dropped = before - self.queue.len();
+        if dropped > 0 {
+            tracing::info!(session = %self.session.id, dropped, "queued turns dropped: their callers left");
+        }
+    }
+
     fn start_next(&mut self, ctx: &mut Context<Self>) {
         if self.busy {
             return;
         }
+        self.drop_abandoned();
         let Some(pending) = self.queue.pop_front() else {
             self.last_active = Instant::now();
             return;
@@ -704,12 +756,23 @@ impl Handler<UserTurn> for Conversation {
     type Result = Result<AcceptedTurn, TurnError>;
 
     fn handle(&mut self, msg: UserTurn, ctx: &mut Context<Self>) -> Self::Result {
+        self.drop_abandoned();
         // Only a turn running or waiting makes the session busy: after the
         // answer went out, the summary call or an operator's message does not.
         let turn_pending =
             self.current.is_some() || self.queue.iter().any(|p| matches!(p, Pending::Turn { .. }));
         if turn_pending && self.agent.multitask == Multitask::Reject {
             return Err(TurnError::Busy);
+        }
+        let queued = self
+            .queue
+            .iter()
+            .filter(|p| matches!(p, Pending::Turn { .. }))
+            .count();
+        if self.busy && queued >= self.max_queued_turns {
+            return Err(TurnError::QueueFull {
+                max: self.max_queued_turns,
+            });
         }
         let (tx, rx) = oneshot::channel();
         self.queue.push_back(Pending::Turn {

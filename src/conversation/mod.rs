@@ -20,5 +20,8 @@ pub mod summary;
 
 pub use actor::TurnError;
 pub use machine::{CallReport, TurnOutcome};
-pub use sessions::{NewSession, SessionError, SessionSummary, Sessions};
+pub use sessions::{
+    MAX_METADATA_BYTES, MAX_SESSION_ID_BYTES, NewSession, SessionError, SessionLimits,
+    SessionSummary, Sessions,
+};
 pub use summary::ToolUsageSummary;

@@ -91,6 +91,14 @@ impl PublicError for SessionError {
     }
 }
 
+/// Session ids are UUIDs (36 bytes); a longer one a caller names (in a
+/// path, a WebSocket URL, an MCP agent tool's `session_id`) is unknown.
+pub const MAX_SESSION_ID_BYTES: usize = 128;
+
+/// Most bytes a session's `metadata` may take, as JSON: it is stored with
+/// the session and read with each of its turns and listings.
+pub const MAX_METADATA_BYTES: usize = 16 * 1024;
+
 /// What a new session starts with.
 #[derive(Debug, Clone, Default)]
 pub struct NewSession {
@@ -220,6 +228,25 @@ pub fn turn_settings(agent: &Agent, session: &Session, registry: &ToolRegistry) 
     }
 }
 
+/// How long conversations stay in memory and how many turns they queue.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    /// Without a message for this long, a conversation leaves memory.
+    pub idle_timeout: Duration,
+    /// Turns a session holds waiting behind its running one; one more is
+    /// refused with 429 `CONVERSATION_QUEUE_FULL`.
+    pub max_queued_turns: usize,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            idle_timeout: Duration::from_secs(300),
+            max_queued_turns: super::actor::DEFAULT_MAX_QUEUED_TURNS,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Sessions {
     inner: Arc<Inner>,
@@ -233,12 +260,12 @@ struct Inner {
     executor: ExecutorHandle,
     arbiters: Vec<actix::dev::ArbiterHandle>,
     next_arbiter: AtomicUsize,
-    idle_timeout: Duration,
+    limits: SessionLimits,
     metrics: Arc<Metrics>,
 }
 
 impl Sessions {
-    /// Conversations idle for `idle_timeout` leave memory (their actor
+    /// Conversations idle for `limits.idle_timeout` leave memory (their actor
     /// stops; the next message loads them again from the store). Call from
     /// inside the tokio runtime: a sweeper task drops the stopped handles.
     pub fn new(
@@ -247,9 +274,10 @@ impl Sessions {
         registry: ToolRegistry,
         executor: ExecutorHandle,
         arbiters: Vec<actix::dev::ArbiterHandle>,
-        idle_timeout: Duration,
+        limits: SessionLimits,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let idle_timeout = limits.idle_timeout;
         assert!(!arbiters.is_empty(), "sessions need at least one arbiter");
         let inner = Arc::new(Inner {
             live: Mutex::new(HashMap::new()),
@@ -259,7 +287,7 @@ impl Sessions {
             executor,
             arbiters,
             next_arbiter: AtomicUsize::new(0),
-            idle_timeout,
+            limits,
             metrics,
         });
         let weak = Arc::downgrade(&inner);
@@ -526,8 +554,14 @@ impl Sessions {
             })]);
     }
 
-    /// The session by id, whoever owns it (in-process callers).
+    /// The session by id, whoever owns it (in-process callers). An id
+    /// longer than [`MAX_SESSION_ID_BYTES`] is not found without a read.
     pub async fn get(&self, id: &str) -> Result<Session, SessionError> {
+        if id.len() > MAX_SESSION_ID_BYTES {
+            return Err(SessionError::NotFound {
+                id: format!("{}...", id.chars().take(32).collect::<String>()),
+            });
+        }
         self.inner
             .store
             .get_session(id)
@@ -547,8 +581,11 @@ impl Sessions {
     /// Hands a turn of a caller of `tenant` to the session and returns as
     /// soon as it is accepted (queued), so a streaming reply can start; a
     /// refusal (unknown session, the token budget, `Busy` under `multitask =
-    /// "reject"`, the store) comes back here, before anything was streamed.
-    /// The returned future is the turn's outcome.
+    /// "reject"`, `QueueFull` past `max_queued_turns`, the store) comes back
+    /// here, before anything was streamed. The returned future is the
+    /// turn's outcome; dropping it before the turn started (the caller
+    /// left) drops the turn, unless `events` is given, which then says
+    /// whether the caller is still there (it is dropped once closed).
     pub async fn start_message_as(
         &self,
         tenant: &str,
@@ -731,10 +768,11 @@ impl Sessions {
             self.inner.store.clone(),
             self.inner.executor.clone(),
             machine,
-            self.inner.idle_timeout,
+            self.inner.limits.idle_timeout,
             self.inner.metrics.clone(),
         )
-        .loaded_at(generation);
+        .loaded_at(generation)
+        .max_queued_turns(self.inner.limits.max_queued_turns);
         let handle = ConversationHandle::start_in(arbiter, conversation);
         live.insert(id.to_string(), handle.clone());
         Ok(handle)

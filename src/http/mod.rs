@@ -140,7 +140,7 @@ pub fn router(
     }
     routes
         .merge(openapi::routes(doc))
-        .route_service("/mcp", mcp)
+        .route_service("/mcp", streams::count_get_streams(mcp))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

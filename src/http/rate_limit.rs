@@ -22,6 +22,10 @@
 //!   it; logs name only the kind of caller.
 //! - **Retry-After** is the wait in whole seconds, rounded up, at least 1, so a
 //!   client that honours it is not refused again for being early.
+//! - **WebSocket frames are requests.** The middleware hands the handler a
+//!   [`RequestBudget`] of the same caller; the visitor WebSocket takes a
+//!   cell per frame from it, so one upgraded socket cannot act faster than
+//!   the requests it replaces (over it: an `error` frame, `RATE_LIMITED`).
 //! - **Bounded state.** One entry per caller seen; [`ApiRateLimit::retain_recent`]
 //!   drops callers whose bucket is full again and should run periodically.
 
@@ -178,9 +182,27 @@ impl<C: Clock> fmt::Debug for ApiRateLimit<C> {
     }
 }
 
+/// The request's caller's cells, for a handler that acts on more than one
+/// message per request (the WebSocket's frames): a request extension.
+#[derive(Clone)]
+pub struct RequestBudget(Arc<dyn Fn() -> Result<(), Duration> + Send + Sync>);
+
+impl RequestBudget {
+    /// Takes a cell, or 429 `RATE_LIMITED` saying when one is free.
+    pub fn take(&self) -> Result<(), ApiError> {
+        (self.0)().map_err(|wait| {
+            ApiError::new(
+                ErrorCode::RateLimited,
+                format!("too many requests; retry in {} s", retry_after_secs(wait)),
+            )
+        })
+    }
+}
+
 /// Middleware: passes the request on if its caller has a cell, else answers
 /// 429 `RATE_LIMITED` with `Retry-After`. The request carries its caller's
-/// [`super::streams::StreamQuota`] for SSE and WebSocket handlers.
+/// [`super::streams::StreamQuota`] for SSE and WebSocket handlers, and its
+/// [`RequestBudget`].
 pub async fn limit<C>(
     State(limits): State<ApiRateLimit<C>>,
     mut request: Request,
@@ -192,8 +214,12 @@ where
     let caller = Caller::of(&request);
     match limits.check(&caller) {
         Ok(()) => {
-            let quota = limits.streams.quota(caller);
+            let quota = limits.streams.quota(caller.clone());
             request.extensions_mut().insert(quota);
+            let budget = limits.clone();
+            request
+                .extensions_mut()
+                .insert(RequestBudget(Arc::new(move || budget.check(&caller))));
             next.run(request).await
         }
         Err(wait) => {

@@ -24,8 +24,8 @@ use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
 use super::streams::StreamQuota;
 use super::tools::{PlanName, parse_plan};
-use crate::conversation::NewSession;
 use crate::conversation::actor::TurnEvent;
+use crate::conversation::{MAX_METADATA_BYTES, NewSession};
 use crate::error_code::ErrorCode;
 use crate::identity::UserId;
 use crate::store::Session;
@@ -58,7 +58,7 @@ struct CreateBody {
     /// `free` (default), `pro` or `premium`: which tools the session may call.
     #[schema(value_type = Option<PlanName>)]
     plan: Option<String>,
-    /// Free-form object kept with the session.
+    /// Free-form object kept with the session, at most 16 KiB as JSON.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     metadata: Value,
@@ -219,6 +219,7 @@ error_responses!(
     PlanNotEntitled = "`plan` is above what the key and the tenant allow",
     AgentNotFound,
     ValidationError = "empty agent, metadata not an object, unknown plan or field",
+    PayloadTooLarge = "the body is over 1 MiB or metadata over 16 KiB (as JSON)",
     StorageUnavailable
 );
 
@@ -244,6 +245,15 @@ async fn create(
     }
     if !(body.metadata.is_null() || body.metadata.is_object()) {
         return Err(ApiError::validation("metadata must be an object"));
+    }
+    let metadata_bytes = serde_json::to_vec(&body.metadata).map_or(0, |v| v.len());
+    if metadata_bytes > MAX_METADATA_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "metadata is {metadata_bytes} bytes as JSON; the limit is {MAX_METADATA_BYTES}"
+            ),
+        ));
     }
     let asked = parse_plan(body.plan.as_deref())?;
     let plan = entitled_plan(&state.store, &caller, Some(asked)).await?;
@@ -366,6 +376,7 @@ error_responses!(
     SendErrors:
     SessionNotFound,
     ConversationBusy = "a turn is running and the agent rejects concurrent messages",
+    ConversationQueueFull = "`[sessions] max_queued_turns` turns already wait in the session",
     BudgetExceeded,
     PayloadTooLarge = "the body is over 1 MiB or content over 256 KiB",
     ValidationError = "empty content or unknown field",

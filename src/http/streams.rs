@@ -15,6 +15,12 @@
 //! stream is dropped (the stream finished, or the client disconnected and
 //! hyper dropped the body) or when the socket's task ends (it closed).
 //!
+//! `GET /mcp` (an MCP session's standalone SSE stream) is a stream like
+//! any other: [`count_get_streams`] wraps the MCP service so a `GET` takes
+//! a slot of the same caller before rmcp sees it (over the cap: the same
+//! 429 `TOO_MANY_STREAMS`) and its response body holds it. A `POST /mcp`
+//! answered with an event stream carries one reply and ends: not counted.
+//!
 //! Shutdown: subscriptions (`/v1/events`, a workflow run's events) never
 //! end by themselves, so they are held with [`StreamSlot::hold_until_shutdown`]
 //! and end when the server starts shutting down
@@ -22,10 +28,17 @@
 //! and gets the shutdown grace like any request.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use futures::Stream;
 use futures::StreamExt;
+use tower::{Layer, Service};
 
 use super::caller::Caller;
 use super::error::ApiError;
@@ -139,6 +152,41 @@ impl Drop for StreamSlot {
                 counts.remove(&self.caller);
             }
         }
+    }
+}
+
+/// `inner` (the `/mcp` service), with every `GET` holding one of its
+/// caller's stream slots for as long as its response body lives.
+pub fn count_get_streams<I>(
+    inner: I,
+) -> impl Service<Request, Response = Response, Error = Infallible, Future: Send + 'static>
++ Clone
++ Send
++ Sync
++ 'static
+where
+    I: Service<Request, Response = Response, Error = Infallible> + Clone + Send + Sync + 'static,
+    I::Future: Send + 'static,
+{
+    axum::middleware::from_fn(get_holds_a_slot).layer(inner)
+}
+
+async fn get_holds_a_slot(request: Request, next: Next) -> Response {
+    let quota = request.extensions().get::<StreamQuota>().cloned();
+    let slot = match quota {
+        Some(quota) if request.method() == Method::GET => match quota.acquire() {
+            Ok(slot) => Some(slot),
+            Err(refused) => return refused.into_response(),
+        },
+        _ => None,
+    };
+    let response = next.run(request).await;
+    match slot {
+        Some(slot) if response.status().is_success() => {
+            let (parts, body) = response.into_parts();
+            Response::from_parts(parts, Body::from_stream(slot.hold(body.into_data_stream())))
+        }
+        _ => response,
     }
 }
 

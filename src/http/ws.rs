@@ -13,7 +13,8 @@
 //! stored as it is. Operator messages are stored (as assistant messages
 //! named `operator:<id>`) without a model turn. Frames are handled one at
 //! a time, in order; a bad frame gets an `error` frame and the socket stays
-//! open. Frames over [`MAX_FRAME_BYTES`] close it.
+//! open. Frames over [`MAX_FRAME_BYTES`] close it; an `operator_id` over
+//! [`MAX_OPERATOR_ID_BYTES`] gets an `error` frame (`VALIDATION_ERROR`).
 //!
 //! A socket holds one of its caller's stream slots ([`super::streams`],
 //! `[api_limit] max_streams`, shared with the SSE endpoints) from the
@@ -21,6 +22,15 @@
 //! the cap the request is answered with the 429 `TOO_MANY_STREAMS` JSON
 //! error and never switches protocols. A socket is not ended at shutdown
 //! the way SSE subscriptions are; it lasts as long as its connection.
+//!
+//! Every text frame is a request to the API's rate limit: it takes a cell
+//! of the caller's bucket ([`super::rate_limit::RequestBudget`], the same
+//! bucket as the caller's REST requests) before it is parsed. Over the
+//! limit the frame gets an `error` frame with `RATE_LIMITED` and is not
+//! acted on (nothing stored, no turn); the socket stays open. A turn a
+//! visitor message started is queued like any other
+//! (`[sessions] max_queued_turns`); frames are handled one at a time, so
+//! one socket waits for its own turn before the next frame is read.
 
 use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
@@ -35,6 +45,7 @@ use utoipa_axum::routes;
 use super::AppState;
 use super::error::ApiError;
 use super::openapi::error_responses;
+use super::rate_limit::RequestBudget;
 use super::streams::{StreamQuota, StreamSlot};
 use crate::conversation::actor::TurnEvent;
 use crate::conversation::auto_respond::should_auto_respond;
@@ -42,6 +53,8 @@ use crate::model::ChatMessage;
 use crate::tenants::Principal;
 
 pub const MAX_FRAME_BYTES: usize = 256 * 1024;
+/// The longest `operator_id` a frame may carry (as a `user_id`).
+pub const MAX_OPERATOR_ID_BYTES: usize = 128;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(upgrade))
@@ -63,7 +76,7 @@ error_responses!(
     operation_id = "session_websocket",
     summary = "Visitor chat over a WebSocket",
     tag = "sessions",
-    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Frames over 256 KiB close it.",
+    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Each frame counts against the caller's API rate limit like a request: over it the frame gets an `error` frame `RATE_LIMITED` and is not acted on. Frames over 256 KiB close it; an `operator_id` is at most 128 bytes.",
     params(
         ("id" = String, Path, description = "Session id"),
         ("Connection" = String, Header, description = "A list holding `upgrade` (any case)",
@@ -82,6 +95,7 @@ async fn upgrade(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Extension(quota): Extension<StreamQuota>,
+    Extension(budget): Extension<RequestBudget>,
     Path(id): Path<String>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
@@ -89,7 +103,7 @@ async fn upgrade(
     let slot = quota.acquire()?;
     Ok(ws
         .max_message_size(MAX_FRAME_BYTES)
-        .on_upgrade(move |socket| serve(socket, state, caller, id, slot)))
+        .on_upgrade(move |socket| serve(socket, state, caller, id, slot, budget)))
 }
 
 #[derive(Deserialize)]
@@ -122,29 +136,21 @@ async fn serve(
     caller: Principal,
     id: String,
     _slot: StreamSlot,
+    budget: RequestBudget,
 ) {
     while let Some(Ok(message)) = socket.recv().await {
         let text = match message {
-            Message::Text(t) => t.to_string(),
+            Message::Text(t) => t,
             Message::Close(_) => break,
             _ => continue,
         };
-        let frame: Frame = match serde_json::from_str(&text) {
-            Ok(f) => f,
-            Err(e) => {
-                let error = ApiError::validation(format!("bad frame: {e}")).body();
-                if !send(
-                    &mut socket,
-                    json!({"type": "error", "error": error["error"]}),
-                )
-                .await
-                {
-                    break;
-                }
-                continue;
-            }
+        let result = match budget.take() {
+            Ok(()) => match serde_json::from_str::<Frame>(&text) {
+                Ok(frame) => handle(&mut socket, &state, &caller, &id, frame).await,
+                Err(e) => Err(ApiError::validation(format!("bad frame: {e}"))),
+            },
+            Err(limited) => Err(limited),
         };
-        let result = handle(&mut socket, &state, &caller, &id, frame).await;
         if let Err(e) = result {
             let body = e.body();
             if !send(
@@ -169,6 +175,7 @@ async fn handle(
     let sessions = &state.sessions;
     match frame {
         Frame::AssignOperator { operator_id } => {
+            check_operator(&operator_id)?;
             sessions
                 .set_operator(&caller.tenant, id, Some(operator_id.clone()))
                 .await?;
@@ -187,6 +194,9 @@ async fn handle(
             operator_id,
         } => {
             check_content(&content)?;
+            if let Some(op) = &operator_id {
+                check_operator(op)?;
+            }
             let session = sessions.get_as(&caller.tenant, id).await?;
             let who = operator_id
                 .or_else(|| session.metadata["operator_id"].as_str().map(str::to_string))
@@ -258,6 +268,17 @@ async fn forward(socket: &mut WebSocket, event: TurnEvent) {
         other => serde_json::to_value(other).unwrap_or(Value::Null),
     };
     send(socket, value).await;
+}
+
+/// Operator ids are kept in the session's metadata and in message names:
+/// at most [`MAX_OPERATOR_ID_BYTES`], checked before anything is stored.
+fn check_operator(operator_id: &str) -> Result<(), ApiError> {
+    if operator_id.len() > MAX_OPERATOR_ID_BYTES {
+        return Err(ApiError::validation(format!(
+            "operator_id is longer than {MAX_OPERATOR_ID_BYTES} bytes"
+        )));
+    }
+    Ok(())
 }
 
 fn check_content(content: &str) -> Result<(), ApiError> {

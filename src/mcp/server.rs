@@ -149,7 +149,10 @@ impl CadreMcp {
             None => Plan::Free,
             Some(p) => Plan::parse(&p).ok_or_else(|| {
                 ErrorData::invalid_request(
-                    format!("unknown plan '{p}' in {PLAN_HEADER} (free, pro or premium)"),
+                    format!(
+                        "unknown plan '{}' in {PLAN_HEADER} (free, pro or premium)",
+                        p.chars().take(32).collect::<String>()
+                    ),
                     None,
                 )
             })?,
