@@ -1,12 +1,14 @@
 //! Hostile connections against the real `cadre serve` binary, on loopback:
 //! sockets that send nothing or half a request head (slowloris) cannot
 //! starve a keyed client or the health probes, and are closed after the
-//! header timeout; health probes are never rate limited; an open (keyless)
+//! header timeout (an idle kept-alive one after the idle timeout); health
+//! probes are never rate limited; an open (keyless)
 //! server answers only loopback host names, and WebSockets only from
 //! loopback pages (DNS rebinding), checked against the live key ring.
 //!
 //! Other client addresses are loopback aliases (127.0.0.2, 127.0.0.3): the
-//! server counts connections per client address.
+//! server counts connections per client address. Timeouts are 1 s here
+//! (10 s and 5 s by default) so the file runs in seconds.
 
 mod support;
 
@@ -167,6 +169,39 @@ async fn slow_sockets_do_not_starve_a_keyed_client_or_health_and_are_closed_afte
     assert!(
         waited >= Duration::from_millis(900),
         "closed after {waited:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_alive_connection_is_closed_after_the_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_offline_with(
+        &dir.path().join("data"),
+        &repo_agents(),
+        &[
+            ("CADRE_SERVER_HEADER_READ_TIMEOUT_S", "3"),
+            ("CADRE_SERVER_IDLE_TIMEOUT_S", "1"),
+        ],
+    );
+    let mut socket = TcpStream::connect(addr_of(&server)).await.unwrap();
+    socket
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = socket.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // The whole response is in: the connection waits, kept alive.
+    let started = Instant::now();
+    assert!(closed_within(&mut socket, Duration::from_secs(5)).await);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_millis(2500),
+        "closed after {waited:?}: the idle timeout is 1 s, the header timeout 3 s"
     );
 }
 
