@@ -84,6 +84,8 @@ error_codes! {
         "a metrics (scrape) key may read `/metrics` and nothing else";
     PlanNotEntitled = "PLAN_NOT_ENTITLED", FORBIDDEN, false,
         "the request asks for a plan above what its key and tenant allow";
+    ForbiddenHost = "FORBIDDEN_HOST", FORBIDDEN, false,
+        "a server without API keys answers only loopback `Host` names (`localhost`, `127.0.0.1`, `[::1]`) and WebSockets only from loopback pages (DNS rebinding)";
     SuggestionsDisabled = "SUGGESTIONS_DISABLED", FORBIDDEN, false,
         "reply suggestions are turned off for this tenant";
     NotFound = "NOT_FOUND", NOT_FOUND, false,

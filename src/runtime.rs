@@ -4,7 +4,7 @@
 //! server thread: tokio multi-thread runtime (Arc) ─┬─ actix System (this thread)
 //!                                                  ├─ arbiter × cores: conversations, workflow runners
 //!                                                  ├─ arbiter: the supervised executor
-//!                                                  └─ axum on the tokio workers
+//!                                                  └─ axum on the tokio workers (accept loop: [`crate::http::connections`])
 //!
 //! [`RuntimeBuilder::start`] runs all of it on a thread of its own and
 //! returns once the store is open and the listener is bound, so the same
@@ -36,6 +36,7 @@ use crate::executor::concurrency::ConcurrencyController;
 use crate::executor::confirmations::Confirmations;
 use crate::executor::limits::RateLimiter;
 use crate::executor::{ExecutorHandle, ExecutorShared};
+use crate::http::connections::{Connections, raise_open_files_limit};
 use crate::http::rate_limit::ApiRateLimit;
 use crate::http::{AppState, router};
 use crate::mcp::McpServerDeps;
@@ -510,6 +511,24 @@ async fn serve(
             reloading.reload();
         },
     );
+    let connection_limits = builder.config.connection_limits();
+    let connection_limits = match builder.listen {
+        // Every connection is a file: the cap stays below the limit.
+        Some(_) => {
+            let open_files = raise_open_files_limit();
+            let limits = connection_limits.within_open_files(open_files);
+            tracing::info!(
+                open_files = open_files
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "unlimited".into()),
+                max_connections = limits.max_connections,
+                max_connections_per_address = limits.max_per_address,
+                "connection limits"
+            );
+            limits
+        }
+        None => connection_limits,
+    };
     let listener = match builder.listen {
         Some(addr) => match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => Some(l),
@@ -548,10 +567,10 @@ async fn serve(
                 },
                 api_limit,
                 failed_auths,
-            )
-            .into_make_service_with_connect_info::<SocketAddr>();
+            );
             let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
-            let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let connections = Connections::new(connection_limits);
+            let server = crate::http::connections::serve(listener, app, connections, async move {
                 shutdown.await;
                 // Open MCP sessions hold SSE streams: end them, or the
                 // graceful shutdown would wait out its grace period.
@@ -565,11 +584,7 @@ async fn serve(
                 tokio::time::sleep(grace).await;
             };
             tokio::select! {
-                result = server => {
-                    if let Err(e) = result {
-                        tracing::error!(error = %e, "HTTP server failed");
-                    }
-                }
+                _ = server => {}
                 _ = bounded => tracing::warn!("shutdown grace period over; closing open requests"),
             }
         }

@@ -7,7 +7,7 @@
 //! of it, `max_per_tenant`), `[api_limit]` (HTTP
 //! requests and open event streams per API key, failed authentications per
 //! address), `[executor]`, `[tools]`,
-//! `[sessions]`, `[server]` (shutdown grace). An override's value is
+//! `[sessions]`, `[server]` (shutdown grace, connection timeouts and caps). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
 //! `CADRE_CONCURRENCY_MAX_CONCURRENT=1` and
@@ -22,6 +22,7 @@ use serde::Deserialize;
 use crate::conversation::SessionLimits;
 use crate::executor::ExecutorConfig;
 use crate::executor::concurrency::ConcurrencyConfig;
+use crate::http::connections::ConnectionLimits;
 use crate::http::rate_limit::ApiLimitConfig;
 
 /// The sections an environment override may address.
@@ -51,12 +52,25 @@ pub struct ServerSection {
     /// Seconds running requests get to finish after SIGTERM / SIGINT; what
     /// is still running then is cut off, unacknowledged.
     pub shutdown_grace_s: f64,
+    /// Seconds a new connection has to send a complete request head.
+    pub header_read_timeout_s: f64,
+    /// Seconds a kept-alive connection may wait for its next request (at
+    /// most `header_read_timeout_s`: hyper's head timer runs then too).
+    pub idle_timeout_s: f64,
+    /// Open connections in total; kept below the open-files limit.
+    pub max_connections: usize,
+    /// Open connections of one client address (IPv6: per /64).
+    pub max_connections_per_address: usize,
 }
 
 impl Default for ServerSection {
     fn default() -> Self {
         ServerSection {
             shutdown_grace_s: 30.0,
+            header_read_timeout_s: 10.0,
+            idle_timeout_s: 5.0,
+            max_connections: 4096,
+            max_connections_per_address: 256,
         }
     }
 }
@@ -233,6 +247,24 @@ impl ServerConfig {
         if grace.is_nan() || !(0.0..=3600.0).contains(&grace) {
             return Err("server.shutdown_grace_s must be between 0 and 3600".into());
         }
+        let server = &self.server;
+        for (name, value) in [
+            ("header_read_timeout_s", server.header_read_timeout_s),
+            ("idle_timeout_s", server.idle_timeout_s),
+        ] {
+            if value.is_nan() || !(0.01..=3600.0).contains(&value) {
+                return Err(format!("server.{name} must be between 0.01 and 3600"));
+            }
+        }
+        if server.idle_timeout_s > server.header_read_timeout_s {
+            return Err("server.idle_timeout_s may not exceed server.header_read_timeout_s".into());
+        }
+        if server.max_connections == 0 || server.max_connections_per_address == 0 {
+            return Err(
+                "server.max_connections and server.max_connections_per_address must be at least 1"
+                    .into(),
+            );
+        }
         if self.api_limit.max_streams == 0 {
             return Err("api_limit.max_streams must be at least 1".into());
         }
@@ -254,6 +286,17 @@ impl ServerConfig {
 
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs_f64(self.server.shutdown_grace_s)
+    }
+
+    /// The connection limits of `[server]`, before the open-files limit
+    /// narrows the total ([`ConnectionLimits::within_open_files`]).
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs_f64(self.server.header_read_timeout_s),
+            idle_timeout: Duration::from_secs_f64(self.server.idle_timeout_s),
+            max_connections: self.server.max_connections,
+            max_per_address: self.server.max_connections_per_address,
+        }
     }
 
     pub fn reload_interval(&self) -> Duration {
@@ -330,6 +373,13 @@ mod tests {
         let err =
             ServerConfig::load(None, env(&[("CADRE_API_LIMIT_MAX_STREAMS", "0")])).unwrap_err();
         assert!(err.to_string().contains("max_streams"), "{err}");
+
+        let err =
+            ServerConfig::load(None, env(&[("CADRE_SERVER_IDLE_TIMEOUT_S", "60")])).unwrap_err();
+        assert!(err.to_string().contains("idle_timeout_s"), "{err}");
+        let err =
+            ServerConfig::load(None, env(&[("CADRE_SERVER_MAX_CONECTIONS", "9")])).unwrap_err();
+        assert!(err.to_string().contains("max_conections"), "{err}");
     }
 
     #[test]
@@ -377,5 +427,9 @@ mod tests {
         assert_eq!(c.api_limit.max_streams, 32);
         assert_eq!(c.sessions.max_queued_turns, 8);
         assert_eq!(c.sessions.idle_timeout_s, 300.0);
+        let conns = c.connection_limits();
+        assert_eq!(conns.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(conns.idle_timeout, Duration::from_secs(5));
+        assert_eq!((conns.max_connections, conns.max_per_address), (4096, 256));
     }
 }

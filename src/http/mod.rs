@@ -1,6 +1,7 @@
 //! HTTP API (axum): the way users reach sessions, tools and the executor.
 //!
-//! client ──HTTP──▶ auth (key ring; failed keys per address) ──▶ rate limit (per API key) ──▶ router ──▶ one file per resource
+//! listener ──▶ [`connections`] (timeouts, caps per address and in total)
+//! client ──HTTP──▶ [`host`] (open mode: loopback names only) ──▶ auth (key ring; failed keys per address) ──▶ rate limit (per API key) ──▶ router ──▶ one file per resource
 //!                                                          ──▶ Sessions, ToolRegistry, ExecutorHandle
 //! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
 //!
@@ -23,9 +24,11 @@ pub mod auth_limit;
 pub mod caller;
 pub mod calls;
 pub mod confirmations;
+pub mod connections;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod host;
 pub mod keys;
 pub mod limits;
 pub mod openapi;
@@ -130,7 +133,9 @@ pub fn router(
             executor: state.executor.clone(),
             sessions: state.sessions.clone(),
         },
-        !keys.is_open(),
+        // The loopback-only Host check of an open server is [`host`]'s,
+        // against the live key ring, for `/mcp` as for every route.
+        true,
         MAX_BODY_BYTES,
         state.mcp_shutdown.clone(),
     );
@@ -154,11 +159,12 @@ pub fn router(
         .layer(from_fn_with_state(api_limit, rate_limit::limit))
         .layer(from_fn_with_state(
             auth::Auth {
-                keys,
+                keys: keys.clone(),
                 failures: failed_auths,
             },
             auth::authenticate,
         ))
+        .layer(from_fn_with_state(keys, host::loopback_only))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state)
 }

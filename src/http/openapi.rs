@@ -306,6 +306,23 @@ impl Modify for CommonErrors {
 /// The document of a server without API keys: no operation needs a key.
 pub fn open_mode(doc: &mut OpenApiDoc) {
     doc.security = Some(Vec::new());
+    // Open mode answers only loopback names (see `super::host`).
+    for item in doc.paths.paths.values_mut() {
+        let ops = [
+            &mut item.get,
+            &mut item.post,
+            &mut item.put,
+            &mut item.patch,
+            &mut item.delete,
+        ];
+        for op in ops.into_iter().flatten() {
+            add(
+                op,
+                ErrorCode::ForbiddenHost,
+                ErrorCode::ForbiddenHost.meaning(),
+            );
+        }
+    }
     doc.info.description = Some(format!(
         "{} This server runs without API keys (open mode): no `Authorization` is needed or checked, and every request is the `default` tenant with admin rights.",
         doc.info.description.as_deref().unwrap_or_default()

@@ -26,6 +26,10 @@
 //!   [`RequestBudget`] of the same caller; the visitor WebSocket takes a
 //!   cell per frame from it, so one upgraded socket cannot act faster than
 //!   the requests it replaces (over it: an `error` frame, `RATE_LIMITED`).
+//! - **Health probes are never limited.** `/healthz` and `/readyz` pass
+//!   without taking a cell: behind a load balancer every probe shares one
+//!   address, and a probe answered 429 takes a healthy server out of
+//!   rotation. They read no data and cost next to nothing.
 //! - **Bounded state.** One entry per caller seen; [`ApiRateLimit::retain_recent`]
 //!   drops callers whose bucket is full again and should run periodically.
 
@@ -211,6 +215,9 @@ pub async fn limit<C>(
 where
     C: Clock + Send + Sync + 'static,
 {
+    if is_health_probe(request.uri().path()) {
+        return next.run(request).await;
+    }
     let caller = Caller::of(&request);
     match limits.check(&caller) {
         Ok(()) => {
@@ -231,6 +238,10 @@ where
             too_many_requests("too many requests", wait)
         }
     }
+}
+
+fn is_health_probe(path: &str) -> bool {
+    path == "/healthz" || path == "/readyz"
 }
 
 /// 429 `RATE_LIMITED`: `{what}; retry in N s`, with `Retry-After: N`.

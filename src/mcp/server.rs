@@ -460,8 +460,9 @@ pub enum McpServeError {
 }
 
 /// The `/mcp` tower service (streamable HTTP). `authenticated`: an API key
-/// guards it, so the Host check against DNS rebinding (meant for open local
-/// servers) is off; an open server keeps rmcp's loopback-only Host check.
+/// guards it, or the HTTP layer checks `Host` itself, so rmcp's check
+/// against DNS rebinding (meant for open local servers) is off; otherwise
+/// rmcp's loopback-only Host check stays on.
 /// `max_body_bytes`: the largest request body it reads (the API's own cap).
 /// `stop` ends the open sessions.
 pub fn http_service(

@@ -53,6 +53,20 @@ impl Client {
         }
     }
 
+    /// The same client connecting from the local address `ip` (a loopback
+    /// alias such as 127.0.0.2 is another client address to the server),
+    /// every request bounded by `timeout`.
+    pub fn with_local_address(self, ip: std::net::IpAddr, timeout: Duration) -> Client {
+        Client {
+            http: reqwest::Client::builder()
+                .local_address(ip)
+                .timeout(timeout)
+                .build()
+                .expect("HTTP client"),
+            ..self
+        }
+    }
+
     /// This client presenting `key` as `Authorization: Bearer <key>`.
     pub fn with_key(&self, key: &str) -> Client {
         self.with_authorization(format!("Bearer {key}"))
