@@ -497,6 +497,19 @@ async fn serve(
             return;
         }
     };
+    // The API limiter keeps one entry per caller seen: forget the callers
+    // whose bucket is whole again, so made-up keys and addresses cannot
+    // grow it without bound.
+    {
+        let api_limit = api_limit.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                api_limit.retain_recent();
+            }
+        });
+    }
     watch::spawn(
         registry.clone(),
         builder.agents_dir.join("tools"),

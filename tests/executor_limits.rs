@@ -304,7 +304,8 @@ async fn the_31st_get_ohlcv_call_in_a_minute_is_rate_limited_while_another_user_
 async fn the_api_rate_limit_is_per_key_and_answers_429_with_retry_after() {
     let app =
         spawn_app(AppOptions::offline().config_toml("[api_limit]\nper_second = 1\nburst = 3\n"));
-    let health = |key: &str| app.with_key(key).request(Method::GET, "/healthz").send();
+    // Any route but the health probes, which are never limited.
+    let health = |key: &str| app.with_key(key).request(Method::GET, "/v1/tools").send();
 
     for n in 1..=3 {
         let response = health("k1").await.expect("request sent");
