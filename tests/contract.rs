@@ -117,9 +117,15 @@ checks.positive_data_acceptance.expected-statuses = ["101", "2xx", "3xx", "401",
 "#;
 
 /// Server settings for a tester: its requests come faster than a client's.
-const SERVER_ENV: [(&str, &str); 3] = [
+/// One address sends every request of the run: the API limit and the
+/// failed-auth budget (which schemathesis' `ignored_auth` check spends with
+/// a wrong key after each 2xx, and which, once spent, answers even keyless
+/// requests 429) are raised so every check meets the handlers.
+const SERVER_ENV: [(&str, &str); 5] = [
     ("CADRE_API_LIMIT_PER_SECOND", "100000"),
     ("CADRE_API_LIMIT_BURST", "100000"),
+    ("CADRE_API_LIMIT_FAILED_AUTH_BURST", "100000"),
+    ("CADRE_API_LIMIT_FAILED_AUTH_PER_MINUTE", "100000"),
     ("RUST_LOG", "warn"),
 ];
 
