@@ -466,6 +466,9 @@ async fn serve(
     if let Err(e) = workflows.recover().await {
         tracing::error!(error = %e, "cannot check for interrupted workflow runs");
     }
+    if let Err(e) = executor.shared().confirmations.index_existing().await {
+        tracing::error!(error = %e, "cannot index pending confirmations by tenant");
+    }
     let keys = match crate::tenants::KeyRing::load(&store).await {
         Ok(k) => k,
         Err(e) => {

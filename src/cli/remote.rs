@@ -307,13 +307,23 @@ impl Client {
     fn sessions(&self, command: &SessionsCommand) -> anyhow::Result<()> {
         match command {
             SessionsCommand::List { .. } => {
-                let body = self.get("/v1/sessions")?;
-                let sessions: Vec<Session> = serde_json::from_value(body["sessions"].clone())
-                    .context("the server's sessions")?;
-                for s in &sessions {
-                    println!("{}", render::session_line(s));
+                // Every page, as the data-dir command lists every session.
+                let mut cursor: Option<String> = None;
+                loop {
+                    let mut query = vec![("limit", "1000".to_string())];
+                    query.extend(cursor.take().map(|c| ("cursor", c)));
+                    let body =
+                        self.call(self.request(Method::GET, "/v1/sessions").query(&query))?;
+                    let sessions: Vec<Session> = serde_json::from_value(body["sessions"].clone())
+                        .context("the server's sessions")?;
+                    for s in &sessions {
+                        println!("{}", render::session_line(s));
+                    }
+                    match body["next"].as_str() {
+                        Some(next) => cursor = Some(next.to_string()),
+                        None => return Ok(()),
+                    }
                 }
-                Ok(())
             }
             SessionsCommand::Show { id, .. } => {
                 render::show(&self.get(&format!("/v1/sessions/{}/export", segment(id)))?)

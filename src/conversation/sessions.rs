@@ -34,7 +34,9 @@ use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
 use crate::model::ChatMessage;
 use crate::store::usage::day_of;
-use crate::store::{Session, Store, StoreError, StoredMessage, TokenUsage, UsageDelta, WriteOp};
+use crate::store::{
+    Page, Session, Store, StoreError, StoredMessage, TokenUsage, UsageDelta, WriteOp,
+};
 use crate::tenants::TenantConfig;
 use crate::tenants::config::TenantConfigError;
 use crate::tools::{Plan, ToolRegistry};
@@ -378,11 +380,15 @@ impl Sessions {
         export(&self.inner.store, id).await
     }
 
-    /// The sessions `tenant` owns, oldest first.
-    pub async fn list_as(&self, tenant: &str) -> Result<Vec<Session>, SessionError> {
-        let mut sessions = self.inner.store.list_sessions().await?;
-        sessions.retain(|s| s.tenant == tenant);
-        Ok(sessions)
+    /// A page of the sessions `tenant` owns after the session id `after`,
+    /// oldest first; reads only that tenant's sessions.
+    pub async fn list_as(
+        &self,
+        tenant: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Page<Session>, SessionError> {
+        Ok(self.inner.store.sessions_of(tenant, after, limit).await?)
     }
 
     pub async fn summary_as(&self, tenant: &str, id: &str) -> Result<SessionSummary, SessionError> {

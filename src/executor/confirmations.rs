@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use crate::error_code::{ErrorCode, PublicError};
 use crate::identity::DEFAULT_TENANT;
-use crate::store::{Store, StoreError};
+use crate::store::{Page, Store, StoreError};
 use crate::tools::ExecutionContext;
 
 const NAMESPACE: &str = "confirmations";
@@ -141,7 +141,13 @@ impl Confirmations {
         };
         let value = serde_json::to_value(&pending).expect("confirmations serialize");
         self.store
-            .put_doc(NAMESPACE, &pending.confirmation_id, value, true)
+            .put_doc_of(
+                NAMESPACE,
+                pending.tenant(),
+                &pending.confirmation_id,
+                value,
+                true,
+            )
             .await?;
         Ok(pending)
     }
@@ -213,7 +219,36 @@ impl Confirmations {
         }
     }
 
-    /// Confirmations not yet decided (expired ones included, marked by their time).
+    /// A page of `tenant`'s confirmations not yet decided (expired ones
+    /// included, marked by their time), oldest first, after `cursor`. Reads
+    /// only the tenant's index range.
+    pub async fn list_of(
+        &self,
+        tenant: &str,
+        cursor: Option<String>,
+        limit: usize,
+    ) -> Result<Page<PendingConfirmation>, StoreError> {
+        let page = self
+            .store
+            .docs_of(NAMESPACE, tenant, cursor, limit, false)
+            .await?;
+        Ok(Page {
+            items: page
+                .items
+                .into_iter()
+                .filter_map(|(_, v)| serde_json::from_value(v).ok())
+                .collect(),
+            next: page.next,
+        })
+    }
+
+    /// Indexes by tenant the pending confirmations stored before that index
+    /// existed; once (at startup), later calls do nothing.
+    pub async fn index_existing(&self) -> Result<Option<u64>, StoreError> {
+        self.store.index_docs(NAMESPACE, pending_tenant).await
+    }
+
+    /// Every confirmation not yet decided, of every tenant (the CLI's view).
     pub async fn list(&self) -> Result<Vec<PendingConfirmation>, StoreError> {
         let docs = self.store.list_docs(NAMESPACE, "").await?;
         Ok(docs
@@ -221,6 +256,13 @@ impl Confirmations {
             .filter_map(|(_, v)| serde_json::from_value(v).ok())
             .collect())
     }
+}
+
+/// The tenant of a stored pending confirmation (for [`Store::index_docs`]).
+fn pending_tenant(doc: &Value) -> Option<String> {
+    serde_json::from_value::<PendingConfirmation>(doc.clone())
+        .ok()
+        .map(|p| p.tenant().to_string())
 }
 
 #[cfg(test)]

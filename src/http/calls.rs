@@ -1,6 +1,9 @@
 //! Call records over HTTP: `GET /v1/calls` (filter by conversation, tool or
-//! workflow run; newest first; `limit` default 100, at most 1,000) and
-//! `GET /v1/stats` (per-tool counters kept with the records).
+//! workflow run; newest first; `limit` default 100, at most 1,000; `cursor`
+//! the `next` of the previous page) and `GET /v1/stats` (per-tool counters
+//! kept with the records). Every listing of the API pages the same way
+//! ([`page_params`]) and reads only the caller's tenant's rows
+//! ([`crate::store::listing`]).
 
 use axum::Extension;
 use axum::Json;
@@ -21,6 +24,30 @@ use crate::tenants::Principal;
 
 pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 1_000;
+/// Longest `cursor` a listing takes (a cursor is a key of the listing: an
+/// id of at most this length).
+pub const MAX_CURSOR_LEN: usize = 128;
+
+/// A listing's `limit` (default `default`, 1 to [`MAX_LIMIT`]) and
+/// `cursor` (at most [`MAX_CURSOR_LEN`] bytes), checked: 422 otherwise.
+pub(super) fn page_params(
+    limit: Option<usize>,
+    cursor: Option<String>,
+    default: usize,
+) -> Result<(usize, Option<String>), ApiError> {
+    let limit = limit.unwrap_or(default);
+    if limit == 0 || limit > MAX_LIMIT {
+        return Err(ApiError::validation(format!(
+            "limit must be between 1 and {MAX_LIMIT}"
+        )));
+    }
+    if cursor.as_ref().is_some_and(|c| c.len() > MAX_CURSOR_LEN) {
+        return Err(ApiError::validation(format!(
+            "cursor is longer than {MAX_CURSOR_LEN} bytes"
+        )));
+    }
+    Ok((limit, cursor))
+}
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -41,6 +68,9 @@ struct CallsQuery {
     /// 1 to 1,000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
+    /// The `next` of the previous page (opaque).
+    #[param(max_length = 128)]
+    cursor: Option<String>,
 }
 
 #[derive(ToSchema)]
@@ -50,7 +80,10 @@ struct CallList {
     /// execution_time_ms, attempts, caller_id, caller_type, conversation_id, workflow_id, user_id, ...}`.
     #[schema(value_type = Vec<Object>)]
     calls: Vec<Value>,
+    /// How many calls this page holds.
     count: usize,
+    /// The `cursor` of the next page; `null` on the last.
+    next: Option<String>,
 }
 
 #[derive(ToSchema)]
@@ -67,7 +100,7 @@ struct Stats {
 
 error_responses!(
     CallsErrors:
-    ValidationError = "limit out of range",
+    ValidationError = "limit out of range or cursor too long",
     StorageUnavailable
 );
 
@@ -79,7 +112,7 @@ error_responses!(
     tag = "calls",
     params(CallsQuery),
     responses(
-        (status = 200, description = "The caller's tenant's call records, newest first", body = CallList),
+        (status = 200, description = "A page of the caller's tenant's call records, newest first", body = CallList),
         CallsErrors,
     )
 )]
@@ -88,23 +121,20 @@ async fn calls(
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<CallsQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    if limit == 0 || limit > MAX_LIMIT {
-        return Err(ApiError::validation(format!(
-            "limit must be between 1 and {MAX_LIMIT}"
-        )));
-    }
-    let calls = state
+    let (limit, cursor) = page_params(q.limit, q.cursor, DEFAULT_LIMIT)?;
+    let filter = CallFilter {
+        conversation_id: q.conversation_id,
+        workflow_id: q.workflow_id,
+        tool: q.tool,
+        ..CallFilter::default()
+    };
+    let page = state
         .store
-        .calls(CallFilter {
-            conversation_id: q.conversation_id,
-            workflow_id: q.workflow_id,
-            tool: q.tool,
-            tenant: Some(caller.tenant),
-            limit,
-        })
+        .calls_of(&caller.tenant, filter, cursor, limit)
         .await?;
-    Ok(Json(json!({ "calls": calls, "count": calls.len() })))
+    Ok(Json(
+        json!({ "calls": page.items, "count": page.items.len(), "next": page.next }),
+    ))
 }
 
 error_responses!(

@@ -10,13 +10,13 @@ use axum::Json;
 use axum::extract::{Path, State};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::ApiJson;
+use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
 use crate::executor::confirmations::{ConfirmationError, Decision as Decided, PendingConfirmation};
 use crate::executor::{Arguments, ExecuteTool};
@@ -37,7 +37,22 @@ struct Pending(Value);
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct PendingList {
+    /// Oldest first.
     confirmations: Vec<Pending>,
+    /// The `cursor` of the next page; `null` on the last.
+    next: Option<String>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    /// 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<usize>,
+    /// The `next` of the previous page (opaque).
+    #[param(max_length = 128)]
+    cursor: Option<String>,
 }
 
 #[derive(ToSchema)]
@@ -59,6 +74,7 @@ fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
 
 error_responses!(
     ListErrors:
+    ValidationError = "limit out of range or cursor too long",
     StorageUnavailable
 );
 
@@ -68,25 +84,28 @@ error_responses!(
     operation_id = "list_confirmations",
     summary = "Pending confirmations",
     tag = "confirmations",
+    params(ListQuery),
     responses(
-        (status = 200, description = "The caller's tenant's pending confirmations", body = PendingList),
+        (status = 200, description = "A page of the caller's tenant's pending confirmations, oldest first", body = PendingList),
         ListErrors,
     )
 )]
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let pending: Vec<_> = state
+    let (limit, cursor) =
+        super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;
+    let page = state
         .executor
         .shared()
         .confirmations
-        .list()
-        .await?
-        .into_iter()
-        .filter(|p| owned_by(p, &caller))
-        .collect();
-    Ok(Json(json!({ "confirmations": pending })))
+        .list_of(&caller.tenant, cursor, limit)
+        .await?;
+    Ok(Json(
+        json!({ "confirmations": page.items, "next": page.next }),
+    ))
 }
 
 /// Another tenant's confirmation is "not found", like a missing one.

@@ -303,33 +303,56 @@ async fn show(
 #[allow(dead_code)]
 struct SessionList {
     sessions: Vec<SessionView>,
+    /// How many sessions this page holds.
     count: u64,
+    /// The `cursor` of the next page; `null` on the last.
+    next: Option<String>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    /// 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<usize>,
+    /// The `next` of the previous page (opaque).
+    #[param(max_length = 128)]
+    cursor: Option<String>,
 }
 
 error_responses!(
     ListErrors:
+    ValidationError = "limit out of range or cursor too long",
     StorageUnavailable
 );
 
-/// The caller's sessions, oldest first, as the store holds them.
+/// A page of the caller's sessions, oldest first, as the store holds them.
 #[utoipa::path(
     get,
     path = "/v1/sessions",
     operation_id = "list_sessions",
     summary = "The caller's sessions",
     tag = "sessions",
+    params(ListQuery),
     responses(
-        (status = 200, description = "Every session of the caller's tenant, oldest first", body = SessionList),
+        (status = 200, description = "A page of the caller's tenant's sessions, oldest first", body = SessionList),
         ListErrors,
     )
 )]
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let sessions = state.sessions.list_as(&caller.tenant).await?;
+    let (limit, cursor) =
+        super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;
+    let page = state
+        .sessions
+        .list_as(&caller.tenant, cursor, limit)
+        .await?;
     Ok(Json(
-        json!({ "sessions": sessions, "count": sessions.len() }),
+        json!({ "sessions": page.items, "count": page.items.len(), "next": page.next }),
     ))
 }
 

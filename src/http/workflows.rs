@@ -88,7 +88,10 @@ struct Definitions {
 struct RunList {
     /// Newest first.
     runs: Vec<Run>,
+    /// How many runs this page holds.
     count: usize,
+    /// The `cursor` of the next page; `null` on the last.
+    next: Option<String>,
 }
 
 /// How a run stands.
@@ -273,11 +276,14 @@ struct ListQuery {
     /// 1 to 1,000 (default 50).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
+    /// The `next` of the previous page (opaque).
+    #[param(max_length = 128)]
+    cursor: Option<String>,
 }
 
 error_responses!(
     ListRunsErrors:
-    ValidationError = "limit out of range",
+    ValidationError = "limit out of range or cursor too long",
     StorageUnavailable
 );
 
@@ -289,7 +295,7 @@ error_responses!(
     tag = "workflows",
     params(ListQuery),
     responses(
-        (status = 200, description = "The caller's tenant's runs, newest first", body = RunList),
+        (status = 200, description = "A page of the caller's tenant's runs, newest first", body = RunList),
         ListRunsErrors,
     )
 )]
@@ -298,21 +304,19 @@ async fn list_runs(
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_LIMIT);
-    if limit == 0 || limit > MAX_LIMIT {
-        return Err(ApiError::validation(format!(
-            "limit must be between 1 and {MAX_LIMIT}"
-        )));
-    }
-    let runs = state
+    let (limit, cursor) = super::calls::page_params(q.limit, q.cursor, DEFAULT_LIMIT)?;
+    let page = state
         .workflows
         .list(RunFilter {
             workflow: q.workflow,
-            tenant: Some(caller.tenant),
+            tenant: caller.tenant,
             limit,
+            cursor,
         })
         .await?;
-    Ok(Json(json!({ "runs": runs, "count": runs.len() })))
+    Ok(Json(
+        json!({ "runs": page.items, "count": page.items.len(), "next": page.next }),
+    ))
 }
 
 error_responses!(

@@ -17,6 +17,8 @@
 //! for the writer. Sessions and documents, read on every turn, are served
 //! from a read cache the writer invalidates ([`cache`]). Token usage is
 //! counted by increments the writer applies in the same batches ([`usage`]).
+//! Listings read a tenant-first index written in the same transaction as
+//! the rows it lists, one page at a time ([`listing`]).
 //! Owns: the file layout ([`tables`]). Does not: decide what to write.
 //!
 //! Storage faults (disk full, EIO, a file size limit): a commit that fails
@@ -35,6 +37,7 @@
 //! reopen, so it reloads instead of writing on top of steps that were lost.
 
 mod cache;
+pub mod listing;
 mod read_view;
 pub mod tables;
 pub mod usage;
@@ -54,6 +57,7 @@ use tokio::sync::oneshot;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::identity::Plan;
 use crate::model::ChatMessage;
+pub use listing::Page;
 use tables::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
 
@@ -233,10 +237,13 @@ pub enum WriteOp {
         messages: Vec<StoredMessage>,
     },
     RecordToolCall(Box<ToolCallRecord>),
+    /// With `tenant`, the document is listed under it ([`Store::docs_of`]);
+    /// without, its index row (if any) stays as it is.
     PutDoc {
         namespace: String,
         key: String,
         value: Value,
+        tenant: Option<String>,
     },
     DeleteDoc {
         namespace: String,
@@ -260,6 +267,13 @@ pub enum WriteOp {
     },
     /// Adds a model call's tokens to its session's and tenant's counters.
     RecordUsage(UsageDelta),
+    /// Indexes by tenant, once, the documents of `namespace` written before
+    /// the index existed; `indexed` gets how many (`None`: done already).
+    IndexDocs {
+        namespace: String,
+        tenant_of: fn(&Value) -> Option<String>,
+        indexed: Arc<Mutex<Option<u64>>>,
+    },
 }
 
 /// A session's rolling summary.
@@ -534,6 +548,34 @@ impl Store {
             Ok(out)
         })
         .await
+    }
+
+    /// A page of `tenant`'s sessions after the session id `after`, oldest
+    /// first: reads only that tenant's index range.
+    pub async fn sessions_of(
+        &self,
+        tenant: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Page<Session>, StoreError> {
+        let tenant = tenant.to_string();
+        self.read(move |db| listing::sessions_page(db, &tenant, after.as_deref(), limit))
+            .await
+    }
+
+    /// A page of `tenant`'s call records matching `filter` (its `tenant`
+    /// and `limit` are ignored) before the record id `before`, newest first:
+    /// reads only that tenant's index range.
+    pub async fn calls_of(
+        &self,
+        tenant: &str,
+        filter: CallFilter,
+        before: Option<String>,
+        limit: usize,
+    ) -> Result<Page<ToolCallRecord>, StoreError> {
+        let tenant = tenant.to_string();
+        self.read(move |db| listing::calls_page(db, &tenant, &filter, before.as_deref(), limit))
+            .await
     }
 
     pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
@@ -892,8 +934,74 @@ impl Store {
             namespace: namespace.into(),
             key: key.into(),
             value,
+            tenant: None,
         };
         self.write(vec![op], durable).await
+    }
+
+    /// [`Self::put_doc`] of a document `tenant` owns: listed under it by
+    /// [`Self::docs_of`].
+    pub async fn put_doc_of(
+        &self,
+        namespace: &str,
+        tenant: &str,
+        key: &str,
+        value: Value,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let op = WriteOp::PutDoc {
+            namespace: namespace.into(),
+            key: key.into(),
+            value,
+            tenant: Some(tenant.into()),
+        };
+        self.write(vec![op], durable).await
+    }
+
+    /// Indexes by tenant the documents of `namespace` written before
+    /// [`tables::DOCS_BY_TENANT`] existed, reading each one's tenant with
+    /// `tenant_of`. Once per namespace (later calls return `None`), durably;
+    /// call it at startup, before serving listings of the namespace.
+    pub async fn index_docs(
+        &self,
+        namespace: &str,
+        tenant_of: fn(&Value) -> Option<String>,
+    ) -> Result<Option<u64>, StoreError> {
+        let indexed = Arc::new(Mutex::new(None));
+        let op = WriteOp::IndexDocs {
+            namespace: namespace.into(),
+            tenant_of,
+            indexed: indexed.clone(),
+        };
+        let started = Instant::now();
+        self.write(vec![op], true).await?;
+        let n = indexed.lock().expect("index slot").take();
+        if let Some(n) = n {
+            tracing::info!(
+                namespace,
+                documents = n,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "indexed documents by tenant"
+            );
+        }
+        Ok(n)
+    }
+
+    /// A page of `tenant`'s documents of `namespace` past `cursor` (a key
+    /// of the previous page), by key, descending with `newest_first`.
+    pub async fn docs_of(
+        &self,
+        namespace: &str,
+        tenant: &str,
+        cursor: Option<String>,
+        limit: usize,
+        newest_first: bool,
+    ) -> Result<Page<(String, Value)>, StoreError> {
+        let (ns, tenant) = (namespace.to_string(), tenant.to_string());
+        self.read(move |db| {
+            listing::docs_page(db, &ns, &tenant, cursor.as_deref(), limit, newest_first)
+        })
+        .await
     }
 
     pub async fn delete_doc(
@@ -956,6 +1064,17 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         let mut meta = txn.open_table(META)?;
         let found = meta.get("schema_version")?.map(|v| v.value());
         match found {
+            Some(1) => {
+                let started = Instant::now();
+                let (sessions, calls) = listing::migrate_v1(&txn)?;
+                meta.insert("schema_version", SCHEMA_VERSION)?;
+                tracing::info!(
+                    sessions,
+                    calls,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "store migrated to schema 2: sessions and calls indexed by tenant"
+                );
+            }
             Some(v) if v != SCHEMA_VERSION => {
                 return Err(StoreError::SchemaMismatch {
                     found: v,
@@ -979,6 +1098,10 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(DOCS)?;
         txn.open_table(SESSION_USAGE)?;
         txn.open_table(TENANT_USAGE)?;
+        txn.open_table(SESSIONS_BY_TENANT)?;
+        txn.open_table(TOOL_CALLS_BY_TENANT)?;
+        txn.open_table(DOCS_BY_TENANT)?;
+        txn.open_table(DOC_TENANTS)?;
     }
     txn.commit()?;
     Ok(())
@@ -1184,10 +1307,16 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
         let mut summaries = txn.open_table(SUMMARIES)?;
         let mut session_usage = txn.open_table(SESSION_USAGE)?;
         let mut tenant_usage = txn.open_table(TENANT_USAGE)?;
+        let mut sessions_by_tenant = txn.open_table(SESSIONS_BY_TENANT)?;
+        let mut calls_by_tenant = txn.open_table(TOOL_CALLS_BY_TENANT)?;
+        let mut docs_by_tenant = txn.open_table(DOCS_BY_TENANT)?;
+        let mut doc_tenants = txn.open_table(DOC_TENANTS)?;
+        let mut meta = txn.open_table(META)?;
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
             match op {
                 WriteOp::PutSession(s) => {
                     sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
+                    listing::index_session(&mut sessions_by_tenant, s)?;
                 }
                 WriteOp::AppendMessages {
                     session_id,
@@ -1203,6 +1332,7 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                 WriteOp::RecordToolCall(rec) => {
                     let id = rec.record_id.as_str();
                     calls.insert(id, serde_json::to_vec(rec)?.as_slice())?;
+                    listing::index_call(&mut calls_by_tenant, rec)?;
                     if let Some(conv) = &rec.conversation_id {
                         by_conv.insert((conv.as_str(), id), ())?;
                     }
@@ -1232,14 +1362,25 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                     namespace,
                     key,
                     value,
+                    tenant,
                 } => {
                     docs.insert(
                         (namespace.as_str(), key.as_str()),
                         serde_json::to_vec(value)?.as_slice(),
                     )?;
+                    if let Some(tenant) = tenant {
+                        listing::index_doc(
+                            &mut docs_by_tenant,
+                            &mut doc_tenants,
+                            namespace,
+                            key,
+                            tenant,
+                        )?;
+                    }
                 }
                 WriteOp::DeleteDoc { namespace, key } => {
                     docs.remove((namespace.as_str(), key.as_str()))?;
+                    listing::unindex_doc(&mut docs_by_tenant, &mut doc_tenants, namespace, key)?;
                 }
                 WriteOp::MoveDoc {
                     namespace,
@@ -1253,6 +1394,12 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                         None => None,
                     };
                     if old.is_some() {
+                        listing::unindex_doc(
+                            &mut docs_by_tenant,
+                            &mut doc_tenants,
+                            namespace,
+                            key,
+                        )?;
                         docs.insert(
                             (to_namespace.as_str(), key.as_str()),
                             serde_json::to_vec(to_value)?.as_slice(),
@@ -1271,6 +1418,21 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                 }
                 WriteOp::RecordUsage(delta) => {
                     usage::apply(&mut session_usage, &mut tenant_usage, delta)?;
+                }
+                WriteOp::IndexDocs {
+                    namespace,
+                    tenant_of,
+                    indexed,
+                } => {
+                    let n = listing::index_namespace(
+                        &docs,
+                        &mut docs_by_tenant,
+                        &mut doc_tenants,
+                        &mut meta,
+                        namespace,
+                        *tenant_of,
+                    )?;
+                    *indexed.lock().expect("index slot") = n;
                 }
             }
         }

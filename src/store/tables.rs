@@ -6,9 +6,12 @@
 
 use redb::TableDefinition;
 
-pub const SCHEMA_VERSION: u64 = 1;
+/// 2 added the tenant-first indexes below; a version 1 file is migrated
+/// at open ([`super::listing::migrate_v1`]).
+pub const SCHEMA_VERSION: u64 = 2;
 
-/// "schema_version" -> u64.
+/// "schema_version" -> u64; "docs_indexed:<namespace>" -> 1 once that
+/// namespace's documents written before [`DOCS_BY_TENANT`] are indexed.
 pub const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 /// session_id -> `Session` (json).
@@ -50,3 +53,24 @@ pub const SESSION_USAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("se
 /// tenant's month is a range of at most 31 days of rows.
 pub const TENANT_USAGE: TableDefinition<(&str, &str, &str), &[u8]> =
     TableDefinition::new("tenant_usage");
+
+/// (tenant, session_id) -> (): a tenant's sessions, oldest first (ids are
+/// time-ordered). Written with the session; a session never changes tenant.
+pub const SESSIONS_BY_TENANT: TableDefinition<(&str, &str), ()> =
+    TableDefinition::new("sessions_by_tenant");
+
+/// (tenant, facet, record_id) -> (): a tenant's calls in time order. Facet
+/// `""` holds every call of the tenant, `c:<conversation>`, `w:<workflow run>`
+/// and `t:<tool>` the filtered listings, so each listing is one range of its
+/// tenant. Records without a tenant are not indexed (no tenant lists them).
+pub const TOOL_CALLS_BY_TENANT: TableDefinition<(&str, &str, &str), ()> =
+    TableDefinition::new("tool_calls_by_tenant");
+
+/// (namespace, tenant, key) -> (): a tenant's documents of a namespace, for
+/// the namespaces whose writers name a tenant (confirmations, workflow runs).
+pub const DOCS_BY_TENANT: TableDefinition<(&str, &str, &str), ()> =
+    TableDefinition::new("docs_by_tenant");
+
+/// (namespace, key) -> tenant: the reverse of [`DOCS_BY_TENANT`], so deleting
+/// or moving a document drops its index row without parsing the document.
+pub const DOC_TENANTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("doc_tenants");

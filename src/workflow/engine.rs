@@ -39,7 +39,7 @@ use crate::config::Agents;
 use crate::conversation::Sessions;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
-use crate::store::{Store, StoreError};
+use crate::store::{Page, Store, StoreError};
 use crate::tenants::DEFAULT_TENANT;
 use crate::tools::{FieldError, ToolRegistry};
 
@@ -148,10 +148,12 @@ pub struct StartRun {
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
     pub workflow: Option<String>,
-    /// Only this tenant's runs.
-    pub tenant: Option<String>,
-    /// At most this many, newest first (0: all).
+    /// Whose runs: only this tenant's are read.
+    pub tenant: String,
+    /// At most this many, newest first (at least 1).
     pub limit: usize,
+    /// The `next` of the previous page.
+    pub cursor: Option<String>,
 }
 
 /// What the runtime hands the workflow engine.
@@ -347,10 +349,13 @@ impl Workflows {
         report
     }
 
-    /// Marks runs left `running` by a previous process as interrupted.
-    /// Call once at startup, before any run starts. Returns how many.
+    /// Marks runs left `running` by a previous process as interrupted, and
+    /// indexes by tenant the runs stored before that index existed.
+    /// Call once at startup, before any run starts. Returns how many runs
+    /// were interrupted.
     pub async fn recover(&self) -> Result<usize, WorkflowError> {
         let store = &self.inner.deps.store;
+        store.index_docs(RUNS_NAMESPACE, run_tenant).await?;
         let now = Timestamp::now();
         let mut n = 0;
         for (id, doc) in store.list_docs(RUNS_NAMESPACE, "").await? {
@@ -366,7 +371,7 @@ impl Workflows {
             }
             run.interrupt(now);
             store
-                .put_doc(RUNS_NAMESPACE, &id, to_doc(&run), true)
+                .put_doc_of(RUNS_NAMESPACE, &run.tenant, &id, to_doc(&run), true)
                 .await?;
             tracing::warn!(run = %id, workflow = %run.workflow, "workflow run interrupted by a restart; resume it to finish");
             n += 1;
@@ -412,7 +417,7 @@ impl Workflows {
             .inner
             .deps
             .store
-            .put_doc(RUNS_NAMESPACE, &run.id, to_doc(&run), true)
+            .put_doc_of(RUNS_NAMESPACE, &run.tenant, &run.id, to_doc(&run), true)
             .await
         {
             self.release(&run.id);
@@ -453,7 +458,7 @@ impl Workflows {
             .inner
             .deps
             .store
-            .put_doc(RUNS_NAMESPACE, &run.id, to_doc(&run), true)
+            .put_doc_of(RUNS_NAMESPACE, &run.tenant, &run.id, to_doc(&run), true)
             .await
         {
             self.release(&run.id);
@@ -490,37 +495,48 @@ impl Workflows {
         self.stored(id).await
     }
 
-    /// Runs matching the filter, newest first.
-    pub async fn list(&self, filter: RunFilter) -> Result<Vec<WorkflowRun>, WorkflowError> {
-        let docs = self.inner.deps.store.list_docs(RUNS_NAMESPACE, "").await?;
-        let limit = if filter.limit == 0 {
-            usize::MAX
-        } else {
-            filter.limit
-        };
-        let mut out = Vec::new();
-        for (id, doc) in docs.into_iter().rev() {
-            let run = match self.live_state(&id) {
-                Some(run) => run,
-                None => match serde_json::from_value::<WorkflowRun>(doc) {
-                    Ok(run) => run,
-                    Err(e) => {
-                        tracing::error!(run = %id, error = %e, "unreadable workflow run skipped");
-                        continue;
-                    }
-                },
-            };
-            if filter.workflow.as_ref().is_some_and(|w| *w != run.workflow)
-                || filter.tenant.as_ref().is_some_and(|t| *t != run.tenant)
-            {
-                continue;
+    /// A page of the tenant's runs matching the filter, newest first. Reads
+    /// only the tenant's runs (by its index), until the page is full.
+    pub async fn list(&self, filter: RunFilter) -> Result<Page<WorkflowRun>, WorkflowError> {
+        let limit = filter.limit.max(1);
+        let store = &self.inner.deps.store;
+        let mut out: Vec<WorkflowRun> = Vec::new();
+        let mut cursor = filter.cursor;
+        'pages: loop {
+            let page = store
+                .docs_of(RUNS_NAMESPACE, &filter.tenant, cursor, limit, true)
+                .await?;
+            for (id, doc) in page.items {
+                let run = match self.live_state(&id) {
+                    Some(run) => run,
+                    None => match serde_json::from_value::<WorkflowRun>(doc) {
+                        Ok(run) => run,
+                        Err(e) => {
+                            tracing::error!(run = %id, error = %e, "unreadable workflow run skipped");
+                            continue;
+                        }
+                    },
+                };
+                if filter.workflow.as_ref().is_some_and(|w| *w != run.workflow) {
+                    continue;
+                }
+                out.push(run);
+                if out.len() > limit {
+                    break 'pages;
+                }
             }
-            out.push(run);
-            if out.len() >= limit {
-                break;
+            match page.next {
+                Some(next) => cursor = Some(next),
+                None => break,
             }
         }
-        Ok(out)
+        let next = if out.len() > limit {
+            out.truncate(limit);
+            out.last().map(|r| r.id.clone())
+        } else {
+            None
+        };
+        Ok(Page { items: out, next })
     }
 
     /// Node events of every run (filter by `run_id`).
@@ -625,6 +641,13 @@ impl Workflows {
     fn read_defs(&self) -> std::sync::RwLockReadGuard<'_, Defs> {
         self.inner.defs.read().expect("workflow definitions lock")
     }
+}
+
+/// The tenant of a stored run (for [`Store::index_docs`]).
+fn run_tenant(doc: &Value) -> Option<String> {
+    serde_json::from_value::<WorkflowRun>(doc.clone())
+        .ok()
+        .map(|r| r.tenant)
 }
 
 fn to_doc(run: &WorkflowRun) -> Value {

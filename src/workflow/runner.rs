@@ -132,10 +132,15 @@ impl WorkflowRunner {
         };
         let store = self.deps.store.clone();
         let id = snapshot.id.clone();
+        let tenant = snapshot.tenant.clone();
         let durable = step.durable;
         let write = async move {
             match doc {
-                Some(doc) => store.put_doc(RUNS_NAMESPACE, &id, doc, durable).await,
+                Some(doc) => {
+                    store
+                        .put_doc_of(RUNS_NAMESPACE, &tenant, &id, doc, durable)
+                        .await
+                }
                 None => Ok(()),
             }
         };
