@@ -631,11 +631,15 @@ async fn bad_query_strings_and_encodings_are_json_4xx() {
         "/v1/limits/quota?tool=calculator&user_id=u1",
         "/v1/limits?anything=1",
         "/v1/stats?x=%FF",
-        "/v1/confirmations?x=1",
+        "/v1/confirmations?limit=1",
     ] {
         let (status, reply) = api.get(path).await;
         assert_eq!(status, StatusCode::OK, "{path}: {reply}");
     }
+    // Listings take `limit` and `cursor`, and nothing else, like the others.
+    let (status, reply) = api.get("/v1/confirmations?x=1").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{reply}");
+    assert_api_error("GET /v1/confirmations?x=1", status, &reply);
     let (status, body) = api.wire_get(b"/metrics?%FF=%FE").await;
     assert_eq!(status, 200, "{body}");
     // Raw non-UTF-8 bytes in the request line never reach the router: the
