@@ -90,6 +90,20 @@ impl Principal {
     }
 }
 
+/// Longest id (session, workflow run, confirmation) a caller may name: a
+/// longer one is unknown (404) without a read, and never stored.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// An id as an error message may quote it: long ones cut to 32 characters,
+/// so a refusal never echoes a caller's megabyte back.
+pub fn quoted_id(id: &str) -> String {
+    if id.chars().count() <= 32 {
+        id.to_string()
+    } else {
+        format!("{}...", id.chars().take(32).collect::<String>())
+    }
+}
+
 /// Longest `user_id` a caller may assert.
 pub const MAX_USER_ID_BYTES: usize = 128;
 

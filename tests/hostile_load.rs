@@ -339,6 +339,23 @@ async fn session_metadata_ids_and_operator_ids_are_bounded_before_any_work() {
     let (status, body) = app.get(&format!("/v1/sessions/{long_id}")).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert!(body.to_string().len() < 1024, "{body}");
+    // The same for workflow runs and confirmations, read or decided.
+    for path in [
+        format!("/v1/workflows/runs/{long_id}"),
+        format!("/v1/confirmations/{long_id}"),
+    ] {
+        let (status, body) = app.get(&path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        assert!(body.to_string().len() < 1024, "{path}: {body}");
+    }
+    let (status, body) = app
+        .post(
+            &format!("/v1/confirmations/{long_id}"),
+            &json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body.to_string().len() < 1024, "{body}");
 
     // An operator id over 128 bytes is refused; the session keeps none.
     let session = app.session("assistant").await;

@@ -95,7 +95,7 @@ impl PublicError for SessionError {
 
 /// Session ids are UUIDs (36 bytes); a longer one a caller names (in a
 /// path, a WebSocket URL, an MCP agent tool's `session_id`) is unknown.
-pub const MAX_SESSION_ID_BYTES: usize = 128;
+pub const MAX_SESSION_ID_BYTES: usize = crate::identity::MAX_ID_BYTES;
 
 /// Most bytes a session's `metadata` may take, as JSON: it is stored with
 /// the session and read with each of its turns and listings.
@@ -565,7 +565,7 @@ impl Sessions {
     pub async fn get(&self, id: &str) -> Result<Session, SessionError> {
         if id.len() > MAX_SESSION_ID_BYTES {
             return Err(SessionError::NotFound {
-                id: format!("{}...", id.chars().take(32).collect::<String>()),
+                id: crate::identity::quoted_id(id),
             });
         }
         self.inner

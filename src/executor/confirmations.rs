@@ -153,6 +153,11 @@ impl Confirmations {
     }
 
     pub async fn get(&self, id: &str) -> Result<PendingConfirmation, ConfirmationError> {
+        if id.len() > crate::identity::MAX_ID_BYTES {
+            return Err(ConfirmationError::NotFound {
+                id: crate::identity::quoted_id(id),
+            });
+        }
         let value = self
             .store
             .get_doc(NAMESPACE, id)
@@ -171,6 +176,11 @@ impl Confirmations {
         tenant: &str,
         decision: Decision,
     ) -> Result<PendingConfirmation, ConfirmationError> {
+        if id.len() > crate::identity::MAX_ID_BYTES {
+            return Err(ConfirmationError::NotFound {
+                id: crate::identity::quoted_id(id),
+            });
+        }
         let pending = match self.get(id).await {
             Ok(p) => p,
             Err(ConfirmationError::NotFound { .. }) => {

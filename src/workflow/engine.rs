@@ -628,6 +628,11 @@ impl Workflows {
     }
 
     async fn stored(&self, id: &str) -> Result<WorkflowRun, WorkflowError> {
+        if id.len() > crate::identity::MAX_ID_BYTES {
+            return Err(WorkflowError::RunNotFound {
+                id: crate::identity::quoted_id(id),
+            });
+        }
         let doc = self
             .inner
             .deps
