@@ -865,3 +865,54 @@ async fn an_mcp_session_belongs_to_the_key_that_opened_it() {
         .unwrap();
     assert_eq!(ended.status(), StatusCode::NO_CONTENT);
 }
+
+/// Opens an MCP session over HTTP as `key` (initialize + initialized).
+async fn open_mcp_session(app: &TestApp, key: &str) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}});
+    let opened = mcp_post(app, key, None, init).await;
+    assert_eq!(opened.status(), StatusCode::OK);
+    let session = opened.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    drop(opened);
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let r = mcp_post(app, key, Some(&session), initialized).await;
+    assert!(r.status().is_success(), "{}", r.status());
+    session
+}
+
+async fn ping_status(app: &TestApp, key: &str, session: &str) -> StatusCode {
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    mcp_post(app, key, Some(session), ping).await.status()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_past_its_mcp_session_cap_loses_its_least_recently_used_session() {
+    let data = tempfile::tempdir().unwrap();
+    let keys = create_keys(data.path(), &["acme", "globex"]).await;
+    let agents = served_agents();
+    let app = spawn_app(
+        AppOptions::offline()
+            .agents(agents.path())
+            .data_dir(data.path())
+            .config_toml("[api_limit]\nmax_streams = 2\n"),
+    );
+    let theirs = open_mcp_session(&app, &keys[1]).await;
+    let first = open_mcp_session(&app, &keys[0]).await;
+    let second = open_mcp_session(&app, &keys[0]).await;
+    // `first` is used again: `second` is now the least recently used.
+    assert_eq!(ping_status(&app, &keys[0], &first).await, StatusCode::OK);
+    let third = open_mcp_session(&app, &keys[0]).await;
+    assert_eq!(
+        ping_status(&app, &keys[0], &second).await,
+        StatusCode::NOT_FOUND,
+        "the least recently used session ended"
+    );
+    assert_eq!(ping_status(&app, &keys[0], &first).await, StatusCode::OK);
+    assert_eq!(ping_status(&app, &keys[0], &third).await, StatusCode::OK);
+    // Another key's sessions do not count against acme's cap.
+    assert_eq!(ping_status(&app, &keys[1], &theirs).await, StatusCode::OK);
+}

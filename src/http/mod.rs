@@ -137,6 +137,9 @@ pub fn router(
         // against the live key ring, for `/mcp` as for every route.
         true,
         MAX_BODY_BYTES,
+        // A key holds at most as many MCP sessions as streams: at the cap,
+        // its least recently used session ends for the new one.
+        api_limit.streams().max(),
         state.mcp_shutdown.clone(),
     );
     let (routes, mut doc) = api_routes();

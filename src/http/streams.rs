@@ -62,6 +62,11 @@ impl StreamLimit {
         }
     }
 
+    /// Streams one caller may hold at once (`[api_limit] max_streams`).
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
     /// Ends every subscription stream, now and from now on.
     pub fn close_subscriptions(&self) {
         self.closing.send_replace(true);

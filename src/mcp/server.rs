@@ -469,6 +469,7 @@ pub fn http_service(
     deps: McpServerDeps,
     authenticated: bool,
     max_body_bytes: usize,
+    max_sessions_per_key: usize,
     stop: tokio_util::sync::CancellationToken,
 ) -> McpHttpService {
     let mut config = StreamableHttpServerConfig::default();
@@ -486,6 +487,7 @@ pub fn http_service(
         ),
         sessions,
         owners: Arc::default(),
+        max_sessions_per_key: max_sessions_per_key.max(1),
     }
 }
 
@@ -512,16 +514,22 @@ fn owner_of(request: &axum::extract::Request) -> String {
 ///   session that another key (or tenant) opened is answered 404, as an
 ///   unknown session is, and never reaches it. The session id alone is not
 ///   a credential.
+/// - a key holds at most `max_sessions_per_key` sessions (the server's
+///   `max_streams`): opening one more ends the key's least recently used
+///   session at once instead of after rmcp's idle keep-alive (5 minutes),
+///   so a client that leaks sessions only ever costs its own oldest ones.
 #[derive(Clone)]
 pub struct McpHttpService {
     inner: StreamableHttpService<CadreMcp, LocalSessionManager>,
     sessions: Arc<LocalSessionManager>,
-    /// Session id -> [`owner_of`] the request that opened it.
-    owners: Arc<std::sync::Mutex<HashMap<String, String>>>,
+    /// Session id -> [`owner_of`] the request that opened it, and when a
+    /// request last named it.
+    owners: Arc<std::sync::Mutex<HashMap<String, (String, std::time::Instant)>>>,
+    max_sessions_per_key: usize,
 }
 
 impl McpHttpService {
-    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, std::time::Instant)>> {
         self.owners.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -559,7 +567,14 @@ impl tower::Service<axum::extract::Request> for McpHttpService {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
             if let Some(id) = &named {
-                let theirs = this.owners().get(id).is_some_and(|o| *o != owner);
+                let theirs = match this.owners().get_mut(id) {
+                    Some((o, _)) if *o != owner => true,
+                    Some((_, used)) => {
+                        *used = std::time::Instant::now();
+                        false
+                    }
+                    None => false,
+                };
                 if theirs {
                     let mut refused = axum::response::Response::new(axum::body::Body::from(
                         "Not Found: Session not found",
@@ -575,11 +590,33 @@ impl tower::Service<axum::extract::Request> for McpHttpService {
                 .and_then(|v| v.to_str().ok())
                 .filter(|_| named.is_none())
             {
-                let crowded = {
+                let (crowded, evicted) = {
                     let mut owners = this.owners();
-                    owners.insert(id.to_string(), owner);
-                    owners.len() > OWNERS_BEFORE_PRUNE
+                    owners.insert(id.to_string(), (owner.clone(), std::time::Instant::now()));
+                    let mut mine: Vec<(&String, std::time::Instant)> = owners
+                        .iter()
+                        .filter(|(sid, (o, _))| *o == owner && sid.as_str() != id)
+                        .map(|(sid, (_, used))| (sid, *used))
+                        .collect();
+                    let evicted = if mine.len() >= this.max_sessions_per_key {
+                        mine.sort_by_key(|(_, used)| *used);
+                        mine.first().map(|(sid, _)| (*sid).clone())
+                    } else {
+                        None
+                    };
+                    if let Some(old) = &evicted {
+                        owners.remove(old);
+                    }
+                    (owners.len() > OWNERS_BEFORE_PRUNE, evicted)
                 };
+                if let Some(old) = evicted {
+                    let old: rmcp::transport::streamable_http_server::session::SessionId =
+                        old.into();
+                    use rmcp::transport::streamable_http_server::SessionManager;
+                    if let Err(e) = this.sessions.close_session(&old).await {
+                        tracing::warn!(error = %e, "could not end an MCP session over its key's cap");
+                    }
+                }
                 if crowded {
                     this.prune().await;
                 }
