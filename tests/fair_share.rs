@@ -165,6 +165,21 @@ async fn a_tenant_flooding_the_pool_with_sleeps_leaves_the_other_tenant_its_shar
         latencies.last().expect("calls made")
     );
 
+    // A's chat turns too: the offline model asks for the calculator, whose
+    // call goes through the same pool during B's flood.
+    let session = a.session("assistant").await;
+    for question in ["What is 6*7?", "What is (2+3)*4?"] {
+        let (status, turn) = a
+            .post(
+                &format!("/v1/sessions/{session}/messages"),
+                &json!({ "content": question }),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "A's turn under B's flood: {turn}");
+        assert_eq!(turn["tool_calls"][0]["name"], "calculator", "{turn}");
+        assert_eq!(turn["tool_calls"][0]["is_success"], true, "{turn}");
+    }
+
     // B's flood is untouched by A's calls: same share, same queue.
     let pool = pool_when(&a, "A's calls all released", |c| {
         c["current_concurrent"] == 2

@@ -281,7 +281,10 @@ async fn mcp_stream(app: &TestApp, session: &str) -> reqwest::Response {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_streams_count_against_max_streams() {
-    let app = spawn_app(AppOptions::offline().config_toml("[api_limit]\nmax_streams = 2\n"));
+    // With `max_streams = 3` a caller may hold three MCP sessions (sessions
+    // count against the cap too: a fourth ends the least recently used)
+    // and three streams, `GET /mcp` ones and others alike.
+    let app = spawn_app(AppOptions::offline().config_toml("[api_limit]\nmax_streams = 3\n"));
     let mut sessions = Vec::new();
     for _ in 0..3 {
         sessions.push(mcp_session(&app).await);
@@ -290,11 +293,6 @@ async fn mcp_streams_count_against_max_streams() {
     assert_eq!(first.status(), StatusCode::OK);
     let second = mcp_stream(&app, &sessions[1]).await;
     assert_eq!(second.status(), StatusCode::OK);
-
-    let third = mcp_stream(&app, &sessions[2]).await;
-    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
-    let body: Value = third.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "TOO_MANY_STREAMS", "{body}");
     // The same cap as every other stream of the caller.
     let events = app
         .client
@@ -302,7 +300,12 @@ async fn mcp_streams_count_against_max_streams() {
         .send()
         .await
         .unwrap();
-    assert_eq!(events.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(events.status(), StatusCode::OK);
+
+    let third = mcp_stream(&app, &sessions[2]).await;
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body: Value = third.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "TOO_MANY_STREAMS", "{body}");
 
     // A stream that ends frees its slot.
     drop(first);
@@ -316,7 +319,7 @@ async fn mcp_streams_count_against_max_streams() {
         assert!(Instant::now() < deadline, "the slot was never freed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    drop(second);
+    drop((second, events));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
