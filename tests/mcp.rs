@@ -822,27 +822,13 @@ async fn an_mcp_session_belongs_to_the_key_that_opened_it() {
             .agents(agents.path())
             .data_dir(data.path()),
     );
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "test", "version": "0"}}});
-    let opened = mcp_post(&app, &keys[0], None, init).await;
-    assert_eq!(opened.status(), StatusCode::OK);
-    let session = opened
-        .headers()
-        .get("mcp-session-id")
-        .expect("a session id")
-        .to_str()
-        .unwrap()
-        .to_string();
-    drop(opened);
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let r = mcp_post(&app, &keys[0], Some(&session), initialized).await;
-    assert!(r.status().is_success(), "{}", r.status());
-    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    let session = open_mcp_session(&app, &keys[0]).await;
 
     // Another tenant's key holding the id: as if the session did not exist.
-    let theirs = mcp_post(&app, &keys[1], Some(&session), ping.clone()).await;
-    assert_eq!(theirs.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        ping_status(&app, &keys[1], &session).await,
+        StatusCode::NOT_FOUND
+    );
     let deleted = app
         .with_key(&keys[1])
         .request(reqwest::Method::DELETE, "/mcp")
@@ -853,9 +839,7 @@ async fn an_mcp_session_belongs_to_the_key_that_opened_it() {
     assert_eq!(deleted.status(), StatusCode::NOT_FOUND);
 
     // The owner still has it, and may end it.
-    let mine = mcp_post(&app, &keys[0], Some(&session), ping.clone()).await;
-    assert_eq!(mine.status(), StatusCode::OK);
-    drop(mine);
+    assert_eq!(ping_status(&app, &keys[0], &session).await, StatusCode::OK);
     let ended = app
         .with_key(&keys[0])
         .request(reqwest::Method::DELETE, "/mcp")

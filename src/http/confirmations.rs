@@ -10,12 +10,13 @@ use axum::Json;
 use axum::extract::{Path, State};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
+use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
 use crate::executor::confirmations::{ConfirmationError, Decision as Decided, PendingConfirmation};
@@ -41,18 +42,6 @@ struct PendingList {
     confirmations: Vec<Pending>,
     /// The `cursor` of the next page; `null` on the last.
     next: Option<String>,
-}
-
-#[derive(Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-struct ListQuery {
-    /// 1 to 1,000 (default 100).
-    #[param(minimum = 1, maximum = 1000)]
-    limit: Option<usize>,
-    /// The `next` of the previous page (opaque).
-    #[param(max_length = 128)]
-    cursor: Option<String>,
 }
 
 #[derive(ToSchema)]
@@ -84,7 +73,7 @@ error_responses!(
     operation_id = "list_confirmations",
     summary = "Pending confirmations",
     tag = "confirmations",
-    params(ListQuery),
+    params(PageQuery),
     responses(
         (status = 200, description = "A page of the caller's tenant's pending confirmations, oldest first", body = PendingList),
         ListErrors,
@@ -93,7 +82,7 @@ error_responses!(
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiQuery(q): ApiQuery<ListQuery>,
+    ApiQuery(q): ApiQuery<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let (limit, cursor) =
         super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;

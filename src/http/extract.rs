@@ -271,6 +271,20 @@ fn truncate(message: String) -> String {
     }
 }
 
+/// One page of a listing that filters nothing (sessions, confirmations):
+/// `limit` and the opaque `cursor` of the previous page's `next`.
+#[derive(serde::Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+    /// The `next` of the previous page (opaque).
+    #[param(max_length = 128)]
+    pub cursor: Option<String>,
+}
+
 /// `Query<T>` whose refusal is a 422 `VALIDATION_ERROR`; a parameter the
 /// document says is an integer may be written `12.0`.
 pub struct ApiQuery<T>(pub T);

@@ -20,6 +20,7 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
+use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
 use super::streams::StreamQuota;
@@ -309,18 +310,6 @@ struct SessionList {
     next: Option<String>,
 }
 
-#[derive(Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-struct ListQuery {
-    /// 1 to 1,000 (default 100).
-    #[param(minimum = 1, maximum = 1000)]
-    limit: Option<usize>,
-    /// The `next` of the previous page (opaque).
-    #[param(max_length = 128)]
-    cursor: Option<String>,
-}
-
 error_responses!(
     ListErrors:
     ValidationError = "limit out of range or cursor too long",
@@ -334,7 +323,7 @@ error_responses!(
     operation_id = "list_sessions",
     summary = "The caller's sessions",
     tag = "sessions",
-    params(ListQuery),
+    params(PageQuery),
     responses(
         (status = 200, description = "A page of the caller's tenant's sessions, oldest first", body = SessionList),
         ListErrors,
@@ -343,7 +332,7 @@ error_responses!(
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiQuery(q): ApiQuery<ListQuery>,
+    ApiQuery(q): ApiQuery<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let (limit, cursor) =
         super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;

@@ -930,13 +930,7 @@ impl Store {
         value: Value,
         durable: bool,
     ) -> Result<(), StoreError> {
-        let op = WriteOp::PutDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-            value,
-            tenant: None,
-        };
-        self.write(vec![op], durable).await
+        self.put_doc_for(namespace, None, key, value, durable).await
     }
 
     /// [`Self::put_doc`] of a document `tenant` owns: listed under it by
@@ -949,11 +943,23 @@ impl Store {
         value: Value,
         durable: bool,
     ) -> Result<(), StoreError> {
+        self.put_doc_for(namespace, Some(tenant), key, value, durable)
+            .await
+    }
+
+    async fn put_doc_for(
+        &self,
+        namespace: &str,
+        tenant: Option<&str>,
+        key: &str,
+        value: Value,
+        durable: bool,
+    ) -> Result<(), StoreError> {
         let op = WriteOp::PutDoc {
             namespace: namespace.into(),
             key: key.into(),
             value,
-            tenant: Some(tenant.into()),
+            tenant: tenant.map(Into::into),
         };
         self.write(vec![op], durable).await
     }
