@@ -59,6 +59,7 @@ fn call(tenant: &str) -> ToolCallRecord {
         user_id: None,
         tenant: Some(tenant.into()),
         created_at: Timestamp::now(),
+        source_id: None,
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cadre::conversation::context::{
-    BREVITY_INSTRUCTION, SINGLE_TOOL_USE_INSTRUCTIONS, TOOL_USE_INSTRUCTIONS,
+    BREVITY_INSTRUCTION, SINGLE_TOOL_USE_INSTRUCTIONS, SUMMARY_PREFIX, TOOL_USE_INSTRUCTIONS,
 };
 use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
 use futures::StreamExt;
@@ -275,6 +275,15 @@ fn answer(i: usize) -> String {
     format!("answer {i}")
 }
 
+/// The summary as the model gets it: data in a labelled, fenced user
+/// message, never a system message.
+fn summary_as_data(text: &str) -> Value {
+    json!({
+        "role": "user",
+        "content": format!("{SUMMARY_PREFIX}\n<summary>\n{text}\n</summary>"),
+    })
+}
+
 fn summary_through(i: usize) -> String {
     format!("Summary through turn {i}: the user asked numbered questions.")
 }
@@ -354,13 +363,7 @@ async fn past_two_windows_the_model_gets_the_summary_and_every_message_after_it_
     );
     for (turn, first) in [(22, 12), (32, 12)] {
         let request = turn_request(&requests, &question(turn));
-        assert_eq!(
-            messages(request)[1]["content"],
-            format!(
-                "Summary of the earlier conversation:\n{}",
-                summary_through(21)
-            )
-        );
+        assert_eq!(messages(request)[1], summary_as_data(&summary_through(21)));
         let mut expected = exchanges(first, turn - 1);
         expected.push(question(turn));
         assert_eq!(contents_after_system(request)[1..], expected, "turn {turn}");
@@ -396,11 +399,8 @@ async fn past_two_windows_the_model_gets_the_summary_and_every_message_after_it_
     let requests = model.requests();
     let thirty_third = turn_request(&requests, &question(33));
     assert_eq!(
-        messages(thirty_third)[1]["content"],
-        format!(
-            "Summary of the earlier conversation:\n{}",
-            summary_through(21)
-        )
+        messages(thirty_third)[1],
+        summary_as_data(&summary_through(21))
     );
     let mut expected = exchanges(13, 32);
     expected.push(question(33));

@@ -600,6 +600,13 @@ impl Conversation {
         let context = self.execution_context();
         let executor = self.executor.clone();
         let deadline = self.agent.tool_batch_timeout;
+        let offered: std::sync::Arc<[String]> = self
+            .machine
+            .settings()
+            .tools
+            .iter()
+            .map(|t| t.name.clone())
+            .collect();
         let span = tracing::info_span!(
             parent: self.turn_span(),
             "tool_batch",
@@ -611,6 +618,7 @@ impl Conversation {
         ToolSubAgent::spawn(
             batch_id,
             calls,
+            offered,
             context,
             executor,
             ctx.address().recipient(),

@@ -10,7 +10,12 @@
 //! as `timeout` (the executor still finishes and records them). A reply
 //! asking for more than [`MAX_CALLS_PER_BATCH`] calls gets the extra ones
 //! refused (a model stuck in a loop cannot flood the executor).
+//!
+//! Every call carries the names the turn offered the model: the executor
+//! refuses any other (`tool_not_offered`), so a reply naming another agent's
+//! tool, or any tool for an agent with none, runs nothing.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -36,6 +41,8 @@ pub struct ToolBatchReport {
 pub struct ToolSubAgent {
     batch_id: u64,
     calls: Vec<ToolCall>,
+    /// The registry names the turn offered; no other call runs.
+    offered: Arc<[String]>,
     results: Vec<Option<ToolExecutionResult>>,
     context: ExecutionContext,
     executor: ExecutorHandle,
@@ -48,9 +55,11 @@ pub struct ToolSubAgent {
 
 impl ToolSubAgent {
     /// Starts a sub-agent on the current arbiter.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         batch_id: u64,
         calls: Vec<ToolCall>,
+        offered: Arc<[String]>,
         context: ExecutionContext,
         executor: ExecutorHandle,
         reply_to: Recipient<ToolBatchReport>,
@@ -61,6 +70,7 @@ impl ToolSubAgent {
         ToolSubAgent {
             batch_id,
             calls,
+            offered,
             results,
             context,
             executor,
@@ -159,6 +169,7 @@ impl Actor for ToolSubAgent {
                 self.context.clone(),
             );
             request.tool_call_id = Some(call.id.clone());
+            request.offered = Some(self.offered.clone());
             request.span = tracing::info_span!(
                 parent: &self.span,
                 "tool_call",

@@ -490,11 +490,22 @@ fn render_for_summary(m: &ChatMessage) -> String {
     }
 }
 
-/// Source ids mentioned in a text: `tool:<domain>:v<digits>`, in order, once each.
+/// Source ids mentioned in a text: `tool:<domain>:v<digits>`, in order, once
+/// each. A `tool:` inside a longer id (`mcp:peer:tool:positions:v1`, an
+/// upstream's id namespaced by its source) is not a builtin's id and is not
+/// read as one.
 pub fn cited_source_ids(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut rest = text;
     while let Some(i) = rest.find("tool:") {
+        let inside_an_id = rest[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c == ':' || c == '_' || c.is_ascii_alphanumeric());
+        if inside_an_id {
+            rest = &rest[i + 5..];
+            continue;
+        }
         let tail = &rest[i + 5..];
         let domain_len = tail
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))

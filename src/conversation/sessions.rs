@@ -746,7 +746,7 @@ impl Sessions {
             .await?
             .into_iter()
             .filter(|c| c.is_success)
-            .filter_map(|c| Some(c.output?.get("source_id")?.as_str()?.to_string()));
+            .filter_map(|c| c.source_id);
         let machine = ConversationMachine::new(
             turn_settings(&agent, &session, &self.inner.registry),
             unsummarised

@@ -5,6 +5,12 @@
 //!            └──────── ToolExecutionResult ──────┘
 //!
 //! The pipeline, in order (each refusal is a typed outcome, never a crash):
+//! 0. the agent's boundary: a call from a conversation turn names a tool the
+//!    turn offered the model, or it is refused (`tool_not_offered`) before
+//!    anything else, unknown names included (a model, or a prompt injection
+//!    it obeys, can only call what its agent was offered; an agent with no
+//!    tools runs none). Callers with the key's own rights (direct invoke,
+//!    workflow tool nodes, MCP `tools/call`) leave `offered` unset.
 //! 1. lookup (`tool_not_found`)
 //! 2. plan (`plan_required`, naming the plan needed)
 //! 3. rate limit per user and tool: minute, hour, day ([`limits`]; `rate_limited`
@@ -106,6 +112,9 @@ pub struct ExecuteTool {
     /// Set when a person approved this call: plan, rate limit and the
     /// confirmation step were passed when it was first made.
     pub confirmed: bool,
+    /// The tools the caller's turn offered the model (registry names);
+    /// `Some`: any other name is refused as `tool_not_offered`.
+    pub offered: Option<Arc<[String]>>,
     /// The caller's span for this call (a turn's tool batch, a workflow
     /// node); the executor's `execute_tool` span is its child.
     pub span: tracing::Span,
@@ -123,6 +132,7 @@ impl ExecuteTool {
             tool_call_id: None,
             ctx,
             confirmed: false,
+            offered: None,
             span: tracing::Span::current(),
             tenant_quota: None,
         }
@@ -208,6 +218,24 @@ impl Executor {
             }
         };
         let name = msg.tool_name.as_str();
+        if !msg.confirmed
+            && let Some(offered) = &msg.offered
+            && !offered.iter().any(|o| o == name)
+        {
+            let result = ToolExecutionResult::failure(
+                name,
+                ErrorType::ToolNotOffered,
+                if offered.is_empty() {
+                    format!("'{name}' was not offered: this agent has no tools")
+                } else {
+                    format!(
+                        "'{name}' was not offered in this turn; the tools offered are: {}",
+                        offered.join(", ")
+                    )
+                },
+            );
+            return Admission::Refused(Box::new(result), raw_params);
+        }
         let Some(tool) = s.registry.get(name) else {
             let result = ToolExecutionResult::failure(
                 name,
@@ -346,7 +374,11 @@ impl Handler<ExecuteTool> for Executor {
                 let (result, params) = match admission {
                     Admission::Refused(result, params) => (*result, params),
                     Admission::Run(tool, params) => {
-                        let result = execute(&shared, &tool, &params, &msg).await;
+                        let mut result = execute(&shared, &tool, &params, &msg).await;
+                        if let Some(id) = &result.metadata.source_id {
+                            result.metadata.source_id =
+                                Some(tool.source.citable_source_id(&msg.tool_name, id));
+                        }
                         (result, params)
                     }
                 };
@@ -619,6 +651,7 @@ async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolEx
         user_id: msg.ctx.user_id.clone(),
         tenant: msg.ctx.tenant.clone(),
         created_at: result.executed_at,
+        source_id: result.metadata.source_id.clone(),
     };
     let op = WriteOp::RecordToolCall(Box::new(rec));
     // A conversation's call is recorded behind its turn: the turn's own

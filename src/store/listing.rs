@@ -343,6 +343,7 @@ mod tests {
             attempts: 1,
             caller_id: "t".into(),
             caller_type: "direct".into(),
+            source_id: None,
             conversation_id: None,
             workflow_id: None,
             user_id: None,

@@ -198,6 +198,12 @@ pub struct ToolCallRecord {
     #[serde(default)]
     pub tenant: Option<String>,
     pub created_at: Timestamp,
+    /// The citable id of what the call returned, as the executor namespaced
+    /// it by the tool's source (`ToolSource::citable_source_id`); what
+    /// grounds a citation after a reload. Records from before it existed
+    /// have none and ground nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -95,6 +95,9 @@ pub enum ErrorType {
     /// The tool exists but what serves it is down (an MCP server being
     /// restarted); it may come back.
     ToolUnavailable,
+    /// The model named a tool its turn did not offer (another agent's tool,
+    /// or any tool for an agent with none): refused before admission.
+    ToolNotOffered,
 }
 
 /// One row of the tool-failure table.
@@ -108,7 +111,7 @@ struct ErrorTypeRow {
 }
 
 /// Every tool failure kind, one row each, in the enum's order.
-const ERROR_TYPES: [ErrorTypeRow; 9] = {
+const ERROR_TYPES: [ErrorTypeRow; 10] = {
     const fn row(
         kind: ErrorType,
         code: &'static str,
@@ -137,15 +140,16 @@ const ERROR_TYPES: [ErrorTypeRow; 9] = {
             202,
         ),
         row(ErrorType::ToolUnavailable, "tool_unavailable", true, 503),
+        row(ErrorType::ToolNotOffered, "tool_not_offered", false, 403),
     ]
 };
 
 impl ErrorType {
     /// Every kind, in table order.
-    pub const ALL: [ErrorType; 9] = {
-        let mut all = [ErrorType::ToolNotFound; 9];
+    pub const ALL: [ErrorType; 10] = {
+        let mut all = [ErrorType::ToolNotFound; 10];
         let mut i = 0;
-        while i < 9 {
+        while i < 10 {
             all[i] = ERROR_TYPES[i].kind;
             i += 1;
         }

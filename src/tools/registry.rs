@@ -53,6 +53,20 @@ impl ToolSource {
             ToolSource::Mcp(server) => format!("mcp:{server}"),
         }
     }
+
+    /// The citable id of data a tool of this source returned. Builtin and
+    /// custom tools (cadre's and the embedding program's code) own the
+    /// `tool:<domain>:v<n>` namespace and keep their ids; a tool file's or an
+    /// MCP server's id is namespaced by its source (`file:<tool>:<id>`,
+    /// `mcp:<server>:<id>`), so an upstream can never make an answer look
+    /// grounded in data no brokerage tool returned.
+    pub fn citable_source_id(&self, tool: &str, id: &str) -> String {
+        match self {
+            ToolSource::Builtin | ToolSource::Custom => id.to_string(),
+            ToolSource::File(_) => format!("file:{tool}:{id}"),
+            ToolSource::Mcp(server) => format!("mcp:{server}:{id}"),
+        }
+    }
 }
 
 pub struct RegisteredTool {
