@@ -284,6 +284,12 @@ fn main() -> anyhow::Result<()> {
     {
         return result;
     }
+    if cli.url.is_none()
+        && let Some(data_dir) = data_dir_of(&cli.command)
+        && let Some(server) = cadre::runtime::ServerFile::read_live(data_dir)
+    {
+        return held_by_server(&server, data_dir, cli.api_key.as_deref(), &cli.command);
+    }
     match cli.command {
         Command::Serve { addr, common } => serve(addr, common),
         Command::Chat {
@@ -351,6 +357,73 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// The data dir a command opens, if it opens one.
+fn data_dir_of(command: &Command) -> Option<&std::path::Path> {
+    match command {
+        Command::Serve { common, .. }
+        | Command::Chat { common, .. }
+        | Command::Mcp { common, .. }
+        | Command::Workflow {
+            command: WorkflowCommand::List { common } | WorkflowCommand::Run { common, .. },
+        }
+        | Command::Tools {
+            command: ToolsCommand::Invoke { common, .. },
+        } => Some(&common.data_dir),
+        Command::Keys {
+            command:
+                KeysCommand::Create { data_dir, .. }
+                | KeysCommand::List { data_dir }
+                | KeysCommand::Revoke { data_dir, .. },
+        }
+        | Command::Sessions {
+            command:
+                SessionsCommand::List { data_dir }
+                | SessionsCommand::Show { data_dir, .. }
+                | SessionsCommand::Export { data_dir, .. }
+                | SessionsCommand::Summary { data_dir, .. },
+        }
+        | Command::Calls { data_dir, .. }
+        | Command::Stats { data_dir } => Some(data_dir),
+        Command::Tools { .. } | Command::Config { .. } => None,
+    }
+}
+
+/// A running server holds `data_dir` (redb: one process per file): the
+/// command goes to that server over HTTP, saying so, or fails with what to
+/// run instead.
+fn held_by_server(
+    server: &cadre::runtime::ServerFile,
+    data_dir: &std::path::Path,
+    api_key: Option<&str>,
+    command: &Command,
+) -> anyhow::Result<()> {
+    let url = &server.url;
+    let dir = data_dir.display();
+    let pid = server.pid;
+    match command {
+        Command::Serve { .. } => {
+            bail!(
+                "a cadre server (pid {pid}) already serves {dir} at {url}; stop it first, or start this one with another --data-dir"
+            )
+        }
+        Command::Mcp { .. } => bail!(
+            "a cadre server (pid {pid}) holds {dir}: point the MCP client at {url}/mcp (streamable HTTP), or stop the server to run `cadre mcp` on stdio"
+        ),
+        _ => {}
+    }
+    match cli::remote::run(url, api_key, command) {
+        Some(result) => {
+            eprintln!(
+                "cadre: {dir} is held by the server at {url} (pid {pid}); using it over HTTP"
+            );
+            result
+        }
+        None => bail!(
+            "a cadre server (pid {pid}) holds {dir}, and this command needs the data dir itself: stop the server first"
+        ),
+    }
+}
+
 fn runtime(common: &Common) -> anyhow::Result<cadre::RuntimeBuilder> {
     let config = ServerConfig::load(common.config.as_deref(), std::env::vars())?;
     Ok(Runtime::builder()
@@ -365,6 +438,14 @@ fn serve(addr: SocketAddr, common: Common) -> anyhow::Result<()> {
         .handle_signals(true)
         .start()
         .context("starting cadre")?;
+    if runtime.sessions().agents().names().is_empty() {
+        let looked_in = std::path::absolute(&common.agents).unwrap_or(common.agents.clone());
+        drop(runtime);
+        bail!(
+            "no agent found in {}: every session would be 404 AGENT_NOT_FOUND. Pass --agents DIR (or CADRE_AGENTS_DIR), or start from the directory that holds agents/",
+            looked_in.display()
+        );
+    }
     let bound = runtime.addr().context("no listener")?;
     // Tests and scripts read this line to learn the port.
     println!("cadre listening on http://{bound}");
@@ -702,8 +783,13 @@ fn tools_invoke(
     cli::render::invoke_result(&serde_json::to_value(&result)?)
 }
 
+/// The same loading path as `serve`: the file, then the `CADRE_*`
+/// overrides of this environment.
 fn config_check(path: PathBuf) -> anyhow::Result<()> {
-    ServerConfig::load(Some(&path), std::iter::empty::<(String, String)>())
+    if !path.exists() {
+        bail!("{} not found", path.display());
+    }
+    ServerConfig::load(Some(&path), std::env::vars())
         .with_context(|| format!("{} is not a valid server config", path.display()))?;
     println!("ok  {}", path.display());
     Ok(())

@@ -19,6 +19,16 @@
 //! it was never acknowledged and must not look complete after a restart),
 //! flushes it, stops the actors and closes the database file before it
 //! returns.
+//!
+//! While it listens, a server records where in `<data dir>/server.json`
+//! ([`ServerFile`]: its URL and pid), removed when it stops. A command that
+//! needs the data dir while a server holds it (redb allows one process per
+//! file) reads it and talks to that server over HTTP instead.
+//!
+//! With `handle_signals`, the first SIGINT / SIGTERM logs what the shutdown
+//! waits for (open connections, up to the grace) and a second SIGINT exits
+//! at once: the store is closed to writes first, so a turn cut there was
+//! never acknowledged and its answer is never stored.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -556,6 +566,19 @@ async fn serve(
         None => None,
     };
     let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
+    let server_file = addr.and_then(|addr| {
+        let file = ServerFile {
+            url: format!("http://{addr}"),
+            pid: std::process::id(),
+        };
+        match file.write(&builder.data_dir) {
+            Ok(()) => Some(ServerFile::path(&builder.data_dir)),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not record the server in the data dir");
+                None
+            }
+        }
+    });
     let _ = ready.send(Ok(Ready {
         addr,
         sessions: sessions.clone(),
@@ -583,25 +606,66 @@ async fn serve(
                 },
                 api_limit,
                 failed_auths,
+                builder.config.server.request_log,
             );
-            let (stopping_tx, stopping_rx) = oneshot::channel::<()>();
+            let stopping = tokio_util::sync::CancellationToken::new();
             let connections = Connections::new(connection_limits);
-            let server = crate::http::connections::serve(listener, app, connections, async move {
-                shutdown.await;
-                // Open MCP sessions hold SSE streams: end them, or the
-                // graceful shutdown would wait out its grace period.
-                mcp_shutdown.cancel();
-                streams.close_subscriptions();
-                let _ = stopping_tx.send(());
-            });
+            let open = connections.clone();
             let grace = builder.config.shutdown_grace();
-            let bounded = async move {
-                let _ = stopping_rx.await;
-                tokio::time::sleep(grace).await;
+            let signals = builder.handle_signals;
+            let server = crate::http::connections::serve(listener, app, connections, {
+                let stopping = stopping.clone();
+                async move {
+                    shutdown.await;
+                    // Open MCP sessions hold SSE streams: end them, or the
+                    // graceful shutdown would wait out its grace period.
+                    mcp_shutdown.cancel();
+                    streams.close_subscriptions();
+                    let waiting = open.open();
+                    if waiting > 0 {
+                        tracing::info!(
+                            open_connections = waiting,
+                            grace_s = grace.as_secs_f64(),
+                            "waiting up to the grace for {waiting} open connection(s) (requests and turns in progress) to finish{}",
+                            if signals {
+                                "; interrupt again to exit now"
+                            } else {
+                                ""
+                            }
+                        );
+                    }
+                    stopping.cancel();
+                }
+            });
+            let bounded = {
+                let stopping = stopping.clone();
+                async move {
+                    stopping.cancelled().await;
+                    tokio::time::sleep(grace).await;
+                }
+            };
+            let again = async move {
+                stopping.cancelled().await;
+                if signals {
+                    let _ = tokio::signal::ctrl_c().await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
             };
             tokio::select! {
                 _ = server => {}
                 _ = bounded => tracing::warn!("shutdown grace period over; closing open requests"),
+                _ = again => {
+                    // Nothing in flight may store its answer now: it was never
+                    // acknowledged. redb's commits are atomic, so the file is
+                    // consistent whenever the process ends.
+                    store.close_writes();
+                    if let Some(path) = &server_file {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    tracing::warn!("second interrupt: exiting now; turns in progress are not acknowledged");
+                    std::process::exit(130);
+                }
             }
         }
         None => {
@@ -618,6 +682,56 @@ async fn serve(
     drop(mcp);
     if let Err(e) = store.flush().await {
         tracing::error!(error = %e, "final flush failed");
+    }
+    if let Some(path) = &server_file {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Where a running server listens, recorded in its data dir
+/// (`server.json`) so that commands needing the data dir can use it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ServerFile {
+    pub url: String,
+    pub pid: u32,
+}
+
+impl ServerFile {
+    pub fn path(data_dir: &std::path::Path) -> PathBuf {
+        data_dir.join("server.json")
+    }
+
+    fn write(&self, data_dir: &std::path::Path) -> std::io::Result<()> {
+        let path = Self::path(data_dir);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(tmp, path)
+    }
+
+    /// The server recorded in `data_dir`, if its process is alive (a file
+    /// left by a killed server names a dead pid and is ignored).
+    pub fn read_live(data_dir: &std::path::Path) -> Option<ServerFile> {
+        let text = std::fs::read(Self::path(data_dir)).ok()?;
+        let file: ServerFile = serde_json::from_slice(&text).ok()?;
+        file.is_alive().then_some(file)
+    }
+
+    #[cfg(unix)]
+    fn is_alive(&self) -> bool {
+        let Ok(pid) = libc::pid_t::try_from(self.pid) else {
+            return false;
+        };
+        // Signal 0 checks the process exists without touching it.
+        // SAFETY: kill(2) with signal 0 sends nothing.
+        pid > 0 && unsafe { libc::kill(pid, 0) } == 0
+    }
+
+    #[cfg(not(unix))]
+    fn is_alive(&self) -> bool {
+        true
     }
 }
 

@@ -61,6 +61,9 @@ pub struct ServerSection {
     pub max_connections: usize,
     /// Open connections of one client address (IPv6: per /64).
     pub max_connections_per_address: usize,
+    /// One INFO line per request (method, route template, status, latency,
+    /// tenant; never a key): `crate::http::access_log`.
+    pub request_log: bool,
 }
 
 impl Default for ServerSection {
@@ -71,6 +74,7 @@ impl Default for ServerSection {
             idle_timeout_s: 5.0,
             max_connections: 4096,
             max_connections_per_address: 256,
+            request_log: true,
         }
     }
 }

@@ -160,3 +160,76 @@ async fn an_open_event_subscription_ends_at_shutdown_instead_of_holding_it() {
         .expect("the stream ended");
     assert!(rest.is_ok(), "{rest:?}");
 }
+
+/// A first Ctrl-C says what the shutdown waits for; a second one exits at
+/// once (130), long before the grace, without acknowledging the running
+/// turn; the data dir opens again with the cut turn not complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_exits_at_once_and_leaves_the_cut_turn_unacknowledged() {
+    let model = MockModel::start().await;
+    model.push(Reply::slow(
+        Duration::from_secs(120),
+        Reply::text("too late"),
+    ));
+    let agents = agents_dir(&[("bot.toml", &agent_toml("bot", &[], 3))]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = Server::start(
+        &data,
+        agents.path(),
+        &model.base_url(),
+        &[("CADRE_SERVER_SHUTDOWN_GRACE_S", "60")],
+    );
+    assert!(
+        data.join("server.json").exists(),
+        "a listening server records itself in its data dir"
+    );
+    let client = server.client();
+    let session = client.session("bot").await;
+    let turn = say(&client, &session, "slow question");
+    tokio::time::timeout(PATIENCE, model.wait_for_requests(1))
+        .await
+        .expect("the turn reached the model");
+
+    server.signal(libc::SIGINT);
+    let deadline = Instant::now() + PATIENCE;
+    while !server.log_text().contains("interrupt again to exit now") {
+        assert!(
+            Instant::now() < deadline,
+            "no line saying what the shutdown waits for:\n{}",
+            server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = server.log_text();
+    assert!(log.contains("open connection(s)"), "{log}");
+
+    let again = Instant::now();
+    server.signal(libc::SIGINT);
+    let status = server.wait_exit(PATIENCE);
+    assert_eq!(status.code(), Some(130), "{}", server.log_tail());
+    assert!(
+        again.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        again.elapsed()
+    );
+    if let Ok(Ok((status, body))) = tokio::time::timeout(PATIENCE, turn).await.unwrap() {
+        assert_ne!(
+            status,
+            StatusCode::OK,
+            "a cut turn was acknowledged: {body}"
+        );
+    }
+    assert!(
+        !data.join("server.json").exists(),
+        "the record goes with the server"
+    );
+    drop(server);
+
+    let server = Server::start(&data, agents.path(), &model.base_url(), &[]);
+    let cut = history(&server.client(), &session).await;
+    assert!(
+        cut.iter().all(|(role, _)| role == "user"),
+        "the cut turn looks complete: {cut:?}"
+    );
+}

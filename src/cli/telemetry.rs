@@ -71,8 +71,10 @@ pub fn init(json: bool, default_filter: &str) -> anyhow::Result<Telemetry> {
     // A log line that cannot be written (stderr on a full disk) is dropped:
     // the default reports it with `eprintln!`, which panics when stderr
     // fails, and would take down whichever thread was logging.
+    // Colours only on a terminal: a log file or a pipe gets plain text.
     let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .log_internal_errors(false);
     let logs = if json {
         logs.json()

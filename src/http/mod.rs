@@ -18,6 +18,7 @@
 //! close`: closing a socket that still holds unread data makes the kernel
 //! reset it, and the client would lose the 413.
 
+pub mod access_log;
 pub mod assist;
 pub mod auth;
 pub mod auth_limit;
@@ -120,11 +121,13 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 /// transport. `/mcp` speaks MCP's own JSON-RPC protocol (its contract is the
 /// MCP specification), so the OpenAPI document does not describe it; it sits
 /// behind the same key and rate-limit layers as everything else.
-/// `failed_auths`: the failure budget of client addresses ([`auth_limit`]).
+/// `failed_auths`: the failure budget of client addresses ([`auth_limit`]);
+/// `request_log`: one INFO line per request ([`access_log`]).
 pub fn router(
     state: AppState,
     api_limit: ApiRateLimit,
     failed_auths: auth_limit::FailedAuths,
+    request_log: bool,
 ) -> Router {
     let keys = state.keys.clone();
     let mcp = crate::mcp::server::http_service(
@@ -146,9 +149,10 @@ pub fn router(
     if keys.is_open() {
         openapi::open_mode(&mut doc);
     }
-    routes
+    let app = routes
         .merge(openapi::routes(doc))
         .route_service("/mcp", streams::count_get_streams(mcp))
+        .route_layer(from_fn(access_log::tag))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -169,7 +173,12 @@ pub fn router(
         ))
         .layer(from_fn_with_state(keys, host::loopback_only))
         .layer(tower_http::trace::TraceLayer::new_for_http())
-        .with_state(state)
+        .with_state(state);
+    if request_log {
+        app.layer(from_fn(access_log::log))
+    } else {
+        app
+    }
 }
 
 /// Liveness: 200 while the process serves HTTP. The body says whether

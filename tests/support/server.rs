@@ -155,9 +155,20 @@ impl Server {
     }
 
     pub fn sigterm(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Sends `signal` (SIGINT: a Ctrl-C) to the server.
+    pub fn signal(&self, signal: libc::c_int) {
         // SAFETY: a signal to our own child.
-        let rc = unsafe { libc::kill(self.pid(), libc::SIGTERM) };
-        assert_eq!(rc, 0, "send SIGTERM");
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "send signal {signal}");
+    }
+
+    /// The whole log of the current process.
+    #[allow(dead_code)]
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Waits for the process to exit, at most `within` (then it panics).

@@ -1,0 +1,257 @@
+//! The first hour (#20): what a newcomer following the README runs, with the
+//! real binary. The server started by the README's first command holds the
+//! data dir; the commands after it use that server over HTTP (and say so)
+//! instead of failing on redb's lock. `config check` loads exactly as
+//! `serve` does. A server with no agents does not start. Every request gets
+//! one log line, with no colour codes in a log file and never a key.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use support::repo_agents;
+use support::server::Server;
+
+/// Runs the binary to its end; a command still running after 60 s (a
+/// server that started when it should have refused to) is killed and fails
+/// the test.
+fn cadre(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cadre"));
+    command
+        .args(args)
+        .env_remove("CADRE_URL")
+        .env_remove("CADRE_API_KEY")
+        .env_remove("CADRE_CONFIG")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("CADRE_MODEL_BASE_URL");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the cadre binary runs");
+    let pid = child.id();
+    let (done, waited) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        if waited.recv_timeout(Duration::from_secs(60)).is_err() {
+            // SAFETY: a signal to our own child.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    });
+    let out = child.wait_with_output().expect("the cadre binary ends");
+    let _ = done.send(());
+    assert!(
+        out.status.code().is_some(),
+        "`cadre {}` was still running after 60 s: {}",
+        args.join(" "),
+        text(&out.stderr)
+    );
+    out
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn config_check_loads_like_serve_and_a_missing_file_is_not_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.toml");
+    let out = cadre(&["config", "check", missing.to_str().unwrap()], &[]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("not found"), "{err}");
+    assert!(!err.contains("not a valid"), "{err}");
+
+    let file = dir.path().join("cadre.toml");
+    std::fs::write(&file, "[concurrency]\nmax_concurrent = 4\n").unwrap();
+    let out = cadre(&["config", "check", file.to_str().unwrap()], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // The override `serve` would refuse, `config check` refuses too.
+    let out = cadre(
+        &["config", "check", file.to_str().unwrap()],
+        &[("CADRE_CONCURRENCY_MAX_CONCURRENT", "abc")],
+    );
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(err.contains("CADRE_CONCURRENCY_MAX_CONCURRENT"), "{err}");
+}
+
+#[test]
+fn serve_with_no_agent_stops_naming_the_directory_it_looked_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("agents");
+    std::fs::create_dir(&empty).unwrap();
+    let out = cadre(
+        &[
+            "serve",
+            "--addr",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.path().join("data").to_str().unwrap(),
+            "--agents",
+            empty.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("no agent found in"), "{err}");
+    assert!(err.contains(empty.to_str().unwrap()), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_on_a_data_dir_held_by_a_server_use_that_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_offline(&data, &repo_agents());
+    let data_arg = data.to_str().unwrap().to_string();
+    let agents = repo_agents();
+    let agents_arg = agents.to_str().unwrap().to_string();
+
+    // The README's next command: a turn with the assistant.
+    let data_for_chat = data_arg.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        cadre(
+            &[
+                "chat",
+                "--data-dir",
+                &data_for_chat,
+                "--agents",
+                &agents_arg,
+                "What is 2+3?",
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("held by the server at {}", server.base)),
+        "the command says which server it used: {err}"
+    );
+    assert!(!err.contains("Database already open"), "{err}");
+    assert!(text(&out.stdout).contains('5'), "{}", text(&out.stdout));
+
+    // A read: the session the chat made is listed.
+    let data_for_list = data_arg.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        cadre(&["sessions", "list", "--data-dir", &data_for_list], &[])
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("assistant"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // `cadre mcp` (stdio) cannot share the file: it says where the server's
+    // MCP endpoint is instead.
+    let data_for_mcp = data_arg.clone();
+    let out =
+        tokio::task::spawn_blocking(move || cadre(&["mcp", "--data-dir", &data_for_mcp], &[]))
+            .await
+            .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("{}/mcp", server.base)), "{err}");
+
+    // A second server on the same data dir says who holds it.
+    let data_for_serve = data_arg.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        cadre(
+            &[
+                "serve",
+                "--addr",
+                "127.0.0.1:0",
+                "--data-dir",
+                &data_for_serve,
+            ],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("already serves"), "{err}");
+    assert!(err.contains(&server.base), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_plain_log_line_per_request_with_route_status_and_tenant_never_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // A key, so the log has a tenant to name and a secret not to leak.
+    let out = cadre(
+        &[
+            "keys",
+            "create",
+            "--tenant",
+            "acme",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let key = text(&out.stdout)
+        .split_whitespace()
+        .find(|w| w.starts_with("cadre_"))
+        .expect("the key is printed")
+        .to_string();
+
+    let server = Server::start_offline(&data, &repo_agents());
+    let client = server.client().with_key(&key);
+    let session = client.session("assistant").await;
+    let (status, _) = client.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = server.client().get("/v1/sessions").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    let log = server.log_text();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("cadre::http::access_log"))
+        .collect();
+    let get = lines
+        .iter()
+        .find(|l| l.contains("route=/v1/sessions/{id}") && l.contains("method=GET"))
+        .unwrap_or_else(|| panic!("no line for the GET: {lines:#?}"));
+    assert!(get.contains("status=200"), "{get}");
+    assert!(get.contains("tenant=acme"), "{get}");
+    assert!(get.contains("latency_ms="), "{get}");
+    assert!(!get.contains(&session), "the template, not the path: {get}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("status=401") && l.contains("tenant=-")),
+        "{lines:#?}"
+    );
+    assert!(!log.contains(&key), "a key reached the log");
+    assert!(!log.contains('\u{1b}'), "colour codes in a log file");
+    drop(server);
+
+    // Off with a setting.
+    let quiet = Server::start_offline_with(
+        &dir.path().join("quiet"),
+        &repo_agents(),
+        &[("CADRE_SERVER_REQUEST_LOG", "false")],
+    );
+    let (status, _) = quiet.client().get("/v1/tools").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        !quiet.log_text().contains("cadre::http::access_log"),
+        "{}",
+        quiet.log_tail()
+    );
+}
