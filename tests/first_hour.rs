@@ -255,3 +255,43 @@ async fn one_plain_log_line_per_request_with_route_status_and_tenant_never_the_k
         quiet.log_tail()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_agents_lists_each_agent_with_its_tools_and_the_plan_each_needs() {
+    let app = support::spawn_app(support::AppOptions::offline());
+    let (status, body) = app.get("/v1/agents").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let agents = body["agents"].as_array().expect("agents");
+    let names: Vec<&str> = agents.iter().map(|a| a["name"].as_str().unwrap()).collect();
+    for expected in ["analyst", "assistant", "brokerage", "trading-copilot"] {
+        assert!(names.contains(&expected), "{names:?}");
+    }
+    let assistant = agents.iter().find(|a| a["name"] == "assistant").unwrap();
+    let tools: Vec<&str> = assistant["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["echo", "calculator", "http_request"]);
+    assert_eq!(assistant["tools"][0]["required_plan"], "free");
+    let analyst = agents.iter().find(|a| a["name"] == "analyst").unwrap();
+    assert_eq!(analyst["tools"], serde_json::json!([]));
+    assert!(
+        !body.to_string().contains("system_prompt"),
+        "the operator's prompts stay private"
+    );
+    // Some trading tool needs more than the free plan, and says so.
+    let copilot = agents
+        .iter()
+        .find(|a| a["name"] == "trading-copilot")
+        .unwrap();
+    assert!(
+        copilot["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["required_plan"] != "free"),
+        "{copilot}"
+    );
+}

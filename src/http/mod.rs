@@ -19,6 +19,7 @@
 //! reset it, and the client would lose the 413.
 
 pub mod access_log;
+pub mod agents;
 pub mod assist;
 pub mod auth;
 pub mod auth_limit;
@@ -101,6 +102,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(healthz))
         .routes(routes!(readyz))
         .merge(sessions::routes())
+        .merge(agents::routes())
         .merge(tools::routes())
         .merge(calls::routes())
         .merge(confirmations::routes())
