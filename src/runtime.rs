@@ -391,7 +391,9 @@ fn setup(
         crate::mcp::McpClients::start(crate::mcp::config::load(&builder.agents_dir)?, &registry);
     let mut agents = Vec::new();
     let mut providers = Vec::new();
+    let env_endpoint = builder.endpoint == ModelEndpoint::from_env();
     for (_path, file) in load_agent_files(&builder.agents_dir)? {
+        let chosen_by = endpoint_chosen_by(&file, builder.model.is_some(), env_endpoint);
         let agent = Agent::resolve(
             file,
             &registry,
@@ -400,7 +402,7 @@ fn setup(
             &builder.client_options,
         )?;
         let line = format!("agent {}: {}", agent.name, agent.model.describe());
-        tracing::info!("{line}");
+        tracing::info!("{line} (chosen by {chosen_by})");
         providers.push(line);
         agents.push(agent);
     }
@@ -685,6 +687,32 @@ async fn serve(
     }
     if let Some(path) = &server_file {
         let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Why an agent talks to the model it does, for the startup log: a
+/// newcomer with `OPENAI_API_KEY` in the shell learns that the quick start
+/// is calling a paid API, and which variable made it so.
+fn endpoint_chosen_by(file: &crate::config::AgentFile, shared_model: bool, from_env: bool) -> String {
+    let var = |k: &str| std::env::var(k).ok().is_some_and(|v| !v.trim().is_empty());
+    let over = file.model.as_ref();
+    if over.is_some_and(|m| m.base_url.is_some() || m.api_key_env.is_some()) {
+        return "the agent file's [model] section".into();
+    }
+    if shared_model {
+        return "the embedding program (RuntimeBuilder::model)".into();
+    }
+    if !from_env {
+        return "the embedding program (RuntimeBuilder::endpoint)".into();
+    }
+    if var("CADRE_MODEL_BASE_URL") {
+        "CADRE_MODEL_BASE_URL".into()
+    } else if var("CADRE_MODEL_API_KEY") {
+        "CADRE_MODEL_API_KEY (the OpenAI API)".into()
+    } else if var("OPENAI_API_KEY") {
+        "OPENAI_API_KEY in the environment: calls go to the paid OpenAI API; unset it for the offline model".into()
+    } else {
+        "no CADRE_MODEL_BASE_URL, CADRE_MODEL_API_KEY or OPENAI_API_KEY: the built-in offline model".into()
     }
 }
 

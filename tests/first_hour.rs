@@ -295,3 +295,25 @@ async fn get_agents_lists_each_agent_with_its_tools_and_the_plan_each_needs() {
         "{copilot}"
     );
 }
+
+#[test]
+fn the_startup_log_says_which_variable_chose_each_agents_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let offline = Server::start_offline(&dir.path().join("a"), &repo_agents());
+    let log = offline.log_text();
+    assert!(
+        log.contains("agent assistant: offline") && log.contains("the built-in offline model"),
+        "{log}"
+    );
+    drop(offline);
+    // A key left in the shell turns the quick start into paid API calls:
+    // the log says so before any call is made.
+    let paid = Server::start_offline_with(
+        &dir.path().join("b"),
+        &repo_agents(),
+        &[("OPENAI_API_KEY", "sk-test-not-a-key")],
+    );
+    let log = paid.log_text();
+    assert!(log.contains("OPENAI_API_KEY in the environment"), "{log}");
+    assert!(!log.contains("sk-test-not-a-key"), "the key itself is never logged");
+}
