@@ -693,7 +693,11 @@ async fn serve(
 /// Why an agent talks to the model it does, for the startup log: a
 /// newcomer with `OPENAI_API_KEY` in the shell learns that the quick start
 /// is calling a paid API, and which variable made it so.
-fn endpoint_chosen_by(file: &crate::config::AgentFile, shared_model: bool, from_env: bool) -> String {
+fn endpoint_chosen_by(
+    file: &crate::config::AgentFile,
+    shared_model: bool,
+    from_env: bool,
+) -> String {
     let var = |k: &str| std::env::var(k).ok().is_some_and(|v| !v.trim().is_empty());
     let over = file.model.as_ref();
     if over.is_some_and(|m| m.base_url.is_some() || m.api_key_env.is_some()) {
@@ -712,7 +716,8 @@ fn endpoint_chosen_by(file: &crate::config::AgentFile, shared_model: bool, from_
     } else if var("OPENAI_API_KEY") {
         "OPENAI_API_KEY in the environment: calls go to the paid OpenAI API; unset it for the offline model".into()
     } else {
-        "no CADRE_MODEL_BASE_URL, CADRE_MODEL_API_KEY or OPENAI_API_KEY: the built-in offline model".into()
+        "no CADRE_MODEL_BASE_URL, CADRE_MODEL_API_KEY or OPENAI_API_KEY: the built-in offline model"
+            .into()
     }
 }
 

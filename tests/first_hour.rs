@@ -315,5 +315,78 @@ fn the_startup_log_says_which_variable_chose_each_agents_model() {
     );
     let log = paid.log_text();
     assert!(log.contains("OPENAI_API_KEY in the environment"), "{log}");
-    assert!(!log.contains("sk-test-not-a-key"), "the key itself is never logged");
+    assert!(
+        !log.contains("sk-test-not-a-key"),
+        "the key itself is never logged"
+    );
+}
+
+/// Over MCP stdio a call held for confirmation can be listed and decided
+/// with the two confirmation tools, once, like `POST /v1/confirmations/{id}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_mcp_stdio_a_held_call_is_listed_and_confirmed_once() {
+    use rmcp::ServiceExt;
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::TokioChildProcess;
+
+    let agents = support::agents_dir(&[("bot.toml", &support::agent_toml("bot", &["ticket"], 2))]);
+    std::fs::create_dir(agents.path().join("tools")).unwrap();
+    std::fs::write(
+        agents.path().join("tools/ticket.toml"),
+        "name = \"ticket\"\ndescription = \"Opens a ticket.\"\npost_processor = \"require_confirmation\"\n[entry]\ntype = \"external\"\ncommand = [\"printf\", '{\"ticket\":42}']\n",
+    )
+    .unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cadre"));
+    cmd.args(["mcp", "--agents"])
+        .arg(agents.path())
+        .arg("--data-dir")
+        .arg(data.path())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("CADRE_MODEL_BASE_URL")
+        .env("RUST_LOG", "warn");
+    let client = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
+    let call = |name: &'static str, args: serde_json::Value| {
+        let client = &client;
+        async move {
+            let serde_json::Value::Object(args) = args else {
+                panic!("arguments are an object")
+            };
+            let result = client
+                .call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(args))
+                .await
+                .expect("the call is answered");
+            (
+                result.is_error == Some(true),
+                result.structured_content.clone().unwrap_or_default(),
+            )
+        }
+    };
+    let (failed, held) = call("ticket", serde_json::json!({})).await;
+    assert!(failed, "{held}");
+    assert_eq!(held["error_type"], "pending_confirmation", "{held}");
+
+    let (failed, listed) = call("confirmations_list", serde_json::json!({})).await;
+    assert!(!failed, "{listed}");
+    let pending = listed["confirmations"].as_array().expect("a list");
+    assert_eq!(pending.len(), 1, "{listed}");
+    assert_eq!(pending[0]["tool_name"], "ticket");
+    let id = pending[0]["confirmation_id"].as_str().unwrap().to_string();
+
+    let decide = serde_json::json!({"confirmation_id": id, "approve": true});
+    let (failed, outcome) = call("confirmation_decide", decide.clone()).await;
+    assert!(!failed, "{outcome}");
+    assert_eq!(outcome["status"], "executed", "{outcome}");
+    assert_eq!(outcome["result"]["output"]["ticket"], 42, "{outcome}");
+
+    // Once: a second decision finds it decided, and nothing runs again.
+    let (failed, again) = call("confirmation_decide", decide).await;
+    assert!(failed, "{again}");
+    assert_eq!(
+        again["error_code"], "CONFIRMATION_ALREADY_DECIDED",
+        "{again}"
+    );
+    let (_, listed) = call("confirmations_list", serde_json::json!({})).await;
+    assert_eq!(listed["confirmations"], serde_json::json!([]), "{listed}");
+    client.cancel().await.unwrap();
 }

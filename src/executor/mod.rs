@@ -139,6 +139,20 @@ impl ExecuteTool {
     }
 }
 
+/// What deciding a confirmation did ([`ExecutorHandle::decide_confirmation`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DecisionOutcome {
+    pub confirmation_id: String,
+    /// `denied`, `executed` or `failed`.
+    pub status: &'static str,
+    /// On deny: the tool that was not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_name: Option<String>,
+    /// On approve: the held call's result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<ToolExecutionResult>,
+}
+
 /// The parts of the executor that outlive an actor restart and that the
 /// HTTP layer reads (limits, metrics).
 #[derive(Clone)]
@@ -705,6 +719,54 @@ impl ExecutorHandle {
             .send(InjectFault)
             .await
             .map_err(|e| format!("the executor is unavailable: {e}"))?
+    }
+
+    /// Decides a pending confirmation of `tenant` (another tenant's is not
+    /// found), once: of racing decisions exactly one gets the call. On
+    /// approval the held call runs now, as it was made (plan and rate limit
+    /// were passed then). The one path for every transport (HTTP, MCP).
+    pub async fn decide_confirmation(
+        &self,
+        id: &str,
+        tenant: &str,
+        approve: bool,
+    ) -> Result<DecisionOutcome, confirmations::ConfirmationError> {
+        let decision = if approve {
+            confirmations::Decision::Approved
+        } else {
+            confirmations::Decision::Denied
+        };
+        let pending = self
+            .shared
+            .confirmations
+            .decide(id, tenant, decision)
+            .await?;
+        if !approve {
+            return Ok(DecisionOutcome {
+                confirmation_id: id.to_string(),
+                status: "denied",
+                tool_name: Some(pending.tool_name),
+                result: None,
+            });
+        }
+        let mut call = ExecuteTool::new(
+            &pending.tool_name,
+            Arguments::Json(pending.params),
+            pending.context,
+        );
+        call.tool_call_id = pending.tool_call_id;
+        call.confirmed = true;
+        let result = self.execute(call).await;
+        Ok(DecisionOutcome {
+            confirmation_id: id.to_string(),
+            status: if result.is_success {
+                "executed"
+            } else {
+                "failed"
+            },
+            tool_name: None,
+            result: Some(result),
+        })
     }
 
     /// Runs one call. Never fails: an unreachable executor is an

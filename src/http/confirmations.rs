@@ -19,8 +19,7 @@ use super::error::ApiError;
 use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
-use crate::executor::confirmations::{ConfirmationError, Decision as Decided, PendingConfirmation};
-use crate::executor::{Arguments, ExecuteTool};
+use crate::executor::confirmations::{ConfirmationError, PendingConfirmation};
 use crate::tenants::Principal;
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -29,7 +28,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(decide, show))
 }
 
-/// A tool call held for a human decision: `{id, tool_name, params, context, tool_call_id, created_at, expires_at}`.
+/// A tool call held for a human decision: `{confirmation_id, tool_name, params, context, tool_call_id, summary, created_at, expires_at}`.
 #[derive(ToSchema)]
 #[schema(value_type = Object)]
 #[allow(dead_code)]
@@ -171,36 +170,10 @@ async fn decide(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<Decision>,
 ) -> Result<Json<Value>, ApiError> {
-    let decision = if body.approve {
-        Decided::Approved
-    } else {
-        Decided::Denied
-    };
     // One atomic step: of racing requests exactly one gets the call.
-    let pending = state
+    let outcome = state
         .executor
-        .shared()
-        .confirmations
-        .decide(&id, &caller.tenant, decision)
+        .decide_confirmation(&id, &caller.tenant, body.approve)
         .await?;
-    if !body.approve {
-        return Ok(Json(json!({
-            "confirmation_id": id,
-            "status": "denied",
-            "tool_name": pending.tool_name,
-        })));
-    }
-    let mut call = ExecuteTool::new(
-        &pending.tool_name,
-        Arguments::Json(pending.params),
-        pending.context,
-    );
-    call.tool_call_id = pending.tool_call_id;
-    call.confirmed = true;
-    let result = state.executor.execute(call).await;
-    Ok(Json(json!({
-        "confirmation_id": id,
-        "status": if result.is_success { "executed" } else { "failed" },
-        "result": result,
-    })))
+    Ok(Json(json!(outcome)))
 }

@@ -34,6 +34,15 @@
 //! the same tenant) and answer `{session_id, answer}`, so a client
 //! continues a conversation by passing the id back.
 //!
+//! A call that needs a person's confirmation answers `pending_confirmation`
+//! with its id; over stdio there is no other way in, so two more tools
+//! decide them: `confirmations_list` (`limit`, `cursor`: the caller's
+//! tenant's pending calls, oldest first) and `confirmation_decide`
+//! (`confirmation_id`, `approve`), the same decision as `POST
+//! /v1/confirmations/{id}` ([`ExecutorHandle::decide_confirmation`]: once,
+//! the tenant's own only). A registry tool of the same name (unlikely, but
+//! tool files are the operator's) is served instead, as for agent tools.
+//!
 //! Transports: over stdio the session ends when the client closes stdin,
 //! which is a normal end whether or not it started a session (a client may
 //! only `server/discover`); over HTTP a client ends its session with
@@ -73,6 +82,9 @@ use super::content;
 
 /// Agent tools are named `agent_<agent name>`.
 pub const AGENT_PREFIX: &str = "agent_";
+/// The tools that list and decide pending confirmations.
+pub const CONFIRMATIONS_LIST: &str = "confirmations_list";
+pub const CONFIRMATION_DECIDE: &str = "confirmation_decide";
 pub const PLAN_HEADER: &str = "x-cadre-plan";
 pub const USER_HEADER: &str = "x-cadre-user";
 
@@ -199,6 +211,41 @@ impl CadreMcp {
                 }
             })
             .collect();
+        for (name, description, schema) in [
+            (
+                CONFIRMATIONS_LIST,
+                "The caller's pending confirmations (tool calls held for a person's decision), oldest first",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "At most this many (default 50)"},
+                        "cursor": {"type": "string", "description": "The `next` of the previous page"}
+                    },
+                    "additionalProperties": false
+                }),
+            ),
+            (
+                CONFIRMATION_DECIDE,
+                "Approve (run now) or deny (discard) a pending confirmation",
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "confirmation_id": {"type": "string", "minLength": 1},
+                        "approve": {"type": "boolean"}
+                    },
+                    "required": ["confirmation_id", "approve"],
+                    "additionalProperties": false
+                }),
+            ),
+        ] {
+            if self.deps.registry.contains(name) {
+                continue;
+            }
+            let Value::Object(schema) = schema else {
+                unreachable!("a JSON object")
+            };
+            tools.push(Tool::new(name, description, schema));
+        }
         for name in self.deps.sessions.agents().names() {
             let description = self
                 .deps
@@ -301,6 +348,67 @@ impl CadreMcp {
     }
 }
 
+impl CadreMcp {
+    async fn call_confirmations(
+        &self,
+        name: &str,
+        caller: &Caller,
+        args: &Map<String, Value>,
+    ) -> CallToolResult {
+        let confirmations = &self.deps.executor.shared().confirmations;
+        let body = if name == CONFIRMATIONS_LIST {
+            let limit = match args.get("limit") {
+                None | Some(Value::Null) => 50,
+                Some(v) => match v.as_u64().filter(|n| (1..=1000).contains(n)) {
+                    Some(n) => n as usize,
+                    None => {
+                        return failure(
+                            json!({"error": "`limit` must be an integer from 1 to 1000", "error_type": "validation_error"}),
+                        );
+                    }
+                },
+            };
+            let cursor = match args.get("cursor") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(c)) => Some(c.clone()),
+                Some(_) => {
+                    return failure(
+                        json!({"error": "`cursor` must be a string", "error_type": "validation_error"}),
+                    );
+                }
+            };
+            confirmations
+                .list_of(&caller.tenant, cursor, limit)
+                .await
+                .map(|page| json!({"confirmations": page.items, "next": page.next}))
+                .map_err(|e| json!({"error": e.public_message(), "error_code": e.code().as_str()}))
+        } else {
+            let (Some(id), Some(approve)) = (
+                args.get("confirmation_id").and_then(Value::as_str),
+                args.get("approve").and_then(Value::as_bool),
+            ) else {
+                return failure(
+                    json!({"error": "`confirmation_id` (a string) and `approve` (a boolean) are required", "error_type": "validation_error"}),
+                );
+            };
+            self.deps
+                .executor
+                .decide_confirmation(id, &caller.tenant, approve)
+                .await
+                .map(|outcome| json!(outcome))
+                .map_err(|e| json!({"error": e.public_message(), "error_code": e.code().as_str()}))
+        };
+        match body {
+            Ok(body) => {
+                let mut r = CallToolResult::success(vec![ContentBlock::text(body.to_string())]);
+                r.structured_content = Some(body);
+                r
+            }
+            Err(body) => failure(body),
+        }
+    }
+}
+
 fn failure(body: Value) -> CallToolResult {
     let mut r = CallToolResult::error(vec![ContentBlock::text(body.to_string())]);
     r.structured_content = Some(body);
@@ -344,6 +452,11 @@ impl ServerHandler for CadreMcp {
             && !self.deps.registry.contains(&name)
         {
             return Ok(self.call_agent(agent, &caller, &args).await.into());
+        }
+        if (name == CONFIRMATIONS_LIST || name == CONFIRMATION_DECIDE)
+            && !self.deps.registry.contains(&name)
+        {
+            return Ok(self.call_confirmations(&name, &caller, &args).await.into());
         }
         let mut ctx = ExecutionContext::new(
             CallerType::Direct,
