@@ -379,14 +379,14 @@ async fn an_http_entry_stops_reading_at_its_cap_and_does_not_wait_for_the_rest()
     let up = Upstream::start(&secret).await;
     let setup = Setup::new(&[]);
     // The body never ends: reading it whole would only stop at the
-    // executor's timeout (60 s here), never with "more than 1024 bytes".
+    // executor's timeout (10 s here), never with "more than 1024 bytes".
     setup.put(
         "endless.yaml",
         &http_tool(
             "endless",
             &up.url("/endless"),
             &format!("{}  max_output_bytes: 1024\n", allow(&up.host_port())),
-            "timeout_s: 60\n",
+            "timeout_s: 10\n",
         ),
     );
     let server = setup.start(&[]);

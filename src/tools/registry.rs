@@ -412,7 +412,11 @@ impl ToolRegistry {
     pub fn reload_dir(&self, dir: &Path) -> ReloadReport {
         let _one = self.reloading.lock().expect("tool reload lock");
         let settings = self.read().settings.clone();
-        let agents_dir = dir.parent().unwrap_or(dir);
+        let agents_dir = match dir.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => dir,
+        };
         let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
             Ok(entries) => entries
                 .filter_map(|e| e.ok().map(|e| e.path()))

@@ -1,4 +1,5 @@
-//! Network guard: where `http_request` and `fetch_page` may connect (SSRF).
+//! Network guard: where `http_request`, `fetch_page` and tool files' HTTP
+//! entries ([`crate::tools::external`]) may connect (SSRF).
 //!
 //! handler ──GuardedClient::request(url)──▶ check_url (scheme, IP literal, allowlist)
 //!                                              │ ok
