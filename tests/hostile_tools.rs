@@ -621,4 +621,19 @@ async fn an_oversized_tool_file_and_a_symlink_out_of_the_agents_folder_are_refus
     assert!(line.contains("over the 4096-byte cap"), "{line}");
     let line = line_about(&evil);
     assert!(line.contains("outside the agents folder"), "{line}");
+
+    // Later reloads do not read or report the refused file again: after an
+    // edit of another file has been loaded, `big.yaml` was reported once.
+    setup.put("stamp.yaml", STAMP_V2);
+    let log = setup
+        .until_logged("stamp updated", |l| {
+            l.contains("tool live") && l.contains("stamp") && l.contains("added=false")
+        })
+        .await;
+    let big = big.to_string_lossy();
+    let reports = log
+        .lines()
+        .filter(|l| l.contains("tool file not loaded") && l.contains(&*big))
+        .count();
+    assert_eq!(reports, 1, "{log}");
 }
