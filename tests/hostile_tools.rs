@@ -5,9 +5,11 @@
 //! that redirects (to another loopback service holding a secret, to
 //! cadre's own API, to itself), answers a body that never ends, and counts
 //! the tickets its POST endpoint creates. An HTTP entry reaches only what
-//! the network guard lets it (its file's `allowlist`), follows redirects
-//! only on its own origin unless it says `redirects: any`, reads no more
-//! than its output cap, and is not cached unless its file says so.
+//! the network guard lets it (its `allowlist`, or `[tools] http_allowlist`),
+//! follows redirects only on its own origin unless it says
+//! `redirects: any`, reads no more than its output cap, and is not cached
+//! unless its file says so. Tool names that meet on the wire are served
+//! once. Each test was checked to fail with its fix taken out.
 //!
 //! The watcher and the loader are checked through the server's log, over a
 //! fixed sequence of file events: each reload the watcher starts logs the
@@ -405,22 +407,23 @@ async fn an_http_entry_without_a_cache_section_runs_on_every_call() {
     let secret = Secret::start().await;
     let up = Upstream::start(&secret).await;
     let setup = Setup::new(&[]);
-    let allowed = allow(&up.host_port());
-    // Category `custom` used to mean 30 s in the cache.
+    // Category `custom` used to mean 30 s in the cache. No `allowlist`
+    // here: the server's opens the upstream to every file.
     setup.put(
         "create_ticket.yaml",
-        &http_tool("create_ticket", &up.url("/tickets"), &allowed, ""),
+        &http_tool("create_ticket", &up.url("/tickets"), "", ""),
     );
     setup.put(
         "cached_ticket.yaml",
         &http_tool(
             "cached_ticket",
             &up.url("/tickets"),
-            &allowed,
+            "",
             "cache: {ttl_seconds: 60}\n",
         ),
     );
-    let server = setup.start(&[]);
+    let server_allowlist = format!("[\"{}\"]", up.host_port());
+    let server = setup.start(&[("CADRE_TOOLS_HTTP_ALLOWLIST", &server_allowlist)]);
 
     let mut ids = Vec::new();
     for _ in 0..3 {
