@@ -380,6 +380,10 @@ fn setup(
     for (name, handler) in builder.handlers.drain(..) {
         registry.add_custom_handler(&name, handler);
     }
+    registry.set_file_settings(crate::tools::loader::FileSettings {
+        max_file_bytes: config.tools.max_file_bytes,
+        http_allowlist: config.tools.http_allowlist.clone(),
+    });
     let report = registry.reload_dir(&builder.agents_dir.join("tools"));
     for e in &report.errors {
         tracing::error!("{e}");

@@ -139,8 +139,11 @@ pub struct ToolsSection {
     pub strict_validation: bool,
     /// Seconds between rescans of the tool folder (the watcher's fallback).
     pub reload_interval_s: f64,
-    /// Hosts `http_request` / `fetch_page` may reach on private addresses.
+    /// Hosts `http_request` / `fetch_page` and tool files' HTTP entries may
+    /// reach on private addresses.
     pub http_allowlist: Vec<String>,
+    /// Largest tool file loaded; a bigger one is refused, named in the log.
+    pub max_file_bytes: u64,
 }
 
 impl Default for ToolsSection {
@@ -149,6 +152,7 @@ impl Default for ToolsSection {
             strict_validation: false,
             reload_interval_s: 5.0,
             http_allowlist: Vec::new(),
+            max_file_bytes: crate::tools::loader::DEFAULT_MAX_FILE_BYTES,
         }
     }
 }

@@ -14,8 +14,12 @@
 //! category: market 5 s, news 300 s, ml 60 s, portfolio 10 s, calculate
 //! never, trading and alerts never, http never (requests may have side
 //! effects; a tool opts in through its definition, as `fetch_page` does),
-//! anything else 30 s. Tools that need confirmation are never cached. Only
-//! successes are cached.
+//! anything else 30 s. The category defaults are for handlers cadre knows
+//! (builtins, including a tool file naming one, and the embedder's custom
+//! handlers): an `external` entry (command or URL) or an MCP tool is cached
+//! only when its definition sets `cache.ttl_seconds`, since cadre cannot
+//! tell a `create_ticket` POST from a lookup. Tools that need confirmation
+//! are never cached. Only successes are cached.
 //!
 //! Expiry is decided on tokio's clock (so tests can pause and advance
 //! time); moka's own TTL only bounds memory.
@@ -26,6 +30,7 @@ use moka::Expiry;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::tools::definition::Entry as ToolEntry;
 use crate::tools::{ToolDefinition, ToolExecutionResult};
 
 /// Entries kept at most.
@@ -81,6 +86,13 @@ impl ResultCache {
         }
         let seconds = match def.cache {
             Some(c) => c.ttl_seconds,
+            None if matches!(
+                def.entry,
+                ToolEntry::External { .. } | ToolEntry::Mcp { .. }
+            ) =>
+            {
+                0
+            }
             None => match def.category.as_str() {
                 "market" => 5,
                 "news" => 300,
@@ -168,6 +180,29 @@ mod tests {
             .with_cache_ttl(60)
             .with_post_processor("require_confirmation");
         assert_eq!(ResultCache::ttl(&confirmed), None);
+    }
+
+    #[test]
+    fn external_and_mcp_entries_are_cached_only_when_their_definition_asks() {
+        let external = ToolEntry::External {
+            command: None,
+            url: Some("http://tickets.example/".into()),
+            max_output_bytes: None,
+            allowlist: Vec::new(),
+            redirects: Default::default(),
+        };
+        let mcp = ToolEntry::Mcp {
+            server: "s".into(),
+            tool: "t".into(),
+        };
+        for entry in [external, mcp] {
+            for category in ["custom", "market", "news"] {
+                let d = def(category).with_entry(entry.clone());
+                assert_eq!(ResultCache::ttl(&d), None, "{category} {entry:?}");
+            }
+            let d = def("custom").with_entry(entry).with_cache_ttl(9);
+            assert_eq!(ResultCache::ttl(&d), Some(Duration::from_secs(9)));
+        }
     }
 
     #[test]

@@ -62,6 +62,14 @@ pub enum Entry {
         /// Largest output read, in bytes (default 1 MiB).
         #[serde(default)]
         max_output_bytes: Option<usize>,
+        /// `url` entries: hosts (`host` or `host:port`, as `[tools]
+        /// http_allowlist`) reachable even on loopback or private addresses,
+        /// on top of the server's `http_allowlist`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        allowlist: Vec<String>,
+        /// `url` entries: which redirects are followed.
+        #[serde(default, skip_serializing_if = "Redirects::is_default")]
+        redirects: Redirects,
     },
     /// A Rust handler registered through the library API, by name.
     Custom {
@@ -72,6 +80,26 @@ pub enum Entry {
     /// the server (never written in a tool file): `server` is the prefix of
     /// the registry name, `tool` the server's own name for it.
     Mcp { server: String, tool: String },
+}
+
+/// Which redirects an HTTP entry follows; every hop passes the network
+/// guard whatever this says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Redirects {
+    /// Hops that keep the URL's scheme, host and port.
+    #[default]
+    SameOrigin,
+    /// Hops to any origin the guard allows.
+    Any,
+    /// None: a 3xx answer is a failure.
+    None,
+}
+
+impl Redirects {
+    fn is_default(&self) -> bool {
+        *self == Redirects::default()
+    }
 }
 
 impl Default for Entry {

@@ -1,40 +1,83 @@
 //! External tool entries: a command or an HTTP endpoint outside cadre.
 //!
 //! executor ──params (JSON)──▶ ExternalHandler ──stdin──▶ command ──stdout (JSON)──▶ output
-//!                                            └─POST──▶ url ──JSON body──▶ output
+//!                                            └─POST──▶ GuardedClient ──▶ url ──JSON body──▶ output
 //!
 //! Commands run without a shell (argv as written), with the parameters as
 //! JSON on stdin; stdout must be one JSON value. Output beyond the cap is a
 //! failure, a non-zero exit is a failure carrying the first lines of stderr,
 //! and the child is killed when the call is dropped (the executor's timeout
 //! aborts the task). Endpoints get the parameters as a JSON POST; 5xx and
-//! transport errors are retryable. The operator writes these entries, so
-//! they are trusted: no SSRF policy applies (unlike `http_request`).
+//! transport errors are retryable.
+//!
+//! The operator writes the URL, but not what answers it: an upstream may
+//! redirect anywhere, and the POST body would follow a 307. So endpoints go
+//! through `http_request`'s [`GuardedClient`] (no loopback, private or
+//! metadata address, after DNS and on every hop, unless allowlisted: the
+//! server's `[tools] http_allowlist` plus the entry's own `allowlist`), and
+//! redirects stay on the URL's origin unless the entry says
+//! `redirects: any` (`none`: a 3xx is a failure). Both paths read at most
+//! the output cap (plus one chunk) before failing, never the whole body.
 
 use std::process::Stdio;
 
+use reqwest::Method;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use url::Url;
 
+use super::builtin::http::read_capped;
+use super::builtin::net_guard::{self, GuardedClient};
+use super::definition::Redirects;
 use super::{ExecutionContext, ToolError, ToolHandler};
 
 pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
 
+enum Target {
+    Command(Vec<String>),
+    Http {
+        url: Url,
+        client: GuardedClient,
+        /// `redirects: none`: the client hands 3xx back; they fail here.
+        refuse_3xx: bool,
+    },
+}
+
 pub struct ExternalHandler {
-    command: Option<Vec<String>>,
-    url: Option<String>,
+    target: Target,
     max_output: usize,
-    http: reqwest::Client,
 }
 
 impl ExternalHandler {
-    pub fn new(command: Option<Vec<String>>, url: Option<String>, max_output: usize) -> Self {
+    /// A command entry: `argv` run without a shell.
+    pub fn command(argv: Vec<String>, max_output: usize) -> Self {
         ExternalHandler {
-            command,
-            url,
+            target: Target::Command(argv),
             max_output,
-            http: reqwest::Client::new(),
         }
+    }
+
+    /// An HTTP entry: `url` may reach private addresses only when listed
+    /// in `allowlist`; `redirects` says which hops are followed.
+    pub fn http(
+        url: Url,
+        allowlist: &[String],
+        redirects: Redirects,
+        max_output: usize,
+    ) -> Result<Self, reqwest::Error> {
+        let mode = match redirects {
+            Redirects::SameOrigin => net_guard::Redirects::SameOrigin,
+            Redirects::Any => net_guard::Redirects::Checked,
+            Redirects::None => net_guard::Redirects::Manual,
+        };
+        Ok(ExternalHandler {
+            target: Target::Http {
+                url,
+                client: GuardedClient::new(allowlist, mode)?,
+                refuse_3xx: redirects == Redirects::None,
+            },
+            max_output,
+        })
     }
 
     async fn run_command(&self, argv: &[String], params: &Value) -> Result<Value, ToolError> {
@@ -90,21 +133,44 @@ impl ExternalHandler {
         })
     }
 
-    async fn post(&self, url: &str, params: &Value) -> Result<Value, ToolError> {
+    async fn post(
+        &self,
+        url: &Url,
+        client: &GuardedClient,
+        refuse_3xx: bool,
+        params: &Value,
+    ) -> Result<Value, ToolError> {
+        let refused = |r: &net_guard::Refused| {
+            tracing::warn!(%url, refused = %r, "tool file HTTP entry refused");
+            ToolError::failed(r.to_string())
+        };
+        let request = client
+            .request(Method::POST, url.clone())
+            .map_err(|r| refused(&r))?;
         let response =
-            self.http
-                .post(url)
+            request
                 .json(params)
                 .send()
                 .await
-                .map_err(|e| ToolError::Transient {
-                    message: format!("cannot reach {url}: {e}"),
+                .map_err(|e| match net_guard::refusal(&e) {
+                    Some(r) => refused(r),
+                    None => ToolError::Transient {
+                        message: format!("cannot reach {url}: {e}"),
+                    },
                 })?;
         let status = response.status();
-        let body = response.bytes().await.map_err(|e| ToolError::Transient {
-            message: format!("reading the reply of {url}: {e}"),
-        })?;
-        if body.len() > self.max_output {
+        if refuse_3xx && status.is_redirection() {
+            return Err(ToolError::failed(format!(
+                "{url} answered HTTP {status}; this entry follows no redirects (redirects: none)"
+            )));
+        }
+        let (body, cut) =
+            read_capped(response, self.max_output)
+                .await
+                .map_err(|e| ToolError::Transient {
+                    message: format!("reading the reply of {url}: {e}"),
+                })?;
+        if cut {
             return Err(ToolError::failed(format!(
                 "{url} answered more than {} bytes",
                 self.max_output
@@ -132,12 +198,13 @@ impl ExternalHandler {
 #[async_trait::async_trait]
 impl ToolHandler for ExternalHandler {
     async fn call(&self, params: Value, _ctx: &ExecutionContext) -> Result<Value, ToolError> {
-        match (&self.command, &self.url) {
-            (Some(argv), _) => self.run_command(argv, &params).await,
-            (None, Some(url)) => self.post(url, &params).await,
-            (None, None) => Err(ToolError::failed(
-                "external entry has neither command nor url",
-            )),
+        match &self.target {
+            Target::Command(argv) => self.run_command(argv, &params).await,
+            Target::Http {
+                url,
+                client,
+                refuse_3xx,
+            } => self.post(url, client, *refuse_3xx, &params).await,
         }
     }
 }
@@ -153,11 +220,7 @@ mod tests {
     }
 
     fn sh(script: &str) -> ExternalHandler {
-        ExternalHandler::new(
-            Some(vec!["sh".into(), "-c".into(), script.into()]),
-            None,
-            64,
-        )
+        ExternalHandler::command(vec!["sh".into(), "-c".into(), script.into()], 64)
     }
 
     #[tokio::test]
@@ -184,7 +247,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("more than 64 bytes"), "{err}");
-        let err = ExternalHandler::new(Some(vec!["/no/such/program".into()]), None, 64)
+        let err = ExternalHandler::command(vec!["/no/such/program".into()], 64)
             .call(json!({}), &ctx())
             .await
             .unwrap_err();

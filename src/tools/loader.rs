@@ -8,8 +8,15 @@
 //! handler: `builtin` by handler name (default: the tool's name),
 //! `external` to a command or an HTTP endpoint ([`super::external`]),
 //! `custom` to a handler the embedding program registered by name.
+//!
+//! Reading ([`read_tool_file`]) is apart from both: a file over
+//! `[tools] max_file_bytes` (default 1 MiB) is refused by its size, read no
+//! further than the cap plus one byte; a symlink whose target lies outside
+//! the agents folder (the tools folder's parent) is refused, so a tool file
+//! cannot be an alias for a file the operator did not put there.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +24,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::definition::{CacheSpec, Entry, Plan, RateLimit};
+use super::definition::{CacheSpec, Entry, Plan, RateLimit, Redirects};
 use super::schema::{Parameters, to_json_schema};
 use super::validate::ParamValidator;
 use super::{ToolDefinition, ToolHandler, external};
@@ -146,10 +153,35 @@ fn check(path: &Path, file: &ToolFile) -> Result<(), LoadError> {
             ));
         }
     }
-    if let Entry::External { command, url, .. } = &file.entry {
+    if let Entry::External {
+        command,
+        url,
+        allowlist,
+        redirects,
+        ..
+    } = &file.entry
+    {
         match (command, url) {
-            (Some(c), None) if !c.is_empty() => {}
-            (None, Some(_)) => {}
+            (Some(c), None) if !c.is_empty() => {
+                if !allowlist.is_empty() || *redirects != Redirects::default() {
+                    return Err(LoadError::new(
+                        path,
+                        None,
+                        "`allowlist` and `redirects` apply to `url` entries only",
+                    ));
+                }
+            }
+            (None, Some(u)) => {
+                let parsed = url::Url::parse(u)
+                    .map_err(|e| LoadError::new(path, None, format!("invalid url '{u}': {e}")))?;
+                if !matches!(parsed.scheme(), "http" | "https") {
+                    return Err(LoadError::new(
+                        path,
+                        None,
+                        format!("url '{u}' must be http or https"),
+                    ));
+                }
+            }
             _ => {
                 return Err(LoadError::new(
                     path,
@@ -165,6 +197,64 @@ fn check(path: &Path, file: &ToolFile) -> Result<(), LoadError> {
     Ok(())
 }
 
+/// Server settings tool files are read and resolved with (`[tools]`).
+#[derive(Debug, Clone)]
+pub struct FileSettings {
+    /// Largest tool file read; a bigger one is refused and named in the log.
+    pub max_file_bytes: u64,
+    /// `[tools] http_allowlist`: open to HTTP entries as to `http_request`,
+    /// before each entry's own `allowlist`.
+    pub http_allowlist: Vec<String>,
+}
+
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 1 << 20;
+
+impl Default for FileSettings {
+    fn default() -> Self {
+        FileSettings {
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            http_allowlist: Vec::new(),
+        }
+    }
+}
+
+/// A tool file's text, or why it was not read: over `max_bytes`, a symlink
+/// out of `agents_dir` (the tools folder's parent), or an IO error.
+pub fn read_tool_file(path: &Path, agents_dir: &Path, max_bytes: u64) -> Result<String, String> {
+    let link = std::fs::symlink_metadata(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    if link.file_type().is_symlink() {
+        let target =
+            std::fs::canonicalize(path).map_err(|e| format!("cannot resolve the symlink: {e}"))?;
+        let inside = std::fs::canonicalize(agents_dir).is_ok_and(|root| target.starts_with(root));
+        if !inside {
+            return Err(format!(
+                "refused: a symlink to {}, outside the agents folder {}",
+                target.display(),
+                agents_dir.display()
+            ));
+        }
+    }
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read the file: {e}"))?;
+    let too_big = |size: u64| {
+        format!(
+            "refused: the file is {size} bytes, over the {max_bytes}-byte cap ([tools] max_file_bytes)"
+        )
+    };
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if size > max_bytes {
+        return Err(too_big(size));
+    }
+    // The file may grow between the size check and the read.
+    let mut bytes = Vec::new();
+    file.take(max_bytes + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read the file: {e}"))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_big(bytes.len() as u64));
+    }
+    String::from_utf8(bytes).map_err(|_| "the file is not UTF-8".to_string())
+}
+
 /// Handlers a tool file may name.
 #[derive(Clone, Default)]
 pub struct HandlerCatalog {
@@ -177,6 +267,7 @@ pub fn resolve(
     path: &Path,
     file: ToolFile,
     catalog: &HandlerCatalog,
+    settings: &FileSettings,
 ) -> Result<(ToolDefinition, Arc<dyn ToolHandler>), LoadError> {
     let parameters =
         to_json_schema(&file.parameters).map_err(|e| LoadError::new(path, None, e.to_string()))?;
@@ -208,11 +299,36 @@ pub fn resolve(
             command,
             url,
             max_output_bytes,
-        } => Arc::new(external::ExternalHandler::new(
-            command.clone(),
-            url.clone(),
-            max_output_bytes.unwrap_or(external::DEFAULT_MAX_OUTPUT),
-        )),
+            allowlist,
+            redirects,
+        } => {
+            let cap = max_output_bytes.unwrap_or(external::DEFAULT_MAX_OUTPUT);
+            match (command, url) {
+                (Some(argv), _) => Arc::new(external::ExternalHandler::command(argv.clone(), cap)),
+                (None, Some(url)) => {
+                    let url = url::Url::parse(url)
+                        .map_err(|e| LoadError::new(path, None, format!("invalid url: {e}")))?;
+                    let allow: Vec<String> = settings
+                        .http_allowlist
+                        .iter()
+                        .chain(allowlist)
+                        .cloned()
+                        .collect();
+                    let handler = external::ExternalHandler::http(url, &allow, *redirects, cap)
+                        .map_err(|e| {
+                            LoadError::new(path, None, format!("cannot build the HTTP client: {e}"))
+                        })?;
+                    Arc::new(handler)
+                }
+                (None, None) => {
+                    return Err(LoadError::new(
+                        path,
+                        None,
+                        "an external entry needs `command` or `url`",
+                    ));
+                }
+            }
+        }
     };
     let definition = ToolDefinition {
         name: file.name,
@@ -292,8 +408,9 @@ validation = { min = 1, max = 300 }
             "echo".into(),
             Arc::new(crate::tools::builtin::echo::Echo) as Arc<dyn ToolHandler>,
         );
-        let (a, _) = resolve(Path::new("t.yaml"), yaml, &catalog).unwrap();
-        let (b, _) = resolve(Path::new("t.toml"), toml, &catalog).unwrap();
+        let settings = FileSettings::default();
+        let (a, _) = resolve(Path::new("t.yaml"), yaml, &catalog, &settings).unwrap();
+        let (b, _) = resolve(Path::new("t.toml"), toml, &catalog, &settings).unwrap();
         assert_eq!(a, b);
         assert_eq!(a.required_plan, Plan::Pro);
         assert_eq!(a.rate_limit.per_minute, Some(5));
@@ -330,7 +447,12 @@ validation = { min = 1, max = 300 }
     #[test]
     fn an_unknown_handler_is_a_resolve_error() {
         let f = parse_file(Path::new("a.yaml"), "name: x\ndescription: d\n").unwrap();
-        let Err(err) = resolve(Path::new("a.yaml"), f, &HandlerCatalog::default()) else {
+        let Err(err) = resolve(
+            Path::new("a.yaml"),
+            f,
+            &HandlerCatalog::default(),
+            &FileSettings::default(),
+        ) else {
             panic!("resolved a tool whose handler does not exist");
         };
         assert!(err.message.contains("no builtin handler named 'x'"));

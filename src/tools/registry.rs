@@ -12,7 +12,20 @@
 //!   earlier version of it loaded, that last good version stays live;
 //! - two files declaring one tool name: the first by path keeps it, the other
 //!   is reported naming both files;
-//! - a removed file's tool goes away (or falls back to the builtin).
+//! - a removed file's tool goes away (or falls back to the builtin);
+//! - a file over `[tools] max_file_bytes`, or a symlink out of the agents
+//!   folder, is refused like a bad file ([`super::loader::read_tool_file`]);
+//! - files are read and parsed outside the state lock (one reload at a time,
+//!   under `reloading`), so tool calls never wait on a big file's parse.
+//!
+//! Wire names: a model sees `server.tool` as `server__tool`
+//! ([`crate::model::wire_name`]), so two live names must never share a wire
+//! name (MCP `names.echo` and a file's `names__echo`), or a call would go to
+//! whichever the reply mapping finds first. The name already served keeps
+//! it; the later one is withheld: not served, not offered, logged and
+//! published as a `load_error`, and listed by [`ToolRegistry::withheld`].
+//! On a fresh start builtins come first, then files, then MCP servers as
+//! they answer.
 //!
 //! MCP servers (`agents/mcp.toml`, [`crate::mcp`]) form a third layer,
 //! between code and files: each server's tools are replaced as a whole
@@ -29,11 +42,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::definition::Plan;
-use super::loader::{HandlerCatalog, LoadError, is_tool_file, parse_file, resolve};
+use super::loader::{
+    FileSettings, HandlerCatalog, LoadError, is_tool_file, parse_file, read_tool_file, resolve,
+};
 use super::validate::{ParamValidator, SchemaError};
 use super::{ToolDefinition, ToolHandler};
 use crate::events::{EventBus, EventKind};
-use crate::model::ToolSpec;
+use crate::model::{ToolSpec, wire_name};
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolSource {
@@ -107,7 +122,8 @@ impl ReloadReport {
 }
 
 struct FileState {
-    text: String,
+    /// The text read, or why it was not read (too big, a symlink out).
+    text: Result<String, String>,
     /// The last version of this file that loaded.
     tool: Option<Arc<RegisteredTool>>,
 }
@@ -127,7 +143,18 @@ struct State {
     mcp: BTreeMap<String, McpLayer>,
     files: BTreeMap<PathBuf, FileState>,
     merged: BTreeMap<String, Arc<RegisteredTool>>,
+    /// Left out of `merged` because their wire name is taken, by name.
+    withheld: BTreeMap<String, Withheld>,
     catalog: HandlerCatalog,
+    settings: FileSettings,
+}
+
+/// A tool that is not served because another live tool has its wire name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Withheld {
+    pub name: String,
+    pub source: ToolSource,
+    pub message: String,
 }
 
 /// (tool names, plan) → (state version, specs).
@@ -145,6 +172,10 @@ pub struct ToolRegistry {
     specs: Arc<Mutex<SpecsMemo>>,
     events: EventBus,
     strict: bool,
+    /// Held through a whole [`ToolRegistry::reload_dir`]: the watcher, the
+    /// rescan and startup never interleave, so the files read and parsed
+    /// outside the state lock are still the latest when installed.
+    reloading: Arc<Mutex<()>>,
 }
 
 impl Default for ToolRegistry {
@@ -165,7 +196,19 @@ impl ToolRegistry {
             specs: Arc::default(),
             events,
             strict,
+            reloading: Arc::default(),
         }
+    }
+
+    /// The `[tools]` settings tool files load with (size cap, allowlist);
+    /// applies to files read from now on.
+    pub fn set_file_settings(&self, settings: FileSettings) {
+        self.write().settings = settings;
+    }
+
+    /// Tools not served because another live tool has their wire name.
+    pub fn withheld(&self) -> Vec<Withheld> {
+        self.read().withheld.values().cloned().collect()
     }
 
     pub fn events(&self) -> &EventBus {
@@ -212,8 +255,10 @@ impl ToolRegistry {
             source,
         });
         state.base.insert(name, tool);
-        let (merged, _) = merge(&state.layered(), &state.files);
-        state.merged = merged;
+        let merged = merge(&state.layered(), &state.files, &state.merged);
+        let withheld = state.install(merged);
+        drop(state);
+        self.report_withheld(&withheld);
         Ok(())
     }
 
@@ -336,11 +381,12 @@ impl ToolRegistry {
         let entry = state.mcp.entry(server.into()).or_default();
         entry.tools = layer;
         entry.available = true;
-        let (merged, _) = merge(&state.layered(), &state.files);
+        let merged = merge(&state.layered(), &state.files, &state.merged);
         let mut report = ReloadReport::default();
-        report.diff(&state.merged, &merged);
-        state.merged = merged;
+        report.diff(&state.merged, &merged.tools);
+        let withheld = state.install(merged);
         drop(state);
+        self.report_withheld(&withheld);
         if report.changed() {
             self.publish_report(&report);
         }
@@ -378,6 +424,13 @@ impl ToolRegistry {
     /// Brings the file-defined tools in line with `dir` (not recursive).
     /// Blocking (file IO): call it from a blocking thread.
     pub fn reload_dir(&self, dir: &Path) -> ReloadReport {
+        let _one = self.reloading.lock().expect("tool reload lock");
+        let settings = self.read().settings.clone();
+        let agents_dir = match dir.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => dir,
+        };
         let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
             Ok(entries) => entries
                 .filter_map(|e| e.ok().map(|e| e.path()))
@@ -386,85 +439,141 @@ impl ToolRegistry {
             Err(_) => Vec::new(),
         };
         paths.sort();
-        let texts: Vec<(PathBuf, Option<String>)> = paths
+        let texts: Vec<(PathBuf, Result<String, String>)> = paths
             .into_iter()
             .map(|p| {
-                let text = std::fs::read_to_string(&p).ok();
+                let text = read_tool_file(&p, agents_dir, settings.max_file_bytes);
                 (p, text)
             })
             .collect();
 
-        let mut report = ReloadReport::default();
-        let mut state = self.write();
-        let unchanged = texts.len() == state.files.len()
-            && texts.iter().all(|(p, t)| {
-                state
-                    .files
-                    .get(p)
-                    .is_some_and(|f| Some(&f.text) == t.as_ref())
-            });
-        if unchanged {
-            return report;
-        }
+        // What changed, and the last good version of each changed file.
+        let (catalog, last_good) = {
+            let state = self.read();
+            let unchanged = texts.len() == state.files.len()
+                && texts
+                    .iter()
+                    .all(|(p, t)| state.files.get(p).is_some_and(|f| &f.text == t));
+            if unchanged {
+                return ReloadReport::default();
+            }
+            let last_good: BTreeMap<PathBuf, Option<Arc<RegisteredTool>>> = texts
+                .iter()
+                .filter_map(|(p, t)| match state.files.get(p) {
+                    Some(f) if &f.text == t => None,
+                    Some(f) => Some((p.clone(), f.tool.clone())),
+                    None => Some((p.clone(), None)),
+                })
+                .collect();
+            (state.catalog.clone(), last_good)
+        };
         self.events.publish(EventKind::ReloadStarted);
-        let mut files = BTreeMap::new();
-        let mut reparsed = Vec::new();
-        for (path, text) in texts {
-            let Some(text) = text else {
-                report.errors.push(LoadError {
-                    file: path.clone(),
-                    line: None,
-                    message: "cannot read the file".into(),
-                });
+
+        // Parsing happens here, with no lock held.
+        let mut report = ReloadReport::default();
+        let mut parsed = BTreeMap::new();
+        for (path, text) in &texts {
+            let Some(previous) = last_good.get(path) else {
                 continue;
             };
-            let previous = state.files.remove(&path);
-            let last_good = match previous {
-                Some(prev) if prev.text == text => {
-                    files.insert(path, prev);
-                    continue;
-                }
-                Some(prev) => prev.tool,
-                None => None,
+            let loaded = match text {
+                Ok(text) => self.load(path, text, &catalog, &settings),
+                Err(message) => Err(LoadError {
+                    file: path.clone(),
+                    line: None,
+                    message: message.clone(),
+                }),
             };
-            reparsed.push(path.clone());
-            let loaded = parse_file(&path, &text)
-                .and_then(|f| resolve(&path, f, &state.catalog))
-                .and_then(|(definition, handler)| {
-                    let validator = ParamValidator::new(&definition.parameters, self.strict)
-                        .map_err(|e| LoadError {
-                            file: path.clone(),
-                            line: None,
-                            message: e.to_string(),
-                        })?;
-                    Ok(Arc::new(RegisteredTool {
-                        definition,
-                        validator,
-                        handler,
-                        source: ToolSource::File(path.clone()),
-                    }))
-                });
             let tool = match loaded {
                 Ok(t) => Some(t),
                 Err(e) => {
                     report.errors.push(e);
-                    last_good
+                    previous.clone()
                 }
+            };
+            parsed.insert(path.clone(), tool);
+        }
+
+        let mut state = self.write();
+        let mut files = BTreeMap::new();
+        for (path, text) in texts {
+            let tool = match parsed.remove(&path) {
+                Some(tool) => tool,
+                None => state.files.remove(&path).and_then(|f| f.tool),
             };
             files.insert(path, FileState { text, tool });
         }
-        let (merged, duplicates) = merge(&state.layered(), &files);
-        for (error, first) in duplicates {
-            if reparsed.contains(&error.file) || reparsed.contains(&first) {
-                report.errors.push(error);
+        let merged = merge(&state.layered(), &files, &state.merged);
+        let reparsed = |p: &Path| last_good.contains_key(p);
+        for (error, first) in &merged.duplicates {
+            if reparsed(&error.file) || reparsed(first) {
+                report.errors.push(error.clone());
             }
         }
-        report.diff(&state.merged, &merged);
+        report.diff(&state.merged, &merged.tools);
         state.files = files;
-        state.merged = merged;
+        let mut withheld = state.install(merged);
+        // A withheld file is reported with the file's other errors when it
+        // is new or the file was edited; other sources only when new.
+        for w in state.withheld.values() {
+            if let ToolSource::File(path) = &w.source
+                && reparsed(path)
+                && !withheld.contains(w)
+            {
+                withheld.push(w.clone());
+            }
+        }
         drop(state);
+        withheld.retain(|w| match &w.source {
+            ToolSource::File(path) => {
+                report.errors.push(LoadError {
+                    file: path.clone(),
+                    line: None,
+                    message: w.message.clone(),
+                });
+                false
+            }
+            _ => true,
+        });
+        self.report_withheld(&withheld);
         self.publish_report(&report);
         report
+    }
+
+    /// Stage one and two of a file's text, and its validator.
+    fn load(
+        &self,
+        path: &Path,
+        text: &str,
+        catalog: &HandlerCatalog,
+        settings: &FileSettings,
+    ) -> Result<Arc<RegisteredTool>, LoadError> {
+        let file = parse_file(path, text)?;
+        let (definition, handler) = resolve(path, file, catalog, settings)?;
+        let validator =
+            ParamValidator::new(&definition.parameters, self.strict).map_err(|e| LoadError {
+                file: path.to_path_buf(),
+                line: None,
+                message: e.to_string(),
+            })?;
+        Ok(Arc::new(RegisteredTool {
+            definition,
+            validator,
+            handler,
+            source: ToolSource::File(path.to_path_buf()),
+        }))
+    }
+
+    /// Logs and publishes tools newly withheld for their wire name.
+    fn report_withheld(&self, withheld: &[Withheld]) {
+        for w in withheld {
+            tracing::warn!(tool = %w.name, source = %w.source.describe(), "tool not served: {}", w.message);
+            self.events.publish(EventKind::LoadError {
+                file: w.source.describe(),
+                line: None,
+                message: w.message.clone(),
+            });
+        }
     }
 
     fn publish_report(&self, report: &ReloadReport) {
@@ -525,6 +634,20 @@ impl ToolRegistry {
 }
 
 impl State {
+    /// Makes `merged` live; returns the tools it withholds that were not
+    /// withheld (for the same reason) before.
+    fn install(&mut self, merged: Merged) -> Vec<Withheld> {
+        let fresh = merged
+            .withheld
+            .values()
+            .filter(|w| self.withheld.get(&w.name) != Some(w))
+            .cloned()
+            .collect();
+        self.merged = merged.tools;
+        self.withheld = merged.withheld;
+        fresh
+    }
+
     /// Tools from code, then the MCP servers' (which may not shadow them).
     fn layered(&self) -> Tools {
         let mut all = self.base.clone();
@@ -541,16 +664,21 @@ type Tools = BTreeMap<String, Arc<RegisteredTool>>;
 /// A duplicate name: the error for the skipped file, and the path of the file that kept it.
 type Clash = (LoadError, PathBuf);
 
+struct Merged {
+    tools: Tools,
+    duplicates: Vec<Clash>,
+    withheld: BTreeMap<String, Withheld>,
+}
+
 /// Base tools, then file tools in path order; a name declared by two files
 /// stays with the first, and the second is reported (with the path of the
 /// first, so a clash is reported whichever of the two files changed).
-fn merge(
-    base: &BTreeMap<String, Arc<RegisteredTool>>,
-    files: &BTreeMap<PathBuf, FileState>,
-) -> (Tools, Vec<Clash>) {
+/// Then one tool per wire name: the one `previous` served keeps it, else
+/// code before MCP before files; the others are withheld.
+fn merge(base: &Tools, files: &BTreeMap<PathBuf, FileState>, previous: &Tools) -> Merged {
     let mut merged = base.clone();
     let mut owner: BTreeMap<String, &Path> = BTreeMap::new();
-    let mut errors = Vec::new();
+    let mut duplicates = Vec::new();
     for (path, f) in files {
         let Some(tool) = &f.tool else { continue };
         let name = &tool.definition.name;
@@ -565,13 +693,64 @@ fn merge(
                     path.display()
                 ),
             };
-            errors.push((error, first.to_path_buf()));
+            duplicates.push((error, first.to_path_buf()));
             continue;
         }
         owner.insert(name.clone(), path);
         merged.insert(name.clone(), tool.clone());
     }
-    (merged, errors)
+    let withheld = withhold_wire_clashes(&mut merged, previous);
+    Merged {
+        tools: merged,
+        duplicates,
+        withheld,
+    }
+}
+
+fn withhold_wire_clashes(merged: &mut Tools, previous: &Tools) -> BTreeMap<String, Withheld> {
+    let mut by_wire: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for name in merged.keys() {
+        by_wire
+            .entry(wire_name(name))
+            .or_default()
+            .push(name.clone());
+    }
+    let mut withheld = BTreeMap::new();
+    for (wire, names) in by_wire.into_iter().filter(|(_, n)| n.len() > 1) {
+        let layer = |source: &ToolSource| match source {
+            ToolSource::Builtin | ToolSource::Custom => 0,
+            ToolSource::Mcp(_) => 1,
+            ToolSource::File(_) => 2,
+        };
+        let rank = |name: &String| {
+            let tool = &merged[name];
+            let served = previous.get(name).is_some_and(|p| p.source == tool.source);
+            (!served, layer(&tool.source), tool.source.describe())
+        };
+        let keeper = names
+            .iter()
+            .min_by_key(|n| rank(n))
+            .expect("a clash has names")
+            .clone();
+        let kept_from = merged[&keeper].source.describe();
+        for name in names.into_iter().filter(|n| *n != keeper) {
+            let tool = merged.remove(&name).expect("a merged name");
+            let message = format!(
+                "tool '{name}' ({}) is not served: its function name on the wire, '{wire}', \
+                 belongs to '{keeper}' ({kept_from})",
+                tool.source.describe()
+            );
+            withheld.insert(
+                name.clone(),
+                Withheld {
+                    name,
+                    source: tool.source.clone(),
+                    message,
+                },
+            );
+        }
+    }
+    withheld
 }
 
 #[cfg(test)]
@@ -611,6 +790,65 @@ mod tests {
         assert_eq!(report.removed, ["files.list"]);
         assert!(report.added.is_empty() && report.updated.is_empty());
         assert_eq!(registry.mcp_status("files.read"), Some(true));
+    }
+
+    fn echo_registry() -> ToolRegistry {
+        let registry = ToolRegistry::new();
+        let def = crate::tools::builtin::echo::definition();
+        registry.register(def, Arc::new(Echo)).unwrap();
+        registry
+    }
+
+    const FILE_TWIN: &str =
+        "name: names__echo\ndescription: d\nentry: {type: builtin, handler: echo}\n";
+
+    #[test]
+    fn an_mcp_tool_listed_after_a_file_with_its_wire_name_is_withheld() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("twin.yaml"), FILE_TWIN).unwrap();
+        let registry = echo_registry();
+        registry.reload_dir(dir.path());
+        registry.declare_mcp_server("names");
+        let report = registry.set_mcp_tools("names", vec![mcp_tool("names.echo")]);
+        assert!(report.added.is_empty(), "{report:?}");
+        assert!(!registry.contains("names.echo"));
+        assert!(matches!(
+            registry.get("names__echo").unwrap().source,
+            ToolSource::File(_)
+        ));
+        let withheld = registry.withheld();
+        assert_eq!(withheld.len(), 1, "{withheld:?}");
+        assert_eq!(withheld[0].name, "names.echo");
+        assert!(
+            withheld[0].message.contains("'names__echo'"),
+            "{}",
+            withheld[0].message
+        );
+        let specs = registry.specs_for(&["names.*".into(), "names__echo".into()], Plan::Free);
+        assert_eq!(specs.len(), 1, "one function per wire name is offered");
+    }
+
+    #[test]
+    fn a_file_added_after_an_mcp_tool_with_its_wire_name_is_withheld_and_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = echo_registry();
+        registry.declare_mcp_server("names");
+        registry.set_mcp_tools("names", vec![mcp_tool("names.echo")]);
+        let path = dir.path().join("twin.yaml");
+        std::fs::write(&path, FILE_TWIN).unwrap();
+        let report = registry.reload_dir(dir.path());
+        assert!(report.added.is_empty(), "{report:?}");
+        assert_eq!(report.errors.len(), 1, "{report:?}");
+        assert_eq!(report.errors[0].file, path);
+        assert!(report.errors[0].message.contains("mcp:names"), "{report:?}");
+        assert!(!registry.contains("names__echo"));
+        assert!(matches!(
+            registry.get("names.echo").unwrap().source,
+            ToolSource::Mcp(_)
+        ));
+        // The server re-listing the same tools changes nothing.
+        registry.set_mcp_tools("names", vec![mcp_tool("names.echo")]);
+        assert!(registry.contains("names.echo") && !registry.contains("names__echo"));
     }
 
     #[test]

@@ -388,7 +388,7 @@ fn utf8_prefix(bytes: &[u8], truncated: bool) -> Option<String> {
 }
 
 /// Reads at most `cap` bytes; `true` when the body was longer.
-async fn read_capped(
+pub(crate) async fn read_capped(
     mut response: Response,
     cap: usize,
 ) -> Result<(Vec<u8>, bool), reqwest::Error> {

@@ -1,4 +1,5 @@
-//! Network guard: where `http_request` and `fetch_page` may connect (SSRF).
+//! Network guard: where `http_request`, `fetch_page` and tool files' HTTP
+//! entries ([`crate::tools::external`]) may connect (SSRF).
 //!
 //! handler ──GuardedClient::request(url)──▶ check_url (scheme, IP literal, allowlist)
 //!                                              │ ok
@@ -148,6 +149,8 @@ pub enum Refused {
     NoHost { url: String },
     #[error("refused: more than {max} redirects")]
     TooManyRedirects { max: usize },
+    #[error("refused: a redirect from {from} to another origin ({to})")]
+    CrossOriginRedirect { from: String, to: String },
 }
 
 /// `(network, prefix length, class)`, first match wins.
@@ -484,12 +487,24 @@ impl Resolve for GuardedResolver {
 }
 
 /// Follows at most [`MAX_REDIRECTS`] hops, each one through
-/// [`NetPolicy::check_url`].
-pub fn redirect_policy(policy: NetPolicy) -> redirect::Policy {
+/// [`NetPolicy::check_url`]; with `same_origin`, only hops that keep the
+/// first URL's scheme, host and port (another port of the same host is
+/// another service).
+pub fn redirect_policy(policy: NetPolicy, same_origin: bool) -> redirect::Policy {
     redirect::Policy::custom(move |attempt| {
         // `previous` starts with the original URL, which is not a hop.
         if attempt.previous().len() > MAX_REDIRECTS {
             return attempt.error(Refused::TooManyRedirects { max: MAX_REDIRECTS });
+        }
+        if same_origin
+            && let Some(first) = attempt.previous().first()
+            && first.origin() != attempt.url().origin()
+        {
+            let refused = Refused::CrossOriginRedirect {
+                from: first.origin().ascii_serialization(),
+                to: attempt.url().origin().ascii_serialization(),
+            };
+            return attempt.error(refused);
         }
         match policy.check_url(attempt.url()) {
             Ok(()) => attempt.follow(),
@@ -504,6 +519,9 @@ pub enum Redirects {
     /// Follow up to [`MAX_REDIRECTS`] hops, each checked by
     /// [`redirect_policy`].
     Checked,
+    /// Like `Checked`, and every hop stays on the first URL's origin
+    /// (tool-file HTTP entries: see [`crate::tools::external`]).
+    SameOrigin,
     /// Return 3xx responses to the caller, which decides (and must send the
     /// next hop through [`GuardedClient::request`] again).
     Manual,
@@ -524,7 +542,8 @@ impl GuardedClient {
     ) -> Result<GuardedClient, reqwest::Error> {
         let policy = NetPolicy::new(allowlist);
         let redirect = match redirects {
-            Redirects::Checked => redirect_policy(policy.clone()),
+            Redirects::Checked => redirect_policy(policy.clone(), false),
+            Redirects::SameOrigin => redirect_policy(policy.clone(), true),
             Redirects::Manual => redirect::Policy::none(),
         };
         let client = reqwest::Client::builder()
