@@ -167,6 +167,12 @@ impl Setup {
     fn new(agent_files: &[(&str, &str)]) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("agents/tools")).unwrap();
+        // `serve` refuses an agents folder with no agent in it.
+        std::fs::write(
+            dir.path().join("agents/plain.toml"),
+            agent_toml("plain", &[], 1),
+        )
+        .unwrap();
         for (name, text) in agent_files {
             std::fs::write(dir.path().join("agents").join(name), text).unwrap();
         }
