@@ -355,3 +355,44 @@ pub fn model_for(endpoint: &ModelEndpoint, options: &openai::ClientOptions) -> S
         Arc::new(offline::OfflineModel::new())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_refusals_are_told_apart_from_other_refusals() {
+        let rejected = |status: u16, message: &str| ModelError::Rejected {
+            status,
+            message: message.into(),
+        };
+        assert!(rejected(413, "Payload Too Large").is_request_too_large());
+        assert!(
+            rejected(
+                400,
+                "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens."
+            )
+            .is_request_too_large()
+        );
+        assert!(rejected(400, "context_length_exceeded").is_request_too_large());
+        assert!(!rejected(400, "Invalid 'messages[2].role'").is_request_too_large());
+        assert!(!rejected(401, "Incorrect API key").is_request_too_large());
+        let down = ModelError::Unavailable {
+            attempts: 4,
+            last: "request too large".into(),
+        };
+        assert!(!down.is_request_too_large());
+    }
+
+    #[test]
+    fn finish_reasons_are_read_leniently() {
+        assert_eq!(FinishReason::parse("length"), FinishReason::Length);
+        assert_eq!(
+            FinishReason::parse("content_filter"),
+            FinishReason::ContentFilter
+        );
+        let odd = FinishReason::parse(&"é".repeat(100));
+        assert_eq!(odd.as_str().len(), 64);
+        assert_eq!(serde_json::to_value(odd.clone()).unwrap(), odd.as_str());
+    }
+}

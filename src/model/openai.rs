@@ -693,13 +693,15 @@ impl EndpointStatus {
             .ok()
             .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
             .unwrap_or(self.body);
-        let message = format!("HTTP {}: {}", self.status, truncated(&text, MAX_ERROR_TEXT));
+        let text = truncated(&text, MAX_ERROR_TEXT);
         if self.status == 429 || self.status >= 500 {
+            let message = format!("HTTP {}: {text}", self.status);
             retryable(message, false, false, self.retry_after)
         } else {
+            // `Rejected` names the status itself.
             Failure::Fatal(ModelError::Rejected {
                 status: self.status,
-                message,
+                message: text,
             })
         }
     }
