@@ -327,7 +327,11 @@ async fn a_history_the_endpoint_refuses_as_too_large_is_summarised_and_the_turn_
     model.push(Reply::text(&"a".repeat(12_000)));
     model.push(Reply::text(&"b".repeat(12_000)));
     // Turn 3 is refused (24 KB of history); the summary, then the retry.
-    model.push(Reply::text("the user asked twice; long answers were given"));
+    // The summary is 40 KB: kept to 16 KiB, it leaves the retry room.
+    model.push(Reply::text(&format!(
+        "the user asked twice; long answers were given {}",
+        "s".repeat(40_000)
+    )));
     model.push(Reply::text("answer three"));
     for content in ["one", "two"] {
         let (status, body) = app.say(&session, content).await;

@@ -55,7 +55,8 @@
 //! if there is nothing to fold, the summary fails, or the endpoint refuses
 //! again, the turn fails with `MODEL_REJECTED`, its messages join the
 //! history, and the next turn folds them. So a session never stays stuck
-//! on a history the model does not take.
+//! on a history the model does not take. A summary is kept to
+//! [`MAX_SUMMARY_BYTES`], since every later request carries it.
 //!
 //! Token usage: each model reply's usage (a call that failed reported
 //! none) is counted into the next write the turn makes anyway, beside its
@@ -765,7 +766,10 @@ impl Conversation {
     ) -> bool {
         let act = self;
         let (text, usage) = match result {
-            Ok(r) => (r.content, TokenUsage::of_reply(r.usage.as_ref())),
+            Ok(r) => (
+                r.content.map(|t| capped_summary(t, &act.session.id)),
+                TokenUsage::of_reply(r.usage.as_ref()),
+            ),
             Err(e) => {
                 tracing::warn!(session = %act.session.id, error = %e, "summary not updated");
                 (None, TokenUsage::default())
@@ -977,6 +981,27 @@ impl ConversationHandle {
     pub fn is_alive(&self) -> bool {
         self.addr.connected()
     }
+}
+
+/// Longest summary kept, in bytes. The summary is sent with every later
+/// request; the instructions ask for 200 words, and a model that answers
+/// megabytes instead would make every request that large.
+pub const MAX_SUMMARY_BYTES: usize = 16 * 1024;
+
+fn capped_summary(mut text: String, session: &str) -> String {
+    if text.len() > MAX_SUMMARY_BYTES {
+        tracing::warn!(
+            session,
+            bytes = text.len(),
+            "the summary is longer than {MAX_SUMMARY_BYTES} bytes; cut"
+        );
+        let mut end = MAX_SUMMARY_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
 }
 
 /// `call`, cut after `budget` with `MODEL_TIMEOUT` (reported as the turn's
