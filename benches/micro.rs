@@ -295,12 +295,14 @@ fn context(c: &mut Criterion) {
                 content: None,
                 tool_calls: vec![call.clone()],
                 usage: None,
+                finish_reason: None,
             });
             machine.on_tool_results(vec![(call.clone(), result.clone())]);
             let finish = machine.on_model_reply(ChatResponse {
                 content: Some("(2+3)*4 = 20".into()),
                 tool_calls: Vec::new(),
                 usage: None,
+                finish_reason: None,
             });
             // As the actor does after each turn: the four messages the
             // window no longer holds are summarised and leave memory.

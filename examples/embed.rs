@@ -38,6 +38,7 @@ impl ChatModel for RuleModel {
             content,
             tool_calls,
             usage: None,
+            finish_reason: None,
         })
     }
 

@@ -403,7 +403,7 @@ fn setup(
             &registry,
             &builder.endpoint,
             builder.model.as_ref(),
-            &builder.client_options,
+            &config.model.client_options(&builder.client_options),
         )?;
         let line = format!("agent {}: {}", agent.name, agent.model.describe());
         tracing::info!("{line} (chosen by {chosen_by})");
@@ -436,7 +436,7 @@ fn setup(
         registry.clone(),
         executor.clone(),
         conversation_arbiters.to_vec(),
-        config.sessions.limits(),
+        config.session_limits(),
         metrics,
     );
     let workflows = Workflows::new(WorkflowsDeps {

@@ -7,7 +7,10 @@
 //! of it, `max_per_tenant`), `[api_limit]` (HTTP
 //! requests and open event streams per API key, failed authentications per
 //! address), `[executor]`, `[tools]`,
-//! `[sessions]`, `[server]` (shutdown grace, connection timeouts and caps). An override's value is
+//! `[sessions]`, `[server]` (shutdown grace, connection timeouts and caps),
+//! `[model]` (what one model reply may hold, a turn's model time; the
+//! endpoint itself comes from `CADRE_MODEL_BASE_URL` / `CADRE_MODEL_API_KEY`
+//! / `CADRE_MODEL`, which are not overrides of this section). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
 //! `CADRE_CONCURRENCY_MAX_CONCURRENT=1` and
@@ -26,14 +29,19 @@ use crate::http::connections::ConnectionLimits;
 use crate::http::rate_limit::ApiLimitConfig;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 6] = [
+const SECTIONS: [&str; 7] = [
     "concurrency",
     "api_limit",
     "executor",
     "tools",
     "sessions",
     "server",
+    "model",
 ];
+
+/// `CADRE_MODEL_*` variables that name the endpoint (read by
+/// [`crate::model::ModelEndpoint::from_env`]), not `[model]` keys.
+const ENDPOINT_VARS: [&str; 2] = ["CADRE_MODEL_BASE_URL", "CADRE_MODEL_API_KEY"];
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -44,6 +52,45 @@ pub struct ServerConfig {
     pub tools: ToolsSection,
     pub sessions: SessionsSection,
     pub server: ServerSection,
+    pub model: ModelSection,
+}
+
+/// What cadre accepts from a model endpoint (see `model::openai`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    /// Bytes read per model reply, streamed or not; a longer reply is
+    /// refused (`MODEL_BAD_RESPONSE`) and nothing of it is stored.
+    pub max_reply_bytes: usize,
+    /// Tool calls kept per reply; the others are neither run nor stored.
+    pub max_tool_calls: usize,
+    /// Seconds of model time one turn may use, every attempt, backoff and
+    /// tool round's model call included; past it the turn is `MODEL_TIMEOUT`.
+    pub turn_timeout_s: f64,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            max_reply_bytes: crate::model::openai::DEFAULT_MAX_REPLY_BYTES,
+            max_tool_calls: crate::model::openai::DEFAULT_MAX_TOOL_CALLS,
+            turn_timeout_s: SessionLimits::default().model_turn_timeout.as_secs_f64(),
+        }
+    }
+}
+
+impl ModelSection {
+    /// `base` (timeouts and retries) with this section's caps.
+    pub fn client_options(
+        &self,
+        base: &crate::model::openai::ClientOptions,
+    ) -> crate::model::openai::ClientOptions {
+        crate::model::openai::ClientOptions {
+            max_reply_bytes: self.max_reply_bytes,
+            max_tool_calls: self.max_tool_calls,
+            ..base.clone()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -102,11 +149,13 @@ impl Default for SessionsSection {
 }
 
 impl SessionsSection {
-    /// What [`crate::conversation::Sessions`] runs with.
+    /// What [`crate::conversation::Sessions`] runs with, but the model
+    /// turn budget (see [`ServerConfig::session_limits`]).
     pub fn limits(&self) -> SessionLimits {
         SessionLimits {
             idle_timeout: Duration::from_secs_f64(self.idle_timeout_s),
             max_queued_turns: self.max_queued_turns,
+            ..SessionLimits::default()
         }
     }
 }
@@ -196,6 +245,9 @@ impl ServerConfig {
             let Some(rest) = var.strip_prefix("CADRE_") else {
                 continue;
             };
+            if ENDPOINT_VARS.contains(&var.as_str()) {
+                continue;
+            }
             let rest = rest.to_ascii_lowercase();
             let Some(section) = SECTIONS.iter().find(|s| {
                 rest.strip_prefix(*s)
@@ -273,6 +325,16 @@ impl ServerConfig {
                     .into(),
             );
         }
+        let turn = self.model.turn_timeout_s;
+        if turn.is_nan() || !(0.01..=86_400.0).contains(&turn) {
+            return Err("model.turn_timeout_s must be between 0.01 and 86400".into());
+        }
+        if self.model.max_reply_bytes < 1024 || self.model.max_tool_calls == 0 {
+            return Err(
+                "model.max_reply_bytes must be at least 1024 and model.max_tool_calls at least 1"
+                    .into(),
+            );
+        }
         if self.api_limit.max_streams == 0 {
             return Err("api_limit.max_streams must be at least 1".into());
         }
@@ -289,6 +351,14 @@ impl ServerConfig {
             default_timeout: Duration::from_secs_f64(self.executor.default_timeout_s),
             retry_base_delay: Duration::from_millis(self.executor.retry_base_delay_ms),
             confirmation_ttl: Duration::from_secs(self.executor.confirmation_ttl_s),
+        }
+    }
+
+    /// `[sessions]` with `[model] turn_timeout_s`.
+    pub fn session_limits(&self) -> SessionLimits {
+        SessionLimits {
+            model_turn_timeout: Duration::from_secs_f64(self.model.turn_timeout_s),
+            ..self.sessions.limits()
         }
     }
 
@@ -383,6 +453,19 @@ mod tests {
         assert!(err.to_string().contains("max_streams"), "{err}");
 
         let err =
+            ServerConfig::load(None, env(&[("CADRE_MODEL_TURN_TIMEOUT_S", "0")])).unwrap_err();
+        assert!(err.to_string().contains("turn_timeout_s"), "{err}");
+        let c = ServerConfig::load(
+            None,
+            env(&[
+                ("CADRE_MODEL_MAX_REPLY_BYTES", "65536"),
+                ("CADRE_MODEL_API_KEY", "sk-not-a-key-of-this-section"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.model.max_reply_bytes, 65536);
+
+        let err =
             ServerConfig::load(None, env(&[("CADRE_SERVER_IDLE_TIMEOUT_S", "60")])).unwrap_err();
         assert!(err.to_string().contains("idle_timeout_s"), "{err}");
         let err =
@@ -435,6 +518,12 @@ mod tests {
         assert_eq!(c.api_limit.max_streams, 32);
         assert_eq!(c.sessions.max_queued_turns, 8);
         assert_eq!(c.sessions.idle_timeout_s, 300.0);
+        assert_eq!(c.model.max_reply_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.model.max_tool_calls, 32);
+        assert_eq!(
+            c.session_limits().model_turn_timeout,
+            Duration::from_secs(120)
+        );
         let conns = c.connection_limits();
         assert_eq!(conns.header_read_timeout, Duration::from_secs(10));
         assert_eq!(conns.idle_timeout, Duration::from_secs(5));

@@ -41,6 +41,23 @@
 //! ([`TurnEvent`]): model deltas, tool calls started and completed, the
 //! outcome.
 //!
+//! Model time: a turn's model calls share one budget, `[model]
+//! turn_timeout_s` (default 120 s), every attempt and backoff of the
+//! client included; the call that finds it spent is cut and the turn fails
+//! with `MODEL_TIMEOUT`, streamed or not. Tool time does not count. The
+//! summary call after a turn gets the same budget of its own, so a hanging
+//! endpoint cannot hold a session's queue longer than that either.
+//!
+//! Too large: when the endpoint refuses a turn's request for its size
+//! ([`ModelError::is_request_too_large`]: 413, or a 400 about the context
+//! length), the history before the turn is folded into the rolling summary
+//! at once (none of it kept verbatim) and the request is sent once more;
+//! if there is nothing to fold, the summary fails, or the endpoint refuses
+//! again, the turn fails with `MODEL_REJECTED`, its messages join the
+//! history, and the next turn folds them. So a session never stays stuck
+//! on a history the model does not take. A summary is kept to
+//! [`MAX_SUMMARY_BYTES`], since every later request carries it.
+//!
 //! Token usage: each model reply's usage (a call that failed reported
 //! none) is counted into the next write the turn makes anyway, beside its
 //! messages: a tool round's with its step, the last call's with the turn's
@@ -190,6 +207,9 @@ type TurnReply = oneshot::Sender<Result<TurnOutcome, TurnError>>;
 /// Turns a session's queue holds besides the running one, unless configured.
 pub const DEFAULT_MAX_QUEUED_TURNS: usize = 8;
 
+/// Model time a turn may use, unless configured (`[model] turn_timeout_s`).
+pub const DEFAULT_MODEL_TURN_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// A turn the conversation took on; its outcome follows.
 pub struct AcceptedTurn(oneshot::Receiver<Result<TurnOutcome, TurnError>>);
 
@@ -232,6 +252,10 @@ struct Current {
     events: Option<TurnSink>,
     /// The turn's span: model calls and the tool batch are its children.
     span: tracing::Span,
+    /// Model time the turn used so far.
+    model_spent: Duration,
+    /// The history was folded into the summary after a too-large refusal.
+    compacted: bool,
 }
 
 impl Current {
@@ -266,6 +290,8 @@ pub struct Conversation {
     metrics: Arc<Metrics>,
     /// The store generation the history was loaded at.
     generation: u64,
+    /// Model time one turn may use.
+    model_turn_timeout: Duration,
 }
 
 impl Actor for Conversation {
@@ -322,7 +348,23 @@ impl Conversation {
             last_active: Instant::now(),
             metrics,
             generation: 0,
+            model_turn_timeout: DEFAULT_MODEL_TURN_TIMEOUT,
         }
+    }
+
+    /// A turn's model calls together take at most `budget`.
+    pub fn model_turn_timeout(mut self, budget: Duration) -> Self {
+        self.model_turn_timeout = budget;
+        self
+    }
+
+    /// The model time the running turn has left.
+    fn model_budget(&self) -> Duration {
+        let spent = self
+            .current
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.model_spent);
+        self.model_turn_timeout.saturating_sub(spent)
     }
 
     /// The store generation the history was read at (before reading it).
@@ -389,6 +431,8 @@ impl Conversation {
                     reply,
                     events,
                     span,
+                    model_spent: Duration::ZERO,
+                    compacted: false,
                 };
                 current.emit(TurnEvent::TurnStarted {
                     session_id: self.session.id.clone(),
@@ -537,14 +581,17 @@ impl Conversation {
                 // every one of them would be a hop between threads. Only the
                 // reply crosses back. Dropped with the actor, it is aborted.
                 let call = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(io));
-                let io = async move {
+                let io = within(self.model_budget(), self.model_turn_timeout, async move {
                     call.await.unwrap_or_else(|e| {
                         Err(TurnError::Model(ModelError::InvalidResponse {
                             detail: format!("the model call ended abnormally: {e}"),
                         }))
                     })
-                };
-                ctx.spawn(io.into_actor(self).map(move |result, act, ctx| {
+                });
+                ctx.spawn(io.into_actor(self).map(move |(result, took), act, ctx| {
+                    if let Some(c) = act.current.as_mut() {
+                        c.model_spent += took;
+                    }
                     metrics.model_calls.fetch_add(1, Ordering::Relaxed);
                     if result.is_err() {
                         metrics.model_errors.fetch_add(1, Ordering::Relaxed);
@@ -581,9 +628,52 @@ impl Conversation {
             }
             Err(e) => {
                 record_to.record("error.type", e.code().as_str());
+                if let TurnError::Model(m) = &e
+                    && m.is_request_too_large()
+                    && self.current.as_ref().is_some_and(|c| !c.compacted)
+                    && let Some(request) = self.machine.compact_request()
+                {
+                    self.compact_then_retry(request, e, ctx);
+                    return;
+                }
                 self.fail(e, ctx)
             }
         }
+    }
+
+    /// Folds the history into the summary, then asks the turn's request
+    /// again; fails the turn with `refused` when no summary came.
+    fn compact_then_retry(
+        &mut self,
+        request: crate::model::ChatRequest,
+        refused: TurnError,
+        ctx: &mut Context<Self>,
+    ) {
+        tracing::warn!(session = %self.session.id, error = %refused, "the model refused the request as too large; summarising the history and asking once more");
+        if let Some(c) = self.current.as_mut() {
+            c.compacted = true;
+        }
+        let model = self.agent.model.clone();
+        let call = within(self.model_budget(), self.model_turn_timeout, async move {
+            model.complete(request).await
+        });
+        ctx.spawn(call.into_actor(self).map(move |(result, took), act, ctx| {
+            if let Some(c) = act.current.as_mut() {
+                c.model_spent += took;
+            }
+            if act.store_summary(result, ctx) {
+                let request = act.machine.turn_request();
+                act.perform(
+                    Step {
+                        persist: Vec::new(),
+                        action: Action::CallModel(request),
+                    },
+                    ctx,
+                );
+            } else {
+                act.fail(refused, ctx);
+            }
+        }));
     }
 
     fn run_tools(&mut self, calls: Vec<crate::model::ToolCall>, ctx: &mut Context<Self>) {
@@ -663,45 +753,63 @@ impl Conversation {
             return;
         };
         let model = self.agent.model.clone();
-        ctx.spawn(
-            async move { model.complete(request).await }
-                .into_actor(self)
-                .map(|result, act, ctx| {
-                    let (text, usage) = match result {
-                        Ok(r) => (r.content, TokenUsage::of_reply(r.usage.as_ref())),
-                        Err(e) => {
-                            tracing::warn!(session = %act.session.id, error = %e, "summary not updated");
-                            (None, TokenUsage::default())
-                        }
-                    };
-                    let mut ops: Vec<WriteOp> = act.usage_op(usage).into_iter().collect();
-                    if let Some(summary) = act.machine.on_summary(text) {
-                        ops.push(WriteOp::PutSummary {
-                            session_id: act.session.id.clone(),
-                            summary: StoredSummary {
-                                text: summary.text,
-                                covers_until_seq: summary.covers_until_seq,
-                                updated_at: Timestamp::now(),
-                            },
-                        });
-                    }
-                    if !ops.is_empty() {
-                        let store = act.store.clone();
-                        let generation = act.generation;
-                        // Derived data and its cost: made durable by the next durable commit.
-                        ctx.spawn(
-                            async move {
-                                if let Err(e) = store.write_at(generation, ops, false).await {
-                                    tracing::warn!(error = %e, "summary not stored");
-                                }
-                            }
-                            .into_actor(act),
-                        );
-                    }
-                    act.busy = false;
-                    act.start_next(ctx);
-                }),
+        let call = within(
+            self.model_turn_timeout,
+            self.model_turn_timeout,
+            async move { model.complete(request).await },
         );
+        ctx.spawn(call.into_actor(self).map(|(result, _), act, ctx| {
+            act.store_summary(result, ctx);
+            act.busy = false;
+            act.start_next(ctx);
+        }));
+    }
+
+    /// Keeps and stores the summary a summary call answered, with its
+    /// usage; `true` when there was one.
+    fn store_summary(
+        &mut self,
+        result: Result<crate::model::ChatResponse, ModelError>,
+        ctx: &mut Context<Self>,
+    ) -> bool {
+        let act = self;
+        let (text, usage) = match result {
+            Ok(r) => (
+                r.content.map(|t| capped_summary(t, &act.session.id)),
+                TokenUsage::of_reply(r.usage.as_ref()),
+            ),
+            Err(e) => {
+                tracing::warn!(session = %act.session.id, error = %e, "summary not updated");
+                (None, TokenUsage::default())
+            }
+        };
+        let mut ops: Vec<WriteOp> = act.usage_op(usage).into_iter().collect();
+        let made = act.machine.on_summary(text);
+        let stored = made.is_some();
+        if let Some(summary) = made {
+            ops.push(WriteOp::PutSummary {
+                session_id: act.session.id.clone(),
+                summary: StoredSummary {
+                    text: summary.text,
+                    covers_until_seq: summary.covers_until_seq,
+                    updated_at: Timestamp::now(),
+                },
+            });
+        }
+        if !ops.is_empty() {
+            let store = act.store.clone();
+            let generation = act.generation;
+            // Derived data and its cost: made durable by the next durable commit.
+            ctx.spawn(
+                async move {
+                    if let Err(e) = store.write_at(generation, ops, false).await {
+                        tracing::warn!(error = %e, "summary not stored");
+                    }
+                }
+                .into_actor(act),
+            );
+        }
+        stored
     }
 
     fn fail(&mut self, error: TurnError, ctx: &mut Context<Self>) {
@@ -881,4 +989,40 @@ impl ConversationHandle {
     pub fn is_alive(&self) -> bool {
         self.addr.connected()
     }
+}
+
+/// Longest summary kept, in bytes. The summary is sent with every later
+/// request; the instructions ask for 200 words, and a model that answers
+/// megabytes instead would make every request that large.
+pub const MAX_SUMMARY_BYTES: usize = 16 * 1024;
+
+fn capped_summary(mut text: String, session: &str) -> String {
+    if text.len() > MAX_SUMMARY_BYTES {
+        tracing::warn!(
+            session,
+            bytes = text.len(),
+            "the summary is longer than {MAX_SUMMARY_BYTES} bytes; cut"
+        );
+        let mut end = MAX_SUMMARY_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// `call`, cut after `budget` with `MODEL_TIMEOUT` (reported as the turn's
+/// whole budget, `of`); with the time it took.
+async fn within<T, E: From<ModelError>>(
+    budget: Duration,
+    of: Duration,
+    call: impl Future<Output = Result<T, E>>,
+) -> (Result<T, E>, Duration) {
+    let started = Instant::now();
+    let result = match tokio::time::timeout(budget, call).await {
+        Ok(result) => result,
+        Err(_) => Err(ModelError::Timeout { after: of }.into()),
+    };
+    (result, started.elapsed())
 }

@@ -37,7 +37,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::model::{
-    ChatMessage, ChatRequest, ChatResponse, Purpose, Role, ToolCall, ToolChoice, ToolSpec,
+    ChatMessage, ChatRequest, ChatResponse, FinishReason, Purpose, Role, ToolCall, ToolChoice,
+    ToolSpec,
 };
 use crate::tenants::TenantConfig;
 use crate::tools::{ErrorType, ToolExecutionResult};
@@ -158,6 +159,9 @@ pub struct TurnOutcome {
     pub ungrounded_citations: Vec<String>,
     pub iterations: u32,
     pub fallback_used: bool,
+    /// Why the model stopped writing the answer (`length`: cut at
+    /// `max_tokens`; `content_filter`: withheld by the provider).
+    pub finish_reason: Option<FinishReason>,
 }
 
 #[derive(Debug, Clone)]
@@ -276,7 +280,8 @@ impl ConversationMachine {
         let answer = reply.content.unwrap_or_default();
         let msg = ChatMessage::assistant(answer.clone());
         turn.messages.push((seq, msg.clone()));
-        let outcome = self.finish(answer);
+        let mut outcome = self.finish(answer);
+        outcome.finish_reason = reply.finish_reason;
         Step {
             persist: vec![(seq, msg)],
             action: Action::Finish(Box::new(outcome)),
@@ -335,14 +340,33 @@ impl ConversationMachine {
     /// After a turn: the summary request to make, if the messages not yet
     /// covered by the summary outgrew the window.
     pub fn summary_request(&mut self) -> Option<ChatRequest> {
-        if self.turn.is_some() || self.summarising_until.is_some() {
+        if self.turn.is_some() {
             return None;
         }
         let window = self.settings.history_window;
-        if self.history.len() <= SUMMARY_AFTER_WINDOWS * window {
+        self.summary_keeping(window, SUMMARY_AFTER_WINDOWS * window)
+    }
+
+    /// During a turn whose request the endpoint refused as too large: the
+    /// summary request that folds every message before the turn into the
+    /// summary (none kept verbatim), so the turn can be asked again with
+    /// the summary and its own messages only. `None`: nothing to fold.
+    pub fn compact_request(&mut self) -> Option<ChatRequest> {
+        self.summary_keeping(0, 0)
+    }
+
+    /// The running turn's model request, built again (after a compaction).
+    pub fn turn_request(&mut self) -> ChatRequest {
+        self.request()
+    }
+
+    /// A summary of all but the last `keep` messages before the turn, once
+    /// more than `after` of them are not covered.
+    fn summary_keeping(&mut self, keep: usize, after: usize) -> Option<ChatRequest> {
+        if self.summarising_until.is_some() || self.history.len() <= after {
             return None;
         }
-        let mut cut = self.history.len() - window;
+        let mut cut = self.history.len() - keep;
         while cut < self.history.len() && self.history[cut].1.role == Role::Tool {
             cut += 1;
         }
@@ -415,6 +439,7 @@ impl ConversationMachine {
             ungrounded_citations: ungrounded,
             iterations: turn.model_calls,
             fallback_used: turn.fallback,
+            finish_reason: None,
             tool_calls: turn.calls,
         };
         self.history.extend(turn.messages);
@@ -628,6 +653,7 @@ mod tests {
             content: None,
             tool_calls: ids.iter().map(|i| call(i)).collect(),
             usage: None,
+            finish_reason: None,
         }
     }
 
@@ -636,6 +662,7 @@ mod tests {
             content: Some(t.into()),
             tool_calls: vec![],
             usage: None,
+            finish_reason: None,
         }
     }
 
@@ -706,6 +733,7 @@ mod tests {
             content: Some("done".into()),
             tool_calls: vec![call("c")],
             usage: None,
+            finish_reason: None,
         });
         let Action::Finish(outcome) = step.action else {
             panic!("expected the turn to finish");

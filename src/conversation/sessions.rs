@@ -238,6 +238,9 @@ pub struct SessionLimits {
     /// Turns a session holds waiting behind its running one; one more is
     /// refused with 429 `CONVERSATION_QUEUE_FULL`.
     pub max_queued_turns: usize,
+    /// Model time one turn may use, all its calls and retries together
+    /// (`[model] turn_timeout_s`).
+    pub model_turn_timeout: Duration,
 }
 
 impl Default for SessionLimits {
@@ -245,6 +248,7 @@ impl Default for SessionLimits {
         SessionLimits {
             idle_timeout: Duration::from_secs(300),
             max_queued_turns: super::actor::DEFAULT_MAX_QUEUED_TURNS,
+            model_turn_timeout: super::actor::DEFAULT_MODEL_TURN_TIMEOUT,
         }
     }
 }
@@ -778,7 +782,8 @@ impl Sessions {
             self.inner.metrics.clone(),
         )
         .loaded_at(generation)
-        .max_queued_turns(self.inner.limits.max_queued_turns);
+        .max_queued_turns(self.inner.limits.max_queued_turns)
+        .model_turn_timeout(self.inner.limits.model_turn_timeout);
         let handle = ConversationHandle::start_in(arbiter, conversation);
         live.insert(id.to_string(), handle.clone());
         Ok(handle)

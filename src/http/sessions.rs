@@ -13,7 +13,6 @@ use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -23,7 +22,7 @@ use super::error::ApiError;
 use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
-use super::streams::StreamQuota;
+use super::streams::{StreamQuota, paced};
 use super::tools::{PlanName, parse_plan};
 use crate::conversation::actor::TurnEvent;
 use crate::conversation::{MAX_METADATA_BYTES, NewSession};
@@ -101,6 +100,11 @@ struct TurnReply {
     iterations: u32,
     /// Whether the turn ended with a forced answer (`tool_choice = none`).
     fallback_used: bool,
+    /// Why the model stopped writing the answer: `stop`; `length` (cut at
+    /// `max_tokens`: the answer is truncated); `content_filter` (the
+    /// provider withheld it: the answer may be empty); `tool_calls`; or
+    /// another value the endpoint sent. Null when it sent none.
+    finish_reason: Option<String>,
 }
 
 /// `turn_started`: the turn was accepted.
@@ -403,7 +407,11 @@ error_responses!(
 /// One turn. With `Accept: text/event-stream` the reply is a stream of
 /// Server-Sent Events: `turn_started`, `model_delta`, `tool_call_started`,
 /// `tool_call_completed`, then `turn_completed` (the same body as the JSON
-/// reply) or `turn_failed` (the JSON error body).
+/// reply) or `turn_failed` (the JSON error body). Comments (`:`) keep an
+/// idle stream alive every 15 s. A client that reads slower than the model
+/// writes gets consecutive `model_delta`s merged; once more than 1 MiB of
+/// text waits for it, the stream closes without `turn_completed` (the turn
+/// still completes and is stored).
 #[utoipa::path(
     post,
     path = "/v1/sessions/{id}/messages",
@@ -461,7 +469,8 @@ async fn send(
     tokio::spawn(async move {
         let _ = done_tx.send(accepted.await);
     });
-    let events = UnboundedReceiverStream::new(rx).map(|event: TurnEvent| {
+    let (events, lagged) = paced(rx);
+    let events = events.map(|event: TurnEvent| {
         let sse = match &event {
             TurnEvent::TurnCompleted(outcome) => SseEvent::default().json_data(outcome),
             other => SseEvent::default().json_data(other),
@@ -472,6 +481,10 @@ async fn send(
         )
     });
     let failure = futures::stream::once(async move {
+        // Closed for falling behind: ends now, the turn goes on.
+        if lagged.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
         match done_rx.await {
             Ok(Err(e)) => Some(ApiError::from(e).sse_event()),
             _ => None,

@@ -26,9 +26,20 @@
 //! and end when the server starts shutting down
 //! ([`StreamLimit::close_subscriptions`]); a streamed turn is running work
 //! and gets the shutdown grace like any request.
+//!
+//! Pace: a streamed turn's events pass through [`paced`], a task that
+//! drains the turn's events as the model writes them and hands them to the
+//! response through a channel of [`TURN_STREAM_BUFFER`] events. While the
+//! client reads slower than that, the model text waiting for it is
+//! coalesced (consecutive deltas become one); once more than
+//! [`MAX_TURN_STREAM_LAG_BYTES`] of text wait, the stream is closed (the
+//! turn goes on and is stored; its history has the answer). A client that
+//! leaves ends the task and drops what waited. So a stream holds at most
+//! the buffer and the lag limit, whatever the model sends.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
@@ -42,7 +53,73 @@ use tower::{Layer, Service};
 
 use super::caller::Caller;
 use super::error::ApiError;
+use crate::conversation::actor::TurnEvent;
 use crate::error_code::ErrorCode;
+
+/// Events of a streamed turn held for a client that reads slowly.
+pub const TURN_STREAM_BUFFER: usize = 64;
+/// Bytes of model text a client may fall behind before its stream closes.
+pub const MAX_TURN_STREAM_LAG_BYTES: usize = 1024 * 1024;
+
+/// A turn's events, paced for the client (see the module doc), and a flag
+/// that is set when the stream was closed for falling behind.
+pub fn paced(
+    mut events: tokio::sync::mpsc::UnboundedReceiver<TurnEvent>,
+) -> (
+    tokio_stream::wrappers::ReceiverStream<TurnEvent>,
+    Arc<AtomicBool>,
+) {
+    let (tx, out) = tokio::sync::mpsc::channel(TURN_STREAM_BUFFER);
+    let lagged = Arc::new(AtomicBool::new(false));
+    let flag = lagged.clone();
+    tokio::spawn(async move {
+        let mut waiting: VecDeque<TurnEvent> = VecDeque::new();
+        // Model text in `waiting`.
+        let mut behind = 0usize;
+        let mut open = true;
+        while open || !waiting.is_empty() {
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return,
+                permit = tx.reserve(), if !waiting.is_empty() => {
+                    let Ok(permit) = permit else { return };
+                    let event = waiting.pop_front().expect("an event waits");
+                    behind -= text_len(&event);
+                    permit.send(event);
+                }
+                event = events.recv(), if open => match event {
+                    None => open = false,
+                    Some(event) => {
+                        behind += text_len(&event);
+                        match (waiting.back_mut(), event) {
+                            (
+                                Some(TurnEvent::ModelDelta { text }),
+                                TurnEvent::ModelDelta { text: more },
+                            ) => text.push_str(&more),
+                            (_, event) => waiting.push_back(event),
+                        }
+                        if behind > MAX_TURN_STREAM_LAG_BYTES {
+                            tracing::warn!(
+                                behind,
+                                "a streaming client fell too far behind; its stream is closed"
+                            );
+                            flag.store(true, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                },
+            }
+        }
+    });
+    (tokio_stream::wrappers::ReceiverStream::new(out), lagged)
+}
+
+fn text_len(event: &TurnEvent) -> usize {
+    match event {
+        TurnEvent::ModelDelta { text } => text.len(),
+        _ => 0,
+    }
+}
 
 /// The open-stream counts of every caller, shared by all requests.
 #[derive(Clone, Debug)]

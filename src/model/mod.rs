@@ -174,6 +174,55 @@ pub struct ChatResponse {
     /// `None` when the endpoint reported no usage: the call is counted
     /// with zero tokens (an estimate would be billed as if it were real).
     pub usage: Option<Usage>,
+    /// Why the model stopped, as the endpoint said (`None`: it did not).
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// Why the model stopped writing. `Length` (cut at `max_tokens`) and
+/// `ContentFilter` (the provider withheld it) reach the turn's reply, so a
+/// truncated or filtered answer says so; a value cadre does not know is
+/// kept as sent (at most 64 bytes), never an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    Other(String),
+}
+
+impl FinishReason {
+    pub fn parse(s: &str) -> FinishReason {
+        match s {
+            "stop" => FinishReason::Stop,
+            "length" => FinishReason::Length,
+            "tool_calls" | "function_call" => FinishReason::ToolCalls,
+            "content_filter" => FinishReason::ContentFilter,
+            other => {
+                let mut end = other.len().min(64);
+                while !other.is_char_boundary(end) {
+                    end -= 1;
+                }
+                FinishReason::Other(other[..end].to_string())
+            }
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
+            FinishReason::ContentFilter => "content_filter",
+            FinishReason::Other(s) => s,
+        }
+    }
+}
+
+impl Serialize for FinishReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
 }
 
 /// Why a model call failed, after cadre's own retries.
@@ -191,6 +240,34 @@ pub enum ModelError {
     /// The endpoint refused the request (4xx other than 429): retrying will not help.
     #[error("model endpoint refused the request (HTTP {status}): {message}")]
     Rejected { status: u16, message: String },
+}
+
+impl ModelError {
+    /// The endpoint refused the request for its size: 413, or a 400 whose
+    /// message speaks of the context length (OpenAI's
+    /// `context_length_exceeded`, vLLM's and llama.cpp's wordings). The
+    /// conversation answers it by summarising its history and trying once
+    /// more; any other refusal is final.
+    pub fn is_request_too_large(&self) -> bool {
+        let ModelError::Rejected { status, message } = self else {
+            return false;
+        };
+        let m = message.to_ascii_lowercase();
+        *status == 413
+            || (*status == 400
+                && [
+                    "context length",
+                    "context_length",
+                    "context window",
+                    "maximum context",
+                    "too many tokens",
+                    "reduce the length",
+                    "too long",
+                    "too large",
+                ]
+                .iter()
+                .any(|w| m.contains(w)))
+    }
 }
 
 /// The one place a model failure is classified: its code, and through the
@@ -276,5 +353,46 @@ pub fn model_for(endpoint: &ModelEndpoint, options: &openai::ClientOptions) -> S
         Arc::new(openai::OpenAiModel::new(endpoint, options.clone()))
     } else {
         Arc::new(offline::OfflineModel::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_refusals_are_told_apart_from_other_refusals() {
+        let rejected = |status: u16, message: &str| ModelError::Rejected {
+            status,
+            message: message.into(),
+        };
+        assert!(rejected(413, "Payload Too Large").is_request_too_large());
+        assert!(
+            rejected(
+                400,
+                "This model's maximum context length is 128000 tokens. However, your messages resulted in 130000 tokens."
+            )
+            .is_request_too_large()
+        );
+        assert!(rejected(400, "context_length_exceeded").is_request_too_large());
+        assert!(!rejected(400, "Invalid 'messages[2].role'").is_request_too_large());
+        assert!(!rejected(401, "Incorrect API key").is_request_too_large());
+        let down = ModelError::Unavailable {
+            attempts: 4,
+            last: "request too large".into(),
+        };
+        assert!(!down.is_request_too_large());
+    }
+
+    #[test]
+    fn finish_reasons_are_read_leniently() {
+        assert_eq!(FinishReason::parse("length"), FinishReason::Length);
+        assert_eq!(
+            FinishReason::parse("content_filter"),
+            FinishReason::ContentFilter
+        );
+        let odd = FinishReason::parse(&"é".repeat(100));
+        assert_eq!(odd.as_str().len(), 64);
+        assert_eq!(serde_json::to_value(odd.clone()).unwrap(), odd.as_str());
     }
 }

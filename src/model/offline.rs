@@ -27,8 +27,8 @@ use std::collections::HashSet;
 use serde_json::{Map, Value, json};
 
 use super::{
-    ChatMessage, ChatModel, ChatRequest, ChatResponse, ModelError, Purpose, Role, ToolCall,
-    ToolChoice, ToolSpec, Usage,
+    ChatMessage, ChatModel, ChatRequest, ChatResponse, FinishReason, ModelError, Purpose, Role,
+    ToolCall, ToolChoice, ToolSpec, Usage,
 };
 
 #[derive(Debug, Default)]
@@ -56,6 +56,7 @@ fn text(content: String) -> ChatResponse {
         content: Some(content),
         tool_calls: Vec::new(),
         usage: Some(Usage::default()),
+        finish_reason: Some(FinishReason::Stop),
     }
 }
 
@@ -88,6 +89,7 @@ pub fn route(request: &ChatRequest) -> ChatResponse {
                 arguments: args.to_string(),
             }],
             usage: Some(Usage::default()),
+            finish_reason: Some(FinishReason::ToolCalls),
         };
     }
     let tools: Vec<&str> = request.tools.iter().map(|t| t.name.as_str()).collect();

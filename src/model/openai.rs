@@ -1,19 +1,44 @@
 //! The OpenAI-compatible model client (OpenAI, Groq, vLLM, llama.cpp, Ollama...).
 //!
-//! conversation ──ChatRequest──▶ OpenAiModel ──async-openai──▶ StatusService ──reqwest──▶ endpoint
+//! conversation ──ChatRequest──▶ OpenAiModel ──reqwest──▶ endpoint
+//!                                   │ request: async-openai's types, serialised
+//!                                   │ reply:   read capped, parsed leniently here
 //!
-//! async-openai builds the request and parses the reply; its own retry layer
-//! is replaced (`with_http_service`) so cadre's policy is the only one.
-//! [`StatusService`] sits under async-openai and turns every non-2xx reply
-//! into an [`EndpointStatus`] carrying the status, the `Retry-After` header
-//! and the body, which async-openai would otherwise drop.
+//! async-openai builds the request body; the reply is read and parsed here,
+//! because an endpoint is not trusted to answer what OpenAI would: every
+//! reply is read through a byte cap and parsed into cadre's own lenient
+//! shapes ([`wire`]). Decisions:
 //!
-//! Retry policy: 429, 5xx, connection failures and timeouts are retried up
-//! to `max_retries` times with exponential backoff and jitter, waiting at
-//! least `Retry-After` when the endpoint sends one (capped at
+//! - **Size**: at most `max_reply_bytes` (`[model] max_reply_bytes`,
+//!   default 4 MiB) are read per reply, streamed or not; a `Content-Length`
+//!   over it is refused before reading, a body that grows past it is
+//!   dropped at once. Such a reply is `InvalidResponse` (`MODEL_BAD_RESPONSE`),
+//!   not retried, and nothing of it is stored.
+//! - **Count**: at most `max_tool_calls` (`[model] max_tool_calls`, default
+//!   32) tool calls are kept per reply; the others are dropped before the
+//!   conversation sees them (neither run nor stored) and a warning says how
+//!   many. 32 is twice the batch cap, so the batch still answers "not run"
+//!   for the calls between the two caps, which the model sees.
+//! - **Error text**: an endpoint's error body is read up to 64 KiB and at
+//!   most [`MAX_ERROR_TEXT`] bytes of its message are passed on (logs, API
+//!   errors).
+//! - **Leniency**: odd `usage` numbers (negative, over `u32`, fractional,
+//!   strings) count as 0 with a warning, and an unknown `finish_reason` is
+//!   kept as it came ([`FinishReason::Other`]): neither spoils a good reply.
+//! - **Ends**: a stream that ends without a `finish_reason` or `[DONE]`,
+//!   or a body cut by the connection, was cut: retried like a 5xx while no
+//!   text went out, and `InvalidResponse` once the retries are spent (or
+//!   text already reached the client). A reply that is not UTF-8 is
+//!   `InvalidResponse` on both paths, not retried.
+//!
+//! Retry policy: 429, 5xx, connection failures, cut replies and timeouts are
+//! retried up to `max_retries` times with exponential backoff and jitter,
+//! waiting at least `Retry-After` when the endpoint sends one (capped at
 //! `max_retry_after`). Other 4xx are not retried. A reply that is not a chat
 //! completion is `InvalidResponse`, not retried: an endpoint that answers
-//! garbage once usually answers it again.
+//! garbage once usually answers it again. `request_timeout` bounds each
+//! attempt; the conversation bounds a turn's model calls as a whole
+//! (`[model] turn_timeout_s`).
 //!
 //! Usage: the reply's `usage` becomes [`ChatResponse::usage`]; streamed
 //! requests ask for it with `stream_options.include_usage` (the last chunk
@@ -24,21 +49,24 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_openai::Client;
-use async_openai::config::OpenAIConfig;
-use async_openai::error::OpenAIError;
-use async_openai::middleware::{HttpRequestFactory, ReqwestService};
 use async_openai::types::chat as oa;
-use futures::StreamExt;
+use eventsource_stream::{EventStreamError, Eventsource};
+use futures::{Stream, StreamExt};
 
 use super::{
-    ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, ModelEndpoint, ModelError, Role,
-    ToolCall, ToolChoice, Usage,
+    ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, FinishReason, ModelEndpoint,
+    ModelError, Role, ToolCall, ToolChoice, Usage,
 };
 use crate::retry::Backoff;
 
 /// Model used when neither the environment nor the agent names one.
 pub const DEFAULT_MODEL: &str = "gpt-4o-mini";
+
+/// Bytes of an endpoint's error message passed on (logs and API errors).
+pub const MAX_ERROR_TEXT: usize = 1024;
+
+/// Bytes of an error body read to find its message.
+const MAX_ERROR_BODY: usize = 64 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -48,7 +76,16 @@ pub struct ClientOptions {
     pub retry_base_delay: Duration,
     /// Longest `Retry-After` cadre will honour; longer asks fail at once.
     pub max_retry_after: Duration,
+    /// Bytes read per reply, streamed or not; more is `InvalidResponse`.
+    pub max_reply_bytes: usize,
+    /// Tool calls kept per reply; the others are dropped.
+    pub max_tool_calls: usize,
 }
+
+/// `[model] max_reply_bytes` unless configured.
+pub const DEFAULT_MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
+/// `[model] max_tool_calls` unless configured.
+pub const DEFAULT_MAX_TOOL_CALLS: usize = 32;
 
 impl Default for ClientOptions {
     fn default() -> Self {
@@ -57,12 +94,17 @@ impl Default for ClientOptions {
             max_retries: 3,
             retry_base_delay: Duration::from_millis(250),
             max_retry_after: Duration::from_secs(30),
+            max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
         }
     }
 }
 
 pub struct OpenAiModel {
-    client: Client<OpenAIConfig>,
+    http: reqwest::Client,
+    /// `{base_url}/chat/completions`.
+    url: String,
+    api_key: String,
     model: String,
     base_url: String,
     options: ClientOptions,
@@ -78,15 +120,12 @@ impl OpenAiModel {
             .timeout(options.request_timeout)
             .build()
             .expect("build the HTTP client");
-        let mut config = OpenAIConfig::new().with_api_base(base_url.trim_end_matches('/'));
-        // An empty key still sends `Authorization: Bearer `, which local
-        // servers ignore; a real endpoint answers 401 with a clear message.
-        config = config.with_api_key(endpoint.api_key.clone().unwrap_or_default());
-        let client = Client::build(http.clone(), config).with_http_service(StatusService {
-            inner: ReqwestService::new(http),
-        });
         OpenAiModel {
-            client,
+            http,
+            url: format!("{}/chat/completions", base_url.trim_end_matches('/')),
+            // An empty key still sends `Authorization: Bearer `, which local
+            // servers ignore; a real endpoint answers 401 with a clear message.
+            api_key: endpoint.api_key.clone().unwrap_or_default(),
             model: endpoint
                 .model
                 .clone()
@@ -96,42 +135,112 @@ impl OpenAiModel {
         }
     }
 
+    /// Sends the request; a non-2xx answer is classified here.
+    async fn send(
+        &self,
+        request: &oa::CreateChatCompletionRequest,
+    ) -> Result<reqwest::Response, Failure> {
+        let response = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.api_key)
+            .json(request)
+            .send()
+            .await
+            .map_err(|e| retryable(transport_message(&e), e.is_timeout(), false, None))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64);
+        let body = read_at_most(response, MAX_ERROR_BODY)
+            .await
+            .map(|(bytes, _)| bytes)
+            .unwrap_or_default();
+        Err(EndpointStatus {
+            status: status.as_u16(),
+            retry_after,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+        .into_failure())
+    }
+
     async fn attempt(
         &self,
-        request: oa::CreateChatCompletionRequest,
+        request: &oa::CreateChatCompletionRequest,
     ) -> Result<ChatResponse, Failure> {
-        let response = self.client.chat().create(request).await.map_err(classify)?;
-        let choice = response.choices.into_iter().next().ok_or_else(|| {
+        let response = self.send(request).await?;
+        let cap = self.options.max_reply_bytes;
+        if response.content_length().is_some_and(|n| n > cap as u64) {
+            return Err(Failure::Fatal(too_large(cap)));
+        }
+        let (body, over) = read_at_most(response, cap).await.map_err(body_failure)?;
+        if over {
+            return Err(Failure::Fatal(too_large(cap)));
+        }
+        let text = std::str::from_utf8(&body).map_err(|_| Failure::Fatal(not_utf8()))?;
+        let reply: wire::Reply = serde_json::from_str(text).map_err(|e| {
             Failure::Fatal(ModelError::InvalidResponse {
-                detail: "the reply has no choices".into(),
+                detail: format!("{e}; body starts with {:?}", snippet(text)),
             })
         })?;
-        let tool_calls = choice
-            .message
-            .tool_calls
+        let usage = wire::usage(&reply.usage);
+        let choice = reply
+            .choices
             .unwrap_or_default()
             .into_iter()
-            .map(|call| match call {
-                oa::ChatCompletionMessageToolCalls::Function(f) => ToolCall {
-                    id: f.id,
-                    name: f.function.name,
-                    arguments: f.function.arguments,
-                },
-                oa::ChatCompletionMessageToolCalls::Custom(c) => ToolCall {
-                    id: c.id,
-                    name: c.custom_tool.name,
-                    arguments: c.custom_tool.input,
-                },
-            })
-            .collect();
+            .next()
+            .ok_or_else(|| {
+                Failure::Fatal(ModelError::InvalidResponse {
+                    detail: "the reply has no choices".into(),
+                })
+            })?;
+        let message = choice.message.unwrap_or_default();
+        let mut tool_calls = Vec::new();
+        let mut dropped = 0;
+        for call in message.tool_calls.unwrap_or_default() {
+            if tool_calls.len() >= self.options.max_tool_calls {
+                dropped += 1;
+                continue;
+            }
+            let function = call.function.unwrap_or_default();
+            tool_calls.push(ToolCall {
+                id: call.id.unwrap_or_default(),
+                name: function.name.unwrap_or_default(),
+                arguments: wire::arguments(function.arguments),
+            });
+        }
+        self.check_calls(&tool_calls, dropped)?;
         Ok(ChatResponse {
-            content: choice.message.content,
+            content: message.content,
             tool_calls,
-            usage: response.usage.map(|u| Usage {
-                prompt_tokens: u.prompt_tokens,
-                completion_tokens: u.completion_tokens,
-            }),
+            usage,
+            finish_reason: wire::finish_reason(&choice.finish_reason),
         })
+    }
+
+    /// Refuses calls without an id or name; logs the calls dropped over the cap.
+    fn check_calls(&self, calls: &[ToolCall], dropped: usize) -> Result<(), Failure> {
+        if dropped > 0 {
+            tracing::warn!(
+                kept = calls.len(),
+                dropped,
+                max_tool_calls = self.options.max_tool_calls,
+                "the model asked for more tool calls than [model] max_tool_calls; the others are neither run nor stored"
+            );
+        }
+        if calls.iter().any(|c| c.id.is_empty() || c.name.is_empty()) {
+            return Err(Failure::Fatal(ModelError::InvalidResponse {
+                detail: "a tool call came without its id or name".into(),
+            }));
+        }
+        Ok(())
     }
 }
 
@@ -171,6 +280,10 @@ impl OpenAiModel {
                     ModelError::Timeout {
                         after: self.options.request_timeout,
                     }
+                } else if last.cut {
+                    ModelError::InvalidResponse {
+                        detail: format!("the reply was cut: {}", last.message),
+                    }
                 } else {
                     ModelError::Unavailable {
                         attempts: tries,
@@ -198,35 +311,71 @@ impl OpenAiModel {
     /// tool calls are assembled by their `index` from their pieces.
     async fn attempt_stream(
         &self,
-        request: oa::CreateChatCompletionRequest,
+        request: &oa::CreateChatCompletionRequest,
         on_delta: DeltaSink<'_>,
         emitted: &AtomicBool,
     ) -> Result<ChatResponse, Failure> {
-        let mut stream = self
-            .client
-            .chat()
-            .create_stream(request)
-            .await
-            .map_err(classify)?;
+        let response = self.send(request).await?;
+        let cap = self.options.max_reply_bytes;
+        let mut events = std::pin::pin!(capped(response.bytes_stream(), cap).eventsource());
         let mut content = String::new();
-        let mut calls: BTreeMap<u32, ToolCall> = BTreeMap::new();
+        let mut calls: BTreeMap<u64, ToolCall> = BTreeMap::new();
+        let mut dropped = 0;
         let mut usage = None;
-        while let Some(item) = stream.next().await {
-            let chunk = item.map_err(classify)?;
-            if let Some(u) = chunk.usage {
-                usage = Some(Usage {
-                    prompt_tokens: u.prompt_tokens,
-                    completion_tokens: u.completion_tokens,
-                });
+        let mut finish_reason = None;
+        let mut done = false;
+        while let Some(item) = events.next().await {
+            let event = match item {
+                Ok(event) => event,
+                Err(EventStreamError::Utf8(_)) => return Err(Failure::Fatal(not_utf8())),
+                Err(EventStreamError::Parser(e)) => {
+                    return Err(Failure::Fatal(ModelError::InvalidResponse {
+                        detail: format!("the stream is not Server-Sent Events: {e}"),
+                    }));
+                }
+                Err(EventStreamError::Transport(StreamFault::TooLarge)) => {
+                    return Err(Failure::Fatal(too_large(cap)));
+                }
+                Err(EventStreamError::Transport(StreamFault::Transport(e))) => {
+                    return Err(body_failure(e));
+                }
+            };
+            if event.data.trim() == "[DONE]" {
+                done = true;
+                break;
             }
-            for choice in chunk.choices {
-                if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
+            let chunk: wire::Reply = serde_json::from_str(&event.data).map_err(|e| {
+                Failure::Fatal(ModelError::InvalidResponse {
+                    detail: format!("{e}; event starts with {:?}", snippet(&event.data)),
+                })
+            })?;
+            if !chunk.usage.is_null() {
+                usage = wire::usage(&chunk.usage);
+            }
+            for choice in chunk.choices.unwrap_or_default() {
+                if let Some(reason) = wire::finish_reason(&choice.finish_reason) {
+                    finish_reason = Some(reason);
+                }
+                let delta = choice.delta.unwrap_or_default();
+                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
                     emitted.store(true, Ordering::Relaxed);
                     on_delta(&text);
                     content.push_str(&text);
                 }
-                for piece in choice.delta.tool_calls.unwrap_or_default() {
-                    let call = calls.entry(piece.index).or_insert_with(|| ToolCall {
+                for piece in delta.tool_calls.unwrap_or_default() {
+                    // Servers that omit `index` send each call whole or in
+                    // order: a piece with an id opens the next call.
+                    let last = calls.keys().next_back().copied();
+                    let index = match (piece.index, &piece.id, last) {
+                        (Some(i), _, _) => i,
+                        (None, Some(_), Some(l)) => l + 1,
+                        (None, _, l) => l.unwrap_or(0),
+                    };
+                    if !calls.contains_key(&index) && calls.len() >= self.options.max_tool_calls {
+                        dropped += usize::from(piece.id.is_some());
+                        continue;
+                    }
+                    let call = calls.entry(index).or_insert_with(|| ToolCall {
                         id: String::new(),
                         name: String::new(),
                         arguments: String::new(),
@@ -238,26 +387,26 @@ impl OpenAiModel {
                         if let Some(name) = f.name {
                             call.name.push_str(&name);
                         }
-                        if let Some(args) = f.arguments {
-                            call.arguments.push_str(&args);
-                        }
+                        call.arguments.push_str(&wire::arguments(f.arguments));
                     }
                 }
             }
         }
-        let tool_calls: Vec<ToolCall> = calls.into_values().collect();
-        if tool_calls
-            .iter()
-            .any(|c| c.id.is_empty() || c.name.is_empty())
-        {
-            return Err(Failure::Fatal(ModelError::InvalidResponse {
-                detail: "a streamed tool call came without its id or name".into(),
-            }));
+        if !done && finish_reason.is_none() {
+            return Err(retryable(
+                "the stream ended before its finish_reason or [DONE]".into(),
+                false,
+                true,
+                None,
+            ));
         }
+        let tool_calls: Vec<ToolCall> = calls.into_values().collect();
+        self.check_calls(&tool_calls, dropped)?;
         Ok(ChatResponse {
             content: (!content.is_empty()).then_some(content),
             tool_calls,
             usage,
+            finish_reason,
         })
     }
 }
@@ -265,14 +414,10 @@ impl OpenAiModel {
 #[async_trait::async_trait]
 impl ChatModel for OpenAiModel {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        // The first attempt takes the wire request; only a retry builds another.
-        let mut first = Some(self.wire(&request));
-        self.retrying(|| {
-            let wire = first.take().unwrap_or_else(|| self.wire(&request));
-            self.attempt(wire)
-        })
-        .await
-        .map(|r| from_wire_names(r, &request))
+        let wire = self.wire(&request);
+        self.retrying(|| self.attempt(&wire))
+            .await
+            .map(|r| from_wire_names(r, &request))
     }
 
     async fn complete_streaming(
@@ -281,18 +426,27 @@ impl ChatModel for OpenAiModel {
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ModelError> {
         let mut wire = self.wire(&request);
+        wire.stream = Some(true);
         // Without it, a stream carries no usage and the call would count no tokens.
         wire.stream_options = Some(oa::ChatCompletionStreamOptions {
             include_usage: Some(true),
             include_obfuscation: None,
         });
         let emitted = AtomicBool::new(false);
-        self.retrying(|| async {
-            match self.attempt_stream(wire.clone(), on_delta, &emitted).await {
+        let wire = &wire;
+        let emitted = &emitted;
+        self.retrying(|| async move {
+            match self.attempt_stream(wire, on_delta, emitted).await {
                 // Text already went out: a second try would repeat it.
                 Err(Failure::Retryable { detail, .. }) if emitted.load(Ordering::Relaxed) => {
-                    Err(Failure::Fatal(ModelError::InvalidResponse {
-                        detail: format!("the streamed reply was cut: {}", detail.message),
+                    Err(Failure::Fatal(if detail.timed_out {
+                        ModelError::Timeout {
+                            after: self.options.request_timeout,
+                        }
+                    } else {
+                        ModelError::InvalidResponse {
+                            detail: format!("the streamed reply was cut: {}", detail.message),
+                        }
                     }))
                 }
                 other => other,
@@ -307,9 +461,172 @@ impl ChatModel for OpenAiModel {
     }
 }
 
+/// The reply shapes cadre reads: every field optional, numbers and
+/// `finish_reason` as raw JSON, read by the functions below.
+mod wire {
+    use serde::Deserialize;
+    use serde_json::Value;
+
+    use super::{FinishReason, Usage};
+
+    #[derive(Deserialize)]
+    pub struct Reply {
+        #[serde(default)]
+        pub choices: Option<Vec<Choice>>,
+        #[serde(default)]
+        pub usage: Value,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Choice {
+        #[serde(default)]
+        pub message: Option<Message>,
+        /// Streamed chunks carry `delta` instead of `message`.
+        #[serde(default)]
+        pub delta: Option<Message>,
+        #[serde(default)]
+        pub finish_reason: Value,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub struct Message {
+        #[serde(default)]
+        pub content: Option<String>,
+        #[serde(default)]
+        pub tool_calls: Option<Vec<Call>>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Call {
+        #[serde(default)]
+        pub index: Option<u64>,
+        #[serde(default)]
+        pub id: Option<String>,
+        #[serde(default)]
+        pub function: Option<Function>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub struct Function {
+        #[serde(default)]
+        pub name: Option<String>,
+        /// A string on OpenAI; some servers send the object itself.
+        #[serde(default)]
+        pub arguments: Value,
+    }
+
+    pub fn arguments(value: Value) -> String {
+        match value {
+            Value::Null => String::new(),
+            Value::String(s) => s,
+            other => other.to_string(),
+        }
+    }
+
+    /// Usage as reported; a count that is not a whole number from 0 to
+    /// `u32::MAX` counts as 0 (and says so in the log).
+    pub fn usage(value: &Value) -> Option<Usage> {
+        if !value.is_object() {
+            return None;
+        }
+        let count = |field: &str| -> u32 {
+            let v = &value[field];
+            match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => n,
+                None if v.is_null() => 0,
+                None => {
+                    tracing::warn!(field, value = %super::snippet(&v.to_string()), "the model endpoint reported an unreadable token count; counted as 0");
+                    0
+                }
+            }
+        };
+        Some(Usage {
+            prompt_tokens: count("prompt_tokens"),
+            completion_tokens: count("completion_tokens"),
+        })
+    }
+
+    pub fn finish_reason(value: &Value) -> Option<FinishReason> {
+        value.as_str().map(FinishReason::parse)
+    }
+}
+
+/// What ended a capped body stream early.
+#[derive(Debug)]
+enum StreamFault {
+    TooLarge,
+    Transport(reqwest::Error),
+}
+
+/// `body`, failing with `TooLarge` once more than `cap` bytes came (the
+/// chunk that crosses the cap is dropped, not kept).
+fn capped<B: AsRef<[u8]>>(
+    body: impl Stream<Item = Result<B, reqwest::Error>>,
+    cap: usize,
+) -> impl Stream<Item = Result<B, StreamFault>> {
+    let mut read = 0usize;
+    let mut over = false;
+    body.map(move |chunk| {
+        let chunk = chunk.map_err(StreamFault::Transport)?;
+        read = read.saturating_add(chunk.as_ref().len());
+        if over || read > cap {
+            over = true;
+            return Err(StreamFault::TooLarge);
+        }
+        Ok(chunk)
+    })
+}
+
+/// At most `cap` bytes of the body; `true` when there was more.
+async fn read_at_most(
+    response: reqwest::Response,
+    cap: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    let mut stream = std::pin::pin!(response.bytes_stream());
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        if body.len() + chunk.len() > cap {
+            let room = cap - body.len();
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
+
+fn too_large(cap: usize) -> ModelError {
+    ModelError::InvalidResponse {
+        detail: format!("the reply is larger than [model] max_reply_bytes ({cap} bytes)"),
+    }
+}
+
+fn not_utf8() -> ModelError {
+    ModelError::InvalidResponse {
+        detail: "the reply is not valid UTF-8".into(),
+    }
+}
+
+/// A body that stopped arriving: a timeout, or a cut connection.
+fn body_failure(e: reqwest::Error) -> Failure {
+    if e.is_timeout() {
+        retryable("request timed out".into(), true, false, None)
+    } else {
+        retryable(
+            format!("the connection ended mid-reply: {e}"),
+            false,
+            true,
+            None,
+        )
+    }
+}
+
 struct RetryDetail {
     message: String,
     timed_out: bool,
+    /// The reply started and did not finish.
+    cut: bool,
 }
 
 enum Failure {
@@ -320,36 +637,19 @@ enum Failure {
     Fatal(ModelError),
 }
 
-fn retryable(message: String, timed_out: bool, retry_after: Option<Duration>) -> Failure {
+fn retryable(
+    message: String,
+    timed_out: bool,
+    cut: bool,
+    retry_after: Option<Duration>,
+) -> Failure {
     Failure::Retryable {
         retry_after,
-        detail: RetryDetail { message, timed_out },
-    }
-}
-
-fn classify(error: OpenAIError) -> Failure {
-    match error {
-        OpenAIError::Boxed(boxed) => match boxed.downcast::<EndpointStatus>() {
-            Ok(status) => status.into_failure(),
-            Err(other) => retryable(other.to_string(), false, None),
+        detail: RetryDetail {
+            message,
+            timed_out,
+            cut,
         },
-        OpenAIError::Reqwest(e) => retryable(transport_message(&e), e.is_timeout(), None),
-        OpenAIError::ApiError(api) => {
-            let status = api.status_code.as_u16();
-            EndpointStatus {
-                status,
-                retry_after: None,
-                body: api.api_error.message,
-            }
-            .into_failure()
-        }
-        OpenAIError::JSONDeserialize(e, body) => Failure::Fatal(ModelError::InvalidResponse {
-            detail: format!("{e}; body starts with {:?}", snippet(&body)),
-        }),
-        OpenAIError::StreamError(e) => retryable(e.to_string(), false, None),
-        other => Failure::Fatal(ModelError::InvalidResponse {
-            detail: other.to_string(),
-        }),
     }
 }
 
@@ -367,78 +667,43 @@ fn snippet(s: &str) -> String {
     s.chars().take(200).collect()
 }
 
-/// A non-2xx reply from the endpoint, read before async-openai sees it.
-#[derive(Debug, thiserror::Error)]
-#[error("HTTP {status}: {body}")]
-pub struct EndpointStatus {
-    pub status: u16,
-    pub retry_after: Option<Duration>,
-    pub body: String,
+/// `s` cut to at most `max` bytes on a character boundary, marked when cut.
+fn truncated(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len())
+}
+
+/// A non-2xx reply from the endpoint.
+#[derive(Debug)]
+struct EndpointStatus {
+    status: u16,
+    retry_after: Option<Duration>,
+    body: String,
 }
 
 impl EndpointStatus {
     fn into_failure(self) -> Failure {
-        let message = match serde_json::from_str::<serde_json::Value>(&self.body)
+        let text = serde_json::from_str::<serde_json::Value>(&self.body)
             .ok()
             .and_then(|v| v["error"]["message"].as_str().map(str::to_string))
-        {
-            Some(m) => format!("HTTP {}: {m}", self.status),
-            None => format!("HTTP {}: {}", self.status, snippet(&self.body)),
-        };
+            .unwrap_or(self.body);
+        let text = truncated(&text, MAX_ERROR_TEXT);
         if self.status == 429 || self.status >= 500 {
-            retryable(message, false, self.retry_after)
+            let message = format!("HTTP {}: {text}", self.status);
+            retryable(message, false, false, self.retry_after)
         } else {
+            // `Rejected` names the status itself.
             Failure::Fatal(ModelError::Rejected {
                 status: self.status,
-                message,
+                message: text,
             })
         }
-    }
-}
-
-/// A tower service under async-openai that reports non-2xx replies with
-/// their status, `Retry-After` and body.
-#[derive(Clone)]
-struct StatusService {
-    inner: ReqwestService,
-}
-
-impl tower::Service<HttpRequestFactory> for StatusService {
-    type Response = reqwest::Response;
-    type Error = OpenAIError;
-    type Future = std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<reqwest::Response, OpenAIError>> + Send>,
-    >;
-
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), OpenAIError>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: HttpRequestFactory) -> Self::Future {
-        let fut = self.inner.call(request);
-        Box::pin(async move {
-            let response = fut.await?;
-            let status = response.status();
-            if status.is_success() {
-                return Ok(response);
-            }
-            let retry_after = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .map(Duration::from_secs_f64);
-            let body = response.text().await.unwrap_or_default();
-            Err(OpenAIError::Boxed(Box::new(EndpointStatus {
-                status: status.as_u16(),
-                retry_after,
-                body,
-            })))
-        })
     }
 }
 
@@ -571,6 +836,7 @@ mod wire_name_tests {
             content: None,
             tool_calls: vec![call("files__read"), call("plain__name"), call("other__x")],
             usage: None,
+            finish_reason: None,
         };
         let back: Vec<String> = from_wire_names(response, &request)
             .tool_calls

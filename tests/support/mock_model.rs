@@ -67,6 +67,23 @@
 //!   (`fail`, `error`, `rate_limited`) answer with their plain status even for
 //!   streaming requests. `garbage` sends an SSE event whose data is not JSON.
 //!
+//! # Hostile modes
+//!
+//! For `tests/hostile_model.rs`, an endpoint that misbehaves the way a
+//! hostile or broken server does:
+//! [`Reply::many_tool_calls`] (n calls in one reply), [`Reply::cut`] (a
+//! stream that ends before `finish_reason` and `[DONE]`; a body that stops
+//! mid-JSON without a streamed request), [`Reply::with_raw_usage`] (usage
+//! numbers as any JSON: negative, 2^63, a float, a string),
+//! [`Reply::with_finish_reason`] (any `finish_reason`), [`Reply::invalid_utf8`]
+//! (content bytes that are not UTF-8, streamed or not), [`Reply::trickle`]
+//! (one delta every so often, for ever: a hang that keeps sending), and
+//! [`Reply::deltas`] (a piece repeated as n deltas, one text without a
+//! stream). [`MockModel::set_max_request_bytes`] makes it refuse requests
+//! over a size with OpenAI's 400 `context_length_exceeded`, before the
+//! script (kept in [`MockModel::refusals`]). A huge reply is
+//! `Reply::text(&"x".repeat(n))`.
+//!
 //! # Watch out: retries
 //!
 //! cadre turns async-openai's own retry layer off and retries 429 and 5xx
@@ -99,6 +116,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::serve::ListenerExt;
+use futures::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -149,6 +167,25 @@ pub enum Reply {
         completion_tokens: u64,
         then: Box<Reply>,
     },
+    /// The inner reply with `usage` numbers as these raw JSON values.
+    RawUsage {
+        prompt_tokens: Value,
+        completion_tokens: Value,
+        then: Box<Reply>,
+    },
+    /// The inner reply with this `finish_reason`.
+    FinishReason(String, Box<Reply>),
+    /// The inner reply without its end: a stream stops before
+    /// `finish_reason` and `[DONE]`; a plain body stops half way (the
+    /// connection is reset).
+    Cut(Box<Reply>),
+    /// A text reply whose content holds bytes that are not UTF-8.
+    InvalidUtf8,
+    /// Streamed: one `piece` delta every `every`, for ever. Not streamed:
+    /// the same wait, for ever.
+    Trickle { piece: String, every: Duration },
+    /// `piece` as `count` deltas (streamed), or `piece × count` (not).
+    Deltas { piece: String, count: usize },
 }
 
 impl Reply {
@@ -231,6 +268,59 @@ impl Reply {
         Reply::Slow(delay, Box::new(then))
     }
 
+    /// `count` calls of tool `name` with `arguments`, ids `call_0`...
+    pub fn many_tool_calls(count: usize, name: &str, arguments: &str) -> Reply {
+        Reply::ToolCalls(
+            (0..count)
+                .map(|i| ToolCall {
+                    id: format!("call_{i}"),
+                    name: name.to_owned(),
+                    arguments: arguments.to_owned(),
+                })
+                .collect(),
+        )
+    }
+
+    /// `then` without its end (see [`Reply::Cut`]).
+    pub fn cut(then: Reply) -> Reply {
+        Reply::Cut(Box::new(then))
+    }
+
+    /// `then` with usage numbers as raw JSON (`json!(-5)`, `json!("12")`...).
+    pub fn with_raw_usage(prompt_tokens: Value, completion_tokens: Value, then: Reply) -> Reply {
+        Reply::RawUsage {
+            prompt_tokens,
+            completion_tokens,
+            then: Box::new(then),
+        }
+    }
+
+    /// `then` with this `finish_reason`.
+    pub fn with_finish_reason(finish_reason: &str, then: Reply) -> Reply {
+        Reply::FinishReason(finish_reason.to_owned(), Box::new(then))
+    }
+
+    /// A text reply that is not UTF-8.
+    pub fn invalid_utf8() -> Reply {
+        Reply::InvalidUtf8
+    }
+
+    /// One `piece` delta every `every`, for ever.
+    pub fn trickle(piece: &str, every: Duration) -> Reply {
+        Reply::Trickle {
+            piece: piece.to_owned(),
+            every,
+        }
+    }
+
+    /// `piece` as `count` deltas.
+    pub fn deltas(piece: &str, count: usize) -> Reply {
+        Reply::Deltas {
+            piece: piece.to_owned(),
+            count,
+        }
+    }
+
     /// `then`, reporting `prompt_tokens` and `completion_tokens` as its usage.
     pub fn with_usage(prompt_tokens: u64, completion_tokens: u64, then: Reply) -> Reply {
         Reply::Usage {
@@ -269,6 +359,8 @@ struct Script {
     overruns: usize,
     refusals: Vec<String>,
     strict: bool,
+    /// Requests over this many bytes are refused as over the context length.
+    max_request_bytes: Option<usize>,
     latency: Duration,
     observer: Option<Arc<Observer>>,
 }
@@ -284,6 +376,7 @@ impl Default for Script {
             overruns: 0,
             refusals: Vec::new(),
             strict: false,
+            max_request_bytes: None,
             latency: Duration::ZERO,
             observer: None,
         }
@@ -433,6 +526,12 @@ impl MockModel {
     /// On: a request that breaks [`openai_message_rules`] (or is not JSON)
     /// is refused with a 400 before it takes a reply, as OpenAI refuses it,
     /// and kept in [`Self::refusals`].
+    /// Requests over `max` bytes get OpenAI's 400 `context_length_exceeded`
+    /// before the script is read (kept in [`MockModel::refusals`]).
+    pub fn set_max_request_bytes(&self, max: Option<usize>) {
+        self.shared.lock().max_request_bytes = max;
+    }
+
     pub fn set_strict(&self, strict: bool) {
         self.shared.lock().strict = strict;
     }
@@ -491,7 +590,17 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
         } else {
             None
         };
-        let taken = match refused {
+        let too_long = script
+            .max_request_bytes
+            .filter(|max| body.len() > *max)
+            .map(|max| {
+                format!(
+                    "This model's maximum context length is {max} bytes. However, your messages \
+                     resulted in {} bytes. Please reduce the length of the messages.",
+                    body.len()
+                )
+            });
+        let taken = match too_long.or(refused) {
             Some(why) => Fallback::Reply(Reply::Refusal(why)),
             None => match script.replies.pop_front() {
                 Some(reply) => Fallback::Reply(reply),
@@ -525,8 +634,31 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
         tokio::time::sleep(latency).await;
     }
     let mut usage = None;
+    let mut raw_usage = None;
+    let mut finish_reason = None;
+    let mut cut = false;
     loop {
         match reply {
+            Reply::RawUsage {
+                prompt_tokens,
+                completion_tokens,
+                then,
+            } => {
+                raw_usage = Some(json!({
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": 1,
+                }));
+                reply = *then;
+            }
+            Reply::FinishReason(reason, then) => {
+                finish_reason = Some(reason);
+                reply = *then;
+            }
+            Reply::Cut(then) => {
+                cut = true;
+                reply = *then;
+            }
             Reply::Slow(delay, inner) => {
                 tokio::time::sleep(delay).await;
                 reply = *inner;
@@ -546,6 +678,9 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
     let streaming = request.get("stream").and_then(Value::as_bool) == Some(true);
     let mut ctx = ReplyContext::new(&request, number);
     ctx.usage = usage;
+    ctx.raw_usage = raw_usage;
+    ctx.finish_reason = finish_reason;
+    ctx.cut = cut;
     let response = match reply {
         Reply::Error {
             status,
@@ -581,11 +716,69 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
         )
             .into_response(),
         Reply::Text(content) if streaming => sse_response(ctx.text_stream(&content)),
-        Reply::Text(content) => axum::Json(ctx.text_completion(&content)).into_response(),
+        Reply::Text(content) => ctx.json_response(ctx.text_completion(&content)),
         Reply::ToolCalls(calls) if streaming => sse_response(ctx.tool_call_stream(&calls)),
-        Reply::ToolCalls(calls) => axum::Json(ctx.tool_call_completion(&calls)).into_response(),
-        Reply::Slow(..) | Reply::Usage { .. } => {
-            unreachable!("Slow and Usage replies are unwrapped above")
+        Reply::ToolCalls(calls) => ctx.json_response(ctx.tool_call_completion(&calls)),
+        Reply::InvalidUtf8 => {
+            // The marker stands where the bad bytes go, in both shapes.
+            let marker = "INVALID-UTF8-HERE";
+            let text = if streaming {
+                let mut events = vec![ctx.chunk(json!({"content": marker}), None)];
+                ctx.finish(&mut events, "stop", marker.len());
+                events.concat()
+            } else {
+                ctx.text_completion(marker).to_string()
+            };
+            let bytes = text.split(marker).collect::<Vec<_>>().join("\u{1}");
+            let bytes: Vec<u8> = bytes
+                .into_bytes()
+                .into_iter()
+                .flat_map(|b| if b == 1 { vec![0xff, 0xfe] } else { vec![b] })
+                .collect();
+            let kind = if streaming {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            (StatusCode::OK, [(header::CONTENT_TYPE, kind)], bytes).into_response()
+        }
+        Reply::Trickle { piece, every } => {
+            let first = ctx.chunk(json!({"role": "assistant", "content": ""}), None);
+            let chunk = ctx.chunk(json!({"content": piece}), None);
+            let body = futures::stream::once(async move { Ok::<_, Infallible>(first) }).chain(
+                futures::stream::unfold(chunk, move |chunk| async move {
+                    tokio::time::sleep(every).await;
+                    Some((Ok::<_, Infallible>(chunk.clone()), chunk))
+                }),
+            );
+            if streaming {
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, "text/event-stream")],
+                    Body::from_stream(body),
+                )
+                    .into_response()
+            } else {
+                std::future::pending::<()>().await;
+                unreachable!("a trickle never answers a plain request")
+            }
+        }
+        Reply::Deltas { piece, count } if streaming => {
+            let mut events = vec![ctx.chunk(json!({"role": "assistant", "content": ""}), None)];
+            let chunk = ctx.chunk(json!({"content": piece}), None);
+            events.extend(std::iter::repeat_n(chunk, count));
+            ctx.finish(&mut events, "stop", piece.len() * count);
+            sse_response(events)
+        }
+        Reply::Deltas { piece, count } => {
+            ctx.json_response(ctx.text_completion(&piece.repeat(count)))
+        }
+        Reply::Slow(..)
+        | Reply::Usage { .. }
+        | Reply::RawUsage { .. }
+        | Reply::FinishReason(..)
+        | Reply::Cut(..) => {
+            unreachable!("wrapping replies are unwrapped above")
         }
     };
     if let Some(observer) = observer {
@@ -733,6 +926,12 @@ struct ReplyContext {
     include_usage: bool,
     /// Scripted (prompt, completion) tokens, instead of the made-up ones.
     usage: Option<(u64, u64)>,
+    /// A scripted `usage` object, sent as is.
+    raw_usage: Option<Value>,
+    /// A scripted `finish_reason`, instead of `stop` / `tool_calls`.
+    finish_reason: Option<String>,
+    /// Stop before the end (see [`Reply::Cut`]).
+    cut: bool,
 }
 
 impl ReplyContext {
@@ -758,10 +957,41 @@ impl ReplyContext {
             prompt_tokens: tokens(prompt_len),
             include_usage,
             usage: None,
+            raw_usage: None,
+            finish_reason: None,
+            cut: false,
         }
     }
 
+    /// A plain JSON answer; cut half way (the connection reset) when `cut`.
+    fn json_response(&self, body: Value) -> Response {
+        if !self.cut {
+            return axum::Json(body).into_response();
+        }
+        let mut text = body.to_string().into_bytes();
+        let full = text.len();
+        text.truncate(full / 2);
+        // The error comes after the head and half the body went out.
+        let body = futures::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(text)) })
+            .chain(futures::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(std::io::Error::other("mock: connection cut"))
+            }));
+        (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, "application/json".to_owned()),
+                (header::CONTENT_LENGTH, full.to_string()),
+            ],
+            Body::from_stream(body),
+        )
+            .into_response()
+    }
+
     fn usage(&self, completion_len: usize) -> Value {
+        if let Some(raw) = &self.raw_usage {
+            return raw.clone();
+        }
         let (prompt_tokens, completion_tokens) = self
             .usage
             .unwrap_or((self.prompt_tokens, tokens(completion_len)));
@@ -773,6 +1003,7 @@ impl ReplyContext {
     }
 
     fn completion(&self, message: Value, finish_reason: &str, completion_len: usize) -> Value {
+        let finish_reason = self.finish_reason.as_deref().unwrap_or(finish_reason);
         json!({
             "id": self.id,
             "object": "chat.completion",
@@ -834,6 +1065,10 @@ impl ReplyContext {
 
     /// The closing events: finish chunk, optional usage chunk, `[DONE]`.
     fn finish(&self, events: &mut Vec<String>, finish_reason: &str, completion_len: usize) {
+        if self.cut {
+            return;
+        }
+        let finish_reason = self.finish_reason.as_deref().unwrap_or(finish_reason);
         events.push(self.chunk(json!({}), Some(finish_reason)));
         if self.include_usage {
             events.push(sse_event(&json!({

@@ -141,6 +141,7 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
             max_retries: options.max_retries,
             retry_base_delay: Duration::from_millis(5),
             max_retry_after: Duration::from_secs(5),
+            ..ClientOptions::default()
         });
     for (def, handler) in options.tools {
         builder = builder.tool(def, handler);
