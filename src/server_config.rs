@@ -7,7 +7,8 @@
 //! of it, `max_per_tenant`), `[api_limit]` (HTTP
 //! requests and open event streams per API key, failed authentications per
 //! address), `[executor]`, `[tools]`,
-//! `[sessions]`, `[server]` (shutdown grace, connection timeouts and caps). An override's value is
+//! `[sessions]`, `[server]` (shutdown grace, connection timeouts and caps),
+//! `[workflows]` (map elements, run depth). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
 //! `CADRE_CONCURRENCY_MAX_CONCURRENT=1` and
@@ -24,9 +25,11 @@ use crate::executor::ExecutorConfig;
 use crate::executor::concurrency::ConcurrencyConfig;
 use crate::http::connections::ConnectionLimits;
 use crate::http::rate_limit::ApiLimitConfig;
+use crate::workflow::WorkflowLimits;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 6] = [
+const SECTIONS: [&str; 7] = [
+    "workflows",
     "concurrency",
     "api_limit",
     "executor",
@@ -44,6 +47,7 @@ pub struct ServerConfig {
     pub tools: ToolsSection,
     pub sessions: SessionsSection,
     pub server: ServerSection,
+    pub workflows: WorkflowLimits,
 }
 
 #[derive(Debug, Clone, Deserialize)]
