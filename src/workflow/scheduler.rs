@@ -1032,6 +1032,88 @@ mod tests {
     }
 
     #[test]
+    fn a_map_longer_than_the_cap_fails_at_start_and_starts_nothing() {
+        let w = wf(MAP).unwrap();
+        let run = new_run(&w, "run-1".into(), json!({}), Owner::default(), t(0));
+        let mut s = Scheduler::new(w, run, 2);
+        s.start(t(0));
+        let step = s.on_outcome("list", None, ok(json!({"items": [1, 2, 3]})), t(1));
+        assert!(step.tasks.is_empty() && step.finished);
+        let each = &s.run().nodes["each"];
+        assert_eq!(each.status, NodeStatus::Failed);
+        assert_eq!(
+            each.error.as_deref(),
+            Some(
+                "map: nodes.list.output.items has 3 elements, over the cap of 2 (`[workflows] max_map_elements`)"
+            )
+        );
+        assert!(each.items.is_none());
+    }
+
+    #[test]
+    fn steps_name_the_elements_they_moved_and_only_node_changes_touch_the_run() {
+        let mut s = scheduler(MAP, json!({}));
+        s.start(t(0));
+        let items = json!({"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]});
+        let step = s.on_outcome("list", None, ok(items), t(1));
+        assert!(step.changes_run(), "the map node started");
+        let named = |step: &Step| step.items.iter().map(|(_, k)| *k).collect::<Vec<_>>();
+        assert_eq!(
+            named(&step),
+            [0, 1, 2, 0, 1],
+            "all rows once, then the two started"
+        );
+        let step = s.on_outcome("each", Some(0), ok(json!("A")), t(2));
+        assert!(!step.changes_run(), "an element only: {:?}", step.events);
+        assert_eq!(named(&step), [0, 2]);
+        s.on_outcome("each", Some(1), ok(json!("B")), t(3));
+        let step = s.on_outcome("each", Some(2), ok(json!("C")), t(4));
+        assert!(step.changes_run() && step.finished);
+    }
+
+    #[test]
+    fn cancel_ends_the_run_and_outcomes_arriving_after_it_change_nothing() {
+        let mut s = scheduler(MAP, json!({}));
+        s.start(t(0));
+        s.on_outcome(
+            "list",
+            None,
+            ok(json!({"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})),
+            t(1),
+        );
+        let step = s.cancel(t(2));
+        assert!(step.finished && step.durable && step.tasks.is_empty());
+        assert_eq!(
+            step.events,
+            [WorkflowEventKind::RunFinished {
+                status: RunStatus::Cancelled,
+                error: Some("the run was cancelled".into())
+            }]
+        );
+        let before = s.run().clone();
+        let items = before.nodes["each"].items.as_ref().unwrap();
+        let statuses: Vec<_> = items.iter().map(|i| i.status).collect();
+        assert_eq!(
+            statuses,
+            [
+                NodeStatus::Cancelled,
+                NodeStatus::Cancelled,
+                NodeStatus::Pending
+            ]
+        );
+        assert!(
+            s.on_outcome("each", Some(0), ok(json!("late")), t(3))
+                .events
+                .is_empty()
+        );
+        assert!(
+            s.cancel(t(4)).events.is_empty(),
+            "cancelling again does nothing"
+        );
+        assert_eq!(s.run(), &before);
+    }
+
+    #[test]
     fn a_template_reading_a_missing_value_fails_the_node_naming_the_path() {
         let mut s = scheduler(DIAMOND, json!({}));
         s.start(t(0));
