@@ -299,14 +299,15 @@ struct ListQuery {
     /// 1 to 1,000 (default 50).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
-    /// The `next` of the previous page (opaque).
-    #[param(max_length = 128)]
+    /// The `next` of the previous page (opaque; printable ASCII, as run
+    /// ids are, so its length in bytes is its length in characters).
+    #[param(max_length = 128, pattern = "^[!-~]*$")]
     cursor: Option<String>,
 }
 
 error_responses!(
     ListRunsErrors:
-    ValidationError = "limit out of range or cursor too long",
+    ValidationError = "limit out of range, or a cursor too long or not printable ASCII",
     StorageUnavailable
 );
 
@@ -327,6 +328,14 @@ async fn list_runs(
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    if q.cursor
+        .as_ref()
+        .is_some_and(|c| !c.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return Err(ApiError::validation(
+            "cursor is not printable ASCII: pass the `next` of the previous page",
+        ));
+    }
     let (limit, cursor) = super::calls::page_params(q.limit, q.cursor, DEFAULT_LIMIT)?;
     let page = state
         .workflows
