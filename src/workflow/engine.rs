@@ -1,10 +1,10 @@
 //! `Workflows`: the handle the HTTP layer, the CLI and embedders use —
 //! the definitions (hot-reloaded from `agents/workflows/*.toml`) and the
-//! runs (start, wait, read, list, resume; node events).
+//! runs (start, wait, read, list, resume, cancel; node events).
 //!
 //! http / CLI ──▶ Workflows ──start / resume──▶ WorkflowRunner (one actor per run, on the arbiters)
 //!                    │◀── live state (watch) ◀───────┘
-//!                    └── store: "workflow_runs" docs (read when the run is not live)
+//!                    └── store: "workflow_runs" docs + "workflow_items" rows (read when the run is not live)
 //!
 //! Definitions follow the tool registry's reload rules: when no file
 //! changed and every file loaded, nothing is re-checked; a bad file is
@@ -19,6 +19,9 @@
 //! A run is durable (`running`, every node pending) before `start` returns.
 //! It is stored as a document plus one row per map element
 //! ([`super::record`]); every read here puts the two back together.
+//! At startup [`Workflows::recover`] marks every run still `running` as
+//! `interrupted`; [`Workflows::resume`] re-runs such a run (or a failed one)
+//! against the workflow's current definition, keeping what succeeded.
 //!
 //! Cancel ([`Workflows::cancel`]): a live run's runner is told through its
 //! cancellation token and the call returns the run as it ended; an
@@ -35,9 +38,6 @@
 //! directly or through agents and tools, stops at the cap rather than at
 //! the API's rate limit. The parent is looked up whatever its tenant (only
 //! its depth is read), and an unknown parent counts as none.
-//! At startup [`Workflows::recover`] marks every run still `running` as
-//! `interrupted`; [`Workflows::resume`] re-runs such a run (or a failed one)
-//! against the workflow's current definition, keeping what succeeded.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -48,7 +48,6 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
-
 use tokio_util::sync::CancellationToken;
 
 use super::definition::{Catalog, DefinitionError, Workflow, load};

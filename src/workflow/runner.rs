@@ -24,19 +24,20 @@
 //! - Every step that changed something is written to the store before its
 //!   events go out, before the live state moves on and before its tasks
 //!   start (`ctx.wait` keeps writes in order): started nodes non-durably,
-//!   finished nodes, elements and the run itself durably. A step that only
-//!   moved map elements writes their rows and patches them into the live
-//!   state; the run document is written (and the live state replaced)
-//!   only when a node or the run changed ([`super::record`]), so an
-//!   element costs the same at the 10th as at the 100,000th.
+//!   finished nodes, elements and the run itself durably. So what the store
+//!   says happened always precedes what happens, and a node's output is on
+//!   disk before a node reading it starts. A failed write is logged and the
+//!   run goes on; a restart then finds the last state that was written.
+//! - A step that only moved map elements writes their rows and patches
+//!   them into the live state; the run document is written (and the live
+//!   state replaced) only when a node or the run changed
+//!   ([`super::record`]), so an element costs the same at the 10th as at
+//!   the 100,000th.
 //! - Cancel (the run's [`CancellationToken`], fired by
 //!   [`super::Workflows::cancel`]): the scheduler ends the run `cancelled`,
 //!   the running tasks are aborted (a call already inside the executor or a
 //!   conversation turn may still finish there; its outcome is ignored), and
-//!   the final state is written like any other. So what the store
-//!   says happened always precedes what happens, and a node's output is on
-//!   disk before a node reading it starts. A failed write is logged and the
-//!   run goes on; a restart then finds the last state that was written.
+//!   the final state is written like any other.
 //! - At shutdown (the `stopping` flag) the runner stops without writing, so
 //!   a run cut off by a stopping server is found `running` at the next
 //!   start and marked interrupted, never recorded as a failure it was not.
@@ -50,7 +51,6 @@ use actix::prelude::*;
 use jiff::Timestamp;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
-
 use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 
