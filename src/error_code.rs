@@ -112,6 +112,8 @@ error_codes! {
         "a turn is running in this session and the agent refuses concurrent messages";
     RunNotResumable = "RUN_NOT_RESUMABLE", CONFLICT, false,
         "only failed or interrupted workflow runs can be resumed";
+    WorkflowDepthExceeded = "WORKFLOW_DEPTH_EXCEEDED", CONFLICT, false,
+        "the run starting this one (`x-cadre-parent-run`) is at `[workflows] max_depth`: runs starting runs stop there";
     ConfirmationAlreadyDecided = "CONFIRMATION_ALREADY_DECIDED", CONFLICT, false,
         "the confirmation was already approved or denied (by this request's race or an earlier one)";
     ConfirmationExpired = "CONFIRMATION_EXPIRED", GONE, false,

@@ -167,6 +167,11 @@ impl utoipa::PartialSchema for UserId {
 
 impl utoipa::ToSchema for UserId {}
 
+/// The header an HTTP tool's request carries when a workflow run makes the
+/// call: the run's id. A run that request starts through cadre's API is
+/// that run's child, one deeper (`[workflows] max_depth`).
+pub const PARENT_RUN_HEADER: &str = "x-cadre-parent-run";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -446,6 +446,7 @@ fn setup(
         executor: executor.clone(),
         registry: registry.clone(),
         arbiters: conversation_arbiters.to_vec(),
+        limits: config.workflows.clone(),
     });
     Ok(Parts {
         store,

@@ -10,7 +10,8 @@
 //! `[sessions]`, `[server]` (shutdown grace, connection timeouts and caps),
 //! `[model]` (what one model reply may hold, a turn's model time; the
 //! endpoint itself comes from `CADRE_MODEL_BASE_URL` / `CADRE_MODEL_API_KEY`
-//! / `CADRE_MODEL`, which are not overrides of this section). An override's value is
+//! / `CADRE_MODEL`, which are not overrides of this section),
+//! `[workflows]` (map elements, run depth). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
 //! `CADRE_CONCURRENCY_MAX_CONCURRENT=1` and
@@ -27,9 +28,11 @@ use crate::executor::ExecutorConfig;
 use crate::executor::concurrency::ConcurrencyConfig;
 use crate::http::connections::ConnectionLimits;
 use crate::http::rate_limit::ApiLimitConfig;
+use crate::workflow::WorkflowLimits;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 7] = [
+const SECTIONS: [&str; 8] = [
+    "workflows",
     "concurrency",
     "api_limit",
     "executor",
@@ -53,6 +56,7 @@ pub struct ServerConfig {
     pub sessions: SessionsSection,
     pub server: ServerSection,
     pub model: ModelSection,
+    pub workflows: WorkflowLimits,
 }
 
 /// What cadre accepts from a model endpoint (see `model::openai`).

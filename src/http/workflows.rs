@@ -13,12 +13,23 @@
 //!   error, attempts and times;
 //! - `POST /v1/workflows/runs/{id}/resume` (`?wait=true`): re-runs what did
 //!   not succeed of a failed or interrupted run; 409 for a run that is
-//!   running or succeeded;
+//!   running, succeeded or cancelled;
+//! - `POST /v1/workflows/runs/{id}/cancel`: stops a running or interrupted
+//!   run and answers it as it ended (`cancelled`; running nodes and map
+//!   elements `cancelled`, their late results discarded; `run_finished`
+//!   with status `cancelled` on the events). Decision: a run already over
+//!   is answered 200 as it is (succeeded, failed or cancelled), so the
+//!   call is idempotent and a client reads from `status` whether its
+//!   cancel stopped anything;
 //! - `GET /v1/workflows/runs/{id}/events`: SSE. First a `snapshot` event
 //!   (the run as it is), then one event per change (`node_started`,
 //!   `node_succeeded`, `node_failed`, `node_skipped`, `item_*`,
 //!   `run_finished`); the stream ends after `run_finished` (at once if the
 //!   run was already over). The calls of a run: `GET /v1/calls?workflow_id=`.
+//!
+//! A start request carrying `x-cadre-parent-run` (HTTP tools send it when
+//! a workflow run makes the call) starts a child of that run, one deeper;
+//! past `[workflows] max_depth` it is refused 409 `WORKFLOW_DEPTH_EXCEEDED`.
 //!
 //! Definitions are shared; runs belong to the caller's tenant: a run is
 //! started as the caller's tenant (its calls and agent sessions are that
@@ -30,7 +41,7 @@ use std::time::Duration;
 use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
@@ -44,7 +55,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery};
 use super::openapi::{Lagged, error_responses};
-use crate::identity::UserId;
+use crate::identity::{PARENT_RUN_HEADER, UserId};
 use crate::tenants::Principal;
 use crate::workflow::{RunFilter, StartRun, WorkflowError, WorkflowEventKind, WorkflowRun};
 
@@ -57,6 +68,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(list_runs))
         .routes(routes!(show_run))
         .routes(routes!(resume))
+        .routes(routes!(cancel))
         .routes(routes!(events))
         .routes(routes!(show_definition))
         .routes(routes!(start))
@@ -103,6 +115,7 @@ enum RunStatusName {
     Succeeded,
     Failed,
     Interrupted,
+    Cancelled,
 }
 
 /// A change in a run: `{run_id, at, type, ...}`, `type` being the event's
@@ -225,6 +238,7 @@ error_responses!(
     StartErrors:
     WorkflowNotFound,
     ValidationError = "the input fails the workflow's schema (`details.validation_errors`: `{field, code, message}`), or an unknown field",
+    WorkflowDepthExceeded,
     StorageUnavailable,
     ShuttingDown
 );
@@ -235,7 +249,10 @@ error_responses!(
     operation_id = "start_run",
     summary = "Start a workflow run",
     tag = "workflows",
-    params(("name" = String, Path, description = "Workflow name")),
+    params(
+        ("name" = String, Path, description = "Workflow name"),
+        ("x-cadre-parent-run" = Option<String>, Header, description = "The run whose tool call starts this one (HTTP tools send it): the new run is one deeper, and refused past `[workflows] max_depth`"),
+    ),
     request_body = StartBody,
     responses(
         (status = 201, description = "The run (with `wait`, as it ended: a failed run is still a 201)", body = Run),
@@ -246,8 +263,13 @@ async fn start(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(name): Path<String>,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<StartBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let parent_run = headers
+        .get(PARENT_RUN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let run = state
         .workflows
         .start(
@@ -256,6 +278,7 @@ async fn start(
                 input: body.input,
                 tenant: caller.tenant,
                 user_id: body.user_id.map(UserId::into_string),
+                parent_run,
             },
         )
         .await?;
@@ -276,14 +299,15 @@ struct ListQuery {
     /// 1 to 1,000 (default 50).
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
-    /// The `next` of the previous page (opaque).
-    #[param(max_length = 128)]
+    /// The `next` of the previous page (opaque; printable ASCII, as run
+    /// ids are, so its length in bytes is its length in characters).
+    #[param(max_length = 128, pattern = "^[!-~]*$")]
     cursor: Option<String>,
 }
 
 error_responses!(
     ListRunsErrors:
-    ValidationError = "limit out of range or cursor too long",
+    ValidationError = "limit out of range, or a cursor too long or not printable ASCII",
     StorageUnavailable
 );
 
@@ -304,6 +328,14 @@ async fn list_runs(
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
+    if q.cursor
+        .as_ref()
+        .is_some_and(|c| !c.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return Err(ApiError::validation(
+            "cursor is not printable ASCII: pass the `next` of the previous page",
+        ));
+    }
     let (limit, cursor) = super::calls::page_params(q.limit, q.cursor, DEFAULT_LIMIT)?;
     let page = state
         .workflows
@@ -388,6 +420,33 @@ async fn resume(
         run
     };
     Ok(Json(json!(run)))
+}
+
+error_responses!(
+    CancelErrors:
+    RunNotFound,
+    StorageUnavailable
+);
+
+#[utoipa::path(
+    post,
+    path = "/v1/workflows/runs/{id}/cancel",
+    operation_id = "cancel_run",
+    summary = "Cancel a running or interrupted run",
+    tag = "workflows",
+    params(("id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, description = "The run as it ended: `cancelled`, or as it was if it was already over (cancelling again changes nothing)", body = Run),
+        CancelErrors,
+    )
+)]
+async fn cancel(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    owned(&state, &caller, &id).await?;
+    Ok(Json(json!(state.workflows.cancel(&id).await?)))
 }
 
 error_responses!(

@@ -42,7 +42,9 @@ pub const TOOL_CALLS_BY_WORKFLOW: TableDefinition<(&str, &str), ()> =
 pub const TOOL_STATS: TableDefinition<&str, &[u8]> = TableDefinition::new("tool_stats");
 
 /// (namespace, key) -> json document: small per-user state of tools
-/// (paper orders, alerts, watchlists...) and pending confirmations.
+/// (paper orders, alerts, watchlists...), pending confirmations, workflow
+/// runs (`workflow_runs`, by run id) and their map elements
+/// (`workflow_items`, `<run id>/<node>/<index>`: one row per element).
 pub const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("docs");
 
 /// session_id -> `TokenUsage` (json): every model call the session made.

@@ -1,10 +1,10 @@
 //! `Workflows`: the handle the HTTP layer, the CLI and embedders use —
 //! the definitions (hot-reloaded from `agents/workflows/*.toml`) and the
-//! runs (start, wait, read, list, resume; node events).
+//! runs (start, wait, read, list, resume, cancel; node events).
 //!
 //! http / CLI ──▶ Workflows ──start / resume──▶ WorkflowRunner (one actor per run, on the arbiters)
 //!                    │◀── live state (watch) ◀───────┘
-//!                    └── store: "workflow_runs" docs (read when the run is not live)
+//!                    └── store: "workflow_runs" docs + "workflow_items" rows (read when the run is not live)
 //!
 //! Definitions follow the tool registry's reload rules: when no file
 //! changed and every file loaded, nothing is re-checked; a bad file is
@@ -17,9 +17,27 @@
 //! `tool_not_found`.
 //!
 //! A run is durable (`running`, every node pending) before `start` returns.
+//! It is stored as a document plus one row per map element
+//! ([`super::record`]); every read here puts the two back together.
 //! At startup [`Workflows::recover`] marks every run still `running` as
 //! `interrupted`; [`Workflows::resume`] re-runs such a run (or a failed one)
 //! against the workflow's current definition, keeping what succeeded.
+//!
+//! Cancel ([`Workflows::cancel`]): a live run's runner is told through its
+//! cancellation token and the call returns the run as it ended; an
+//! interrupted run (or one left `running` by a stopped runner) is marked
+//! `cancelled` here. Decision: cancelling a run that is already over
+//! (succeeded, failed, cancelled) changes nothing and returns it as it is,
+//! so a repeated cancel answers the same; a cancelled run is final
+//! (`resume` refuses it).
+//!
+//! Depth: a run started by a tool call of another run names that run
+//! (`StartRun::parent_run`, from the `x-cadre-parent-run` header the HTTP
+//! tools send) and is one deeper; a start past `[workflows] max_depth` is
+//! refused (`WORKFLOW_DEPTH_EXCEEDED`), so a workflow that starts itself,
+//! directly or through agents and tools, stops at the cap rather than at
+//! the API's rate limit. The parent is looked up whatever its tenant (only
+//! its depth is read), and an unknown parent counts as none.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,10 +48,13 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::definition::{Catalog, DefinitionError, Workflow, load};
-use super::run::{RUNS_NAMESPACE, RunStatus, WorkflowEvent, WorkflowRun};
-use super::runner::{Live, RunnerDeps, WorkflowRunner, run_started};
+use super::limits::WorkflowLimits;
+use super::record;
+use super::run::{RUNS_NAMESPACE, RunStatus, WorkflowEvent, WorkflowEventKind, WorkflowRun};
+use super::runner::{Live, LiveRun, RunnerDeps, WorkflowRunner, run_started};
 use super::scheduler::{Owner, Scheduler, new_run};
 use crate::config::Agents;
 use crate::conversation::Sessions;
@@ -61,6 +82,14 @@ pub enum WorkflowError {
     NotResumable { id: String, status: RunStatus },
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error(
+        "run '{parent}' is at depth {parent_depth}: a run it starts would be deeper than `[workflows] max_depth` ({max})"
+    )]
+    TooDeep {
+        parent: String,
+        parent_depth: u32,
+        max: u32,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -73,6 +102,7 @@ impl PublicError for WorkflowError {
             WorkflowError::InvalidInput { .. } => ErrorCode::ValidationError,
             WorkflowError::NotResumable { .. } => ErrorCode::RunNotResumable,
             WorkflowError::ShuttingDown => ErrorCode::ShuttingDown,
+            WorkflowError::TooDeep { .. } => ErrorCode::WorkflowDepthExceeded,
             WorkflowError::Store(s) => s.code(),
         }
     }
@@ -142,6 +172,8 @@ pub struct StartRun {
     pub tenant: String,
     /// The user the run's tool calls are made for (rate limits).
     pub user_id: Option<String>,
+    /// The run whose tool call starts this one (see the module doc).
+    pub parent_run: Option<String>,
 }
 
 /// Which runs to list.
@@ -166,6 +198,7 @@ pub struct WorkflowsDeps {
     pub registry: ToolRegistry,
     /// Where runner actors live (spread round-robin).
     pub arbiters: Vec<actix::dev::ArbiterHandle>,
+    pub limits: WorkflowLimits,
 }
 
 struct FileState {
@@ -194,6 +227,7 @@ struct Inner {
     deps: RunnerDeps,
     arbiters: Vec<actix::dev::ArbiterHandle>,
     next_arbiter: AtomicUsize,
+    limits: WorkflowLimits,
 }
 
 struct Known<'a> {
@@ -232,6 +266,7 @@ impl Workflows {
                 },
                 arbiters: deps.arbiters,
                 next_arbiter: AtomicUsize::new(0),
+                limits: deps.limits,
             }),
         };
         workflows.reload();
@@ -369,10 +404,9 @@ impl Workflows {
             if run.status != RunStatus::Running || self.is_live(&id) {
                 continue;
             }
+            record::attach_items(store, &mut run).await?;
             run.interrupt(now);
-            store
-                .put_doc_of(RUNS_NAMESPACE, &run.tenant, &id, to_doc(&run), true)
-                .await?;
+            record::save(store, &run, true).await?;
             tracing::warn!(run = %id, workflow = %run.workflow, "workflow run interrupted by a restart; resume it to finish");
             n += 1;
         }
@@ -410,21 +444,48 @@ impl Workflows {
             tenant,
             user_id: start.user_id,
         };
-        let run = new_run(&workflow, id, input, owner, Timestamp::now());
+        let depth = self.depth_under(start.parent_run.as_deref()).await?;
+        let mut run = new_run(&workflow, id, input, owner, Timestamp::now());
+        run.depth = depth;
+        run.parent_run = start.parent_run.filter(|_| depth > 0);
         let cache_ttl = self.cache_policy(&run.tenant).await;
-        let state = self.claim(&run)?;
-        if let Err(e) = self
-            .inner
-            .deps
-            .store
-            .put_doc_of(RUNS_NAMESPACE, &run.tenant, &run.id, to_doc(&run), true)
-            .await
-        {
+        let live = self.claim(&run)?;
+        if let Err(e) = record::save(&self.inner.deps.store, &run, true).await {
             self.release(&run.id);
             return Err(e.into());
         }
-        self.launch(workflow, run.clone(), state, cache_ttl);
+        self.launch(workflow, run.clone(), live, cache_ttl);
         Ok(run)
+    }
+
+    /// The depth of a run started by `parent`'s tool call; refused past
+    /// `max_depth`.
+    async fn depth_under(&self, parent: Option<&str>) -> Result<u32, WorkflowError> {
+        let Some(parent) = parent.filter(|p| p.len() <= crate::identity::MAX_ID_BYTES) else {
+            return Ok(0);
+        };
+        let parent_depth = match self.live_state(parent) {
+            Some(run) => run.depth,
+            None => match self
+                .inner
+                .deps
+                .store
+                .get_doc(RUNS_NAMESPACE, parent)
+                .await?
+            {
+                Some(doc) => doc.get("depth").and_then(Value::as_u64).unwrap_or(0) as u32,
+                None => return Ok(0),
+            },
+        };
+        let max = self.inner.limits.max_depth;
+        if parent_depth >= max {
+            return Err(WorkflowError::TooDeep {
+                parent: parent.to_string(),
+                parent_depth,
+                max,
+            });
+        }
+        Ok(parent_depth + 1)
     }
 
     /// Resumes a failed or interrupted run: nodes not yet succeeded run
@@ -453,18 +514,54 @@ impl Workflows {
             })?;
         run.reset_for_resume();
         let cache_ttl = self.cache_policy(&run.tenant).await;
-        let state = self.claim(&run)?;
-        if let Err(e) = self
-            .inner
-            .deps
-            .store
-            .put_doc_of(RUNS_NAMESPACE, &run.tenant, &run.id, to_doc(&run), true)
-            .await
-        {
+        let live = self.claim(&run)?;
+        if let Err(e) = record::save(&self.inner.deps.store, &run, true).await {
             self.release(&run.id);
             return Err(e.into());
         }
-        self.launch(workflow, run.clone(), state, cache_ttl);
+        self.launch(workflow, run.clone(), live, cache_ttl);
+        Ok(run)
+    }
+
+    /// Cancels a run (see the module doc); returns it as it ended.
+    pub async fn cancel(&self, id: &str) -> Result<WorkflowRun, WorkflowError> {
+        let live = self
+            .inner
+            .deps
+            .live
+            .lock()
+            .expect("live runs lock")
+            .get(id)
+            .cloned();
+        if let Some(live) = live {
+            live.cancel.cancel();
+            return self.wait(id).await;
+        }
+        let mut run = self.stored(id).await?;
+        if !matches!(run.status, RunStatus::Interrupted | RunStatus::Running) {
+            return Ok(run);
+        }
+        // Held live while it is written, so a resume cannot start under it.
+        let Ok(_claimed) = self.claim(&run) else {
+            return Box::pin(self.cancel(id)).await;
+        };
+        let items = run.cancel(Timestamp::now());
+        let written = self
+            .inner
+            .deps
+            .store
+            .write(record::ops(&run, true, &items), true)
+            .await;
+        self.release(&run.id);
+        written?;
+        let _ = self.inner.deps.events.send(WorkflowEvent {
+            run_id: run.id.clone(),
+            at: Timestamp::now(),
+            kind: WorkflowEventKind::RunFinished {
+                status: run.status,
+                error: run.error.clone(),
+            },
+        });
         Ok(run)
     }
 
@@ -485,7 +582,7 @@ impl Workflows {
             .lock()
             .expect("live runs lock")
             .get(id)
-            .cloned();
+            .map(|l| l.state.clone());
         if let Some(mut rx) = rx
             && let Ok(run) = rx.wait_for(|r| r.status.is_terminal()).await
         {
@@ -510,7 +607,10 @@ impl Workflows {
                 let run = match self.live_state(&id) {
                     Some(run) => run,
                     None => match serde_json::from_value::<WorkflowRun>(doc) {
-                        Ok(run) => run,
+                        Ok(mut run) => {
+                            record::attach_items(store, &mut run).await?;
+                            run
+                        }
                         Err(e) => {
                             tracing::error!(run = %id, error = %e, "unreadable workflow run skipped");
                             continue;
@@ -570,21 +670,28 @@ impl Workflows {
             .lock()
             .expect("live runs lock")
             .get(id)
-            .map(|rx| rx.borrow().clone())
+            .map(|l| l.state.borrow().clone())
     }
 
     /// Registers `run` as live; refuses a run that already is.
-    fn claim(&self, run: &WorkflowRun) -> Result<watch::Sender<WorkflowRun>, WorkflowError> {
+    fn claim(&self, run: &WorkflowRun) -> Result<Claim, WorkflowError> {
         let mut live = self.inner.deps.live.lock().expect("live runs lock");
-        if let Some(rx) = live.get(&run.id) {
+        if let Some(l) = live.get(&run.id) {
             return Err(WorkflowError::NotResumable {
                 id: run.id.clone(),
-                status: rx.borrow().status,
+                status: l.state.borrow().status,
             });
         }
         let (tx, rx) = watch::channel(run.clone());
-        live.insert(run.id.clone(), rx);
-        Ok(tx)
+        let cancel = CancellationToken::new();
+        live.insert(
+            run.id.clone(),
+            LiveRun {
+                state: rx,
+                cancel: cancel.clone(),
+            },
+        );
+        Ok(Claim { state: tx, cancel })
     }
 
     fn release(&self, id: &str) {
@@ -612,7 +719,7 @@ impl Workflows {
         &self,
         workflow: Arc<Workflow>,
         run: WorkflowRun,
-        state: watch::Sender<WorkflowRun>,
+        claim: Claim,
         cache_ttl: Option<u64>,
     ) {
         let _ = self.inner.deps.events.send(run_started(&run));
@@ -620,9 +727,10 @@ impl Workflows {
         let arbiter = &self.inner.arbiters[n % self.inner.arbiters.len()];
         WorkflowRunner::launch(
             arbiter,
-            Scheduler::new(workflow, run),
+            Scheduler::new(workflow, run, self.inner.limits.max_map_elements),
             self.inner.deps.clone(),
-            state,
+            claim.state,
+            claim.cancel,
             cache_ttl,
         );
     }
@@ -633,14 +741,9 @@ impl Workflows {
                 id: crate::identity::quoted_id(id),
             });
         }
-        let doc = self
-            .inner
-            .deps
-            .store
-            .get_doc(RUNS_NAMESPACE, id)
+        record::load(&self.inner.deps.store, id)
             .await?
-            .ok_or_else(|| WorkflowError::RunNotFound { id: id.into() })?;
-        serde_json::from_value(doc).map_err(|e| WorkflowError::Store(StoreError::Corrupt(e)))
+            .ok_or_else(|| WorkflowError::RunNotFound { id: id.into() })
     }
 
     fn read_defs(&self) -> std::sync::RwLockReadGuard<'_, Defs> {
@@ -655,8 +758,11 @@ fn run_tenant(doc: &Value) -> Option<String> {
         .map(|r| r.tenant)
 }
 
-fn to_doc(run: &WorkflowRun) -> Value {
-    serde_json::to_value(run).unwrap_or(Value::Null)
+/// A run registered live: its state's sender and its cancel token, for
+/// the runner.
+struct Claim {
+    state: watch::Sender<WorkflowRun>,
+    cancel: CancellationToken,
 }
 
 /// `*.toml` directly in `dir`, sorted, with their text (`None`: unreadable).

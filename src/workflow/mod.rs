@@ -7,7 +7,7 @@
 //!              │ tool node ──ExecuteTool (caller_type = workflow_node)──▶ executor (bypasses the pool)
 //!              │ agent node ──Sessions::send_message──▶ Conversation actor ──▶ model
 //!              ▼
-//!        store ("workflow_runs" docs) · node events (SSE, CLI)
+//!        store ("workflow_runs" docs, "workflow_items" rows) · node events (SSE, CLI)
 //!
 //! - [`definition`]: the file format and its checks (cycles, references,
 //!   tools and agents);
@@ -17,7 +17,11 @@
 //! - [`scheduler`]: the DAG decisions, no IO;
 //! - [`runner`]: the actor that performs them;
 //! - [`run`]: the stored run and its events;
-//! - [`engine`]: the [`Workflows`] handle (definitions, runs, recovery).
+//! - [`engine`]: the [`Workflows`] handle (definitions, runs, recovery,
+//!   cancel, the depth guard);
+//! - [`record`]: the stored form of a run (a document and a row per map
+//!   element);
+//! - [`limits`]: `[workflows]` in the server config (map elements, depth).
 //!
 //! Decisions that cross the modules:
 //! - every tool call of a tool or map node is a `workflow_node` call with
@@ -27,7 +31,8 @@
 //!   `workflow_node` calls too (outside the pool, recorded with the run id
 //!   and with the session id as `conversation_id`);
 //! - a run is one document, rewritten on every node transition (durably
-//!   when something finished), so reading a run never needs the actor;
+//!   when something finished), plus one row per map element, written as
+//!   the element moves; reading a run never needs the actor;
 //! - runs that were in flight when the server stopped are `interrupted`
 //!   after the next start, never silently lost and never marked failed
 //!   for what the shutdown did; `resume` continues them.
@@ -35,6 +40,8 @@
 pub mod condition;
 pub mod definition;
 pub mod engine;
+pub mod limits;
+pub mod record;
 pub mod run;
 pub mod runner;
 pub mod scheduler;
@@ -44,6 +51,7 @@ pub use definition::{DefinitionError, OnError, Workflow};
 pub use engine::{
     LoadIssue, RunFilter, StartRun, WorkflowError, WorkflowReload, Workflows, WorkflowsDeps,
 };
+pub use limits::WorkflowLimits;
 pub use run::{
     ItemRun, NodeRun, NodeStatus, RunStatus, WorkflowEvent, WorkflowEventKind, WorkflowRun,
 };

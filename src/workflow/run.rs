@@ -28,6 +28,8 @@ pub enum RunStatus {
     Failed,
     /// The server stopped while the run was in flight; `resume` continues it.
     Interrupted,
+    /// `POST /v1/workflows/runs/{id}/cancel` stopped it; final, not resumable.
+    Cancelled,
 }
 
 impl RunStatus {
@@ -37,6 +39,7 @@ impl RunStatus {
             RunStatus::Succeeded => "succeeded",
             RunStatus::Failed => "failed",
             RunStatus::Interrupted => "interrupted",
+            RunStatus::Cancelled => "cancelled",
         }
     }
 
@@ -53,6 +56,8 @@ pub enum NodeStatus {
     Succeeded,
     Failed,
     Skipped,
+    /// It was running when the run was cancelled; its result is discarded.
+    Cancelled,
 }
 
 impl NodeStatus {
@@ -63,13 +68,17 @@ impl NodeStatus {
             NodeStatus::Succeeded => "succeeded",
             NodeStatus::Failed => "failed",
             NodeStatus::Skipped => "skipped",
+            NodeStatus::Cancelled => "cancelled",
         }
     }
 
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            NodeStatus::Succeeded | NodeStatus::Failed | NodeStatus::Skipped
+            NodeStatus::Succeeded
+                | NodeStatus::Failed
+                | NodeStatus::Skipped
+                | NodeStatus::Cancelled
         )
     }
 }
@@ -165,6 +174,14 @@ pub struct WorkflowRun {
     /// How many times the run was resumed.
     #[serde(default)]
     pub resumes: u32,
+    /// The run whose tool call started this one (the `x-cadre-parent-run`
+    /// header of the start request), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_run: Option<String>,
+    /// How many runs started each other down to this one: 0 for a run a
+    /// client started, the parent's depth + 1 otherwise.
+    #[serde(default)]
+    pub depth: u32,
 }
 
 fn default_tenant() -> String {
@@ -193,6 +210,35 @@ impl WorkflowRun {
                 node.finished_at = Some(now);
             }
         }
+    }
+
+    /// Cancels a running or interrupted run: running nodes and map
+    /// elements become `cancelled` (whatever they return later is
+    /// discarded), pending ones stay pending. Returns the elements it
+    /// changed, as `(node, index)`.
+    pub fn cancel(&mut self, now: Timestamp) -> Vec<(String, usize)> {
+        const WHY: &str = "cancelled: the run was cancelled while this was running";
+        let mut changed = Vec::new();
+        self.status = RunStatus::Cancelled;
+        self.error = Some("the run was cancelled".into());
+        self.output = None;
+        self.finished_at = Some(now);
+        for (id, node) in &mut self.nodes {
+            for (k, item) in node.items.iter_mut().flatten().enumerate() {
+                if item.status == NodeStatus::Running {
+                    item.status = NodeStatus::Cancelled;
+                    item.error = Some(WHY.into());
+                    item.finished_at = Some(now);
+                    changed.push((id.clone(), k));
+                }
+            }
+            if node.status == NodeStatus::Running {
+                node.status = NodeStatus::Cancelled;
+                node.error = Some(WHY.into());
+                node.finished_at = Some(now);
+            }
+        }
+        changed
     }
 
     /// Prepares a finished (failed or interrupted) run to go again: every

@@ -21,11 +21,18 @@
 //!   stay `pending`; `continue`: everything that does not depend on a
 //!   failure still runs. Either way a run with a failed node fails, and its
 //!   `error` names the first failed node (in file order);
-//! - a map node resolves its array when it starts and keeps at most
-//!   `max_parallel` elements running; it succeeds when every element did
+//! - a map node resolves its array when it starts (an array longer than
+//!   `[workflows] max_map_elements` fails the node, naming the cap) and
+//!   keeps at most `max_parallel` elements running; it succeeds when every element did
 //!   (its output: the element outputs in order) and fails otherwise (its
 //!   output: `null` where an element failed). An empty array succeeds with
 //!   `[]`; a value that is not an array fails the node;
+//! - each step says which map elements it changed ([`Step::items`]), so
+//!   the runner writes those rows and not the whole run; the bookkeeping of
+//!   a map (next pending element, running and failed counts) is kept
+//!   apart, so an element's outcome costs the same whatever the map's size;
+//! - `cancel` ends a running run `cancelled`: running nodes and elements
+//!   become `cancelled` and their later outcomes are ignored;
 //! - retries and timeouts are per task and belong to the runner: an
 //!   outcome here is final;
 //! - on resume ([`super::run::WorkflowRun::reset_for_resume`]) succeeded
@@ -93,13 +100,46 @@ pub struct Step {
     pub finished: bool,
     /// A node, an element or the run finished: worth a durable write.
     pub durable: bool,
+    /// The map elements this step changed, as `(node, index)`.
+    pub items: Vec<(String, usize)>,
+}
+
+impl Step {
+    /// Whether the run itself (a node or its status) changed, not only
+    /// map elements.
+    pub fn changes_run(&self) -> bool {
+        self.events.iter().any(|e| {
+            !matches!(
+                e,
+                WorkflowEventKind::ItemStarted { .. }
+                    | WorkflowEventKind::ItemSucceeded { .. }
+                    | WorkflowEventKind::ItemFailed { .. }
+            )
+        })
+    }
+}
+
+/// A started map node's bookkeeping.
+struct MapState {
+    /// Its array, resolved when it started.
+    elements: Vec<Value>,
+    /// No element before this one is pending (elements only move from
+    /// pending to running to done).
+    next: usize,
+    pending: usize,
+    running: usize,
+    failed: usize,
 }
 
 pub struct Scheduler {
     workflow: Arc<Workflow>,
     run: WorkflowRun,
-    /// Map nodes' arrays, by node index, resolved when the node started.
-    elements: HashMap<usize, Vec<Value>>,
+    /// Started map nodes, by node index.
+    maps: HashMap<usize, MapState>,
+    /// `[workflows] max_map_elements`.
+    max_elements: usize,
+    /// A node or an element failed (what `fail_fast` halts on).
+    failed: bool,
 }
 
 /// Who a run is for: its tenant and user.
@@ -134,21 +174,51 @@ pub fn new_run(
         created_at: now,
         finished_at: None,
         resumes: 0,
+        parent_run: None,
+        depth: 0,
     }
 }
 
 impl Scheduler {
-    pub fn new(workflow: Arc<Workflow>, mut run: WorkflowRun) -> Self {
+    /// The scheduler of `run`; map nodes fan out over at most
+    /// `max_elements` elements.
+    pub fn new(workflow: Arc<Workflow>, mut run: WorkflowRun, max_elements: usize) -> Self {
         for n in &workflow.nodes {
             run.nodes
                 .entry(n.id.clone())
                 .or_insert_with(NodeRun::pending);
         }
+        let failed = run.nodes.values().any(|n| {
+            n.status == NodeStatus::Failed
+                || n.items
+                    .iter()
+                    .flatten()
+                    .any(|i| i.status == NodeStatus::Failed)
+        });
         Scheduler {
             workflow,
             run,
-            elements: HashMap::new(),
+            maps: HashMap::new(),
+            max_elements,
+            failed,
         }
+    }
+
+    /// Cancels the run if it is running: running nodes and elements become
+    /// `cancelled`, nothing new starts, later outcomes are ignored.
+    pub fn cancel(&mut self, now: Timestamp) -> Step {
+        let mut step = Step::default();
+        if self.run.status != RunStatus::Running {
+            return step;
+        }
+        step.items = self.run.cancel(now);
+        step.events.push(WorkflowEventKind::RunFinished {
+            status: self.run.status,
+            error: self.run.error.clone(),
+        });
+        step.finished = true;
+        step.durable = true;
+        step
     }
 
     pub fn run(&self) -> &WorkflowRun {
@@ -236,6 +306,17 @@ impl Scheduler {
                 it.session_id = session_id;
                 it.finished_at = Some(now);
                 n.attempts += attempts;
+                step.items.push((node.to_string(), k));
+                if let Some(map) = self
+                    .workflow
+                    .nodes
+                    .iter()
+                    .position(|d| d.id == node)
+                    .and_then(|i| self.maps.get_mut(&i))
+                {
+                    map.running = map.running.saturating_sub(1);
+                    map.failed += usize::from(!ok);
+                }
                 step.events.push(match error {
                     None => WorkflowEventKind::ItemSucceeded {
                         node: node.into(),
@@ -249,6 +330,7 @@ impl Scheduler {
                 });
             }
         }
+        self.failed |= !ok;
         step.durable = true;
         self.advance(now, &mut step);
         step
@@ -256,14 +338,7 @@ impl Scheduler {
 
     /// Whether nothing new may start: fail_fast after a failure.
     fn halted(&self) -> bool {
-        self.workflow.on_error == OnError::FailFast
-            && self.run.nodes.values().any(|n| {
-                n.status == NodeStatus::Failed
-                    || n.items
-                        .iter()
-                        .flatten()
-                        .any(|i| i.status == NodeStatus::Failed)
-            })
+        self.workflow.on_error == OnError::FailFast && self.failed
     }
 
     fn advance(&mut self, now: Timestamp, step: &mut Step) {
@@ -345,6 +420,9 @@ impl Scheduler {
                 NodeStatus::Skipped => {
                     blocked = blocked.or_else(|| Some(format!("dependency '{dep}' was skipped")));
                 }
+                NodeStatus::Cancelled => {
+                    blocked = blocked.or_else(|| Some(format!("dependency '{dep}' was cancelled")));
+                }
             }
         }
         let when_false = node.when.as_ref().is_some_and(|c| {
@@ -378,6 +456,12 @@ impl Scheduler {
                 item: None,
             };
             let elements = match map.over.resolve(&scope) {
+                Some(Value::Array(items)) if items.len() > self.max_elements => Err(format!(
+                    "map: {} has {} elements, over the cap of {} (`[workflows] max_map_elements`)",
+                    map.over.text,
+                    items.len(),
+                    self.max_elements
+                )),
                 Some(Value::Array(items)) => Ok(items),
                 Some(other) => Err(format!(
                     "map: {} is {}, not an array",
@@ -399,10 +483,21 @@ impl Scheduler {
                     if !keep {
                         n.items = Some(vec![ItemRun::pending(); elements.len()]);
                     }
+                    let items = n.items.as_deref().unwrap_or(&[]);
+                    let count = |s: NodeStatus| items.iter().filter(|it| it.status == s).count();
+                    let state = MapState {
+                        next: 0,
+                        pending: count(NodeStatus::Pending),
+                        running: count(NodeStatus::Running),
+                        failed: count(NodeStatus::Failed),
+                        elements,
+                    };
+                    step.items
+                        .extend((0..items.len()).map(|k| (node.id.clone(), k)));
                     step.events.push(WorkflowEventKind::NodeStarted {
                         node: node.id.clone(),
                     });
-                    self.elements.insert(i, elements);
+                    self.maps.insert(i, state);
                     self.pump_map(i, now, step);
                 }
             }
@@ -430,6 +525,7 @@ impl Scheduler {
     }
 
     fn fail_at_start(&mut self, id: &str, error: String, now: Timestamp, step: &mut Step) {
+        self.failed = true;
         let n = self.node_mut(id);
         n.status = NodeStatus::Failed;
         n.error = Some(error.clone());
@@ -444,32 +540,41 @@ impl Scheduler {
     }
 
     /// Starts elements up to `max_parallel`; finishes the node when its
-    /// elements are done. True when the node finished.
+    /// elements are done. True when the node finished. Costs O(elements
+    /// started) plus, once, O(elements) when the node finishes.
     fn pump_map(&mut self, i: usize, now: Timestamp, step: &mut Step) -> bool {
         let wf = self.workflow.clone();
         let node = &wf.nodes[i];
         let Some(map) = &node.map else {
             return false;
         };
-        if !self.elements.contains_key(&i) {
+        if !self.maps.contains_key(&i) {
             // Only a map node started by this scheduler is running.
             return false;
         }
         while !self.halted() {
-            let items = self.node_items(&node.id);
-            let running = items
-                .iter()
-                .filter(|it| it.status == NodeStatus::Running)
-                .count();
-            if running >= map.max_parallel {
+            let state = &self.maps[&i];
+            if state.running >= map.max_parallel || state.pending == 0 {
                 break;
             }
-            let Some(k) = items.iter().position(|it| it.status == NodeStatus::Pending) else {
+            let items = self.node_items(&node.id);
+            let Some(k) =
+                (state.next..items.len()).find(|&k| items[k].status == NodeStatus::Pending)
+            else {
                 break;
             };
             let rendered = self.render(i, Some(k));
+            let state = self.maps.get_mut(&i).expect("a started map");
+            state.next = k + 1;
+            state.pending -= 1;
+            match &rendered {
+                Err(_) => state.failed += 1,
+                Ok(_) => state.running += 1,
+            }
+            self.failed |= rendered.is_err();
             let item = &mut self.node_mut(&node.id).items.as_mut().expect("map items")[k];
             item.started_at = Some(now);
+            step.items.push((node.id.clone(), k));
             match rendered {
                 Err(error) => {
                     item.status = NodeStatus::Failed;
@@ -498,16 +603,12 @@ impl Scheduler {
             }
         }
         let halted = self.halted();
-        let items = self.node_items(&node.id);
-        let count = |s: NodeStatus| items.iter().filter(|it| it.status == s).count();
-        let (running, pending, failed) = (
-            count(NodeStatus::Running),
-            count(NodeStatus::Pending),
-            count(NodeStatus::Failed),
-        );
+        let state = &self.maps[&i];
+        let (running, pending, failed) = (state.running, state.pending, state.failed);
         if running > 0 || (pending > 0 && !halted) {
             return false;
         }
+        let items = self.node_items(&node.id);
         let output = Value::Array(
             items
                 .iter()
@@ -536,6 +637,8 @@ impl Scheduler {
         } else {
             None
         };
+        self.maps.remove(&i);
+        self.failed |= error.is_some();
         let n = self.node_mut(&node.id);
         n.output = Some(output);
         n.finished_at = Some(now);
@@ -565,8 +668,12 @@ impl Scheduler {
     /// The work of node `i` (element `item` of a map node), rendered.
     fn render(&self, i: usize, item: Option<usize>) -> Result<Work, String> {
         let node = &self.workflow.nodes[i];
-        let element =
-            item.and_then(|k| self.elements.get(&i).and_then(|e| e.get(k)).map(|v| (v, k)));
+        let element = item.and_then(|k| {
+            self.maps
+                .get(&i)
+                .and_then(|m| m.elements.get(k))
+                .map(|v| (v, k))
+        });
         let scope = Scope {
             input: &self.run.input,
             outputs: &self.run.nodes,
@@ -643,7 +750,7 @@ mod tests {
     fn scheduler(text: &str, input: Value) -> Scheduler {
         let w = wf(text).unwrap();
         let run = new_run(&w, "run-1".into(), input, Owner::default(), t(0));
-        Scheduler::new(w, run)
+        Scheduler::new(w, run, 1_000)
     }
 
     fn ok(output: Value) -> Outcome {
@@ -925,6 +1032,88 @@ mod tests {
     }
 
     #[test]
+    fn a_map_longer_than_the_cap_fails_at_start_and_starts_nothing() {
+        let w = wf(MAP).unwrap();
+        let run = new_run(&w, "run-1".into(), json!({}), Owner::default(), t(0));
+        let mut s = Scheduler::new(w, run, 2);
+        s.start(t(0));
+        let step = s.on_outcome("list", None, ok(json!({"items": [1, 2, 3]})), t(1));
+        assert!(step.tasks.is_empty() && step.finished);
+        let each = &s.run().nodes["each"];
+        assert_eq!(each.status, NodeStatus::Failed);
+        assert_eq!(
+            each.error.as_deref(),
+            Some(
+                "map: nodes.list.output.items has 3 elements, over the cap of 2 (`[workflows] max_map_elements`)"
+            )
+        );
+        assert!(each.items.is_none());
+    }
+
+    #[test]
+    fn steps_name_the_elements_they_moved_and_only_node_changes_touch_the_run() {
+        let mut s = scheduler(MAP, json!({}));
+        s.start(t(0));
+        let items = json!({"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]});
+        let step = s.on_outcome("list", None, ok(items), t(1));
+        assert!(step.changes_run(), "the map node started");
+        let named = |step: &Step| step.items.iter().map(|(_, k)| *k).collect::<Vec<_>>();
+        assert_eq!(
+            named(&step),
+            [0, 1, 2, 0, 1],
+            "all rows once, then the two started"
+        );
+        let step = s.on_outcome("each", Some(0), ok(json!("A")), t(2));
+        assert!(!step.changes_run(), "an element only: {:?}", step.events);
+        assert_eq!(named(&step), [0, 2]);
+        s.on_outcome("each", Some(1), ok(json!("B")), t(3));
+        let step = s.on_outcome("each", Some(2), ok(json!("C")), t(4));
+        assert!(step.changes_run() && step.finished);
+    }
+
+    #[test]
+    fn cancel_ends_the_run_and_outcomes_arriving_after_it_change_nothing() {
+        let mut s = scheduler(MAP, json!({}));
+        s.start(t(0));
+        s.on_outcome(
+            "list",
+            None,
+            ok(json!({"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})),
+            t(1),
+        );
+        let step = s.cancel(t(2));
+        assert!(step.finished && step.durable && step.tasks.is_empty());
+        assert_eq!(
+            step.events,
+            [WorkflowEventKind::RunFinished {
+                status: RunStatus::Cancelled,
+                error: Some("the run was cancelled".into())
+            }]
+        );
+        let before = s.run().clone();
+        let items = before.nodes["each"].items.as_ref().unwrap();
+        let statuses: Vec<_> = items.iter().map(|i| i.status).collect();
+        assert_eq!(
+            statuses,
+            [
+                NodeStatus::Cancelled,
+                NodeStatus::Cancelled,
+                NodeStatus::Pending
+            ]
+        );
+        assert!(
+            s.on_outcome("each", Some(0), ok(json!("late")), t(3))
+                .events
+                .is_empty()
+        );
+        assert!(
+            s.cancel(t(4)).events.is_empty(),
+            "cancelling again does nothing"
+        );
+        assert_eq!(s.run(), &before);
+    }
+
+    #[test]
     fn a_template_reading_a_missing_value_fails_the_node_naming_the_path() {
         let mut s = scheduler(DIAMOND, json!({}));
         s.start(t(0));
@@ -1002,7 +1191,11 @@ mod tests {
         assert_eq!(run.status, RunStatus::Interrupted);
         assert_eq!(run.nodes["each"].status, NodeStatus::Failed);
         run.reset_for_resume();
-        let mut s = Scheduler::new(wf(&MAP.replace("continue", "fail_fast")).unwrap(), run);
+        let mut s = Scheduler::new(
+            wf(&MAP.replace("continue", "fail_fast")).unwrap(),
+            run,
+            1_000,
+        );
         let step = s.start(t(4));
         assert_eq!(
             started(&step),

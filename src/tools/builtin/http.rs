@@ -182,14 +182,20 @@ pub struct HttpRequest {
 
 #[async_trait::async_trait]
 impl ToolHandler for HttpRequest {
-    async fn call(&self, params: Value, _ctx: &ExecutionContext) -> Result<Value, ToolError> {
+    async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
         let client = usable(&self.client)?;
         let raw_url = params["url"].as_str().unwrap_or_default();
         let url = Url::parse(raw_url)
             .map_err(|e| ToolError::invalid(format!("{raw_url:?} is not a valid URL: {e}")))?;
         let method = parse_method(&params["method"])?;
         let timeout = parse_timeout(&params["timeout"])?;
-        let headers = parse_headers(&params["headers"])?;
+        let mut headers = parse_headers(&params["headers"])?;
+        // The workflow depth guard: a run this request starts is the
+        // calling run's child, whatever the caller's params say.
+        headers.remove(crate::identity::PARENT_RUN_HEADER);
+        if let Some(run) = ctx.workflow_id.as_deref().and_then(|r| r.parse().ok()) {
+            headers.insert(crate::identity::PARENT_RUN_HEADER, run);
+        }
 
         let mut request = client
             .request(method, url.clone())

@@ -1,0 +1,125 @@
+//! A run's stored form: one document for the run, one row per map element.
+//!
+//! runner / engine ──ops(run, changed elements)──▶ store.write ──▶ docs "workflow_runs" (the run, no elements)
+//!                                                             └─▶ docs "workflow_items" (one row per element)
+//! engine ──load(id)──▶ the run document + its element rows ──▶ WorkflowRun (as served)
+//!
+//! Decision: per-element rows rather than batched rewrites of the run. A
+//! run document rewritten for every element costs O(elements) per element
+//! (quadratic: 1,000 elements took 2.6 s, 4,000 took 46 s, with a 10 MB
+//! write per element at 100,000); batching the rewrites only divides that
+//! by the batch size. An element's result is written as its own row
+//! (`"<run id>/<node>/<index, 10 digits>"` in the `workflow_items`
+//! namespace of the store's `docs` table), so an element costs one small
+//! row whatever the run's size; the run document (nodes, outputs, no
+//! elements) is written only when a node or the run changes. The rows use
+//! the existing `docs` table, so the layout (and its schema version) does
+//! not change. Runs stored before this keep their elements inside the
+//! document: a node with no rows keeps what the document says.
+
+use serde_json::Value;
+
+use super::run::{RUNS_NAMESPACE, WorkflowRun};
+use crate::store::{Store, StoreError, WriteOp};
+
+/// The store namespace of map elements' rows.
+pub const ITEMS_NAMESPACE: &str = "workflow_items";
+
+fn item_key(run: &str, node: &str, k: usize) -> String {
+    format!("{run}/{node}/{k:010}")
+}
+
+/// The run document: the run without its map elements.
+pub fn doc(run: &WorkflowRun) -> Value {
+    let mut doc = serde_json::to_value(run).unwrap_or(Value::Null);
+    if let Some(nodes) = doc.get_mut("nodes").and_then(Value::as_object_mut) {
+        for node in nodes.values_mut() {
+            if let Some(node) = node.as_object_mut() {
+                node.remove("items");
+            }
+        }
+    }
+    doc
+}
+
+/// The writes of `run`: its document when `with_doc`, and the rows of the
+/// elements named in `items` (`(node, index)`).
+pub fn ops(run: &WorkflowRun, with_doc: bool, items: &[(String, usize)]) -> Vec<WriteOp> {
+    let mut ops = Vec::with_capacity(items.len() + 1);
+    if with_doc {
+        ops.push(WriteOp::PutDoc {
+            namespace: RUNS_NAMESPACE.into(),
+            key: run.id.clone(),
+            value: doc(run),
+            tenant: Some(run.tenant.clone()),
+        });
+    }
+    for (node, k) in items {
+        let Some(item) = run
+            .nodes
+            .get(node)
+            .and_then(|n| n.items.as_ref())
+            .and_then(|items| items.get(*k))
+        else {
+            continue;
+        };
+        let value = match serde_json::to_value(item) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(run = %run.id, %node, item = k, error = %e, "map element not serialisable");
+                continue;
+            }
+        };
+        ops.push(WriteOp::PutDoc {
+            namespace: ITEMS_NAMESPACE.into(),
+            key: item_key(&run.id, node, *k),
+            value,
+            tenant: None,
+        });
+    }
+    ops
+}
+
+/// Every element of every map node of `run`.
+pub fn all_items(run: &WorkflowRun) -> Vec<(String, usize)> {
+    run.nodes
+        .iter()
+        .flat_map(|(id, n)| (0..n.items.as_ref().map_or(0, Vec::len)).map(move |k| (id.clone(), k)))
+        .collect()
+}
+
+/// Writes the whole run: its document and every element.
+pub async fn save(store: &Store, run: &WorkflowRun, durable: bool) -> Result<(), StoreError> {
+    store.write(ops(run, true, &all_items(run)), durable).await
+}
+
+/// Reads a run's document into a run; `None` when absent.
+pub async fn load(store: &Store, id: &str) -> Result<Option<WorkflowRun>, StoreError> {
+    let Some(doc) = store.get_doc(RUNS_NAMESPACE, id).await? else {
+        return Ok(None);
+    };
+    let mut run: WorkflowRun = serde_json::from_value(doc)?;
+    attach_items(store, &mut run).await?;
+    Ok(Some(run))
+}
+
+/// Puts the stored element rows of `run` back into its map nodes.
+pub async fn attach_items(store: &Store, run: &mut WorkflowRun) -> Result<(), StoreError> {
+    let prefix = format!("{}/", run.id);
+    for (key, value) in store.list_docs(ITEMS_NAMESPACE, &prefix).await? {
+        let rest = &key[prefix.len()..];
+        let Some((node, k)) = rest.rsplit_once('/') else {
+            continue;
+        };
+        let (Some(n), Ok(k)) = (run.nodes.get_mut(node), k.parse::<usize>()) else {
+            continue;
+        };
+        let item = serde_json::from_value(value)?;
+        let items = n.items.get_or_insert_with(Vec::new);
+        if items.len() <= k {
+            items.resize(k + 1, super::run::ItemRun::pending());
+        }
+        items[k] = item;
+    }
+    Ok(())
+}
