@@ -28,6 +28,7 @@ pub mod client;
 pub mod config;
 pub mod content;
 pub mod server;
+pub mod stdio;
 
 pub use client::McpClients;
 pub use config::{McpServerConfig, McpTransport};
