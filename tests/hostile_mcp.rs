@@ -34,7 +34,20 @@ fn server(name: &str, mode: &str, args: &[&str], keys: &str) -> String {
 struct Cadre {
     server: Server,
     log: PathBuf,
+    /// Set once the test stopped cadre itself.
+    stopped: bool,
     _dir: tempfile::TempDir,
+}
+
+impl Drop for Cadre {
+    /// SIGTERM rather than `Server`'s SIGKILL, so that cadre kills its MCP
+    /// servers' groups even when a test fails half way.
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.server.sigterm();
+            self.server.wait_exit(PATIENCE);
+        }
+    }
 }
 
 impl Cadre {
@@ -48,6 +61,7 @@ impl Cadre {
         Cadre {
             server,
             log: data.with_extension("log"),
+            stopped: false,
             _dir: dir,
         }
     }
@@ -396,6 +410,7 @@ async fn a_crash_looping_server_leaves_no_orphans_and_shutdown_kills_every_group
 
     // Shutdown kills every group: servers and what they forked.
     cadre.server.sigterm();
+    cadre.stopped = true;
     assert!(cadre.server.wait_exit(PATIENCE).success());
     let mut all = pids(&looping, "server");
     all.extend(pids(&looping, "child"));

@@ -85,7 +85,8 @@ pub const DEBOUNCE: Duration = Duration::from_millis(200);
 /// The connection to one server, shared by its supervisor and its tools.
 struct Link {
     config: McpServerConfig,
-    peer: RwLock<Option<Peer<RoleClient>>>,
+    /// The live connection and its number (one per connection made).
+    peer: RwLock<Option<(u64, Peer<RoleClient>)>>,
     /// Asks the supervisor to drop the connection and reconnect.
     broken: mpsc::UnboundedSender<Broken>,
     /// `tools/list_changed` arrived; a `Notify` holds one permit however
@@ -94,10 +95,11 @@ struct Link {
     groups: Groups,
 }
 
-struct Broken;
+/// The connection of this number broke (a later one may be live already).
+struct Broken(u64);
 
 impl Link {
-    fn peer(&self) -> Option<Peer<RoleClient>> {
+    fn peer(&self) -> Option<(u64, Peer<RoleClient>)> {
         self.peer.read().expect("mcp link lock").clone()
     }
 
@@ -246,7 +248,9 @@ async fn supervise(
     let server = link.config.name.clone();
     let interval = link.config.limits.relist_interval;
     let mut delay = FIRST_DELAY;
+    let mut connection = 0u64;
     loop {
+        connection += 1;
         let attempt = tokio::select! {
             r = connect(&link) => r,
             _ = stop.changed() => return,
@@ -255,7 +259,7 @@ async fn supervise(
             Ok(running) => {
                 let since = Instant::now();
                 let peer = running.peer().clone();
-                *link.peer.write().expect("mcp link lock") = Some(peer.clone());
+                *link.peer.write().expect("mcp link lock") = Some((connection, peer.clone()));
                 tracing::info!(%server, "MCP server connected");
                 let mut listed = list(&link, &peer, &registry, true).await;
                 let mut last_list = tokio::time::Instant::now();
@@ -297,7 +301,11 @@ async fn supervise(
                             listed = list(&link, &peer, &registry, false).await;
                             last_list = tokio::time::Instant::now();
                         }
-                        _ = broken.recv() => {
+                        Some(Broken(n)) = broken.recv() => {
+                            if n != connection {
+                                // A call on an earlier connection saw it end.
+                                continue;
+                            }
                             token.cancel();
                             let _ = waiting.await;
                             break Ok(false);
@@ -540,7 +548,7 @@ pub struct McpToolHandler {
 #[async_trait::async_trait]
 impl ToolHandler for McpToolHandler {
     async fn call(&self, params: Value, _ctx: &ExecutionContext) -> Result<Value, ToolError> {
-        let peer = self.link.peer().ok_or_else(|| self.link.unavailable())?;
+        let (connection, peer) = self.link.peer().ok_or_else(|| self.link.unavailable())?;
         let arguments = match params {
             Value::Object(map) => map,
             _ => serde_json::Map::new(),
@@ -569,7 +577,7 @@ impl ToolHandler for McpToolHandler {
             Err(e) => {
                 // The connection is gone: the supervisor reconnects.
                 tracing::warn!(server = %self.link.config.name, "MCP call failed in transport: {e}");
-                let _ = self.link.broken.send(Broken);
+                let _ = self.link.broken.send(Broken(connection));
                 Err(self.link.unavailable())
             }
         }
