@@ -206,6 +206,7 @@ async fn hostile_listings_are_refused_with_their_reason_and_the_rest_keeps_servi
         server("silent", "silent", &[], "init_timeout_s = 0.5"),
         server("mute", "silent_list", &[], "list_timeout_s = 0.5"),
         server("capped", "many", &["--count", "20"], "max_tools = 10"),
+        server("fat", "fat", &["--count", "300000"], "max_message_mb = 1"),
         server("good", "good", &[], ""),
     ]
     .concat();
@@ -226,6 +227,14 @@ async fn hostile_listings_are_refused_with_their_reason_and_the_rest_keeps_servi
         .await;
     cadre
         .until_logged(&["MCP server refused", "server=capped", "more than 10 tools"])
+        .await;
+    // Pages of 300 KB each: the listing as a whole is held to one message's cap.
+    cadre
+        .until_logged(&[
+            "MCP server refused",
+            "server=fat",
+            "tools/list is over 1048576 bytes in all",
+        ])
         .await;
     // A listing rmcp cannot parse (a schema 70 objects deep is past
     // serde_json's recursion limit) is answered at once as unreadable.
@@ -263,7 +272,9 @@ async fn hostile_listings_are_refused_with_their_reason_and_the_rest_keeps_servi
 
     // None of their tools is offered, the others are served.
     let names = cadre.tool_names().await;
-    for server in ["endless", "repeat", "deep", "silent", "mute", "capped"] {
+    for server in [
+        "endless", "repeat", "deep", "silent", "mute", "capped", "fat",
+    ] {
         let prefix = format!("{server}.");
         assert!(
             !names.iter().any(|n| n.starts_with(&prefix)),
@@ -275,7 +286,7 @@ async fn hostile_listings_are_refused_with_their_reason_and_the_rest_keeps_servi
     cadre.builtins_served().await;
 
     // A broken bound is said once: the server is not asked again.
-    for server in ["endless", "repeat", "capped", "deep"] {
+    for server in ["endless", "repeat", "capped", "deep", "fat"] {
         let refused = cadre.log_lines(&["MCP server refused", &format!("server={server}")]);
         assert_eq!(refused.len(), 1, "{refused:?}");
     }

@@ -27,8 +27,9 @@
 //!
 //! Bounds (`[limits]` of mcp.toml, per server overrides; [`McpLimits`]):
 //! `initialize` and each whole `tools/list` have a deadline; a listing
-//! stops at `max_pages` pages, at a cursor it already followed, or above
-//! `max_tools` tools. A server past one of these is **refused**: one WARN
+//! stops at `max_pages` pages, at a cursor it already followed, above
+//! `max_tools` tools or above `max_message_mb` of tools in all (so memory
+//! is bounded by one message's cap, not pages times that). A server past one of these is **refused**: one WARN
 //! line and an `mcp_server_down` event carry the reason (`refused: ...`),
 //! its tools (if an earlier listing had any) stay listed, unavailable, and
 //! it is not asked again until cadre restarts: a listing that broke a
@@ -181,10 +182,10 @@ impl ClientHandler for Notifier {
 
 type Running = rmcp::service::RunningService<RoleClient, Notifier>;
 
-/// Why a server is not served.
+/// Why a server is not served: unreachable, or refused (late or over a bound).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-enum Refusal {
-    /// It could not be started or reached (not a refusal): retried with the backoff.
+enum Failure {
+    /// It could not be started or reached: retried with the backoff.
     #[error("{0}")]
     Unreachable(String),
     /// A deadline passed: retried with the backoff.
@@ -196,11 +197,11 @@ enum Refusal {
 }
 
 /// Connects and initializes within `init_timeout`.
-async fn connect(link: &Arc<Link>) -> Result<Running, Refusal> {
+async fn connect(link: &Arc<Link>) -> Result<Running, Failure> {
     let deadline = link.config.limits.init_timeout;
     match tokio::time::timeout(deadline, connect_now(link)).await {
-        Ok(r) => r.map_err(Refusal::Unreachable),
-        Err(_) => Err(Refusal::Late(format!(
+        Ok(r) => r.map_err(Failure::Unreachable),
+        Err(_) => Err(Failure::Late(format!(
             "no answer to initialize within {deadline:?} (init_timeout_s)"
         ))),
     }
@@ -324,7 +325,7 @@ async fn supervise(
                         });
                         tracing::warn!(%server, "MCP server connection ended; reconnecting");
                     }
-                    Err(Refusal::Unreachable(e)) => {
+                    Err(Failure::Unreachable(e)) => {
                         registry.events().publish(EventKind::McpServerDown {
                             server: server.clone(),
                             reason: e.clone(),
@@ -333,7 +334,7 @@ async fn supervise(
                     }
                     Err(refusal) => {
                         refuse(&registry, &server, &refusal);
-                        if let Refusal::Over(_) = refusal {
+                        if let Failure::Over(_) = refusal {
                             // Not asked again: wait for shutdown.
                             let _ = stop.changed().await;
                             return;
@@ -344,7 +345,7 @@ async fn supervise(
                     delay = FIRST_DELAY;
                 }
             }
-            Err(Refusal::Unreachable(e)) => {
+            Err(Failure::Unreachable(e)) => {
                 tracing::warn!(%server, retry_in_ms = delay.as_millis() as u64, "MCP server not reachable: {e}");
                 registry.events().publish(EventKind::McpServerDown {
                     server: server.clone(),
@@ -364,8 +365,8 @@ async fn supervise(
 }
 
 /// Marks `server` refused: one WARN line and an `mcp_server_down` event with the reason.
-fn refuse(registry: &ToolRegistry, server: &str, refusal: &Refusal) {
-    let retried = !matches!(refusal, Refusal::Over(_));
+fn refuse(registry: &ToolRegistry, server: &str, refusal: &Failure) {
+    let retried = !matches!(refusal, Failure::Over(_));
     tracing::warn!(%server, retried, "MCP server refused: {refusal}");
     registry.events().publish(EventKind::McpServerDown {
         server: server.to_string(),
@@ -374,10 +375,12 @@ fn refuse(registry: &ToolRegistry, server: &str, refusal: &Refusal) {
 }
 
 /// Every page of `tools/list`, within the server's bounds.
-async fn list_bounded(peer: &Peer<RoleClient>, limits: &McpLimits) -> Result<Vec<Tool>, Refusal> {
+async fn list_bounded(peer: &Peer<RoleClient>, limits: &McpLimits) -> Result<Vec<Tool>, Failure> {
     let deadline = limits.list_timeout;
     let pages = async {
         let mut tools = Vec::new();
+        // The listing as a whole fits in what one message may hold.
+        let mut bytes = 0usize;
         let mut seen = HashSet::new();
         let mut cursor = None;
         for _ in 0..limits.max_pages {
@@ -386,14 +389,25 @@ async fn list_bounded(peer: &Peer<RoleClient>, limits: &McpLimits) -> Result<Vec
                 // It answered, and the answer is an error (or one it
                 // could not send: [`super::stdio::UNREADABLE`]).
                 ServiceError::McpError(e) => {
-                    Refusal::Over(format!("tools/list failed: {}", e.message))
+                    Failure::Over(format!("tools/list failed: {}", e.message))
                 }
                 // The connection ended: reconnected like any other end.
-                e => Refusal::Unreachable(format!("tools/list: {e}")),
+                e => Failure::Unreachable(format!("tools/list: {e}")),
             })?;
+            bytes += page
+                .tools
+                .iter()
+                .map(|t| serde_json::to_vec(t).map_or(0, |v| v.len()))
+                .sum::<usize>();
             tools.extend(page.tools);
+            if bytes > limits.max_message_bytes {
+                return Err(Failure::Over(format!(
+                    "tools/list is over {} bytes in all (max_message_mb)",
+                    limits.max_message_bytes
+                )));
+            }
             if tools.len() > limits.max_tools {
-                return Err(Refusal::Over(format!(
+                return Err(Failure::Over(format!(
                     "tools/list has more than {} tools (max_tools)",
                     limits.max_tools
                 )));
@@ -401,7 +415,7 @@ async fn list_bounded(peer: &Peer<RoleClient>, limits: &McpLimits) -> Result<Vec
             match page.next_cursor {
                 None => return Ok(tools),
                 Some(next) if !seen.insert(next.clone()) => {
-                    return Err(Refusal::Over(format!(
+                    return Err(Failure::Over(format!(
                         "tools/list repeated the cursor {:?}",
                         truncated(&next)
                     )));
@@ -409,14 +423,14 @@ async fn list_bounded(peer: &Peer<RoleClient>, limits: &McpLimits) -> Result<Vec
                 Some(next) => cursor = Some(next),
             }
         }
-        Err(Refusal::Over(format!(
+        Err(Failure::Over(format!(
             "tools/list has more than {} pages (max_pages)",
             limits.max_pages
         )))
     };
     match tokio::time::timeout(deadline, pages).await {
         Ok(r) => r,
-        Err(_) => Err(Refusal::Late(format!(
+        Err(_) => Err(Failure::Late(format!(
             "tools/list did not complete within {deadline:?} (list_timeout_s)"
         ))),
     }
@@ -433,7 +447,7 @@ async fn list(
     peer: &Peer<RoleClient>,
     registry: &ToolRegistry,
     first: bool,
-) -> Result<(), Refusal> {
+) -> Result<(), Failure> {
     let server = &link.config.name;
     let limits = &link.config.limits;
     let tools = list_bounded(peer, limits).await?;

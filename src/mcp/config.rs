@@ -26,7 +26,7 @@
 //! warn_schema_kb = 256                 # ... or above this much inputSchema JSON
 //! init_timeout_s = 30                  # deadline of `initialize`
 //! list_timeout_s = 30                  # deadline of a whole tools/list (every page)
-//! max_message_mb = 16                  # one stdio message; a bigger result: "result too large"
+//! max_message_mb = 16                  # one stdio message, and a whole listing; a bigger result: "result too large"
 //! relist_interval_s = 2                # at most one tools/list per interval on list_changed
 //! ```
 //! No file means no MCP servers. `${VAR}` in `env` and `headers` values is

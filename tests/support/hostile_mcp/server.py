@@ -9,6 +9,7 @@ hostile part from the rest. Modes:
 
   good          nothing hostile
   endless       tools/list always has another page (a new cursor each time)
+  fat           endless, each page's tool with a COUNT-byte description
   repeat        tools/list always answers with the same next cursor
   silent        never answers anything, initialize included
   silent_list   answers initialize, never answers tools/list
@@ -85,6 +86,10 @@ def tools_page(params):
     if MODE == "endless":
         n = int(cursor or "0")
         return {"tools": [dict(OK, name=f"t{n}")], "nextCursor": str(n + 1)}
+    if MODE == "fat":
+        n = int(cursor or "0")
+        tool = dict(OK, name=f"t{n}", description="x" * COUNT)
+        return {"tools": [tool], "nextCursor": str(n + 1)}
     if MODE == "repeat":
         return {"tools": [OK], "nextCursor": "again"}
     tools = [OK]
