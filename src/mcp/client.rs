@@ -231,8 +231,11 @@ async fn connect_now(link: &Arc<Link>) -> Result<Running, String> {
                     .map_err(|_| format!("the value of header {k} is not valid"))?;
                 custom.insert(name, value);
             }
-            let config =
-                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
+            // The same cap as on stdio; rmcp enforces it before decoding.
+            let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                .custom_headers(custom)
+                .max_json_response_size(link.config.limits.max_message_bytes)
+                .max_sse_event_size(link.config.limits.max_message_bytes);
             let transport = StreamableHttpClientTransport::from_config(config);
             notifier.serve(transport).await.map_err(|e| e.to_string())
         }
