@@ -4,17 +4,20 @@
 //! on stdio, Python stdlib only) named in the agents dir's `mcp.toml`, next
 //! to a well-behaved one. What is checked: the bound holds (pages, tools,
 //! deadlines, line size, listings per flood, processes left behind), the
-//! refusal is said once with its reason in the log, and the builtin tools
-//! and the other servers keep being served throughout.
+//! refusal is said once with its reason in the log (and as an
+//! `mcp_server_down` event, checked in process), and the builtin tools and
+//! the other servers keep being served throughout.
 
 mod support;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use cadre::events::EventKind;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::server::Server;
+use support::{AppOptions, spawn_app};
 
 /// Upper bound for anything a test waits for.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -457,4 +460,38 @@ async fn a_list_changed_flood_costs_a_listing_per_interval() {
     );
     assert!(cadre.log_lines(&["received notification"]).is_empty());
     cadre.builtins_served().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_server_is_an_mcp_server_down_event_with_its_reason() {
+    // A server that never answers `initialize` is refused at each attempt
+    // (a missed deadline is retried), so the event comes again after
+    // subscribing.
+    let agents = support::agents_dir(&[(
+        "mcp.toml",
+        &server("silent", "silent", &[], "init_timeout_s = 0.3"),
+    )]);
+    let app = spawn_app(AppOptions::offline().agents(agents.path()));
+    let mut events = app.runtime.as_ref().unwrap().events().subscribe();
+    let reason = loop {
+        let e = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .expect("an mcp_server_down event")
+            .expect("the event bus is open");
+        if let EventKind::McpServerDown { server, reason } = e.kind {
+            assert_eq!(server, "silent");
+            break reason;
+        }
+    };
+    assert_eq!(
+        reason,
+        "refused: no answer to initialize within 300ms (init_timeout_s)"
+    );
+    let (status, body) = app
+        .post(
+            "/v1/tools/echo/invoke",
+            &json!({"params": {"message": "hi"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }
