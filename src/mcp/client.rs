@@ -14,7 +14,9 @@
 //! unavailable, and is reconnected with exponential backoff (0.2 s doubling
 //! to 30 s, reset after a connection that lived a minute); meanwhile calls
 //! fail with `tool_unavailable`, which the model sees like any tool error.
-//! A transport failure during a call also counts as the server dying.
+//! A transport failure during a call also counts as the server dying (for
+//! the connection it ran on: connections are numbered, so a late report
+//! about an earlier one does not end the next).
 //!
 //! Decisions: cadre asks for protocol 2025-11-25, whose servers send
 //! `tools/list_changed` unscoped (2026-07-28 would need a listen stream).
@@ -29,8 +31,9 @@
 //! `initialize` and each whole `tools/list` have a deadline; a listing
 //! stops at `max_pages` pages, at a cursor it already followed, above
 //! `max_tools` tools or above `max_message_mb` of tools in all (so memory
-//! is bounded by one message's cap, not pages times that). A server past one of these is **refused**: one WARN
-//! line and an `mcp_server_down` event carry the reason (`refused: ...`),
+//! is bounded by one message's cap, not pages times that). A server past
+//! one of these is **refused**: one WARN line and an `mcp_server_down`
+//! event carry the reason (`refused: ...`),
 //! its tools (if an earlier listing had any) stay listed, unavailable, and
 //! it is not asked again until cadre restarts: a listing that broke a
 //! count once will again. A missed deadline is refused the same way but
