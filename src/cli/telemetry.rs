@@ -68,6 +68,10 @@ pub fn init(json: bool, default_filter: &str) -> anyhow::Result<Telemetry> {
             .parse()
             .expect("a valid directive"),
     );
+    // rmcp logs each message an MCP peer sends at INFO: a server flooding
+    // `tools/list_changed` would be a flood of log lines (cadre logs what it
+    // does about them, once, in `mcp::client`).
+    let filter = filter.add_directive("rmcp::service=warn".parse().expect("a valid directive"));
     // A log line that cannot be written (stderr on a full disk) is dropped:
     // the default reports it with `eprintln!`, which panics when stderr
     // fails, and would take down whichever thread was logging.

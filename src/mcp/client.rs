@@ -14,7 +14,9 @@
 //! unavailable, and is reconnected with exponential backoff (0.2 s doubling
 //! to 30 s, reset after a connection that lived a minute); meanwhile calls
 //! fail with `tool_unavailable`, which the model sees like any tool error.
-//! A transport failure during a call also counts as the server dying.
+//! A transport failure during a call also counts as the server dying (for
+//! the connection it ran on: connections are numbered, so a late report
+//! about an earlier one does not end the next).
 //!
 //! Decisions: cadre asks for protocol 2025-11-25, whose servers send
 //! `tools/list_changed` unscoped (2026-07-28 would need a listen stream).
@@ -25,6 +27,28 @@
 //! `outputSchema` is kept as the definition's `output`, which cadre's own
 //! MCP server offers again.
 //!
+//! Bounds (`[limits]` of mcp.toml, per server overrides; [`McpLimits`]):
+//! `initialize` and each whole `tools/list` have a deadline; a listing
+//! stops at `max_pages` pages, at a cursor it already followed, above
+//! `max_tools` tools or above `max_message_mb` of tools in all (so memory
+//! is bounded by one message's cap, not pages times that). A server past
+//! one of these is **refused**: one WARN line and an `mcp_server_down`
+//! event carry the reason (`refused: ...`),
+//! its tools (if an earlier listing had any) stay listed, unavailable, and
+//! it is not asked again until cadre restarts: a listing that broke a
+//! count once will again. A missed deadline is refused the same way but
+//! retried with the backoff above (a server may be slow to start). A tool
+//! whose name is empty or holds `.` or `__` is left out and reported in one
+//! WARN line (`server__a__b` could not be mapped back to one tool); a
+//! listing above `warn_tools` tools or `warn_schema_kb` of schemas is
+//! served with a WARN, since every tool an agent names is offered on every
+//! model call. `notifications/tools/list_changed` is coalesced: the first
+//! one schedules a listing [`DEBOUNCE`] later (and at least
+//! `relist_interval_s` after the previous one), those that arrive before it
+//! add nothing; a listing that changed nothing is logged at debug.
+//! Stdio servers run in their own process group, watched and killed with
+//! it; their answers are bounded by `max_message_mb` ([`super::stdio`]).
+//!
 //! Caching: a server tool's results are cached only when its server sets
 //! `cache_ttl_s` in mcp.toml. The executor's per-category TTLs (30 s for an
 //! unknown category such as `mcp`) never apply: cadre cannot tell a
@@ -32,22 +56,24 @@
 //! the cache would report an action that did not run. So every MCP
 //! definition carries an explicit cache spec, 0 (never) by default.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, ClientConfig, ErrorCode, Implementation, ProtocolVersion, Tool,
+    CallToolRequestParams, ClientConfig, ErrorCode, Implementation, PaginatedRequestParams,
+    ProtocolVersion, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RoleClient, ServiceError};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, ServiceExt};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
 
-use super::config::{McpServerConfig, McpTransport};
+use super::config::{McpLimits, McpServerConfig, McpTransport};
 use super::content;
+use super::stdio::{ChildTransport, Groups};
 use crate::events::EventKind;
 use crate::model::wire_name;
 use crate::tools::definition::{CacheSpec, Entry};
@@ -56,22 +82,28 @@ use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler, Too
 const FIRST_DELAY: Duration = Duration::from_millis(200);
 const MAX_DELAY: Duration = Duration::from_secs(30);
 const HEALTHY_AFTER: Duration = Duration::from_secs(60);
+/// How long after a `tools/list_changed` the listing starts, so that a
+/// burst of them costs one listing.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
 
 /// The connection to one server, shared by its supervisor and its tools.
 struct Link {
     config: McpServerConfig,
-    peer: RwLock<Option<Peer<RoleClient>>>,
+    /// The live connection and its number (one per connection made).
+    peer: RwLock<Option<(u64, Peer<RoleClient>)>>,
     /// Asks the supervisor to drop the connection and reconnect.
-    broken: mpsc::UnboundedSender<Event>,
+    broken: mpsc::UnboundedSender<Broken>,
+    /// `tools/list_changed` arrived; a `Notify` holds one permit however
+    /// many arrive, which is the coalescing.
+    list_changed: Notify,
+    groups: Groups,
 }
 
-enum Event {
-    ListChanged,
-    Broken,
-}
+/// The connection of this number broke (a later one may be live already).
+struct Broken(u64);
 
 impl Link {
-    fn peer(&self) -> Option<Peer<RoleClient>> {
+    fn peer(&self) -> Option<(u64, Peer<RoleClient>)> {
         self.peer.read().expect("mcp link lock").clone()
     }
 
@@ -89,6 +121,8 @@ impl Link {
 pub struct McpClients {
     stop: watch::Sender<bool>,
     servers: Vec<String>,
+    /// The stdio servers' process groups, killed when this is dropped.
+    groups: Groups,
 }
 
 impl McpClients {
@@ -97,6 +131,7 @@ impl McpClients {
     pub fn start(configs: Vec<McpServerConfig>, registry: &ToolRegistry) -> McpClients {
         let (stop, stopped) = watch::channel(false);
         let servers = configs.iter().map(|c| c.name.clone()).collect();
+        let groups = Groups::default();
         for config in configs {
             registry.declare_mcp_server(&config.name);
             let (tx, rx) = mpsc::unbounded_channel();
@@ -104,10 +139,16 @@ impl McpClients {
                 config,
                 peer: RwLock::new(None),
                 broken: tx,
+                list_changed: Notify::new(),
+                groups: groups.clone(),
             });
             tokio::spawn(supervise(link, rx, registry.clone(), stopped.clone()));
         }
-        McpClients { stop, servers }
+        McpClients {
+            stop,
+            servers,
+            groups,
+        }
     }
 
     pub fn servers(&self) -> &[String] {
@@ -118,17 +159,20 @@ impl McpClients {
 impl Drop for McpClients {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        // The supervisors close their servers when they next run; this
+        // holds even if they never do (the runtime is going away).
+        self.groups.kill_all();
     }
 }
 
 /// Delivers `tools/list_changed` to the supervisor.
 struct Notifier {
-    events: mpsc::UnboundedSender<Event>,
+    link: Arc<Link>,
 }
 
 impl ClientHandler for Notifier {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        let _ = self.events.send(Event::ListChanged);
+        self.link.list_changed.notify_one();
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -141,16 +185,44 @@ impl ClientHandler for Notifier {
 
 type Running = rmcp::service::RunningService<RoleClient, Notifier>;
 
-async fn connect(link: &Link) -> Result<Running, String> {
-    let notifier = Notifier {
-        events: link.broken.clone(),
-    };
+/// Why a server is not served: unreachable, or refused (late or over a bound).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+enum Failure {
+    /// It could not be started or reached: retried with the backoff.
+    #[error("{0}")]
+    Unreachable(String),
+    /// A deadline passed: retried with the backoff.
+    #[error("{0}")]
+    Late(String),
+    /// A bound was broken: not asked again.
+    #[error("{0}")]
+    Over(String),
+}
+
+/// Connects and initializes within `init_timeout`.
+async fn connect(link: &Arc<Link>) -> Result<Running, Failure> {
+    let deadline = link.config.limits.init_timeout;
+    match tokio::time::timeout(deadline, connect_now(link)).await {
+        Ok(r) => r.map_err(Failure::Unreachable),
+        Err(_) => Err(Failure::Late(format!(
+            "no answer to initialize within {deadline:?} (init_timeout_s)"
+        ))),
+    }
+}
+
+async fn connect_now(link: &Arc<Link>) -> Result<Running, String> {
+    let notifier = Notifier { link: link.clone() };
     match &link.config.transport {
         McpTransport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
             cmd.args(args).envs(env);
-            let transport = TokioChildProcess::new(cmd)
-                .map_err(|e| format!("cannot start '{command}': {e}"))?;
+            let transport = ChildTransport::spawn(
+                &link.config.name,
+                cmd,
+                link.config.limits.max_message_bytes,
+                &link.groups,
+            )
+            .map_err(|e| format!("cannot start '{command}': {e}"))?;
             notifier.serve(transport).await.map_err(|e| e.to_string())
         }
         McpTransport::Http { url, headers } => {
@@ -162,8 +234,11 @@ async fn connect(link: &Link) -> Result<Running, String> {
                     .map_err(|_| format!("the value of header {k} is not valid"))?;
                 custom.insert(name, value);
             }
-            let config =
-                StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
+            // The same cap as on stdio; rmcp enforces it before decoding.
+            let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                .custom_headers(custom)
+                .max_json_response_size(link.config.limits.max_message_bytes)
+                .max_sse_event_size(link.config.limits.max_message_bytes);
             let transport = StreamableHttpClientTransport::from_config(config);
             notifier.serve(transport).await.map_err(|e| e.to_string())
         }
@@ -173,13 +248,16 @@ async fn connect(link: &Link) -> Result<Running, String> {
 /// Connects, lists, waits for the end or a change, and starts over.
 async fn supervise(
     link: Arc<Link>,
-    mut events: mpsc::UnboundedReceiver<Event>,
+    mut broken: mpsc::UnboundedReceiver<Broken>,
     registry: ToolRegistry,
     mut stop: watch::Receiver<bool>,
 ) {
     let server = link.config.name.clone();
+    let interval = link.config.limits.relist_interval;
     let mut delay = FIRST_DELAY;
+    let mut connection = 0u64;
     loop {
+        connection += 1;
         let attempt = tokio::select! {
             r = connect(&link) => r,
             _ = stop.changed() => return,
@@ -188,65 +266,102 @@ async fn supervise(
             Ok(running) => {
                 let since = Instant::now();
                 let peer = running.peer().clone();
-                *link.peer.write().expect("mcp link lock") = Some(peer.clone());
+                *link.peer.write().expect("mcp link lock") = Some((connection, peer.clone()));
                 tracing::info!(%server, "MCP server connected");
-                let ok = list(&link, &peer, &registry).await;
-                let ended = if ok {
-                    let token = running.cancellation_token();
-                    let waiting = running.waiting();
-                    tokio::pin!(waiting);
-                    loop {
-                        tokio::select! {
-                            _ = &mut waiting => break false,
-                            _ = stop.changed() => {
-                                token.cancel();
-                                let _ = waiting.await;
-                                break true;
+                let mut listed = list(&link, &peer, &registry, true).await;
+                let mut last_list = tokio::time::Instant::now();
+                let token = running.cancellation_token();
+                let waiting = running.waiting();
+                tokio::pin!(waiting);
+                // A listing asked for by `tools/list_changed`, not started yet.
+                let mut pending: Option<tokio::time::Instant> = None;
+                let mut coalesced = 0u64;
+                let ended = loop {
+                    if let Err(refusal) = &listed {
+                        token.cancel();
+                        let _ = waiting.await;
+                        break Err(refusal.clone());
+                    }
+                    let due = async {
+                        match pending {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        _ = &mut waiting => break Ok(false),
+                        _ = stop.changed() => {
+                            token.cancel();
+                            let _ = waiting.await;
+                            break Ok(true);
+                        }
+                        _ = link.list_changed.notified() => {
+                            coalesced += 1;
+                            pending.get_or_insert_with(|| {
+                                (tokio::time::Instant::now() + DEBOUNCE).max(last_list + interval)
+                            });
+                        }
+                        _ = due => {
+                            tracing::debug!(%server, notifications = coalesced, "tools/list_changed: listing again");
+                            pending = None;
+                            coalesced = 0;
+                            listed = list(&link, &peer, &registry, false).await;
+                            last_list = tokio::time::Instant::now();
+                        }
+                        Some(Broken(n)) = broken.recv() => {
+                            if n != connection {
+                                // A call on an earlier connection saw it end.
+                                continue;
                             }
-                            event = events.recv() => match event {
-                                Some(Event::ListChanged) => {
-                                    if !list(&link, &peer, &registry).await {
-                                        token.cancel();
-                                        let _ = waiting.await;
-                                        break false;
-                                    }
-                                }
-                                Some(Event::Broken) | None => {
-                                    token.cancel();
-                                    let _ = waiting.await;
-                                    break false;
-                                }
-                            },
+                            token.cancel();
+                            let _ = waiting.await;
+                            break Ok(false);
                         }
                     }
-                } else {
-                    let _ = running.cancel().await;
-                    false
                 };
                 *link.peer.write().expect("mcp link lock") = None;
                 registry.set_mcp_available(&server, false);
-                if ended || *stop.borrow() {
-                    return;
+                match ended {
+                    Ok(true) => return,
+                    _ if *stop.borrow() => return,
+                    Ok(false) => {
+                        registry.events().publish(EventKind::McpServerDown {
+                            server: server.clone(),
+                            reason: "the connection ended".into(),
+                        });
+                        tracing::warn!(%server, "MCP server connection ended; reconnecting");
+                    }
+                    Err(Failure::Unreachable(e)) => {
+                        registry.events().publish(EventKind::McpServerDown {
+                            server: server.clone(),
+                            reason: e.clone(),
+                        });
+                        tracing::warn!(%server, "MCP server connection ended while listing ({e}); reconnecting");
+                    }
+                    Err(refusal) => {
+                        refuse(&registry, &server, &refusal);
+                        if let Failure::Over(_) = refusal {
+                            // Not asked again: wait for shutdown.
+                            let _ = stop.changed().await;
+                            return;
+                        }
+                    }
                 }
-                registry.events().publish(EventKind::McpServerDown {
-                    server: server.clone(),
-                    reason: "the connection ended".into(),
-                });
-                tracing::warn!(%server, "MCP server connection ended; reconnecting");
                 if since.elapsed() > HEALTHY_AFTER {
                     delay = FIRST_DELAY;
                 }
             }
-            Err(e) => {
+            Err(Failure::Unreachable(e)) => {
                 tracing::warn!(%server, retry_in_ms = delay.as_millis() as u64, "MCP server not reachable: {e}");
                 registry.events().publish(EventKind::McpServerDown {
                     server: server.clone(),
                     reason: e,
                 });
             }
+            Err(refusal) => refuse(&registry, &server, &refusal),
         }
         // Drain stale events of the connection that is gone.
-        while events.try_recv().is_ok() {}
+        while broken.try_recv().is_ok() {}
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
             _ = stop.changed() => return,
@@ -255,28 +370,142 @@ async fn supervise(
     }
 }
 
-/// Lists the server's tools into the registry; false when the listing failed.
-async fn list(link: &Arc<Link>, peer: &Peer<RoleClient>, registry: &ToolRegistry) -> bool {
+/// Marks `server` refused: one WARN line and an `mcp_server_down` event with the reason.
+fn refuse(registry: &ToolRegistry, server: &str, refusal: &Failure) {
+    let retried = !matches!(refusal, Failure::Over(_));
+    tracing::warn!(%server, retried, "MCP server refused: {refusal}");
+    registry.events().publish(EventKind::McpServerDown {
+        server: server.to_string(),
+        reason: format!("refused: {refusal}"),
+    });
+}
+
+/// Every page of `tools/list`, within the server's bounds.
+async fn list_bounded(peer: &Peer<RoleClient>, limits: &McpLimits) -> Result<Vec<Tool>, Failure> {
+    let deadline = limits.list_timeout;
+    let pages = async {
+        let mut tools = Vec::new();
+        // The listing as a whole fits in what one message may hold.
+        let mut bytes = 0usize;
+        let mut seen = HashSet::new();
+        let mut cursor = None;
+        for _ in 0..limits.max_pages {
+            let params = PaginatedRequestParams::default().with_cursor(cursor.clone());
+            let page = peer.list_tools(Some(params)).await.map_err(|e| match e {
+                // It answered, and the answer is an error (or one it
+                // could not send: [`super::stdio::UNREADABLE`]).
+                ServiceError::McpError(e) => {
+                    Failure::Over(format!("tools/list failed: {}", e.message))
+                }
+                // The connection ended: reconnected like any other end.
+                e => Failure::Unreachable(format!("tools/list: {e}")),
+            })?;
+            bytes += page
+                .tools
+                .iter()
+                .map(|t| serde_json::to_vec(t).map_or(0, |v| v.len()))
+                .sum::<usize>();
+            tools.extend(page.tools);
+            if bytes > limits.max_message_bytes {
+                return Err(Failure::Over(format!(
+                    "tools/list is over {} bytes in all (max_message_mb)",
+                    limits.max_message_bytes
+                )));
+            }
+            if tools.len() > limits.max_tools {
+                return Err(Failure::Over(format!(
+                    "tools/list has more than {} tools (max_tools)",
+                    limits.max_tools
+                )));
+            }
+            match page.next_cursor {
+                None => return Ok(tools),
+                Some(next) if !seen.insert(next.clone()) => {
+                    return Err(Failure::Over(format!(
+                        "tools/list repeated the cursor {:?}",
+                        truncated(&next)
+                    )));
+                }
+                Some(next) => cursor = Some(next),
+            }
+        }
+        Err(Failure::Over(format!(
+            "tools/list has more than {} pages (max_pages)",
+            limits.max_pages
+        )))
+    };
+    match tokio::time::timeout(deadline, pages).await {
+        Ok(r) => r,
+        Err(_) => Err(Failure::Late(format!(
+            "tools/list did not complete within {deadline:?} (list_timeout_s)"
+        ))),
+    }
+}
+
+fn truncated(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+/// Lists the server's tools into the registry (`first`: the first listing
+/// of this connection).
+async fn list(
+    link: &Arc<Link>,
+    peer: &Peer<RoleClient>,
+    registry: &ToolRegistry,
+    first: bool,
+) -> Result<(), Failure> {
     let server = &link.config.name;
-    match peer.list_all_tools().await {
-        Ok(tools) => {
-            let tools = tools
-                .into_iter()
-                .filter_map(|t| definition(link, t))
-                .collect::<Vec<_>>();
-            let count = tools.len();
-            let report = registry.set_mcp_tools(server, tools);
-            registry.events().publish(EventKind::McpServerUp {
-                server: server.clone(),
-                tools: count,
-            });
-            tracing::info!(%server, added = report.added.len(), updated = report.updated.len(), removed = report.removed.len(), "MCP tools listed");
-            true
-        }
-        Err(e) => {
-            tracing::warn!(%server, "tools/list failed: {e}");
-            false
-        }
+    let limits = &link.config.limits;
+    let tools = list_bounded(peer, limits).await?;
+    let mut refused_names = Vec::new();
+    let tools = tools
+        .into_iter()
+        .filter_map(|t| {
+            if let Some(why) = bad_name(&t.name) {
+                refused_names.push(format!("{:?} ({why})", truncated(&t.name)));
+                return None;
+            }
+            definition(link, t)
+        })
+        .collect::<Vec<_>>();
+    let count = tools.len();
+    let schema_bytes: usize = tools
+        .iter()
+        .map(|(d, _)| d.parameters.to_string().len() + d.description.len())
+        .sum();
+    let report = registry.set_mcp_tools(server, tools);
+    if !(first || report.changed()) {
+        tracing::debug!(%server, tools = count, "MCP tools listed again, unchanged");
+        return Ok(());
+    }
+    if !refused_names.is_empty() {
+        tracing::warn!(%server, refused = refused_names.len(), "MCP tools refused, not served: {}", refused_names.join(", "));
+    }
+    if count > limits.warn_tools || schema_bytes > limits.warn_schema_bytes {
+        tracing::warn!(%server, tools = count, schema_bytes,
+            "MCP server lists many tools (warn_tools {}, warn_schema_kb {}): each one an agent names is sent on every model call, and providers cap tools per request; narrow the agent's `tools` or set max_tools",
+            limits.warn_tools, limits.warn_schema_bytes / 1024);
+    }
+    registry.events().publish(EventKind::McpServerUp {
+        server: server.clone(),
+        tools: count,
+    });
+    tracing::info!(%server, added = report.added.len(), updated = report.updated.len(), removed = report.removed.len(), "MCP tools listed");
+    Ok(())
+}
+
+/// Why an MCP tool name is refused: cadre names it `server.tool` and the
+/// model `server__tool`, so a `.` or `__` inside would not map back to one
+/// tool.
+fn bad_name(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("empty")
+    } else if name.contains('.') {
+        Some("contains '.'")
+    } else if name.contains("__") {
+        Some("contains '__'")
+    } else {
+        None
     }
 }
 
@@ -339,7 +568,7 @@ pub struct McpToolHandler {
 #[async_trait::async_trait]
 impl ToolHandler for McpToolHandler {
     async fn call(&self, params: Value, _ctx: &ExecutionContext) -> Result<Value, ToolError> {
-        let peer = self.link.peer().ok_or_else(|| self.link.unavailable())?;
+        let (connection, peer) = self.link.peer().ok_or_else(|| self.link.unavailable())?;
         let arguments = match params {
             Value::Object(map) => map,
             _ => serde_json::Map::new(),
@@ -368,7 +597,7 @@ impl ToolHandler for McpToolHandler {
             Err(e) => {
                 // The connection is gone: the supervisor reconnects.
                 tracing::warn!(server = %self.link.config.name, "MCP call failed in transport: {e}");
-                let _ = self.link.broken.send(Event::Broken);
+                let _ = self.link.broken.send(Broken(connection));
                 Err(self.link.unavailable())
             }
         }

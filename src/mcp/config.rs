@@ -17,6 +17,17 @@
 //! timeout_s = 30
 //! rate_limit = { per_minute = 60 }
 //! cache_ttl_s = 0                      # default: not cached
+//! max_tools = 50                       # any key of [limits], for this server only
+//!
+//! [limits]                             # every server's bounds (these are the defaults)
+//! max_pages = 100                      # tools/list pages; more: refused
+//! max_tools = 1000                     # tools listed; more: refused
+//! warn_tools = 128                     # a WARN at registration above this many tools
+//! warn_schema_kb = 256                 # ... or above this much inputSchema JSON
+//! init_timeout_s = 30                  # deadline of `initialize`
+//! list_timeout_s = 30                  # deadline of a whole tools/list (every page)
+//! max_message_mb = 16                  # one stdio message, and a whole listing; a bigger result: "result too large"
+//! relist_interval_s = 2                # at most one tools/list per interval on list_changed
 //! ```
 //! No file means no MCP servers. `${VAR}` in `env` and `headers` values is
 //! replaced by the environment variable, so secrets stay out of the file; a
@@ -37,7 +48,107 @@ pub const DEFAULT_CATEGORY: &str = "mcp";
 #[serde(deny_unknown_fields)]
 struct McpFile {
     #[serde(default)]
+    limits: LimitsSpec,
+    #[serde(default)]
     servers: BTreeMap<String, McpServerSpec>,
+}
+
+/// The bounds on what a server may send, as written: in `[limits]` for
+/// every server, and the same keys in a server's table for that server.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    pub max_pages: Option<usize>,
+    pub max_tools: Option<usize>,
+    pub warn_tools: Option<usize>,
+    pub warn_schema_kb: Option<usize>,
+    pub init_timeout_s: Option<f64>,
+    pub list_timeout_s: Option<f64>,
+    pub max_message_mb: Option<f64>,
+    pub relist_interval_s: Option<f64>,
+}
+
+impl LimitsSpec {
+    /// `self`'s keys where set, `under`'s elsewhere.
+    fn over(self, under: LimitsSpec) -> LimitsSpec {
+        LimitsSpec {
+            max_pages: self.max_pages.or(under.max_pages),
+            max_tools: self.max_tools.or(under.max_tools),
+            warn_tools: self.warn_tools.or(under.warn_tools),
+            warn_schema_kb: self.warn_schema_kb.or(under.warn_schema_kb),
+            init_timeout_s: self.init_timeout_s.or(under.init_timeout_s),
+            list_timeout_s: self.list_timeout_s.or(under.list_timeout_s),
+            max_message_mb: self.max_message_mb.or(under.max_message_mb),
+            relist_interval_s: self.relist_interval_s.or(under.relist_interval_s),
+        }
+    }
+
+    fn resolve(self) -> Result<McpLimits, String> {
+        let d = McpLimits::default();
+        let count = |v: Option<usize>, default: usize, key: &str| match v {
+            Some(0) => Err(format!("{key} must be at least 1")),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        };
+        let secs = |v: Option<f64>, default: Duration, key: &str| match v {
+            Some(t) if t > 0.0 && t <= 3600.0 => Ok(Duration::from_secs_f64(t)),
+            Some(_) => Err(format!("{key} must be in (0, 3600]")),
+            None => Ok(default),
+        };
+        let max_message_bytes = match self.max_message_mb {
+            Some(mb) if mb > 0.0 && mb <= 1024.0 => (mb * 1024.0 * 1024.0) as usize,
+            Some(_) => return Err("max_message_mb must be in (0, 1024]".into()),
+            None => d.max_message_bytes,
+        };
+        Ok(McpLimits {
+            max_pages: count(self.max_pages, d.max_pages, "max_pages")?,
+            max_tools: count(self.max_tools, d.max_tools, "max_tools")?,
+            warn_tools: count(self.warn_tools, d.warn_tools, "warn_tools")?,
+            warn_schema_bytes: count(
+                self.warn_schema_kb,
+                d.warn_schema_bytes / 1024,
+                "warn_schema_kb",
+            )? * 1024,
+            init_timeout: secs(self.init_timeout_s, d.init_timeout, "init_timeout_s")?,
+            list_timeout: secs(self.list_timeout_s, d.list_timeout, "list_timeout_s")?,
+            max_message_bytes,
+            relist_interval: secs(
+                self.relist_interval_s,
+                d.relist_interval,
+                "relist_interval_s",
+            )?,
+        })
+    }
+}
+
+/// What one server may send before cadre refuses it (see the module doc of
+/// [`super::client`] for what happens past each bound).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct McpLimits {
+    pub max_pages: usize,
+    pub max_tools: usize,
+    pub warn_tools: usize,
+    pub warn_schema_bytes: usize,
+    pub init_timeout: Duration,
+    pub list_timeout: Duration,
+    pub max_message_bytes: usize,
+    pub relist_interval: Duration,
+}
+
+impl Default for McpLimits {
+    fn default() -> Self {
+        McpLimits {
+            max_pages: 100,
+            max_tools: 1000,
+            warn_tools: 128,
+            warn_schema_bytes: 256 * 1024,
+            init_timeout: Duration::from_secs(30),
+            list_timeout: Duration::from_secs(30),
+            // rmcp's own stdio line cap and streamable HTTP event cap.
+            max_message_bytes: 16 * 1024 * 1024,
+            relist_interval: Duration::from_secs(2),
+        }
+    }
 }
 
 /// One server as written.
@@ -61,6 +172,31 @@ pub struct McpServerSpec {
     pub cache_ttl_s: Option<u64>,
     #[serde(default = "yes")]
     pub enabled: bool,
+    // The keys of [`LimitsSpec`], for this server (serde's `flatten` does
+    // not mix with `deny_unknown_fields`, so they are spelled out).
+    pub max_pages: Option<usize>,
+    pub max_tools: Option<usize>,
+    pub warn_tools: Option<usize>,
+    pub warn_schema_kb: Option<usize>,
+    pub init_timeout_s: Option<f64>,
+    pub list_timeout_s: Option<f64>,
+    pub max_message_mb: Option<f64>,
+    pub relist_interval_s: Option<f64>,
+}
+
+impl McpServerSpec {
+    fn limits(&self) -> LimitsSpec {
+        LimitsSpec {
+            max_pages: self.max_pages,
+            max_tools: self.max_tools,
+            warn_tools: self.warn_tools,
+            warn_schema_kb: self.warn_schema_kb,
+            init_timeout_s: self.init_timeout_s,
+            list_timeout_s: self.list_timeout_s,
+            max_message_mb: self.max_message_mb,
+            relist_interval_s: self.relist_interval_s,
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -91,6 +227,7 @@ pub struct McpServerConfig {
     pub timeout: Option<Duration>,
     pub rate_limit: RateLimit,
     pub cache_ttl_s: Option<u64>,
+    pub limits: McpLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +278,9 @@ pub fn parse(
             .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
         err(line, e.message().to_string())
     })?;
+    file.limits
+        .resolve()
+        .map_err(|m| err(None, format!("[limits]: {m}")))?;
     let mut out = Vec::new();
     for (name, spec) in file.servers {
         let fail = |m: String| err(None, format!("server '{name}': {m}"));
@@ -187,6 +327,7 @@ pub fn parse(
         {
             return Err(fail("timeout_s must be in (0, 3600]".into()));
         }
+        let limits = spec.limits().over(file.limits).resolve().map_err(fail)?;
         let category = spec
             .category
             .clone()
@@ -199,6 +340,7 @@ pub fn parse(
             timeout: spec.timeout_s.map(Duration::from_secs_f64),
             rate_limit: spec.rate_limit,
             cache_ttl_s: spec.cache_ttl_s,
+            limits,
         });
     }
     Ok(out)
@@ -274,6 +416,16 @@ enabled = false
     }
 
     #[test]
+    fn limits_default_are_set_in_limits_and_overridden_per_server() {
+        let text = "[limits]\nmax_tools = 10\nlist_timeout_s = 5\n\n[servers.a]\ncommand = \"a\"\n\n[servers.b]\ncommand = \"b\"\nmax_tools = 3\n";
+        let servers = parse(Path::new("mcp.toml"), text, &env).unwrap();
+        assert_eq!(servers[0].limits.max_tools, 10);
+        assert_eq!(servers[1].limits.max_tools, 3);
+        assert_eq!(servers[1].limits.list_timeout, Duration::from_secs(5));
+        assert_eq!(servers[1].limits.max_pages, McpLimits::default().max_pages);
+    }
+
+    #[test]
     fn mistakes_are_named() {
         let bad = [
             ("[servers.x]\nargs = []\n", "exactly one of"),
@@ -287,6 +439,12 @@ enabled = false
             (
                 "[servers.x]\nurl = \"http://h\"\nheaders = { A = \"${NOPE}\" }\n",
                 "NOPE is not set",
+            ),
+            ("[limits]\nmax_pages = 0\n", "max_pages must be at least 1"),
+            ("[limits]\nbogus = 1\n", "bogus"),
+            (
+                "[servers.x]\ncommand = \"a\"\nlist_timeout_s = -1\n",
+                "list_timeout_s must be in",
             ),
         ];
         for (text, needle) in bad {

@@ -1,6 +1,7 @@
 //! MCP (Model Context Protocol), both ways, on rmcp.
 //!
 //! agents/mcp.toml ──[`config`]──▶ [`client`]: each server's tools as `server.tool` in the ToolRegistry
+//!                                  └─ stdio servers: a child process group behind [`stdio`]
 //! MCP clients ──stdio (`cadre mcp`) | `/mcp` (streamable HTTP)──▶ [`server`]: cadre's tools and agents
 //!
 //! Both directions go through the executor: MCP tools are registry tools
@@ -28,6 +29,7 @@ pub mod client;
 pub mod config;
 pub mod content;
 pub mod server;
+pub mod stdio;
 
 pub use client::McpClients;
 pub use config::{McpServerConfig, McpTransport};

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""A hostile MCP server: raw JSON-RPC over stdio, Python 3 stdlib only.
+
+    server.py MODE [--pids FILE] [--count N] [--log FILE]
+
+Every mode answers `initialize` (unless it is `silent`) and serves a tool
+`ok` (echoes its arguments) beside its misbehaviour, so a test can tell the
+hostile part from the rest. Modes:
+
+  good          nothing hostile
+  endless       tools/list always has another page (a new cursor each time)
+  fat           endless, each page's tool with a COUNT-byte description
+  repeat        tools/list always answers with the same next cursor
+  silent        never answers anything, initialize included
+  silent_list   answers initialize, never answers tools/list
+  deep          one tool's inputSchema nested 70 objects deep
+  huge          tool `big` answers with COUNT bytes of text, id first;
+                `big_tail` the same with the id after the result
+  crash         tool `crash` forks a child that keeps stdout open, then exits
+  fork          good, after forking a child that keeps stdout open
+  crashloop     fork, and exits COUNT ms after answering tools/list
+  flood         after initialized, sends COUNT tools/list_changed at once;
+                each tools/list is appended to --log
+  names         tools named "", "a.b", "a__b" beside `ok`
+  many          COUNT tools, each with a small schema
+
+--pids FILE gets one line per process started: "server PID" or "child PID".
+"""
+
+import json
+import os
+import sys
+import time
+
+args = sys.argv[1:]
+MODE = args[0]
+opts = dict(zip(args[1::2], args[2::2]))
+COUNT = int(opts.get("--count", "0"))
+PIDS = opts.get("--pids")
+LOG = opts.get("--log")
+
+out = sys.stdout.buffer
+
+
+def record(kind, pid):
+    if PIDS:
+        with open(PIDS, "a") as f:
+            f.write(f"{kind} {pid}\n")
+
+
+def send(obj):
+    out.write(json.dumps(obj).encode() + b"\n")
+    out.flush()
+
+
+def answer(mid, result):
+    send({"jsonrpc": "2.0", "id": mid, "result": result})
+
+
+def fork_holding_stdout():
+    """A child that inherits stdout and sleeps: the pipe stays open."""
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(3600)
+        os._exit(0)
+    record("child", pid)
+    return pid
+
+
+OK = {
+    "name": "ok",
+    "description": "Echoes its arguments",
+    "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+}
+
+
+def deep_schema(depth):
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def tools_page(params):
+    cursor = (params or {}).get("cursor")
+    if MODE == "endless":
+        n = int(cursor or "0")
+        return {"tools": [dict(OK, name=f"t{n}")], "nextCursor": str(n + 1)}
+    if MODE == "fat":
+        n = int(cursor or "0")
+        tool = dict(OK, name=f"t{n}", description="x" * COUNT)
+        return {"tools": [tool], "nextCursor": str(n + 1)}
+    if MODE == "repeat":
+        return {"tools": [OK], "nextCursor": "again"}
+    tools = [OK]
+    if MODE == "deep":
+        tools.append({"name": "deep", "inputSchema": deep_schema(70)})
+    if MODE == "huge":
+        tools += [dict(OK, name="big"), dict(OK, name="big_tail")]
+    if MODE == "crash":
+        tools.append(dict(OK, name="crash"))
+    if MODE == "names":
+        tools += [dict(OK, name=n) for n in ["", "a.b", "a__b"]]
+    if MODE == "many":
+        tools = [dict(OK, name=f"t{i}") for i in range(COUNT)]
+    return {"tools": tools}
+
+
+def call(mid, params):
+    name = params.get("name")
+    arguments = params.get("arguments") or {}
+    if name in ("big", "big_tail"):
+        text = "x" * COUNT
+        result = {"content": [{"type": "text", "text": text}]}
+        if name == "big":
+            send({"jsonrpc": "2.0", "id": mid, "result": result})
+        else:
+            send({"jsonrpc": "2.0", "result": result, "id": mid})
+        return
+    if name == "crash":
+        fork_holding_stdout()
+        os._exit(3)
+    answer(mid, {"content": [{"type": "text", "text": json.dumps(arguments)}]})
+
+
+def main():
+    record("server", os.getpid())
+    if MODE in ("fork", "crashloop"):
+        fork_holding_stdout()
+    for line in sys.stdin.buffer:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        method = msg.get("method")
+        mid = msg.get("id")
+        if MODE == "silent":
+            continue
+        if method == "initialize":
+            version = msg["params"].get("protocolVersion", "2025-06-18")
+            answer(mid, {
+                "protocolVersion": version,
+                "capabilities": {"tools": {"listChanged": True}},
+                "serverInfo": {"name": "hostile-" + MODE, "version": "0"},
+            })
+        elif method == "notifications/initialized":
+            if MODE == "flood":
+                note = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
+                data = (json.dumps(note) + "\n").encode() * COUNT
+                out.write(data)
+                out.flush()
+        elif method == "tools/list":
+            if LOG:
+                with open(LOG, "a") as f:
+                    f.write("list\n")
+            if MODE == "silent_list":
+                continue
+            answer(mid, tools_page(msg.get("params")))
+            if MODE == "crashloop":
+                time.sleep(COUNT / 1000)
+                os._exit(1)
+        elif method == "tools/call":
+            call(mid, msg.get("params") or {})
+        elif method == "ping":
+            answer(mid, {})
+        elif mid is not None:
+            send({"jsonrpc": "2.0", "id": mid,
+                  "error": {"code": -32601, "message": "method not found"}})
+
+
+main()
