@@ -59,6 +59,12 @@ impl Cadre {
         let agents = dir.path().join("agents");
         std::fs::create_dir(&agents).unwrap();
         std::fs::write(agents.join("mcp.toml"), mcp_toml).unwrap();
+        // `serve` refuses an agents folder with no agent in it.
+        std::fs::write(
+            agents.join("plain.toml"),
+            support::agent_toml("plain", &[], 1),
+        )
+        .unwrap();
         let data = dir.path().join("data");
         let server = Server::start_offline_with(&data, &agents, &[]);
         Cadre {
