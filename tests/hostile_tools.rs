@@ -646,3 +646,29 @@ async fn an_oversized_tool_file_and_a_symlink_out_of_the_agents_folder_are_refus
         .count();
     assert_eq!(reports, 1, "{log}");
 }
+
+/// An output nested deeper than cadre keeps fails its call: stored, it could
+/// never be read back (serde_json's 128-level limit, with the record's own
+/// levels around it), and every listing that read it would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_answering_deeply_nested_json_fails_and_listings_keep_working() {
+    let deep = format!("{}{}", "[".repeat(126), "]".repeat(126));
+    let setup = Setup::new(&[]);
+    setup.put(
+        "deep.toml",
+        &format!(
+            "name = \"deep\"\ndescription = \"Answers deep JSON.\"\n[entry]\ntype = \"external\"\ncommand = [\"printf\", '{deep}']\n"
+        ),
+    );
+    let server = setup.start(&[]);
+    let client = server.client();
+    let (status, body) = client
+        .post("/v1/tools/deep/invoke", &json!({"params": {}}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["error_type"], "execution_error", "{body}");
+    assert!(body["error"].as_str().unwrap().contains("nested"), "{body}");
+    let (status, calls) = client.get("/v1/calls?tool=deep").await;
+    assert_eq!(status, StatusCode::OK, "{calls}");
+    assert_eq!(calls["calls"].as_array().unwrap().len(), 1, "{calls}");
+}

@@ -455,3 +455,42 @@ async fn an_agent_node_that_starts_its_own_workflow_stops_at_max_depth() {
     assert_eq!(output["status_code"], 409, "{calls}");
     assert_eq!(output["body"]["error"]["code"], "WORKFLOW_DEPTH_EXCEEDED");
 }
+
+/// A tool file's HTTP entry that starts a run of its own workflow sends the
+/// calling run as its parent, like `http_request`: the chain stops at
+/// `max_depth`, not at the rate limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_file_entry_that_starts_its_own_workflow_stops_at_max_depth() {
+    let agents = agents_with(&[], &[]);
+    std::fs::create_dir(agents.path().join("tools")).unwrap();
+    let app = spawn_app(app_with(agents.path(), LOOPBACK, vec![]));
+    let runtime = app.runtime.as_ref().expect("running");
+    // The entry's URL names the server, known only now: write it, then
+    // the workflow that uses it, and load both.
+    std::fs::write(
+        agents.path().join("tools/spawn_chain.toml"),
+        format!(
+            "name = \"spawn_chain\"\ndescription = \"Starts a chain run.\"\ncategory = \"http\"\n[parameters]\ntype = \"object\"\nproperties = {{ input = {{ type = \"object\" }}, wait = {{ type = \"boolean\" }} }}\n[entry]\ntype = \"external\"\nurl = \"{}/v1/workflows/chain/runs\"\n",
+            app.base
+        ),
+    )
+    .unwrap();
+    let report = runtime.registry().reload_dir(&agents.path().join("tools"));
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    std::fs::write(
+        agents.path().join("workflows/chain.toml"),
+        "name = \"chain\"\n[[nodes]]\nid = \"spawn\"\ntool = \"spawn_chain\"\nparams = { input = {}, wait = true }\n",
+    )
+    .unwrap();
+    workflows(&app).reload();
+
+    let top = run_to_end(&app, "chain", json!({})).await;
+    let runs = runs_of(&app, "chain").await;
+    let depths: Vec<&Value> = runs.iter().map(|r| &r["depth"]).collect();
+    assert_eq!(depths, [0, 1, 2], "{top}");
+    assert_eq!(runs[1]["parent_run"], runs[0]["id"]);
+    // The deepest run's call was refused by the guard (a 409, which the
+    // entry reports as a failed call).
+    let deepest = &runs[2]["nodes"]["spawn"];
+    assert!(deepest.to_string().contains("max_depth"), "{deepest}");
+}

@@ -26,7 +26,9 @@
 //!    for retryable failures: timeouts, transient errors); a handler's
 //!    `InvalidInput` is reported as `validation_error` (the caller's input
 //!    is wrong), its other failures and panics as `execution_error`
-//! 9. cache store, one `ToolCallRecord`, and an execution event.
+//! 9. cache store, one `ToolCallRecord`, and an execution event. An output
+//!    nested deeper than [`MAX_OUTPUT_DEPTH`] fails the call instead (it
+//!    could be stored but never read back).
 //!
 //! Steps 1-4 are cheap and run inside the actor; the rest runs in the reply
 //! future, and the tool body in a spawned tokio task, so a slow tool never
@@ -63,6 +65,7 @@ use crate::events::{EventBus, EventKind};
 use crate::retry::Backoff;
 use crate::store::{Store, ToolCallRecord, WriteOp};
 use crate::tenants::TenantConfig;
+use crate::tools::outcome::{MAX_OUTPUT_DEPTH, json_depth};
 use crate::tools::{
     CallerType, ErrorType, ExecutionContext, RateLimit, RegisteredTool, ToolError,
     ToolExecutionResult, ToolRegistry,
@@ -389,6 +392,18 @@ impl Handler<ExecuteTool> for Executor {
                     Admission::Refused(result, params) => (*result, params),
                     Admission::Run(tool, params) => {
                         let mut result = execute(&shared, &tool, &params, &msg).await;
+                        if let Some(out) = result.output.as_ref().filter(|_| result.is_success)
+                            && json_depth(out, MAX_OUTPUT_DEPTH) > MAX_OUTPUT_DEPTH
+                        {
+                            result = ToolExecutionResult::failure(
+                                &msg.tool_name,
+                                ErrorType::ExecutionError,
+                                format!(
+                                    "{} answered JSON nested more than {MAX_OUTPUT_DEPTH} levels deep; it was not kept",
+                                    msg.tool_name
+                                ),
+                            );
+                        }
                         if let Some(id) = &result.metadata.source_id {
                             result.metadata.source_id =
                                 Some(tool.source.citable_source_id(&msg.tool_name, id));

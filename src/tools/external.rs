@@ -139,14 +139,20 @@ impl ExternalHandler {
         client: &GuardedClient,
         refuse_3xx: bool,
         params: &Value,
+        ctx: &ExecutionContext,
     ) -> Result<Value, ToolError> {
         let refused = |r: &net_guard::Refused| {
             tracing::warn!(%url, refused = %r, "tool file HTTP entry refused");
             ToolError::failed(r.to_string())
         };
-        let request = client
+        let mut request = client
             .request(Method::POST, url.clone())
             .map_err(|r| refused(&r))?;
+        // The workflow depth guard, as `http_request` sends it: a run this
+        // request starts is the calling run's child.
+        if let Some(run) = ctx.workflow_id.as_deref() {
+            request = request.header(crate::identity::PARENT_RUN_HEADER, run);
+        }
         let response =
             request
                 .json(params)
@@ -197,14 +203,14 @@ impl ExternalHandler {
 
 #[async_trait::async_trait]
 impl ToolHandler for ExternalHandler {
-    async fn call(&self, params: Value, _ctx: &ExecutionContext) -> Result<Value, ToolError> {
+    async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
         match &self.target {
             Target::Command(argv) => self.run_command(argv, &params).await,
             Target::Http {
                 url,
                 client,
                 refuse_3xx,
-            } => self.post(url, client, *refuse_3xx, &params).await,
+            } => self.post(url, client, *refuse_3xx, &params, ctx).await,
         }
     }
 }

@@ -203,6 +203,35 @@ pub struct ResultMetadata {
     pub confirmation_id: Option<String>,
 }
 
+/// The deepest nesting of a tool's output that is kept. Every output is
+/// stored inside its call record (two more levels) and read back with
+/// serde_json, which refuses documents nested over 128 levels: a deeper
+/// output would be written fine and then make every listing that reads it
+/// fail. A tool (or the upstream behind it) answering deeper fails the call
+/// instead (`execution_error`).
+pub const MAX_OUTPUT_DEPTH: usize = 64;
+
+/// How deeply `value` nests (a scalar is 0, `[]` and `{}` are 1), counted
+/// without recursion, and at most `limit + 1` (it stops looking there).
+pub fn json_depth(value: &Value, limit: usize) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((v, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match v {
+            Value::Array(a) => Box::new(a.iter()),
+            Value::Object(o) => Box::new(o.values()),
+            _ => continue,
+        };
+        let depth = depth + 1;
+        deepest = deepest.max(depth);
+        if deepest > limit {
+            return deepest;
+        }
+        stack.extend(children.map(|c| (c, depth)));
+    }
+    deepest
+}
+
 /// The outcome of one tool call.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolExecutionResult {
@@ -296,6 +325,18 @@ impl ToolExecutionResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn depth_counts_containers_and_stops_past_the_limit() {
+        assert_eq!(json_depth(&serde_json::json!(1), 10), 0);
+        assert_eq!(json_depth(&serde_json::json!([]), 10), 1);
+        assert_eq!(json_depth(&serde_json::json!({"a": [1, {"b": []}]}), 10), 4);
+        let mut deep = serde_json::json!(0);
+        for _ in 0..500 {
+            deep = serde_json::json!([deep]);
+        }
+        assert_eq!(json_depth(&deep, 64), 65);
+    }
 
     #[test]
     fn the_error_type_table_has_one_row_per_kind_in_order() {
