@@ -493,6 +493,24 @@ async fn a_refused_server_is_an_mcp_server_down_event_with_its_reason() {
         reason,
         "refused: no answer to initialize within 300ms (init_timeout_s)"
     );
+    // A server that never listed a tool still shows, with why it is down.
+    let (status, list) = app.get("/v1/tools").await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let silent = list["mcp_servers"]
+        .as_array()
+        .expect("mcp_servers")
+        .iter()
+        .find(|s| s["server"] == "silent")
+        .unwrap_or_else(|| panic!("{list}"))
+        .clone();
+    assert_eq!(silent["available"], false, "{silent}");
+    assert_eq!(silent["tools"], 0, "{silent}");
+    assert!(
+        silent["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("refused: no answer to initialize")),
+        "{silent}"
+    );
     let (status, body) = app
         .post(
             "/v1/tools/echo/invoke",

@@ -487,6 +487,16 @@ async fn an_mcp_tool_whose_wire_name_a_tool_file_holds_is_not_served_and_calls_g
     assert!(!names.contains(&"names.count".to_string()), "{names:?}");
     let (status, body) = invoke(&server, "names.count", json!({})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // The tool list says what was withheld and why, not only the log.
+    let (status, list) = server.client().get("/v1/tools").await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let withheld = list["withheld"].as_array().expect("withheld");
+    assert!(
+        withheld.iter().any(|w| w["name"] == "names.count"
+            && w["source"] == "mcp:names"
+            && w["reason"].as_str().unwrap().contains("names__count")),
+        "{list}"
+    );
 
     // The model is offered one function of that name, and its call runs
     // the file's tool: the MCP server sees nothing.

@@ -2,7 +2,10 @@
 //! for the full definitions `cadre tools list` prints), validate, invoke.
 //!
 //! Tools of MCP servers carry `source: "mcp:<server>"` and `status:
-//! "available" | "unavailable"` next to their function definition.
+//! "available" | "unavailable"` next to their function definition; the
+//! list also names every MCP server with its state and, when it is down,
+//! why (`mcp_servers`), and the tools withheld because another tool holds
+//! their wire name (`withheld`), so what the log says is visible here.
 //!
 //! `POST /v1/tools/{name}/invoke` runs the call through the executor like
 //! any other caller (`caller_type = direct`). The body is always the full
@@ -55,6 +58,15 @@ struct ToolList {
     /// OpenAI function definitions: `{type: "function", function: {name, description, parameters}}`.
     #[schema(value_type = Vec<Object>)]
     tools: Vec<Value>,
+    /// Every MCP server of `mcp.toml`: `{server, available, tools, reason?}`;
+    /// `reason` says why a server is down (unreachable, or refused over one
+    /// of its limits), so a server that never listed a tool still shows.
+    #[schema(value_type = Vec<Object>)]
+    mcp_servers: Vec<Value>,
+    /// Tools not served because another tool has their wire name:
+    /// `{name, source, reason}`.
+    #[schema(value_type = Vec<Object>)]
+    withheld: Vec<Value>,
 }
 
 #[derive(ToSchema)]
@@ -209,7 +221,17 @@ async fn list(
             )));
         }
     };
-    Ok(Json(json!({ "tools": tools })))
+    let withheld: Vec<Value> = state
+        .registry
+        .withheld()
+        .into_iter()
+        .map(|w| json!({"name": w.name, "source": w.source.describe(), "reason": w.message}))
+        .collect();
+    Ok(Json(json!({
+        "tools": tools,
+        "mcp_servers": state.registry.mcp_servers(),
+        "withheld": withheld,
+    })))
 }
 
 error_responses!(

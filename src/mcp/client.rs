@@ -325,17 +325,11 @@ async fn supervise(
                     Ok(true) => return,
                     _ if *stop.borrow() => return,
                     Ok(false) => {
-                        registry.events().publish(EventKind::McpServerDown {
-                            server: server.clone(),
-                            reason: "the connection ended".into(),
-                        });
+                        down(&registry, &server, "the connection ended".into());
                         tracing::warn!(%server, "MCP server connection ended; reconnecting");
                     }
                     Err(Failure::Unreachable(e)) => {
-                        registry.events().publish(EventKind::McpServerDown {
-                            server: server.clone(),
-                            reason: e.clone(),
-                        });
+                        down(&registry, &server, e.clone());
                         tracing::warn!(%server, "MCP server connection ended while listing ({e}); reconnecting");
                     }
                     Err(refusal) => {
@@ -353,10 +347,7 @@ async fn supervise(
             }
             Err(Failure::Unreachable(e)) => {
                 tracing::warn!(%server, retry_in_ms = delay.as_millis() as u64, "MCP server not reachable: {e}");
-                registry.events().publish(EventKind::McpServerDown {
-                    server: server.clone(),
-                    reason: e,
-                });
+                down(&registry, &server, e);
             }
             Err(refusal) => refuse(&registry, &server, &refusal),
         }
@@ -374,9 +365,16 @@ async fn supervise(
 fn refuse(registry: &ToolRegistry, server: &str, refusal: &Failure) {
     let retried = !matches!(refusal, Failure::Over(_));
     tracing::warn!(%server, retried, "MCP server refused: {refusal}");
+    down(registry, server, format!("refused: {refusal}"));
+}
+
+/// `server` is down: the registry keeps the reason (`GET /v1/tools` shows
+/// it) and an `mcp_server_down` event says it.
+fn down(registry: &ToolRegistry, server: &str, reason: String) {
+    registry.set_mcp_down(server, &reason);
     registry.events().publish(EventKind::McpServerDown {
         server: server.to_string(),
-        reason: format!("refused: {refusal}"),
+        reason,
     });
 }
 

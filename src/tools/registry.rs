@@ -133,6 +133,21 @@ struct FileState {
 struct McpLayer {
     available: bool,
     tools: BTreeMap<String, Arc<RegisteredTool>>,
+    /// Why the server is down (unreachable, or refused over a bound), until
+    /// it lists again.
+    down_reason: Option<String>,
+}
+
+/// One declared MCP server, as `GET /v1/tools` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct McpServerStatus {
+    pub server: String,
+    pub available: bool,
+    /// Tools of its last good listing.
+    pub tools: usize,
+    /// Why it is down, when it is and cadre knows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 #[derive(Default)]
@@ -381,6 +396,7 @@ impl ToolRegistry {
         let entry = state.mcp.entry(server.into()).or_default();
         entry.tools = layer;
         entry.available = true;
+        entry.down_reason = None;
         let merged = merge(&state.layered(), &state.files, &state.merged);
         let mut report = ReloadReport::default();
         report.diff(&state.merged, &merged.tools);
@@ -399,6 +415,32 @@ impl ToolRegistry {
         if let Some(layer) = state.mcp.get_mut(server) {
             layer.available = available;
         }
+    }
+
+    /// Marks an MCP server down with the reason (unreachable, refused over
+    /// a bound); its tools stay listed as unavailable.
+    pub fn set_mcp_down(&self, server: &str, reason: &str) {
+        let mut state = self.write();
+        if let Some(layer) = state.mcp.get_mut(server) {
+            layer.available = false;
+            layer.down_reason = Some(reason.to_string());
+        }
+    }
+
+    /// Every declared MCP server, by name.
+    pub fn mcp_servers(&self) -> Vec<McpServerStatus> {
+        self.read()
+            .mcp
+            .iter()
+            .map(|(server, layer)| McpServerStatus {
+                server: server.clone(),
+                available: layer.available,
+                tools: layer.tools.len(),
+                reason: (!layer.available)
+                    .then(|| layer.down_reason.clone())
+                    .flatten(),
+            })
+            .collect()
     }
 
     /// `Some(available)` for a tool listed from an MCP server, `None` otherwise.
