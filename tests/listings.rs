@@ -302,3 +302,24 @@ async fn rows_written_before_the_tenant_indexes_are_listed_after_the_migration()
     let app = spawn_app(AppOptions::offline().data_dir(dir.path()));
     assert_lists_exactly(&app.with_key(&acme_key), &acme).await;
 }
+
+/// A cursor is an id cadre wrote: printable ASCII, at most 128 characters,
+/// as the document says; anything else is a 422 on every listing (a
+/// 100-character non-ASCII cursor is 200 bytes, once let through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_that_is_not_printable_ascii_is_refused_on_every_listing() {
+    let app = support::spawn_app(support::AppOptions::offline());
+    let accented = "%C3%A9".repeat(100);
+    for path in [
+        "/v1/sessions",
+        "/v1/calls",
+        "/v1/confirmations",
+        "/v1/workflows/runs",
+    ] {
+        for cursor in ["%C3%A9", accented.as_str(), "a%20b"] {
+            let (status, body) = app.get(&format!("{path}?cursor={cursor}")).await;
+            assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{path}: {body}");
+            assert_eq!(body["error"]["code"], "VALIDATION_ERROR", "{path}: {body}");
+        }
+    }
+}

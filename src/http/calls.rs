@@ -29,7 +29,9 @@ pub const MAX_LIMIT: usize = 1_000;
 pub const MAX_CURSOR_LEN: usize = 128;
 
 /// A listing's `limit` (default `default`, 1 to [`MAX_LIMIT`]) and
-/// `cursor` (at most [`MAX_CURSOR_LEN`] bytes), checked: 422 otherwise.
+/// `cursor` (at most [`MAX_CURSOR_LEN`] printable ASCII characters, as the
+/// document's `^[!-~]*$` says: cursors are ids cadre wrote), checked: 422
+/// otherwise.
 pub(super) fn page_params(
     limit: Option<usize>,
     cursor: Option<String>,
@@ -43,8 +45,16 @@ pub(super) fn page_params(
     }
     if cursor.as_ref().is_some_and(|c| c.len() > MAX_CURSOR_LEN) {
         return Err(ApiError::validation(format!(
-            "cursor is longer than {MAX_CURSOR_LEN} bytes"
+            "cursor is longer than {MAX_CURSOR_LEN} characters"
         )));
+    }
+    if cursor
+        .as_ref()
+        .is_some_and(|c| !c.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return Err(ApiError::validation(
+            "cursor is not printable ASCII: pass the `next` of the previous page",
+        ));
     }
     Ok((limit, cursor))
 }
@@ -69,7 +79,7 @@ struct CallsQuery {
     #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
     /// The `next` of the previous page (opaque).
-    #[param(max_length = 128)]
+    #[param(max_length = 128, pattern = "^[!-~]*$")]
     cursor: Option<String>,
 }
 
@@ -100,7 +110,7 @@ struct Stats {
 
 error_responses!(
     CallsErrors:
-    ValidationError = "limit out of range or cursor too long",
+    ValidationError = "limit out of range, or a cursor too long or not printable ASCII",
     StorageUnavailable
 );
 

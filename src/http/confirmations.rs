@@ -62,7 +62,7 @@ fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
 
 error_responses!(
     ListErrors:
-    ValidationError = "limit out of range or cursor too long",
+    ValidationError = "limit out of range, or a cursor too long or not printable ASCII",
     StorageUnavailable
 );
 

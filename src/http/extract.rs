@@ -281,7 +281,7 @@ pub struct PageQuery {
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<usize>,
     /// The `next` of the previous page (opaque).
-    #[param(max_length = 128)]
+    #[param(max_length = 128, pattern = "^[!-~]*$")]
     pub cursor: Option<String>,
 }
 

@@ -316,7 +316,7 @@ struct SessionList {
 
 error_responses!(
     ListErrors:
-    ValidationError = "limit out of range or cursor too long",
+    ValidationError = "limit out of range, or a cursor too long or not printable ASCII",
     StorageUnavailable
 );
 
