@@ -17,10 +17,10 @@ use std::time::Duration;
 use cadre::events::EventKind;
 use cadre::store::Store;
 use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
-use cadre::workflow::{WorkflowRun, Workflows};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::gate::gate_tool;
+use support::workflow::{agents_with, finished, get_run, run_to_end, workflows};
 use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, spawn_app};
 
 /// How long anything the test waits for may take before it fails loudly.
@@ -40,19 +40,6 @@ fn emit_tool() -> (ToolDefinition, Arc<dyn ToolHandler>) {
     (def, Arc::new(handler))
 }
 
-/// An agents folder with these agent files and `workflows/` files.
-fn agents_with(agents: &[(&str, &str)], workflows: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::create_dir(dir.path().join("workflows")).expect("workflows dir");
-    for (name, text) in agents {
-        std::fs::write(dir.path().join(name), text).expect("write agent");
-    }
-    for (name, text) in workflows {
-        std::fs::write(dir.path().join("workflows").join(name), text).expect("write workflow");
-    }
-    dir
-}
-
 fn app_with(
     agents: &Path,
     config: &str,
@@ -65,14 +52,6 @@ fn app_with(
     options
 }
 
-fn workflows(app: &TestApp) -> Workflows {
-    app.runtime
-        .as_ref()
-        .expect("the app is running")
-        .workflows()
-        .clone()
-}
-
 /// Starts a run without waiting; returns its id.
 async fn start(app: &TestApp, workflow: &str, input: Value) -> String {
     let (status, body) = app
@@ -83,34 +62,6 @@ async fn start(app: &TestApp, workflow: &str, input: Value) -> String {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     body["id"].as_str().expect("run id").to_string()
-}
-
-/// Starts a run with `wait: true`; returns it as it ended.
-async fn run_to_end(app: &TestApp, workflow: &str, input: Value) -> Value {
-    let (status, body) = tokio::time::timeout(
-        PATIENCE,
-        app.post(
-            &format!("/v1/workflows/{workflow}/runs"),
-            &json!({ "input": input, "wait": true }),
-        ),
-    )
-    .await
-    .expect("the run finished in time");
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    body
-}
-
-async fn finished(app: &TestApp, id: &str) -> WorkflowRun {
-    tokio::time::timeout(PATIENCE, workflows(app).wait(id))
-        .await
-        .expect("the run finished in time")
-        .expect("the run exists")
-}
-
-async fn get_run(app: &TestApp, id: &str) -> Value {
-    let (status, body) = app.get(&format!("/v1/workflows/runs/{id}")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body
 }
 
 async fn cancel(app: &TestApp, id: &str) -> (StatusCode, Value) {

@@ -19,10 +19,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
-use cadre::workflow::{WorkflowEventKind, WorkflowRun, Workflows};
+use cadre::workflow::{WorkflowEventKind, WorkflowRun};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::gate::gate_tool;
+use support::workflow::{agents_with, finished, get_run, run_to_end, workflows};
 use support::{AppOptions, MockModel, Reply, TestApp, agent_toml, repo_agents, send, spawn_app};
 
 /// How long anything the test waits for may take before it fails loudly.
@@ -99,19 +100,6 @@ fn failing_tools() -> Vec<(ToolDefinition, Arc<dyn ToolHandler>)> {
 // Setup and requests
 // ---------------------------------------------------------------------------
 
-/// An agents folder with these agent files and `workflows/` files.
-fn agents_with(agents: &[(&str, &str)], workflows: &[(&str, &str)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::create_dir(dir.path().join("workflows")).expect("workflows dir");
-    for (name, text) in agents {
-        std::fs::write(dir.path().join(name), text).expect("write agent");
-    }
-    for (name, text) in workflows {
-        std::fs::write(dir.path().join("workflows").join(name), text).expect("write workflow");
-    }
-    dir
-}
-
 /// The repository's agents folder, copied, plus these agent files.
 fn repo_agents_plus(extra: &[(&str, &str)]) -> tempfile::TempDir {
     fn copy(from: &Path, to: &Path) {
@@ -134,14 +122,6 @@ fn repo_agents_plus(extra: &[(&str, &str)]) -> tempfile::TempDir {
     dir
 }
 
-fn workflows(app: &TestApp) -> Workflows {
-    app.runtime
-        .as_ref()
-        .expect("the app is running")
-        .workflows()
-        .clone()
-}
-
 /// Starts a run over HTTP without waiting; returns its id.
 async fn start(app: &TestApp, workflow: &str, input: Value) -> String {
     let (status, body) = app
@@ -153,35 +133,6 @@ async fn start(app: &TestApp, workflow: &str, input: Value) -> String {
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["status"], "running", "{body}");
     body["id"].as_str().expect("run id").to_string()
-}
-
-/// Starts a run over HTTP with `wait: true`; returns the finished run.
-async fn run_to_end(app: &TestApp, workflow: &str, input: Value) -> Value {
-    let (status, body) = tokio::time::timeout(
-        PATIENCE,
-        app.post(
-            &format!("/v1/workflows/{workflow}/runs"),
-            &json!({ "input": input, "wait": true }),
-        ),
-    )
-    .await
-    .expect("the run finished in time");
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    body
-}
-
-/// The run once it is over (through the library's watch, no polling).
-async fn finished(app: &TestApp, id: &str) -> WorkflowRun {
-    tokio::time::timeout(PATIENCE, workflows(app).wait(id))
-        .await
-        .expect("the run finished in time")
-        .expect("the run exists")
-}
-
-async fn get_run(app: &TestApp, id: &str) -> Value {
-    let (status, body) = app.get(&format!("/v1/workflows/runs/{id}")).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body
 }
 
 async fn calls_of(app: &TestApp, run: &str) -> Vec<Value> {

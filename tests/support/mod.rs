@@ -13,6 +13,7 @@ pub mod client;
 pub mod gate;
 pub mod mock_model;
 pub mod server;
+pub mod workflow;
 pub mod ws;
 
 use std::path::{Path, PathBuf};
