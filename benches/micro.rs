@@ -290,20 +290,26 @@ fn context(c: &mut Criterion) {
     );
     group.bench_function("tool_calling_turn_window_20", |b| {
         b.iter(|| {
-            machine.start_turn("what is (2+3)*4?".into());
-            machine.on_model_reply(ChatResponse {
-                content: None,
-                tool_calls: vec![call.clone()],
-                usage: None,
-                finish_reason: None,
-            });
-            machine.on_tool_results(vec![(call.clone(), result.clone())]);
-            let finish = machine.on_model_reply(ChatResponse {
-                content: Some("(2+3)*4 = 20".into()),
-                tool_calls: Vec::new(),
-                usage: None,
-                finish_reason: None,
-            });
+            machine.start_turn("what is (2+3)*4?".into()).unwrap();
+            machine
+                .on_model_reply(ChatResponse {
+                    content: None,
+                    tool_calls: vec![call.clone()],
+                    usage: None,
+                    finish_reason: None,
+                })
+                .unwrap();
+            machine
+                .on_tool_results(vec![(call.clone(), result.clone())])
+                .unwrap();
+            let finish = machine
+                .on_model_reply(ChatResponse {
+                    content: Some("(2+3)*4 = 20".into()),
+                    tool_calls: Vec::new(),
+                    usage: None,
+                    finish_reason: None,
+                })
+                .unwrap();
             // As the actor does after each turn: the four messages the
             // window no longer holds are summarised and leave memory.
             if machine.summary_request().is_some() {

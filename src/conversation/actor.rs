@@ -105,6 +105,10 @@ pub enum TurnError {
     /// `max` turns already wait behind the running one.
     #[error("{max} turns are already waiting in this session")]
     QueueFull { max: usize },
+    /// The machine was asked for a step its phase does not allow (a bug,
+    /// reported instead of a panic; the conversation goes on).
+    #[error("the turn went out of step: {0}")]
+    OutOfStep(#[from] super::machine::MachineError),
 }
 
 impl PublicError for TurnError {
@@ -115,6 +119,7 @@ impl PublicError for TurnError {
             TurnError::Busy => ErrorCode::ConversationBusy,
             TurnError::Unavailable => ErrorCode::ConversationUnavailable,
             TurnError::QueueFull { .. } => ErrorCode::ConversationQueueFull,
+            TurnError::OutOfStep(_) => ErrorCode::InternalError,
         }
     }
 
@@ -132,6 +137,9 @@ impl PublicError for TurnError {
             TurnError::QueueFull { max } => format!(
                 "{max} messages already wait for their turn in this session, the most allowed; send this one when one of them has run"
             ),
+            TurnError::OutOfStep(_) => {
+                "the turn failed inside cadre; what it stored so far is kept".into()
+            }
         }
     }
 }
@@ -438,8 +446,10 @@ impl Conversation {
                     session_id: self.session.id.clone(),
                 });
                 self.current = Some(current);
-                let step = self.machine.start_turn(content);
-                self.perform(step, ctx);
+                match self.machine.start_turn(content) {
+                    Ok(step) => self.perform(step, ctx),
+                    Err(e) => self.out_of_step(e, ctx),
+                }
             }
             Pending::Record { message, reply } => {
                 let (seq, message) = self.machine.record(message);
@@ -623,8 +633,10 @@ impl Conversation {
                 record_to.record("gen_ai.response.tool_calls", reply.tool_calls.len());
                 self.unsaved_usage
                     .add(&TokenUsage::of_reply(reply.usage.as_ref()));
-                let step = self.machine.on_model_reply(reply);
-                self.perform(step, ctx);
+                match self.machine.on_model_reply(reply) {
+                    Ok(step) => self.perform(step, ctx),
+                    Err(e) => self.out_of_step(e, ctx),
+                }
             }
             Err(e) => {
                 record_to.record("error.type", e.code().as_str());
@@ -662,14 +674,16 @@ impl Conversation {
                 c.model_spent += took;
             }
             if act.store_summary(result, ctx) {
-                let request = act.machine.turn_request();
-                act.perform(
-                    Step {
-                        persist: Vec::new(),
-                        action: Action::CallModel(request),
-                    },
-                    ctx,
-                );
+                match act.machine.turn_request() {
+                    Ok(request) => act.perform(
+                        Step {
+                            persist: Vec::new(),
+                            action: Action::CallModel(request),
+                        },
+                        ctx,
+                    ),
+                    Err(e) => act.out_of_step(e, ctx),
+                }
             } else {
                 act.fail(refused, ctx);
             }
@@ -812,6 +826,13 @@ impl Conversation {
         stored
     }
 
+    /// The machine refused a step (a bug): logged loudly, and the turn
+    /// fails like any other, keeping what it stored.
+    fn out_of_step(&mut self, error: super::machine::MachineError, ctx: &mut Context<Self>) {
+        tracing::error!(session = %self.session.id, %error, "conversation out of step; failing the turn");
+        self.fail(TurnError::OutOfStep(error), ctx);
+    }
+
     fn fail(&mut self, error: TurnError, ctx: &mut Context<Self>) {
         tracing::warn!(session = %self.session.id, error = %error, "turn failed");
         self.machine.abort_turn();
@@ -928,7 +949,10 @@ impl Handler<ToolBatchReport> for Conversation {
             return;
         }
         let n = report.outcomes.len();
-        let step = self.machine.on_tool_results(report.outcomes);
+        let step = match self.machine.on_tool_results(report.outcomes) {
+            Ok(step) => step,
+            Err(e) => return self.out_of_step(e, ctx),
+        };
         let calls = self.machine.turn_calls();
         for call in &calls[calls.len().saturating_sub(n)..] {
             self.emit(TurnEvent::ToolCallCompleted { call: call.clone() });

@@ -30,10 +30,18 @@
 //!   returned are `ungrounded_citations`. "This conversation" spans restarts
 //!   and evictions: the loader seeds the known sources from the session's
 //!   stored call records ([`ConversationMachine::with_known_sources`]).
+//!
+//! Where a turn stands is data, [`Phase`]: `idle`, `awaiting_model`,
+//! `awaiting_tools` (with the batch the last reply asked for) or
+//! `summarising` (between turns, the summary call in flight). It
+//! serialises, so it can be stored with the step that reaches it. A step
+//! that does not fit the phase (a model reply with no turn, tool results
+//! for calls the turn did not ask for) is a [`MachineError`], never a
+//! panic: the caller fails that turn and the conversation goes on.
 
 use std::collections::BTreeSet;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::model::{
@@ -178,8 +186,49 @@ pub struct Step {
     pub action: Action,
 }
 
-#[derive(Debug, Default)]
+/// Where a conversation stands: what it waits for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum Phase {
+    /// No turn runs.
+    Idle,
+    /// A turn waits for the model's reply.
+    AwaitingModel,
+    /// A turn waits for the outcomes of these calls (the last reply's, in
+    /// its order).
+    AwaitingTools { calls: Vec<ToolCall> },
+    /// Between turns: the summary call covering messages up to this seq is
+    /// in flight.
+    Summarising { covers_until_seq: u64 },
+}
+
+impl Phase {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::AwaitingModel => "awaiting_model",
+            Phase::AwaitingTools { .. } => "awaiting_tools",
+            Phase::Summarising { .. } => "summarising",
+        }
+    }
+}
+
+/// A step the machine was asked to take that does not fit its phase.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum MachineError {
+    #[error("{step} while {}", phase.as_str())]
+    OutOfPhase { step: &'static str, phase: Phase },
+    #[error("tool results for calls {got:?}, but the turn waits for {expected:?}")]
+    UnexpectedResults {
+        expected: Vec<String>,
+        got: Vec<String>,
+    },
+}
+
+#[derive(Debug)]
 struct Turn {
+    /// What the turn waits for: `AwaitingModel` or `AwaitingTools`.
+    phase: Phase,
     messages: Vec<(u64, ChatMessage)>,
     rounds: u32,
     model_calls: u32,
@@ -230,6 +279,24 @@ impl ConversationMachine {
         self.turn.is_some()
     }
 
+    /// Where the conversation stands.
+    pub fn phase(&self) -> Phase {
+        match (&self.turn, self.summarising_until) {
+            (Some(turn), _) => turn.phase.clone(),
+            (None, Some(until)) => Phase::Summarising {
+                covers_until_seq: until,
+            },
+            (None, None) => Phase::Idle,
+        }
+    }
+
+    fn out_of_phase(&self, step: &'static str) -> MachineError {
+        MachineError::OutOfPhase {
+            step,
+            phase: self.phase(),
+        }
+    }
+
     pub fn settings(&self) -> &TurnSettings {
         &self.settings
     }
@@ -254,47 +321,79 @@ impl ConversationMachine {
         entry
     }
 
-    pub fn start_turn(&mut self, text: String) -> Step {
+    /// Starts a turn with the user's `text`; only when no turn runs.
+    pub fn start_turn(&mut self, text: String) -> Result<Step, MachineError> {
+        if self.turn.is_some() {
+            return Err(self.out_of_phase("start_turn"));
+        }
         let user = (self.take_seq(), ChatMessage::user(text));
         self.turn = Some(Turn {
+            phase: Phase::AwaitingModel,
             messages: vec![user.clone()],
-            ..Turn::default()
+            rounds: 0,
+            model_calls: 0,
+            calls: Vec::new(),
+            fallback: false,
         });
-        Step {
+        Ok(Step {
             persist: vec![user],
             action: Action::CallModel(self.request()),
-        }
+        })
     }
 
-    pub fn on_model_reply(&mut self, reply: ChatResponse) -> Step {
+    pub fn on_model_reply(&mut self, reply: ChatResponse) -> Result<Step, MachineError> {
+        if !matches!(
+            self.turn.as_ref().map(|t| &t.phase),
+            Some(Phase::AwaitingModel)
+        ) {
+            return Err(self.out_of_phase("on_model_reply"));
+        }
         let seq = self.take_seq();
-        let turn = self.turn.as_mut().expect("model reply outside a turn");
+        let turn = self.turn.as_mut().expect("checked above");
         if !reply.tool_calls.is_empty() && !turn.fallback {
             let msg = ChatMessage::assistant_tool_calls(reply.content, reply.tool_calls.clone());
             turn.messages.push((seq, msg.clone()));
-            return Step {
+            turn.phase = Phase::AwaitingTools {
+                calls: reply.tool_calls.clone(),
+            };
+            return Ok(Step {
                 persist: vec![(seq, msg)],
                 action: Action::RunTools(reply.tool_calls),
-            };
+            });
         }
         let answer = reply.content.unwrap_or_default();
         let msg = ChatMessage::assistant(answer.clone());
         turn.messages.push((seq, msg.clone()));
         let mut outcome = self.finish(answer);
         outcome.finish_reason = reply.finish_reason;
-        Step {
+        Ok(Step {
             persist: vec![(seq, msg)],
             action: Action::Finish(Box::new(outcome)),
-        }
+        })
     }
 
-    /// `results` in the order of the calls of the last model reply.
-    pub fn on_tool_results(&mut self, results: Vec<(ToolCall, ToolExecutionResult)>) -> Step {
+    /// `results` in the order of the calls of the last model reply: one per
+    /// call, with its id, or nothing changes.
+    pub fn on_tool_results(
+        &mut self,
+        results: Vec<(ToolCall, ToolExecutionResult)>,
+    ) -> Result<Step, MachineError> {
+        let Some(Phase::AwaitingTools { calls }) = self.turn.as_ref().map(|t| &t.phase) else {
+            return Err(self.out_of_phase("on_tool_results"));
+        };
+        let expected: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
+        let got: Vec<&str> = results.iter().map(|(c, _)| c.id.as_str()).collect();
+        if expected != got {
+            return Err(MachineError::UnexpectedResults {
+                expected: expected.iter().map(|s| s.to_string()).collect(),
+                got: got.iter().map(|s| s.to_string()).collect(),
+            });
+        }
         let max = self.settings.max_iterations;
         let mut persist = Vec::with_capacity(results.len());
         for (call, result) in results {
             let seq = self.take_seq();
-            let turn = self.turn.as_mut().expect("tool results outside a turn");
+            let turn = self.turn.as_mut().expect("checked above");
             let msg = ChatMessage::tool_result(&call, result.model_content());
             turn.messages.push((seq, msg.clone()));
             persist.push((seq, msg));
@@ -305,7 +404,7 @@ impl ConversationMachine {
             if let Some(s) = &source_id {
                 self.known_sources.insert(s.clone());
             }
-            let turn = self.turn.as_mut().expect("tool results outside a turn");
+            let turn = self.turn.as_mut().expect("checked above");
             turn.calls.push(CallReport {
                 arguments: serde_json::from_str(&call.arguments)
                     .unwrap_or(Value::String(call.arguments.clone())),
@@ -318,15 +417,16 @@ impl ConversationMachine {
                 source_id,
             });
         }
-        let turn = self.turn.as_mut().expect("tool results outside a turn");
+        let turn = self.turn.as_mut().expect("checked above");
         turn.rounds += 1;
         if turn.rounds >= max {
             turn.fallback = true;
         }
-        Step {
+        turn.phase = Phase::AwaitingModel;
+        Ok(Step {
             persist,
             action: Action::CallModel(self.request()),
-        }
+        })
     }
 
     /// Ends a turn that failed (model down): what was persisted stays in the
@@ -356,8 +456,14 @@ impl ConversationMachine {
     }
 
     /// The running turn's model request, built again (after a compaction).
-    pub fn turn_request(&mut self) -> ChatRequest {
-        self.request()
+    pub fn turn_request(&mut self) -> Result<ChatRequest, MachineError> {
+        if !matches!(
+            self.turn.as_ref().map(|t| &t.phase),
+            Some(Phase::AwaitingModel)
+        ) {
+            return Err(self.out_of_phase("turn_request"));
+        }
+        Ok(self.request())
     }
 
     /// A summary of all but the last `keep` messages before the turn, once
@@ -418,7 +524,7 @@ impl ConversationMachine {
     }
 
     fn finish(&mut self, answer: String) -> TurnOutcome {
-        let turn = self.turn.take().expect("finish outside a turn");
+        let turn = self.turn.take().expect("a turn: callers check the phase");
         let summary = ToolUsageSummary::from_calls(
             turn.calls.iter().map(|c| (c.name.as_str(), c.is_success)),
         );
@@ -448,7 +554,7 @@ impl ConversationMachine {
 
     fn request(&mut self) -> ChatRequest {
         let s = &self.settings;
-        let turn = self.turn.as_mut().expect("request outside a turn");
+        let turn = self.turn.as_mut().expect("a turn: callers check the phase");
         turn.model_calls += 1;
         let layers = PromptLayers {
             tools_offered: !s.tools.is_empty(),
@@ -681,14 +787,59 @@ mod tests {
     }
 
     #[test]
+    fn the_phase_is_data_and_a_step_out_of_phase_is_an_error_not_a_panic() {
+        let mut m = machine(3, 20);
+        assert_eq!(m.phase(), Phase::Idle);
+        // Nothing to answer yet.
+        assert!(matches!(
+            m.on_model_reply(text("stray")),
+            Err(MachineError::OutOfPhase {
+                step: "on_model_reply",
+                phase: Phase::Idle
+            })
+        ));
+        assert!(m.on_tool_results(vec![ok("a")]).is_err());
+        assert!(m.turn_request().is_err());
+
+        m.start_turn("hi".into()).unwrap();
+        assert_eq!(m.phase(), Phase::AwaitingModel);
+        assert!(m.start_turn("again".into()).is_err(), "one turn at a time");
+        m.on_model_reply(tools_reply(&["a", "b"])).unwrap();
+        let phase = m.phase();
+        assert_eq!(
+            phase,
+            Phase::AwaitingTools {
+                calls: vec![call("a"), call("b")]
+            }
+        );
+        // It serialises, as it will be stored with the step that reached it.
+        let json = serde_json::to_value(&phase).unwrap();
+        assert_eq!(json["phase"], "awaiting_tools");
+        assert_eq!(json["calls"][1]["id"], "b");
+        assert_eq!(serde_json::from_value::<Phase>(json).unwrap(), phase);
+
+        // Results for other calls (or in another order) change nothing.
+        assert!(matches!(
+            m.on_tool_results(vec![ok("b"), ok("a")]),
+            Err(MachineError::UnexpectedResults { .. })
+        ));
+        assert!(m.on_model_reply(text("early")).is_err());
+        assert_eq!(m.phase(), phase);
+        m.on_tool_results(vec![ok("a"), ok("b")]).unwrap();
+        assert_eq!(m.phase(), Phase::AwaitingModel);
+        m.on_model_reply(text("done")).unwrap();
+        assert_eq!(m.phase(), Phase::Idle);
+    }
+
+    #[test]
     fn tool_results_follow_the_assistant_message_with_their_ids() {
         let mut m = machine(3, 20);
-        let step = m.start_turn("hi".into());
+        let step = m.start_turn("hi".into()).unwrap();
         assert_eq!(step.persist[0].0, 1);
-        let step = m.on_model_reply(tools_reply(&["a", "b"]));
+        let step = m.on_model_reply(tools_reply(&["a", "b"])).unwrap();
         assert_eq!(step.persist[0].0, 2);
         assert!(matches!(step.action, Action::RunTools(ref c) if c.len() == 2));
-        let step = m.on_tool_results(vec![ok("a"), ok("b")]);
+        let step = m.on_tool_results(vec![ok("a"), ok("b")]).unwrap();
         assert_eq!(step.persist.iter().map(|p| p.0).collect::<Vec<_>>(), [3, 4]);
         let req = request_of(&step);
         let roles: Vec<_> = req.messages.iter().map(|m| m.role).collect();
@@ -717,24 +868,26 @@ mod tests {
     #[test]
     fn after_max_iterations_the_last_call_forbids_tools_and_ignores_new_calls() {
         let mut m = machine(2, 20);
-        m.start_turn("hi".into());
-        m.on_model_reply(tools_reply(&["a"]));
-        let step = m.on_tool_results(vec![ok("a")]);
+        m.start_turn("hi".into()).unwrap();
+        m.on_model_reply(tools_reply(&["a"])).unwrap();
+        let step = m.on_tool_results(vec![ok("a")]).unwrap();
         assert_eq!(request_of(&step).tool_choice, ToolChoice::Auto);
-        m.on_model_reply(tools_reply(&["b"]));
-        let step = m.on_tool_results(vec![ok("b")]);
+        m.on_model_reply(tools_reply(&["b"])).unwrap();
+        let step = m.on_tool_results(vec![ok("b")]).unwrap();
         let req = request_of(&step);
         assert_eq!(req.tool_choice, ToolChoice::None);
         assert_eq!(
             req.messages.last().unwrap().content.as_deref(),
             Some(FALLBACK_INSTRUCTION)
         );
-        let step = m.on_model_reply(ChatResponse {
-            content: Some("done".into()),
-            tool_calls: vec![call("c")],
-            usage: None,
-            finish_reason: None,
-        });
+        let step = m
+            .on_model_reply(ChatResponse {
+                content: Some("done".into()),
+                tool_calls: vec![call("c")],
+                usage: None,
+                finish_reason: None,
+            })
+            .unwrap();
         let Action::Finish(outcome) = step.action else {
             panic!("expected the turn to finish");
         };
@@ -749,11 +902,11 @@ mod tests {
     fn the_window_keeps_recent_history_without_orphan_tool_results() {
         // A window of 1: up to two uncovered messages are sent verbatim.
         let mut m = machine(3, 1);
-        m.start_turn("one".into());
-        m.on_model_reply(tools_reply(&["a"]));
-        m.on_tool_results(vec![ok("a")]);
-        m.on_model_reply(text("answer"));
-        let step = m.start_turn("two".into());
+        m.start_turn("one".into()).unwrap();
+        m.on_model_reply(tools_reply(&["a"])).unwrap();
+        m.on_tool_results(vec![ok("a")]).unwrap();
+        m.on_model_reply(text("answer")).unwrap();
+        let step = m.start_turn("two".into()).unwrap();
         let req = request_of(&step);
         let contents: Vec<_> = req
             .messages
@@ -769,14 +922,14 @@ mod tests {
     fn older_messages_are_summarised_then_sent_as_summary_plus_window() {
         let mut m = machine(3, 4);
         for i in 0..4 {
-            m.start_turn(format!("q{i}"));
-            m.on_model_reply(text(&format!("a{i}")));
+            m.start_turn(format!("q{i}")).unwrap();
+            m.on_model_reply(text(&format!("a{i}"))).unwrap();
             assert!(
                 m.summary_request().is_none(),
                 "up to 8 uncovered messages wait for the next summary"
             );
         }
-        let step = m.start_turn("q4".into());
+        let step = m.start_turn("q4".into()).unwrap();
         let sent: Vec<_> = request_of(&step).messages[1..]
             .iter()
             .map(|m| m.content.clone().unwrap())
@@ -786,7 +939,7 @@ mod tests {
             ["q0", "a0", "q1", "a1", "q2", "a2", "q3", "a3", "q4"],
             "everything the summary does not cover is sent"
         );
-        m.on_model_reply(text("a4"));
+        m.on_model_reply(text("a4")).unwrap();
         let req = m
             .summary_request()
             .expect("10 messages outgrow two windows of 4");
@@ -799,7 +952,7 @@ mod tests {
         let s = m.on_summary(Some("They said q0 to a2.".into())).unwrap();
         assert_eq!(s.covers_until_seq, 6);
 
-        let step = m.start_turn("q5".into());
+        let step = m.start_turn("q5".into()).unwrap();
         let req = request_of(&step);
         assert!(
             req.messages[1]
@@ -819,8 +972,8 @@ mod tests {
     fn a_failed_summary_keeps_the_messages_for_the_next_try() {
         let mut m = machine(3, 2);
         for i in 0..3 {
-            m.start_turn(format!("q{i}"));
-            m.on_model_reply(text(&format!("a{i}")));
+            m.start_turn(format!("q{i}")).unwrap();
+            m.on_model_reply(text(&format!("a{i}"))).unwrap();
         }
         assert!(m.summary_request().is_some());
         assert_eq!(m.on_summary(None), None);
@@ -830,18 +983,20 @@ mod tests {
     #[test]
     fn citations_list_tool_sources_and_flag_ungrounded_ones() {
         let mut m = machine(3, 20);
-        m.start_turn("positions?".into());
-        m.on_model_reply(tools_reply(&["a"]));
+        m.start_turn("positions?".into()).unwrap();
+        m.on_model_reply(tools_reply(&["a"])).unwrap();
         let result = ToolExecutionResult::success(
             "get_positions",
             json!({"source_id": "tool:positions:v1", "data": {}}),
             Duration::ZERO,
             1,
         );
-        m.on_tool_results(vec![(call("a"), result)]);
-        let step = m.on_model_reply(text(
-            "You hold 42 AAPL [tool:positions:v1] worth $8k [tool:quotes:v1].",
-        ));
+        m.on_tool_results(vec![(call("a"), result)]).unwrap();
+        let step = m
+            .on_model_reply(text(
+                "You hold 42 AAPL [tool:positions:v1] worth $8k [tool:quotes:v1].",
+            ))
+            .unwrap();
         let Action::Finish(outcome) = step.action else {
             panic!("expected the turn to finish");
         };
