@@ -128,6 +128,11 @@ enum Command {
         /// The plan of the local caller: free, pro or premium.
         #[arg(long, default_value = "free", env = "CADRE_MCP_PLAN")]
         plan: String,
+        /// Offer `confirmations_list` and `confirmation_decide`: only for an
+        /// MCP host that asks its human before each tool call (a model that
+        /// can approve its own held calls defeats the confirmation).
+        #[arg(long)]
+        confirmation_tools: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -337,10 +342,14 @@ fn main() -> anyhow::Result<()> {
             data_dir,
         ),
         Command::Stats { data_dir } => stats(data_dir),
-        Command::Mcp { plan, common } => {
+        Command::Mcp {
+            plan,
+            confirmation_tools,
+            common,
+        } => {
             let plan = Plan::parse(&plan).context("--plan must be free, pro or premium")?;
             let runtime = runtime(&common)?.start().context("starting cadre")?;
-            Ok(runtime.serve_mcp_stdio(plan)?)
+            Ok(runtime.serve_mcp_stdio(plan, confirmation_tools)?)
         }
         Command::Workflow {
             command: WorkflowCommand::List { common },

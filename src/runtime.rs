@@ -262,11 +262,18 @@ impl Runtime {
     /// stdin/stdout as the local operator on `plan` (tenant `default`),
     /// until the client closes stdin. Blocks, on a tokio runtime of its own
     /// (the handles reach the actors from any runtime).
-    pub fn serve_mcp_stdio(&self, plan: Plan) -> Result<(), McpServeError> {
+    /// `confirmation_tools`: offer `confirmations_list` and
+    /// `confirmation_decide` (see `mcp::server`).
+    pub fn serve_mcp_stdio(
+        &self,
+        plan: Plan,
+        confirmation_tools: bool,
+    ) -> Result<(), McpServeError> {
         let deps = McpServerDeps {
             registry: self.registry.clone(),
             executor: self.executor().clone(),
             sessions: self.sessions().clone(),
+            confirmation_tools,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -177,3 +177,40 @@ async fn an_agent_with_no_tools_runs_none_on_any_way_into_a_turn() {
     assert_eq!(runs.load(Ordering::SeqCst), 0, "secret never ran");
     assert_eq!(model.overruns(), 0);
 }
+
+/// A session whose metadata names a workflow run and node is a workflow
+/// agent node's: its calls skip the concurrency pool and speak for that run
+/// (`x-cadre-parent-run`). Only the workflow engine opens those; a client
+/// asking for one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_open_a_session_as_a_workflow_node() {
+    let model = MockModel::start().await;
+    let (app, _dir, _runs) = app(&model);
+    for metadata in [
+        json!({"workflow_id": "01a2", "node_id": "n"}),
+        json!({"workflow_id": "01a2"}),
+        json!({"node_id": "n", "page": "/"}),
+    ] {
+        let (status, body) = app
+            .post(
+                "/v1/sessions",
+                &json!({"agent": "mini", "metadata": metadata}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("reserved"),
+            "{body}"
+        );
+    }
+    let (status, body) = app
+        .post(
+            "/v1/sessions",
+            &json!({"agent": "mini", "metadata": {"page": "/pricing"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}

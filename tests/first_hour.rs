@@ -338,7 +338,7 @@ async fn over_mcp_stdio_a_held_call_is_listed_and_confirmed_once() {
     .unwrap();
     let data = tempfile::tempdir().unwrap();
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cadre"));
-    cmd.args(["mcp", "--agents"])
+    cmd.args(["mcp", "--confirmation-tools", "--agents"])
         .arg(agents.path())
         .arg("--data-dir")
         .arg(data.path())
@@ -388,5 +388,29 @@ async fn over_mcp_stdio_a_held_call_is_listed_and_confirmed_once() {
     );
     let (_, listed) = call("confirmations_list", serde_json::json!({})).await;
     assert_eq!(listed["confirmations"], serde_json::json!([]), "{listed}");
+    client.cancel().await.unwrap();
+
+    // Off unless asked: a host's model must not approve its own calls.
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_cadre"));
+    cmd.args(["mcp", "--agents"])
+        .arg(agents.path())
+        .arg("--data-dir")
+        .arg(data.path())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("CADRE_MODEL_BASE_URL")
+        .env("RUST_LOG", "warn");
+    let client = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
+    let names: Vec<String> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(names.contains(&"ticket".to_string()), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.starts_with("confirmation")),
+        "{names:?}"
+    );
     client.cancel().await.unwrap();
 }

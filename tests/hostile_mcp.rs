@@ -374,6 +374,23 @@ async fn a_result_over_max_message_mb_is_a_tool_error_at_once() {
     cadre.builtins_served().await;
 }
 
+/// Under the message cap, a result is still bounded: an upstream tool's
+/// output over 1 MiB (as JSON) fails its call, so it is neither stored nor
+/// sent to the model on every later turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_under_the_message_cap_but_over_the_output_cap_is_not_kept() {
+    let toml = server("huge", "huge", &["--count", "1200000"], "timeout_s = 20");
+    let cadre = Cadre::start(&toml);
+    cadre.until_served("huge.ok").await;
+    let (status, body) = cadre.invoke("huge.big", json!({})).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(error.contains("it was not kept"), "{body}");
+    assert!(body["output"].is_null(), "{body}");
+    let (status, body) = cadre.invoke("huge.ok", json!({"text": "after"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_server_whose_child_holds_stdout_is_restarted_not_waited_on() {
     let dir = tempfile::tempdir().unwrap();

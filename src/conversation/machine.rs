@@ -602,10 +602,15 @@ fn render_for_summary(m: &ChatMessage) -> String {
     match m.role {
         Role::User => format!("user: {text}"),
         Role::Assistant if !m.tool_calls.is_empty() => {
+            // Arguments are the model's text: cut like message text, so
+            // the summary request stays small whatever the history holds.
             let calls: Vec<String> = m
                 .tool_calls
                 .iter()
-                .map(|c| format!("{}({})", c.name, c.arguments))
+                .map(|c| {
+                    let args: String = c.arguments.chars().take(600).collect();
+                    format!("{}({args})", c.name)
+                })
                 .collect();
             format!("assistant called: {}", calls.join(", "))
         }

@@ -30,7 +30,6 @@ use moka::Expiry;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::tools::definition::Entry as ToolEntry;
 use crate::tools::{ToolDefinition, ToolExecutionResult};
 
 /// Entries kept at most.
@@ -86,13 +85,7 @@ impl ResultCache {
         }
         let seconds = match def.cache {
             Some(c) => c.ttl_seconds,
-            None if matches!(
-                def.entry,
-                ToolEntry::External { .. } | ToolEntry::Mcp { .. }
-            ) =>
-            {
-                0
-            }
+            None if def.is_upstream() => 0,
             None => match def.category.as_str() {
                 "market" => 5,
                 "news" => 300,
@@ -143,6 +136,7 @@ impl ResultCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::definition::Entry as ToolEntry;
     use serde_json::json;
 
     fn def(category: &str) -> ToolDefinition {

@@ -28,7 +28,10 @@
 //!    is wrong), its other failures and panics as `execution_error`
 //! 9. cache store, one `ToolCallRecord`, and an execution event. An output
 //!    nested deeper than [`MAX_OUTPUT_DEPTH`] fails the call instead (it
-//!    could be stored but never read back).
+//!    could be stored but never read back), and so does an upstream's
+//!    (tool file command or URL, MCP server) over
+//!    [`MAX_UPSTREAM_OUTPUT_BYTES`]; error texts are cut to
+//!    [`MAX_ERROR_CHARS`].
 //!
 //! Steps 1-4 are cheap and run inside the actor; the rest runs in the reply
 //! future, and the tool body in a spawned tokio task, so a slow tool never
@@ -65,7 +68,9 @@ use crate::events::{EventBus, EventKind};
 use crate::retry::Backoff;
 use crate::store::{Store, ToolCallRecord, WriteOp};
 use crate::tenants::TenantConfig;
-use crate::tools::outcome::{MAX_OUTPUT_DEPTH, json_depth};
+use crate::tools::outcome::{
+    MAX_ERROR_CHARS, MAX_OUTPUT_DEPTH, MAX_UPSTREAM_OUTPUT_BYTES, cut_chars, json_depth,
+};
 use crate::tools::{
     CallerType, ErrorType, ExecutionContext, RateLimit, RegisteredTool, ToolError,
     ToolExecutionResult, ToolRegistry,
@@ -392,21 +397,24 @@ impl Handler<ExecuteTool> for Executor {
                     Admission::Refused(result, params) => (*result, params),
                     Admission::Run(tool, params) => {
                         let mut result = execute(&shared, &tool, &params, &msg).await;
-                        if let Some(out) = result.output.as_ref().filter(|_| result.is_success)
-                            && json_depth(out, MAX_OUTPUT_DEPTH) > MAX_OUTPUT_DEPTH
-                        {
+                        if let Some(refusal) = unkept_output(&tool, &result) {
                             result = ToolExecutionResult::failure(
                                 &msg.tool_name,
                                 ErrorType::ExecutionError,
-                                format!(
-                                    "{} answered JSON nested more than {MAX_OUTPUT_DEPTH} levels deep; it was not kept",
-                                    msg.tool_name
-                                ),
+                                format!("{} answered {refusal}; it was not kept", msg.tool_name),
                             );
                         }
+                        if let Some(error) = &result.error
+                            && error.chars().nth(MAX_ERROR_CHARS).is_some()
+                        {
+                            result.error = Some(cut_chars(error, MAX_ERROR_CHARS));
+                        }
                         if let Some(id) = &result.metadata.source_id {
-                            result.metadata.source_id =
-                                Some(tool.source.citable_source_id(&msg.tool_name, id));
+                            result.metadata.source_id = Some(tool.source.citable_source_id(
+                                &msg.tool_name,
+                                tool.definition.is_upstream(),
+                                id,
+                            ));
                         }
                         (result, params)
                     }
@@ -445,6 +453,27 @@ impl Handler<ExecuteTool> for Executor {
             .instrument(span),
         )
     }
+}
+
+/// Why a successful output cannot be kept, if it cannot: nested deeper than
+/// [`MAX_OUTPUT_DEPTH`] (it could be stored but never read back), or, from
+/// an upstream, larger than [`MAX_UPSTREAM_OUTPUT_BYTES`] as JSON.
+fn unkept_output(tool: &RegisteredTool, result: &ToolExecutionResult) -> Option<String> {
+    let out = result.output.as_ref().filter(|_| result.is_success)?;
+    if json_depth(out, MAX_OUTPUT_DEPTH) > MAX_OUTPUT_DEPTH {
+        return Some(format!(
+            "JSON nested more than {MAX_OUTPUT_DEPTH} levels deep"
+        ));
+    }
+    if tool.definition.is_upstream() {
+        let bytes = serde_json::to_vec(out).map_or(0, |v| v.len());
+        if bytes > MAX_UPSTREAM_OUTPUT_BYTES {
+            return Some(format!(
+                "{bytes} bytes of JSON, more than the {MAX_UPSTREAM_OUTPUT_BYTES} an upstream tool may"
+            ));
+        }
+    }
+    None
 }
 
 /// Whose allowance a call spends: the user within the caller's tenant, so

@@ -137,6 +137,8 @@ pub fn router(
             registry: state.registry.clone(),
             executor: state.executor.clone(),
             sessions: state.sessions.clone(),
+            // Over HTTP a person decides through `/v1/confirmations`.
+            confirmation_tools: false,
         },
         // The loopback-only Host check of an open server is [`host`]'s,
         // against the live key ring, for `/mcp` as for every route.

@@ -58,7 +58,8 @@ struct CreateBody {
     /// `free` (default), `pro` or `premium`: which tools the session may call.
     #[schema(value_type = Option<PlanName>)]
     plan: Option<String>,
-    /// Free-form object kept with the session, at most 16 KiB as JSON.
+    /// Free-form object kept with the session, at most 16 KiB as JSON;
+    /// `workflow_id` and `node_id` are reserved for sessions a workflow run opens.
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
     metadata: Value,
@@ -223,10 +224,13 @@ error_responses!(
     CreateErrors:
     PlanNotEntitled = "`plan` is above what the key and the tenant allow",
     AgentNotFound,
-    ValidationError = "empty agent, metadata not an object, unknown plan or field",
+    ValidationError = "empty agent, metadata not an object or holding a reserved key (`workflow_id`, `node_id`), unknown plan or field",
     PayloadTooLarge = "the body is over 1 MiB or metadata over 16 KiB (as JSON)",
     StorageUnavailable
 );
+
+/// Session metadata keys only the workflow engine sets.
+const RESERVED_METADATA_KEYS: [&str; 2] = ["workflow_id", "node_id"];
 
 #[utoipa::path(
     post,
@@ -250,6 +254,17 @@ async fn create(
     }
     if !(body.metadata.is_null() || body.metadata.is_object()) {
         return Err(ApiError::validation("metadata must be an object"));
+    }
+    // A session whose metadata names a run and node is a workflow agent
+    // node's: its tool calls skip the concurrency pool and speak for that
+    // run. Only the workflow engine opens those.
+    if let Some(key) = RESERVED_METADATA_KEYS
+        .iter()
+        .find(|k| body.metadata.get(**k).is_some())
+    {
+        return Err(ApiError::validation(format!(
+            "metadata.{key} is reserved for sessions a workflow run opens"
+        )));
     }
     let metadata_bytes = serde_json::to_vec(&body.metadata).map_or(0, |v| v.len());
     if metadata_bytes > MAX_METADATA_BYTES {

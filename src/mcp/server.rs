@@ -35,8 +35,11 @@
 //! continues a conversation by passing the id back.
 //!
 //! A call that needs a person's confirmation answers `pending_confirmation`
-//! with its id; over stdio there is no other way in, so two more tools
-//! decide them: `confirmations_list` (`limit`, `cursor`: the caller's
+//! with its id; over stdio there is no other way in, so two more tools,
+//! offered only with `cadre mcp --confirmation-tools` (an MCP host whose
+//! model could approve its own held calls would defeat the confirmation:
+//! turn them on for a host that asks its human before each tool call; over
+//! HTTP a person uses `POST /v1/confirmations/{id}`), decide them: `confirmations_list` (`limit`, `cursor`: the caller's
 //! tenant's pending calls, oldest first) and `confirmation_decide`
 //! (`confirmation_id`, `approve`), the same decision as `POST
 //! /v1/confirmations/{id}` ([`ExecutorHandle::decide_confirmation`]: once,
@@ -113,6 +116,11 @@ pub struct McpServerDeps {
     pub registry: ToolRegistry,
     pub executor: ExecutorHandle,
     pub sessions: Sessions,
+    /// Offer `confirmations_list` and `confirmation_decide` (off unless
+    /// asked: an MCP host's model that can approve its own held calls
+    /// defeats the confirmation; turn it on for a host that asks its human
+    /// before each tool call).
+    pub confirmation_tools: bool,
 }
 
 /// One MCP session's handler.
@@ -238,7 +246,7 @@ impl CadreMcp {
                 }),
             ),
         ] {
-            if self.deps.registry.contains(name) {
+            if !self.deps.confirmation_tools || self.deps.registry.contains(name) {
                 continue;
             }
             let Value::Object(schema) = schema else {
@@ -454,6 +462,7 @@ impl ServerHandler for CadreMcp {
             return Ok(self.call_agent(agent, &caller, &args).await.into());
         }
         if (name == CONFIRMATIONS_LIST || name == CONFIRMATION_DECIDE)
+            && self.deps.confirmation_tools
             && !self.deps.registry.contains(&name)
         {
             return Ok(self.call_confirmations(&name, &caller, &args).await.into());

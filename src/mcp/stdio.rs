@@ -90,6 +90,8 @@ pub struct ChildTransport {
     /// Set once the process exited: the end of [`EXIT_GRACE`].
     exited: Option<tokio::time::Instant>,
     closed: bool,
+    /// The group was killed (at most once).
+    killed: bool,
 }
 
 impl ChildTransport {
@@ -120,6 +122,7 @@ impl ChildTransport {
             lines: Lines::new(stdout, max_line),
             exited: None,
             closed: false,
+            killed: false,
         })
     }
 
@@ -128,7 +131,13 @@ impl ChildTransport {
         self.pgid
     }
 
+    /// Kills the group once: after the leader is reaped its pid (and group
+    /// id) may belong to another process group, which a second kill would
+    /// hit.
     fn kill(&mut self) {
+        if std::mem::replace(&mut self.killed, true) {
+            return;
+        }
         kill_group(self.pgid);
         self.groups.remove(self.pgid);
     }
@@ -406,7 +415,12 @@ fn scalar_at(text: &[u8], from: usize) -> Option<Value> {
 /// The `id` of an answer whose text ends with `"id": <scalar>}` (servers
 /// that write the id after the result).
 fn trailing_id(tail: &[u8]) -> Option<Value> {
-    let text = std::str::from_utf8(tail).ok()?.trim_end();
+    // The kept tail may start inside a UTF-8 character: skip to the first
+    // boundary (at most 3 bytes) rather than give up on the whole tail.
+    let start = (0..tail.len().min(4))
+        .find(|&i| std::str::from_utf8(&tail[i..]).is_ok())
+        .unwrap_or(tail.len());
+    let text = std::str::from_utf8(&tail[start..]).ok()?.trim_end();
     let text = text.strip_suffix('}')?.trim_end();
     let (before, value) = if let Some(inner) = text.strip_suffix('"') {
         let open = inner.rfind('"')?;
@@ -428,6 +442,13 @@ fn trailing_id(tail: &[u8]) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_cut_inside_a_character_still_yields_its_id() {
+        let answer = r#"{"jsonrpc":"2.0","result":{"text":"ééé"},"id":9}"#.as_bytes();
+        let inside = answer.iter().position(|&b| b == 0xc3).unwrap() + 1;
+        assert_eq!(trailing_id(&answer[inside..]), Some(json!(9)));
+    }
 
     #[test]
     fn the_id_of_an_answer_is_read_at_any_depth_and_from_either_end() {

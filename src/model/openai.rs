@@ -158,7 +158,8 @@ impl OpenAiModel {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64);
+            // `1e20` is finite but no Duration: never a panic.
+            .and_then(|s| Duration::try_from_secs_f64(s).ok());
         let body = read_at_most(response, MAX_ERROR_BODY)
             .await
             .map(|(bytes, _)| bytes)
@@ -368,7 +369,7 @@ impl OpenAiModel {
                     let last = calls.keys().next_back().copied();
                     let index = match (piece.index, &piece.id, last) {
                         (Some(i), _, _) => i,
-                        (None, Some(_), Some(l)) => l + 1,
+                        (None, Some(_), Some(l)) => l.saturating_add(1),
                         (None, _, l) => l.unwrap_or(0),
                     };
                     if !calls.contains_key(&index) && calls.len() >= self.options.max_tool_calls {

@@ -210,6 +210,16 @@ impl ToolDefinition {
         self.post_processor.as_deref() == Some(REQUIRE_CONFIRMATION)
     }
 
+    /// Whether what this tool answers comes from outside cadre's own code:
+    /// an external command or URL of a tool file, or an MCP server. The one
+    /// place that decides it, by the entry (a tool file naming a builtin
+    /// handler runs cadre's code and is not an upstream): such tools are
+    /// not cached unless they ask, their source ids are namespaced, and
+    /// their outputs are capped ([`crate::tools::outcome`]).
+    pub fn is_upstream(&self) -> bool {
+        matches!(self.entry, Entry::External { .. } | Entry::Mcp { .. })
+    }
+
     /// What the model is offered.
     pub fn spec(&self) -> ToolSpec {
         ToolSpec {

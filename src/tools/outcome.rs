@@ -211,6 +211,25 @@ pub struct ResultMetadata {
 /// instead (`execution_error`).
 pub const MAX_OUTPUT_DEPTH: usize = 64;
 
+/// The largest output (as JSON) an upstream tool (a tool file's command or
+/// URL, an MCP server) may answer: every later model call of the
+/// conversation carries it. Tool files' own `max_output_bytes` is read
+/// before parsing and is 1 MiB by default; this bounds MCP results, which
+/// rmcp only caps at its message size.
+pub const MAX_UPSTREAM_OUTPUT_BYTES: usize = 1 << 20;
+
+/// The longest error text a call reports (the model sees it; an upstream
+/// writes it).
+pub const MAX_ERROR_CHARS: usize = 2048;
+
+/// `text` cut to `max` characters, marked when cut.
+pub fn cut_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}… (cut at {max} characters)", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
 /// How deeply `value` nests (a scalar is 0, `[]` and `{}` are 1), counted
 /// without recursion, and at most `limit + 1` (it stops looking there).
 pub fn json_depth(value: &Value, limit: usize) -> usize {

@@ -69,17 +69,19 @@ impl ToolSource {
         }
     }
 
-    /// The citable id of data a tool of this source returned. Builtin and
-    /// custom tools (cadre's and the embedding program's code) own the
-    /// `tool:<domain>:v<n>` namespace and keep their ids; a tool file's or an
-    /// MCP server's id is namespaced by its source (`file:<tool>:<id>`,
-    /// `mcp:<server>:<id>`), so an upstream can never make an answer look
-    /// grounded in data no brokerage tool returned.
-    pub fn citable_source_id(&self, tool: &str, id: &str) -> String {
+    /// The citable id of data `tool` of this source returned. Builtin and
+    /// custom code (cadre's and the embedding program's, also when a tool
+    /// file names a builtin handler) owns the `tool:<domain>:v<n>`
+    /// namespace and keeps its ids; an upstream's (`upstream`: an external
+    /// command or URL, an MCP server, see `ToolDefinition::is_upstream`) is
+    /// namespaced by its source (`file:<tool>:<id>`, `mcp:<server>:<id>`),
+    /// so it can never make an answer look grounded in data no brokerage
+    /// tool returned.
+    pub fn citable_source_id(&self, tool: &str, upstream: bool, id: &str) -> String {
         match self {
-            ToolSource::Builtin | ToolSource::Custom => id.to_string(),
-            ToolSource::File(_) => format!("file:{tool}:{id}"),
+            _ if !upstream => id.to_string(),
             ToolSource::Mcp(server) => format!("mcp:{server}:{id}"),
+            _ => format!("file:{tool}:{id}"),
         }
     }
 }
