@@ -281,7 +281,7 @@ fn key_terms(key: &str) -> HashSet<String> {
 
 /// The scalars of `data` (four levels deep at most); array items only when
 /// the question names them (a symbol, a name), or all of them when the
-/// question names the array itself ("the news").
+/// question names the array itself ("my positions", the first five).
 fn leaves<'a>(
     v: &'a Value,
     path: &mut Vec<String>,
@@ -335,6 +335,9 @@ fn answer_fields(data: &Value, question: &str) -> Option<String> {
     // `value` field is named by its parent (`RSI.value` is the RSI).
     let score = |leaf: &Leaf| -> usize {
         let n = leaf.path.len();
+        if n == 0 {
+            return 0; // `data` is itself a scalar: nothing names it
+        }
         let own = if leaf.path[n - 1] == "value" && n > 1 {
             n - 2
         } else {
@@ -1074,6 +1077,9 @@ mod tests {
             Some("MSFT quantity 20")
         );
         assert_eq!(answer_fields(&data, "Tell me everything"), None);
+        assert_eq!(answer_fields(&json!(42), "What is the value?"), None);
+        // Naming only the list: no field is asked for; the caller lists it.
+        assert_eq!(answer_fields(&data, "Show my positions"), None);
     }
 
     #[test]
