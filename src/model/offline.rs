@@ -3,13 +3,20 @@
 //!
 //! It is not a language model. Given the conversation it:
 //! 1. after tool results: composes the answer from them (the calculator's
-//!    `expression = result`, an echo's message, a data tool's summary with
-//!    its `source_id`, or the tool's error);
+//!    `expression = result`, an echo's message, a pending confirmation with
+//!    its id, or the tool's error); from a data tool's `data`, the fields
+//!    the question names ("RSI" → `indicators.RSI.value`, "cash" → every
+//!    `*cash*` field, "shares" → `quantity`) with the record's symbol and
+//!    the `source_id`, else a summary of every field;
 //! 2. after a user message, when tools are offered with `tool_choice = auto`:
 //!    picks one tool by keywords (an arithmetic expression in the message
 //!    picks a tool with an `expression` parameter; otherwise the tool whose
-//!    name, tags and description share the most words with the message) and
-//!    fills its required parameters (the expression, or the message text);
+//!    name and description share the most words with the message, and
+//!    whose parameters the message fills best) and fills the parameters it
+//!    can: the expression, enum values the message names (`buy`, `RSI`),
+//!    a ticker, numbers by the word next to them ("10 shares" is the
+//!    `quantity` described as "Number of shares"), else the message text;
+//!    a required enum the message does not name gets its default;
 //! 3. with no tools offered: restates the facts the message carries (each
 //!    JSON value in it, described like a tool result, under the label
 //!    before it), so a tool-less agent, such as a workflow's analyst given
@@ -22,7 +29,7 @@
 //! are spent; an estimate (characters / 4) would make budgets bind on calls
 //! that cost nothing. Its calls still count as model calls.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Map, Value, json};
 
@@ -72,7 +79,10 @@ pub fn route(request: &ChatRequest) -> ChatResponse {
     let since_user = last_user.map(|i| &request.messages[i + 1..]).unwrap_or(&[]);
     let results: Vec<&ChatMessage> = since_user.iter().filter(|m| m.role == Role::Tool).collect();
     if !results.is_empty() {
-        return text(compose_from_results(&results));
+        let question = last_user
+            .and_then(|i| request.messages[i].content.as_deref())
+            .unwrap_or_default();
+        return text(compose_from_results(&results, question));
     }
     let Some(user) = last_user.map(|i| &request.messages[i]) else {
         return text("Hello. I am cadre's offline model.".into());
@@ -175,7 +185,7 @@ fn describe_fact(label: &str, v: &Value) -> String {
     }
 }
 
-fn compose_from_results(results: &[&ChatMessage]) -> String {
+fn compose_from_results(results: &[&ChatMessage], question: &str) -> String {
     let parts: Vec<String> = results
         .iter()
         .map(|m| {
@@ -185,6 +195,16 @@ fn compose_from_results(results: &[&ChatMessage]) -> String {
                 return format!("{name} returned: {content}");
             };
             if let Some(err) = v.get("error").and_then(Value::as_str) {
+                if v["error_type"] == "pending_confirmation" {
+                    let id = err
+                        .rsplit_once("confirmation id ")
+                        .map_or("{id}", |(_, id)| id.trim());
+                    return format!(
+                        "{err}. Nothing has run yet: approve it with POST \
+                         /v1/confirmations/{id} and {{\"approve\": true}}, or discard it \
+                         with false."
+                    );
+                }
                 return format!("The {name} tool failed: {err}");
             }
             if let (Some(expr), Some(result)) = (
@@ -207,13 +227,186 @@ fn compose_from_results(results: &[&ChatMessage]) -> String {
                     let brief: String = brief.chars().take(400).collect();
                     return format!("{title}: {} [{source}]", brief.trim());
                 }
-                let data = v.get("data").map(describe_data).unwrap_or_default();
-                return format!("{name}: {data} [{source}]");
+                let data = v.get("data").unwrap_or(&Value::Null);
+                return match answer_fields(data, question) {
+                    Some(answer) => format!("{answer} [{source}]"),
+                    None => format!("{name}: {} [{source}]", describe_data(data)),
+                };
             }
             format!("{name} returned: {content}")
         })
         .collect();
     parts.join("\n")
+}
+
+/// One scalar of a tool's data, with the keys that lead to it (an array
+/// item is keyed by its symbol, name or id).
+struct Leaf<'a> {
+    path: Vec<String>,
+    value: &'a Value,
+}
+
+/// Fields that name what a record is about, not what was asked.
+const IDENTIFIERS: [&str; 5] = ["symbol", "name", "id", "title", "currency"];
+
+/// Words of the question as field names spell them: lower case, plurals
+/// singular, and the everyday word for a field ("shares" is a `quantity`).
+fn question_terms(question: &str) -> HashSet<String> {
+    const SYNONYMS: [(&str, &str); 5] = [
+        ("share", "quantity"),
+        ("worth", "value"),
+        ("own", "quantity"),
+        ("balance", "cash"),
+        ("headline", "title"),
+    ];
+    let mut terms: HashSet<String> = words(question).iter().map(|w| singular(w)).collect();
+    for (word, field) in SYNONYMS {
+        if terms.contains(word) {
+            terms.insert(field.to_string());
+        }
+    }
+    terms
+}
+
+fn singular(w: &str) -> String {
+    match w.strip_suffix('s') {
+        Some(stem) if stem.len() > 2 && !stem.ends_with('s') => stem.to_string(),
+        _ => w.to_string(),
+    }
+}
+
+fn key_terms(key: &str) -> HashSet<String> {
+    words(key).iter().map(|w| singular(w)).collect()
+}
+
+/// The scalars of `data` (four levels deep at most); array items only when
+/// the question names them (a symbol, a name), or all of them when the
+/// question names the array itself ("my positions", the first five).
+fn leaves<'a>(
+    v: &'a Value,
+    path: &mut Vec<String>,
+    asked: &HashSet<String>,
+    out: &mut Vec<Leaf<'a>>,
+) {
+    if path.len() > 4 {
+        return;
+    }
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map {
+                path.push(k.clone());
+                leaves(child, path, asked, out);
+                path.pop();
+            }
+        }
+        Value::Array(items) => {
+            let whole = path
+                .last()
+                .is_some_and(|k| !key_terms(k).is_disjoint(asked));
+            for (i, item) in items.iter().enumerate().take(20) {
+                let id = IDENTIFIERS
+                    .iter()
+                    .find_map(|f| item.get(*f).and_then(Value::as_str));
+                let named = id.is_some_and(|id| asked.contains(&singular(&id.to_lowercase())));
+                if named || (whole && i < 5) {
+                    path.push(id.map_or_else(|| format!("#{}", i + 1), str::to_string));
+                    leaves(item, path, asked, out);
+                    path.pop();
+                }
+            }
+        }
+        Value::Null => {}
+        scalar => out.push(Leaf {
+            path: path.clone(),
+            value: scalar,
+        }),
+    }
+}
+
+/// The answer a question asks for: the fields of the tool's data whose
+/// names it uses (RSI, cash, price, quantity), with what they are about
+/// (the record's symbol). `None` when it names none of them; the caller
+/// then describes the data as a whole.
+fn answer_fields(data: &Value, question: &str) -> Option<String> {
+    let asked = question_terms(question);
+    let mut all = Vec::new();
+    leaves(data, &mut Vec::new(), &asked, &mut all);
+    // A field's own name counts double; the keys above it count once. A
+    // `value` field is named by its parent (`RSI.value` is the RSI).
+    let score = |leaf: &Leaf| -> usize {
+        let n = leaf.path.len();
+        if n == 0 {
+            return 0; // `data` is itself a scalar: nothing names it
+        }
+        let own = if leaf.path[n - 1] == "value" && n > 1 {
+            n - 2
+        } else {
+            n - 1
+        };
+        let mut s = 0;
+        for (i, key) in leaf.path.iter().enumerate() {
+            let hits = key_terms(key).intersection(&asked).count();
+            s += if i >= own { 2 * hits } else { hits };
+        }
+        s
+    };
+    let is_identifier = |leaf: &Leaf| {
+        leaf.path
+            .last()
+            .is_some_and(|k| IDENTIFIERS.contains(&k.as_str()))
+    };
+    let scored: Vec<(usize, &Leaf)> = all
+        .iter()
+        .filter(|l| !is_identifier(l))
+        .map(|l| (score(l), l))
+        .collect();
+    let best = scored.iter().map(|(s, _)| *s).max().filter(|s| *s >= 2)?;
+    let facts: Vec<String> = scored
+        .iter()
+        .filter(|(s, _)| *s == best)
+        .take(12)
+        .map(|(_, leaf)| format!("{} {}", label(&leaf.path), scalar_text(leaf.value)))
+        .collect();
+    // What the record is about: its symbol (or name), when the data has one.
+    let subject = ["symbol", "name"].iter().find_map(|f| {
+        all.iter()
+            .find(|l| l.path.len() <= 2 && l.path.last().is_some_and(|k| k == f))
+            .map(|l| scalar_text(l.value))
+    });
+    Some(match subject {
+        Some(s) if !facts.iter().any(|f| f.contains(&s)) => format!("{s}: {}", facts.join("; ")),
+        _ => facts.join("; "),
+    })
+}
+
+/// A leaf's name in an answer: its key, after the key that holds it when
+/// that one says what it is (`RSI` for `indicators.RSI.value`, `AAPL
+/// quantity` for an array item's).
+fn label(path: &[String]) -> String {
+    let human = |k: &str| k.replace('_', " ");
+    match path {
+        [.., parent, last] if last == "value" => human(parent),
+        [.., parent, last]
+            if parent.starts_with('#') || parent.chars().any(|c| c.is_ascii_uppercase()) =>
+        {
+            format!("{} {}", human(parent), human(last))
+        }
+        [.., last] => human(last),
+        [] => String::new(),
+    }
+}
+
+/// A scalar as the tool meant it: `100000.0` (a float that is whole) reads
+/// `100000`.
+fn scalar_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
 }
 
 fn last_user_text(request: &ChatRequest) -> String {
@@ -316,7 +509,7 @@ fn describe_data(data: &Value) -> String {
                     let names: Vec<String> = items
                         .iter()
                         .filter_map(|i| {
-                            ["symbol", "name", "title", "id"]
+                            ["symbol", "name", "title", "headline", "id"]
                                 .iter()
                                 .find_map(|f| i.get(*f).and_then(scalar))
                         })
@@ -397,26 +590,32 @@ fn pick_tool<'a>(question: &str, tools: &'a [ToolSpec]) -> Option<(&'a ToolSpec,
     {
         return Some((tool, json!({"expression": expr})));
     }
-    let asked = words(question);
-    // Words of the tool's name count double; each parameter the message
-    // fills (a ticker, an enum value) counts as much as a name word; a tool
-    // whose required parameters are all filled wins a tie.
-    let (tool, args, score) = tools
+    let asked: HashSet<String> = words(question).iter().map(|w| singular(w)).collect();
+    // Words of the tool's name count double; each required parameter the
+    // message fills (a ticker, an enum value, a number) counts as much as a
+    // name word, an optional one (a filter) half a description word; a tool
+    // whose required parameters are all filled wins a tie, and of equals
+    // the first offered.
+    let (_, tool, args, score) = tools
         .iter()
-        .map(|t| {
-            let name = words(&t.name);
+        .enumerate()
+        .map(|(i, t)| {
+            let name = key_terms(&t.name);
             let mut vocab = name.clone();
-            vocab.extend(words(&t.description));
+            vocab.extend(key_terms(&t.description));
             let matched =
                 2 * asked.intersection(&name).count() + asked.intersection(&vocab).count();
-            if matched == 0 {
-                return (t, Value::Null, 0);
+            let filled = fill_arguments(t, question);
+            // A tool is a candidate when the message uses its words or
+            // names one of its specific values ("buy", "10 shares").
+            if matched + filled.specific == 0 {
+                return (i, t, Value::Null, 0);
             }
-            let (args, complete) = fill_arguments(t, question);
-            let filled = args.as_object().map_or(0, Map::len);
-            (t, args, 2 * (matched + 2 * filled) + usize::from(complete))
+            let score =
+                2 * (matched + 2 * filled.named) + filled.optional + usize::from(filled.complete);
+            (i, t, filled.args, score)
         })
-        .max_by_key(|(_, _, score)| *score)?;
+        .max_by_key(|(i, _, _, score)| (*score, std::cmp::Reverse(*i)))?;
     if score == 0 {
         return None;
     }
@@ -428,26 +627,36 @@ fn has_param(tool: &ToolSpec, name: &str) -> bool {
 }
 
 /// Fills parameters from the message: an enum value the message names, a
-/// ticker for a `symbol`, a path for a `path`, a URL for a `url`; other
-/// required strings get the message with the tool's name stripped ("echo
-/// hello" -> "hello"). Optional parameters are set only when the message
-/// names one of their enum values. Returns whether every required parameter
-/// was filled; what is missing, the executor's validation reports.
-fn fill_arguments(tool: &ToolSpec, question: &str) -> (Value, bool) {
+/// ticker for a `symbol`, a number for a numeric parameter (the one next
+/// to a word of the parameter's name or description: "10 shares" is a
+/// `quantity` of "Number of shares"), a path for a `path`, a URL for a
+/// `url`; other required strings get the message with the tool's name
+/// stripped ("echo hello" -> "hello"). A required enum the message does
+/// not name takes its default, else the value its description quotes
+/// ("only '1d' and '1w'"), else its first. What is missing, the executor's
+/// validation reports.
+fn fill_arguments(tool: &ToolSpec, question: &str) -> Filled {
     let mut args = Map::new();
     let required: Vec<&str> = tool.parameters["required"]
         .as_array()
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     let Some(props) = tool.parameters["properties"].as_object() else {
-        return (Value::Object(args), required.is_empty());
+        return Filled {
+            args: Value::Object(args),
+            named: 0,
+            optional: 0,
+            specific: 0,
+            complete: required.is_empty(),
+        };
     };
     let asked: HashSet<String> = question
         .split(|c: char| !c.is_alphanumeric() && c != '_')
         .map(str::to_lowercase)
         .collect();
-    // Enum values (e.g. indicator names) are never taken for tickers.
-    let enum_words: HashSet<String> = props
+    // Enum values (e.g. indicator names) and the words of the tool's name
+    // (ML in get_ml_signals) are never taken for tickers.
+    let mut not_tickers: HashSet<String> = props
         .values()
         .flat_map(|s| {
             let direct = s["enum"].as_array().into_iter().flatten();
@@ -456,6 +665,11 @@ fn fill_arguments(tool: &ToolSpec, question: &str) -> (Value, bool) {
         })
         .filter_map(|v| v.as_str().map(str::to_uppercase))
         .collect();
+    not_tickers.extend(words(&tool.name).iter().map(|w| w.to_uppercase()));
+    let mut numbers = assign_numbers(props, &required, question);
+    let mut named = 0;
+    let mut optional = 0;
+    let mut specific = 0;
     let mut complete = true;
     for (name, schema) in props {
         let is_required = required.contains(&name.as_str());
@@ -463,33 +677,164 @@ fn fill_arguments(tool: &ToolSpec, question: &str) -> (Value, bool) {
             question,
             asked: &asked,
             tool: &tool.name,
-            enum_words: &enum_words,
+            not_tickers: &not_tickers,
         };
-        let value = fill_one(name, schema, &hints, is_required);
+        let value = match numbers.remove(name) {
+            Some((n, by_context)) => Some((n, Source::of(by_context))),
+            None => fill_one(name, schema, &hints, is_required),
+        };
         match value {
-            Some(v) => {
+            Some((v, source)) => {
+                let by_message = usize::from(source != Source::Default);
+                if is_required {
+                    named += by_message;
+                } else {
+                    optional += by_message;
+                }
+                specific += usize::from(source == Source::Specific);
                 args.insert(name.clone(), v);
             }
             None if is_required => complete = false,
             None => {}
         }
     }
-    (Value::Object(args), complete)
+    Filled {
+        args: Value::Object(args),
+        named,
+        optional,
+        specific,
+        complete,
+    }
+}
+
+struct Filled {
+    args: Value,
+    /// Required parameters the message filled (a default does not count).
+    named: usize,
+    /// Optional parameters the message filled.
+    optional: usize,
+    /// Of those, the ones filled by a value only this tool's schema knows:
+    /// an enum value, a number next to a word of its parameter.
+    specific: usize,
+    /// Whether every required parameter was filled.
+    complete: bool,
+}
+
+/// Where a parameter's value came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// An enum value or a number by its word.
+    Specific,
+    /// Taken from the message, but any tool could have taken it (a ticker,
+    /// the message text, a number left over).
+    Message,
+    /// Not in the message: the schema's default or first value.
+    Default,
+}
+
+impl Source {
+    fn of(specific: bool) -> Self {
+        if specific {
+            Source::Specific
+        } else {
+            Source::Message
+        }
+    }
+}
+
+/// The numbers of the message given to the numeric parameters: first each
+/// number next to a word of a parameter's name or description, then the
+/// numbers left to the required parameters left, in order. Each value
+/// says whether it was found by its word.
+fn assign_numbers(
+    props: &Map<String, Value>,
+    required: &[&str],
+    question: &str,
+) -> HashMap<String, (Value, bool)> {
+    let tokens: Vec<&str> = question.split_whitespace().collect();
+    let clean = |t: &str| {
+        t.trim_matches(|c: char| !c.is_alphanumeric())
+            .to_lowercase()
+    };
+    // (value, the words either side of it)
+    let mut found: Vec<Option<(f64, HashSet<String>)>> = tokens
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let n: f64 = t
+                .trim_start_matches('$')
+                .trim_end_matches(['%', '?', '.', ',', '!'])
+                .replace(',', "")
+                .parse()
+                .ok()?;
+            let near: HashSet<String> = [i.checked_sub(1), Some(i + 1)]
+                .into_iter()
+                .flatten()
+                .filter_map(|j| tokens.get(j))
+                .map(|w| singular(&clean(w)))
+                .collect();
+            Some(Some((n, near)))
+        })
+        .collect();
+    let numeric: Vec<(&String, &Value)> = props
+        .iter()
+        .filter(|(_, s)| s["type"] == "number" || s["type"] == "integer")
+        .collect();
+    let fits = |schema: &Value, n: f64| schema["type"] == "number" || n.fract() == 0.0;
+    let mut out = HashMap::new();
+    for (name, schema) in &numeric {
+        let mut vocab = key_terms(name);
+        vocab.extend(key_terms(
+            schema["description"].as_str().unwrap_or_default(),
+        ));
+        let hit = found.iter().position(|f| {
+            f.as_ref()
+                .is_some_and(|(n, near)| fits(schema, *n) && !near.is_disjoint(&vocab))
+        });
+        if let Some(i) = hit
+            && let Some((n, _)) = found[i].take()
+        {
+            out.insert((*name).clone(), (number(n), true));
+        }
+    }
+    for (name, schema) in numeric {
+        if out.contains_key(name) || !required.contains(&name.as_str()) {
+            continue;
+        }
+        let next = found
+            .iter()
+            .position(|f| f.as_ref().is_some_and(|(n, _)| fits(schema, *n)));
+        if let Some(i) = next
+            && let Some((n, _)) = found[i].take()
+        {
+            out.insert(name.clone(), (number(n), false));
+        }
+    }
+    out
+}
+
+fn number(n: f64) -> Value {
+    if n.fract() == 0.0 && n.abs() < 1e15 {
+        json!(n as i64)
+    } else {
+        json!(n)
+    }
 }
 
 struct Hints<'a> {
     question: &'a str,
     asked: &'a HashSet<String>,
     tool: &'a str,
-    enum_words: &'a HashSet<String>,
+    not_tickers: &'a HashSet<String>,
 }
 
-fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option<Value> {
+/// One parameter's value, and where it came from.
+fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option<(Value, Source)> {
     let Hints {
         question,
         asked,
         tool,
-        enum_words,
+        not_tickers,
     } = *hints;
     let named = |options: &Vec<Value>| -> Vec<Value> {
         options
@@ -502,46 +847,68 @@ fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option
             .collect()
     };
     if let Some(options) = schema["enum"].as_array() {
-        return named(options).into_iter().next();
+        if let Some(v) = named(options).into_iter().next() {
+            return Some((v, Source::Specific));
+        }
+        if !required {
+            return None;
+        }
+        let description = schema["description"].as_str().unwrap_or_default();
+        let quoted = options.iter().find(|o| {
+            o.as_str()
+                .is_some_and(|s| description.contains(&format!("'{s}'")))
+        });
+        let default = Some(&schema["default"]).filter(|d| options.contains(d));
+        return default
+            .or(quoted)
+            .or(options.first())
+            .map(|v| (v.clone(), Source::Default));
     }
     if let Some(options) = schema["items"]["enum"].as_array() {
         let chosen = named(options);
-        return (!chosen.is_empty()).then_some(Value::Array(chosen));
+        return (!chosen.is_empty()).then_some((Value::Array(chosen), Source::Specific));
     }
-    if !required || schema["type"] != "string" {
+    if schema["type"] != "string" {
         return None;
     }
     let lower = name.to_lowercase();
     if lower.contains("symbol") || lower.contains("ticker") {
-        return ticker(question, enum_words).map(Value::String);
+        return ticker(question, not_tickers).map(|t| (Value::String(t), Source::Message));
     }
-    if lower == "path" {
+    if !required {
+        return None;
+    }
+    let value = if lower == "path" {
         let path = question
             .split_whitespace()
             .find(|w| w.starts_with('/'))
             .unwrap_or("/");
-        return Some(Value::String(
-            path.trim_end_matches(['?', '.', ',']).to_string(),
-        ));
-    }
-    if lower == "topic" {
-        return question
+        Some(path.trim_end_matches(['?', '.', ',']).to_string())
+    } else if lower == "topic" {
+        question
             .split(|c: char| !c.is_alphanumeric() && c != '_')
             .rfind(|w| w.len() > 2 && !STOPWORDS.contains(&w.to_lowercase().as_str()))
-            .map(|w| Value::String(w.to_lowercase()));
-    }
-    if lower == "url" {
-        return question
+            .map(str::to_lowercase)
+    } else if lower == "url" {
+        question
             .split_whitespace()
             .find(|w| w.starts_with("http://") || w.starts_with("https://"))
-            .map(|w| Value::String(w.trim_end_matches(['?', ',']).to_string()));
-    }
-    Some(Value::String(strip_leading_word(question, tool)))
+            .map(|w| w.trim_end_matches(['?', ',']).to_string())
+    } else {
+        Some(strip_leading_word(question, tool))
+    };
+    // A path not in the message is the site's root, a default.
+    let source = if lower != "path" || question.contains('/') {
+        Source::Message
+    } else {
+        Source::Default
+    };
+    value.map(|v| (Value::String(v), source))
 }
 
 /// The first all-capitals word of 1-5 letters that is not an everyday word
-/// or one of the tool's enum values.
-fn ticker(question: &str, enum_words: &HashSet<String>) -> Option<String> {
+/// or one the tool uses (its enum values, its name's words).
+fn ticker(question: &str, not_tickers: &HashSet<String>) -> Option<String> {
     const NOT_TICKERS: [&str; 8] = ["I", "A", "OK", "US", "USD", "ETF", "IRA", "AND"];
     question
         .split(|c: char| !c.is_ascii_alphanumeric())
@@ -549,7 +916,7 @@ fn ticker(question: &str, enum_words: &HashSet<String>) -> Option<String> {
             (1..=5).contains(&w.len())
                 && w.chars().all(|c| c.is_ascii_uppercase())
                 && !NOT_TICKERS.contains(w)
-                && !enum_words.contains(*w)
+                && !not_tickers.contains(*w)
         })
         .map(str::to_string)
 }
@@ -649,6 +1016,70 @@ mod tests {
             purpose: Purpose::Turn,
         });
         assert!(plain.content.unwrap().contains("no tools for this agent"));
+    }
+
+    fn trading_tool(name: &str, description: &str, parameters: Value) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+        }
+    }
+
+    #[test]
+    fn an_order_is_filled_from_the_question_and_beats_a_calculator_of_shares() {
+        let symbol = json!({"type": "string"});
+        let tools = vec![
+            trading_tool(
+                "calculate_position_size",
+                "Number of shares to buy or sell so that hitting the stop loses risk_percent.",
+                json!({"type": "object", "required": ["account_size", "entry_price"],
+                       "properties": {"account_size": {"type": "number"},
+                                      "entry_price": {"type": "number"}}}),
+            ),
+            trading_tool(
+                "create_paper_order",
+                "Place a paper-trading order.",
+                json!({"type": "object", "required": ["symbol", "side", "quantity", "order_type"],
+                       "properties": {"symbol": symbol,
+                                      "side": {"type": "string", "enum": ["buy", "sell"]},
+                                      "quantity": {"type": "number",
+                                                   "description": "Number of shares"},
+                                      "order_type": {"type": "string",
+                                                     "enum": ["market", "limit"]},
+                                      "limit_price": {"type": "number"}}}),
+            ),
+        ];
+        let (tool, args) = pick_tool("Buy 10 shares of AAPL", &tools).unwrap();
+        assert_eq!(tool.name, "create_paper_order");
+        assert_eq!(
+            args,
+            json!({"symbol": "AAPL", "side": "buy", "quantity": 10, "order_type": "market"})
+        );
+    }
+
+    #[test]
+    fn a_data_answer_states_the_fields_the_question_names() {
+        let data = json!({"symbol": "MSFT", "bars_used": 320, "last_close": 506.24,
+                          "indicators": {"RSI": {"period": 14, "value": 47.9063}}});
+        assert_eq!(
+            answer_fields(&data, "Show the RSI for MSFT").as_deref(),
+            Some("MSFT: RSI 47.9063")
+        );
+        let data = json!({"cash": 100000.0, "equity": 140323.0, "positions": [
+            {"symbol": "AAPL", "quantity": 50}, {"symbol": "MSFT", "quantity": 20}]});
+        assert_eq!(
+            answer_fields(&data, "How much cash do I have?").as_deref(),
+            Some("cash 100000")
+        );
+        assert_eq!(
+            answer_fields(&data, "How many MSFT shares do I hold?").as_deref(),
+            Some("MSFT quantity 20")
+        );
+        assert_eq!(answer_fields(&data, "Tell me everything"), None);
+        assert_eq!(answer_fields(&json!(42), "What is the value?"), None);
+        // Naming only the list: no field is asked for; the caller lists it.
+        assert_eq!(answer_fields(&data, "Show my positions"), None);
     }
 
     #[test]

@@ -3,8 +3,12 @@
 //! executor ──params (JSON)──▶ ExternalHandler ──stdin──▶ command ──stdout (JSON)──▶ output
 //!                                            └─POST──▶ GuardedClient ──▶ url ──JSON body──▶ output
 //!
-//! Commands run without a shell (argv as written), with the parameters as
-//! JSON on stdin; stdout must be one JSON value. Output beyond the cap is a
+//! Commands run without a shell (argv as written), in their tool file's
+//! folder (so `["python3", "count.py"]` finds the script beside the file
+//! wherever the server was started; a program written as a relative path,
+//! `./count.sh`, is taken from that folder too, since the standard library
+//! leaves which folder it resolves against unspecified), with the
+//! parameters as JSON on stdin; stdout must be one JSON value. Output beyond the cap is a
 //! failure, a non-zero exit is a failure carrying the first lines of stderr,
 //! and the child is killed when the call is dropped (the executor's timeout
 //! aborts the task). Endpoints get the parameters as a JSON POST; 5xx and
@@ -19,6 +23,7 @@
 //! `redirects: any` (`none`: a 3xx is a failure). Both paths read at most
 //! the output cap (plus one chunk) before failing, never the whole body.
 
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use reqwest::Method;
@@ -34,7 +39,11 @@ use super::{ExecutionContext, ToolError, ToolHandler};
 pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
 
 enum Target {
-    Command(Vec<String>),
+    Command {
+        argv: Vec<String>,
+        /// The working directory: the tool file's folder.
+        dir: PathBuf,
+    },
     Http {
         url: Url,
         client: GuardedClient,
@@ -49,10 +58,11 @@ pub struct ExternalHandler {
 }
 
 impl ExternalHandler {
-    /// A command entry: `argv` run without a shell.
-    pub fn command(argv: Vec<String>, max_output: usize) -> Self {
+    /// A command entry: `argv` run without a shell, in `dir` (the tool
+    /// file's folder).
+    pub fn command(argv: Vec<String>, dir: PathBuf, max_output: usize) -> Self {
         ExternalHandler {
-            target: Target::Command(argv),
+            target: Target::Command { argv, dir },
             max_output,
         }
     }
@@ -80,12 +90,25 @@ impl ExternalHandler {
         })
     }
 
-    async fn run_command(&self, argv: &[String], params: &Value) -> Result<Value, ToolError> {
+    async fn run_command(
+        &self,
+        argv: &[String],
+        dir: &Path,
+        params: &Value,
+    ) -> Result<Value, ToolError> {
         let (program, args) = argv
             .split_first()
             .ok_or_else(|| ToolError::failed("external command is empty"))?;
-        let mut child = tokio::process::Command::new(program)
+        // A bare name is looked up on PATH; a relative path is the folder's.
+        let path = Path::new(program);
+        let executable = if path.is_relative() && path.components().count() > 1 {
+            dir.join(path)
+        } else {
+            path.to_path_buf()
+        };
+        let mut child = tokio::process::Command::new(executable)
             .args(args)
+            .current_dir(dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -205,7 +228,7 @@ impl ExternalHandler {
 impl ToolHandler for ExternalHandler {
     async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
         match &self.target {
-            Target::Command(argv) => self.run_command(argv, &params).await,
+            Target::Command { argv, dir } => self.run_command(argv, dir, &params).await,
             Target::Http {
                 url,
                 client,
@@ -226,7 +249,8 @@ mod tests {
     }
 
     fn sh(script: &str) -> ExternalHandler {
-        ExternalHandler::command(vec!["sh".into(), "-c".into(), script.into()], 64)
+        let argv = vec!["sh".into(), "-c".into(), script.into()];
+        ExternalHandler::command(argv, std::env::temp_dir(), 64)
     }
 
     #[tokio::test]
@@ -253,10 +277,41 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("more than 64 bytes"), "{err}");
-        let err = ExternalHandler::command(vec!["/no/such/program".into()], 64)
+        let err = ExternalHandler::command(vec!["/no/such/program".into()], "/".into(), 64)
             .call(json!({}), &ctx())
             .await
             .unwrap_err();
         assert!(err.to_string().contains("cannot start"), "{err}");
+    }
+
+    /// The command runs in its tool file's folder, not the server's: a
+    /// script named relative to it is found, as a program or an argument.
+    #[tokio::test]
+    async fn a_command_runs_in_its_tool_files_folder() {
+        use std::os::unix::fs::PermissionsExt;
+        let folder = tempfile::tempdir().unwrap();
+        let script = folder.path().join("answer.sh");
+        std::fs::write(
+            &script,
+            "#!/bin/sh\nprintf '{\"from\": \"%s\"}' \"$(pwd -P)\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let here = std::fs::canonicalize(folder.path()).unwrap();
+        let expected = json!({"from": here.to_str().unwrap()});
+        assert_ne!(std::env::current_dir().unwrap(), here);
+
+        let as_program = ExternalHandler::command(
+            vec!["./answer.sh".into()],
+            folder.path().to_path_buf(),
+            1024,
+        );
+        assert_eq!(as_program.call(json!({}), &ctx()).await.unwrap(), expected);
+        let as_argument = ExternalHandler::command(
+            vec!["sh".into(), "answer.sh".into()],
+            folder.path().to_path_buf(),
+            1024,
+        );
+        assert_eq!(as_argument.call(json!({}), &ctx()).await.unwrap(), expected);
     }
 }

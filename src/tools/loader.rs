@@ -6,7 +6,9 @@
 //! Stage one ([`parse_file`]) needs nothing but the text, so `cadre tools
 //! check` runs it alone. Stage two ([`resolve`]) binds the entry to a
 //! handler: `builtin` by handler name (default: the tool's name),
-//! `external` to a command or an HTTP endpoint ([`super::external`]),
+//! `external` to a command or an HTTP endpoint ([`super::external`]; a
+//! command runs in the folder of the file that declares it, made absolute
+//! here so a later change of the server's directory does not move it),
 //! `custom` to a handler the embedding program registered by name.
 //!
 //! Reading ([`read_tool_file`]) is apart from both: a file over
@@ -262,6 +264,16 @@ pub struct HandlerCatalog {
     pub custom: HashMap<String, Arc<dyn ToolHandler>>,
 }
 
+/// The working directory of a command entry: the folder of its tool file
+/// as listed (a symlink's own folder, not its target's).
+fn command_dir(file: &Path) -> PathBuf {
+    let folder = match file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::path::absolute(folder).unwrap_or_else(|_| folder.to_path_buf())
+}
+
 /// Stage two: bind the file to its handler.
 pub fn resolve(
     path: &Path,
@@ -304,7 +316,11 @@ pub fn resolve(
         } => {
             let cap = max_output_bytes.unwrap_or(external::DEFAULT_MAX_OUTPUT);
             match (command, url) {
-                (Some(argv), _) => Arc::new(external::ExternalHandler::command(argv.clone(), cap)),
+                (Some(argv), _) => Arc::new(external::ExternalHandler::command(
+                    argv.clone(),
+                    command_dir(path),
+                    cap,
+                )),
                 (None, Some(url)) => {
                     let url = url::Url::parse(url)
                         .map_err(|e| LoadError::new(path, None, format!("invalid url: {e}")))?;
