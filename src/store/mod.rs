@@ -18,7 +18,8 @@
 //! from a read cache the writer invalidates ([`cache`]). Token usage is
 //! counted by increments the writer applies in the same batches ([`usage`]).
 //! Listings read a tenant-first index written in the same transaction as
-//! the rows it lists, one page at a time ([`listing`]).
+//! the rows it lists, one page at a time ([`listing`]). Erasing a session
+//! removes every row under its id in one transaction ([`erase`]).
 //! Owns: the file layout ([`tables`]). Does not: decide what to write.
 //!
 //! Storage faults (disk full, EIO, a file size limit): a commit that fails
@@ -37,6 +38,7 @@
 //! reopen, so it reloads instead of writing on top of steps that were lost.
 
 mod cache;
+pub mod erase;
 pub mod listing;
 mod read_view;
 pub mod tables;
@@ -57,6 +59,7 @@ use tokio::sync::oneshot;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::identity::Plan;
 use crate::model::ChatMessage;
+pub use erase::Erased;
 pub use listing::Page;
 use tables::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
@@ -273,6 +276,19 @@ pub enum WriteOp {
     },
     /// Adds a model call's tokens to its session's and tenant's counters.
     RecordUsage(UsageDelta),
+    /// Removes the session and everything stored under its id
+    /// ([`erase`]); `erased` gets what went (`None`: no such session).
+    DeleteSession {
+        session_id: String,
+        erased: Arc<Mutex<Option<Erased>>>,
+    },
+    /// Links a document to a session: erased with it, also after a
+    /// [`WriteOp::MoveDoc`]; a [`WriteOp::DeleteDoc`] drops the link.
+    LinkDoc {
+        namespace: String,
+        key: String,
+        session_id: String,
+    },
     /// Indexes by tenant, once, the documents of `namespace` written before
     /// the index existed; `indexed` gets how many (`None`: done already).
     IndexDocs {
@@ -970,6 +986,87 @@ impl Store {
         self.write(vec![op], durable).await
     }
 
+    /// [`Self::put_doc_of`] of a document that belongs to `session`: it is
+    /// erased with the session ([`Self::erase_session`]), wherever it was
+    /// moved to by then.
+    pub async fn put_doc_of_session(
+        &self,
+        namespace: &str,
+        tenant: &str,
+        session: &str,
+        key: &str,
+        value: Value,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let ops = vec![
+            WriteOp::PutDoc {
+                namespace: namespace.into(),
+                key: key.into(),
+                value,
+                tenant: Some(tenant.into()),
+            },
+            WriteOp::LinkDoc {
+                namespace: namespace.into(),
+                key: key.into(),
+                session_id: session.into(),
+            },
+        ];
+        self.write(ops, durable).await
+    }
+
+    /// Removes the session `id` and every row stored under it, durably, in
+    /// one transaction ([`erase`]); `None` when there was no such session.
+    /// The caller makes sure nothing writes for the session any more.
+    pub async fn erase_session(&self, id: &str) -> Result<Option<Erased>, StoreError> {
+        let erased = Arc::new(Mutex::new(None));
+        let op = WriteOp::DeleteSession {
+            session_id: id.into(),
+            erased: erased.clone(),
+        };
+        self.write(vec![op], true).await?;
+        let found = erased.lock().expect("erase slot").take();
+        Ok(found)
+    }
+
+    /// Up to `limit` sessions of every tenant after the id `after` (by id:
+    /// oldest first for UUID v7 ids), each with when it was last active
+    /// (its last message, else its creation): what the retention sweep
+    /// reads, one bounded page per sweep.
+    pub async fn sessions_with_activity(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<(Session, Timestamp)>, StoreError> {
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let sessions = txn.open_table(SESSIONS)?;
+            let messages = txn.open_table(MESSAGES)?;
+            let lower = match &after {
+                Some(a) => std::ops::Bound::Excluded(a.as_str()),
+                None => std::ops::Bound::Unbounded,
+            };
+            let mut out = Vec::new();
+            for row in sessions
+                .range::<&str>((lower, std::ops::Bound::Unbounded))?
+                .take(limit)
+            {
+                let (_, v) = row?;
+                let s: Session = serde_json::from_slice(v.value())?;
+                let last = messages
+                    .range((s.id.as_str(), 0)..=(s.id.as_str(), u64::MAX))?
+                    .next_back()
+                    .transpose()?;
+                let at = match last {
+                    Some((_, m)) => serde_json::from_slice::<StoredMessage>(m.value())?.created_at,
+                    None => s.created_at,
+                };
+                out.push((s, at));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// Indexes by tenant the documents of `namespace` written before
     /// [`tables::DOCS_BY_TENANT`] existed, reading each one's tenant with
     /// `tenant_of`. Once per namespace (later calls return `None`), durably;
@@ -1114,6 +1211,8 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(TOOL_CALLS_BY_TENANT)?;
         txn.open_table(DOCS_BY_TENANT)?;
         txn.open_table(DOC_TENANTS)?;
+        txn.open_table(DOCS_BY_SESSION)?;
+        txn.open_table(DOC_SESSIONS)?;
     }
     txn.commit()?;
     Ok(())
@@ -1323,6 +1422,8 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
         let mut calls_by_tenant = txn.open_table(TOOL_CALLS_BY_TENANT)?;
         let mut docs_by_tenant = txn.open_table(DOCS_BY_TENANT)?;
         let mut doc_tenants = txn.open_table(DOC_TENANTS)?;
+        let mut docs_by_session = txn.open_table(DOCS_BY_SESSION)?;
+        let mut doc_sessions = txn.open_table(DOC_SESSIONS)?;
         let mut meta = txn.open_table(META)?;
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
             match op {
@@ -1393,6 +1494,7 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                 WriteOp::DeleteDoc { namespace, key } => {
                     docs.remove((namespace.as_str(), key.as_str()))?;
                     listing::unindex_doc(&mut docs_by_tenant, &mut doc_tenants, namespace, key)?;
+                    erase::unlink_doc(&mut docs_by_session, &mut doc_sessions, namespace, key)?;
                 }
                 WriteOp::MoveDoc {
                     namespace,
@@ -1416,6 +1518,21 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                             (to_namespace.as_str(), key.as_str()),
                             serde_json::to_vec(to_value)?.as_slice(),
                         )?;
+                        let linked = erase::unlink_doc(
+                            &mut docs_by_session,
+                            &mut doc_sessions,
+                            namespace,
+                            key,
+                        )?;
+                        if let Some(session) = linked {
+                            erase::link_doc(
+                                &mut docs_by_session,
+                                &mut doc_sessions,
+                                to_namespace,
+                                key,
+                                &session,
+                            )?;
+                        }
                     }
                     // Assigned, not set once: a batch retried after a failed
                     // commit reports what its own transaction found.
@@ -1430,6 +1547,41 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                 }
                 WriteOp::RecordUsage(delta) => {
                     usage::apply(&mut session_usage, &mut tenant_usage, delta)?;
+                }
+                WriteOp::DeleteSession { session_id, erased } => {
+                    let mut tables = erase::EraseTables {
+                        sessions: &mut sessions,
+                        sessions_by_tenant: &mut sessions_by_tenant,
+                        messages: &mut messages,
+                        summaries: &mut summaries,
+                        session_usage: &mut session_usage,
+                        calls: &mut calls,
+                        by_conv: &mut by_conv,
+                        by_tool: &mut by_tool,
+                        by_workflow: &mut by_workflow,
+                        calls_by_tenant: &mut calls_by_tenant,
+                        docs: &mut docs,
+                        docs_by_tenant: &mut docs_by_tenant,
+                        doc_tenants: &mut doc_tenants,
+                        docs_by_session: &mut docs_by_session,
+                        doc_sessions: &mut doc_sessions,
+                    };
+                    let found = erase::delete_session(&mut tables, session_id)?;
+                    // Assigned, not set once (see MoveDoc).
+                    *erased.lock().expect("erase slot") = found;
+                }
+                WriteOp::LinkDoc {
+                    namespace,
+                    key,
+                    session_id,
+                } => {
+                    erase::link_doc(
+                        &mut docs_by_session,
+                        &mut doc_sessions,
+                        namespace,
+                        key,
+                        session_id,
+                    )?;
                 }
                 WriteOp::IndexDocs {
                     namespace,
