@@ -25,9 +25,10 @@
 //! actor decides, in its mailbox order, so a turn is either refused
 //! (the session is gone) or finishes before the delete may start; the
 //! actor answers only once it is gone with everything it spawned, so none
-//! of its writes can land after the erase. A tool call approved (`POST
-//! /v1/confirmations/{id}`) and still running when its session is deleted
-//! records its call after the erase: that record stays.
+//! of its writes can land after the erase. Writers outside the actor (a
+//! tool call approved just before the delete, an operator assigned
+//! meanwhile) are stopped by the store: its writer drops writes under an
+//! id it erased ([`crate::store::erase`]).
 //!
 //! Retention (`[sessions] retain_days`, off by default): a sweep every
 //! [`SessionLimits::sweep_every`] reads one page of [`SWEEP_PAGE`] sessions

@@ -23,9 +23,18 @@
 //!   per session), never one transaction.
 //! - A document linked before the link existed (confirmations created by an
 //!   older version) is not found here; pending ones expire.
+//! - Late writes: the writer remembers the ids it erased ([`ErasedIds`],
+//!   in memory, the last [`REMEMBER_ERASED`]) and drops what a later write
+//!   would store under one of them (a session row, messages, a summary,
+//!   the session's usage row, a call record of the conversation, a
+//!   document link), also later in the batch of the erase. So a tool call
+//!   approved just before its session was deleted, or an operator assigned
+//!   meanwhile, cannot bring any of it back; the ids are not written
+//!   anywhere.
 //! - [`dump_file`] reads every table of a closed file as text, so tests can
 //!   show that an erased id is nowhere in the store.
 
+use std::collections::{HashSet, VecDeque};
 use std::path::Path;
 
 use redb::{ReadableDatabase, ReadableTable, Table, TableHandle};
@@ -40,6 +49,53 @@ pub struct Erased {
     pub messages: u64,
     pub calls: u64,
     pub documents: u64,
+}
+
+/// Erased session ids the writer remembers, oldest forgotten first.
+pub const REMEMBER_ERASED: usize = 65_536;
+
+/// The session ids erased lately (see the module doc): writes under them
+/// are dropped.
+#[derive(Default)]
+pub(super) struct ErasedIds {
+    ids: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl ErasedIds {
+    pub(super) fn contains(&self, id: &str) -> bool {
+        self.ids.contains(id)
+    }
+
+    /// Whether `op` would store something under an erased session.
+    pub(super) fn drops(&self, op: &super::WriteOp) -> bool {
+        use super::WriteOp;
+        if self.ids.is_empty() {
+            return false;
+        }
+        match op {
+            WriteOp::PutSession(s) => self.contains(&s.id),
+            WriteOp::AppendMessages { session_id, .. }
+            | WriteOp::PutSummary { session_id, .. }
+            | WriteOp::LinkDoc { session_id, .. } => self.contains(session_id),
+            WriteOp::RecordToolCall(rec) => rec
+                .conversation_id
+                .as_deref()
+                .is_some_and(|c| self.contains(c)),
+            _ => false,
+        }
+    }
+
+    pub(super) fn remember(&mut self, id: String) {
+        if self.ids.insert(id.clone()) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > REMEMBER_ERASED {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+    }
 }
 
 /// The tables an erase touches, opened once per batch by the writer.

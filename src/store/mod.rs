@@ -418,6 +418,7 @@ impl Store {
             path: is_file.then(|| path.clone()),
             last_attempt: None,
             cache: cache.clone(),
+            erased: erase::ErasedIds::default(),
         };
         let commit_latency = Arc::new(crate::metrics::Histogram::default());
         let latency = commit_latency.clone();
@@ -1226,6 +1227,8 @@ struct Writer {
     last_attempt: Option<Instant>,
     /// Told what every batch wrote, and emptied when the file is reopened.
     cache: Arc<cache::ReadCache>,
+    /// Sessions erased by committed batches: later writes under them are dropped.
+    erased: erase::ErasedIds,
 }
 
 impl Writer {
@@ -1315,7 +1318,7 @@ impl Writer {
             let durable = batch.iter().any(|r| r.durable);
             let started = Instant::now();
             let db = self.slot.current();
-            let result = commit_batch(&db, &batch, durable).map_err(|e| {
+            let result = commit_batch(&db, &batch, durable, &self.erased).map_err(|e| {
                 tracing::error!(error = %e, requests = batch.len(), "store commit failed");
                 Arc::new(e)
             });
@@ -1325,6 +1328,15 @@ impl Writer {
                 Err(e) if is_io(&e) => Err(self.enter_outage(&e)),
                 other => other,
             };
+            if result.is_ok() {
+                for op in batch.iter().flat_map(|r| r.ops.iter()) {
+                    if let WriteOp::DeleteSession { session_id, erased } = op
+                        && erased.lock().expect("erase slot").is_some()
+                    {
+                        self.erased.remember(session_id.clone());
+                    }
+                }
+            }
             self.cache
                 .invalidate(batch.iter().flat_map(|r| r.ops.iter()));
             for req in batch {
@@ -1399,7 +1411,12 @@ fn is_io(e: &StoreError) -> bool {
     )
 }
 
-fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<(), StoreError> {
+fn commit_batch(
+    db: &Database,
+    batch: &[WriteRequest],
+    durable: bool,
+    erased_ids: &erase::ErasedIds,
+) -> Result<(), StoreError> {
     let mut txn = db.begin_write()?;
     txn.set_durability(if durable {
         Durability::Immediate
@@ -1425,7 +1442,13 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
         let mut docs_by_session = txn.open_table(DOCS_BY_SESSION)?;
         let mut doc_sessions = txn.open_table(DOC_SESSIONS)?;
         let mut meta = txn.open_table(META)?;
+        // Erased by this batch: a later op of the batch is late too.
+        let mut erased_now = erase::ErasedIds::default();
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
+            if erased_ids.drops(op) || erased_now.drops(op) {
+                tracing::debug!("a write under an erased session was dropped");
+                continue;
+            }
             match op {
                 WriteOp::PutSession(s) => {
                     sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
@@ -1546,7 +1569,20 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                         .insert(session_id.as_str(), serde_json::to_vec(summary)?.as_slice())?;
                 }
                 WriteOp::RecordUsage(delta) => {
-                    usage::apply(&mut session_usage, &mut tenant_usage, delta)?;
+                    match &delta.session_id {
+                        // The tenant's totals count it; the session is gone.
+                        Some(id) if erased_ids.contains(id) || erased_now.contains(id) => {
+                            let tenant_only = UsageDelta {
+                                session_id: None,
+                                tenant: delta.tenant.clone(),
+                                agent: delta.agent.clone(),
+                                day: delta.day,
+                                usage: delta.usage,
+                            };
+                            usage::apply(&mut session_usage, &mut tenant_usage, &tenant_only)?;
+                        }
+                        _ => usage::apply(&mut session_usage, &mut tenant_usage, delta)?,
+                    }
                 }
                 WriteOp::DeleteSession { session_id, erased } => {
                     let mut tables = erase::EraseTables {
@@ -1567,6 +1603,9 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                         doc_sessions: &mut doc_sessions,
                     };
                     let found = erase::delete_session(&mut tables, session_id)?;
+                    if found.is_some() {
+                        erased_now.remember(session_id.clone());
+                    }
                     // Assigned, not set once (see MoveDoc).
                     *erased.lock().expect("erase slot") = found;
                 }
@@ -1709,6 +1748,108 @@ mod tests {
         store.put_doc("ns", "k", 2.into(), false).await.unwrap();
         cache.put_doc(seen, "ns", "k", &Some(1.into()));
         assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(2.into()));
+    }
+
+    #[tokio::test]
+    async fn writes_under_an_erased_session_are_dropped() {
+        let store = Store::open_in_memory().unwrap();
+        let session = Session {
+            id: "s".into(),
+            tenant: "t".into(),
+            agent: "a".into(),
+            user_id: None,
+            plan: Plan::Free,
+            metadata: Value::Null,
+            created_at: Timestamp::now(),
+        };
+        let append = |seq: u64| WriteOp::AppendMessages {
+            session_id: "s".into(),
+            messages: vec![msg(seq, "hi")],
+        };
+        let put = WriteOp::PutSession(session.clone());
+        store.write(vec![put, append(1)], false).await.unwrap();
+        assert_eq!(store.erase_session("s").await.unwrap().unwrap().messages, 1);
+        assert_eq!(store.erase_session("s").await.unwrap(), None);
+
+        // What a late writer sends (an approved call, an operator's
+        // assignment, a turn's step) stores nothing under the id.
+        let record = ToolCallRecord {
+            record_id: "r".into(),
+            tool_name: "echo".into(),
+            tool_call_id: None,
+            params: Value::Null,
+            output: None,
+            is_success: true,
+            error: None,
+            error_type: None,
+            execution_time_ms: 1,
+            attempts: 1,
+            caller_id: "s".into(),
+            caller_type: "conversation_agent".into(),
+            conversation_id: Some("s".into()),
+            workflow_id: None,
+            user_id: None,
+            tenant: Some("t".into()),
+            created_at: Timestamp::now(),
+            source_id: None,
+        };
+        let usage = WriteOp::RecordUsage(UsageDelta {
+            session_id: Some("s".into()),
+            tenant: "t".into(),
+            agent: "a".into(),
+            day: usage::day_of(Timestamp::now()),
+            usage: TokenUsage::call(3, 4),
+        });
+        let ops = vec![
+            WriteOp::PutSession(session),
+            append(2),
+            WriteOp::RecordToolCall(Box::new(record)),
+            usage,
+        ];
+        store.write(ops, false).await.unwrap();
+        assert_eq!(store.get_session("s").await.unwrap(), None);
+        assert_eq!(store.message_count("s").await.unwrap(), 0);
+        assert_eq!(store.record_count().await.unwrap(), 0);
+        assert!(store.session_usage("s").await.unwrap().is_empty());
+        // The tenant's totals still count the tokens.
+        let day = usage::day_of(Timestamp::now());
+        assert_eq!(
+            store
+                .tenant_usage("t", day, day)
+                .await
+                .unwrap()
+                .total_tokens,
+            7
+        );
+
+        // A late write in the very batch of the erase, after it.
+        let other = Session {
+            id: "u".into(),
+            tenant: "t".into(),
+            agent: "a".into(),
+            user_id: None,
+            plan: Plan::Free,
+            metadata: Value::Null,
+            created_at: Timestamp::now(),
+        };
+        store
+            .write(vec![WriteOp::PutSession(other)], false)
+            .await
+            .unwrap();
+        let erased = Arc::new(Mutex::new(None));
+        let ops = vec![
+            WriteOp::DeleteSession {
+                session_id: "u".into(),
+                erased: erased.clone(),
+            },
+            WriteOp::AppendMessages {
+                session_id: "u".into(),
+                messages: vec![msg(1, "late")],
+            },
+        ];
+        store.write(ops, false).await.unwrap();
+        assert!(erased.lock().unwrap().is_some());
+        assert_eq!(store.message_count("u").await.unwrap(), 0);
     }
 
     #[tokio::test]
