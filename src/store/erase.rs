@@ -225,8 +225,8 @@ pub struct DumpedRow {
 }
 
 /// Every row of every table of the closed store file `path`, as text
-/// (values are JSON, or their debug form). Fails when the file holds a
-/// table this build does not know, so nothing escapes the reader.
+/// (keys debug-printed, values as their JSON text). Panics when the file
+/// holds a table this reader does not dump, so no table escapes a test.
 #[doc(hidden)]
 pub fn dump_file(path: &Path) -> Result<Vec<DumpedRow>, StoreError> {
     let db = redb::Database::open(path).map_err(|source| StoreError::Open {
