@@ -140,6 +140,10 @@ pub struct SessionsSection {
     /// `multitask = "enqueue"`; one more is answered 429
     /// `CONVERSATION_QUEUE_FULL`. 0: only the running turn.
     pub max_queued_turns: usize,
+    /// Days a session may stay idle (no message) before the retention
+    /// sweep deletes it, with its messages, calls and confirmations;
+    /// fractions allowed. 0 (the default): sessions are kept forever.
+    pub retain_days: f64,
 }
 
 impl Default for SessionsSection {
@@ -148,6 +152,7 @@ impl Default for SessionsSection {
         SessionsSection {
             idle_timeout_s: limits.idle_timeout.as_secs_f64(),
             max_queued_turns: limits.max_queued_turns,
+            retain_days: 0.0,
         }
     }
 }
@@ -159,6 +164,8 @@ impl SessionsSection {
         SessionLimits {
             idle_timeout: Duration::from_secs_f64(self.idle_timeout_s),
             max_queued_turns: self.max_queued_turns,
+            retain: (self.retain_days > 0.0)
+                .then(|| Duration::from_secs_f64(self.retain_days * 86_400.0)),
             ..SessionLimits::default()
         }
     }
@@ -300,6 +307,10 @@ impl ServerConfig {
         }
         if self.sessions.idle_timeout_s.is_nan() || self.sessions.idle_timeout_s < 0.01 {
             return Err("sessions.idle_timeout_s must be at least 0.01".into());
+        }
+        let retain = self.sessions.retain_days;
+        if retain.is_nan() || !(0.0..=36_500.0).contains(&retain) {
+            return Err("sessions.retain_days must be between 0 (keep forever) and 36500".into());
         }
         if self.tools.reload_interval_s.is_nan() || self.tools.reload_interval_s < 0.1 {
             return Err("tools.reload_interval_s must be at least 0.1".into());

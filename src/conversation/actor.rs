@@ -210,6 +210,14 @@ pub struct RecordMessage {
     pub message: ChatMessage,
 }
 
+/// Stop for good, the session being deleted: refused with `Busy` while a
+/// turn or a message runs or waits (or a summary is being made); else the
+/// actor stops, and the answer comes once it is gone, with everything it
+/// had spawned, so nothing it started writes after the answer.
+#[derive(Message)]
+#[rtype(result = "Result<(), TurnError>")]
+pub struct Retire;
+
 type TurnReply = oneshot::Sender<Result<TurnOutcome, TurnError>>;
 
 /// Turns a session's queue holds besides the running one, unless configured.
@@ -300,6 +308,8 @@ pub struct Conversation {
     generation: u64,
     /// Model time one turn may use.
     model_turn_timeout: Duration,
+    /// Dropped with the actor: how [`Retire`] learns it is gone.
+    retired: Option<oneshot::Sender<()>>,
 }
 
 impl Actor for Conversation {
@@ -357,6 +367,7 @@ impl Conversation {
             metrics,
             generation: 0,
             model_turn_timeout: DEFAULT_MODEL_TURN_TIMEOUT,
+            retired: None,
         }
     }
 
@@ -937,6 +948,25 @@ impl Handler<RecordMessage> for Conversation {
     }
 }
 
+impl Handler<Retire> for Conversation {
+    type Result = ResponseFuture<Result<(), TurnError>>;
+
+    fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) -> Self::Result {
+        self.drop_abandoned();
+        if self.busy || self.current.is_some() || !self.queue.is_empty() {
+            return Box::pin(async { Err(TurnError::Busy) });
+        }
+        let (tx, rx) = oneshot::channel();
+        self.retired = Some(tx);
+        ctx.stop();
+        // The sender is never used: it is dropped with the actor.
+        Box::pin(async move {
+            let _ = rx.await;
+            Ok(())
+        })
+    }
+}
+
 impl Handler<ToolBatchReport> for Conversation {
     type Result = ();
 
@@ -1008,6 +1038,12 @@ impl ConversationHandle {
             .send(RecordMessage { message })
             .await
             .unwrap_or(Err(TurnError::Unavailable))
+    }
+
+    /// Stops the conversation for good unless something runs or waits in
+    /// it ([`Retire`]); `Ok` once it is gone (or was already).
+    pub async fn retire(&self) -> Result<(), TurnError> {
+        self.addr.send(Retire).await.unwrap_or(Ok(()))
     }
 
     pub fn is_alive(&self) -> bool {

@@ -13,8 +13,30 @@
 //! [`Sessions::admit`], the token budget gate ([`super::budget`]); the
 //! calls made outside turns record their usage here, the turns' own in the
 //! conversation actor.
+//!
+//! Deleting: [`Sessions::delete`] is the one path of `DELETE
+//! /v1/sessions/{id}`, the tenant erase and the retention sweep. It marks
+//! the id as being deleted (no actor is started for it from then on), asks
+//! the live actor, if any, to retire ([`super::actor::Retire`]), and erases
+//! the rows in one store transaction ([`crate::store::erase`]). Decision: a
+//! session with a turn (or a queued message, or the summary after a turn)
+//! running is not deleted: the delete is refused with 409
+//! `CONVERSATION_BUSY` and the caller retries once the turn is over. The
+//! actor decides, in its mailbox order, so a turn is either refused
+//! (the session is gone) or finishes before the delete may start; the
+//! actor answers only once it is gone with everything it spawned, so none
+//! of its writes can land after the erase. Writers outside the actor (a
+//! tool call approved just before the delete, an operator assigned
+//! meanwhile) are stopped by the store: its writer drops writes under an
+//! id it erased ([`crate::store::erase`]).
+//!
+//! Retention (`[sessions] retain_days`, off by default): a sweep every
+//! [`SessionLimits::sweep_every`] reads one page of [`SWEEP_PAGE`] sessions
+//! (continuing where the last sweep stopped, wrapping around) and deletes
+//! those idle (no message, else created) longer than the setting; each
+//! sweep that deleted something logs how many.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,7 +57,7 @@ use crate::metrics::Metrics;
 use crate::model::ChatMessage;
 use crate::store::usage::day_of;
 use crate::store::{
-    Page, Session, Store, StoreError, StoredMessage, TokenUsage, UsageDelta, WriteOp,
+    Erased, Page, Session, Store, StoreError, StoredMessage, TokenUsage, UsageDelta, WriteOp,
 };
 use crate::tenants::TenantConfig;
 use crate::tenants::config::TenantConfigError;
@@ -53,6 +75,8 @@ pub enum SessionError {
     Store(#[from] StoreError),
     #[error(transparent)]
     BudgetExceeded(#[from] BudgetExceeded),
+    #[error("a turn is running in session '{id}'; delete it once the turn has finished")]
+    Busy { id: String },
 }
 
 impl PublicError for SessionError {
@@ -63,6 +87,7 @@ impl PublicError for SessionError {
             SessionError::Turn(t) => t.code(),
             SessionError::Store(s) => s.code(),
             SessionError::BudgetExceeded(_) => ErrorCode::BudgetExceeded,
+            SessionError::Busy { .. } => ErrorCode::ConversationBusy,
         }
     }
 
@@ -241,6 +266,39 @@ pub struct SessionLimits {
     /// Model time one turn may use, all its calls and retries together
     /// (`[model] turn_timeout_s`).
     pub model_turn_timeout: Duration,
+    /// Sessions idle longer than this are deleted (`[sessions]
+    /// retain_days`); `None`: kept forever.
+    pub retain: Option<Duration>,
+}
+
+impl SessionLimits {
+    /// How often the retention sweep runs: a quarter of the retention,
+    /// between 50 ms and an hour.
+    pub fn sweep_every(&self) -> Option<Duration> {
+        self.retain
+            .map(|r| (r / 4).clamp(Duration::from_millis(50), Duration::from_secs(3600)))
+    }
+}
+
+/// Sessions the retention sweep reads per run (and so deletes at most).
+pub const SWEEP_PAGE: usize = 256;
+
+/// Sessions a tenant erase deletes per store read ([`Sessions::erase_tenant`]).
+pub const ERASE_BATCH: usize = 100;
+
+/// What a tenant erase did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TenantErase {
+    /// Sessions deleted.
+    pub deleted: u64,
+    /// Sessions left because a turn was running in them: erase again.
+    pub busy: u64,
+}
+
+/// Whether a session last active at `last` is past the retention at `now`.
+pub fn expired(last: Timestamp, now: Timestamp, retain: Duration) -> bool {
+    let retain = jiff::SignedDuration::try_from(retain).unwrap_or(jiff::SignedDuration::MAX);
+    now.duration_since(last) > retain
 }
 
 impl Default for SessionLimits {
@@ -249,6 +307,7 @@ impl Default for SessionLimits {
             idle_timeout: Duration::from_secs(300),
             max_queued_turns: super::actor::DEFAULT_MAX_QUEUED_TURNS,
             model_turn_timeout: super::actor::DEFAULT_MODEL_TURN_TIMEOUT,
+            retain: None,
         }
     }
 }
@@ -260,6 +319,8 @@ pub struct Sessions {
 
 struct Inner {
     live: Mutex<HashMap<String, ConversationHandle>>,
+    /// Ids being deleted: no actor starts for them. Locked after `live`.
+    deleting: Mutex<HashSet<String>>,
     store: Store,
     agents: Agents,
     registry: ToolRegistry,
@@ -287,6 +348,7 @@ impl Sessions {
         assert!(!arbiters.is_empty(), "sessions need at least one arbiter");
         let inner = Arc::new(Inner {
             live: Mutex::new(HashMap::new()),
+            deleting: Mutex::new(HashSet::new()),
             store,
             agents,
             registry,
@@ -296,6 +358,10 @@ impl Sessions {
             limits,
             metrics,
         });
+        if let Some(every) = limits.sweep_every() {
+            let weak = Arc::downgrade(&inner);
+            tokio::spawn(retention_sweeps(weak, every));
+        }
         let weak = Arc::downgrade(&inner);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(
@@ -711,6 +777,87 @@ impl Sessions {
         summarize(&self.inner.store, id).await
     }
 
+    /// [`Self::delete`] of a session `tenant` owns; another tenant's is
+    /// "not found", like a missing one.
+    pub async fn delete_as(&self, tenant: &str, id: &str) -> Result<Erased, SessionError> {
+        self.get_as(tenant, id).await?;
+        self.delete(id).await
+    }
+
+    /// Deletes the session and everything stored under its id (see the
+    /// module doc); refused with [`SessionError::Busy`] while a turn runs.
+    pub async fn delete(&self, id: &str) -> Result<Erased, SessionError> {
+        let live = {
+            let mut live = self.inner.live.lock().expect("sessions lock");
+            let mut deleting = self.inner.deleting.lock().expect("deleting lock");
+            if !deleting.insert(id.to_string()) {
+                // Another delete of it is under way: gone for this caller.
+                return Err(SessionError::NotFound { id: id.into() });
+            }
+            live.remove(id)
+        };
+        let _unmark = Unmark(&self.inner, id);
+        if let Some(handle) = live {
+            match handle.retire().await {
+                Ok(()) => {}
+                Err(TurnError::Busy) => {
+                    self.inner
+                        .live
+                        .lock()
+                        .expect("sessions lock")
+                        .insert(id.to_string(), handle);
+                    return Err(SessionError::Busy { id: id.into() });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let erased = self.inner.store.erase_session(id).await?;
+        let erased = erased.ok_or_else(|| SessionError::NotFound { id: id.into() })?;
+        tracing::info!(
+            session = id,
+            tenant = %erased.tenant,
+            messages = erased.messages,
+            calls = erased.calls,
+            documents = erased.documents,
+            "session deleted"
+        );
+        Ok(erased)
+    }
+
+    /// Deletes every session of `tenant`, [`ERASE_BATCH`] at a time (one
+    /// store transaction per session): sessions with a running turn are
+    /// left and counted as `busy`.
+    pub async fn erase_tenant(&self, tenant: &str) -> Result<TenantErase, SessionError> {
+        let mut done = TenantErase::default();
+        let mut after = None;
+        loop {
+            let page = self
+                .inner
+                .store
+                .sessions_of(tenant, after.clone(), ERASE_BATCH)
+                .await?;
+            for session in &page.items {
+                match self.delete(&session.id).await {
+                    Ok(_) => done.deleted += 1,
+                    Err(SessionError::Busy { .. }) => done.busy += 1,
+                    Err(SessionError::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        tracing::info!(
+            tenant,
+            deleted = done.deleted,
+            busy = done.busy,
+            "tenant sessions erased"
+        );
+        Ok(done)
+    }
+
     /// Conversations currently in memory.
     pub fn resident(&self) -> usize {
         self.inner
@@ -770,6 +917,15 @@ impl Sessions {
         {
             return Ok(h.clone());
         }
+        if self
+            .inner
+            .deleting
+            .lock()
+            .expect("deleting lock")
+            .contains(id)
+        {
+            return Err(SessionError::NotFound { id: id.into() });
+        }
         let n = self.inner.next_arbiter.fetch_add(1, Ordering::Relaxed);
         let arbiter = &self.inner.arbiters[n % self.inner.arbiters.len()];
         let conversation = Conversation::new(
@@ -787,5 +943,74 @@ impl Sessions {
         let handle = ConversationHandle::start_in(arbiter, conversation);
         live.insert(id.to_string(), handle.clone());
         Ok(handle)
+    }
+}
+
+/// Takes an id off the "being deleted" list when its delete ends.
+struct Unmark<'a>(&'a Inner, &'a str);
+
+impl Drop for Unmark<'_> {
+    fn drop(&mut self) {
+        self.0
+            .deleting
+            .lock()
+            .expect("deleting lock")
+            .remove(self.1);
+    }
+}
+
+/// Deletes the sessions idle past the retention, one page per `every`.
+async fn retention_sweeps(weak: std::sync::Weak<Inner>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut after: Option<String> = None;
+    loop {
+        tick.tick().await;
+        let Some(inner) = weak.upgrade() else { break };
+        let Some(retain) = inner.limits.retain else {
+            break;
+        };
+        let sessions = Sessions { inner };
+        let page = match sessions
+            .inner
+            .store
+            .sessions_with_activity(after.clone(), SWEEP_PAGE)
+            .await
+        {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(error = %e, "retention sweep could not read sessions");
+                continue;
+            }
+        };
+        // A short page is the end: the next sweep starts over.
+        after = if page.len() < SWEEP_PAGE {
+            None
+        } else {
+            page.last().map(|(s, _)| s.id.clone())
+        };
+        let now = Timestamp::now();
+        let (mut deleted, mut busy) = (0u64, 0u64);
+        for (session, last) in page {
+            if !expired(last, now, retain) {
+                continue;
+            }
+            match sessions.delete(&session.id).await {
+                Ok(_) => deleted += 1,
+                Err(SessionError::Busy { .. }) => busy += 1,
+                Err(SessionError::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(session = %session.id, error = %e, "retention sweep could not delete a session");
+                }
+            }
+        }
+        if deleted > 0 || busy > 0 {
+            tracing::info!(
+                deleted,
+                busy,
+                retain_s = retain.as_secs_f64(),
+                "retention sweep deleted idle sessions"
+            );
+        }
     }
 }

@@ -16,7 +16,8 @@
 //! and wins; every other gets `CONFIRMATION_ALREADY_DECIDED` (409) with the
 //! winning decision, and nothing runs for it. The decided records stay
 //! (small; one per confirmation ever decided) so a late request learns
-//! what happened instead of a bare 404.
+//! what happened instead of a bare 404. A confirmation made in a session
+//! is linked to it and erased with it, pending or decided.
 
 use std::time::Duration;
 
@@ -140,15 +141,20 @@ impl Confirmations {
             expires_at: now.checked_add(ttl).unwrap_or(Timestamp::MAX),
         };
         let value = serde_json::to_value(&pending).expect("confirmations serialize");
-        self.store
-            .put_doc_of(
-                NAMESPACE,
-                pending.tenant(),
-                &pending.confirmation_id,
-                value,
-                true,
-            )
-            .await?;
+        let (id, tenant) = (&pending.confirmation_id, pending.tenant());
+        match &pending.context.conversation_id {
+            // Erased with its session, pending or decided.
+            Some(session) => {
+                self.store
+                    .put_doc_of_session(NAMESPACE, tenant, session, id, value, true)
+                    .await?
+            }
+            None => {
+                self.store
+                    .put_doc_of(NAMESPACE, tenant, id, value, true)
+                    .await?
+            }
+        }
         Ok(pending)
     }
 

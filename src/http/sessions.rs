@@ -1,5 +1,7 @@
 //! Sessions over HTTP: create, list, read, send a message (one turn),
-//! history, summary, export (`cadre sessions … --url` reads these).
+//! history, summary, export (`cadre sessions … --url` reads these), and
+//! delete (everything stored under the session's id; 409 while a turn
+//! runs: see [`crate::conversation::Sessions::delete`]).
 
 use std::convert::Infallible;
 
@@ -39,7 +41,7 @@ pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create, list))
-        .routes(routes!(show))
+        .routes(routes!(show, delete_session))
         .routes(routes!(export))
         .routes(routes!(send, history))
         .routes(routes!(summary))
@@ -316,6 +318,36 @@ async fn show(
     Ok(Json(session_json(
         &state.sessions.get_as(&caller.tenant, &id).await?,
     )))
+}
+
+error_responses!(
+    DeleteErrors:
+    SessionNotFound,
+    ConversationBusy = "a turn is running in the session: delete it once the turn has finished",
+    StorageUnavailable
+);
+
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    operation_id = "delete_session",
+    summary = "Delete a session: its messages, summary, tool calls and confirmations",
+    description = "Removes the session and everything stored under its id from the store \
+        (not only from listings). Per-tool counters and the tenant's usage totals stay.",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        DeleteErrors,
+    )
+)]
+async fn delete_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.sessions.delete_as(&caller.tenant, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The caller's sessions (`GET /v1/sessions`).

@@ -5,6 +5,11 @@
 //!   take their defaults).
 //! - `PATCH /v1/tenants/{id}/config`: a JSON merge patch.
 //! - `GET /v1/providers`: which model serves each agent.
+//! - `DELETE /v1/tenants/{id}/sessions`: erase every session of the tenant
+//!   (each as `DELETE /v1/sessions/{id}` does, one store transaction per
+//!   session, read [`crate::conversation::sessions::ERASE_BATCH`] at a
+//!   time). Sessions with a running turn are left and counted as `busy`:
+//!   the answer is 200 with the counts, and the caller erases again.
 //!
 //! Every change is checked like a full config (unknown keys and bad values
 //! are 422) and stored durably before the reply; the next turn of the
@@ -36,6 +41,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(show, replace, patch))
         .routes(routes!(providers))
+        .routes(routes!(erase_sessions))
 }
 
 #[derive(ToSchema)]
@@ -205,6 +211,51 @@ async fn patch(
     let config = current.patched(&body)?;
     config.save(&state.store, &tenant).await?;
     Ok(Json(json!({"tenant": tenant, "config": config})))
+}
+
+/// What a tenant erase did.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct ErasedSessions {
+    tenant: String,
+    /// Sessions deleted.
+    deleted: u64,
+    /// Sessions left because a turn was running in them: erase again.
+    busy: u64,
+}
+
+error_responses!(
+    EraseErrors:
+    AdminRequired,
+    TenantNotFound = "not a valid tenant id",
+    StorageUnavailable
+);
+
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{id}/sessions",
+    operation_id = "erase_tenant_sessions",
+    summary = "Delete every session of a tenant (admin)",
+    description = "Each session goes as with `DELETE /v1/sessions/{id}`, one at a time: \
+        its messages, summary, tool calls and confirmations. Sessions with a running turn \
+        are left and counted in `busy`.",
+    tag = "tenants",
+    params(("id" = String, Path, description = "Tenant id")),
+    responses(
+        (status = 200, description = "What was erased", body = ErasedSessions),
+        EraseErrors,
+    )
+)]
+async fn erase_sessions(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(tenant): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    check(&caller, &tenant)?;
+    let done = state.sessions.erase_tenant(&tenant).await?;
+    Ok(Json(
+        json!({"tenant": tenant, "deleted": done.deleted, "busy": done.busy}),
+    ))
 }
 
 #[utoipa::path(

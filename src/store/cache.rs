@@ -99,6 +99,13 @@ impl ReadCache {
                     self.docs.invalidate(&(namespace.clone(), key.clone()));
                     self.docs.invalidate(&(to_namespace.clone(), key.clone()));
                 }
+                WriteOp::DeleteSession { session_id, .. } => {
+                    generation.get_or_insert_with(|| self.generation.lock().expect("cache lock"));
+                    self.sessions.invalidate(session_id);
+                    // Which documents went with it is known to the writer
+                    // only; erasing is rare, so every document is forgotten.
+                    self.docs.invalidate_all();
+                }
                 _ => {}
             }
         }

@@ -92,6 +92,20 @@ pub(super) fn index_call(
     Ok(())
 }
 
+/// Drops the index rows [`index_call`] wrote for `rec`.
+pub(super) fn unindex_call(
+    table: &mut Table<(&str, &str, &str), ()>,
+    rec: &ToolCallRecord,
+) -> Result<(), StoreError> {
+    let Some(tenant) = &rec.tenant else {
+        return Ok(());
+    };
+    for facet in call_facets(rec) {
+        table.remove((tenant.as_str(), facet.as_str(), rec.record_id.as_str()))?;
+    }
+    Ok(())
+}
+
 /// Lists `(namespace, key)` under `tenant`, moving it from another tenant.
 pub(super) fn index_doc(
     by_tenant: &mut Table<(&str, &str, &str), ()>,

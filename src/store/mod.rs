@@ -18,7 +18,8 @@
 //! from a read cache the writer invalidates ([`cache`]). Token usage is
 //! counted by increments the writer applies in the same batches ([`usage`]).
 //! Listings read a tenant-first index written in the same transaction as
-//! the rows it lists, one page at a time ([`listing`]).
+//! the rows it lists, one page at a time ([`listing`]). Erasing a session
+//! removes every row under its id in one transaction ([`erase`]).
 //! Owns: the file layout ([`tables`]). Does not: decide what to write.
 //!
 //! Storage faults (disk full, EIO, a file size limit): a commit that fails
@@ -37,6 +38,7 @@
 //! reopen, so it reloads instead of writing on top of steps that were lost.
 
 mod cache;
+pub mod erase;
 pub mod listing;
 mod read_view;
 pub mod tables;
@@ -57,6 +59,7 @@ use tokio::sync::oneshot;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::identity::Plan;
 use crate::model::ChatMessage;
+pub use erase::Erased;
 pub use listing::Page;
 use tables::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
@@ -273,6 +276,19 @@ pub enum WriteOp {
     },
     /// Adds a model call's tokens to its session's and tenant's counters.
     RecordUsage(UsageDelta),
+    /// Removes the session and everything stored under its id
+    /// ([`erase`]); `erased` gets what went (`None`: no such session).
+    DeleteSession {
+        session_id: String,
+        erased: Arc<Mutex<Option<Erased>>>,
+    },
+    /// Links a document to a session: erased with it, also after a
+    /// [`WriteOp::MoveDoc`]; a [`WriteOp::DeleteDoc`] drops the link.
+    LinkDoc {
+        namespace: String,
+        key: String,
+        session_id: String,
+    },
     /// Indexes by tenant, once, the documents of `namespace` written before
     /// the index existed; `indexed` gets how many (`None`: done already).
     IndexDocs {
@@ -402,6 +418,7 @@ impl Store {
             path: is_file.then(|| path.clone()),
             last_attempt: None,
             cache: cache.clone(),
+            erased: erase::ErasedIds::default(),
         };
         let commit_latency = Arc::new(crate::metrics::Histogram::default());
         let latency = commit_latency.clone();
@@ -970,6 +987,87 @@ impl Store {
         self.write(vec![op], durable).await
     }
 
+    /// [`Self::put_doc_of`] of a document that belongs to `session`: it is
+    /// erased with the session ([`Self::erase_session`]), wherever it was
+    /// moved to by then.
+    pub async fn put_doc_of_session(
+        &self,
+        namespace: &str,
+        tenant: &str,
+        session: &str,
+        key: &str,
+        value: Value,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let ops = vec![
+            WriteOp::PutDoc {
+                namespace: namespace.into(),
+                key: key.into(),
+                value,
+                tenant: Some(tenant.into()),
+            },
+            WriteOp::LinkDoc {
+                namespace: namespace.into(),
+                key: key.into(),
+                session_id: session.into(),
+            },
+        ];
+        self.write(ops, durable).await
+    }
+
+    /// Removes the session `id` and every row stored under it, durably, in
+    /// one transaction ([`erase`]); `None` when there was no such session.
+    /// The caller makes sure nothing writes for the session any more.
+    pub async fn erase_session(&self, id: &str) -> Result<Option<Erased>, StoreError> {
+        let erased = Arc::new(Mutex::new(None));
+        let op = WriteOp::DeleteSession {
+            session_id: id.into(),
+            erased: erased.clone(),
+        };
+        self.write(vec![op], true).await?;
+        let found = erased.lock().expect("erase slot").take();
+        Ok(found)
+    }
+
+    /// Up to `limit` sessions of every tenant after the id `after` (by id:
+    /// oldest first for UUID v7 ids), each with when it was last active
+    /// (its last message, else its creation): what the retention sweep
+    /// reads, one bounded page per sweep.
+    pub async fn sessions_with_activity(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<(Session, Timestamp)>, StoreError> {
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let sessions = txn.open_table(SESSIONS)?;
+            let messages = txn.open_table(MESSAGES)?;
+            let lower = match &after {
+                Some(a) => std::ops::Bound::Excluded(a.as_str()),
+                None => std::ops::Bound::Unbounded,
+            };
+            let mut out = Vec::new();
+            for row in sessions
+                .range::<&str>((lower, std::ops::Bound::Unbounded))?
+                .take(limit)
+            {
+                let (_, v) = row?;
+                let s: Session = serde_json::from_slice(v.value())?;
+                let last = messages
+                    .range((s.id.as_str(), 0)..=(s.id.as_str(), u64::MAX))?
+                    .next_back()
+                    .transpose()?;
+                let at = match last {
+                    Some((_, m)) => serde_json::from_slice::<StoredMessage>(m.value())?.created_at,
+                    None => s.created_at,
+                };
+                out.push((s, at));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// Indexes by tenant the documents of `namespace` written before
     /// [`tables::DOCS_BY_TENANT`] existed, reading each one's tenant with
     /// `tenant_of`. Once per namespace (later calls return `None`), durably;
@@ -1114,6 +1212,8 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(TOOL_CALLS_BY_TENANT)?;
         txn.open_table(DOCS_BY_TENANT)?;
         txn.open_table(DOC_TENANTS)?;
+        txn.open_table(DOCS_BY_SESSION)?;
+        txn.open_table(DOC_SESSIONS)?;
     }
     txn.commit()?;
     Ok(())
@@ -1127,6 +1227,8 @@ struct Writer {
     last_attempt: Option<Instant>,
     /// Told what every batch wrote, and emptied when the file is reopened.
     cache: Arc<cache::ReadCache>,
+    /// Sessions erased by committed batches: later writes under them are dropped.
+    erased: erase::ErasedIds,
 }
 
 impl Writer {
@@ -1216,7 +1318,7 @@ impl Writer {
             let durable = batch.iter().any(|r| r.durable);
             let started = Instant::now();
             let db = self.slot.current();
-            let result = commit_batch(&db, &batch, durable).map_err(|e| {
+            let result = commit_batch(&db, &batch, durable, &self.erased).map_err(|e| {
                 tracing::error!(error = %e, requests = batch.len(), "store commit failed");
                 Arc::new(e)
             });
@@ -1226,6 +1328,15 @@ impl Writer {
                 Err(e) if is_io(&e) => Err(self.enter_outage(&e)),
                 other => other,
             };
+            if result.is_ok() {
+                for op in batch.iter().flat_map(|r| r.ops.iter()) {
+                    if let WriteOp::DeleteSession { session_id, erased } = op
+                        && erased.lock().expect("erase slot").is_some()
+                    {
+                        self.erased.remember(session_id.clone());
+                    }
+                }
+            }
             self.cache
                 .invalidate(batch.iter().flat_map(|r| r.ops.iter()));
             for req in batch {
@@ -1300,7 +1411,12 @@ fn is_io(e: &StoreError) -> bool {
     )
 }
 
-fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<(), StoreError> {
+fn commit_batch(
+    db: &Database,
+    batch: &[WriteRequest],
+    durable: bool,
+    erased_ids: &erase::ErasedIds,
+) -> Result<(), StoreError> {
     let mut txn = db.begin_write()?;
     txn.set_durability(if durable {
         Durability::Immediate
@@ -1323,8 +1439,16 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
         let mut calls_by_tenant = txn.open_table(TOOL_CALLS_BY_TENANT)?;
         let mut docs_by_tenant = txn.open_table(DOCS_BY_TENANT)?;
         let mut doc_tenants = txn.open_table(DOC_TENANTS)?;
+        let mut docs_by_session = txn.open_table(DOCS_BY_SESSION)?;
+        let mut doc_sessions = txn.open_table(DOC_SESSIONS)?;
         let mut meta = txn.open_table(META)?;
+        // Erased by this batch: a later op of the batch is late too.
+        let mut erased_now = erase::ErasedIds::default();
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
+            if erased_ids.drops(op) || erased_now.drops(op) {
+                tracing::debug!("a write under an erased session was dropped");
+                continue;
+            }
             match op {
                 WriteOp::PutSession(s) => {
                     sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
@@ -1393,6 +1517,7 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                 WriteOp::DeleteDoc { namespace, key } => {
                     docs.remove((namespace.as_str(), key.as_str()))?;
                     listing::unindex_doc(&mut docs_by_tenant, &mut doc_tenants, namespace, key)?;
+                    erase::unlink_doc(&mut docs_by_session, &mut doc_sessions, namespace, key)?;
                 }
                 WriteOp::MoveDoc {
                     namespace,
@@ -1416,6 +1541,21 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                             (to_namespace.as_str(), key.as_str()),
                             serde_json::to_vec(to_value)?.as_slice(),
                         )?;
+                        let linked = erase::unlink_doc(
+                            &mut docs_by_session,
+                            &mut doc_sessions,
+                            namespace,
+                            key,
+                        )?;
+                        if let Some(session) = linked {
+                            erase::link_doc(
+                                &mut docs_by_session,
+                                &mut doc_sessions,
+                                to_namespace,
+                                key,
+                                &session,
+                            )?;
+                        }
                     }
                     // Assigned, not set once: a batch retried after a failed
                     // commit reports what its own transaction found.
@@ -1429,7 +1569,58 @@ fn commit_batch(db: &Database, batch: &[WriteRequest], durable: bool) -> Result<
                         .insert(session_id.as_str(), serde_json::to_vec(summary)?.as_slice())?;
                 }
                 WriteOp::RecordUsage(delta) => {
-                    usage::apply(&mut session_usage, &mut tenant_usage, delta)?;
+                    match &delta.session_id {
+                        // The tenant's totals count it; the session is gone.
+                        Some(id) if erased_ids.contains(id) || erased_now.contains(id) => {
+                            let tenant_only = UsageDelta {
+                                session_id: None,
+                                tenant: delta.tenant.clone(),
+                                agent: delta.agent.clone(),
+                                day: delta.day,
+                                usage: delta.usage,
+                            };
+                            usage::apply(&mut session_usage, &mut tenant_usage, &tenant_only)?;
+                        }
+                        _ => usage::apply(&mut session_usage, &mut tenant_usage, delta)?,
+                    }
+                }
+                WriteOp::DeleteSession { session_id, erased } => {
+                    let mut tables = erase::EraseTables {
+                        sessions: &mut sessions,
+                        sessions_by_tenant: &mut sessions_by_tenant,
+                        messages: &mut messages,
+                        summaries: &mut summaries,
+                        session_usage: &mut session_usage,
+                        calls: &mut calls,
+                        by_conv: &mut by_conv,
+                        by_tool: &mut by_tool,
+                        by_workflow: &mut by_workflow,
+                        calls_by_tenant: &mut calls_by_tenant,
+                        docs: &mut docs,
+                        docs_by_tenant: &mut docs_by_tenant,
+                        doc_tenants: &mut doc_tenants,
+                        docs_by_session: &mut docs_by_session,
+                        doc_sessions: &mut doc_sessions,
+                    };
+                    let found = erase::delete_session(&mut tables, session_id)?;
+                    if found.is_some() {
+                        erased_now.remember(session_id.clone());
+                    }
+                    // Assigned, not set once (see MoveDoc).
+                    *erased.lock().expect("erase slot") = found;
+                }
+                WriteOp::LinkDoc {
+                    namespace,
+                    key,
+                    session_id,
+                } => {
+                    erase::link_doc(
+                        &mut docs_by_session,
+                        &mut doc_sessions,
+                        namespace,
+                        key,
+                        session_id,
+                    )?;
                 }
                 WriteOp::IndexDocs {
                     namespace,
@@ -1557,6 +1748,108 @@ mod tests {
         store.put_doc("ns", "k", 2.into(), false).await.unwrap();
         cache.put_doc(seen, "ns", "k", &Some(1.into()));
         assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(2.into()));
+    }
+
+    #[tokio::test]
+    async fn writes_under_an_erased_session_are_dropped() {
+        let store = Store::open_in_memory().unwrap();
+        let session = Session {
+            id: "s".into(),
+            tenant: "t".into(),
+            agent: "a".into(),
+            user_id: None,
+            plan: Plan::Free,
+            metadata: Value::Null,
+            created_at: Timestamp::now(),
+        };
+        let append = |seq: u64| WriteOp::AppendMessages {
+            session_id: "s".into(),
+            messages: vec![msg(seq, "hi")],
+        };
+        let put = WriteOp::PutSession(session.clone());
+        store.write(vec![put, append(1)], false).await.unwrap();
+        assert_eq!(store.erase_session("s").await.unwrap().unwrap().messages, 1);
+        assert_eq!(store.erase_session("s").await.unwrap(), None);
+
+        // What a late writer sends (an approved call, an operator's
+        // assignment, a turn's step) stores nothing under the id.
+        let record = ToolCallRecord {
+            record_id: "r".into(),
+            tool_name: "echo".into(),
+            tool_call_id: None,
+            params: Value::Null,
+            output: None,
+            is_success: true,
+            error: None,
+            error_type: None,
+            execution_time_ms: 1,
+            attempts: 1,
+            caller_id: "s".into(),
+            caller_type: "conversation_agent".into(),
+            conversation_id: Some("s".into()),
+            workflow_id: None,
+            user_id: None,
+            tenant: Some("t".into()),
+            created_at: Timestamp::now(),
+            source_id: None,
+        };
+        let usage = WriteOp::RecordUsage(UsageDelta {
+            session_id: Some("s".into()),
+            tenant: "t".into(),
+            agent: "a".into(),
+            day: usage::day_of(Timestamp::now()),
+            usage: TokenUsage::call(3, 4),
+        });
+        let ops = vec![
+            WriteOp::PutSession(session),
+            append(2),
+            WriteOp::RecordToolCall(Box::new(record)),
+            usage,
+        ];
+        store.write(ops, false).await.unwrap();
+        assert_eq!(store.get_session("s").await.unwrap(), None);
+        assert_eq!(store.message_count("s").await.unwrap(), 0);
+        assert_eq!(store.record_count().await.unwrap(), 0);
+        assert!(store.session_usage("s").await.unwrap().is_empty());
+        // The tenant's totals still count the tokens.
+        let day = usage::day_of(Timestamp::now());
+        assert_eq!(
+            store
+                .tenant_usage("t", day, day)
+                .await
+                .unwrap()
+                .total_tokens,
+            7
+        );
+
+        // A late write in the very batch of the erase, after it.
+        let other = Session {
+            id: "u".into(),
+            tenant: "t".into(),
+            agent: "a".into(),
+            user_id: None,
+            plan: Plan::Free,
+            metadata: Value::Null,
+            created_at: Timestamp::now(),
+        };
+        store
+            .write(vec![WriteOp::PutSession(other)], false)
+            .await
+            .unwrap();
+        let erased = Arc::new(Mutex::new(None));
+        let ops = vec![
+            WriteOp::DeleteSession {
+                session_id: "u".into(),
+                erased: erased.clone(),
+            },
+            WriteOp::AppendMessages {
+                session_id: "u".into(),
+                messages: vec![msg(1, "late")],
+            },
+        ];
+        store.write(ops, false).await.unwrap();
+        assert!(erased.lock().unwrap().is_some());
+        assert_eq!(store.message_count("u").await.unwrap(), 0);
     }
 
     #[tokio::test]

@@ -38,7 +38,8 @@ pub const TOOL_CALLS_BY_TOOL: TableDefinition<(&str, &str), ()> =
 pub const TOOL_CALLS_BY_WORKFLOW: TableDefinition<(&str, &str), ()> =
     TableDefinition::new("tool_calls_by_workflow");
 
-/// tool_name -> `ToolStats` (json), updated in the transaction that adds the record.
+/// tool_name -> `ToolStats` (json), updated in the transaction that adds the
+/// record: calls ever made, not decremented when a session is erased.
 pub const TOOL_STATS: TableDefinition<&str, &[u8]> = TableDefinition::new("tool_stats");
 
 /// (namespace, key) -> json document: small per-user state of tools
@@ -52,7 +53,8 @@ pub const SESSION_USAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("se
 
 /// (tenant, day `YYYY-MM-DD` UTC, agent) -> `TokenUsage` (json). One row per
 /// tenant, day and agent, so no row is shared by every tenant's turns; a
-/// tenant's month is a range of at most 31 days of rows.
+/// tenant's month is a range of at most 31 days of rows. Kept (for billing)
+/// when a session is erased; [`SESSION_USAGE`] goes with it.
 pub const TENANT_USAGE: TableDefinition<(&str, &str, &str), &[u8]> =
     TableDefinition::new("tenant_usage");
 
@@ -76,3 +78,13 @@ pub const DOCS_BY_TENANT: TableDefinition<(&str, &str, &str), ()> =
 /// (namespace, key) -> tenant: the reverse of [`DOCS_BY_TENANT`], so deleting
 /// or moving a document drops its index row without parsing the document.
 pub const DOC_TENANTS: TableDefinition<(&str, &str), &str> = TableDefinition::new("doc_tenants");
+
+/// (session_id, namespace, key) -> (): the documents erased with a session
+/// (its confirmations, pending and decided; [`super::erase`]). Added
+/// without a schema bump: an older file gets the table empty.
+pub const DOCS_BY_SESSION: TableDefinition<(&str, &str, &str), ()> =
+    TableDefinition::new("docs_by_session");
+
+/// (namespace, key) -> session_id: the reverse of [`DOCS_BY_SESSION`], so a
+/// moved or deleted document carries or drops its link without parsing it.
+pub const DOC_SESSIONS: TableDefinition<(&str, &str), &str> = TableDefinition::new("doc_sessions");
