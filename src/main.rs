@@ -680,8 +680,14 @@ fn keys(command: KeysCommand) -> anyhow::Result<()> {
                 if let Some(plan) = plan {
                     new.plan = plan;
                 }
+                let before = cadre::tenants::list_keys(&store).await?;
                 let (key, record) = cadre::tenants::issue_key(&store, &new, now).await?;
                 cli::render::created_key(&key, &record.info(now));
+                if let Some(notice) =
+                    cadre::tenants::open_mode_notice(&store, &before, &record).await?
+                {
+                    eprintln!("note: {notice}");
+                }
             }
             KeysCommand::List { data_dir } => {
                 let store = open_store(&data_dir)?;

@@ -1,0 +1,82 @@
+//! Access (#20): what a newcomer meets once keys exist, with the real
+//! binary where keys and the CLI are involved. Sessions made in open mode
+//! stay tenant `default`'s, and the first key of another tenant says so;
+//! browsers reach the visitor WebSocket with a short-lived, single-use
+//! token instead of a header; agent files reload like tools; the CLI
+//! completes in bash, zsh and fish.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+
+use reqwest::StatusCode;
+use serde_json::json;
+use support::repo_agents;
+use support::server::Server;
+
+/// Runs the binary to its end (no `CADRE_*` from the test's environment).
+fn cadre(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_cadre"))
+        .args(args)
+        .env_remove("CADRE_URL")
+        .env_remove("CADRE_API_KEY")
+        .env_remove("CADRE_CONFIG")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("CADRE_MODEL_BASE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("the cadre binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `cadre keys create` on a data dir a server holds (it goes over HTTP):
+/// the key, and what the command said on stderr.
+async fn create_key(data: &str, args: &[&str]) -> (String, String) {
+    let mut all = vec!["keys", "create", "--data-dir", data];
+    all.extend_from_slice(args);
+    let all: Vec<String> = all.into_iter().map(String::from).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        cadre(&all.iter().map(String::as_str).collect::<Vec<_>>())
+    })
+    .await
+    .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    (text(&out.stdout).trim().to_string(), err)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_mode_sessions_stay_tenant_default_and_the_first_other_key_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_offline(&data, &repo_agents());
+    let data = data.to_str().unwrap().to_string();
+    let open = server.client();
+    let session = open.session("assistant").await;
+    let path = format!("/v1/sessions/{session}");
+
+    // The operator's first key, for another tenant: it is told where the
+    // open-mode sessions went, and it does not read them.
+    let (acme, err) = create_key(&data, &["--tenant", "acme", "--admin"]).await;
+    assert!(
+        err.contains("tenant 'default'") && err.contains("--tenant default"),
+        "{err}"
+    );
+    assert_eq!(open.get(&path).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        open.with_key(&acme).get(&path).await.0,
+        StatusCode::NOT_FOUND
+    );
+
+    // The key the notice names reads them; once it exists, no more notice.
+    let (default, err) = create_key(&data, &["--tenant", "default", "--api-key", &acme]).await;
+    assert!(!err.contains("note:"), "{err}");
+    let (status, body) = open.with_key(&default).get(&path).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["id"], json!(session));
+    let (_, err) = create_key(&data, &["--tenant", "beta", "--api-key", &acme]).await;
+    assert!(!err.contains("note:"), "{err}");
+}
