@@ -80,3 +80,98 @@ async fn open_mode_sessions_stay_tenant_default_and_the_first_other_key_says_so(
     let (_, err) = create_key(&data, &["--tenant", "beta", "--api-key", &acme]).await;
     assert!(!err.contains("note:"), "{err}");
 }
+
+/// Opens `session`'s visitor WebSocket with `?token=` and no header; a
+/// refused upgrade is its HTTP status.
+async fn ws_with_token(base: &str, session: &str, token: &str) -> Result<support::ws::Ws, u16> {
+    let url = format!(
+        "{}/v1/sessions/{session}/ws?token={token}",
+        base.replacen("http://", "ws://", 1)
+    );
+    match tokio_tungstenite::connect_async(url).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_opens_the_websocket_with_a_single_use_token_bound_to_its_session_and_key() {
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_offline(&dir.path().join("data"), &repo_agents());
+    let open = server.client();
+    let (_, admin) = open
+        .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
+        .await;
+    let admin = open.with_key(admin["key"].as_str().unwrap());
+    let key_of = |tenant: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let (status, body) = admin.post("/v1/keys", &json!({"tenant": tenant})).await;
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+            (
+                body["key"].as_str().unwrap().to_string(),
+                body["key_id"].as_str().unwrap().to_string(),
+            )
+        }
+    };
+    let (acme_key, acme_id) = key_of("acme").await;
+    let (beta_key, _) = key_of("beta").await;
+    let acme = open.with_key(&acme_key);
+    let beta = open.with_key(&beta_key);
+    let session = acme.session("assistant").await;
+    let other = acme.session("assistant").await;
+    let token_path = format!("/v1/sessions/{session}/ws-token");
+
+    // With the key, a token; with it, the socket, once.
+    let (status, body) = acme.post(&token_path, &json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["expires_in"], 60);
+    let token = body["token"].as_str().unwrap().to_string();
+    let mut ws = ws_with_token(&server.base, &session, &token)
+        .await
+        .expect("the token opens the socket");
+    ws.send(Message::text(
+        json!({"type": "assign_operator", "operator_id": "op1"}).to_string(),
+    ))
+    .await
+    .unwrap();
+    let frame = ws.next().await.unwrap().unwrap();
+    assert!(
+        frame.to_text().unwrap().contains("operator_assigned"),
+        "{frame}"
+    );
+    assert_eq!(
+        ws_with_token(&server.base, &session, &token).await.err(),
+        Some(401),
+        "single use"
+    );
+
+    // Bound to its session; another tenant gets no token for it; the key
+    // itself is no token.
+    let (_, body) = acme.post(&token_path, &json!({})).await;
+    let token = body["token"].as_str().unwrap();
+    assert_eq!(
+        ws_with_token(&server.base, &other, token).await.err(),
+        Some(401)
+    );
+    let (status, _) = beta.post(&token_path, &json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        ws_with_token(&server.base, &session, &acme_key).await.err(),
+        Some(401)
+    );
+
+    // A revoked key's tokens stop working with it.
+    let (_, body) = acme.post(&token_path, &json!({})).await;
+    let token = body["token"].as_str().unwrap();
+    let (status, _) = admin.delete(&format!("/v1/keys/{acme_id}")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        ws_with_token(&server.base, &session, token).await.err(),
+        Some(401)
+    );
+}

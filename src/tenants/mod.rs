@@ -45,6 +45,7 @@
 //! data (`/v1/stats`, `/v1/events`).
 
 pub mod config;
+pub mod tokens;
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -347,6 +348,8 @@ pub async fn open_mode_notice(
 #[derive(Clone)]
 pub struct KeyRing {
     inner: Arc<RwLock<Ring>>,
+    /// The WebSocket tokens its keys asked for ([`tokens`]).
+    ws_tokens: Arc<tokens::SessionTokens>,
 }
 
 struct Ring {
@@ -364,6 +367,7 @@ impl KeyRing {
             .collect();
         Ok(KeyRing {
             inner: Arc::new(RwLock::new(Ring { by_id })),
+            ws_tokens: Arc::default(),
         })
     }
 
@@ -413,6 +417,41 @@ impl KeyRing {
                 metrics_only: record.metrics,
                 key_id: Some(record.key_id.clone()),
             }),
+        }
+    }
+
+    /// A single-use token that opens `session`'s WebSocket as `principal`
+    /// within [`tokens::WS_TOKEN_TTL`].
+    pub fn issue_ws_token(
+        &self,
+        principal: &Principal,
+        session: &str,
+    ) -> Result<String, tokens::TokenError> {
+        self.ws_tokens
+            .issue_at(principal, session, std::time::Instant::now())
+    }
+
+    /// Spends a WebSocket token for `session`: the principal of the key
+    /// that asked for it, if that key is still active now (or, for a token
+    /// of open mode, the server still open).
+    pub fn redeem_ws_token(&self, token: &str, session: &str) -> Result<Principal, KeyRefusal> {
+        let grant = self
+            .ws_tokens
+            .redeem_at(token, session, std::time::Instant::now())
+            .map_err(|refusal| {
+                tracing::debug!(?refusal, "WebSocket token refused");
+                KeyRefusal::Invalid
+            })?;
+        let ring = self.read();
+        match &grant.principal.key_id {
+            None if ring.by_id.is_empty() => Ok(grant.principal),
+            None => Err(KeyRefusal::Invalid),
+            Some(id) => match ring.by_id.get(id).map(|k| k.status(Timestamp::now())) {
+                Some(KeyStatus::Active) => Ok(grant.principal),
+                Some(KeyStatus::Revoked) => Err(KeyRefusal::Revoked),
+                Some(KeyStatus::Expired) => Err(KeyRefusal::Expired),
+                None => Err(KeyRefusal::Invalid),
+            },
         }
     }
 
