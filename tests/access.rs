@@ -175,3 +175,145 @@ async fn a_browser_opens_the_websocket_with_a_single_use_token_bound_to_its_sess
         Some(401)
     );
 }
+
+/// Writes `text` to `dir/name` whole (rename into place), as an editor
+/// saves, so a reload never reads half a file.
+fn put(dir: &std::path::Path, name: &str, text: &str) {
+    let staging = dir.join(format!(".{name}.partial"));
+    std::fs::write(&staging, text).unwrap();
+    std::fs::rename(&staging, dir.join(name)).unwrap();
+}
+
+fn agent(name: &str, prompt: &str) -> String {
+    format!("name = {name:?}\nsystem_prompt = {prompt:?}\n")
+}
+
+/// Receives runtime events until `pick` accepts one (bounded).
+async fn wait_for(
+    rx: &mut tokio::sync::broadcast::Receiver<cadre::events::Event>,
+    what: &str,
+    pick: impl Fn(&cadre::events::EventKind) -> bool,
+) -> cadre::events::EventKind {
+    let found = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            match rx.recv().await {
+                Ok(event) if pick(&event.kind) => return event.kind,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    found.await.unwrap_or_else(|_| panic!("no {what} event"))
+}
+
+/// The system prompts of the model requests from the `from`th on.
+fn prompts_since(model: &support::mock_model::MockModel, from: usize) -> String {
+    model.requests()[from..]
+        .iter()
+        .map(|r| {
+            r["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn agent_files_reload_like_tools_and_a_bad_edit_keeps_the_last_good_version() {
+    use cadre::events::EventKind;
+    use support::mock_model::{MockModel, Reply};
+    use support::{AppOptions, spawn_app};
+
+    let model = MockModel::start().await;
+    model.set_default(Some(Reply::text("ok")));
+    let agents = tempfile::tempdir().unwrap();
+    let dir = agents.path();
+    put(
+        dir,
+        "alpha.toml",
+        &agent("alpha", "You are alpha, version one."),
+    );
+    let app = spawn_app(
+        AppOptions::with_model(&model)
+            .agents(dir)
+            .config_toml("[tools]\nreload_interval_s = 0.2\n"),
+    );
+    let mut events = app.runtime.as_ref().unwrap().events().subscribe();
+    let session = app.session("alpha").await;
+    assert_eq!(app.say(&session, "hi").await.0, StatusCode::OK);
+    assert!(prompts_since(&model, 0).contains("version one"));
+
+    // An edit: the running conversation uses it from its next turn.
+    put(
+        dir,
+        "alpha.toml",
+        &agent("alpha", "You are alpha, version two."),
+    );
+    wait_for(
+        &mut events,
+        "agent_updated alpha",
+        |k| matches!(k, EventKind::AgentUpdated { agent, .. } if agent == "alpha"),
+    )
+    .await;
+    let seen = model.request_count();
+    assert_eq!(app.say(&session, "again").await.0, StatusCode::OK);
+    let prompts = prompts_since(&model, seen);
+    assert!(
+        prompts.contains("version two") && !prompts.contains("version one"),
+        "{prompts}"
+    );
+
+    // A bad edit is reported and the last good version stays.
+    put(dir, "alpha.toml", "name = \"alpha\"\nsystem_prompt = \n");
+    let error = wait_for(
+        &mut events,
+        "load_error alpha.toml",
+        |k| matches!(k, EventKind::LoadError { file, .. } if file.ends_with("alpha.toml")),
+    )
+    .await;
+    assert!(format!("{error:?}").contains("alpha.toml"), "{error:?}");
+    let seen = model.request_count();
+    assert_eq!(app.say(&session, "still there?").await.0, StatusCode::OK);
+    assert!(prompts_since(&model, seen).contains("version two"));
+    let (status, _) = app.post("/v1/sessions", &json!({"agent": "alpha"})).await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    // A new file is a new agent.
+    put(dir, "beta.toml", &agent("beta", "You are beta."));
+    wait_for(
+        &mut events,
+        "agent_added beta",
+        |k| matches!(k, EventKind::AgentAdded { agent, .. } if agent == "beta"),
+    )
+    .await;
+    let (_, listed) = app.get("/v1/agents").await;
+    let names: Vec<&str> = listed["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["alpha", "beta"]);
+
+    // A removed file: no new sessions; its sessions stay readable and their
+    // turns say the agent is gone.
+    std::fs::remove_file(dir.join("alpha.toml")).unwrap();
+    wait_for(
+        &mut events,
+        "agent_removed alpha",
+        |k| matches!(k, EventKind::AgentRemoved { agent } if agent == "alpha"),
+    )
+    .await;
+    let (status, body) = app.post("/v1/sessions", &json!({"agent": "alpha"})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "AGENT_NOT_FOUND");
+    assert_eq!(
+        app.get(&format!("/v1/sessions/{session}")).await.0,
+        StatusCode::OK
+    );
+    let (status, body) = app.say(&session, "hello?").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "AGENT_NOT_FOUND");
+}
