@@ -317,3 +317,37 @@ async fn agent_files_reload_like_tools_and_a_bad_edit_keeps_the_last_good_versio
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert_eq!(body["error"]["code"], "AGENT_NOT_FOUND");
 }
+
+#[test]
+fn completions_are_printed_for_bash_zsh_and_fish() {
+    let bash = cadre(&["completions", "bash"]);
+    assert!(bash.status.success(), "{}", text(&bash.stderr));
+    let script = text(&bash.stdout);
+    assert!(
+        script.contains("_cadre()") && script.contains("complete -F _cadre"),
+        "{script}"
+    );
+    for sub in ["serve", "keys", "completions", "--data-dir", "--tenant"] {
+        assert!(script.contains(sub), "bash completes {sub}");
+    }
+    // The script is valid bash.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cadre.bash");
+    std::fs::write(&file, &script).unwrap();
+    let syntax = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+    assert!(syntax.status.success(), "{}", text(&syntax.stderr));
+
+    let zsh = cadre(&["completions", "zsh"]);
+    assert!(zsh.status.success());
+    assert!(text(&zsh.stdout).starts_with("#compdef cadre"));
+    let fish = cadre(&["completions", "fish"]);
+    assert!(fish.status.success());
+    let fish = text(&fish.stdout);
+    assert!(
+        fish.contains("complete -c cadre") && fish.contains("Where the redb database lives"),
+        "{fish}"
+    );
+
+    let bad = cadre(&["completions", "tcsh"]);
+    assert!(!bad.status.success());
+}
