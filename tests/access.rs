@@ -103,9 +103,19 @@ async fn a_browser_opens_the_websocket_with_a_single_use_token_bound_to_its_sess
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_offline(&dir.path().join("data"), &repo_agents());
     let open = server.client();
+    // A token asked for in open mode works only while the server is open.
+    let early = open.session("assistant").await;
+    let (_, body) = open
+        .post(&format!("/v1/sessions/{early}/ws-token"), &json!({}))
+        .await;
+    let open_token = body["token"].as_str().unwrap().to_string();
     let (_, admin) = open
         .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
         .await;
+    assert_eq!(
+        ws_with_token(&server.base, &early, &open_token).await.err(),
+        Some(401)
+    );
     let admin = open.with_key(admin["key"].as_str().unwrap());
     let key_of = |tenant: &'static str| {
         let admin = admin.clone();
