@@ -5,10 +5,24 @@
 //! An agent names its tools from the registry, its limits and optionally its
 //! own model endpoint. Secrets stay out of agent files: an override names
 //! the environment variable holding the key (`api_key_env`), never the key.
+//!
+//! agents/*.toml ──watcher / rescan──▶ [`AgentFiles::reload`] ──swap──▶ [`Agents`] (shared, live)
+//!                                                  └──▶ runtime: log + `agent_*` / `load_error` events
+//!
+//! Reload decisions (the tool registry's rules, applied to agents):
+//! - at startup every file must load; after that a file that no longer
+//!   loads keeps its last good version live and is reported once per
+//!   version of its text;
+//! - a removed file's agent goes away: no new sessions, and the turns of
+//!   its sessions answer `AGENT_NOT_FOUND` (their data stays readable);
+//! - turns read the agent when they start ([`Agents::get`] is a snapshot),
+//!   so an edit applies to running conversations from their next turn; the
+//!   parts a conversation actor holds (model client, tool batch deadline,
+//!   `multitask`) change when it is next loaded into memory.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -222,9 +236,10 @@ impl Agent {
     }
 }
 
-/// Reads every `*.toml` directly in `dir` (sub-folders hold tools and
-/// workflows). A missing directory is no agents, not an error.
-pub fn load_agent_files(dir: &Path) -> Result<Vec<(PathBuf, AgentFile)>, ConfigError> {
+/// The agent files of `dir`: every `*.toml` directly in it but `mcp.toml`
+/// (sub-folders hold tools and workflows), sorted. A missing folder is no
+/// agents, not an error.
+fn agent_paths(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -242,55 +257,56 @@ pub fn load_agent_files(dir: &Path) -> Result<Vec<(PathBuf, AgentFile)>, ConfigE
         .filter(|p| p.file_name().is_none_or(|n| n != MCP_FILE_NAME))
         .collect();
     paths.sort();
-    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
-    let mut out = Vec::new();
-    for path in paths {
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let file = AgentFile::parse(&path, &text)?;
-        if let Some(first) = seen.insert(file.name.clone(), path.clone()) {
-            return Err(ConfigError::DuplicateAgent {
-                name: file.name,
-                first,
-                second: path,
-            });
-        }
-        out.push((path, file));
-    }
-    Ok(out)
+    Ok(paths)
 }
 
-/// The agents a server runs, by name.
+type AgentMap = BTreeMap<String, Arc<Agent>>;
+
+/// The agents a server runs, by name. Clones share one live set: a reload
+/// ([`AgentFiles::reload`]) swaps it for every holder at once, and each
+/// read takes a snapshot, so a turn keeps the version it started with.
 #[derive(Clone, Default)]
 pub struct Agents {
-    by_name: Arc<BTreeMap<String, Arc<Agent>>>,
+    // A std RwLock over a snapshot `Arc`: reads clone the `Arc` (no
+    // allocation, never held across an await), writes are rare.
+    by_name: Arc<RwLock<Arc<AgentMap>>>,
 }
 
 impl Agents {
     pub fn new(agents: Vec<Agent>) -> Self {
-        Agents {
-            by_name: Arc::new(
-                agents
-                    .into_iter()
-                    .map(|a| (a.name.clone(), Arc::new(a)))
-                    .collect(),
-            ),
-        }
+        let live = Agents::default();
+        live.replace(
+            agents
+                .into_iter()
+                .map(|a| (a.name.clone(), Arc::new(a)))
+                .collect(),
+        );
+        live
+    }
+
+    fn snapshot(&self) -> Arc<AgentMap> {
+        // No code panics while holding the lock; a poisoned one is intact.
+        self.by_name
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn replace(&self, agents: AgentMap) {
+        *self.by_name.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(agents);
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Agent>> {
-        self.by_name.get(name).cloned()
+        self.snapshot().get(name).cloned()
     }
 
     pub fn names(&self) -> Vec<String> {
-        self.by_name.keys().cloned().collect()
+        self.snapshot().keys().cloned().collect()
     }
 
     /// Which model serves each agent: `{agent, provider, model}`.
     pub fn providers(&self) -> Vec<serde_json::Value> {
-        self.by_name
+        self.snapshot()
             .values()
             .map(|a| {
                 serde_json::json!({
@@ -302,8 +318,183 @@ impl Agents {
             .collect()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Agent>> {
-        self.by_name.values()
+    /// Every agent now, by name.
+    pub fn iter(&self) -> std::vec::IntoIter<Arc<Agent>> {
+        self.snapshot()
+            .values()
+            .cloned()
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+}
+
+/// What one reload of the agents folder changed, by agent name, and the
+/// files it could not load (each reported once per version of its text).
+#[derive(Debug, Default)]
+pub struct AgentReload {
+    /// Names and files of the agents added and updated.
+    pub added: Vec<(String, PathBuf)>,
+    pub updated: Vec<(String, PathBuf)>,
+    pub removed: Vec<String>,
+    pub errors: Vec<(PathBuf, ConfigError)>,
+}
+
+/// Hot reload of the agent files, the way tool files reload
+/// ([`crate::tools::registry`]): a file whose text did not change is not
+/// resolved again; a file that no longer loads (bad TOML, an unknown tool,
+/// a name another file took first) is reported and its last good version
+/// stays live; a removed file's agent goes away.
+pub struct AgentFiles {
+    dir: PathBuf,
+    state: Mutex<FilesState>,
+}
+
+#[derive(Default)]
+struct FilesState {
+    /// The last version of each file that loaded: its text and agent.
+    good: BTreeMap<PathBuf, (String, Arc<Agent>)>,
+    /// The error last reported for each failing file, so a rescan does not
+    /// report it again.
+    reported: BTreeMap<PathBuf, String>,
+}
+
+impl AgentFiles {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        AgentFiles {
+            dir: dir.into(),
+            state: Mutex::default(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, FilesState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The first load, at startup: every file must load (there is no last
+    /// good version to keep), and `agents` serves what they define.
+    pub fn load(
+        &self,
+        agents: &Agents,
+        resolve: impl Fn(AgentFile) -> Result<Agent, ConfigError>,
+    ) -> Result<(), ConfigError> {
+        let mut good = BTreeMap::new();
+        let mut map = AgentMap::new();
+        let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for path in agent_paths(&self.dir)? {
+            let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            let file = AgentFile::parse(&path, &text)?;
+            if let Some(first) = seen.insert(file.name.clone(), path.clone()) {
+                return Err(ConfigError::DuplicateAgent {
+                    name: file.name,
+                    first,
+                    second: path,
+                });
+            }
+            let agent = Arc::new(resolve(file)?);
+            map.insert(agent.name.clone(), agent.clone());
+            good.insert(path, (text, agent));
+        }
+        agents.replace(map);
+        self.state().good = good;
+        Ok(())
+    }
+
+    /// Reads the folder again and swaps `agents` for what it defines now,
+    /// keeping the last good version of each file that no longer loads.
+    pub fn reload(
+        &self,
+        agents: &Agents,
+        resolve: impl Fn(AgentFile) -> Result<Agent, ConfigError>,
+    ) -> AgentReload {
+        let mut report = AgentReload::default();
+        let paths = match agent_paths(&self.dir) {
+            Ok(p) => p,
+            Err(e) => {
+                // An unreadable folder is not an empty one: keep every agent.
+                report.errors.push((self.dir.clone(), e));
+                return report;
+            }
+        };
+        let mut state = self.state();
+        let mut next: BTreeMap<PathBuf, (String, Arc<Agent>)> = BTreeMap::new();
+        let mut failed = Vec::new();
+        for path in paths {
+            let loaded = std::fs::read_to_string(&path)
+                .map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })
+                .and_then(|text| match state.good.get(&path) {
+                    Some((old, agent)) if *old == text => Ok((text, agent.clone())),
+                    _ => {
+                        let agent = resolve(AgentFile::parse(&path, &text)?)?;
+                        Ok((text, Arc::new(agent)))
+                    }
+                });
+            match loaded {
+                Ok(version) => {
+                    next.insert(path, version);
+                }
+                Err(e) => {
+                    if let Some(last_good) = state.good.get(&path) {
+                        next.insert(path.clone(), last_good.clone());
+                    }
+                    failed.push((path, e));
+                }
+            }
+        }
+        // Two files naming one agent: the first by path keeps it.
+        let mut map = AgentMap::new();
+        let mut first_of: BTreeMap<String, PathBuf> = BTreeMap::new();
+        next.retain(|path, (_, agent)| match first_of.get(&agent.name) {
+            Some(first) => {
+                failed.push((
+                    path.clone(),
+                    ConfigError::DuplicateAgent {
+                        name: agent.name.clone(),
+                        first: first.clone(),
+                        second: path.clone(),
+                    },
+                ));
+                false
+            }
+            None => {
+                first_of.insert(agent.name.clone(), path.clone());
+                map.insert(agent.name.clone(), agent.clone());
+                true
+            }
+        });
+        let mut reported = BTreeMap::new();
+        for (path, e) in failed {
+            let message = e.to_string();
+            if state.reported.get(&path) != Some(&message) {
+                report.errors.push((path.clone(), e));
+            }
+            reported.insert(path, message);
+        }
+        let old = agents.snapshot();
+        for (name, agent) in &map {
+            let source = || (name.clone(), first_of[name].clone());
+            match old.get(name) {
+                None => report.added.push(source()),
+                Some(before) if !Arc::ptr_eq(before, agent) => report.updated.push(source()),
+                Some(_) => {}
+            }
+        }
+        report.removed = old
+            .keys()
+            .filter(|name| !map.contains_key(*name))
+            .cloned()
+            .collect();
+        if !(report.added.is_empty() && report.updated.is_empty() && report.removed.is_empty()) {
+            agents.replace(map);
+        }
+        state.good = next;
+        state.reported = reported;
+        report
     }
 }
 

@@ -130,6 +130,8 @@ error_codes! {
         "over the API's per-caller request rate, or too many failed authentications from this address; see `Retry-After`";
     TooManyStreams = "TOO_MANY_STREAMS", TOO_MANY_REQUESTS, true,
         "the caller has as many event streams and WebSockets open as allowed";
+    TooManyWsTokens = "TOO_MANY_WS_TOKENS", TOO_MANY_REQUESTS, true,
+        "as many WebSocket tokens wait to be used as one process keeps (10,000); retry once some are used or expire";
     ConversationQueueFull = "CONVERSATION_QUEUE_FULL", TOO_MANY_REQUESTS, true,
         "the session already has as many turns waiting as allowed (`[sessions] max_queued_turns`); send once one has run";
     BudgetExceeded = "BUDGET_EXCEEDED", TOO_MANY_REQUESTS, false,

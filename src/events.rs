@@ -42,11 +42,26 @@ pub enum EventKind {
         tools: usize,
         errors: usize,
     },
-    /// A tool file could not be loaded (the last good version, if any, stays).
+    /// A tool or agent file could not be loaded (the last good version, if
+    /// any, stays).
     LoadError {
         file: String,
         line: Option<usize>,
         message: String,
+    },
+    /// An agent file was added to the agents folder of a running server.
+    AgentAdded {
+        agent: String,
+        source: String,
+    },
+    /// An agent file changed: sessions of it use it from their next turn.
+    AgentUpdated {
+        agent: String,
+        source: String,
+    },
+    /// An agent file was removed: no new sessions of it.
+    AgentRemoved {
+        agent: String,
     },
     /// A call was refused by parameter validation.
     ValidationError {
@@ -93,6 +108,9 @@ impl EventKind {
             EventKind::ReloadStarted => "reload_started",
             EventKind::ReloadCompleted { .. } => "reload_completed",
             EventKind::LoadError { .. } => "load_error",
+            EventKind::AgentAdded { .. } => "agent_added",
+            EventKind::AgentUpdated { .. } => "agent_updated",
+            EventKind::AgentRemoved { .. } => "agent_removed",
             EventKind::ValidationError { .. } => "validation_error",
             EventKind::ExecutionStarted { .. } => "execution_started",
             EventKind::ExecutionCompleted { .. } => "execution_completed",

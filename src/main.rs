@@ -68,6 +68,7 @@ struct Common {
 enum Command {
     /// Run the HTTP server.
     Serve {
+        /// Address to listen on (loopback unless keys exist: open mode serves loopback only).
         #[arg(long, default_value = "127.0.0.1:8080", env = "CADRE_ADDR")]
         addr: SocketAddr,
         #[command(flatten)]
@@ -76,6 +77,7 @@ enum Command {
     /// Chat in-process: one turn with MESSAGE, or an interactive session
     /// without it (`/summary`, `/tools`, `/quit`).
     Chat {
+        /// The agent of a new session (ignored with --session).
         #[arg(long, default_value = "assistant")]
         agent: String,
         /// Plan of the session: free, pro or premium.
@@ -107,19 +109,25 @@ enum Command {
     },
     /// Tool call records, newest first.
     Calls {
+        /// Only the calls of this session.
         #[arg(long)]
         session: Option<String>,
+        /// Only the calls of this tool.
         #[arg(long)]
         tool: Option<String>,
+        /// Only the calls of this workflow run.
         #[arg(long)]
         workflow: Option<String>,
+        /// At most this many records.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
     /// Per-tool call counters.
     Stats {
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
@@ -146,6 +154,14 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Print a shell completion script: `cadre completions bash >
+    /// ~/.local/share/bash-completion/completions/cadre` (zsh: a file
+    /// `_cadre` in a folder of `$fpath`; fish:
+    /// `~/.config/fish/completions/cadre.fish`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -157,6 +173,7 @@ enum WorkflowCommand {
     },
     /// Run a workflow in-process, printing each node as it starts and ends.
     Run {
+        /// The workflow's name.
         name: String,
         /// The run's input, as JSON.
         #[arg(long, default_value = "{}")]
@@ -173,6 +190,7 @@ enum WorkflowCommand {
 enum KeysCommand {
     /// Create a key for a tenant; it is printed once and only its hash is stored.
     Create {
+        /// The tenant the key calls as (letters, digits, '_' or '-', at most 64).
         #[arg(long)]
         tenant: String,
         /// May manage tenant configs and keys, and read runtime-wide stats,
@@ -188,17 +206,21 @@ enum KeysCommand {
         /// When the key stops working (RFC 3339, e.g. 2030-01-01T00:00:00Z).
         #[arg(long)]
         expires_at: Option<jiff::Timestamp>,
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
     /// List keys (ids, tenants, rights, status; never the keys).
     List {
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
     /// Revoke a key by id.
     Revoke {
+        /// The key's id (the part after `cadre_`, as `keys list` shows it).
         key_id: String,
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
@@ -212,24 +234,31 @@ fn parse_plan(s: &str) -> Result<Plan, String> {
 enum SessionsCommand {
     /// One line per session: id, tenant, agent, created.
     List {
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
     /// A session and its messages, readably.
     Show {
+        /// The session's id.
         id: String,
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
     /// A session, its messages, summary and call records as one JSON document.
     Export {
+        /// The session's id.
         id: String,
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
     /// Print a session's summary as JSON.
     Summary {
+        /// The session's id.
         id: String,
+        /// Where the redb database lives.
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
@@ -242,14 +271,19 @@ enum ToolsCommand {
         /// Only the tools this plan may call.
         #[arg(long)]
         plan: Option<String>,
+        /// Folder of agent definitions; tool files in its `tools/`.
         #[arg(long, default_value = "./agents", env = "CADRE_AGENTS_DIR")]
         agents: PathBuf,
     },
     /// Check tool files (default: ./agents/tools); exits non-zero on errors.
-    Check { dir: Option<PathBuf> },
+    Check {
+        /// The folder of tool files (default: ./agents/tools).
+        dir: Option<PathBuf>,
+    },
     /// Call a tool through the executor (caller type `direct`) and print
     /// the result; exits non-zero when the call fails.
     Invoke {
+        /// The tool's name.
         name: String,
         /// The call's parameters, as JSON.
         #[arg(long, default_value = "{}")]
@@ -257,6 +291,7 @@ enum ToolsCommand {
         /// Plan of the caller: free, pro or premium.
         #[arg(long)]
         plan: Option<String>,
+        /// The user the call is made for (per-user rate limits and cache).
         #[arg(long)]
         user_id: Option<String>,
         #[command(flatten)]
@@ -267,7 +302,10 @@ enum ToolsCommand {
 #[derive(Subcommand)]
 enum ConfigCommand {
     /// Check a server config file (TOML); exits non-zero when it is invalid.
-    Check { path: PathBuf },
+    Check {
+        /// The config file (TOML).
+        path: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -279,7 +317,8 @@ fn main() -> anyhow::Result<()> {
         | Command::Sessions { .. }
         | Command::Calls { .. }
         | Command::Stats { .. }
-        | Command::Config { .. } => "warn",
+        | Command::Config { .. }
+        | Command::Completions { .. } => "warn",
         _ => "info,tower_http=warn",
     };
     let _telemetry =
@@ -296,6 +335,11 @@ fn main() -> anyhow::Result<()> {
         return held_by_server(&server, data_dir, cli.api_key.as_deref(), &cli.command);
     }
     match cli.command {
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "cadre", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Serve { addr, common } => serve(addr, common),
         Command::Chat {
             agent,
@@ -393,7 +437,7 @@ fn data_dir_of(command: &Command) -> Option<&std::path::Path> {
         }
         | Command::Calls { data_dir, .. }
         | Command::Stats { data_dir } => Some(data_dir),
-        Command::Tools { .. } | Command::Config { .. } => None,
+        Command::Tools { .. } | Command::Config { .. } | Command::Completions { .. } => None,
     }
 }
 
@@ -689,8 +733,14 @@ fn keys(command: KeysCommand) -> anyhow::Result<()> {
                 if let Some(plan) = plan {
                     new.plan = plan;
                 }
+                let before = cadre::tenants::list_keys(&store).await?;
                 let (key, record) = cadre::tenants::issue_key(&store, &new, now).await?;
                 cli::render::created_key(&key, &record.info(now));
+                if let Some(notice) =
+                    cadre::tenants::open_mode_notice(&store, &before, &record).await?
+                {
+                    eprintln!("note: {notice}");
+                }
             }
             KeysCommand::List { data_dir } => {
                 let store = open_store(&data_dir)?;
@@ -802,4 +852,31 @@ fn config_check(path: PathBuf) -> anyhow::Result<()> {
         .with_context(|| format!("{} is not a valid server config", path.display()))?;
     println!("ok  {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every command says what it is for in
+    /// `--help` (and so in the shell completions).
+    #[test]
+    fn every_flag_has_help() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id != "help" && id != "version" && arg.get_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "cadre", &mut missing);
+        assert!(missing.is_empty(), "no --help text: {missing:?}");
+        Cli::command().debug_assert();
+    }
 }

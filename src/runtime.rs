@@ -38,7 +38,7 @@ use std::time::Duration;
 use actix::Arbiter;
 use tokio::sync::oneshot;
 
-use crate::config::{Agent, Agents, ConfigError, load_agent_files};
+use crate::config::{Agent, AgentFile, AgentFiles, Agents, ConfigError};
 use crate::conversation::Sessions;
 use crate::events::EventBus;
 use crate::executor::cache::ResultCache;
@@ -356,6 +356,8 @@ struct Parts {
     workflows: Workflows,
     providers: Vec<String>,
     mcp: crate::mcp::McpClients,
+    /// Reads the agent files again (the watcher's reload).
+    reload_agents: Arc<dyn Fn() + Send + Sync>,
 }
 
 fn setup(
@@ -400,26 +402,38 @@ fn setup(
     // name their tools before they are listed.
     let mcp =
         crate::mcp::McpClients::start(crate::mcp::config::load(&builder.agents_dir)?, &registry);
-    let mut agents = Vec::new();
-    let mut providers = Vec::new();
-    let env_endpoint = builder.endpoint == ModelEndpoint::from_env();
-    for (_path, file) in load_agent_files(&builder.agents_dir)? {
-        let chosen_by = endpoint_chosen_by(&file, builder.model.is_some(), env_endpoint);
-        let agent = Agent::resolve(
-            file,
-            &registry,
-            &builder.endpoint,
-            builder.model.as_ref(),
-            &config.model.client_options(&builder.client_options),
-        )?;
-        let line = format!("agent {}: {}", agent.name, agent.model.describe());
-        tracing::info!("{line} (chosen by {chosen_by})");
-        providers.push(line);
-        agents.push(agent);
-    }
-    if agents.is_empty() {
+    let agents = Agents::default();
+    let agent_files = Arc::new(AgentFiles::new(&builder.agents_dir));
+    let resolve = {
+        let registry = registry.clone();
+        let endpoint = builder.endpoint.clone();
+        let model = builder.model.clone();
+        let options = config.model.client_options(&builder.client_options);
+        let env_endpoint = builder.endpoint == ModelEndpoint::from_env();
+        move |file: AgentFile| -> Result<Agent, ConfigError> {
+            let chosen_by = endpoint_chosen_by(&file, model.is_some(), env_endpoint);
+            let agent = Agent::resolve(file, &registry, &endpoint, model.as_ref(), &options)?;
+            tracing::info!(
+                "agent {}: {} (chosen by {chosen_by})",
+                agent.name,
+                agent.model.describe()
+            );
+            Ok(agent)
+        }
+    };
+    agent_files.load(&agents, &resolve)?;
+    let providers: Vec<String> = agents
+        .iter()
+        .map(|a| format!("agent {}: {}", a.name, a.model.describe()))
+        .collect();
+    if providers.is_empty() {
         tracing::warn!(dir = %builder.agents_dir.display(), "no agents defined");
     }
+    let reload_agents: Arc<dyn Fn() + Send + Sync> = {
+        let agents = agents.clone();
+        let events = events.clone();
+        Arc::new(move || reload_agent_files(&agent_files, &agents, &resolve, &events))
+    };
     let executor_config = config.executor_config();
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let shared = ExecutorShared {
@@ -439,7 +453,7 @@ fn setup(
     let executor = ExecutorHandle::start(executor_arbiter, shared);
     let sessions = Sessions::new(
         store.clone(),
-        Agents::new(agents),
+        agents,
         registry.clone(),
         executor.clone(),
         conversation_arbiters.to_vec(),
@@ -463,7 +477,48 @@ fn setup(
         workflows,
         providers,
         mcp,
+        reload_agents,
     })
+}
+
+/// One reload of the agent files: what changed is logged, and a file that
+/// no longer loads is logged and published as a `load_error` event (as a
+/// tool file's is), its last good version staying live.
+fn reload_agent_files(
+    files: &AgentFiles,
+    agents: &Agents,
+    resolve: &dyn Fn(AgentFile) -> Result<Agent, ConfigError>,
+    events: &EventBus,
+) {
+    let report = files.reload(agents, resolve);
+    for (path, e) in &report.errors {
+        tracing::warn!(file = %path.display(), "agent file not loaded (its last good version, if any, stays live): {e}");
+        events.publish(crate::events::EventKind::LoadError {
+            file: path.display().to_string(),
+            line: None,
+            message: e.to_string(),
+        });
+    }
+    for (agent, path) in &report.added {
+        tracing::info!(%agent, file = %path.display(), "agent added");
+        events.publish(crate::events::EventKind::AgentAdded {
+            agent: agent.clone(),
+            source: path.display().to_string(),
+        });
+    }
+    for (agent, path) in &report.updated {
+        tracing::info!(%agent, file = %path.display(), "agent updated: its sessions use it from their next turn");
+        events.publish(crate::events::EventKind::AgentUpdated {
+            agent: agent.clone(),
+            source: path.display().to_string(),
+        });
+    }
+    for agent in &report.removed {
+        tracing::info!(%agent, "agent removed: no new sessions; its sessions' turns answer AGENT_NOT_FOUND");
+        events.publish(crate::events::EventKind::AgentRemoved {
+            agent: agent.clone(),
+        });
+    }
 }
 
 async fn serve(
@@ -480,6 +535,7 @@ async fn serve(
         workflows,
         providers,
         mcp,
+        reload_agents,
     } = match setup(&mut builder, &arbiters) {
         Ok(parts) => parts,
         Err(e) => {
@@ -541,6 +597,12 @@ async fn serve(
         registry.clone(),
         builder.agents_dir.join("tools"),
         builder.config.reload_interval(),
+    );
+    watch::spawn_with(
+        builder.agents_dir.clone(),
+        builder.config.reload_interval(),
+        "agent",
+        move || reload_agents(),
     );
     let reloading = workflows.clone();
     watch::spawn_with(

@@ -284,6 +284,9 @@ impl Client {
                 let info: KeyInfo =
                     serde_json::from_value(created.clone()).context("the server's key record")?;
                 render::created_key(key, &info);
+                if let Some(notice) = created["notice"].as_str() {
+                    eprintln!("note: {notice}");
+                }
                 Ok(())
             }
             KeysCommand::List { .. } => {

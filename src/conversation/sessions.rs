@@ -567,11 +567,14 @@ impl Sessions {
                 .agents
                 .get(name)
                 .ok_or_else(|| SessionError::AgentNotFound { name: name.into() })?,
-            None => self.inner.agents.iter().next().cloned().ok_or_else(|| {
-                SessionError::AgentNotFound {
+            None => self
+                .inner
+                .agents
+                .iter()
+                .next()
+                .ok_or_else(|| SessionError::AgentNotFound {
                     name: "(any)".into(),
-                }
-            })?,
+                })?,
         };
         let request = crate::model::ChatRequest {
             model: agent.model_name.clone(),

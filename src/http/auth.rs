@@ -15,6 +15,13 @@
 //! revoked through `/v1/keys` counts from the next request on, and the
 //! first key ends open mode.
 //!
+//! The visitor WebSocket (`GET /v1/sessions/{id}/ws`) also takes
+//! `?token=` instead of the header, for browsers: a single-use token from
+//! `POST /v1/sessions/{id}/ws-token` ([`crate::tenants::tokens`]) stands
+//! for the key that asked for it, for that session only, while that key
+//! is active. The header wins when both are sent; a refused token counts
+//! as a wrong key.
+//!
 //! Wrong keys are counted per client address ([`super::auth_limit`]); an
 //! address past its budget is answered 429 with `Retry-After`.
 //!
@@ -72,6 +79,21 @@ pub async fn authenticate(State(auth): State<Auth>, mut request: Request, next: 
             scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
         });
     let Some(presented) = presented else {
+        if let Some((session, token)) = ws_token(&request) {
+            return match auth.keys.redeem_ws_token(&token, session) {
+                Ok(principal) => {
+                    request.extensions_mut().insert(principal);
+                    next.run(request).await
+                }
+                Err(refusal) => {
+                    auth.failures.record(client, now);
+                    tracing::debug!(reason = %refusal, "WebSocket token refused");
+                    unauthorized(
+                        "the WebSocket token is not valid (unknown, used, expired, for another session, or its key was revoked)",
+                    )
+                }
+            };
+        }
         return unauthorized("an API key is required: send `Authorization: Bearer <key>`");
     };
     match auth.keys.verify(presented) {
@@ -92,6 +114,25 @@ pub async fn authenticate(State(auth): State<Auth>, mut request: Request, next: 
             unauthorized(&refusal.to_string())
         }
     }
+}
+
+/// The session and `?token=` of a visitor WebSocket request
+/// (`GET /v1/sessions/{id}/ws?token=…`); nothing for any other request, so
+/// a token opens that socket and nothing else.
+fn ws_token(request: &Request) -> Option<(&str, String)> {
+    if request.method() != axum::http::Method::GET {
+        return None;
+    }
+    let session = request
+        .uri()
+        .path()
+        .strip_prefix("/v1/sessions/")?
+        .strip_suffix("/ws")
+        .filter(|id| !id.is_empty() && !id.contains('/'))?;
+    let query = request.uri().query()?;
+    url::form_urlencoded::parse(query.as_bytes())
+        .find(|(name, _)| name == "token")
+        .map(|(_, token)| (session, token.into_owned()))
 }
 
 fn unauthorized(message: &str) -> Response {

@@ -37,7 +37,9 @@ error_responses!(
 /// event's name; the other fields depend on it (`tool` for the `tool_*`,
 /// `validation_error` and `execution_*` events; `version` and `source` for
 /// `tool_loaded`, `tool_added` and `tool_updated`; `tools` and `errors`
-/// for `reload_completed`; `file`, `line` and `message` for `load_error`;
+/// for `reload_completed`; `file`, `line` and `message` for `load_error`
+/// (a tool or agent file); `agent` for the `agent_*` events, with `source`
+/// (the file) when added or updated;
 /// `fields` for `validation_error`; `caller_type`, `conversation_id` and
 /// `workflow_id` for `execution_started`; `execution_time_ms` and `cached`
 /// for `execution_completed`; `error_type` and `error` for
@@ -71,6 +73,7 @@ struct RuntimeEvent {
     error: Option<String>,
     server: Option<String>,
     reason: Option<String>,
+    agent: Option<String>,
 }
 
 super::openapi::event_stream! {
@@ -83,6 +86,9 @@ super::openapi::event_stream! {
         "reload_started" => RuntimeEvent,
         "reload_completed" => RuntimeEvent,
         "load_error" => RuntimeEvent,
+        "agent_added" => RuntimeEvent,
+        "agent_updated" => RuntimeEvent,
+        "agent_removed" => RuntimeEvent,
         "validation_error" => RuntimeEvent,
         "execution_started" => RuntimeEvent,
         "execution_completed" => RuntimeEvent,

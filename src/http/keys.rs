@@ -15,7 +15,9 @@
 //! When the server runs open (loopback, no key yet), the local operator is
 //! admin and may create the first key here, which ends open mode at once.
 //! Revoked keys are kept (listed as `revoked`): a key id never comes back
-//! to life, and a server that had keys never runs open again.
+//! to life, and a server that had keys never runs open again. A created
+//! key carries a `notice` when tenant `default` holds sessions made in open
+//! mode that this key will not read (see [`crate::tenants::open_mode_notice`]).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -96,6 +98,11 @@ struct CreatedKey {
     created_at: String,
     expires_at: Option<String>,
     revoked_at: Option<String>,
+    /// Present when sessions made in open mode (tenant `default`) exist and
+    /// tenant `default` has no key yet: this key does not read them, a key
+    /// of tenant `default` does.
+    #[schema(nullable = false)]
+    notice: Option<String>,
 }
 
 #[derive(ToSchema)]
@@ -136,9 +143,13 @@ async fn create(
     if let Some(plan) = body.plan {
         new.plan = plan;
     }
-    let (key, record) = state.keys.create(&state.store, &new).await?;
+    let (key, record, notice) = state.keys.create(&state.store, &new).await?;
     let mut view = json!(record.info(Timestamp::now()));
     view["key"] = json!(key);
+    if let Some(notice) = notice {
+        tracing::warn!(key_id = %record.key_id, "{notice}");
+        view["notice"] = json!(notice);
+    }
     Ok((StatusCode::CREATED, Json(view)))
 }
 

@@ -16,6 +16,13 @@
 //! open. Frames over [`MAX_FRAME_BYTES`] close it; an `operator_id` over
 //! [`MAX_OPERATOR_ID_BYTES`] gets an `error` frame (`VALIDATION_ERROR`).
 //!
+//! Browsers cannot set `Authorization` on a WebSocket: they first ask
+//! `POST /v1/sessions/{id}/ws-token` (with the key, for a session of the
+//! key's tenant) for a single-use token of 60 s and open the socket with
+//! `?token=` (authentication redeems it, [`super::auth`]; the tokens live
+//! in [`crate::tenants::tokens`], in memory: a cluster must share them,
+//! issue #17). The socket then has the key's rights, as with the header.
+//!
 //! A socket holds one of its caller's stream slots ([`super::streams`],
 //! `[api_limit] max_streams`, shared with the SSE endpoints) from the
 //! upgrade until it closes: the slot is taken before the upgrade, so over
@@ -32,13 +39,15 @@
 //! (`[sessions] max_queued_turns`); frames are handled one at a time, so
 //! one socket waits for its own turn before the next frame is read.
 
-use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::Response;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -51,13 +60,65 @@ use crate::conversation::actor::TurnEvent;
 use crate::conversation::auto_respond::should_auto_respond;
 use crate::model::ChatMessage;
 use crate::tenants::Principal;
+use crate::tenants::tokens::WS_TOKEN_TTL;
 
 pub const MAX_FRAME_BYTES: usize = 256 * 1024;
 /// The longest `operator_id` a frame may carry (as a `user_id`).
 pub const MAX_OPERATOR_ID_BYTES: usize = 128;
 
 pub fn routes() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(upgrade))
+    OpenApiRouter::new()
+        .routes(routes!(upgrade))
+        .routes(routes!(issue_token))
+}
+
+/// A token for a browser's `new WebSocket(url)`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct WsToken {
+    /// `cadt_<hex>`: open the socket with `?token=<token>` within
+    /// `expires_in` seconds; it works once, for this session only.
+    token: String,
+    session_id: String,
+    /// Seconds the token waits for its socket (60).
+    expires_in: u64,
+}
+
+error_responses!(
+    TokenErrors:
+    SessionNotFound,
+    TooManyWsTokens,
+    StorageUnavailable
+);
+
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/ws-token",
+    operation_id = "create_ws_token",
+    summary = "A single-use, 60-second token to open this session's WebSocket from a browser",
+    tag = "sessions",
+    description = "Browsers cannot set `Authorization` on a WebSocket. With the key (as for any request), this returns a token that opens `GET /v1/sessions/{id}/ws?token=<token>` once, within 60 s, with this key's rights; the key itself never goes in a URL. A token stops working when its key is revoked or expires. Tokens are kept in the memory of the process that issued them.",
+    params(("id" = String, Path, description = "Session id (the caller tenant's)")),
+    responses(
+        (status = 201, description = "The token", body = WsToken),
+        TokenErrors,
+    )
+)]
+async fn issue_token(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    state.sessions.get_as(&caller.tenant, &id).await?;
+    let token = state.keys.issue_ws_token(&caller, &id)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "token": token,
+            "session_id": id,
+            "expires_in": WS_TOKEN_TTL.as_secs(),
+        })),
+    ))
 }
 
 error_responses!(
@@ -79,6 +140,7 @@ error_responses!(
     description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Each frame counts against the caller's API rate limit like a request: over it the frame gets an `error` frame `RATE_LIMITED` and is not acted on. Frames over 256 KiB close it; an `operator_id` is at most 128 bytes.",
     params(
         ("id" = String, Path, description = "Session id"),
+        ("token" = Option<String>, Query, description = "A token from `POST /v1/sessions/{id}/ws-token`, for browsers (which cannot send `Authorization`): single use, 60 s, this session only. Ignored when `Authorization` is sent."),
         ("Connection" = String, Header, description = "A list holding `upgrade` (any case)",
             pattern = "(^|,)[ \\t]*[Uu][Pp][Gg][Rr][Aa][Dd][Ee][ \\t]*(,|$)", example = "upgrade"),
         ("Upgrade" = String, Header, description = "`websocket` (any case)",

@@ -23,6 +23,13 @@
 //!   `default`, admin, every plan, loopback only). The first key created,
 //!   also through the API, ends it at once; revoking every key never
 //!   reopens the server.
+//! - **Sessions from open mode** belong to tenant `default` and stay
+//!   there: a key of tenant `default` (`cadre keys create --tenant default
+//!   --admin`) reads them, a key of any other tenant (admin or not) gets
+//!   404 like for any other tenant's data. Nothing moves or widens on its
+//!   own; instead a key created while `default` has sessions and no key of
+//!   its own comes with a notice saying so ([`open_mode_notice`]; printed
+//!   by `cadre keys create`, `notice` in `POST /v1/keys`, logged).
 //! - **Plans.** A new key may use every plan unless `plan` narrows it: the
 //!   tenant's plan and the request narrow further. Records written before
 //!   keys had plans read as `premium`, so existing keys keep what they had.
@@ -38,6 +45,7 @@
 //! data (`/v1/stats`, `/v1/events`).
 
 pub mod config;
+pub mod tokens;
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -299,11 +307,49 @@ pub async fn revoke_key(store: &Store, key_id: &str) -> Result<ApiKeyRecord, Key
     Ok(record)
 }
 
+/// What the creator of `created` must know about the sessions made in
+/// open mode: they belong to tenant `default`, and only a key of tenant
+/// `default` reads them (a tenant sees only its own sessions; an admin key
+/// of another tenant is no exception, so isolation has no hole for
+/// "the first key"). `Some` while tenant `default` has sessions and no
+/// active key of its own, for a key of any other tenant; `keys` are the
+/// keys before `created`.
+pub async fn open_mode_notice(
+    store: &Store,
+    keys: &[ApiKeyRecord],
+    created: &ApiKeyRecord,
+) -> Result<Option<String>, KeyError> {
+    let now = Timestamp::now();
+    let default_has_key = keys
+        .iter()
+        .any(|k| k.tenant == DEFAULT_TENANT && !k.metrics && k.status(now) == KeyStatus::Active);
+    if created.tenant == DEFAULT_TENANT || created.metrics || default_has_key {
+        return Ok(None);
+    }
+    if store
+        .sessions_of(DEFAULT_TENANT, None, 1)
+        .await?
+        .items
+        .is_empty()
+    {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "sessions made before the first key (open mode) belong to tenant '{DEFAULT_TENANT}': \
+         this key (tenant '{}') answers 404 for them. To read them, create a key of tenant \
+         '{DEFAULT_TENANT}': `cadre keys create --tenant {DEFAULT_TENANT} --admin` (with \
+         `--api-key` of an admin key while the server runs)",
+        created.tenant
+    )))
+}
+
 /// The keys a server accepts: loaded at startup, changed while it runs.
 /// Clones share one ring.
 #[derive(Clone)]
 pub struct KeyRing {
     inner: Arc<RwLock<Ring>>,
+    /// The WebSocket tokens its keys asked for ([`tokens`]).
+    ws_tokens: Arc<tokens::SessionTokens>,
 }
 
 struct Ring {
@@ -321,6 +367,7 @@ impl KeyRing {
             .collect();
         Ok(KeyRing {
             inner: Arc::new(RwLock::new(Ring { by_id })),
+            ws_tokens: Arc::default(),
         })
     }
 
@@ -373,15 +420,59 @@ impl KeyRing {
         }
     }
 
-    /// Creates a key (durably), then accepts it; the first one ends open mode.
+    /// A single-use token that opens `session`'s WebSocket as `principal`
+    /// within [`tokens::WS_TOKEN_TTL`].
+    pub fn issue_ws_token(
+        &self,
+        principal: &Principal,
+        session: &str,
+    ) -> Result<String, tokens::TokenError> {
+        self.ws_tokens
+            .issue_at(principal, session, std::time::Instant::now())
+    }
+
+    /// Spends a WebSocket token for `session`: the principal of the key
+    /// that asked for it, if that key is still active now (or, for a token
+    /// of open mode, the server still open).
+    pub fn redeem_ws_token(&self, token: &str, session: &str) -> Result<Principal, KeyRefusal> {
+        let grant = self
+            .ws_tokens
+            .redeem_at(token, session, std::time::Instant::now())
+            .map_err(|refusal| {
+                tracing::debug!(?refusal, "WebSocket token refused");
+                KeyRefusal::Invalid
+            })?;
+        let ring = self.read();
+        match &grant.principal.key_id {
+            None if ring.by_id.is_empty() => Ok(grant.principal),
+            None => Err(KeyRefusal::Invalid),
+            Some(id) => match ring.by_id.get(id).map(|k| k.status(Timestamp::now())) {
+                Some(KeyStatus::Active) => Ok(grant.principal),
+                Some(KeyStatus::Revoked) => Err(KeyRefusal::Revoked),
+                Some(KeyStatus::Expired) => Err(KeyRefusal::Expired),
+                None => Err(KeyRefusal::Invalid),
+            },
+        }
+    }
+
+    /// Creates a key (durably), then accepts it; the first one ends open
+    /// mode. The notice is [`open_mode_notice`]'s.
     pub async fn create(
         &self,
         store: &Store,
         new: &NewKey,
-    ) -> Result<(String, ApiKeyRecord), KeyError> {
+    ) -> Result<(String, ApiKeyRecord, Option<String>), KeyError> {
+        let before: Vec<ApiKeyRecord> = self.read().by_id.values().cloned().collect();
         let (key, record) = issue_key(store, new, Timestamp::now()).await?;
         self.remember(record.clone());
-        Ok((key, record))
+        // The key exists from here on: a failed read only loses the notice.
+        let notice = open_mode_notice(store, &before, &record)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not check for open-mode sessions");
+                None
+            });
+        Ok((key, record, notice))
     }
 
     /// Revokes a key (durably), then refuses it.
@@ -446,7 +537,7 @@ mod tests {
             plan: Plan::Free,
             ..NewKey::tenant("acme")
         };
-        let (key, record) = ring.create(&store, &new).await.unwrap();
+        let (key, record, _) = ring.create(&store, &new).await.unwrap();
         assert!(!serving.is_open(), "the first key ends open mode");
         let principal = serving.verify(&key).unwrap();
         assert_eq!(principal.plan, Plan::Free);
@@ -503,7 +594,7 @@ mod tests {
             metrics: true,
             ..NewKey::tenant("ops")
         };
-        let (key, _) = ring.create(&store, &scrape).await.unwrap();
+        let (key, _, _) = ring.create(&store, &scrape).await.unwrap();
         let p = ring.verify(&key).unwrap();
         assert!(p.metrics_only && !p.admin && p.may_scrape());
         assert!(Principal::open().may_scrape());
