@@ -290,7 +290,11 @@ async fn wrong_method_is_a_json_405() {
         "METHOD_NOT_ALLOWED",
     );
 
-    let (status, body) = app.client.delete(&format!("/v1/sessions/{session}")).await;
+    // (`DELETE /v1/sessions/{id}` exists: tests/erase.rs.)
+    let (status, body) = app
+        .client
+        .delete(&format!("/v1/sessions/{session}/messages"))
+        .await;
     assert_error(
         status,
         &body,
