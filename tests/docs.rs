@@ -7,11 +7,14 @@
 //!   (lowercase, spaces to `-`, punctuation other than `-` and `_` dropped,
 //!   `-1`, `-2`... for repeated headings). Every `docs/` page is linked from
 //!   the README.
-//! - **Server configs.** A fenced `toml` block with a `[section]` line
-//!   naming a section of `ServerConfig` (`[concurrency]`, `[server]`, ...)
-//!   is a server config: it is written to a temp file and must load with
-//!   `ServerConfig::load`, as `serve` loads `--config`. Other `toml` blocks
-//!   (agent files, `mcp.toml`) are not server configs and are not loaded.
+//! - **TOML.** A fenced `toml` block with a `[section]` line naming a
+//!   section of `ServerConfig` (`[concurrency]`, `[server]`, ...) is a
+//!   server config: it is written to a temp file and must load with
+//!   `ServerConfig::load`, as `serve` loads `--config`. Otherwise one with
+//!   `[servers.*]` or `[limits]` is an `mcp.toml` and must parse as cadre
+//!   reads one (any value standing in for `${VAR}`s), and one with a
+//!   top-level `name = ` is an agent file and must parse as one. Any other
+//!   `toml` block fails the test unless it is marked skipped.
 //! - **Commands.** Every fenced `sh` block is cut into commands (comment
 //!   lines and trailing `# comments` dropped, `\` continuations joined),
 //!   and each command is decided on its own by this rule:
@@ -112,7 +115,10 @@ impl Block {
 }
 
 fn blocks(page: &Path) -> Vec<Block> {
-    let text = read(page);
+    blocks_of(page, &read(page))
+}
+
+fn blocks_of(page: &Path, text: &str) -> Vec<Block> {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::new();
     let mut i = 0;
@@ -293,43 +299,82 @@ fn normalise(path: &Path) -> PathBuf {
     out
 }
 
+/// What a `toml` block is, by its lines.
+#[derive(Debug, PartialEq)]
+enum TomlKind {
+    /// A `[section]` of `ServerConfig`.
+    ServerConfig,
+    /// `[servers.*]` or `[limits]`: an `mcp.toml`.
+    Mcp,
+    /// A top-level `name = ...`: an agent file.
+    Agent,
+    Unknown,
+}
+
+fn toml_kind(body: &str) -> TomlKind {
+    let sections: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.trim_end().strip_prefix('['))
+        .filter_map(|l| l.split(']').next())
+        .map(str::trim)
+        .collect();
+    if sections.iter().any(|s| SERVER_SECTIONS.contains(s)) {
+        TomlKind::ServerConfig
+    } else if sections
+        .iter()
+        .any(|s| s.starts_with("servers.") || *s == "limits")
+    {
+        TomlKind::Mcp
+    } else if body.lines().any(|l| l.starts_with("name = ")) {
+        TomlKind::Agent
+    } else {
+        TomlKind::Unknown
+    }
+}
+
 #[test]
-fn every_server_config_block_loads() {
+fn every_toml_block_loads_as_what_it_shows() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut loaded, mut skipped, mut other) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut loaded, mut skipped) = (Vec::new(), Vec::new());
     let mut problems = Vec::new();
     for page in pages() {
         for block in blocks(&page).into_iter().filter(|b| b.tag == "toml") {
-            let is_server_config = block.body.lines().any(|l| {
-                l.trim_end()
-                    .strip_prefix('[')
-                    .and_then(|l| l.split(']').next())
-                    .is_some_and(|s| SERVER_SECTIONS.contains(&s.trim()))
-            });
-            if !is_server_config {
-                other.push(block.place());
-                continue;
-            }
             if let Some(reason) = &block.skip {
                 skipped.push(format!("{} {reason}", block.place()));
                 continue;
             }
+            let kind = toml_kind(&block.body);
             let file = dir.path().join(format!("block{}.toml", loaded.len()));
             std::fs::write(&file, &block.body).unwrap();
-            match ServerConfig::load(Some(&file), std::iter::empty()) {
-                Ok(_) => {}
-                Err(e) => problems.push(format!("{}: {e}", block.place())),
+            let result = match kind {
+                TomlKind::ServerConfig => ServerConfig::load(Some(&file), std::iter::empty())
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                // `${VAR}`s are the reader's: any value stands in.
+                TomlKind::Mcp => {
+                    cadre::mcp::config::parse(&file, &block.body, &|_| Some("x".to_string()))
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                }
+                TomlKind::Agent => cadre::config::AgentFile::parse(&file, &block.body)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                TomlKind::Unknown => Err("neither a server config, an mcp.toml nor an agent \
+                                          file: mark it `<!-- docs-test: skip (why) -->`"
+                    .to_string()),
+            };
+            if let Err(e) = result {
+                problems.push(format!("{} ({kind:?}): {e}", block.place()));
             }
-            loaded.push(block.place());
+            loaded.push(format!("{} ({kind:?})", block.place()));
         }
     }
-    println!("server configs loaded: {loaded:?}");
-    println!("server configs skipped ({}): {skipped:?}", skipped.len());
-    println!("toml blocks that are not server configs: {other:?}");
+    println!("toml blocks loaded: {loaded:?}");
+    println!("toml blocks skipped ({}): {skipped:?}", skipped.len());
     assert!(
         loaded
             .iter()
-            .any(|p| p.starts_with("docs/configuration.md")),
+            .any(|p| p.starts_with("docs/configuration.md") && p.ends_with("(ServerConfig)")),
         "the server config of docs/configuration.md was not loaded: {loaded:?}"
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
@@ -687,5 +732,63 @@ fn the_served_blocks_run_against_a_real_server() {
     assert!(
         session.contains("(2+3)*4 = 20") && session.contains("\"calculator\""),
         "the README's session did not answer as it shows:\n{session}"
+    );
+}
+
+/// The rule of the header, on commands of each kind.
+#[test]
+fn the_rule_decides_as_documented() {
+    let none = BTreeSet::new();
+    let not_run =
+        |c: &str, assigned: &BTreeSet<String>| matches!(classify(c, assigned), Kind::NotRun(_));
+    assert_eq!(classify("cadre tools list", &none), Kind::Offline);
+    assert_eq!(
+        classify("cargo run -- config check examples/cadre.toml", &none),
+        Kind::Offline
+    );
+    assert_eq!(
+        classify("cadre completions bash > ~/.bash_completion", &none),
+        Kind::Offline
+    );
+    assert!(not_run("cargo run --release -- serve", &none));
+    assert!(not_run("cadre sessions list|show <id>", &none));
+    assert!(not_run("cadre chat [--session <id>]", &none));
+    assert!(not_run("cargo test --locked", &none));
+    assert!(not_run("export CADRE_URL=http://127.0.0.1:8080", &none));
+    assert_eq!(
+        classify("curl -s localhost:8080/healthz", &none),
+        Kind::Served
+    );
+    assert!(not_run("curl -s localhost:8080/v1/sessions/$ID", &none));
+    let id = BTreeSet::from(["ID".to_string()]);
+    assert_eq!(
+        classify("curl -s localhost:8080/v1/sessions/$ID | jq", &id),
+        Kind::Served
+    );
+    assert!(not_run(
+        "curl -s \"localhost:8080/v1/calls?id=<run id>\"",
+        &id
+    ));
+    assert_eq!(
+        classify("cadre keys list --url http://127.0.0.1:8080", &none),
+        Kind::Served
+    );
+    assert_eq!(
+        commands("a \\\n  b  # c\n# d\n\ne '#f'\n"),
+        vec!["a    b".to_string(), "e '#f'".to_string()]
+    );
+    let marked = "x\n<!-- docs-test: skip (partial) -->\n\n```toml\n[server]\n```\n";
+    let blocks = blocks_of(Path::new("p.md"), marked);
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(blocks[0].skip.as_deref(), Some("(partial)"));
+    assert_eq!(blocks[0].line, 4);
+    assert_eq!(slug("HTTP API (v1)"), "http-api-v1");
+    assert_eq!(
+        slug("Security: hostile models, MCP servers and tool upstreams"),
+        "security-hostile-models-mcp-servers-and-tool-upstreams"
+    );
+    assert_eq!(
+        slug("server.json, Ctrl-C and config check"),
+        "serverjson-ctrl-c-and-config-check"
     );
 }
