@@ -32,7 +32,8 @@
 //!   2. A command using `curl` (or the binary with `--url`) is **served**:
 //!      the block's served commands run as one `bash` script (so `ID=$(...)`
 //!      carries on to the next line), `set -euo pipefail`, `curl` made to
-//!      fail on an HTTP error status (`--fail-with-body`), against a real
+//!      fail on an HTTP error status (`--fail-with-body`; `jq`, when the
+//!      machine has none, played by Python for `jq` and `jq -r .x`), against a real
 //!      `cadre serve` this test starts on the repository's agents with the
 //!      offline provider (`Server::start_offline`): `localhost:8080` and
 //!      `127.0.0.1:8080` become its address, as a reader's port would.
@@ -73,6 +74,19 @@ const SERVER_SECTIONS: [&str; 8] = [
 ];
 
 const SKIP_MARKER: &str = "<!-- docs-test: skip";
+
+/// For a machine without `jq`: the two forms the docs use (`jq` and
+/// `jq -r .field`), with the Python the suite needs anyway.
+const JQ_FALLBACK: &str = r#"if ! command -v jq >/dev/null; then
+  jq() {
+    if [ "${1:-}" = -r ]; then
+      python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1].lstrip(".")])' "$2"
+    else
+      python3 -m json.tool
+    fi
+  }
+fi
+"#;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -703,7 +717,7 @@ fn the_served_blocks_run_against_a_real_server() {
             continue;
         }
         let script = format!(
-            "set -euo pipefail\ncurl() {{ command curl --fail-with-body \"$@\"; }}\n{}\n",
+            "set -euo pipefail\ncurl() {{ command curl --fail-with-body \"$@\"; }}\n{JQ_FALLBACK}{}\n",
             served.join("\n")
         );
         let out = bash(&script, &data);
