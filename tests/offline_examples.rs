@@ -1,8 +1,8 @@
-//! The README's example questions, asked of the repository's own agents
+//! The example questions of `docs/tools.md`, asked of the repository's own agents
 //! with the offline provider (no key, no network), as a newcomer would.
 //!
-//! The questions come from the README's table (between its `offline
-//! examples` markers), so the README cannot show a question this test does
+//! The questions come from `docs/tools.md`'s table (between its `offline
+//! examples` markers), so the docs cannot show a question this test does
 //! not ask. For each row the test checks that the turn called the tool the
 //! row names and that the answer states the figure found at the row's JSON
 //! pointer in that tool's output *of the same turn*: the figures are never
@@ -15,7 +15,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::{AppOptions, TestApp, spawn_app};
 
-/// One row of the README's table.
+/// One row of `docs/tools.md`'s table.
 #[derive(Debug)]
 struct Example {
     agent: String,
@@ -25,13 +25,13 @@ struct Example {
     pointer: String,
 }
 
-/// The rows of the README's offline examples table.
+/// The rows of `docs/tools.md`'s offline examples table.
 fn readme_examples() -> Vec<Example> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("read README.md");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/tools.md"))
+        .expect("read docs/tools.md");
     let start = readme
         .find("<!-- offline examples")
-        .expect("README has the offline examples table");
+        .expect("docs/tools.md has the offline examples table");
     let end = start
         + readme[start..]
             .find("<!-- end offline examples -->")
@@ -87,7 +87,7 @@ async fn every_readme_example_question_is_answered_with_the_figure_it_asks_for()
     let examples = readme_examples();
     assert!(
         examples.len() >= 9,
-        "the README's table lost rows: {examples:?}"
+        "the table of docs/tools.md lost rows: {examples:?}"
     );
     let app = spawn_app(AppOptions::offline());
     let mut wrong = Vec::new();

@@ -165,7 +165,7 @@ fn the_mcp_example_loads_and_declares_every_key() {
     );
 }
 
-/// The README's tool file example is shipped and runs: its command names
+/// The tool file example of `docs/tools.md` is shipped and runs: its command names
 /// `count.py` relative to the tool file, and the test runs from the crate
 /// root, where there is no `count.py`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
