@@ -690,8 +690,37 @@ fn every_offline_command_of_the_docs_exits_0() {
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
 }
 
+/// The docs' curl commands need curl: on a machine without it (a fresh CI
+/// machine runs as root with Debian's packages reachable) it is installed,
+/// as the suite installs what else it needs; if that fails the test fails,
+/// it is never skipped.
+fn ensure_curl() {
+    let has = |c: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {c}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if has("curl") {
+        return;
+    }
+    let out = std::process::Command::new("sh")
+        .args([
+            "-c",
+            "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl) 2>&1",
+        ])
+        .output()
+        .expect("sh runs");
+    assert!(
+        has("curl"),
+        "the docs' curl commands need curl, and installing it failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 #[test]
 fn the_served_blocks_run_against_a_real_server() {
+    ensure_curl();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let server = Server::start_offline(&data, &repo_agents());
