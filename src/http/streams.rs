@@ -32,7 +32,8 @@
 //! response through a channel of [`TURN_STREAM_BUFFER`] events. While the
 //! client reads slower than that, the model text waiting for it is
 //! coalesced (consecutive deltas become one); once more than
-//! [`MAX_TURN_STREAM_LAG_BYTES`] of text wait, the stream is closed (the
+//! [`MAX_TURN_STREAM_LAG_BYTES`] wait (delta text, and the JSON of the
+//! other events: a tool call's arguments or outcome), the stream is closed (the
 //! turn goes on and is stored; its history has the answer). A client that
 //! leaves ends the task and drops what waited. So a stream holds at most
 //! the buffer and the lag limit, whatever the model sends.
@@ -58,7 +59,8 @@ use crate::error_code::ErrorCode;
 
 /// Events of a streamed turn held for a client that reads slowly.
 pub const TURN_STREAM_BUFFER: usize = 64;
-/// Bytes of model text a client may fall behind before its stream closes.
+/// Bytes a client may fall behind (model text, and the JSON of the other
+/// events) before its stream closes.
 pub const MAX_TURN_STREAM_LAG_BYTES: usize = 1024 * 1024;
 
 /// A turn's events, paced for the client (see the module doc), and a flag
@@ -74,7 +76,7 @@ pub fn paced(
     let flag = lagged.clone();
     tokio::spawn(async move {
         let mut waiting: VecDeque<TurnEvent> = VecDeque::new();
-        // Model text in `waiting`.
+        // Bytes in `waiting` (see `waiting_len`).
         let mut behind = 0usize;
         let mut open = true;
         while open || !waiting.is_empty() {
@@ -84,13 +86,13 @@ pub fn paced(
                 permit = tx.reserve(), if !waiting.is_empty() => {
                     let Ok(permit) = permit else { return };
                     let event = waiting.pop_front().expect("an event waits");
-                    behind -= text_len(&event);
+                    behind -= waiting_len(&event);
                     permit.send(event);
                 }
                 event = events.recv(), if open => match event {
                     None => open = false,
                     Some(event) => {
-                        behind += text_len(&event);
+                        behind += waiting_len(&event);
                         match (waiting.back_mut(), event) {
                             (
                                 Some(TurnEvent::ModelDelta { text }),
@@ -114,10 +116,13 @@ pub fn paced(
     (tokio_stream::wrappers::ReceiverStream::new(out), lagged)
 }
 
-fn text_len(event: &TurnEvent) -> usize {
+/// What an event holds while it waits: a delta's text, or any other
+/// event's JSON (a tool call's arguments or outcome can be megabytes).
+/// The same event always measures the same, so `behind` adds up.
+fn waiting_len(event: &TurnEvent) -> usize {
     match event {
         TurnEvent::ModelDelta { text } => text.len(),
-        _ => 0,
+        other => serde_json::to_vec(other).map_or(0, |v| v.len()),
     }
 }
 
@@ -275,6 +280,36 @@ async fn get_holds_a_slot(request: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tool-call events count toward the lag limit by their size: a
+    /// client that reads nothing cannot make a stream hold megabytes of
+    /// arguments in its waiting queue.
+    #[tokio::test]
+    async fn big_tool_events_count_toward_the_lag_limit() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (_unread, lagged) = paced(rx);
+        // Fill the stream's buffer with small events nobody reads ...
+        for _ in 0..TURN_STREAM_BUFFER {
+            tx.send(TurnEvent::ModelDelta { text: "x".into() }).unwrap();
+        }
+        // ... then queue a little over the limit in tool-call arguments.
+        let big = serde_json::json!({ "message": "a".repeat(MAX_TURN_STREAM_LAG_BYTES / 2) });
+        for i in 0..3 {
+            tx.send(TurnEvent::ToolCallStarted {
+                id: format!("c{i}"),
+                name: "echo".into(),
+                arguments: big.clone(),
+            })
+            .unwrap();
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            while !lagged.load(Ordering::Relaxed) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the stream was closed for falling behind");
+    }
 
     #[test]
     fn slots_are_counted_per_caller_and_freed_on_drop() {
