@@ -682,3 +682,114 @@ async fn a_tool_answering_deeply_nested_json_fails_and_listings_keep_working() {
     assert_eq!(status, StatusCode::OK, "{calls}");
     assert_eq!(calls["calls"].as_array().unwrap().len(), 1, "{calls}");
 }
+
+// ----------------------------------------------------- external commands
+
+/// A command tool file: `sh -c SCRIPT` (the script is the operator's; the
+/// parameters only ever reach its stdin).
+fn command_tool(name: &str, script: &str, timeout_s: u32) -> String {
+    format!(
+        "name = \"{name}\"\ndescription = \"Runs a script.\"\ntimeout_s = {timeout_s}\n[entry]\ntype = \"external\"\ncommand = [\"sh\", \"-c\", '''{script}''']\n"
+    )
+}
+
+/// Whether `pid` runs: a zombie (killed, not yet reaped by whoever
+/// inherited it) does not.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // `pid (comm) S ...`: the state follows the last ')'.
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// What a command forks dies with it: when it exits while a child holds
+/// its stdout, the call answers at once instead of waiting for the child
+/// (or the timeout); when the call times out, its background children are
+/// killed too. A command flooding stderr before it answers does not stall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_tool_leaves_no_process_behind_and_cannot_stall_on_its_pipes() {
+    let setup = Setup::new(&[]);
+    let forked = setup.dir.path().join("forked.pid");
+    let hung = setup.dir.path().join("hung.pid");
+    setup.put(
+        "forks.toml",
+        &command_tool(
+            "forks",
+            &format!(
+                "sleep 300 & echo $! > {}; echo '{{\"ok\": 1}}'",
+                forked.display()
+            ),
+            20,
+        ),
+    );
+    setup.put(
+        "hangs.toml",
+        &command_tool(
+            "hangs",
+            &format!("sleep 300 & echo $! > {}; wait", hung.display()),
+            1,
+        ),
+    );
+    setup.put(
+        "noisy.toml",
+        &command_tool(
+            "noisy",
+            "head -c 300000 /dev/zero >&2; echo '{\"ok\": 2}'",
+            20,
+        ),
+    );
+    let server = setup.start(&[]);
+    let client = server.client();
+
+    let started = Instant::now();
+    let (status, body) = client
+        .post("/v1/tools/forks/invoke", &json!({"params": {}}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["output"]["ok"], 1, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let pid: i32 = std::fs::read_to_string(&forked)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    until(|| !alive(pid), "the forked child was killed").await;
+
+    let (status, body) = client
+        .post("/v1/tools/hangs/invoke", &json!({"params": {}}))
+        .await;
+    assert_eq!(body["error_type"], "timeout", "{status} {body}");
+    let pid: i32 = std::fs::read_to_string(&hung)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    until(|| !alive(pid), "the timed-out call's child was killed").await;
+
+    let started = Instant::now();
+    let (status, body) = client
+        .post("/v1/tools/noisy/invoke", &json!({"params": {}}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["output"]["ok"], 2, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Waits (polling a process table that has no event to wait on) until
+/// `done`, at most 10 s.
+async fn until(done: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

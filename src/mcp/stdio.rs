@@ -72,12 +72,7 @@ impl Groups {
     }
 }
 
-fn kill_group(pgid: i32) {
-    // SAFETY: killpg only sends a signal; a group that is gone is ESRCH.
-    unsafe {
-        libc::killpg(pgid, libc::SIGKILL);
-    }
-}
+use crate::tools::process::kill_group;
 
 /// One running server process and the two ends of its stdio.
 pub struct ChildTransport {

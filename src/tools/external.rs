@@ -11,7 +11,12 @@
 //! parameters as JSON on stdin; stdout must be one JSON value. Output beyond the cap is a
 //! failure, a non-zero exit is a failure carrying the first lines of stderr,
 //! and the child is killed when the call is dropped (the executor's timeout
-//! aborts the task). Endpoints get the parameters as a JSON POST; 5xx and
+//! aborts the task). Each runs in its own process group
+//! ([`super::process`]): stdin, stdout and stderr are served at once (a
+//! command writing stderr first, or not reading its input, cannot stall),
+//! a command past its output cap is killed at once, and when the command
+//! exits (or the call is dropped) what it forked is killed with it, within
+//! 200 ms if it still holds a pipe. Endpoints get the parameters as a JSON POST; 5xx and
 //! transport errors are retryable.
 //!
 //! The operator writes the URL, but not what answers it: an upstream may
@@ -34,6 +39,7 @@ use url::Url;
 use super::builtin::http::read_capped;
 use super::builtin::net_guard::{self, GuardedClient};
 use super::definition::Redirects;
+use super::process::GroupGuard;
 use super::{ExecutionContext, ToolError, ToolHandler};
 
 pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
@@ -106,46 +112,95 @@ impl ExternalHandler {
         } else {
             path.to_path_buf()
         };
-        let mut child = tokio::process::Command::new(executable)
+        let mut command = tokio::process::Command::new(executable);
+        command
             .args(args)
             .current_dir(dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .kill_on_drop(true);
+        // Its own process group: what it forks is killed with it when the
+        // call ends or is dropped (timeout), not left running.
+        #[cfg(unix)]
+        command.process_group(0);
+        let mut child = command
             .spawn()
             .map_err(|e| ToolError::failed(format!("cannot start '{program}': {e}")))?;
+        let group = std::sync::Mutex::new(GroupGuard::new(child.id()));
         let input = serde_json::to_vec(params).expect("JSON values serialize");
-        if let Some(mut stdin) = child.stdin.take() {
-            // A command that exits without reading its input is not an error here.
-            let _ = stdin.write_all(&input).await;
-        }
-        let mut stdout = Vec::new();
+        let stdin = child.stdin.take();
         let out = child.stdout.take().expect("piped stdout");
-        let read = out
-            .take(self.max_output as u64 + 1)
-            .read_to_end(&mut stdout)
-            .await;
-        let mut stderr = Vec::new();
-        if let Some(err) = child.stderr.take() {
-            let _ = err.take(4096).read_to_end(&mut stderr).await;
-        }
-        let status = child
-            .wait()
-            .await
+        let err = child.stderr.take().expect("piped stderr");
+        let max = self.max_output;
+        // All three pipes at once: a command that writes stderr first, or
+        // never reads its input, cannot hold the call until its timeout.
+        let write = async move {
+            if let Some(mut stdin) = stdin {
+                // A command that exits without reading its input is not an error here.
+                let _ = stdin.write_all(&input).await;
+            }
+        };
+        let read_out = async {
+            let mut stdout = Vec::new();
+            let read = out.take(max as u64 + 1).read_to_end(&mut stdout).await;
+            if stdout.len() > max {
+                // Past the cap: stop it now rather than wait for it to
+                // finish writing into a pipe nobody reads.
+                group.lock().expect("group guard").kill();
+            }
+            (stdout, read)
+        };
+        let read_err = async move {
+            // The first 4 KiB are kept for the error; the rest is read
+            // and dropped so the command never blocks on a full pipe.
+            let mut kept = Vec::new();
+            let mut err = err;
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = err.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                let room = 4096usize.saturating_sub(kept.len());
+                kept.extend_from_slice(&chunk[..n.min(room)]);
+            }
+            kept
+        };
+        // The command's own exit ends the call: a child it forked that
+        // still holds a pipe gets a short grace, then the group is killed
+        // (its pipes close and the reads end).
+        let io_done = tokio::sync::Notify::new();
+        let io = async {
+            let io = tokio::join!(write, read_out, read_err);
+            io_done.notify_one();
+            io
+        };
+        let exited = async {
+            let status = child.wait().await;
+            tokio::select! {
+                _ = io_done.notified() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {
+                    group.lock().expect("group guard").kill();
+                }
+            }
+            status
+        };
+        let (((), (stdout, read), stderr), status) = tokio::join!(io, exited);
+        let status = status
             .map_err(|e| ToolError::failed(format!("'{program}' could not be awaited: {e}")))?;
+        drop(group);
+        if stdout.len() > self.max_output {
+            return Err(ToolError::failed(format!(
+                "'{program}' printed more than {} bytes",
+                self.max_output
+            )));
+        }
         read.map_err(|e| ToolError::failed(format!("reading the output of '{program}': {e}")))?;
         if !status.success() {
             let err = String::from_utf8_lossy(&stderr);
             let first: String = err.lines().take(5).collect::<Vec<_>>().join(" | ");
             return Err(ToolError::failed(format!(
                 "'{program}' exited with {status}: {first}"
-            )));
-        }
-        if stdout.len() > self.max_output {
-            return Err(ToolError::failed(format!(
-                "'{program}' printed more than {} bytes",
-                self.max_output
             )));
         }
         serde_json::from_slice(&stdout).map_err(|e| {

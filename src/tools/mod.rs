@@ -13,6 +13,7 @@ pub mod definition;
 pub mod external;
 pub mod loader;
 pub mod outcome;
+pub mod process;
 pub mod registry;
 pub mod schema;
 pub mod validate;
