@@ -536,3 +536,19 @@ async fn a_refused_server_is_an_mcp_server_down_event_with_its_reason() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+/// A server whose first `tools/list` fails with its own error (still
+/// starting) is asked again with the backoff, not refused until cadre
+/// restarts; only answers that break a bound refuse it for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_first_listing_fails_is_asked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("lists").display().to_string();
+    let toml = server("starting", "starting", &["--log", &log], "");
+    let cadre = Cadre::start(&toml);
+    cadre.until_served("starting.ok").await;
+    let lists = std::fs::read_to_string(&log).unwrap();
+    assert!(lists.lines().count() >= 2, "{lists}");
+    let (status, body) = cadre.invoke("starting.ok", json!({"text": "hi"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}

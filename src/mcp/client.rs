@@ -390,10 +390,18 @@ async fn list_bounded(peer: &Peer<RoleClient>, limits: &McpLimits) -> Result<Vec
         for _ in 0..limits.max_pages {
             let params = PaginatedRequestParams::default().with_cursor(cursor.clone());
             let page = peer.list_tools(Some(params)).await.map_err(|e| match e {
-                // It answered, and the answer is an error (or one it
-                // could not send: [`super::stdio::UNREADABLE`]).
-                ServiceError::McpError(e) => {
+                // Its answer broke a bound ([`super::stdio::UNREADABLE`],
+                // [`super::stdio::RESULT_TOO_LARGE`]): not asked again.
+                ServiceError::McpError(e)
+                    if e.code.0 == super::stdio::UNREADABLE
+                        || e.code.0 == super::stdio::RESULT_TOO_LARGE =>
+                {
                     Failure::Over(format!("tools/list failed: {}", e.message))
+                }
+                // Its own error (an internal error while it starts, say):
+                // asked again with the backoff, like a missed deadline.
+                ServiceError::McpError(e) => {
+                    Failure::Late(format!("tools/list failed: {}", e.message))
                 }
                 // The connection ended: reconnected like any other end.
                 e => Failure::Unreachable(format!("tools/list: {e}")),

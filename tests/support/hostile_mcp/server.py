@@ -23,6 +23,9 @@ hostile part from the rest. Modes:
                 each tools/list is appended to --log
   names         tools named "", "a.b", "a__b" beside `ok`
   many          COUNT tools, each with a small schema
+  starting      the first tools/list (across restarts: --log FILE remembers)
+                answers a JSON-RPC internal error, as a server still
+                starting might; later ones answer normally
 
 --pids FILE gets one line per process started: "server PID" or "child PID".
 """
@@ -150,9 +153,14 @@ def main():
                 out.write(data)
                 out.flush()
         elif method == "tools/list":
+            first = LOG and not os.path.exists(LOG)
             if LOG:
                 with open(LOG, "a") as f:
                     f.write("list\n")
+            if MODE == "starting" and first:
+                send({"jsonrpc": "2.0", "id": mid,
+                      "error": {"code": -32603, "message": "still starting"}})
+                continue
             if MODE == "silent_list":
                 continue
             answer(mid, tools_page(msg.get("params")))
