@@ -21,9 +21,11 @@
 //! returns.
 //!
 //! While it listens, a server records where in `<data dir>/server.json`
-//! ([`ServerFile`]: its URL and pid), removed when it stops. A command that
-//! needs the data dir while a server holds it (redb allows one process per
-//! file) reads it and talks to that server over HTTP instead.
+//! ([`ServerFile`]: its loopback URL and pid), removed when it stops. A
+//! command that needs the data dir while a server holds it (redb allows one
+//! process per file) reads it and talks to that server over HTTP instead;
+//! it believes only a loopback URL of a live pid (it sends the API key
+//! there).
 //!
 //! With `handle_signals`, the first SIGINT / SIGTERM logs what the shutdown
 //! waits for (open connections, up to the grace) and a second SIGINT exits
@@ -644,7 +646,7 @@ async fn serve(
     let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
     let server_file = addr.and_then(|addr| {
         let file = ServerFile {
-            url: format!("http://{addr}"),
+            url: ServerFile::local_url(addr),
             pid: std::process::id(),
         };
         match file.write(&builder.data_dir) {
@@ -820,10 +822,40 @@ impl ServerFile {
 
     /// The server recorded in `data_dir`, if its process is alive (a file
     /// left by a killed server names a dead pid and is ignored).
+    ///
+    /// Only a loopback URL is believed: the CLI sends `CADRE_API_KEY` to it,
+    /// and a file naming another host is not one this server wrote.
     pub fn read_live(data_dir: &std::path::Path) -> Option<ServerFile> {
         let text = std::fs::read(Self::path(data_dir)).ok()?;
         let file: ServerFile = serde_json::from_slice(&text).ok()?;
-        file.is_alive().then_some(file)
+        (file.is_loopback() && file.is_alive()).then_some(file)
+    }
+
+    /// The URL this machine reaches a listener at: its own address, or
+    /// loopback when it listens on every address (`0.0.0.0`, `[::]`).
+    pub fn local_url(addr: SocketAddr) -> String {
+        let ip = match addr.ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+                std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+            }
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+                std::net::IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+            }
+            ip => ip,
+        };
+        format!("http://{}", SocketAddr::new(ip, addr.port()))
+    }
+
+    fn is_loopback(&self) -> bool {
+        url::Url::parse(&self.url).is_ok_and(|u| {
+            u.scheme() == "http"
+                && match u.host() {
+                    Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                    Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                    Some(url::Host::Domain(d)) => d == "localhost",
+                    None => false,
+                }
+        })
     }
 
     #[cfg(unix)]
@@ -862,5 +894,42 @@ async fn shutdown_signal(stop: oneshot::Receiver<()>, signals: bool) {
         _ = stop => {}
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; shutting down"),
         _ = term => tracing::info!("SIGTERM received; shutting down"),
+    }
+}
+
+#[cfg(test)]
+mod server_file_tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_url_is_loopback_and_only_loopback_is_believed() {
+        let any: SocketAddr = "0.0.0.0:8080".parse().unwrap();
+        assert_eq!(ServerFile::local_url(any), "http://127.0.0.1:8080");
+        let any6: SocketAddr = "[::]:8080".parse().unwrap();
+        assert_eq!(ServerFile::local_url(any6), "http://[::1]:8080");
+        let own: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert_eq!(ServerFile::local_url(own), "http://127.0.0.1:9");
+
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        for (url, believed) in [
+            ("http://127.0.0.1:8080", true),
+            ("http://localhost:8080", true),
+            ("http://[::1]:8080", true),
+            ("http://evil.example:8080", false),
+            ("http://10.0.0.5:8080", false),
+            ("https://127.0.0.1:8080", false),
+        ] {
+            let file = ServerFile {
+                url: url.into(),
+                pid: me,
+            };
+            file.write(dir.path()).unwrap();
+            assert_eq!(
+                ServerFile::read_live(dir.path()).is_some(),
+                believed,
+                "{url}"
+            );
+        }
     }
 }
