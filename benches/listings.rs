@@ -60,6 +60,7 @@ fn call(tenant: &str) -> ToolCallRecord {
         tenant: Some(tenant.into()),
         created_at: Timestamp::now(),
         source_id: None,
+        turn_id: None,
     }
 }
 

@@ -144,6 +144,9 @@ pub struct SessionsSection {
     /// sweep deletes it, with its messages, calls and confirmations;
     /// fractions allowed. 0 (the default): sessions are kept forever.
     pub retain_days: f64,
+    /// Seconds after which a turn cut by a crash is no longer resumed at
+    /// start: it is closed as `interrupted` instead (also workflow runs).
+    pub resume_window_s: f64,
 }
 
 impl Default for SessionsSection {
@@ -153,6 +156,7 @@ impl Default for SessionsSection {
             idle_timeout_s: limits.idle_timeout.as_secs_f64(),
             max_queued_turns: limits.max_queued_turns,
             retain_days: 0.0,
+            resume_window_s: limits.resume_window.as_secs_f64(),
         }
     }
 }
@@ -166,6 +170,7 @@ impl SessionsSection {
             max_queued_turns: self.max_queued_turns,
             retain: (self.retain_days > 0.0)
                 .then(|| Duration::from_secs_f64(self.retain_days * 86_400.0)),
+            resume_window: Duration::from_secs_f64(self.resume_window_s),
             ..SessionLimits::default()
         }
     }
@@ -311,6 +316,12 @@ impl ServerConfig {
         let retain = self.sessions.retain_days;
         if retain.is_nan() || !(0.0..=36_500.0).contains(&retain) {
             return Err("sessions.retain_days must be between 0 (keep forever) and 36500".into());
+        }
+        let window = self.sessions.resume_window_s;
+        if window.is_nan() || !(0.0..=604_800.0).contains(&window) {
+            return Err(
+                "sessions.resume_window_s must be between 0 (never resume) and 604800".into(),
+            );
         }
         if self.tools.reload_interval_s.is_nan() || self.tools.reload_interval_s < 0.1 {
             return Err("tools.reload_interval_s must be at least 0.1".into());

@@ -65,6 +65,7 @@ async fn hold(store: &Store, tenant: &str, n: usize) -> Held {
             tenant: Some(tenant.into()),
             created_at: Timestamp::now(),
             source_id: None,
+            turn_id: None,
         };
         held.sessions.insert(session.id.clone());
         held.calls.insert(record.record_id.clone());

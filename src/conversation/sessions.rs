@@ -269,6 +269,10 @@ pub struct SessionLimits {
     /// Sessions idle longer than this are deleted (`[sessions]
     /// retain_days`); `None`: kept forever.
     pub retain: Option<Duration>,
+    /// Turns (and workflow runs) cut by a crash are resumed at start when
+    /// younger than this; older ones are closed as `interrupted`
+    /// (`[sessions] resume_window_s`, default 600 s).
+    pub resume_window: Duration,
 }
 
 impl SessionLimits {
@@ -308,6 +312,7 @@ impl Default for SessionLimits {
             max_queued_turns: super::actor::DEFAULT_MAX_QUEUED_TURNS,
             model_turn_timeout: super::actor::DEFAULT_MODEL_TURN_TIMEOUT,
             retain: None,
+            resume_window: Duration::from_secs(600),
         }
     }
 }

@@ -710,6 +710,7 @@ async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolEx
         tenant: msg.ctx.tenant.clone(),
         created_at: result.executed_at,
         source_id: result.metadata.source_id.clone(),
+        turn_id: msg.ctx.turn_id.clone(),
     };
     let op = WriteOp::RecordToolCall(Box::new(rec));
     // A conversation's call is recorded behind its turn: the turn's own

@@ -358,6 +358,7 @@ mod tests {
             caller_id: "t".into(),
             caller_type: "direct".into(),
             source_id: None,
+            turn_id: None,
             conversation_id: None,
             workflow_id: None,
             user_id: None,

@@ -207,6 +207,9 @@ pub struct ToolCallRecord {
     /// have none and ground nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_id: Option<String>,
+    /// The conversation turn that made the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -1792,6 +1795,7 @@ mod tests {
             tenant: Some("t".into()),
             created_at: Timestamp::now(),
             source_id: None,
+            turn_id: None,
         };
         let usage = WriteOp::RecordUsage(UsageDelta {
             session_id: Some("s".into()),

@@ -58,6 +58,16 @@ pub struct ExecutionContext {
     pub cache_ttl: Option<u64>,
     #[serde(default)]
     pub variables: Value,
+    /// The conversation turn making the call (durable turns: its finished
+    /// calls are found by turn and `tool_call_id` when it resumes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// Stable key of this call, `<session>:<turn>:<tool_call_id>`: the same
+    /// on every attempt and after a resume, handed to the tool (HTTP
+    /// `Idempotency-Key`, command input, MCP `_meta`) so a tool that
+    /// honours it never repeats a side effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 impl ExecutionContext {
@@ -76,6 +86,8 @@ impl ExecutionContext {
             tenant: None,
             cache_ttl: None,
             variables: Value::Null,
+            turn_id: None,
+            idempotency_key: None,
         }
     }
 }
