@@ -791,6 +791,7 @@ impl DiskProbe {
                         seq,
                         message: ChatMessage::user(QUESTION),
                         created_at: jiff::Timestamp::now(),
+                        rolled_back: false,
                     }],
                 };
                 let started = Instant::now();

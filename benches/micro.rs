@@ -112,6 +112,7 @@ fn stored(seq: u64) -> StoredMessage {
             r#"{"expression":"(2+3)*4","formatted":"20","result":20.0}"#,
         ),
         created_at: Timestamp::now(),
+        rolled_back: false,
     }
 }
 
@@ -242,6 +243,7 @@ fn settings() -> TurnSettings {
         max_tokens: None,
         tool_variables: Value::Null,
         cache_ttl: None,
+        pause_for_approval: true,
     }
 }
 
@@ -274,7 +276,7 @@ fn context(c: &mut Criterion) {
     let mut group = c.benchmark_group("context");
     group.throughput(Throughput::Elements(1));
     group.bench_function("start_turn_window_20", |b| {
-        b.iter(|| machine.start_turn("what is (2+3)*4?".into()))
+        b.iter(|| machine.start_turn("what is (2+3)*4?".into(), "t".into(), None))
     });
     let mut machine = ConversationMachine::new(settings(), history(), None, 20);
     let call = ToolCall {
@@ -290,7 +292,7 @@ fn context(c: &mut Criterion) {
     );
     group.bench_function("tool_calling_turn_window_20", |b| {
         b.iter(|| {
-            machine.start_turn("what is (2+3)*4?".into()).unwrap();
+            machine.start_turn("what is (2+3)*4?".into(), "t".into(), None).unwrap();
             machine
                 .on_model_reply(ChatResponse {
                     content: None,

@@ -101,9 +101,28 @@ pub struct AgentFile {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Multitask {
+    /// A message sent during a turn waits for it (the default).
     #[default]
     Enqueue,
+    /// A message sent during a turn is refused (409 `CONVERSATION_BUSY`).
     Reject,
+    /// A message sent during a turn cuts it: closed as `interrupted`, the
+    /// new turn starts with the history so far.
+    Interrupt,
+    /// As `interrupt`, and the cut turn's messages are marked rolled back:
+    /// kept in the store and exports, left out of every later prompt.
+    Rollback,
+}
+
+impl Multitask {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Multitask::Enqueue => "enqueue",
+            Multitask::Reject => "reject",
+            Multitask::Interrupt => "interrupt",
+            Multitask::Rollback => "rollback",
+        }
+    }
 }
 
 fn yes() -> bool {

@@ -110,6 +110,10 @@ error_codes! {
         "the route does not take this method (see `Allow`)";
     ConversationBusy = "CONVERSATION_BUSY", CONFLICT, false,
         "a turn is running in this session and the agent refuses concurrent messages";
+    TurnInterrupted = "TURN_INTERRUPTED", CONFLICT, false,
+        "a newer message in the session cut this turn (the agent's `multitask` is `interrupt` or `rollback`)";
+    TurnNotFound = "TURN_NOT_FOUND", NOT_FOUND, false,
+        "no turn with that id in this session";
     RunNotResumable = "RUN_NOT_RESUMABLE", CONFLICT, false,
         "only failed or interrupted workflow runs can be resumed";
     WorkflowDepthExceeded = "WORKFLOW_DEPTH_EXCEEDED", CONFLICT, false,

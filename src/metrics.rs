@@ -58,6 +58,10 @@ impl Histogram {
 pub struct Metrics {
     pub turns_completed: AtomicU64,
     pub turns_failed: AtomicU64,
+    /// Turns taken up after a restart cut them.
+    pub turns_resumed: AtomicU64,
+    /// Turns cut by a newer message, or by a restart past the resume window.
+    pub turns_interrupted: AtomicU64,
     pub model_calls: AtomicU64,
     pub model_errors: AtomicU64,
     pub model_latency: Histogram,
@@ -96,6 +100,18 @@ impl Metrics {
             "cadre_turns_failed_total",
             "Turns that ended in an error.",
             &self.turns_failed,
+        );
+        Self::counter(
+            out,
+            "cadre_turns_resumed_total",
+            "Turns taken up from their stored phase after a restart cut them.",
+            &self.turns_resumed,
+        );
+        Self::counter(
+            out,
+            "cadre_turns_interrupted_total",
+            "Turns cut by a newer message, or closed after a restart past the resume window.",
+            &self.turns_interrupted,
         );
         self.turn_latency.render(
             out,

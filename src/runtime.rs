@@ -551,6 +551,11 @@ async fn serve(
     if let Err(e) = executor.shared().confirmations.index_existing().await {
         tracing::error!(error = %e, "cannot index pending confirmations by tenant");
     }
+    // Turns a crash cut: taken up (or closed past the resume window) by
+    // their conversations, which start now and run beside the server.
+    if let Err(e) = sessions.resume_cut_turns().await {
+        tracing::error!(error = %e, "cannot look for turns cut by a restart");
+    }
     let keys = match crate::tenants::KeyRing::load(&store).await {
         Ok(k) => k,
         Err(e) => {

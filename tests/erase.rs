@@ -113,15 +113,19 @@ async fn a_deleted_session_is_gone_from_every_endpoint_command_and_table() {
     // The session to delete: a calculator call, two orders held for
     // confirmation (one approved below, one left pending), a summary.
     let gone = pro_session(&client, "trader").await;
+    model.push(Reply::tool_call("c1", "calculator", r#"{"expression":"6*7"}"#));
+    model.push(Reply::text("42."));
+    let (status, turn) = client.say(&gone, "6*7?").await;
+    assert_eq!(status, StatusCode::OK, "{turn}");
+    summarised(&client, &gone).await;
+    // The orders pause the next turn (202): a paused session may be deleted.
     model.push(Reply::tool_calls(&[
-        ("c1", "calculator", r#"{"expression":"6*7"}"#),
         ("c2", "create_paper_order", ORDER),
         ("c3", "create_paper_order", ORDER),
     ]));
-    model.push(Reply::text("Two orders wait for your confirmation."));
     let (status, turn) = client.say(&gone, "buy twice").await;
-    assert_eq!(status, StatusCode::OK, "{turn}");
-    summarised(&client, &gone).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{turn}");
+    assert_eq!(turn["status"], "awaiting_approval", "{turn}");
 
     // The session that stays, of the same tenant and agent.
     let kept = pro_session(&client, "trader").await;
@@ -164,7 +168,7 @@ async fn a_deleted_session_is_gone_from_every_endpoint_command_and_table() {
             .iter()
             .map(|c| c["record_id"].as_str().unwrap().to_string())
             .collect();
-        // Three calls of the turn and the approved order.
+        // Three calls of the turns and the approved order.
         if records.len() == 4 {
             break records;
         }

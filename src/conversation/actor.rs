@@ -77,17 +77,22 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::batch::{ToolBatchReport, ToolSubAgent};
-use super::machine::{Action, CallReport, ConversationMachine, Step, TurnOutcome, TurnSettings};
+use super::machine::{
+    Action, Approval, CallReport, Closed, ConversationMachine, Phase, Resume, Step, TurnFailure,
+    TurnOutcome, TurnRecord, TurnSettings,
+};
+use super::resume::{self, Resolution};
 use crate::config::{Agent, Multitask};
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
 use crate::model::{ChatMessage, ModelError};
 use crate::store::usage::day_of;
+use crate::store::turns::TurnWrite;
 use crate::store::{
     Session, Store, StoreError, StoredMessage, StoredSummary, TokenUsage, UsageDelta, WriteOp,
 };
-use crate::tools::{CallerType, ExecutionContext};
+use crate::tools::{CallerType, ExecutionContext, ToolExecutionResult};
 
 /// Why a turn did not produce an answer.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +114,10 @@ pub enum TurnError {
     /// reported instead of a panic; the conversation goes on).
     #[error("the turn went out of step: {0}")]
     OutOfStep(#[from] super::machine::MachineError),
+    /// A newer message cut the turn (`multitask = "interrupt"` or
+    /// `"rollback"`).
+    #[error("the turn was interrupted by a newer message")]
+    Interrupted,
 }
 
 impl PublicError for TurnError {
@@ -120,6 +129,7 @@ impl PublicError for TurnError {
             TurnError::Unavailable => ErrorCode::ConversationUnavailable,
             TurnError::QueueFull { .. } => ErrorCode::ConversationQueueFull,
             TurnError::OutOfStep(_) => ErrorCode::InternalError,
+            TurnError::Interrupted => ErrorCode::TurnInterrupted,
         }
     }
 
@@ -140,6 +150,7 @@ impl PublicError for TurnError {
             TurnError::OutOfStep(_) => {
                 "the turn failed inside cadre; what it stored so far is kept".into()
             }
+            TurnError::Interrupted => "a newer message in this session interrupted this turn (the agent's multitask is interrupt or rollback); what it stored so far is kept".into(),
         }
     }
 }
@@ -150,6 +161,7 @@ impl PublicError for TurnError {
 pub enum TurnEvent {
     TurnStarted {
         session_id: String,
+        turn_id: String,
     },
     ModelDelta {
         text: String,
@@ -165,6 +177,13 @@ pub enum TurnEvent {
     },
     /// The same body as the JSON reply.
     TurnCompleted(Box<TurnOutcome>),
+    /// The turn waits for a person's decision on `confirmations` (the same
+    /// body as the 202 reply); deciding resumes it.
+    TurnPaused(Box<TurnOutcome>),
+    /// A newer message cut the turn.
+    TurnInterrupted {
+        turn_id: String,
+    },
 }
 
 impl TurnEvent {
@@ -175,6 +194,8 @@ impl TurnEvent {
             TurnEvent::ToolCallStarted { .. } => "tool_call_started",
             TurnEvent::ToolCallCompleted { .. } => "tool_call_completed",
             TurnEvent::TurnCompleted(_) => "turn_completed",
+            TurnEvent::TurnPaused(_) => "turn_paused",
+            TurnEvent::TurnInterrupted { .. } => "turn_interrupted",
         }
     }
 }
@@ -201,6 +222,23 @@ pub struct UserTurn {
     /// Settings for this turn (agent + tenant overrides + session metadata).
     pub settings: Option<TurnSettings>,
     pub events: Option<TurnSink>,
+    /// The request's `Idempotency-Key`: kept in the turn's record, so a
+    /// retry finds the turn instead of starting another.
+    pub idempotency_key: Option<String>,
+}
+
+/// Look at a turn after a person decided one of its held calls (or
+/// nothing in particular): a paused turn whose calls all have outcomes
+/// goes on. Harmless when nothing waits.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CheckApprovals;
+
+/// Waits for turn `turn_id` of this conversation to end (or pause).
+#[derive(Message)]
+#[rtype(result = "Option<AcceptedTurn>")]
+pub struct WatchTurn {
+    pub turn_id: String,
 }
 
 /// Store a message without a model turn (an operator's reply); answers its seq.
@@ -227,12 +265,20 @@ pub const DEFAULT_MAX_QUEUED_TURNS: usize = 8;
 pub const DEFAULT_MODEL_TURN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A turn the conversation took on; its outcome follows.
-pub struct AcceptedTurn(oneshot::Receiver<Result<TurnOutcome, TurnError>>);
+pub struct AcceptedTurn {
+    turn_id: String,
+    rx: oneshot::Receiver<Result<TurnOutcome, TurnError>>,
+}
 
 impl AcceptedTurn {
-    /// Waits for the turn to end.
+    /// The turn's id (known as soon as it is accepted).
+    pub fn turn_id(&self) -> &str {
+        &self.turn_id
+    }
+
+    /// Waits for the turn to end (or pause for an approval).
     pub async fn outcome(self) -> Result<TurnOutcome, TurnError> {
-        self.0.await.unwrap_or(Err(TurnError::Unavailable))
+        self.rx.await.unwrap_or(Err(TurnError::Unavailable))
     }
 }
 
@@ -242,6 +288,8 @@ enum Pending {
         settings: Option<TurnSettings>,
         events: Option<TurnSink>,
         reply: TurnReply,
+        turn_id: String,
+        key: Option<String>,
     },
     Record {
         message: ChatMessage,
@@ -264,7 +312,9 @@ impl Pending {
 
 struct Current {
     started: Instant,
-    reply: TurnReply,
+    /// `None` for a turn resumed after a restart or an approval: nobody
+    /// waits on it here (its record and watchers learn the outcome).
+    reply: Option<TurnReply>,
     events: Option<TurnSink>,
     /// The turn's span: model calls and the tool batch are its children.
     span: tracing::Span,
@@ -306,23 +356,52 @@ pub struct Conversation {
     metrics: Arc<Metrics>,
     /// The store generation the history was loaded at.
     generation: u64,
+    /// The model call in flight: cancelled when the turn is interrupted.
+    model_call: Option<SpawnHandle>,
+    /// Bumped when a turn is cut, so callbacks of the cut turn do nothing.
+    turn_gen: u64,
+    /// The batch being assembled: each call of the last reply, with its
+    /// outcome once known (from the store on a resume, from the sub-agent,
+    /// or from a person's decision).
+    held: Vec<(crate::model::ToolCall, Option<ToolExecutionResult>)>,
+    /// Callers waiting on turns by id ([`WatchTurn`]).
+    watchers: Vec<(String, TurnReply)>,
+    /// A turn cut by a restart, to take up once started.
+    cut: Option<(TurnRecord, CutTurn)>,
     /// Model time one turn may use.
     model_turn_timeout: Duration,
     /// Dropped with the actor: how [`Retire`] learns it is gone.
     retired: Option<oneshot::Sender<()>>,
 }
 
+/// What to do with a turn found open when the conversation loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CutTurn {
+    /// Take it up where it stood.
+    Resume,
+    /// Too old: close it as interrupted, with a note in the history.
+    Close,
+}
+
 impl Actor for Conversation {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        // Idle conversations leave memory; the store has everything.
+        // Idle conversations leave memory; the store has everything (a
+        // paused turn too: its record brings it back).
         let every = (self.idle_timeout / 4).max(Duration::from_millis(10));
         ctx.run_interval(every, |act, ctx| {
-            if !act.busy && act.queue.is_empty() && act.last_active.elapsed() >= act.idle_timeout {
+            if !act.busy
+                && act.queue.is_empty()
+                && act.watchers.is_empty()
+                && act.last_active.elapsed() >= act.idle_timeout
+            {
                 ctx.stop();
             }
         });
+        if let Some((record, what)) = self.cut.take() {
+            self.take_up(record, what, ctx);
+        }
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
@@ -335,6 +414,9 @@ impl Actor for Conversation {
                     let _ = reply.send(Err(TurnError::Unavailable));
                 }
             }
+        }
+        for (_, reply) in self.watchers.drain(..) {
+            let _ = reply.send(Err(TurnError::Unavailable));
         }
     }
 }
@@ -368,7 +450,19 @@ impl Conversation {
             generation: 0,
             model_turn_timeout: DEFAULT_MODEL_TURN_TIMEOUT,
             retired: None,
+            model_call: None,
+            turn_gen: 0,
+            held: Vec::new(),
+            watchers: Vec::new(),
+            cut: None,
         }
+    }
+
+    /// A turn the store holds open (not final): taken up, or closed, once
+    /// the actor starts.
+    pub fn with_cut_turn(mut self, record: TurnRecord, what: CutTurn) -> Self {
+        self.cut = Some((record, what));
+        self
     }
 
     /// A turn's model calls together take at most `budget`.
@@ -409,7 +503,8 @@ impl Conversation {
     }
 
     fn start_next(&mut self, ctx: &mut Context<Self>) {
-        if self.busy {
+        // A paused turn holds the session until it is decided (or cut).
+        if self.busy || self.machine.in_turn() {
             return;
         }
         self.drop_abandoned();
@@ -424,6 +519,8 @@ impl Conversation {
                 settings,
                 events,
                 reply,
+                turn_id,
+                key,
             } => {
                 if let Some(s) = settings {
                     self.machine.set_settings(s);
@@ -447,7 +544,7 @@ impl Conversation {
                 );
                 let current = Current {
                     started: Instant::now(),
-                    reply,
+                    reply: Some(reply),
                     events,
                     span,
                     model_spent: Duration::ZERO,
@@ -455,9 +552,10 @@ impl Conversation {
                 };
                 current.emit(TurnEvent::TurnStarted {
                     session_id: self.session.id.clone(),
+                    turn_id: turn_id.clone(),
                 });
                 self.current = Some(current);
-                match self.machine.start_turn(content) {
+                match self.machine.start_turn(content, turn_id, key) {
                     Ok(step) => self.perform(step, ctx),
                     Err(e) => self.out_of_step(e, ctx),
                 }
@@ -465,7 +563,7 @@ impl Conversation {
             Pending::Record { message, reply } => {
                 let (seq, message) = self.machine.record(message);
                 self.stage(vec![(seq, message)]);
-                self.commit_turn(ctx, move |act, result, ctx| {
+                self.commit_turn(Vec::new(), ctx, move |act, result, ctx| {
                     let failed = result.is_err();
                     let _ = reply.send(result.map(|()| seq).map_err(TurnError::from));
                     if failed {
@@ -487,6 +585,7 @@ impl Conversation {
                 seq,
                 message,
                 created_at: now,
+                rolled_back: false,
             }));
     }
 
@@ -517,14 +616,28 @@ impl Conversation {
         })
     }
 
-    /// The final, durable write of a turn (or a record), refused when the
-    /// store reopened since this conversation loaded; `then` learns how it went.
+    /// The write of a turn's record: its row, and whether it is still open.
+    fn record_op(&self, record: &TurnRecord) -> WriteOp {
+        WriteOp::PutTurn(Box::new(TurnWrite {
+            session_id: self.session.id.clone(),
+            turn_id: record.turn_id.clone(),
+            open: !record.is_final(),
+            idempotency_key: record.idempotency_key.clone(),
+            record: serde_json::to_value(record).expect("turn records serialize"),
+        }))
+    }
+
+    /// The final, durable write of a turn (or a record), with `extra` ops
+    /// after what is staged, refused when the store reopened since this
+    /// conversation loaded; `then` learns how it went.
     fn commit_turn(
         &mut self,
+        extra: Vec<WriteOp>,
         ctx: &mut Context<Self>,
         then: impl FnOnce(&mut Self, Result<(), StoreError>, &mut Context<Self>) + 'static,
     ) {
-        let ops = self.take_unsaved();
+        let mut ops = self.take_unsaved();
+        ops.extend(extra);
         let store = self.store.clone();
         let generation = self.generation;
         ctx.spawn(
@@ -547,10 +660,15 @@ impl Conversation {
 
     fn perform(&mut self, step: Step, ctx: &mut Context<Self>) {
         self.stage(step.persist);
-        if !matches!(step.action, Action::Finish(_)) {
-            let ops = self.take_unsaved();
+        let record = step.record.map(|r| self.record_op(&r));
+        let record = if matches!(step.action, Action::Finish(_) | Action::Pause(_)) {
+            record
+        } else {
+            let mut ops = self.take_unsaved();
+            ops.extend(record);
             self.store.write_behind_at(self.generation, ops);
-        }
+            None
+        };
         match step.action {
             Action::CallModel(request) => {
                 let model = self.agent.model.clone();
@@ -609,7 +727,8 @@ impl Conversation {
                         }))
                     })
                 });
-                ctx.spawn(io.into_actor(self).map(move |(result, took), act, ctx| {
+                let handle = ctx.spawn(io.into_actor(self).map(move |(result, took), act, ctx| {
+                    act.model_call = None;
                     if let Some(c) = act.current.as_mut() {
                         c.model_spent += took;
                     }
@@ -619,12 +738,17 @@ impl Conversation {
                     }
                     act.on_model_result(result, &record_to, ctx)
                 }));
+                self.model_call = Some(handle);
             }
             Action::RunTools(calls) => {
+                self.held = calls.iter().map(|c| (c.clone(), None)).collect();
                 self.run_tools(calls, ctx);
             }
             Action::Finish(outcome) => {
-                self.finish(*outcome, ctx);
+                self.finish(*outcome, record.into_iter().collect(), ctx);
+            }
+            Action::Pause(outcome) => {
+                self.pause(*outcome, record.into_iter().collect(), ctx);
             }
         }
     }
@@ -680,7 +804,13 @@ impl Conversation {
         let call = within(self.model_budget(), self.model_turn_timeout, async move {
             model.complete(request).await
         });
+        let turn_gen = self.turn_gen;
         ctx.spawn(call.into_actor(self).map(move |(result, took), act, ctx| {
+            if act.turn_gen != turn_gen {
+                // The turn was cut meanwhile; its summary is still good.
+                act.store_summary(result, ctx);
+                return;
+            }
             if let Some(c) = act.current.as_mut() {
                 c.model_spent += took;
             }
@@ -689,6 +819,7 @@ impl Conversation {
                     Ok(request) => act.perform(
                         Step {
                             persist: Vec::new(),
+                            record: None,
                             action: Action::CallModel(request),
                         },
                         ctx,
@@ -701,6 +832,8 @@ impl Conversation {
         }));
     }
 
+    /// Runs `calls` (all or part of the batch in [`Self::held`]) in a
+    /// tool sub-agent; its report fills the batch.
     fn run_tools(&mut self, calls: Vec<crate::model::ToolCall>, ctx: &mut Context<Self>) {
         for c in &calls {
             self.emit(TurnEvent::ToolCallStarted {
@@ -742,9 +875,10 @@ impl Conversation {
         );
     }
 
-    fn finish(&mut self, outcome: TurnOutcome, ctx: &mut Context<Self>) {
-        self.commit_turn(ctx, move |act, result, ctx| {
+    fn finish(&mut self, outcome: TurnOutcome, record: Vec<WriteOp>, ctx: &mut Context<Self>) {
+        self.commit_turn(record, ctx, move |act, result, ctx| {
             let failed = result.is_err();
+            act.notify_watchers(&outcome.turn_id, result.as_ref().map(|_| &outcome));
             if let Some(current) = act.current.take() {
                 current.span.record("iterations", outcome.iterations);
                 current.span.record("tool_calls", outcome.tool_calls.len());
@@ -758,9 +892,9 @@ impl Conversation {
                 } else {
                     act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
                 }
-                let _ = current
-                    .reply
-                    .send(result.map(|()| outcome).map_err(TurnError::from));
+                if let Some(reply) = current.reply {
+                    let _ = reply.send(result.map(|()| outcome).map_err(TurnError::from));
+                }
             }
             if failed {
                 ctx.stop();
@@ -768,6 +902,355 @@ impl Conversation {
             }
             act.summarise_then_next(ctx);
         });
+    }
+
+    /// The turn waits for decisions: its phase is made durable, then the
+    /// caller gets the paused outcome and the session stays held (see
+    /// [`Self::start_next`]) until every held call has an outcome.
+    fn pause(&mut self, outcome: TurnOutcome, record: Vec<WriteOp>, ctx: &mut Context<Self>) {
+        self.commit_turn(record, ctx, move |act, result, ctx| {
+            act.notify_watchers(&outcome.turn_id, result.as_ref().map(|_| &outcome));
+            let failed = result.is_err();
+            if let Some(current) = act.current.take() {
+                current
+                    .span
+                    .record("latency_ms", current.started.elapsed().as_millis() as u64);
+                if !failed {
+                    current.emit(TurnEvent::TurnPaused(Box::new(outcome.clone())));
+                }
+                if let Some(reply) = current.reply {
+                    let _ = reply.send(result.map(|()| outcome.clone()).map_err(TurnError::from));
+                }
+            }
+            if failed {
+                ctx.stop();
+                return;
+            }
+            act.busy = false;
+            act.last_active = Instant::now();
+            act.expire_later(&outcome.confirmations, ctx);
+        });
+    }
+
+    /// Looks at the held calls again when the first of them expires.
+    fn expire_later(&mut self, approvals: &[Approval], ctx: &mut Context<Self>) {
+        let now = Timestamp::now();
+        if let Some(first) = approvals.iter().filter_map(|a| a.expires_at).min() {
+            let wait = now
+                .duration_until(first)
+                .try_into()
+                .unwrap_or(Duration::ZERO)
+                + Duration::from_millis(50);
+            ctx.run_later(wait, |act, ctx| act.check_approvals(false, ctx));
+        }
+    }
+
+    /// A paused turn: finds each held call's outcome (a decision, an
+    /// expiry, a record) and goes on once all have one.
+    fn check_approvals(&mut self, after_restart: bool, ctx: &mut Context<Self>) {
+        let Phase::AwaitingApproval {
+            calls,
+            confirmations,
+        } = self.machine.phase()
+        else {
+            return;
+        };
+        self.resolve_batch(calls, confirmations, after_restart, ctx);
+    }
+
+    /// Finds what is known of each call of a batch ([`resume::resolve`]),
+    /// then: waits (decisions pending), runs the calls that never ran, or
+    /// hands every outcome to the machine.
+    fn resolve_batch(
+        &mut self,
+        calls: Vec<crate::model::ToolCall>,
+        approvals: Vec<Approval>,
+        after_restart: bool,
+        ctx: &mut Context<Self>,
+    ) {
+        let known: Vec<Option<ToolExecutionResult>> = calls
+            .iter()
+            .map(|c| {
+                self.held
+                    .iter()
+                    .find(|(h, _)| h.id == c.id)
+                    .and_then(|(_, r)| r.clone())
+                    .filter(|r| r.error_type != Some(crate::tools::ErrorType::PendingConfirmation))
+            })
+            .collect();
+        let lookup = resume::Lookup {
+            store: self.store.clone(),
+            confirmations: self.executor.shared().confirmations.clone(),
+            session: self.session.id.clone(),
+            tenant: self.session.tenant.clone(),
+            turn_id: self.machine.turn_id().unwrap_or_default().to_string(),
+            after_restart,
+        };
+        let turn_gen = self.turn_gen;
+        let batch = calls.clone();
+        ctx.spawn(
+            async move { lookup.resolve(&batch, &approvals, known).await }
+                .into_actor(self)
+                .map(move |found, act, ctx| {
+                    if act.turn_gen != turn_gen {
+                        return;
+                    }
+                    let found = match found {
+                        Ok(found) => found,
+                        Err(e) => {
+                            tracing::warn!(session = %act.session.id, error = %e, "the outcomes of a resumed batch could not be read; trying again later");
+                            ctx.run_later(Duration::from_secs(1), move |act, ctx| {
+                                act.check_approvals(after_restart, ctx)
+                            });
+                            return;
+                        }
+                    };
+                    act.held = calls
+                        .iter()
+                        .cloned()
+                        .zip(found.iter().map(|r| match r {
+                            Resolution::Done(r) => Some(r.clone()),
+                            _ => None,
+                        }))
+                        .collect();
+                    if found.iter().any(|r| matches!(r, Resolution::Waiting)) {
+                        // Still paused; a decision or an expiry looks again.
+                        act.busy = false;
+                        if let Phase::AwaitingApproval { confirmations, .. } = act.machine.phase() {
+                            act.expire_later(&confirmations, ctx);
+                        }
+                        return;
+                    }
+                    act.ensure_current();
+                    let to_run: Vec<_> = calls
+                        .iter()
+                        .zip(&found)
+                        .filter(|(_, r)| matches!(r, Resolution::Run))
+                        .map(|(c, _)| c.clone())
+                        .collect();
+                    if to_run.is_empty() {
+                        act.batch_done(ctx);
+                    } else {
+                        act.run_tools(to_run, ctx);
+                    }
+                }),
+        );
+    }
+
+    /// Every call of the batch has its outcome: to the machine, in order.
+    fn batch_done(&mut self, ctx: &mut Context<Self>) {
+        let held = std::mem::take(&mut self.held);
+        let results: Vec<_> = held
+            .into_iter()
+            .map(|(c, r)| {
+                let r = r.unwrap_or_else(|| {
+                    ToolExecutionResult::failure(
+                        &c.name,
+                        crate::tools::ErrorType::ExecutionError,
+                        "the call had no outcome",
+                    )
+                });
+                (c, r)
+            })
+            .collect();
+        let before = self.machine.turn_calls().len();
+        let step = match self.machine.on_tool_results(results) {
+            Ok(step) => step,
+            Err(e) => return self.out_of_step(e, ctx),
+        };
+        let calls = self.machine.turn_calls();
+        for call in calls.get(before..).unwrap_or_default() {
+            self.emit(TurnEvent::ToolCallCompleted { call: call.clone() });
+        }
+        self.perform(step, ctx);
+    }
+
+    /// A turn going on with nobody waiting here (resumed after a restart
+    /// or a decision) gets its bookkeeping.
+    fn ensure_current(&mut self) {
+        self.busy = true;
+        if self.current.is_some() {
+            return;
+        }
+        let span = tracing::info_span!(
+            "turn",
+            otel.name = %format_args!("invoke_agent {}", self.agent.name),
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = %self.agent.name,
+            gen_ai.conversation.id = %self.session.id,
+            cadre.session = %self.session.id,
+            cadre.tenant = %self.session.tenant,
+            cadre.resumed = true,
+            iterations = tracing::field::Empty,
+            tool_calls = tracing::field::Empty,
+            latency_ms = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        self.current = Some(Current {
+            started: Instant::now(),
+            reply: None,
+            events: None,
+            span,
+            model_spent: Duration::ZERO,
+            compacted: false,
+        });
+    }
+
+    /// Tells the callers watching `turn_id` how it ended (or paused).
+    fn notify_watchers(&mut self, turn_id: &str, result: Result<&TurnOutcome, &StoreError>) {
+        if self.watchers.is_empty() {
+            return;
+        }
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watchers)
+            .into_iter()
+            .partition(|(id, _)| id == turn_id);
+        self.watchers = rest;
+        for (_, reply) in mine {
+            let _ = reply.send(match result {
+                Ok(o) => Ok(o.clone()),
+                Err(_) => Err(TurnError::Unavailable),
+            });
+        }
+    }
+
+    /// Takes up a turn found open at load: resumed from its phase, or
+    /// (older than the resume window) closed as interrupted.
+    fn take_up(&mut self, record: TurnRecord, what: CutTurn, ctx: &mut Context<Self>) {
+        let turn_id = record.turn_id.clone();
+        let resume = match self.machine.resume(record) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(session = %self.session.id, turn = %turn_id, error = %e, "a cut turn could not be taken up");
+                return;
+            }
+        };
+        if what == CutTurn::Close {
+            tracing::warn!(session = %self.session.id, turn = %turn_id, "a turn cut by a restart is older than the resume window; closed as interrupted");
+            self.metrics.turns_interrupted.fetch_add(1, Ordering::Relaxed);
+            if let Some(closed) = self.machine.interrupt_turn(false, Some(INTERRUPTED_NOTE)) {
+                self.write_closed(closed, true, ctx);
+            }
+            return;
+        }
+        tracing::info!(session = %self.session.id, turn = %turn_id, "resuming a turn cut by a restart");
+        self.metrics.turns_resumed.fetch_add(1, Ordering::Relaxed);
+        match resume {
+            Resume::CallModel(request) => {
+                self.ensure_current();
+                self.perform(
+                    Step {
+                        persist: Vec::new(),
+                        record: None,
+                        action: Action::CallModel(request),
+                    },
+                    ctx,
+                );
+            }
+            Resume::Tools(calls) => {
+                self.busy = true;
+                self.resolve_batch(calls, Vec::new(), true, ctx);
+            }
+            Resume::Approval {
+                calls,
+                confirmations,
+            } => {
+                self.busy = true;
+                self.resolve_batch(calls, confirmations, true, ctx);
+            }
+        }
+    }
+
+    /// Writes a closed turn (its messages, record and rollback marks):
+    /// durably when `durable`, else behind (the next commit makes it so).
+    fn write_closed(&mut self, closed: Closed, durable: bool, ctx: &mut Context<Self>) {
+        self.stage(closed.persist);
+        let mut ops = self.take_unsaved();
+        ops.push(self.record_op(&closed.record));
+        if !closed.rolled_back.is_empty() {
+            ops.push(WriteOp::MarkRolledBack {
+                session_id: self.session.id.clone(),
+                seqs: closed.rolled_back,
+            });
+        }
+        if durable {
+            let store = self.store.clone();
+            let generation = self.generation;
+            ctx.spawn(
+                async move {
+                    if let Err(e) = store.write_at(generation, ops, true).await {
+                        tracing::warn!(error = %e, "closed turn not stored");
+                    }
+                }
+                .into_actor(self),
+            );
+        } else {
+            self.store.write_behind_at(self.generation, ops);
+        }
+    }
+
+    /// Cuts the running (or paused) turn for a newer message: its model
+    /// call is dropped, its batch's report will be ignored (calls already
+    /// running finish and are recorded, their outcomes unused), calls held
+    /// for confirmation are declined, and the turn is closed as
+    /// `interrupted` (with `rollback`, its messages leave every later
+    /// prompt).
+    fn interrupt(&mut self, rollback: bool, ctx: &mut Context<Self>) {
+        if !self.machine.in_turn() {
+            return;
+        }
+        if let Some(h) = self.model_call.take() {
+            ctx.cancel_future(h);
+        }
+        self.batch_id += 1;
+        self.turn_gen += 1;
+        self.held.clear();
+        let held = match self.machine.phase() {
+            Phase::AwaitingApproval { confirmations, .. } => confirmations,
+            _ => Vec::new(),
+        };
+        let Some(closed) = self.machine.interrupt_turn(rollback, None) else {
+            return;
+        };
+        let turn_id = closed.record.turn_id.clone();
+        tracing::info!(session = %self.session.id, turn = %turn_id, rollback, "turn interrupted by a newer message");
+        self.write_closed(closed, false, ctx);
+        self.metrics.turns_interrupted.fetch_add(1, Ordering::Relaxed);
+        let interrupted: Result<TurnOutcome, TurnError> = Err(TurnError::Interrupted);
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watchers)
+            .into_iter()
+            .partition(|(id, _)| *id == turn_id);
+        self.watchers = rest;
+        for (_, w) in mine {
+            let _ = w.send(Err(TurnError::Interrupted));
+        }
+        if let Some(current) = self.current.take() {
+            current.span.record("error.type", "TURN_INTERRUPTED");
+            current.emit(TurnEvent::TurnInterrupted {
+                turn_id: turn_id.clone(),
+            });
+            if let Some(reply) = current.reply {
+                let _ = reply.send(interrupted);
+            }
+        }
+        let confirmations = self.executor.shared().confirmations.clone();
+        let tenant = self.session.tenant.clone();
+        if !held.is_empty() {
+            ctx.spawn(
+                async move {
+                    for a in held {
+                        let _ = confirmations
+                            .decide(
+                                &a.confirmation_id,
+                                &tenant,
+                                crate::executor::confirmations::Decision::Denied,
+                            )
+                            .await;
+                    }
+                }
+                .into_actor(self),
+            );
+        }
+        self.busy = false;
     }
 
     /// Updates the rolling summary if needed, then starts what is queued.
@@ -846,17 +1329,36 @@ impl Conversation {
 
     fn fail(&mut self, error: TurnError, ctx: &mut Context<Self>) {
         tracing::warn!(session = %self.session.id, error = %error, "turn failed");
-        self.machine.abort_turn();
+        let closed = self.machine.abort_turn(TurnFailure {
+            code: error.code().as_str().to_string(),
+            message: error.public_message(),
+        });
         self.batch_id += 1;
+        self.held.clear();
+        let mut extra = Vec::new();
+        if let Some(closed) = closed {
+            self.stage(closed.persist);
+            extra.push(self.record_op(&closed.record));
+            let turn_id = closed.record.turn_id;
+            let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watchers)
+                .into_iter()
+                .partition(|(id, _)| *id == turn_id);
+            self.watchers = rest;
+            for (_, w) in mine {
+                let _ = w.send(Err(TurnError::Unavailable));
+            }
+        }
         let store_failed = matches!(error, TurnError::Store(_));
-        self.commit_turn(ctx, move |act, result, ctx| {
+        self.commit_turn(extra, ctx, move |act, result, ctx| {
             if let Some(current) = act.current.take() {
                 act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
                 current.span.record("error.type", error.code().as_str());
                 current
                     .span
                     .record("latency_ms", current.started.elapsed().as_millis() as u64);
-                let _ = current.reply.send(Err(error));
+                if let Some(reply) = current.reply {
+                    let _ = reply.send(Err(error));
+                }
             }
             if store_failed || result.is_err() {
                 ctx.stop();
@@ -890,6 +1392,7 @@ impl Conversation {
             c.node_id = Some(node.to_string());
         }
         c.conversation_id = Some(self.session.id.clone());
+        c.turn_id = self.machine.turn_id().map(str::to_string);
         c.user_id = self.session.user_id.clone();
         c.plan = self.session.plan;
         c.tenant = Some(self.session.tenant.clone());
@@ -905,12 +1408,17 @@ impl Handler<UserTurn> for Conversation {
 
     fn handle(&mut self, msg: UserTurn, ctx: &mut Context<Self>) -> Self::Result {
         self.drop_abandoned();
-        // Only a turn running or waiting makes the session busy: after the
-        // answer went out, the summary call or an operator's message does not.
-        let turn_pending =
-            self.current.is_some() || self.queue.iter().any(|p| matches!(p, Pending::Turn { .. }));
-        if turn_pending && self.agent.multitask == Multitask::Reject {
-            return Err(TurnError::Busy);
+        // Only a turn running, paused or waiting makes the session busy:
+        // after the answer went out, the summary call or an operator's
+        // message does not.
+        let turn_pending = self.current.is_some()
+            || self.machine.in_turn()
+            || self.queue.iter().any(|p| matches!(p, Pending::Turn { .. }));
+        match self.agent.multitask {
+            Multitask::Reject if turn_pending => return Err(TurnError::Busy),
+            Multitask::Interrupt => self.interrupt(false, ctx),
+            Multitask::Rollback => self.interrupt(true, ctx),
+            _ => {}
         }
         let queued = self
             .queue
@@ -923,14 +1431,48 @@ impl Handler<UserTurn> for Conversation {
             });
         }
         let (tx, rx) = oneshot::channel();
+        let turn_id = uuid::Uuid::now_v7().to_string();
         self.queue.push_back(Pending::Turn {
             content: msg.content,
             settings: msg.settings,
             events: msg.events,
             reply: tx,
+            turn_id: turn_id.clone(),
+            key: msg.idempotency_key,
         });
         self.start_next(ctx);
-        Ok(AcceptedTurn(rx))
+        Ok(AcceptedTurn { turn_id, rx })
+    }
+}
+
+impl Handler<CheckApprovals> for Conversation {
+    type Result = ();
+
+    fn handle(&mut self, _: CheckApprovals, ctx: &mut Context<Self>) {
+        self.last_active = Instant::now();
+        if !self.busy {
+            self.check_approvals(false, ctx);
+        }
+    }
+}
+
+impl Handler<WatchTurn> for Conversation {
+    type Result = Option<AcceptedTurn>;
+
+    fn handle(&mut self, msg: WatchTurn, _: &mut Context<Self>) -> Self::Result {
+        let running = self.machine.turn_id() == Some(msg.turn_id.as_str())
+            || self.queue.iter().any(
+                |p| matches!(p, Pending::Turn { turn_id, .. } if *turn_id == msg.turn_id),
+            );
+        if !running {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.watchers.push((msg.turn_id.clone(), tx));
+        Some(AcceptedTurn {
+            turn_id: msg.turn_id,
+            rx,
+        })
     }
 }
 
@@ -978,16 +1520,14 @@ impl Handler<ToolBatchReport> for Conversation {
             );
             return;
         }
-        let n = report.outcomes.len();
-        let step = match self.machine.on_tool_results(report.outcomes) {
-            Ok(step) => step,
-            Err(e) => return self.out_of_step(e, ctx),
-        };
-        let calls = self.machine.turn_calls();
-        for call in &calls[calls.len().saturating_sub(n)..] {
-            self.emit(TurnEvent::ToolCallCompleted { call: call.clone() });
+        // The sub-agent ran all or part of the held batch (a resumed one
+        // runs only what never ran): its outcomes fill the gaps.
+        for (call, result) in report.outcomes {
+            if let Some(slot) = self.held.iter_mut().find(|(c, _)| c.id == call.id) {
+                slot.1 = Some(result);
+            }
         }
-        self.perform(step, ctx);
+        self.batch_done(ctx);
     }
 }
 
@@ -1023,14 +1563,42 @@ impl ConversationHandle {
         settings: Option<TurnSettings>,
         events: Option<TurnSink>,
     ) -> Result<AcceptedTurn, TurnError> {
+        self.submit_keyed(content, settings, events, None).await
+    }
+
+    /// [`Self::submit`] with the request's `Idempotency-Key`.
+    pub async fn submit_keyed(
+        &self,
+        content: String,
+        settings: Option<TurnSettings>,
+        events: Option<TurnSink>,
+        idempotency_key: Option<String>,
+    ) -> Result<AcceptedTurn, TurnError> {
         self.addr
             .send(UserTurn {
                 content,
                 settings,
                 events,
+                idempotency_key,
             })
             .await
             .unwrap_or(Err(TurnError::Unavailable))
+    }
+
+    /// Looks at a paused turn again (a decision was made).
+    pub fn check_approvals(&self) {
+        self.addr.do_send(CheckApprovals);
+    }
+
+    /// Waits on turn `turn_id` if it runs, is paused or queued here.
+    pub async fn watch(&self, turn_id: &str) -> Option<AcceptedTurn> {
+        self.addr
+            .send(WatchTurn {
+                turn_id: turn_id.to_string(),
+            })
+            .await
+            .ok()
+            .flatten()
     }
 
     pub async fn record(&self, message: ChatMessage) -> Result<u64, TurnError> {
@@ -1050,6 +1618,10 @@ impl ConversationHandle {
         self.addr.connected()
     }
 }
+
+/// What the history says of a turn a restart cut and that was too old to
+/// take up (`[sessions] resume_window_s`).
+pub const INTERRUPTED_NOTE: &str = "(This turn was interrupted: the service restarted before it finished, and it was not resumed. The question above was not answered.)";
 
 /// Longest summary kept, in bytes. The summary is sent with every later
 /// request; the instructions ask for 200 words, and a model that answers

@@ -169,6 +169,12 @@ impl Actor for ToolSubAgent {
                 self.context.clone(),
             );
             request.tool_call_id = Some(call.id.clone());
+            // Stable across attempts and resumes: (session, turn, call).
+            if let (Some(session), Some(turn)) =
+                (&request.ctx.conversation_id, &request.ctx.turn_id)
+            {
+                request.ctx.idempotency_key = Some(format!("{session}:{turn}:{}", call.id));
+            }
             request.offered = Some(self.offered.clone());
             request.span = tracing::info_span!(
                 parent: &self.span,

@@ -41,6 +41,7 @@
 
 use std::collections::BTreeSet;
 
+use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -82,6 +83,11 @@ pub struct TurnSettings {
     pub tool_variables: Value,
     /// Result-cache TTL for this turn's calls (`Some(0)`: no cache; `None`: the tools').
     pub cache_ttl: Option<u64>,
+    /// A call held for a person's confirmation pauses the turn
+    /// (`awaiting_approval`) instead of handing the model the
+    /// `pending_confirmation` error. Off for sessions a workflow's agent
+    /// node runs: no person waits on those.
+    pub pause_for_approval: bool,
 }
 
 impl TurnSettings {
@@ -138,7 +144,7 @@ pub struct RollingSummary {
 }
 
 /// One tool call of a turn as the caller sees it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallReport {
     pub id: String,
     pub name: String,
@@ -155,9 +161,16 @@ pub struct CallReport {
     pub source_id: Option<String>,
 }
 
-/// The result of a finished turn.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// The result of a finished turn (or of one paused for a confirmation).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnOutcome {
+    /// The turn's id: `GET /v1/sessions/{id}/turns/{turn_id}` reads it.
+    pub turn_id: String,
+    /// `completed`, or `awaiting_approval` (then `answer` is empty and
+    /// `confirmations` lists what waits for a decision).
+    pub status: TurnStatus,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub confirmations: Vec<Approval>,
     pub answer: String,
     pub tool_calls: Vec<CallReport>,
     pub tool_usage_summary: ToolUsageSummary,
@@ -172,18 +185,113 @@ pub struct TurnOutcome {
     pub finish_reason: Option<FinishReason>,
 }
 
+/// How far a turn got, as its callers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    Completed,
+    AwaitingApproval,
+}
+
+/// A call of a paused turn held for a person's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    pub tool_call_id: String,
+    pub tool_name: String,
+    pub confirmation_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Timestamp>,
+}
+
+/// Why a turn failed, as stored in its record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnFailure {
+    pub code: String,
+    pub message: String,
+}
+
+/// A turn as data: what the store keeps under `(session, turn id)`, written
+/// with each step, and what `GET /v1/sessions/{id}/turns/{turn_id}` answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnRecord {
+    pub turn_id: String,
+    #[serde(flatten)]
+    pub phase: Phase,
+    /// The seq of the turn's user message; its other messages follow it.
+    pub first_seq: u64,
+    /// Rounds of tool calls so far.
+    pub rounds: u32,
+    /// Model calls made so far.
+    pub model_calls: u32,
+    pub fallback: bool,
+    /// The calls that finished, in order.
+    pub tool_calls: Vec<CallReport>,
+    /// Once `completed`: the body the message's POST answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<TurnOutcome>,
+    /// Once `failed`: why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<TurnFailure>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// Interrupted by a new message under `multitask = "rollback"`: its
+    /// messages are left out of every later prompt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rolled_back: bool,
+    pub started_at: Timestamp,
+    pub updated_at: Timestamp,
+}
+
+impl TurnRecord {
+    /// Its phase is final: it will not move again.
+    pub fn is_final(&self) -> bool {
+        self.phase.is_final()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Action {
     CallModel(ChatRequest),
     RunTools(Vec<ToolCall>),
     Finish(Box<TurnOutcome>),
+    /// Calls wait for a person's decision: the turn is paused, answered
+    /// with this outcome (`awaiting_approval`).
+    Pause(Box<TurnOutcome>),
 }
 
-/// What the actor must do: persist these messages (in order), then act.
+/// What the actor must do: persist these messages (in order) and the
+/// turn's record, in one write, then act.
 #[derive(Debug, Clone)]
 pub struct Step {
     pub persist: Vec<(u64, ChatMessage)>,
+    pub record: Option<TurnRecord>,
     pub action: Action,
+}
+
+/// A turn ended without an answer (failed or interrupted): the messages
+/// that keep the history well formed, the record, and the messages to mark
+/// rolled back.
+#[derive(Debug, Clone)]
+pub struct Closed {
+    pub persist: Vec<(u64, ChatMessage)>,
+    pub record: TurnRecord,
+    pub rolled_back: Vec<u64>,
+}
+
+/// How to go on with a turn taken up from its record ([`ConversationMachine::resume`]).
+#[derive(Debug, Clone)]
+pub enum Resume {
+    /// Ask the model again.
+    CallModel(ChatRequest),
+    /// Find the outcomes of these calls (stored ones are not run again).
+    Tools(Vec<ToolCall>),
+    /// These calls wait for decisions; the others of the batch finished.
+    Approval {
+        calls: Vec<ToolCall>,
+        confirmations: Vec<Approval>,
+    },
 }
 
 /// Where a conversation stands: what it waits for.
@@ -200,6 +308,19 @@ pub enum Phase {
     /// Between turns: the summary call covering messages up to this seq is
     /// in flight.
     Summarising { covers_until_seq: u64 },
+    /// A turn paused: some of the batch's calls wait for a person's
+    /// decision (`confirmations`), the others finished.
+    AwaitingApproval {
+        calls: Vec<ToolCall>,
+        confirmations: Vec<Approval>,
+    },
+    /// Final phases, of a turn's record: answered,
+    Completed,
+    /// failed (the model or the store),
+    Failed,
+    /// or cut (a new message under `interrupt`/`rollback`, or a crash
+    /// older than the resume window).
+    Interrupted,
 }
 
 impl Phase {
@@ -209,7 +330,16 @@ impl Phase {
             Phase::AwaitingModel => "awaiting_model",
             Phase::AwaitingTools { .. } => "awaiting_tools",
             Phase::Summarising { .. } => "summarising",
+            Phase::AwaitingApproval { .. } => "awaiting_approval",
+            Phase::Completed => "completed",
+            Phase::Failed => "failed",
+            Phase::Interrupted => "interrupted",
         }
+    }
+
+    /// A turn in this phase will not move again.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Phase::Completed | Phase::Failed | Phase::Interrupted)
     }
 }
 
@@ -227,7 +357,12 @@ pub enum MachineError {
 
 #[derive(Debug)]
 struct Turn {
-    /// What the turn waits for: `AwaitingModel` or `AwaitingTools`.
+    id: String,
+    key: Option<String>,
+    started_at: Timestamp,
+    first_seq: u64,
+    /// What the turn waits for: `AwaitingModel`, `AwaitingTools` or
+    /// `AwaitingApproval`.
     phase: Phase,
     messages: Vec<(u64, ChatMessage)>,
     rounds: u32,
@@ -321,13 +456,23 @@ impl ConversationMachine {
         entry
     }
 
-    /// Starts a turn with the user's `text`; only when no turn runs.
-    pub fn start_turn(&mut self, text: String) -> Result<Step, MachineError> {
+    /// Starts turn `id` with the user's `text`; only when no turn runs.
+    /// `key`: the message's `Idempotency-Key`, kept in the turn's record.
+    pub fn start_turn(
+        &mut self,
+        text: String,
+        id: String,
+        key: Option<String>,
+    ) -> Result<Step, MachineError> {
         if self.turn.is_some() {
             return Err(self.out_of_phase("start_turn"));
         }
         let user = (self.take_seq(), ChatMessage::user(text));
         self.turn = Some(Turn {
+            id,
+            key,
+            started_at: Timestamp::now(),
+            first_seq: user.0,
             phase: Phase::AwaitingModel,
             messages: vec![user.clone()],
             rounds: 0,
@@ -335,10 +480,24 @@ impl ConversationMachine {
             calls: Vec::new(),
             fallback: false,
         });
+        let request = self.request();
         Ok(Step {
             persist: vec![user],
-            action: Action::CallModel(self.request()),
+            record: self.turn_record(),
+            action: Action::CallModel(request),
         })
+    }
+
+    /// The running turn's id.
+    pub fn turn_id(&self) -> Option<&str> {
+        self.turn.as_ref().map(|t| t.id.as_str())
+    }
+
+    /// The running turn as data, as it stands.
+    pub fn turn_record(&self) -> Option<TurnRecord> {
+        self.turn
+            .as_ref()
+            .map(|t| snapshot(t, t.phase.clone(), Timestamp::now()))
     }
 
     pub fn on_model_reply(&mut self, reply: ChatResponse) -> Result<Step, MachineError> {
@@ -358,16 +517,19 @@ impl ConversationMachine {
             };
             return Ok(Step {
                 persist: vec![(seq, msg)],
+                record: self.turn_record(),
                 action: Action::RunTools(reply.tool_calls),
             });
         }
         let answer = reply.content.unwrap_or_default();
         let msg = ChatMessage::assistant(answer.clone());
         turn.messages.push((seq, msg.clone()));
-        let mut outcome = self.finish(answer);
+        let (mut outcome, mut record) = self.finish(answer);
         outcome.finish_reason = reply.finish_reason;
+        record.outcome = Some(outcome.clone());
         Ok(Step {
             persist: vec![(seq, msg)],
+            record: Some(record),
             action: Action::Finish(Box::new(outcome)),
         })
     }
@@ -378,8 +540,11 @@ impl ConversationMachine {
         &mut self,
         results: Vec<(ToolCall, ToolExecutionResult)>,
     ) -> Result<Step, MachineError> {
-        let Some(Phase::AwaitingTools { calls }) = self.turn.as_ref().map(|t| &t.phase) else {
-            return Err(self.out_of_phase("on_tool_results"));
+        let calls = match self.turn.as_ref().map(|t| &t.phase) {
+            Some(Phase::AwaitingTools { calls }) | Some(Phase::AwaitingApproval { calls, .. }) => {
+                calls
+            }
+            _ => return Err(self.out_of_phase("on_tool_results")),
         };
         let expected: Vec<&str> = calls.iter().map(|c| c.id.as_str()).collect();
         let got: Vec<&str> = results.iter().map(|(c, _)| c.id.as_str()).collect();
@@ -387,6 +552,66 @@ impl ConversationMachine {
             return Err(MachineError::UnexpectedResults {
                 expected: expected.iter().map(|s| s.to_string()).collect(),
                 got: got.iter().map(|s| s.to_string()).collect(),
+            });
+        }
+        // Calls held for a person's decision pause the turn; nothing of
+        // the batch is persisted as messages until every call has an
+        // outcome (the results keep the calls' order).
+        let held: Vec<Approval> = results
+            .iter()
+            .filter(|(_, r)| r.error_type == Some(ErrorType::PendingConfirmation))
+            .filter_map(|(c, r)| {
+                let id = r.metadata.confirmation_id.clone()?;
+                let out = r.output.as_ref();
+                Some(Approval {
+                    tool_call_id: c.id.clone(),
+                    tool_name: c.name.clone(),
+                    confirmation_id: id,
+                    summary: out
+                        .and_then(|o| o.get("summary"))
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    expires_at: out
+                        .and_then(|o| o.get("expires_at"))
+                        .and_then(|v| serde_json::from_value(v.clone()).ok()),
+                })
+            })
+            .collect();
+        if self.settings.pause_for_approval && !held.is_empty() {
+            let turn = self.turn.as_mut().expect("checked above");
+            turn.phase = Phase::AwaitingApproval {
+                calls: results.iter().map(|(c, _)| c.clone()).collect(),
+                confirmations: held.clone(),
+            };
+            let record = self.turn_record().expect("a turn");
+            // The caller sees the calls that finished, this batch's too
+            // (they join the turn's own list once the batch is complete).
+            let mut shown = record.tool_calls.clone();
+            shown.extend(
+                results
+                    .iter()
+                    .filter(|(_, r)| r.error_type != Some(ErrorType::PendingConfirmation))
+                    .map(|(c, r)| report(c, r)),
+            );
+            let outcome = TurnOutcome {
+                turn_id: record.turn_id.clone(),
+                status: TurnStatus::AwaitingApproval,
+                confirmations: held,
+                answer: String::new(),
+                tool_usage_summary: ToolUsageSummary::from_calls(
+                    shown.iter().map(|c| (c.name.as_str(), c.is_success)),
+                ),
+                tool_calls: shown,
+                citations: Vec::new(),
+                ungrounded_citations: Vec::new(),
+                iterations: record.model_calls,
+                fallback_used: record.fallback,
+                finish_reason: None,
+            };
+            return Ok(Step {
+                persist: Vec::new(),
+                record: Some(record),
+                action: Action::Pause(Box::new(outcome)),
             });
         }
         let max = self.settings.max_iterations;
@@ -405,17 +630,7 @@ impl ConversationMachine {
                 self.known_sources.insert(s.clone());
             }
             let turn = self.turn.as_mut().expect("checked above");
-            turn.calls.push(CallReport {
-                arguments: serde_json::from_str(&call.arguments)
-                    .unwrap_or(Value::String(call.arguments.clone())),
-                id: call.id,
-                name: call.name,
-                is_success: result.is_success,
-                output: result.output,
-                error: result.error,
-                error_type: result.error_type,
-                source_id,
-            });
+            turn.calls.push(report(&call, &result));
         }
         let turn = self.turn.as_mut().expect("checked above");
         turn.rounds += 1;
@@ -423,18 +638,125 @@ impl ConversationMachine {
             turn.fallback = true;
         }
         turn.phase = Phase::AwaitingModel;
+        let request = self.request();
         Ok(Step {
             persist,
-            action: Action::CallModel(self.request()),
+            record: self.turn_record(),
+            action: Action::CallModel(request),
         })
     }
 
     /// Ends a turn that failed (model down): what was persisted stays in the
-    /// history, so memory matches the store.
-    pub fn abort_turn(&mut self) {
-        if let Some(turn) = self.turn.take() {
-            self.history.extend(turn.messages);
+    /// history, so memory matches the store (a batch without outcomes gets
+    /// them, as in [`Self::interrupt_turn`]). The record says why.
+    pub fn abort_turn(&mut self, error: TurnFailure) -> Option<Closed> {
+        let mut closed = self.close_turn(Phase::Failed, false, None)?;
+        closed.record.error = Some(error);
+        Some(closed)
+    }
+
+    /// Cuts the running turn (a new message under `interrupt` or
+    /// `rollback`, or a crash older than the resume window): calls of the
+    /// batch that have no outcome get one saying so (a tool-call message
+    /// without its results would make every later request invalid), `note`
+    /// (if any) is added as an assistant message, and the turn is closed as
+    /// `interrupted`. With `rollback` its messages are marked rolled back
+    /// and leave every later prompt.
+    pub fn interrupt_turn(&mut self, rollback: bool, note: Option<&str>) -> Option<Closed> {
+        self.close_turn(Phase::Interrupted, rollback, note)
+    }
+
+    fn close_turn(&mut self, phase: Phase, rollback: bool, note: Option<&str>) -> Option<Closed> {
+        let waiting: Vec<ToolCall> = match &self.turn.as_ref()?.phase {
+            Phase::AwaitingTools { calls } | Phase::AwaitingApproval { calls, .. } => calls.clone(),
+            _ => Vec::new(),
+        };
+        let mut persist = Vec::new();
+        for call in waiting {
+            let seq = self.take_seq();
+            let content = format!(
+                "{{\"error\":\"the turn ended before this call had an outcome ({}); it may or may not have run\",\"error_type\":\"outcome_unknown\"}}",
+                phase.as_str()
+            );
+            persist.push((seq, ChatMessage::tool_result(&call, content)));
         }
+        if let Some(note) = note {
+            let seq = self.take_seq();
+            persist.push((seq, ChatMessage::assistant(note.to_string())));
+        }
+        let turn = self.turn.as_mut().expect("checked above");
+        turn.messages.extend(persist.iter().cloned());
+        turn.phase = phase.clone();
+        let mut record = snapshot(turn, phase, Timestamp::now());
+        let turn = self.turn.take().expect("checked above");
+        let rolled_back = if rollback {
+            record.rolled_back = true;
+            turn.messages.iter().map(|(seq, _)| *seq).collect()
+        } else {
+            self.history.extend(turn.messages);
+            Vec::new()
+        };
+        Some(Closed {
+            persist,
+            record,
+            rolled_back,
+        })
+    }
+
+    /// Takes up a turn a crash (or a restart during a pause) left open,
+    /// from its record: the history's messages from the record's first seq
+    /// on are the turn's. Only when no turn runs.
+    pub fn resume(&mut self, record: TurnRecord) -> Result<Resume, MachineError> {
+        if self.turn.is_some() || record.is_final() {
+            return Err(self.out_of_phase("resume"));
+        }
+        let at = self
+            .history
+            .iter()
+            .position(|(seq, _)| *seq >= record.first_seq)
+            .unwrap_or(self.history.len());
+        let messages = self.history.split_off(at);
+        let mut turn = Turn {
+            id: record.turn_id,
+            key: record.idempotency_key,
+            started_at: record.started_at,
+            first_seq: record.first_seq,
+            phase: record.phase.clone(),
+            messages,
+            rounds: record.rounds,
+            model_calls: record.model_calls,
+            calls: record.tool_calls,
+            fallback: record.fallback,
+        };
+        let resume = match record.phase {
+            Phase::AwaitingModel => {
+                // The call the crash cut is asked again, not counted twice.
+                turn.model_calls = turn.model_calls.saturating_sub(1);
+                self.turn = Some(turn);
+                Resume::CallModel(self.request())
+            }
+            Phase::AwaitingTools { calls } => {
+                self.turn = Some(turn);
+                Resume::Tools(calls)
+            }
+            Phase::AwaitingApproval {
+                calls,
+                confirmations,
+            } => {
+                self.turn = Some(turn);
+                Resume::Approval {
+                    calls,
+                    confirmations,
+                }
+            }
+            other => {
+                return Err(MachineError::OutOfPhase {
+                    step: "resume",
+                    phase: other,
+                });
+            }
+        };
+        Ok(resume)
     }
 
     /// After a turn: the summary request to make, if the messages not yet
@@ -523,8 +845,9 @@ impl ConversationMachine {
         seq
     }
 
-    fn finish(&mut self, answer: String) -> TurnOutcome {
+    fn finish(&mut self, answer: String) -> (TurnOutcome, TurnRecord) {
         let turn = self.turn.take().expect("a turn: callers check the phase");
+        let record = snapshot(&turn, Phase::Completed, Timestamp::now());
         let summary = ToolUsageSummary::from_calls(
             turn.calls.iter().map(|c| (c.name.as_str(), c.is_success)),
         );
@@ -539,6 +862,9 @@ impl ConversationMachine {
             .filter(|s| !self.known_sources.contains(s))
             .collect();
         let outcome = TurnOutcome {
+            turn_id: turn.id.clone(),
+            status: TurnStatus::Completed,
+            confirmations: Vec::new(),
             answer,
             tool_usage_summary: summary,
             citations,
@@ -549,7 +875,7 @@ impl ConversationMachine {
             tool_calls: turn.calls,
         };
         self.history.extend(turn.messages);
-        outcome
+        (outcome, record)
     }
 
     fn request(&mut self) -> ChatRequest {
@@ -588,6 +914,43 @@ impl ConversationMachine {
             max_tokens: s.max_tokens,
             purpose: Purpose::Turn,
         }
+    }
+}
+
+/// A call and its outcome as the turn's reply shows it (a source id only
+/// from a call that succeeded).
+fn report(call: &ToolCall, result: &ToolExecutionResult) -> CallReport {
+    CallReport {
+        arguments: serde_json::from_str(&call.arguments)
+            .unwrap_or(Value::String(call.arguments.clone())),
+        id: call.id.clone(),
+        name: call.name.clone(),
+        is_success: result.is_success,
+        output: result.output.clone(),
+        error: result.error.clone(),
+        error_type: result.error_type,
+        source_id: result
+            .is_success
+            .then(|| result.metadata.source_id.clone())
+            .flatten(),
+    }
+}
+
+fn snapshot(turn: &Turn, phase: Phase, now: Timestamp) -> TurnRecord {
+    TurnRecord {
+        turn_id: turn.id.clone(),
+        phase,
+        first_seq: turn.first_seq,
+        rounds: turn.rounds,
+        model_calls: turn.model_calls,
+        fallback: turn.fallback,
+        tool_calls: turn.calls.clone(),
+        outcome: None,
+        error: None,
+        idempotency_key: turn.key.clone(),
+        rolled_back: false,
+        started_at: turn.started_at,
+        updated_at: now,
     }
 }
 
@@ -695,6 +1058,7 @@ mod tests {
             max_tokens: None,
             tool_variables: json!({"site": {"base_url": "https://x", "allowed_paths": ["/"]}}),
             cache_ttl: None,
+            pause_for_approval: true,
         }
     }
 
@@ -744,6 +1108,7 @@ mod tests {
             max_tokens: None,
             tool_variables: Value::Null,
             cache_ttl: None,
+            pause_for_approval: true,
         }
     }
 
@@ -806,9 +1171,9 @@ mod tests {
         assert!(m.on_tool_results(vec![ok("a")]).is_err());
         assert!(m.turn_request().is_err());
 
-        m.start_turn("hi".into()).unwrap();
+        m.start_turn("hi".into(), "t".into(), None).unwrap();
         assert_eq!(m.phase(), Phase::AwaitingModel);
-        assert!(m.start_turn("again".into()).is_err(), "one turn at a time");
+        assert!(m.start_turn("again".into(), "t".into(), None).is_err(), "one turn at a time");
         m.on_model_reply(tools_reply(&["a", "b"])).unwrap();
         let phase = m.phase();
         assert_eq!(
@@ -839,7 +1204,7 @@ mod tests {
     #[test]
     fn tool_results_follow_the_assistant_message_with_their_ids() {
         let mut m = machine(3, 20);
-        let step = m.start_turn("hi".into()).unwrap();
+        let step = m.start_turn("hi".into(), "t".into(), None).unwrap();
         assert_eq!(step.persist[0].0, 1);
         let step = m.on_model_reply(tools_reply(&["a", "b"])).unwrap();
         assert_eq!(step.persist[0].0, 2);
@@ -873,7 +1238,7 @@ mod tests {
     #[test]
     fn after_max_iterations_the_last_call_forbids_tools_and_ignores_new_calls() {
         let mut m = machine(2, 20);
-        m.start_turn("hi".into()).unwrap();
+        m.start_turn("hi".into(), "t".into(), None).unwrap();
         m.on_model_reply(tools_reply(&["a"])).unwrap();
         let step = m.on_tool_results(vec![ok("a")]).unwrap();
         assert_eq!(request_of(&step).tool_choice, ToolChoice::Auto);
@@ -907,11 +1272,11 @@ mod tests {
     fn the_window_keeps_recent_history_without_orphan_tool_results() {
         // A window of 1: up to two uncovered messages are sent verbatim.
         let mut m = machine(3, 1);
-        m.start_turn("one".into()).unwrap();
+        m.start_turn("one".into(), "t".into(), None).unwrap();
         m.on_model_reply(tools_reply(&["a"])).unwrap();
         m.on_tool_results(vec![ok("a")]).unwrap();
         m.on_model_reply(text("answer")).unwrap();
-        let step = m.start_turn("two".into()).unwrap();
+        let step = m.start_turn("two".into(), "t".into(), None).unwrap();
         let req = request_of(&step);
         let contents: Vec<_> = req
             .messages
@@ -927,14 +1292,14 @@ mod tests {
     fn older_messages_are_summarised_then_sent_as_summary_plus_window() {
         let mut m = machine(3, 4);
         for i in 0..4 {
-            m.start_turn(format!("q{i}")).unwrap();
+            m.start_turn(format!("q{i}"), "t".into(), None).unwrap();
             m.on_model_reply(text(&format!("a{i}"))).unwrap();
             assert!(
                 m.summary_request().is_none(),
                 "up to 8 uncovered messages wait for the next summary"
             );
         }
-        let step = m.start_turn("q4".into()).unwrap();
+        let step = m.start_turn("q4".into(), "t".into(), None).unwrap();
         let sent: Vec<_> = request_of(&step).messages[1..]
             .iter()
             .map(|m| m.content.clone().unwrap())
@@ -957,7 +1322,7 @@ mod tests {
         let s = m.on_summary(Some("They said q0 to a2.".into())).unwrap();
         assert_eq!(s.covers_until_seq, 6);
 
-        let step = m.start_turn("q5".into()).unwrap();
+        let step = m.start_turn("q5".into(), "t".into(), None).unwrap();
         let req = request_of(&step);
         assert!(
             req.messages[1]
@@ -977,7 +1342,7 @@ mod tests {
     fn a_failed_summary_keeps_the_messages_for_the_next_try() {
         let mut m = machine(3, 2);
         for i in 0..3 {
-            m.start_turn(format!("q{i}")).unwrap();
+            m.start_turn(format!("q{i}"), "t".into(), None).unwrap();
             m.on_model_reply(text(&format!("a{i}"))).unwrap();
         }
         assert!(m.summary_request().is_some());
@@ -988,7 +1353,7 @@ mod tests {
     #[test]
     fn citations_list_tool_sources_and_flag_ungrounded_ones() {
         let mut m = machine(3, 20);
-        m.start_turn("positions?".into()).unwrap();
+        m.start_turn("positions?".into(), "t".into(), None).unwrap();
         m.on_model_reply(tools_reply(&["a"])).unwrap();
         let result = ToolExecutionResult::success(
             "get_positions",

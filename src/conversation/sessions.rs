@@ -45,10 +45,12 @@ use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::actor::{Conversation, ConversationHandle, TurnError, TurnSink};
+use super::actor::{Conversation, ConversationHandle, CutTurn, TurnError, TurnSink};
 use super::budget::{self, BudgetExceeded, Month};
 use super::context::{self, PromptLayers};
-use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnSettings};
+use super::machine::{
+    ConversationMachine, RollingSummary, TurnOutcome, TurnRecord, TurnSettings,
+};
 use super::summary::ToolUsageSummary;
 use crate::config::{Agent, Agents};
 use crate::error_code::{ErrorCode, PublicError};
@@ -77,6 +79,12 @@ pub enum SessionError {
     BudgetExceeded(#[from] BudgetExceeded),
     #[error("a turn is running in session '{id}'; delete it once the turn has finished")]
     Busy { id: String },
+    #[error("content must not be empty")]
+    EmptyContent,
+    #[error("content is longer than {max} bytes")]
+    ContentTooLarge { max: usize },
+    #[error("no turn '{turn}' in session '{session}'")]
+    TurnNotFound { session: String, turn: String },
 }
 
 impl PublicError for SessionError {
@@ -88,6 +96,9 @@ impl PublicError for SessionError {
             SessionError::Store(s) => s.code(),
             SessionError::BudgetExceeded(_) => ErrorCode::BudgetExceeded,
             SessionError::Busy { .. } => ErrorCode::ConversationBusy,
+            SessionError::EmptyContent => ErrorCode::ValidationError,
+            SessionError::ContentTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            SessionError::TurnNotFound { .. } => ErrorCode::TurnNotFound,
         }
     }
 
@@ -121,6 +132,20 @@ impl PublicError for SessionError {
 /// Session ids are UUIDs (36 bytes); a longer one a caller names (in a
 /// path, a WebSocket URL, an MCP agent tool's `session_id`) is unknown.
 pub const MAX_SESSION_ID_BYTES: usize = crate::identity::MAX_ID_BYTES;
+
+/// Most bytes one message's content may take, whichever transport brings
+/// it (HTTP, SSE, the visitor WebSocket, MCP's `agent_*` tools): checked
+/// where every turn starts ([`Sessions::start_turn`]).
+pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
+
+/// A turn handed to a session: its id at once, its outcome later.
+pub struct StartedTurn {
+    pub turn_id: String,
+    /// Resolves when the turn ends (or pauses for an approval).
+    pub outcome: std::pin::Pin<
+        Box<dyn Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static>,
+    >,
+}
 
 /// Most bytes a session's `metadata` may take, as JSON: it is stored with
 /// the session and read with each of its turns and listings.
@@ -252,6 +277,8 @@ pub fn turn_settings(agent: &Agent, session: &Session, registry: &ToolRegistry) 
         max_tokens: agent.max_tokens,
         tool_variables: agent.variables.clone(),
         cache_ttl: None,
+        // A workflow's agent node has no person to wait for.
+        pause_for_approval: !session.metadata["workflow_id"].is_string(),
     }
 }
 
@@ -684,8 +711,7 @@ impl Sessions {
         self.start_message_with(id, content, events).await
     }
 
-    /// [`Self::start_message_as`] for in-process callers. Every turn starts
-    /// here, so this is where the token budget refuses one.
+    /// [`Self::start_turn`] without a key (in-process callers).
     pub async fn start_message_with(
         &self,
         id: &str,
@@ -695,20 +721,60 @@ impl Sessions {
         impl Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static,
         SessionError,
     > {
+        Ok(self.start_turn(id, content, events, None).await?.outcome)
+    }
+
+    /// The one way into a turn, for every transport (HTTP JSON and SSE,
+    /// the visitor WebSocket, MCP's `agent_*` tools, workflow agent nodes):
+    /// the content is checked (not empty, at most [`MAX_CONTENT_BYTES`]),
+    /// the token budget admits it, and the conversation accepts (queues)
+    /// or refuses it. With an idempotency key the session's turn started
+    /// with that key, if any, is answered instead of a new one: its stored
+    /// outcome once final, else its end, watched (a retry after a crash
+    /// finds the turn the restart resumed).
+    pub async fn start_turn(
+        &self,
+        id: &str,
+        content: String,
+        events: Option<TurnSink>,
+        key: Option<String>,
+    ) -> Result<StartedTurn, SessionError> {
+        if content.trim().is_empty() {
+            return Err(SessionError::EmptyContent);
+        }
+        if content.len() > MAX_CONTENT_BYTES {
+            return Err(SessionError::ContentTooLarge {
+                max: MAX_CONTENT_BYTES,
+            });
+        }
         let session = self.get(id).await?;
+        if let Some(key) = &key
+            && let Some(turn_id) = self.inner.store.turn_by_key(id, key).await?
+        {
+            return self.rejoin(id, turn_id).await;
+        }
         self.admit(&session.tenant).await?;
         let settings = self.settings_of(&session).await?;
         let handle = self.handle(id).await?;
         let accepted = match handle
-            .submit(content.clone(), Some(settings.clone()), events.clone())
+            .submit_keyed(
+                content.clone(),
+                Some(settings.clone()),
+                events.clone(),
+                key.clone(),
+            )
             .await
         {
             Err(TurnError::Unavailable) if !handle.is_alive() => None,
             other => Some(other?),
         };
+        let turn_id = accepted
+            .as_ref()
+            .map(|a| a.turn_id().to_string())
+            .unwrap_or_default();
         let sessions = self.clone();
         let id = id.to_string();
-        Ok(async move {
+        let outcome = async move {
             if let Some(accepted) = accepted {
                 match accepted.outcome().await {
                     Err(TurnError::Unavailable) if !handle.is_alive() => {}
@@ -724,8 +790,137 @@ impl Sessions {
                 .expect("sessions lock")
                 .remove(&id);
             let handle = sessions.handle(&id).await?;
-            Ok(handle.turn(content, Some(settings), events).await?)
+            Ok(handle
+                .submit_keyed(content, Some(settings), events, key)
+                .await?
+                .outcome()
+                .await?)
+        };
+        Ok(StartedTurn {
+            turn_id,
+            outcome: Box::pin(outcome),
         })
+    }
+
+    /// A turn started before (by a request with the same idempotency
+    /// key): its stored outcome, or its end.
+    async fn rejoin(&self, id: &str, turn_id: String) -> Result<StartedTurn, SessionError> {
+        let record = self.turn_record(id, &turn_id).await?;
+        let done = record.is_final();
+        if let Some(outcome) = record.outcome.filter(|_| done) {
+            return Ok(StartedTurn {
+                turn_id,
+                outcome: Box::pin(async move { Ok(outcome) }),
+            });
+        }
+        if done {
+            let error = record.error.map_or_else(
+                || TurnError::Interrupted,
+                |_| TurnError::Unavailable,
+            );
+            return Ok(StartedTurn {
+                turn_id,
+                outcome: Box::pin(async move { Err(error.into()) }),
+            });
+        }
+        let handle = self.handle(id).await?;
+        let watch = handle.watch(&turn_id).await;
+        let sessions = self.clone();
+        let (sid, tid) = (id.to_string(), turn_id.clone());
+        Ok(StartedTurn {
+            turn_id,
+            outcome: Box::pin(async move {
+                if let Some(w) = watch {
+                    return Ok(w.outcome().await?);
+                }
+                // It ended between the read and the watch.
+                let record = sessions.turn_record(&sid, &tid).await?;
+                record
+                    .outcome
+                    .ok_or(SessionError::Turn(TurnError::Unavailable))
+            }),
+        })
+    }
+
+    /// Turn `turn_id` of session `id`, as stored.
+    pub async fn turn_record(&self, id: &str, turn_id: &str) -> Result<TurnRecord, SessionError> {
+        let not_found = || SessionError::TurnNotFound {
+            session: id.to_string(),
+            turn: crate::identity::quoted_id(turn_id),
+        };
+        if turn_id.len() > crate::identity::MAX_ID_BYTES {
+            return Err(not_found());
+        }
+        let value = self
+            .inner
+            .store
+            .turn(id, turn_id)
+            .await?
+            .ok_or_else(not_found)?;
+        serde_json::from_value(value).map_err(|e| SessionError::Store(e.into()))
+    }
+
+    /// [`Self::turn_record`] of a session `tenant` owns.
+    pub async fn turn_as(
+        &self,
+        tenant: &str,
+        id: &str,
+        turn_id: &str,
+    ) -> Result<TurnRecord, SessionError> {
+        self.get_as(tenant, id).await?;
+        self.turn_record(id, turn_id).await
+    }
+
+    /// At start: takes up every turn a crash cut (its conversation is
+    /// loaded, which resumes or closes it: see [`Self::handle`]); how many.
+    pub async fn resume_cut_turns(&self) -> Result<usize, SessionError> {
+        let open = self.inner.store.open_turns().await?;
+        let mut sessions: Vec<String> = open.into_iter().map(|(s, _)| s).collect();
+        sessions.dedup();
+        let mut n = 0;
+        for id in sessions {
+            match self.handle(&id).await {
+                Ok(_) => n += 1,
+                Err(e) => {
+                    tracing::warn!(session = %id, error = %e, "a cut turn's session could not be loaded")
+                }
+            }
+        }
+        if n > 0 {
+            tracing::info!(
+                sessions = n,
+                "sessions with turns cut by a restart taken up"
+            );
+        }
+        Ok(n)
+    }
+
+    /// Decides a confirmation (the one path of HTTP and MCP): the
+    /// executor runs or drops the held call, then the conversation turn
+    /// that waits on it, if any, looks again and goes on.
+    pub async fn decide_confirmation(
+        &self,
+        id: &str,
+        tenant: &str,
+        approve: bool,
+    ) -> Result<
+        crate::executor::DecisionOutcome,
+        crate::executor::confirmations::ConfirmationError,
+    > {
+        let pending = self.inner.executor.shared().confirmations.get(id).await.ok();
+        let decided = self
+            .inner
+            .executor
+            .decide_confirmation(id, tenant, approve)
+            .await?;
+        if let Some(p) = pending
+            && p.context.turn_id.is_some()
+            && let Some(session) = &p.context.conversation_id
+            && let Ok(handle) = self.handle(session).await
+        {
+            handle.check_approvals();
+        }
+        Ok(decided)
     }
 
     /// The settings of the session's next turn: agent, tenant, session.
@@ -891,11 +1086,37 @@ impl Sessions {
         let covered = summary.as_ref().map_or(0, |s| s.covers_until_seq);
         // Everything the summary does not cover, up to a bound: a summary
         // that failed for a while must not make a reload unbounded.
-        let (unsummarised, last_seq) = self
+        let (mut unsummarised, last_seq) = self
             .inner
             .store
             .unsummarised_messages(id, covered, 4 * agent.history_window.max(10))
             .await?;
+        // A turn left open (cut by a restart, or paused for an approval):
+        // all its messages are loaded, whatever the bound.
+        let cut: Option<TurnRecord> = match self.inner.store.open_turn_of(id).await? {
+            Some(v) => match serde_json::from_value(v) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::error!(session = id, error = %e, "an unreadable turn record is left as it is");
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Some(r) = &cut
+            && unsummarised.first().is_none_or(|m| m.seq > r.first_seq)
+        {
+            let from = r.first_seq.saturating_sub(1);
+            let turn = self
+                .inner
+                .store
+                .messages_page(id, from, usize::MAX)
+                .await?;
+            unsummarised.retain(|m| m.seq <= from);
+            unsummarised.extend(turn);
+        }
+        // Rolled-back messages stay stored, out of every prompt.
+        unsummarised.retain(|m| !m.rolled_back);
         // Sources any earlier tool call returned stay citable (successful
         // calls only, as during a turn).
         let known_sources = self
@@ -948,6 +1169,25 @@ impl Sessions {
         .loaded_at(generation)
         .max_queued_turns(self.inner.limits.max_queued_turns)
         .model_turn_timeout(self.inner.limits.model_turn_timeout);
+        let conversation = match cut {
+            Some(record) => {
+                let age = Timestamp::now().duration_since(record.updated_at);
+                let window = jiff::SignedDuration::try_from(self.inner.limits.resume_window)
+                    .unwrap_or(jiff::SignedDuration::MAX);
+                // A paused turn waits for its decision, whatever its age.
+                let what = if age <= window
+                    || matches!(
+                        record.phase,
+                        super::machine::Phase::AwaitingApproval { .. }
+                    ) {
+                    CutTurn::Resume
+                } else {
+                    CutTurn::Close
+                };
+                conversation.with_cut_turn(record, what)
+            }
+            None => conversation,
+        };
         let handle = ConversationHandle::start_in(arbiter, conversation);
         live.insert(id.to_string(), handle.clone());
         Ok(handle)

@@ -109,6 +109,16 @@ impl PublicError for ConfirmationError {
     }
 }
 
+/// Where a confirmation stands ([`Confirmations::state`]).
+#[derive(Debug, Clone)]
+pub enum ConfirmationState {
+    /// Waiting for a decision (possibly past its expiry).
+    Pending(Box<PendingConfirmation>),
+    Decided { decision: Decision, at: Timestamp },
+    /// Expired and dropped, or never known to this tenant.
+    Unknown,
+}
+
 #[derive(Clone)]
 pub struct Confirmations {
     store: Store,
@@ -218,6 +228,30 @@ impl Confirmations {
             Some(_) => Ok(pending),
             None => Err(self.why_not_pending(id, tenant).await),
         }
+    }
+
+    /// Where confirmation `id` of `tenant` stands, read only (a paused turn
+    /// asks this when it resumes).
+    pub async fn state(&self, id: &str, tenant: &str) -> Result<ConfirmationState, StoreError> {
+        match self.get(id).await {
+            Ok(p) if p.tenant() == tenant => return Ok(ConfirmationState::Pending(Box::new(p))),
+            Ok(_) => return Ok(ConfirmationState::Unknown),
+            Err(ConfirmationError::Store(e)) => return Err(e),
+            Err(_) => {}
+        }
+        let decided = self
+            .store
+            .get_doc(DECIDED, id)
+            .await?
+            .and_then(|v| serde_json::from_value::<DecidedRecord>(v).ok());
+        Ok(match decided {
+            Some(d) if d.tenant == tenant => ConfirmationState::Decided {
+                decision: d.decision,
+                at: d.decided_at,
+            },
+            // Expired ones are deleted when found expired.
+            _ => ConfirmationState::Unknown,
+        })
     }
 
     /// Why `id` is not pending for `tenant`: decided already, or unknown.

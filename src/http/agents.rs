@@ -82,11 +82,7 @@ async fn list(State(state): State<AppState>) -> Json<AgentList> {
                 })
                 .collect(),
             max_iterations: agent.max_iterations,
-            multitask: match agent.multitask {
-                crate::config::Multitask::Enqueue => "enqueue",
-                crate::config::Multitask::Reject => "reject",
-            }
-            .to_string(),
+            multitask: agent.multitask.as_str().to_string(),
         })
         .collect();
     Json(AgentList { agents })

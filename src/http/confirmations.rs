@@ -171,8 +171,9 @@ async fn decide(
     ApiJson(body): ApiJson<Decision>,
 ) -> Result<Json<Value>, ApiError> {
     // One atomic step: of racing requests exactly one gets the call.
+    // The conversation turn waiting on it, if any, resumes.
     let outcome = state
-        .executor
+        .sessions
         .decide_confirmation(&id, &caller.tenant, body.approve)
         .await?;
     Ok(Json(json!(outcome)))

@@ -26,8 +26,9 @@ use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
 use super::streams::{StreamQuota, paced};
 use super::tools::{PlanName, parse_plan};
-use crate::conversation::actor::TurnEvent;
-use crate::conversation::{MAX_METADATA_BYTES, NewSession};
+use crate::conversation::actor::{TurnError, TurnEvent};
+use crate::conversation::machine::TurnStatus;
+use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionError};
 use crate::error_code::ErrorCode;
 use crate::identity::UserId;
 use crate::store::Session;
@@ -36,7 +37,7 @@ use crate::tenants::config::entitled_plan;
 
 /// Longest message content accepted, in bytes (the body cap is larger to
 /// leave room for JSON escapes).
-pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
+pub use crate::conversation::sessions::MAX_CONTENT_BYTES;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -44,6 +45,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(show, delete_session))
         .routes(routes!(export))
         .routes(routes!(send, history))
+        .routes(routes!(show_turn))
         .routes(routes!(summary))
 }
 
@@ -84,10 +86,20 @@ struct SessionView {
     created_at: String,
 }
 
-/// The result of a finished turn (`TurnOutcome`).
+/// The result of a finished turn (`TurnOutcome`), or of one paused for a
+/// confirmation (`status: awaiting_approval`, answered 202).
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct TurnReply {
+    /// The turn's id (`GET /v1/sessions/{id}/turns/{turn_id}`).
+    turn_id: String,
+    /// `completed`, or `awaiting_approval`: `confirmations` wait for a
+    /// decision (`POST /v1/confirmations/{id}`), which resumes the turn.
+    #[schema(value_type = String, pattern = "^(completed|awaiting_approval)$")]
+    status: String,
+    /// The held calls of a paused turn: `{tool_call_id, tool_name, confirmation_id, summary?, expires_at?}`.
+    #[schema(value_type = Option<Vec<Object>>)]
+    confirmations: Option<Vec<Value>>,
     answer: String,
     /// Each tool call of the turn: `{id, name, arguments, is_success, output?, error?, error_type?, source_id?}`.
     #[schema(value_type = Vec<Object>)]
@@ -117,6 +129,53 @@ struct TurnStarted {
     /// `turn_started`
     r#type: String,
     session_id: String,
+    turn_id: String,
+}
+
+/// `turn_interrupted`: a newer message cut the turn (`multitask`
+/// `interrupt` or `rollback`); the stream ends.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnInterrupted {
+    /// `turn_interrupted`
+    r#type: String,
+    turn_id: String,
+}
+
+/// A turn as stored: where it stands, its calls so far, and once
+/// `completed` the body its POST answered.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnView {
+    turn_id: String,
+    /// `awaiting_model`, `awaiting_tools` (with `calls`), `awaiting_approval`
+    /// (with `calls` and `confirmations`), `completed`, `failed` or `interrupted`.
+    #[schema(value_type = String)]
+    phase: String,
+    /// The user message's seq; the turn's other messages follow it.
+    #[schema(format = "uint64", minimum = 0)]
+    first_seq: u64,
+    rounds: u32,
+    model_calls: u32,
+    fallback: bool,
+    /// The calls that finished so far (as in the turn's reply).
+    #[schema(value_type = Vec<Object>)]
+    tool_calls: Vec<Value>,
+    /// Once completed: the same body as the POST's reply.
+    outcome: Option<TurnReply>,
+    /// Once failed: `{code, message}`.
+    #[schema(value_type = Option<Object>)]
+    error: Option<Value>,
+    idempotency_key: Option<String>,
+    /// Interrupted under `rollback`: its messages leave every later prompt.
+    rolled_back: Option<bool>,
+    /// The batch being waited on (`awaiting_tools`, `awaiting_approval`).
+    #[schema(value_type = Option<Vec<Object>>)]
+    calls: Option<Vec<Value>>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    confirmations: Option<Vec<Value>>,
+    started_at: String,
+    updated_at: String,
 }
 
 /// `model_delta`: a piece of the answer's text as the model writes it.
@@ -178,6 +237,8 @@ super::openapi::event_stream! {
         "tool_call_started" => ToolCallStarted,
         "tool_call_completed" => ToolCallCompleted,
         "turn_completed" => TurnReply,
+        "turn_paused" => TurnReply,
+        "turn_interrupted" => TurnInterrupted,
         "turn_failed" => TurnFailed,
     }
 }
@@ -440,6 +501,7 @@ error_responses!(
     SessionNotFound,
     ConversationBusy = "a turn is running and the agent rejects concurrent messages",
     ConversationQueueFull = "`[sessions] max_queued_turns` turns already wait in the session",
+    TurnInterrupted = "a newer message cut this turn (`multitask` `interrupt` or `rollback`)",
     BudgetExceeded,
     PayloadTooLarge = "the body is over 1 MiB or content over 256 KiB",
     ValidationError = "empty content or unknown field",
@@ -454,7 +516,13 @@ error_responses!(
 /// One turn. With `Accept: text/event-stream` the reply is a stream of
 /// Server-Sent Events: `turn_started`, `model_delta`, `tool_call_started`,
 /// `tool_call_completed`, then `turn_completed` (the same body as the JSON
-/// reply) or `turn_failed` (the JSON error body). Comments (`:`) keep an
+/// reply), `turn_paused` (the 202 body: a call waits for a confirmation),
+/// `turn_interrupted` or `turn_failed` (the JSON error body). A call that
+/// needs a confirmation pauses the turn: 202 with `status:
+/// awaiting_approval`; deciding it resumes the turn. With `Prefer:
+/// respond-async` the reply is 202 `{turn_id, status: accepted}` as soon as
+/// the turn is accepted; read it at `/v1/sessions/{id}/turns/{turn_id}`.
+/// With `Idempotency-Key`, a retry gets the first request's turn. Comments (`:`) keep an
 /// idle stream alive every 15 s. A client that reads slower than the model
 /// writes gets consecutive `model_delta`s merged; once more than 1 MiB of
 /// text waits for it, the stream closes without `turn_completed` (the turn
@@ -468,11 +536,13 @@ error_responses!(
     params(
         ("id" = String, Path, description = "Session id"),
         ("Accept" = Option<String>, Header, description = "`text/event-stream` for a stream of Server-Sent Events", example = "text/event-stream"),
+        ("Prefer" = Option<String>, Header, description = "`respond-async`: answer 202 with the turn id once it is accepted", example = "respond-async"),
     ),
     request_body = MessageBody,
     responses(
-        (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply) or `turn_failed` (data: the JSON error body)",
+        (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply), `turn_paused`, `turn_interrupted` or `turn_failed` (data: the JSON error body)",
             content((TurnReply = "application/json"), (TurnStream = "text/event-stream"))),
+        (status = 202, description = "The turn paused for a confirmation (`status: awaiting_approval`), or with `Prefer: respond-async` was accepted (`{turn_id, status: accepted}`)", body = Object),
         SendErrors,
     )
 )]
@@ -484,25 +554,36 @@ async fn send(
     headers: HeaderMap,
     ApiJson(body): ApiJson<MessageBody>,
 ) -> Result<Response, ApiError> {
-    if body.content.trim().is_empty() {
-        return Err(ApiError::validation("content must not be empty"));
-    }
-    if body.content.len() > MAX_CONTENT_BYTES {
-        return Err(ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!("content is longer than {MAX_CONTENT_BYTES} bytes"),
-        ));
-    }
-    let wants_stream = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
+    let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let wants_stream = header_text(header::ACCEPT.as_str())
         .is_some_and(|v| v.contains("text/event-stream"));
+    let respond_async = header_text("prefer").is_some_and(|v| {
+        v.split(',')
+            .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
+    });
+    let key = header_text("idempotency-key").map(str::to_string);
+    state.sessions.get_as(&caller.tenant, &id).await?;
     if !wants_stream {
-        let outcome = state
+        let started = state
             .sessions
-            .send_message_as(&caller.tenant, &id, body.content, None)
+            .start_turn(&id, body.content, None, key)
             .await?;
-        return Ok(Json(outcome).into_response());
+        if respond_async {
+            let turn_id = started.turn_id.clone();
+            // The turn runs on; its outcome is stored with its record.
+            tokio::spawn(started.outcome);
+            return Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({"turn_id": turn_id, "status": "accepted"})),
+            )
+                .into_response());
+        }
+        let outcome = started.outcome.await?;
+        let status = match outcome.status {
+            TurnStatus::Completed => StatusCode::OK,
+            TurnStatus::AwaitingApproval => StatusCode::ACCEPTED,
+        };
+        return Ok((status, Json(outcome)).into_response());
     }
     // A turn refused outright (too many streams 429, unknown session 404,
     // busy 409, storage 503) is a plain error reply, before any stream starts.
@@ -510,8 +591,9 @@ async fn send(
     let (tx, rx) = mpsc::unbounded_channel();
     let accepted = state
         .sessions
-        .start_message_as(&caller.tenant, &id, body.content, Some(tx))
-        .await?;
+        .start_turn(&id, body.content, Some(tx), key)
+        .await?
+        .outcome;
     let (done_tx, done_rx) = oneshot::channel();
     tokio::spawn(async move {
         let _ = done_tx.send(accepted.await);
@@ -519,7 +601,9 @@ async fn send(
     let (events, lagged) = paced(rx);
     let events = events.map(|event: TurnEvent| {
         let sse = match &event {
-            TurnEvent::TurnCompleted(outcome) => SseEvent::default().json_data(outcome),
+            TurnEvent::TurnCompleted(outcome) | TurnEvent::TurnPaused(outcome) => {
+                SseEvent::default().json_data(outcome)
+            }
             other => SseEvent::default().json_data(other),
         };
         Ok::<_, Infallible>(
@@ -533,6 +617,8 @@ async fn send(
             return None;
         }
         match done_rx.await {
+            // Said by its own event.
+            Ok(Err(SessionError::Turn(TurnError::Interrupted))) => None,
             Ok(Err(e)) => Some(ApiError::from(e).sse_event()),
             _ => None,
         }
@@ -541,6 +627,39 @@ async fn send(
     Ok(Sse::new(slot.hold(events.chain(failure)))
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+error_responses!(
+    TurnErrors:
+    SessionNotFound,
+    TurnNotFound,
+    StorageUnavailable
+);
+
+/// A turn of the session: its phase, its tool calls so far and, once
+/// completed, its outcome (the body the message's POST answered).
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/turns/{turn_id}",
+    operation_id = "get_turn",
+    summary = "Read a turn: its phase, tool calls so far and outcome",
+    tag = "sessions",
+    params(
+        ("id" = String, Path, description = "Session id"),
+        ("turn_id" = String, Path, description = "Turn id (from the message's reply or `turn_started`)"),
+    ),
+    responses(
+        (status = 200, description = "The turn", body = TurnView),
+        TurnErrors,
+    )
+)]
+async fn show_turn(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path((id, turn_id)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let record = state.sessions.turn_as(&caller.tenant, &id, &turn_id).await?;
+    Ok(Json(json!(record)))
 }
 
 /// Most messages one history page holds.

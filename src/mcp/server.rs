@@ -400,7 +400,7 @@ impl CadreMcp {
                 );
             };
             self.deps
-                .executor
+                .sessions
                 .decide_confirmation(id, &caller.tenant, approve)
                 .await
                 .map(|outcome| json!(outcome))

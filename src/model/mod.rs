@@ -225,6 +225,13 @@ impl Serialize for FinishReason {
     }
 }
 
+impl<'de> Deserialize<'de> for FinishReason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Ok(FinishReason::parse(&s))
+    }
+}
+
 /// Why a model call failed, after cadre's own retries.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ModelError {

@@ -8,7 +8,8 @@
 //! rolling summary, its usage row, every call record it made (with the
 //! record's conversation, tool, workflow and tenant index rows), and the
 //! documents linked to it ([`WriteOp::LinkDoc`]: its confirmations, pending
-//! and decided, with their tenant index rows). A document keeps its link
+//! and decided, with their tenant index rows), and its turn records with
+//! their open and idempotency-key rows ([`super::turns`]). A document keeps its link
 //! when it is moved (a pending confirmation decided) and loses it when it
 //! is deleted.
 //!
@@ -77,7 +78,9 @@ impl ErasedIds {
             WriteOp::PutSession(s) => self.contains(&s.id),
             WriteOp::AppendMessages { session_id, .. }
             | WriteOp::PutSummary { session_id, .. }
+            | WriteOp::MarkRolledBack { session_id, .. }
             | WriteOp::LinkDoc { session_id, .. } => self.contains(session_id),
+            WriteOp::PutTurn(w) => self.contains(&w.session_id),
             WriteOp::RecordToolCall(rec) => rec
                 .conversation_id
                 .as_deref()
@@ -115,6 +118,7 @@ pub(super) struct EraseTables<'a, 't> {
     pub doc_tenants: &'a mut Table<'t, (&'static str, &'static str), &'static str>,
     pub docs_by_session: &'a mut Table<'t, (&'static str, &'static str, &'static str), ()>,
     pub doc_sessions: &'a mut Table<'t, (&'static str, &'static str), &'static str>,
+    pub turns: super::turns::TurnTables<'a, 't>,
 }
 
 /// Removes the session `id` and everything stored under it; `None` (and
@@ -140,6 +144,7 @@ pub(super) fn delete_session(
     erased.messages = n;
     t.summaries.remove(id)?;
     t.session_usage.remove(id)?;
+    super::turns::erase(&mut t.turns, id)?;
 
     let mut records = Vec::new();
     for row in t.by_conv.range((id, "")..)? {
@@ -276,6 +281,9 @@ pub fn dump_file(path: &Path) -> Result<Vec<DumpedRow>, StoreError> {
         DOC_TENANTS,
         DOCS_BY_SESSION,
         DOC_SESSIONS,
+        TURNS,
+        OPEN_TURNS,
+        TURN_KEYS,
     );
     Ok(out)
 }

@@ -42,6 +42,7 @@ pub mod erase;
 pub mod listing;
 mod read_view;
 pub mod tables;
+pub mod turns;
 pub mod usage;
 
 use std::path::{Path, PathBuf};
@@ -177,6 +178,10 @@ pub struct StoredMessage {
     #[serde(flatten)]
     pub message: ChatMessage,
     pub created_at: Timestamp,
+    /// Part of a turn rolled back (`multitask = "rollback"`): kept here and
+    /// in exports, left out of every later prompt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rolled_back: bool,
 }
 
 /// One tool call from any caller, with its outcome.
@@ -292,6 +297,10 @@ pub enum WriteOp {
         key: String,
         session_id: String,
     },
+    /// A turn's record ([`turns`]), in the batch of the step it records.
+    PutTurn(Box<turns::TurnWrite>),
+    /// Marks these messages of a session rolled back ([`StoredMessage::rolled_back`]).
+    MarkRolledBack { session_id: String, seqs: Vec<u64> },
     /// Indexes by tenant, once, the documents of `namespace` written before
     /// the index existed; `indexed` gets how many (`None`: done already).
     IndexDocs {
@@ -1217,6 +1226,9 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(DOC_TENANTS)?;
         txn.open_table(DOCS_BY_SESSION)?;
         txn.open_table(DOC_SESSIONS)?;
+        txn.open_table(TURNS)?;
+        txn.open_table(OPEN_TURNS)?;
+        txn.open_table(TURN_KEYS)?;
     }
     txn.commit()?;
     Ok(())
@@ -1444,6 +1456,9 @@ fn commit_batch(
         let mut doc_tenants = txn.open_table(DOC_TENANTS)?;
         let mut docs_by_session = txn.open_table(DOCS_BY_SESSION)?;
         let mut doc_sessions = txn.open_table(DOC_SESSIONS)?;
+        let mut turn_rows = txn.open_table(TURNS)?;
+        let mut open_turns = txn.open_table(OPEN_TURNS)?;
+        let mut turn_keys = txn.open_table(TURN_KEYS)?;
         let mut meta = txn.open_table(META)?;
         // Erased by this batch: a later op of the batch is late too.
         let mut erased_now = erase::ErasedIds::default();
@@ -1604,6 +1619,11 @@ fn commit_batch(
                         doc_tenants: &mut doc_tenants,
                         docs_by_session: &mut docs_by_session,
                         doc_sessions: &mut doc_sessions,
+                        turns: turns::TurnTables {
+                            turns: &mut turn_rows,
+                            open: &mut open_turns,
+                            keys: &mut turn_keys,
+                        },
                     };
                     let found = erase::delete_session(&mut tables, session_id)?;
                     if found.is_some() {
@@ -1611,6 +1631,27 @@ fn commit_batch(
                     }
                     // Assigned, not set once (see MoveDoc).
                     *erased.lock().expect("erase slot") = found;
+                }
+                WriteOp::PutTurn(w) => {
+                    let mut t = turns::TurnTables {
+                        turns: &mut turn_rows,
+                        open: &mut open_turns,
+                        keys: &mut turn_keys,
+                    };
+                    turns::put(&mut t, w)?;
+                }
+                WriteOp::MarkRolledBack { session_id, seqs } => {
+                    for seq in seqs {
+                        let key = (session_id.as_str(), *seq);
+                        let found = messages
+                            .get(key)?
+                            .map(|v| serde_json::from_slice::<StoredMessage>(v.value()))
+                            .transpose()?;
+                        if let Some(mut m) = found {
+                            m.rolled_back = true;
+                            messages.insert(key, serde_json::to_vec(&m)?.as_slice())?;
+                        }
+                    }
                 }
                 WriteOp::LinkDoc {
                     namespace,
@@ -1657,6 +1698,7 @@ mod tests {
             seq,
             message: ChatMessage::user(text),
             created_at: Timestamp::now(),
+            rolled_back: false,
         }
     }
 

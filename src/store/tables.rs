@@ -88,3 +88,17 @@ pub const DOCS_BY_SESSION: TableDefinition<(&str, &str, &str), ()> =
 /// (namespace, key) -> session_id: the reverse of [`DOCS_BY_SESSION`], so a
 /// moved or deleted document carries or drops its link without parsing it.
 pub const DOC_SESSIONS: TableDefinition<(&str, &str), &str> = TableDefinition::new("doc_sessions");
+
+/// (session_id, turn_id) -> turn record (json, written by the conversation:
+/// its phase, calls so far and, once final, its outcome). Turn ids are
+/// uuid v7, so a session's turns range in start order. Added without a
+/// schema bump: an older file gets the table empty.
+pub const TURNS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("turns");
+
+/// (session_id, turn_id) -> (): the turns whose phase is not final; what
+/// a start scans to resume cut turns ([`super::Store::open_turns`]).
+pub const OPEN_TURNS: TableDefinition<(&str, &str), ()> = TableDefinition::new("open_turns");
+
+/// (session_id, idempotency key) -> turn_id: the turn a keyed message
+/// started, so a retry finds it instead of starting another.
+pub const TURN_KEYS: TableDefinition<(&str, &str), &str> = TableDefinition::new("turn_keys");

@@ -110,6 +110,13 @@ pub enum ErrorType {
     /// The model named a tool its turn did not offer (another agent's tool,
     /// or any tool for an agent with none): refused before admission.
     ToolNotOffered,
+    /// A person declined the call held for confirmation (or it expired
+    /// undecided): it did not run.
+    Declined,
+    /// A durable turn resumed after a crash found the call's intent but no
+    /// outcome: the tool (`side_effects: at_most_once`) may or may not have
+    /// run, and is not run again.
+    OutcomeUnknown,
 }
 
 /// One row of the tool-failure table.
@@ -123,7 +130,7 @@ struct ErrorTypeRow {
 }
 
 /// Every tool failure kind, one row each, in the enum's order.
-const ERROR_TYPES: [ErrorTypeRow; 10] = {
+const ERROR_TYPES: [ErrorTypeRow; 12] = {
     const fn row(
         kind: ErrorType,
         code: &'static str,
@@ -153,15 +160,17 @@ const ERROR_TYPES: [ErrorTypeRow; 10] = {
         ),
         row(ErrorType::ToolUnavailable, "tool_unavailable", true, 503),
         row(ErrorType::ToolNotOffered, "tool_not_offered", false, 403),
+        row(ErrorType::Declined, "declined", false, 403),
+        row(ErrorType::OutcomeUnknown, "outcome_unknown", false, 409),
     ]
 };
 
 impl ErrorType {
     /// Every kind, in table order.
-    pub const ALL: [ErrorType; 10] = {
-        let mut all = [ErrorType::ToolNotFound; 10];
+    pub const ALL: [ErrorType; 12] = {
+        let mut all = [ErrorType::ToolNotFound; 12];
         let mut i = 0;
-        while i < 10 {
+        while i < 12 {
             all[i] = ERROR_TYPES[i].kind;
             i += 1;
         }

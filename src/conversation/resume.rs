@@ -1,0 +1,182 @@
+//! What is known of a batch's calls when a turn is taken up again.
+//!
+//! Conversation actor ──resolve(batch, held approvals)──▶ store (call records, intents) · confirmations
+//!                    ◀── per call: Done(outcome) | Run | Waiting ──┘
+//!
+//! A turn is taken up from its record after a restart (`awaiting_tools`,
+//! `awaiting_approval`) and after a person decides a held call. For each
+//! call of the batch, in order:
+//! - an outcome already in memory, or a finished call record of this turn
+//!   and call id (the latest, a `pending_confirmation` record aside): done,
+//!   never run again;
+//! - a call held for confirmation: still pending → waiting (expired →
+//!   declined, and the confirmation is closed so it cannot be approved
+//!   later); denied → declined; approved → its record, or — when none
+//!   exists after a restart — `outcome_unknown` (in a live process the
+//!   approving request is still running it: waiting);
+//! - otherwise, an intent committed before an `at_most_once` tool ran
+//!   ([`crate::executor::CALL_INTENTS`]) but no record: `outcome_unknown`,
+//!   never run twice;
+//! - otherwise the call never ran, or ran without leaving anything (a
+//!   tool declared safe to repeat): run.
+
+use std::collections::HashMap;
+
+use jiff::Timestamp;
+
+use super::machine::Approval;
+use crate::executor::confirmations::{ConfirmationState, Confirmations, Decision};
+use crate::model::ToolCall;
+use crate::store::{Store, StoreError, ToolCallRecord};
+use crate::tools::{ErrorType, ResultMetadata, ToolExecutionResult};
+
+/// Where one call of a resumed batch stands.
+#[derive(Debug, Clone)]
+pub enum Resolution {
+    Done(ToolExecutionResult),
+    Run,
+    Waiting,
+}
+
+/// What a resolution reads.
+pub struct Lookup {
+    pub store: Store,
+    pub confirmations: Confirmations,
+    pub session: String,
+    pub tenant: String,
+    pub turn_id: String,
+    /// Taken up after a restart: nothing of this process runs the calls.
+    pub after_restart: bool,
+}
+
+/// The namespace of at-most-once intents (the executor writes them).
+const CALL_INTENTS: &str = "call_intents";
+
+impl Lookup {
+    /// One resolution per call of `calls`, in order; `known[i]`: the
+    /// outcome already in memory for `calls[i]`.
+    pub async fn resolve(
+        &self,
+        calls: &[ToolCall],
+        approvals: &[Approval],
+        known: Vec<Option<ToolExecutionResult>>,
+    ) -> Result<Vec<Resolution>, StoreError> {
+        let need_records = known.iter().any(Option::is_none);
+        let records: HashMap<String, ToolCallRecord> = if need_records {
+            let mut by_call = HashMap::new();
+            for r in self.store.calls_for_conversation(&self.session).await? {
+                if r.turn_id.as_deref() != Some(self.turn_id.as_str())
+                    || r.error_type.as_deref() == Some(ErrorType::PendingConfirmation.as_str())
+                {
+                    continue;
+                }
+                if let Some(id) = r.tool_call_id.clone() {
+                    // Time-ordered: the latest wins.
+                    by_call.insert(id, r);
+                }
+            }
+            by_call
+        } else {
+            HashMap::new()
+        };
+        let mut out = Vec::with_capacity(calls.len());
+        for (call, known) in calls.iter().zip(known) {
+            if let Some(r) = known {
+                out.push(Resolution::Done(r));
+                continue;
+            }
+            if let Some(rec) = records.get(&call.id) {
+                out.push(Resolution::Done(from_record(rec)));
+                continue;
+            }
+            if let Some(a) = approvals.iter().find(|a| a.tool_call_id == call.id) {
+                out.push(self.decided(call, a).await?);
+                continue;
+            }
+            let key = format!("{}:{}:{}", self.session, self.turn_id, call.id);
+            if self.store.get_doc(CALL_INTENTS, &key).await?.is_some() {
+                out.push(Resolution::Done(unknown(call)));
+            } else {
+                out.push(Resolution::Run);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn decided(&self, call: &ToolCall, a: &Approval) -> Result<Resolution, StoreError> {
+        let declined = |why: &str| {
+            Resolution::Done(ToolExecutionResult::failure(
+                &call.name,
+                ErrorType::Declined,
+                format!("{} did not run: {why}", call.name),
+            ))
+        };
+        Ok(
+            match self
+                .confirmations
+                .state(&a.confirmation_id, &self.tenant)
+                .await?
+            {
+                ConfirmationState::Pending(p) if Timestamp::now() < p.expires_at => {
+                    Resolution::Waiting
+                }
+                ConfirmationState::Pending(_) => {
+                    // Closes it for good: a late approval cannot run it.
+                    let _ = self
+                        .confirmations
+                        .decide(&a.confirmation_id, &self.tenant, Decision::Denied)
+                        .await;
+                    declined("its confirmation expired undecided")
+                }
+                ConfirmationState::Unknown => declined("its confirmation expired undecided"),
+                ConfirmationState::Decided {
+                    decision: Decision::Denied,
+                    ..
+                } => declined("the user declined it"),
+                ConfirmationState::Decided {
+                    decision: Decision::Approved,
+                    ..
+                } => {
+                    if self.after_restart {
+                        Resolution::Done(unknown(call))
+                    } else {
+                        Resolution::Waiting
+                    }
+                }
+            },
+        )
+    }
+}
+
+fn unknown(call: &ToolCall) -> ToolExecutionResult {
+    ToolExecutionResult::failure(
+        &call.name,
+        ErrorType::OutcomeUnknown,
+        format!(
+            "{} was started before a restart and left no outcome; it is not run again (it may or may not have taken effect)",
+            call.name
+        ),
+    )
+}
+
+/// A stored call record as the outcome the model gets.
+pub fn from_record(r: &ToolCallRecord) -> ToolExecutionResult {
+    ToolExecutionResult {
+        is_success: r.is_success,
+        tool_name: r.tool_name.clone(),
+        output: r.output.clone(),
+        error: r.error.clone(),
+        error_type: r
+            .error_type
+            .as_deref()
+            .and_then(|t| serde_json::from_value(serde_json::Value::String(t.into())).ok()),
+        validation_errors: Vec::new(),
+        execution_time_ms: r.execution_time_ms,
+        executed_at: r.created_at,
+        metadata: ResultMetadata {
+            attempts: r.attempts,
+            source_id: r.source_id.clone(),
+            ..ResultMetadata::default()
+        },
+    }
+}

@@ -1,0 +1,135 @@
+//! Turn records: where each conversation turn stands, as data.
+//!
+//! Conversation actor ──WriteOp::PutTurn (in the batch of the step)──▶ TURNS · OPEN_TURNS · TURN_KEYS
+//! start ──open_turns──▶ resume · GET /v1/sessions/{id}/turns/{turn} ──turn──▶ the record
+//!
+//! The store does not read the record: it is the conversation's JSON
+//! ([`crate::conversation`] owns its shape). It keeps the three indexes a
+//! record needs: the record under `(session, turn)`, the open ones (phase
+//! not final) for the scan at start, and the idempotency key a message
+//! came with. A record is written in the same write as the step that
+//! reached its phase, so the phase and the messages never disagree; it
+//! costs no commit of its own. Erased with its session ([`super::erase`]).
+
+use redb::{ReadableDatabase, ReadableTable, Table};
+use serde_json::Value;
+
+use super::tables::*;
+use super::{Store, StoreError};
+
+/// One turn's record to store.
+#[derive(Debug, Clone)]
+pub struct TurnWrite {
+    pub session_id: String,
+    pub turn_id: String,
+    /// Not final yet: listed by [`Store::open_turns`].
+    pub open: bool,
+    /// The message's `Idempotency-Key`, indexed for [`Store::turn_by_key`].
+    pub idempotency_key: Option<String>,
+    pub record: Value,
+}
+
+/// The tables a turn write touches.
+pub(super) struct TurnTables<'a, 't> {
+    pub turns: &'a mut Table<'t, (&'static str, &'static str), &'static [u8]>,
+    pub open: &'a mut Table<'t, (&'static str, &'static str), ()>,
+    pub keys: &'a mut Table<'t, (&'static str, &'static str), &'static str>,
+}
+
+pub(super) fn put(t: &mut TurnTables<'_, '_>, w: &TurnWrite) -> Result<(), StoreError> {
+    let k = (w.session_id.as_str(), w.turn_id.as_str());
+    t.turns.insert(k, serde_json::to_vec(&w.record)?.as_slice())?;
+    if w.open {
+        t.open.insert(k, ())?;
+    } else {
+        t.open.remove(k)?;
+    }
+    if let Some(key) = &w.idempotency_key {
+        t.keys
+            .insert((w.session_id.as_str(), key.as_str()), w.turn_id.as_str())?;
+    }
+    Ok(())
+}
+
+/// Removes every turn row of session `id`; how many turns went.
+pub(super) fn erase(t: &mut TurnTables<'_, '_>, id: &str) -> Result<u64, StoreError> {
+    let mut n = 0;
+    t.turns.retain_in((id, "")..(id, "\u{10FFFF}"), |_, _| {
+        n += 1;
+        false
+    })?;
+    t.open.retain_in((id, "")..(id, "\u{10FFFF}"), |_, _| false)?;
+    t.keys.retain_in((id, "")..(id, "\u{10FFFF}"), |_, _| false)?;
+    Ok(n)
+}
+
+impl Store {
+    /// The record of turn `turn_id` of session `session_id`.
+    pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Option<Value>, StoreError> {
+        let (s, t) = (session_id.to_string(), turn_id.to_string());
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(TURNS)?;
+            match table.get((s.as_str(), t.as_str()))? {
+                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// The turn a message with `key` started in the session, if any.
+    pub async fn turn_by_key(
+        &self,
+        session_id: &str,
+        key: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let (s, k) = (session_id.to_string(), key.to_string());
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(TURN_KEYS)?;
+            Ok(table
+                .get((s.as_str(), k.as_str()))?
+                .map(|v| v.value().to_string()))
+        })
+        .await
+    }
+
+    /// The last turn of a session that is not final (at most one runs).
+    pub async fn open_turn_of(&self, session_id: &str) -> Result<Option<Value>, StoreError> {
+        let s = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let open = txn.open_table(OPEN_TURNS)?;
+            let last = open
+                .range((s.as_str(), "")..(s.as_str(), "\u{10FFFF}"))?
+                .next_back()
+                .transpose()?
+                .map(|(k, _)| k.value().1.to_string());
+            let Some(turn) = last else { return Ok(None) };
+            let turns = txn.open_table(TURNS)?;
+            match turns.get((s.as_str(), turn.as_str()))? {
+                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// Every `(session, turn)` whose record is not final, oldest session
+    /// first: the turns a crash cut.
+    pub async fn open_turns(&self) -> Result<Vec<(String, String)>, StoreError> {
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let open = txn.open_table(OPEN_TURNS)?;
+            let mut out = Vec::new();
+            for row in open.iter()? {
+                let (k, _) = row?;
+                let (s, t) = k.value();
+                out.push((s.to_string(), t.to_string()));
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
