@@ -292,7 +292,9 @@ fn context(c: &mut Criterion) {
     );
     group.bench_function("tool_calling_turn_window_20", |b| {
         b.iter(|| {
-            machine.start_turn("what is (2+3)*4?".into(), "t".into(), None).unwrap();
+            machine
+                .start_turn("what is (2+3)*4?".into(), "t".into(), None)
+                .unwrap();
             machine
                 .on_model_reply(ChatResponse {
                     content: None,

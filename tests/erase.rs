@@ -113,7 +113,11 @@ async fn a_deleted_session_is_gone_from_every_endpoint_command_and_table() {
     // The session to delete: a calculator call, two orders held for
     // confirmation (one approved below, one left pending), a summary.
     let gone = pro_session(&client, "trader").await;
-    model.push(Reply::tool_call("c1", "calculator", r#"{"expression":"6*7"}"#));
+    model.push(Reply::tool_call(
+        "c1",
+        "calculator",
+        r#"{"expression":"6*7"}"#,
+    ));
     model.push(Reply::text("42."));
     let (status, turn) = client.say(&gone, "6*7?").await;
     assert_eq!(status, StatusCode::OK, "{turn}");

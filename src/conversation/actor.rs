@@ -87,8 +87,8 @@ use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
 use crate::model::{ChatMessage, ModelError};
-use crate::store::usage::day_of;
 use crate::store::turns::TurnWrite;
+use crate::store::usage::day_of;
 use crate::store::{
     Session, Store, StoreError, StoredMessage, StoredSummary, TokenUsage, UsageDelta, WriteOp,
 };
@@ -232,7 +232,10 @@ pub struct UserTurn {
 /// goes on. Harmless when nothing waits.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct CheckApprovals;
+pub struct CheckApprovals {
+    /// The outcome of an approved call that just ran, by its tool call id.
+    pub ran: Option<(String, ToolExecutionResult)>,
+}
 
 /// Waits for turn `turn_id` of this conversation to end (or pause).
 #[derive(Message)]
@@ -1126,7 +1129,9 @@ impl Conversation {
         };
         if what == CutTurn::Close {
             tracing::warn!(session = %self.session.id, turn = %turn_id, "a turn cut by a restart is older than the resume window; closed as interrupted");
-            self.metrics.turns_interrupted.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .turns_interrupted
+                .fetch_add(1, Ordering::Relaxed);
             if let Some(closed) = self.machine.interrupt_turn(false, Some(INTERRUPTED_NOTE)) {
                 self.write_closed(closed, true, ctx);
             }
@@ -1214,7 +1219,9 @@ impl Conversation {
         let turn_id = closed.record.turn_id.clone();
         tracing::info!(session = %self.session.id, turn = %turn_id, rollback, "turn interrupted by a newer message");
         self.write_closed(closed, false, ctx);
-        self.metrics.turns_interrupted.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .turns_interrupted
+            .fetch_add(1, Ordering::Relaxed);
         let interrupted: Result<TurnOutcome, TurnError> = Err(TurnError::Interrupted);
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watchers)
             .into_iter()
@@ -1448,8 +1455,19 @@ impl Handler<UserTurn> for Conversation {
 impl Handler<CheckApprovals> for Conversation {
     type Result = ();
 
-    fn handle(&mut self, _: CheckApprovals, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: CheckApprovals, ctx: &mut Context<Self>) {
         self.last_active = Instant::now();
+        let Phase::AwaitingApproval { calls, .. } = self.machine.phase() else {
+            return;
+        };
+        if let Some((id, result)) = msg.ran {
+            if self.held.is_empty() {
+                self.held = calls.iter().map(|c| (c.clone(), None)).collect();
+            }
+            if let Some(slot) = self.held.iter_mut().find(|(c, _)| c.id == id) {
+                slot.1 = Some(result);
+            }
+        }
         if !self.busy {
             self.check_approvals(false, ctx);
         }
@@ -1461,9 +1479,10 @@ impl Handler<WatchTurn> for Conversation {
 
     fn handle(&mut self, msg: WatchTurn, _: &mut Context<Self>) -> Self::Result {
         let running = self.machine.turn_id() == Some(msg.turn_id.as_str())
-            || self.queue.iter().any(
-                |p| matches!(p, Pending::Turn { turn_id, .. } if *turn_id == msg.turn_id),
-            );
+            || self
+                .queue
+                .iter()
+                .any(|p| matches!(p, Pending::Turn { turn_id, .. } if *turn_id == msg.turn_id));
         if !running {
             return None;
         }
@@ -1585,9 +1604,10 @@ impl ConversationHandle {
             .unwrap_or(Err(TurnError::Unavailable))
     }
 
-    /// Looks at a paused turn again (a decision was made).
-    pub fn check_approvals(&self) {
-        self.addr.do_send(CheckApprovals);
+    /// Looks at a paused turn again (a decision was made; `ran`: the
+    /// approved call's outcome, by its tool call id).
+    pub fn check_approvals(&self, ran: Option<(String, ToolExecutionResult)>) {
+        self.addr.do_send(CheckApprovals { ran });
     }
 
     /// Waits on turn `turn_id` if it runs, is paused or queued here.

@@ -1173,7 +1173,10 @@ mod tests {
 
         m.start_turn("hi".into(), "t".into(), None).unwrap();
         assert_eq!(m.phase(), Phase::AwaitingModel);
-        assert!(m.start_turn("again".into(), "t".into(), None).is_err(), "one turn at a time");
+        assert!(
+            m.start_turn("again".into(), "t".into(), None).is_err(),
+            "one turn at a time"
+        );
         m.on_model_reply(tools_reply(&["a", "b"])).unwrap();
         let phase = m.phase();
         assert_eq!(

@@ -48,9 +48,7 @@ use serde_json::Value;
 use super::actor::{Conversation, ConversationHandle, CutTurn, TurnError, TurnSink};
 use super::budget::{self, BudgetExceeded, Month};
 use super::context::{self, PromptLayers};
-use super::machine::{
-    ConversationMachine, RollingSummary, TurnOutcome, TurnRecord, TurnSettings,
-};
+use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnRecord, TurnSettings};
 use super::summary::ToolUsageSummary;
 use crate::config::{Agent, Agents};
 use crate::error_code::{ErrorCode, PublicError};
@@ -142,9 +140,8 @@ pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
 pub struct StartedTurn {
     pub turn_id: String,
     /// Resolves when the turn ends (or pauses for an approval).
-    pub outcome: std::pin::Pin<
-        Box<dyn Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static>,
-    >,
+    pub outcome:
+        std::pin::Pin<Box<dyn Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static>>,
 }
 
 /// Most bytes a session's `metadata` may take, as JSON: it is stored with
@@ -814,10 +811,9 @@ impl Sessions {
             });
         }
         if done {
-            let error = record.error.map_or_else(
-                || TurnError::Interrupted,
-                |_| TurnError::Unavailable,
-            );
+            let error = record
+                .error
+                .map_or_else(|| TurnError::Interrupted, |_| TurnError::Unavailable);
             return Ok(StartedTurn {
                 turn_id,
                 outcome: Box::pin(async move { Err(error.into()) }),
@@ -903,11 +899,16 @@ impl Sessions {
         id: &str,
         tenant: &str,
         approve: bool,
-    ) -> Result<
-        crate::executor::DecisionOutcome,
-        crate::executor::confirmations::ConfirmationError,
-    > {
-        let pending = self.inner.executor.shared().confirmations.get(id).await.ok();
+    ) -> Result<crate::executor::DecisionOutcome, crate::executor::confirmations::ConfirmationError>
+    {
+        let pending = self
+            .inner
+            .executor
+            .shared()
+            .confirmations
+            .get(id)
+            .await
+            .ok();
         let decided = self
             .inner
             .executor
@@ -918,7 +919,8 @@ impl Sessions {
             && let Some(session) = &p.context.conversation_id
             && let Ok(handle) = self.handle(session).await
         {
-            handle.check_approvals();
+            let ran = p.tool_call_id.clone().zip(decided.result.clone());
+            handle.check_approvals(ran);
         }
         Ok(decided)
     }
@@ -1107,11 +1109,7 @@ impl Sessions {
             && unsummarised.first().is_none_or(|m| m.seq > r.first_seq)
         {
             let from = r.first_seq.saturating_sub(1);
-            let turn = self
-                .inner
-                .store
-                .messages_page(id, from, usize::MAX)
-                .await?;
+            let turn = self.inner.store.messages_page(id, from, usize::MAX).await?;
             unsummarised.retain(|m| m.seq <= from);
             unsummarised.extend(turn);
         }
@@ -1176,10 +1174,8 @@ impl Sessions {
                     .unwrap_or(jiff::SignedDuration::MAX);
                 // A paused turn waits for its decision, whatever its age.
                 let what = if age <= window
-                    || matches!(
-                        record.phase,
-                        super::machine::Phase::AwaitingApproval { .. }
-                    ) {
+                    || matches!(record.phase, super::machine::Phase::AwaitingApproval { .. })
+                {
                     CutTurn::Resume
                 } else {
                     CutTurn::Close

@@ -114,7 +114,10 @@ impl PublicError for ConfirmationError {
 pub enum ConfirmationState {
     /// Waiting for a decision (possibly past its expiry).
     Pending(Box<PendingConfirmation>),
-    Decided { decision: Decision, at: Timestamp },
+    Decided {
+        decision: Decision,
+        at: Timestamp,
+    },
     /// Expired and dropped, or never known to this tenant.
     Unknown,
 }

@@ -717,7 +717,9 @@ async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolEx
     // durable commit comes later through the same writer, so an
     // acknowledged turn has its records; nobody waits for this one. Other
     // callers get their answer once the record is durable.
-    if msg.ctx.caller_type == CallerType::ConversationAgent {
+    // An approved call is durable at once: the paused turn resumes from
+    // this record, also after a restart.
+    if msg.ctx.caller_type == CallerType::ConversationAgent && !msg.confirmed {
         store.write_behind(vec![op]);
     } else if let Err(e) = store.write(vec![op], true).await {
         tracing::error!(error = %e, tool = %msg.tool_name, "tool call record not written");

@@ -555,8 +555,8 @@ async fn send(
     ApiJson(body): ApiJson<MessageBody>,
 ) -> Result<Response, ApiError> {
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let wants_stream = header_text(header::ACCEPT.as_str())
-        .is_some_and(|v| v.contains("text/event-stream"));
+    let wants_stream =
+        header_text(header::ACCEPT.as_str()).is_some_and(|v| v.contains("text/event-stream"));
     let respond_async = header_text("prefer").is_some_and(|v| {
         v.split(',')
             .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
@@ -658,7 +658,10 @@ async fn show_turn(
     Extension(caller): Extension<Principal>,
     Path((id, turn_id)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let record = state.sessions.turn_as(&caller.tenant, &id, &turn_id).await?;
+    let record = state
+        .sessions
+        .turn_as(&caller.tenant, &id, &turn_id)
+        .await?;
     Ok(Json(json!(record)))
 }
 

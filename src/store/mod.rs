@@ -300,7 +300,10 @@ pub enum WriteOp {
     /// A turn's record ([`turns`]), in the batch of the step it records.
     PutTurn(Box<turns::TurnWrite>),
     /// Marks these messages of a session rolled back ([`StoredMessage::rolled_back`]).
-    MarkRolledBack { session_id: String, seqs: Vec<u64> },
+    MarkRolledBack {
+        session_id: String,
+        seqs: Vec<u64>,
+    },
     /// Indexes by tenant, once, the documents of `namespace` written before
     /// the index existed; `indexed` gets how many (`None`: done already).
     IndexDocs {

@@ -38,7 +38,8 @@ pub(super) struct TurnTables<'a, 't> {
 
 pub(super) fn put(t: &mut TurnTables<'_, '_>, w: &TurnWrite) -> Result<(), StoreError> {
     let k = (w.session_id.as_str(), w.turn_id.as_str());
-    t.turns.insert(k, serde_json::to_vec(&w.record)?.as_slice())?;
+    t.turns
+        .insert(k, serde_json::to_vec(&w.record)?.as_slice())?;
     if w.open {
         t.open.insert(k, ())?;
     } else {
@@ -58,8 +59,10 @@ pub(super) fn erase(t: &mut TurnTables<'_, '_>, id: &str) -> Result<u64, StoreEr
         n += 1;
         false
     })?;
-    t.open.retain_in((id, "")..(id, "\u{10FFFF}"), |_, _| false)?;
-    t.keys.retain_in((id, "")..(id, "\u{10FFFF}"), |_, _| false)?;
+    t.open
+        .retain_in((id, "")..(id, "\u{10FFFF}"), |_, _| false)?;
+    t.keys
+        .retain_in((id, "")..(id, "\u{10FFFF}"), |_, _| false)?;
     Ok(n)
 }
 
