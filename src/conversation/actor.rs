@@ -1,35 +1,63 @@
 //! The Conversation actor: one per live session; performs the IO its
 //! [`ConversationMachine`] asks for.
 //!
-//! UserTurn ─▶ queue ─▶ machine.start_turn ─▶ [persist] ─▶ model ─▶ machine ─▶ ToolSubAgent
+//! UserTurn ─▶ machine.offer ─▶ machine.next_queued ─▶ machine.start_turn ─▶ [persist] ─▶ model ─▶ machine ─▶ ToolSubAgent
 //!                                                                 ◀── ToolBatchReport ──┘
 //!            ◀── reply (after one durable commit) ◀── Finish ◀── machine ◀──┘
 //!                                              └─▶ summary (model, no tools) ─▶ store
 //!
-//! Turns are serialised: a `UserTurn` arriving during a turn waits in the
-//! actor's queue (in arrival order), or is refused with `Busy` when the
-//! agent's `multitask` is `reject`. The queue holds at most
-//! `max_queued_turns` turns (`[sessions] max_queued_turns`, default 8; the
-//! running one is not counted): one more is refused with `QueueFull`
-//! before it is queued, so a caller cannot make a session hold unbounded
-//! messages in memory. A queued turn whose caller is gone (the receiver
+//! The machine decides; this actor only does IO. Which message runs next,
+//! and whether one is refused (`Busy` under `multitask = "reject"`,
+//! `QueueFull` past `max_queued_turns`) or cuts the running turn
+//! (`interrupt`, `rollback`), is the machine's queue ([`super::queue`]);
+//! the actor keeps only the channels each queued caller waits on, under
+//! the entry's ticket. A queued turn whose caller is gone (the receiver
 //! of its outcome is dropped, or its event sink closed: the HTTP client
 //! disconnected) was never acknowledged: it is dropped before it starts
 //! and when the queue is counted, and nothing of it is stored or sent to
 //! the model. Messages recorded without a turn (an operator's reply) take
-//! their place in the same queue; they are not turns and are not counted
-//! (the WebSocket that sends them is rate-limited, and waits for each). The actor never
+//! their place in the same queue. The actor never
 //! blocks on IO: the model call, store writes and the tool batch run as
-//! spawned futures or actors, so the mailbox stays free for reports. A
-//! turn's steps (the user's message, tool calls, tool results) are handed
-//! to the store's writer as they happen, non-durably and without waiting
-//! for them (so readers see a running turn, and the turn never waits on a
+//! spawned futures or actors, so the mailbox stays free for reports.
+//!
+//! A turn is data ([`TurnRecord`]): each step the machine takes returns the
+//! turn's record with the messages to persist, and both go to the store's
+//! writer in one write ([`WriteOp::PutTurn`]), non-durably and without
+//! waiting (so readers see a running turn, and the turn never waits on a
 //! write); the answer is written durably, which makes every step before it
 //! durable too (the writer applies one sender's writes in order), and only
 //! then is the turn acknowledged: one awaited, durable commit per turn. A
-//! crash mid-turn loses only what was never acknowledged. A turn that fails
-//! (model down) flushes what it has and reports the error; its messages
-//! stay in the history. After a turn, the rolling summary is updated when
+//! paused turn's record is committed durably before the 202 goes out. A
+//! crash mid-turn loses only what was never acknowledged, and the next
+//! start takes the turn up from its last stored phase ([`CutTurn`],
+//! [`super::resume`]): `awaiting_model` asks the model again;
+//! `awaiting_tools` and `awaiting_approval` look up each call of the batch
+//! (a finished record is used, never run again; an at-most-once intent
+//! without a record is `outcome_unknown`; a call that never ran runs),
+//! then the model answers. Past `[sessions] resume_window_s` the turn is
+//! closed as `interrupted` instead ([`INTERRUPTED_NOTE`]).
+//!
+//! Approvals: a call held for a person's confirmation pauses the turn
+//! (`awaiting_approval`): the caller gets the paused outcome (202), the
+//! session stays held (queued messages wait, `reject` refuses), and the
+//! conversation may leave memory (its record brings it back). A decision
+//! ([`CheckApprovals`], sent by `Sessions::decide_confirmation` with the
+//! approved call's outcome) or an expiry timer resolves the held calls;
+//! once every call has an outcome the turn goes on, with nobody waiting
+//! here ([`WatchTurn`] callers and the record learn the end).
+//!
+//! Interrupt: a message that cuts the running turn drops its model call,
+//! ignores its batch's report (calls already running finish and are
+//! recorded, their outcomes unused: cadre does not kill a call midway
+//! through a side effect), declines its held confirmations, gives every
+//! call without an outcome an `outcome_unknown` tool message (so the
+//! history stays valid for the model), closes it as `interrupted` and
+//! replies `TURN_INTERRUPTED`; with `rollback` its messages are marked
+//! rolled back (kept, left out of every later prompt).
+//!
+//! A turn that fails (model down) flushes what it has and reports the
+//! error; its messages stay in the history and its record says `failed`.
+//! After a turn, the rolling summary is updated when
 //! the history outgrew the window; a failed summary is tried again after
 //! the next turn. A store error ends the actor once it has answered (its
 //! memory may hold steps the store lost; queued messages get `Unavailable`),
@@ -39,7 +67,7 @@
 //! conversation reloads instead of writing on top of lost steps. A turn
 //! given an event sink streams its progress
 //! ([`TurnEvent`]): model deltas, tool calls started and completed, the
-//! outcome.
+//! outcome (or `turn_paused`, `turn_interrupted`).
 //!
 //! Model time: a turn's model calls share one budget, `[model]
 //! turn_timeout_s` (default 120 s), every attempt and backoff of the
@@ -64,7 +92,7 @@
 //! durable commit, a summary call's with the summary. No model call pays a
 //! commit of its own, and a turn's usage is durable when its reply is sent.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -81,8 +109,9 @@ use super::machine::{
     Action, Approval, CallReport, Closed, ConversationMachine, Phase, Resume, Step, TurnFailure,
     TurnOutcome, TurnRecord, TurnSettings,
 };
+use super::queue::{Activity, Admission, Queued, Refusal};
 use super::resume::{self, Resolution};
-use crate::config::{Agent, Multitask};
+use crate::config::Agent;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;
@@ -285,30 +314,38 @@ impl AcceptedTurn {
     }
 }
 
-enum Pending {
+/// The channels the caller of a queued entry waits on (the entry itself,
+/// data, is in the machine's queue under the same ticket).
+enum Waiter {
     Turn {
-        content: String,
-        settings: Option<TurnSettings>,
         events: Option<TurnSink>,
         reply: TurnReply,
-        turn_id: String,
-        key: Option<String>,
     },
     Record {
-        message: ChatMessage,
         reply: oneshot::Sender<Result<u64, TurnError>>,
     },
 }
 
-impl Pending {
+impl Waiter {
     /// A turn nobody waits for any more: its outcome's receiver was
     /// dropped, or its event sink closed (the streaming client left).
     fn abandoned(&self) -> bool {
         match self {
-            Pending::Turn { reply, events, .. } => {
+            Waiter::Turn { reply, events } => {
                 reply.is_closed() || events.as_ref().is_some_and(|e| e.is_closed())
             }
-            Pending::Record { .. } => false,
+            Waiter::Record { .. } => false,
+        }
+    }
+
+    fn unavailable(self) {
+        match self {
+            Waiter::Turn { reply, .. } => {
+                let _ = reply.send(Err(TurnError::Unavailable));
+            }
+            Waiter::Record { reply } => {
+                let _ = reply.send(Err(TurnError::Unavailable));
+            }
         }
     }
 }
@@ -341,12 +378,10 @@ pub struct Conversation {
     store: Store,
     executor: ExecutorHandle,
     machine: ConversationMachine,
-    /// The turn or record being performed.
+    /// The turn being performed.
     current: Option<Current>,
-    busy: bool,
-    queue: VecDeque<Pending>,
-    /// Turns the queue may hold besides the running one.
-    max_queued_turns: usize,
+    /// The callers of the machine's queued entries, by ticket.
+    waiters: HashMap<u64, Waiter>,
     /// Id of the tool batch the current turn waits for; reports of other
     /// batches (from a turn that already failed) are ignored.
     batch_id: u64,
@@ -394,8 +429,7 @@ impl Actor for Conversation {
         // paused turn too: its record brings it back).
         let every = (self.idle_timeout / 4).max(Duration::from_millis(10));
         ctx.run_interval(every, |act, ctx| {
-            if !act.busy
-                && act.queue.is_empty()
+            if act.machine.is_quiet()
                 && act.watchers.is_empty()
                 && act.last_active.elapsed() >= act.idle_timeout
             {
@@ -408,15 +442,9 @@ impl Actor for Conversation {
     }
 
     fn stopped(&mut self, _ctx: &mut Context<Self>) {
-        for pending in self.queue.drain(..) {
-            match pending {
-                Pending::Turn { reply, .. } => {
-                    let _ = reply.send(Err(TurnError::Unavailable));
-                }
-                Pending::Record { reply, .. } => {
-                    let _ = reply.send(Err(TurnError::Unavailable));
-                }
-            }
+        self.machine.drain_queue();
+        for (_, waiter) in self.waiters.drain() {
+            waiter.unavailable();
         }
         for (_, reply) in self.watchers.drain(..) {
             let _ = reply.send(Err(TurnError::Unavailable));
@@ -434,6 +462,7 @@ impl Conversation {
         idle_timeout: Duration,
         metrics: Arc<Metrics>,
     ) -> Self {
+        let machine = machine.with_queue_rules(agent.multitask, DEFAULT_MAX_QUEUED_TURNS);
         Conversation {
             session,
             agent,
@@ -441,9 +470,7 @@ impl Conversation {
             executor,
             machine,
             current: None,
-            busy: false,
-            queue: VecDeque::new(),
-            max_queued_turns: DEFAULT_MAX_QUEUED_TURNS,
+            waiters: HashMap::new(),
             batch_id: 0,
             unsaved: Vec::new(),
             unsaved_usage: TokenUsage::default(),
@@ -491,40 +518,50 @@ impl Conversation {
 
     /// At most `max` turns wait behind the running one.
     pub fn max_queued_turns(mut self, max: usize) -> Self {
-        self.max_queued_turns = max;
+        let multitask = self.agent.multitask;
+        self.machine = self.machine.with_queue_rules(multitask, max);
         self
     }
 
     /// Forgets the queued turns nobody waits for.
     fn drop_abandoned(&mut self) {
-        let before = self.queue.len();
-        self.queue.retain(|p| !p.abandoned());
-        let dropped = before - self.queue.len();
-        if dropped > 0 {
-            tracing::info!(session = %self.session.id, dropped, "queued turns dropped: their callers left");
+        let gone: HashSet<u64> = self
+            .waiters
+            .iter()
+            .filter(|(_, w)| w.abandoned())
+            .map(|(t, _)| *t)
+            .collect();
+        if gone.is_empty() {
+            return;
         }
+        let dropped = self.machine.forget_queued(|t| gone.contains(&t));
+        for t in &gone {
+            self.waiters.remove(t);
+        }
+        tracing::info!(session = %self.session.id, dropped, "queued turns dropped: their callers left");
     }
 
+    /// Starts what the machine's queue says is next, if the session is free.
     fn start_next(&mut self, ctx: &mut Context<Self>) {
-        // A paused turn holds the session until it is decided (or cut).
-        if self.busy || self.machine.in_turn() {
-            return;
-        }
         self.drop_abandoned();
-        let Some(pending) = self.queue.pop_front() else {
-            self.last_active = Instant::now();
+        let Some(entry) = self.machine.next_queued() else {
+            if self.machine.is_quiet() {
+                self.last_active = Instant::now();
+            }
             return;
         };
-        self.busy = true;
-        match pending {
-            Pending::Turn {
-                content,
-                settings,
-                events,
-                reply,
-                turn_id,
-                key,
-            } => {
+        let waiter = self.waiters.remove(&entry.ticket());
+        match (entry, waiter) {
+            (
+                Queued::Turn {
+                    content,
+                    settings,
+                    turn_id,
+                    key,
+                    ..
+                },
+                Some(Waiter::Turn { events, reply }),
+            ) => {
                 if let Some(s) = settings {
                     self.machine.set_settings(s);
                 }
@@ -563,7 +600,7 @@ impl Conversation {
                     Err(e) => self.out_of_step(e, ctx),
                 }
             }
-            Pending::Record { message, reply } => {
+            (Queued::Record { message, .. }, Some(Waiter::Record { reply })) => {
                 let (seq, message) = self.machine.record(message);
                 self.stage(vec![(seq, message)]);
                 self.commit_turn(Vec::new(), ctx, move |act, result, ctx| {
@@ -573,9 +610,15 @@ impl Conversation {
                         ctx.stop();
                         return;
                     }
-                    act.busy = false;
+                    act.machine.set_activity(Activity::Idle);
                     act.start_next(ctx);
                 });
+            }
+            (entry, _) => {
+                // Its waiter is gone (or of another kind: a bug): skipped.
+                tracing::error!(session = %self.session.id, ticket = entry.ticket(), "a queued entry without its caller was skipped");
+                self.machine.set_activity(Activity::Idle);
+                self.start_next(ctx);
             }
         }
     }
@@ -903,6 +946,7 @@ impl Conversation {
                 ctx.stop();
                 return;
             }
+            act.machine.set_activity(Activity::Other);
             act.summarise_then_next(ctx);
         });
     }
@@ -929,7 +973,7 @@ impl Conversation {
                 ctx.stop();
                 return;
             }
-            act.busy = false;
+            act.machine.set_activity(Activity::Idle);
             act.last_active = Instant::now();
             act.expire_later(&outcome.confirmations, ctx);
         });
@@ -1018,7 +1062,7 @@ impl Conversation {
                         .collect();
                     if found.iter().any(|r| matches!(r, Resolution::Waiting)) {
                         // Still paused; a decision or an expiry looks again.
-                        act.busy = false;
+                        act.machine.set_activity(Activity::Idle);
                         if let Phase::AwaitingApproval { confirmations, .. } = act.machine.phase() {
                             act.expire_later(&confirmations, ctx);
                         }
@@ -1071,7 +1115,7 @@ impl Conversation {
     /// A turn going on with nobody waiting here (resumed after a restart
     /// or a decision) gets its bookkeeping.
     fn ensure_current(&mut self) {
-        self.busy = true;
+        self.machine.set_activity(Activity::Turn);
         if self.current.is_some() {
             return;
         }
@@ -1152,14 +1196,14 @@ impl Conversation {
                 );
             }
             Resume::Tools(calls) => {
-                self.busy = true;
+                self.machine.set_activity(Activity::Turn);
                 self.resolve_batch(calls, Vec::new(), true, ctx);
             }
             Resume::Approval {
                 calls,
                 confirmations,
             } => {
-                self.busy = true;
+                self.machine.set_activity(Activity::Turn);
                 self.resolve_batch(calls, confirmations, true, ctx);
             }
         }
@@ -1257,13 +1301,13 @@ impl Conversation {
                 .into_actor(self),
             );
         }
-        self.busy = false;
+        self.machine.set_activity(Activity::Idle);
     }
 
     /// Updates the rolling summary if needed, then starts what is queued.
     fn summarise_then_next(&mut self, ctx: &mut Context<Self>) {
         let Some(request) = self.machine.summary_request() else {
-            self.busy = false;
+            self.machine.set_activity(Activity::Idle);
             self.start_next(ctx);
             return;
         };
@@ -1275,7 +1319,7 @@ impl Conversation {
         );
         ctx.spawn(call.into_actor(self).map(|(result, _), act, ctx| {
             act.store_summary(result, ctx);
-            act.busy = false;
+            act.machine.set_activity(Activity::Idle);
             act.start_next(ctx);
         }));
     }
@@ -1371,7 +1415,7 @@ impl Conversation {
                 ctx.stop();
                 return;
             }
-            act.busy = false;
+            act.machine.set_activity(Activity::Idle);
             act.start_next(ctx);
         });
     }
@@ -1415,38 +1459,29 @@ impl Handler<UserTurn> for Conversation {
 
     fn handle(&mut self, msg: UserTurn, ctx: &mut Context<Self>) -> Self::Result {
         self.drop_abandoned();
-        // Only a turn running, paused or waiting makes the session busy:
-        // after the answer went out, the summary call or an operator's
-        // message does not.
-        let turn_pending = self.current.is_some()
-            || self.machine.in_turn()
-            || self.queue.iter().any(|p| matches!(p, Pending::Turn { .. }));
-        match self.agent.multitask {
-            Multitask::Reject if turn_pending => return Err(TurnError::Busy),
-            Multitask::Interrupt => self.interrupt(false, ctx),
-            Multitask::Rollback => self.interrupt(true, ctx),
-            _ => {}
-        }
-        let queued = self
-            .queue
-            .iter()
-            .filter(|p| matches!(p, Pending::Turn { .. }))
-            .count();
-        if self.busy && queued >= self.max_queued_turns {
-            return Err(TurnError::QueueFull {
-                max: self.max_queued_turns,
-            });
-        }
         let (tx, rx) = oneshot::channel();
         let turn_id = uuid::Uuid::now_v7().to_string();
-        self.queue.push_back(Pending::Turn {
+        let ticket = self.machine.ticket();
+        let entry = Queued::Turn {
+            ticket,
             content: msg.content,
             settings: msg.settings,
-            events: msg.events,
-            reply: tx,
             turn_id: turn_id.clone(),
             key: msg.idempotency_key,
-        });
+        };
+        match self.machine.offer(entry) {
+            Err(Refusal::Busy) => return Err(TurnError::Busy),
+            Err(Refusal::QueueFull { max }) => return Err(TurnError::QueueFull { max }),
+            Ok(Admission::InterruptFirst { rollback }) => self.interrupt(rollback, ctx),
+            Ok(Admission::Queued) => {}
+        }
+        self.waiters.insert(
+            ticket,
+            Waiter::Turn {
+                events: msg.events,
+                reply: tx,
+            },
+        );
         self.start_next(ctx);
         Ok(AcceptedTurn { turn_id, rx })
     }
@@ -1468,7 +1503,7 @@ impl Handler<CheckApprovals> for Conversation {
                 slot.1 = Some(result);
             }
         }
-        if !self.busy {
+        if self.machine.activity() == Activity::Idle {
             self.check_approvals(false, ctx);
         }
     }
@@ -1478,12 +1513,7 @@ impl Handler<WatchTurn> for Conversation {
     type Result = Option<AcceptedTurn>;
 
     fn handle(&mut self, msg: WatchTurn, _: &mut Context<Self>) -> Self::Result {
-        let running = self.machine.turn_id() == Some(msg.turn_id.as_str())
-            || self
-                .queue
-                .iter()
-                .any(|p| matches!(p, Pending::Turn { turn_id, .. } if *turn_id == msg.turn_id));
-        if !running {
+        if !self.machine.knows_turn(&msg.turn_id) {
             return None;
         }
         let (tx, rx) = oneshot::channel();
@@ -1500,10 +1530,14 @@ impl Handler<RecordMessage> for Conversation {
 
     fn handle(&mut self, msg: RecordMessage, ctx: &mut Context<Self>) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        self.queue.push_back(Pending::Record {
+        let ticket = self.machine.ticket();
+        let entry = Queued::Record {
+            ticket,
             message: msg.message,
-            reply: tx,
-        });
+        };
+        // Records are always taken; they wait their turn.
+        let _ = self.machine.offer(entry);
+        self.waiters.insert(ticket, Waiter::Record { reply: tx });
         self.start_next(ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(TurnError::Unavailable)) })
     }
@@ -1514,7 +1548,7 @@ impl Handler<Retire> for Conversation {
 
     fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) -> Self::Result {
         self.drop_abandoned();
-        if self.busy || self.current.is_some() || !self.queue.is_empty() {
+        if !self.machine.is_quiet() || self.current.is_some() {
             return Box::pin(async { Err(TurnError::Busy) });
         }
         let (tx, rx) = oneshot::channel();

@@ -53,6 +53,7 @@ use crate::tenants::TenantConfig;
 use crate::tools::{ErrorType, ToolExecutionResult};
 
 use super::context::{self, FALLBACK_INSTRUCTION, PromptLayers};
+use super::queue::{Activity, Admission, Queued, Refusal, TurnQueue};
 use super::summary::ToolUsageSummary;
 
 pub const SUMMARY_INSTRUCTIONS: &str = "This is a summary request, not a message from the user. \
@@ -382,6 +383,8 @@ pub struct ConversationMachine {
     /// What a summary request in flight will cover.
     summarising_until: Option<u64>,
     turn: Option<Turn>,
+    /// What waits, and the multitask rule ([`super::queue`]).
+    queue: TurnQueue,
 }
 
 impl ConversationMachine {
@@ -401,7 +404,66 @@ impl ConversationMachine {
             known_sources: BTreeSet::new(),
             summarising_until: None,
             turn: None,
+            queue: TurnQueue::new(
+                crate::config::Multitask::default(),
+                super::actor::DEFAULT_MAX_QUEUED_TURNS,
+            ),
         }
+    }
+
+    /// The agent's multitask rule and how many turns may wait.
+    pub fn with_queue_rules(mut self, multitask: crate::config::Multitask, max: usize) -> Self {
+        self.queue = TurnQueue::new(multitask, max);
+        self
+    }
+
+    /// A ticket for a queue entry (the actor keeps its caller's channels
+    /// under it).
+    pub fn ticket(&mut self) -> u64 {
+        self.queue.ticket()
+    }
+
+    /// Takes a message or a record into the queue, by the multitask rule.
+    pub fn offer(&mut self, entry: Queued) -> Result<Admission, Refusal> {
+        self.queue.offer(entry, self.turn.is_some())
+    }
+
+    /// The next entry to perform, if the session is free (no turn running
+    /// or paused, no record or summary in progress).
+    pub fn next_queued(&mut self) -> Option<Queued> {
+        self.queue.next(self.turn.is_some())
+    }
+
+    /// What occupies the session now (a paused turn aside).
+    pub fn activity(&self) -> Activity {
+        self.queue.activity()
+    }
+
+    /// The actor reports where a step it performed left the session: the
+    /// turn's final commit is done (`Other`: its summary follows; `Idle`),
+    /// a paused or resumed turn (`Idle`, `Turn`), a record stored (`Idle`).
+    pub fn set_activity(&mut self, activity: Activity) {
+        self.queue.set_activity(activity);
+    }
+
+    /// Forgets queued entries nobody waits for; how many.
+    pub fn forget_queued(&mut self, gone: impl Fn(u64) -> bool) -> usize {
+        self.queue.forget(gone)
+    }
+
+    /// Every queued entry, emptied.
+    pub fn drain_queue(&mut self) -> Vec<Queued> {
+        self.queue.drain()
+    }
+
+    /// Nothing runs or waits (a paused turn may: it waits for a person).
+    pub fn is_quiet(&self) -> bool {
+        self.queue.activity() == Activity::Idle && self.queue.is_empty()
+    }
+
+    /// Turn `turn_id` runs, is paused, or waits in the queue.
+    pub fn knows_turn(&self, turn_id: &str) -> bool {
+        self.turn_id() == Some(turn_id) || self.queue.holds_turn(turn_id)
     }
 
     /// Source ids tools of this conversation returned before it was loaded.

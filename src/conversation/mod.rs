@@ -15,6 +15,7 @@ pub mod batch;
 pub mod budget;
 pub mod context;
 pub mod machine;
+pub mod queue;
 pub mod resume;
 pub mod sessions;
 pub mod summary;

@@ -137,7 +137,7 @@ error_responses!(
     operation_id = "session_websocket",
     summary = "Visitor chat over a WebSocket",
     tag = "sessions",
-    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`), and `error` `{error: {code, message}}` (the socket stays open). Each frame counts against the caller's API rate limit like a request: over it the frame gets an `error` frame `RATE_LIMITED` and is not acted on. Frames over 256 KiB close it; an `operator_id` is at most 128 bytes.",
+    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`, `turn_paused` `{reply}` when a call waits for a confirmation, `turn_interrupted`), and `error` `{error: {code, message}}` (the socket stays open). Each frame counts against the caller's API rate limit like a request: over it the frame gets an `error` frame `RATE_LIMITED` and is not acted on. Frames over 256 KiB close it; an `operator_id` is at most 128 bytes.",
     params(
         ("id" = String, Path, description = "Session id"),
         ("token" = Option<String>, Query, description = "A token from `POST /v1/sessions/{id}/ws-token`, for browsers (which cannot send `Authorization`): single use, 60 s, this session only. Ignored when `Authorization` is sent."),
@@ -326,6 +326,9 @@ async fn forward(socket: &mut WebSocket, event: TurnEvent) {
     let value = match &event {
         TurnEvent::TurnCompleted(outcome) => {
             json!({"type": "turn_completed", "reply": outcome})
+        }
+        TurnEvent::TurnPaused(outcome) => {
+            json!({"type": "turn_paused", "reply": outcome})
         }
         other => serde_json::to_value(other).unwrap_or(Value::Null),
     };
