@@ -1266,6 +1266,139 @@ mod tests {
         assert_eq!(m.phase(), Phase::Idle);
     }
 
+    fn held(id: &str) -> (ToolCall, ToolExecutionResult) {
+        let mut r =
+            ToolExecutionResult::failure("echo", ErrorType::PendingConfirmation, "needs a yes");
+        r.output = Some(json!({"confirmation_id": format!("conf_{id}"), "summary": "echo x"}));
+        r.metadata.confirmation_id = Some(format!("conf_{id}"));
+        (call(id), r)
+    }
+
+    #[test]
+    fn a_held_call_pauses_the_turn_until_the_whole_batch_has_outcomes() {
+        let mut m = machine(3, 20);
+        m.start_turn("go".into(), "t1".into(), Some("key".into()))
+            .unwrap();
+        m.on_model_reply(tools_reply(&["a", "b"])).unwrap();
+        let step = m.on_tool_results(vec![ok("a"), held("b")]).unwrap();
+        let Action::Pause(outcome) = &step.action else {
+            panic!("paused: {:?}", step.action)
+        };
+        assert!(step.persist.is_empty(), "no tool message before the batch is whole");
+        assert_eq!(outcome.status, TurnStatus::AwaitingApproval);
+        assert_eq!(outcome.confirmations[0].confirmation_id, "conf_b");
+        assert_eq!(outcome.tool_calls.len(), 1, "a's outcome is shown");
+        let record = step.record.expect("a record");
+        assert_eq!(record.idempotency_key.as_deref(), Some("key"));
+        assert!(matches!(record.phase, Phase::AwaitingApproval { .. }));
+        // b decided: the batch goes on, both results in the calls' order.
+        let step = m.on_tool_results(vec![ok("a"), ok("b")]).unwrap();
+        let request = request_of(&step);
+        let ids: Vec<_> = request
+            .messages
+            .iter()
+            .filter_map(|m| m.tool_call_id.clone())
+            .collect();
+        assert_eq!(ids, ["a", "b"]);
+        assert_eq!(m.turn_calls().len(), 2);
+
+        // Off (a workflow's agent node): the model gets the error instead.
+        let mut settings = settings(3, 20);
+        settings.pause_for_approval = false;
+        let mut m = ConversationMachine::new(settings, vec![], None, 0);
+        m.start_turn("go".into(), "t1".into(), None).unwrap();
+        m.on_model_reply(tools_reply(&["b"])).unwrap();
+        let step = m.on_tool_results(vec![held("b")]).unwrap();
+        assert!(matches!(step.action, Action::CallModel(_)));
+    }
+
+    #[test]
+    fn a_turn_resumes_from_its_record_on_a_fresh_machine() {
+        let mut m = machine(3, 20);
+        m.record(ChatMessage::user("earlier"));
+        let mut stored: Vec<(u64, ChatMessage)> = vec![(1, ChatMessage::user("earlier"))];
+        let step = m.start_turn("go".into(), "t1".into(), None).unwrap();
+        stored.extend(step.persist);
+        let step = m.on_model_reply(tools_reply(&["a", "b"])).unwrap();
+        stored.extend(step.persist);
+        let record = step.record.expect("a record");
+        assert_eq!(record.first_seq, 2);
+        assert_eq!(record.model_calls, 1);
+        // The record went through the store as JSON.
+        let record: TurnRecord =
+            serde_json::from_value(serde_json::to_value(&record).unwrap()).unwrap();
+
+        let last = stored.last().unwrap().0;
+        let mut fresh = ConversationMachine::new(settings(3, 20), stored, None, last);
+        let Resume::Tools(calls) = fresh.resume(record.clone()).unwrap() else {
+            panic!("the batch is looked up")
+        };
+        assert_eq!(calls.len(), 2);
+        assert!(fresh.resume(record).is_err(), "one turn at a time");
+        let step = fresh.on_tool_results(vec![ok("a"), ok("b")]).unwrap();
+        let request = request_of(&step);
+        let roles: Vec<_> = request.messages.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::System, Role::User, Role::User, Role::Assistant, Role::Tool, Role::Tool]
+        );
+        assert_eq!(step.persist[0].0, 4, "numbering goes on after the stored messages");
+        let step = fresh.on_model_reply(text("done")).unwrap();
+        let record = step.record.expect("a record");
+        assert_eq!(record.phase, Phase::Completed);
+        assert_eq!(record.model_calls, 2);
+        assert_eq!(record.outcome.expect("an outcome").answer, "done");
+
+        // A final record is not taken up.
+        let mut m = machine(3, 20);
+        let mut done = record_of(&mut m);
+        done.phase = Phase::Completed;
+        assert!(m.resume(done).is_err());
+    }
+
+    fn record_of(m: &mut ConversationMachine) -> TurnRecord {
+        m.start_turn("x".into(), "tx".into(), None)
+            .unwrap()
+            .record
+            .unwrap()
+    }
+
+    #[test]
+    fn interrupt_gives_open_calls_an_outcome_and_rollback_leaves_the_turn_out() {
+        let mut m = machine(3, 20);
+        m.start_turn("one".into(), "t1".into(), None).unwrap();
+        m.on_model_reply(tools_reply(&["a"])).unwrap();
+        let closed = m.interrupt_turn(false, Some("note")).expect("a turn was cut");
+        assert_eq!(closed.record.phase, Phase::Interrupted);
+        assert_eq!(closed.persist.len(), 2, "a's outcome and the note");
+        assert_eq!(closed.persist[0].1.tool_call_id.as_deref(), Some("a"));
+        assert!(closed.rolled_back.is_empty());
+        assert!(!m.in_turn());
+        let step = m.start_turn("two".into(), "t2".into(), None).unwrap();
+        let users: Vec<_> = request_of(&step)
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::User)
+            .filter_map(|m| m.content.clone())
+            .collect();
+        assert_eq!(users, ["one", "two"], "interrupt keeps the cut turn");
+
+        let mut m = machine(3, 20);
+        m.start_turn("one".into(), "t1".into(), None).unwrap();
+        let closed = m.interrupt_turn(true, None).expect("a turn was cut");
+        assert!(closed.record.rolled_back);
+        assert_eq!(closed.rolled_back, [1]);
+        let step = m.start_turn("two".into(), "t2".into(), None).unwrap();
+        let users: Vec<_> = request_of(&step)
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::User)
+            .collect();
+        assert_eq!(users.len(), 1, "rollback leaves it out");
+        assert!(m.interrupt_turn(false, None).is_some());
+        assert!(m.interrupt_turn(false, None).is_none(), "nothing left to cut");
+    }
+
     #[test]
     fn tool_results_follow_the_assistant_message_with_their_ids() {
         let mut m = machine(3, 20);
