@@ -207,6 +207,20 @@ async fn a_turn_has_an_id_and_its_record_reads_back_as_the_reply() {
     let id = body["turn_id"].as_str().expect("turn id");
     let done = turn_reaches(&client, &session, id, "completed").await;
     assert_eq!(done["outcome"]["answer"], "Later.", "{done}");
+
+    // Listed, oldest first, a page at a time.
+    let (status, page) = client
+        .get(&format!("/v1/sessions/{session}/turns?limit=2"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["turns"][0]["turn_id"], turn_id.as_str(), "{page}");
+    let next = page["next"].as_str().expect("a second page");
+    let (_, rest) = client
+        .get(&format!("/v1/sessions/{session}/turns?cursor={next}"))
+        .await;
+    assert_eq!(rest["count"], 1, "{rest}");
+    assert_eq!(rest["turns"][0]["turn_id"], id, "{rest}");
+    assert_eq!(rest["next"], Value::Null, "{rest}");
 }
 
 /// A held order pauses the turn: 202, `awaiting_approval`, and nothing

@@ -241,8 +241,15 @@ pub struct TurnRecord {
     /// messages are left out of every later prompt.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rolled_back: bool,
+    /// How often a restart cut the turn and it was taken up again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resumes: u32,
     pub started_at: Timestamp,
     pub updated_at: Timestamp,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl TurnRecord {
@@ -362,6 +369,7 @@ struct Turn {
     key: Option<String>,
     started_at: Timestamp,
     first_seq: u64,
+    resumes: u32,
     /// What the turn waits for: `AwaitingModel`, `AwaitingTools` or
     /// `AwaitingApproval`.
     phase: Phase,
@@ -535,6 +543,7 @@ impl ConversationMachine {
             key,
             started_at: Timestamp::now(),
             first_seq: user.0,
+            resumes: 0,
             phase: Phase::AwaitingModel,
             messages: vec![user.clone()],
             rounds: 0,
@@ -783,6 +792,7 @@ impl ConversationMachine {
             key: record.idempotency_key,
             started_at: record.started_at,
             first_seq: record.first_seq,
+            resumes: record.resumes + 1,
             phase: record.phase.clone(),
             messages,
             rounds: record.rounds,
@@ -1011,6 +1021,7 @@ fn snapshot(turn: &Turn, phase: Phase, now: Timestamp) -> TurnRecord {
         error: None,
         idempotency_key: turn.key.clone(),
         rolled_back: false,
+        resumes: turn.resumes,
         started_at: turn.started_at,
         updated_at: now,
     }

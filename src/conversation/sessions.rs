@@ -856,6 +856,18 @@ impl Sessions {
         serde_json::from_value(value).map_err(|e| SessionError::Store(e.into()))
     }
 
+    /// A page of the turns of a session `tenant` owns, oldest first.
+    pub async fn turns_as(
+        &self,
+        tenant: &str,
+        id: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Page<Value>, SessionError> {
+        self.get_as(tenant, id).await?;
+        Ok(self.inner.store.turns_of(id, after, limit).await?)
+    }
+
     /// [`Self::turn_record`] of a session `tenant` owns.
     pub async fn turn_as(
         &self,

@@ -46,6 +46,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(export))
         .routes(routes!(send, history))
         .routes(routes!(show_turn))
+        .routes(routes!(list_turns))
         .routes(routes!(summary))
 }
 
@@ -169,6 +170,8 @@ struct TurnView {
     idempotency_key: Option<String>,
     /// Interrupted under `rollback`: its messages leave every later prompt.
     rolled_back: Option<bool>,
+    /// How often a restart cut the turn and it was taken up again.
+    resumes: Option<u32>,
     /// The batch being waited on (`awaiting_tools`, `awaiting_approval`).
     #[schema(value_type = Option<Vec<Object>>)]
     calls: Option<Vec<Value>>,
@@ -663,6 +666,54 @@ async fn show_turn(
         .turn_as(&caller.tenant, &id, &turn_id)
         .await?;
     Ok(Json(json!(record)))
+}
+
+/// A session's turns (`GET /v1/sessions/{id}/turns`).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnList {
+    turns: Vec<TurnView>,
+    /// How many turns this page holds.
+    count: u64,
+    /// The `cursor` of the next page; `null` on the last.
+    next: Option<String>,
+}
+
+error_responses!(
+    TurnListErrors:
+    SessionNotFound,
+    ValidationError = "limit out of range, or a cursor too long or not printable ASCII",
+    StorageUnavailable
+);
+
+/// The session's turns, oldest first: each one's phase, calls and outcome.
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}/turns",
+    operation_id = "list_turns",
+    summary = "A session's turns, oldest first",
+    tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), PageQuery),
+    responses(
+        (status = 200, description = "A page of the session's turns", body = TurnList),
+        TurnListErrors,
+    )
+)]
+async fn list_turns(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let (limit, cursor) =
+        super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;
+    let page = state
+        .sessions
+        .turns_as(&caller.tenant, &id, cursor, limit)
+        .await?;
+    Ok(Json(
+        json!({ "turns": page.items, "count": page.items.len(), "next": page.next }),
+    ))
 }
 
 /// Most messages one history page holds.

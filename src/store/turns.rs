@@ -119,6 +119,41 @@ impl Store {
         .await
     }
 
+    /// A page of a session's turn records after turn id `after`, oldest
+    /// first; `next` is the last id of a full page.
+    pub async fn turns_of(
+        &self,
+        session_id: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<super::Page<Value>, StoreError> {
+        let s = session_id.to_string();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(TURNS)?;
+            let from = after.unwrap_or_default();
+            let mut items = Vec::new();
+            let mut last = None;
+            for row in table.range((s.as_str(), from.as_str())..(s.as_str(), "\u{10FFFF}"))? {
+                let (k, v) = row?;
+                let id = k.value().1;
+                if id == from {
+                    continue;
+                }
+                if items.len() == limit {
+                    return Ok(super::Page {
+                        items,
+                        next: last,
+                    });
+                }
+                last = Some(id.to_string());
+                items.push(serde_json::from_slice(v.value())?);
+            }
+            Ok(super::Page { items, next: None })
+        })
+        .await
+    }
+
     /// Every `(session, turn)` whose record is not final, oldest session
     /// first: the turns a crash cut.
     pub async fn open_turns(&self) -> Result<Vec<(String, String)>, StoreError> {
