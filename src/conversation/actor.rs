@@ -290,8 +290,7 @@ pub struct Retire;
 
 type TurnReply = oneshot::Sender<Result<TurnOutcome, TurnError>>;
 
-/// Turns a session's queue holds besides the running one, unless configured.
-pub const DEFAULT_MAX_QUEUED_TURNS: usize = 8;
+pub use super::queue::DEFAULT_MAX_QUEUED_TURNS;
 
 /// Model time a turn may use, unless configured (`[model] turn_timeout_s`).
 pub const DEFAULT_MODEL_TURN_TIMEOUT: Duration = Duration::from_secs(120);
@@ -1056,7 +1055,7 @@ impl Conversation {
                         .iter()
                         .cloned()
                         .zip(found.iter().map(|r| match r {
-                            Resolution::Done(r) => Some(r.clone()),
+                            Resolution::Done(r) => Some((**r).clone()),
                             _ => None,
                         }))
                         .collect();

@@ -47,13 +47,12 @@ use serde_json::Value;
 
 use crate::model::{
     ChatMessage, ChatRequest, ChatResponse, FinishReason, Purpose, Role, ToolCall, ToolChoice,
-    ToolSpec,
 };
-use crate::tenants::TenantConfig;
 use crate::tools::{ErrorType, ToolExecutionResult};
 
 use super::context::{self, FALLBACK_INSTRUCTION, PromptLayers};
 use super::queue::{Activity, Admission, Queued, Refusal, TurnQueue};
+pub use super::settings::TurnSettings;
 use super::summary::ToolUsageSummary;
 
 pub const SUMMARY_INSTRUCTIONS: &str = "This is a summary request, not a message from the user. \
@@ -65,76 +64,6 @@ pub const SUMMARY_INSTRUCTIONS: &str = "This is a summary request, not a message
 /// The uncovered history may grow to this many windows before it is
 /// summarised back down to one window.
 pub const SUMMARY_AFTER_WINDOWS: usize = 2;
-
-/// Per-turn settings: the agent's, with the tenant's overrides applied.
-#[derive(Debug, Clone)]
-pub struct TurnSettings {
-    /// Layers 1-3 and the single-tool-use option (whether tools are
-    /// offered is decided from `tools`).
-    pub layers: PromptLayers,
-    pub model: String,
-    /// The agent's specs, shared by its conversations (see
-    /// [`crate::tools::ToolRegistry::specs_for`]).
-    pub tools: std::sync::Arc<[ToolSpec]>,
-    pub max_iterations: u32,
-    pub history_window: usize,
-    pub temperature: Option<f32>,
-    pub max_tokens: Option<u32>,
-    /// Handed to every tool call (`ExecutionContext.variables`), e.g. the site.
-    pub tool_variables: Value,
-    /// Result-cache TTL for this turn's calls (`Some(0)`: no cache; `None`: the tools').
-    pub cache_ttl: Option<u64>,
-    /// A call held for a person's confirmation pauses the turn
-    /// (`awaiting_approval`) instead of handing the model the
-    /// `pending_confirmation` error. Off for sessions a workflow's agent
-    /// node runs: no person waits on those.
-    pub pause_for_approval: bool,
-}
-
-impl TurnSettings {
-    /// Applies a tenant's overrides to the agent's settings for one turn
-    /// (what each field does: [`crate::tenants::config`]).
-    pub fn apply_tenant(&mut self, tenant: &TenantConfig) {
-        if let Some(p) = tenant
-            .custom_system_prompt
-            .as_ref()
-            .filter(|p| !p.trim().is_empty())
-        {
-            self.layers.base_prompt = p.clone();
-        }
-        if let Some(m) = &tenant.preferred_model {
-            self.model = m.clone();
-        }
-        if tenant.temperature.is_some() {
-            self.temperature = tenant.temperature;
-        }
-        if tenant.max_response_tokens.is_some() {
-            self.max_tokens = tenant.max_response_tokens;
-        }
-        let tc = &tenant.tool_config;
-        if let Some(n) = tc.max_iterations {
-            self.max_iterations = n;
-        }
-        if !tc.fetch_page_enabled {
-            self.tools = self
-                .tools
-                .iter()
-                .filter(|t| t.name != "fetch_page")
-                .cloned()
-                .collect();
-        }
-        if let Some(paths) = &tc.allowed_paths
-            && let Some(site) = self.tool_variables.get_mut("site")
-        {
-            site["allowed_paths"] = serde_json::json!(paths);
-        }
-        self.cache_ttl = if !tc.cache_enabled {
-            Some(0)
-        } else {
-            tc.cache_ttl_seconds
-        };
-    }
-}
 
 /// The stored summary of a session's older messages.
 #[derive(Debug, Clone, PartialEq)]
@@ -414,7 +343,7 @@ impl ConversationMachine {
             turn: None,
             queue: TurnQueue::new(
                 crate::config::Multitask::default(),
-                super::actor::DEFAULT_MAX_QUEUED_TURNS,
+                super::queue::DEFAULT_MAX_QUEUED_TURNS,
             ),
         }
     }
@@ -1102,6 +1031,8 @@ pub fn cited_source_ids(text: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ToolSpec;
+    use crate::tenants::TenantConfig;
     use serde_json::json;
     use std::time::Duration;
 
@@ -1295,7 +1226,10 @@ mod tests {
         let Action::Pause(outcome) = &step.action else {
             panic!("paused: {:?}", step.action)
         };
-        assert!(step.persist.is_empty(), "no tool message before the batch is whole");
+        assert!(
+            step.persist.is_empty(),
+            "no tool message before the batch is whole"
+        );
         assert_eq!(outcome.status, TurnStatus::AwaitingApproval);
         assert_eq!(outcome.confirmations[0].confirmation_id, "conf_b");
         assert_eq!(outcome.tool_calls.len(), 1, "a's outcome is shown");
@@ -1351,9 +1285,19 @@ mod tests {
         let roles: Vec<_> = request.messages.iter().map(|m| m.role).collect();
         assert_eq!(
             roles,
-            [Role::System, Role::User, Role::User, Role::Assistant, Role::Tool, Role::Tool]
+            [
+                Role::System,
+                Role::User,
+                Role::User,
+                Role::Assistant,
+                Role::Tool,
+                Role::Tool
+            ]
         );
-        assert_eq!(step.persist[0].0, 4, "numbering goes on after the stored messages");
+        assert_eq!(
+            step.persist[0].0, 4,
+            "numbering goes on after the stored messages"
+        );
         let step = fresh.on_model_reply(text("done")).unwrap();
         let record = step.record.expect("a record");
         assert_eq!(record.phase, Phase::Completed);
@@ -1379,7 +1323,9 @@ mod tests {
         let mut m = machine(3, 20);
         m.start_turn("one".into(), "t1".into(), None).unwrap();
         m.on_model_reply(tools_reply(&["a"])).unwrap();
-        let closed = m.interrupt_turn(false, Some("note")).expect("a turn was cut");
+        let closed = m
+            .interrupt_turn(false, Some("note"))
+            .expect("a turn was cut");
         assert_eq!(closed.record.phase, Phase::Interrupted);
         assert_eq!(closed.persist.len(), 2, "a's outcome and the note");
         assert_eq!(closed.persist[0].1.tool_call_id.as_deref(), Some("a"));
@@ -1407,7 +1353,10 @@ mod tests {
             .collect();
         assert_eq!(users.len(), 1, "rollback leaves it out");
         assert!(m.interrupt_turn(false, None).is_some());
-        assert!(m.interrupt_turn(false, None).is_none(), "nothing left to cut");
+        assert!(
+            m.interrupt_turn(false, None).is_none(),
+            "nothing left to cut"
+        );
     }
 
     #[test]

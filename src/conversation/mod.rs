@@ -18,6 +18,7 @@ pub mod machine;
 pub mod queue;
 pub mod resume;
 pub mod sessions;
+pub mod settings;
 pub mod summary;
 
 pub use actor::TurnError;

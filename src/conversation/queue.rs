@@ -25,7 +25,10 @@ use std::collections::VecDeque;
 use crate::config::Multitask;
 use crate::model::ChatMessage;
 
-use super::machine::TurnSettings;
+use super::settings::TurnSettings;
+
+/// Turns a session's queue holds besides the running one, unless configured.
+pub const DEFAULT_MAX_QUEUED_TURNS: usize = 8;
 
 /// What occupies the session besides a paused turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,7 +228,11 @@ mod tests {
         let b = turn(&mut q, "b");
         assert_eq!(q.offer(b, true), Ok(Admission::Queued));
         let r = record(&mut q);
-        assert_eq!(q.offer(r, true), Ok(Admission::Queued), "records are not counted");
+        assert_eq!(
+            q.offer(r, true),
+            Ok(Admission::Queued),
+            "records are not counted"
+        );
         let c = turn(&mut q, "c");
         assert_eq!(q.offer(c, true), Err(Refusal::QueueFull { max: 1 }));
         assert!(q.next(true).is_none(), "nothing starts beside a turn");
@@ -255,7 +262,11 @@ mod tests {
         let c = turn(&mut q, "c");
         assert_eq!(q.offer(c, false), Err(Refusal::Busy), "one waits");
         let r = record(&mut q);
-        assert_eq!(q.offer(r, false), Ok(Admission::Queued), "an operator's message");
+        assert_eq!(
+            q.offer(r, false),
+            Ok(Admission::Queued),
+            "an operator's message"
+        );
     }
 
     #[test]

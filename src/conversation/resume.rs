@@ -33,7 +33,7 @@ use crate::tools::{ErrorType, ResultMetadata, ToolExecutionResult};
 /// Where one call of a resumed batch stands.
 #[derive(Debug, Clone)]
 pub enum Resolution {
-    Done(ToolExecutionResult),
+    Done(Box<ToolExecutionResult>),
     Run,
     Waiting,
 }
@@ -82,11 +82,11 @@ impl Lookup {
         let mut out = Vec::with_capacity(calls.len());
         for (call, known) in calls.iter().zip(known) {
             if let Some(r) = known {
-                out.push(Resolution::Done(r));
+                out.push(Resolution::Done(Box::new(r)));
                 continue;
             }
             if let Some(rec) = records.get(&call.id) {
-                out.push(Resolution::Done(from_record(rec)));
+                out.push(Resolution::Done(Box::new(from_record(rec))));
                 continue;
             }
             if let Some(a) = approvals.iter().find(|a| a.tool_call_id == call.id) {
@@ -95,7 +95,7 @@ impl Lookup {
             }
             let key = format!("{}:{}:{}", self.session, self.turn_id, call.id);
             if self.store.get_doc(CALL_INTENTS, &key).await?.is_some() {
-                out.push(Resolution::Done(unknown(call)));
+                out.push(Resolution::Done(Box::new(unknown(call))));
             } else {
                 out.push(Resolution::Run);
             }
@@ -105,11 +105,11 @@ impl Lookup {
 
     async fn decided(&self, call: &ToolCall, a: &Approval) -> Result<Resolution, StoreError> {
         let declined = |why: &str| {
-            Resolution::Done(ToolExecutionResult::failure(
+            Resolution::Done(Box::new(ToolExecutionResult::failure(
                 &call.name,
                 ErrorType::Declined,
                 format!("{} did not run: {why}", call.name),
-            ))
+            )))
         };
         Ok(
             match self
@@ -138,7 +138,7 @@ impl Lookup {
                     ..
                 } => {
                     if self.after_restart {
-                        Resolution::Done(unknown(call))
+                        Resolution::Done(Box::new(unknown(call)))
                     } else {
                         Resolution::Waiting
                     }

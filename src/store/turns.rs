@@ -141,10 +141,7 @@ impl Store {
                     continue;
                 }
                 if items.len() == limit {
-                    return Ok(super::Page {
-                        items,
-                        next: last,
-                    });
+                    return Ok(super::Page { items, next: last });
                 }
                 last = Some(id.to_string());
                 items.push(serde_json::from_slice(v.value())?);
