@@ -274,6 +274,9 @@ struct Book {
     /// The turn that was sent when the server died; it may be absent,
     /// partly written or complete.
     in_flight: Option<String>,
+    /// Its `Idempotency-Key`: after the restart the client retries it
+    /// with the same key, and must get one turn and one answer.
+    in_flight_key: Option<String>,
     /// Turns sent so far, over all trials (makes every content unique).
     turns_sent: u64,
     failures: Vec<String>,
@@ -310,11 +313,15 @@ async fn drive(load: Arc<Load>, mut book: Book) -> Book {
         book.turns_sent += 1;
         let n = book.turns_sent;
         let content = format!("s{} t{n}: {}+{n}", book.index, book.index);
+        let key = format!("k-{}-{n}", book.id);
         let path = format!("/v1/sessions/{}/messages", book.id);
-        let reply = load
-            .client
-            .try_post(&path, &json!({ "content": content }))
-            .await;
+        let reply = support::client::try_send(
+            load.client
+                .request(reqwest::Method::POST, &path)
+                .header("idempotency-key", &key)
+                .json(&json!({ "content": content })),
+        )
+        .await;
         match reply {
             Ok((StatusCode::OK, body)) => {
                 let call_ids = body["tool_calls"]
@@ -344,6 +351,7 @@ async fn drive(load: Arc<Load>, mut book: Book) -> Book {
                     book.failures.push(f);
                 }
                 book.in_flight = Some(content);
+                book.in_flight_key = Some(key);
                 break;
             }
             Err(e) => {
@@ -354,11 +362,94 @@ async fn drive(load: Arc<Load>, mut book: Book) -> Book {
                     book.failures.push(f);
                 }
                 book.in_flight = Some(content);
+                book.in_flight_key = Some(key);
                 break;
             }
         }
     }
     book
+}
+
+/// What retrying the turns in flight at the kill found.
+#[derive(Debug, Default)]
+struct Retries {
+    /// Retried with their key.
+    sent: usize,
+    /// The retry got the turn the restart had taken up (its record counts
+    /// a resume).
+    resumed: usize,
+    /// The retry got a turn the restart had already finished or closed.
+    found: usize,
+    /// Nothing of the turn was stored: the retry ran it.
+    fresh: usize,
+}
+
+/// Retries the turn in flight at the kill, with its key, as a client that
+/// never got its answer would: the answer must come (from the turn the
+/// restart resumed, or a fresh run if nothing of it was stored), and it
+/// joins the acknowledged turns, so the checks then want it exactly once.
+async fn retry_in_flight(
+    client: &Client,
+    mut book: Book,
+    restarted_at: jiff::Timestamp,
+) -> (Book, Retries) {
+    let mut r = Retries::default();
+    let (Some(content), Some(key)) = (book.in_flight.clone(), book.in_flight_key.take()) else {
+        return (book, r);
+    };
+    r.sent = 1;
+    let path = format!("/v1/sessions/{}/messages", book.id);
+    let reply = support::client::try_send(
+        client
+            .request(reqwest::Method::POST, &path)
+            .header("idempotency-key", &key)
+            .json(&json!({ "content": content })),
+    )
+    .await;
+    let body = match reply {
+        Ok((StatusCode::OK, body)) => body,
+        other => {
+            book.failures.push(format!(
+                "session {}: the retry of {content:?} with its key failed: {other:?}",
+                book.id
+            ));
+            return (book, r);
+        }
+    };
+    let turn_id = body["turn_id"].as_str().unwrap_or_default();
+    match get(client, format!("/v1/sessions/{}/turns/{turn_id}", book.id)).await {
+        Ok(record) if record["resumes"].as_u64().unwrap_or(0) > 0 => r.resumed = 1,
+        Ok(record) if body["answer"].is_string() => {
+            // Finished before the kill (its reply lost with it), or run now.
+            let started: Option<jiff::Timestamp> =
+                record["started_at"].as_str().and_then(|t| t.parse().ok());
+            if started.is_some_and(|t| t < restarted_at) {
+                r.found = 1
+            } else {
+                r.fresh = 1
+            }
+        }
+        Ok(record) => book
+            .failures
+            .push(format!("session {}: turn record {record}", book.id)),
+        Err(e) => book.failures.push(format!("session {}: {e}", book.id)),
+    }
+    let call_ids = body["tool_calls"]
+        .as_array()
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    book.acked.push(AckedTurn {
+        content,
+        answer: body["answer"].as_str().unwrap_or_default().to_owned(),
+        call_ids: Some(call_ids),
+    });
+    book.in_flight = None;
+    (book, r)
 }
 
 /// What the side task got acknowledged in one trial.
@@ -512,6 +603,10 @@ struct Tally {
     in_flight_partial: usize,
     in_flight_complete: usize,
     lost: usize,
+    /// (turn, tool call id) pairs with more than one finished record.
+    repeated_calls: usize,
+    /// Turns whose record is not final after the retries.
+    open_turns: usize,
 }
 
 impl Tally {
@@ -525,6 +620,8 @@ impl Tally {
         self.in_flight_partial += other.in_flight_partial;
         self.in_flight_complete += other.in_flight_complete;
         self.lost += other.lost;
+        self.repeated_calls += other.repeated_calls;
+        self.open_turns += other.open_turns;
     }
 }
 
@@ -764,6 +861,40 @@ async fn check_session_inner(
                 r["record_id"]
             ));
         }
+    }
+    // A call whose record says it finished is never run again by a resume.
+    let mut finished: HashMap<(String, String), usize> = HashMap::new();
+    for r in &records {
+        if r["error_type"] == "pending_confirmation" {
+            continue;
+        }
+        if let (Some(turn), Some(call)) = (r["turn_id"].as_str(), r["tool_call_id"].as_str()) {
+            *finished.entry((turn.into(), call.into())).or_default() += 1;
+        }
+    }
+    let repeated: Vec<_> = finished.iter().filter(|(_, n)| **n > 1).collect();
+    if !repeated.is_empty() {
+        tally.repeated_calls += repeated.len();
+        return Err(format!("finished calls ran again: {repeated:?}"));
+    }
+    // Every turn, the cut ones included, is final by now.
+    let turns = get(client, format!("/v1/sessions/{id}/turns?limit=1000")).await?;
+    let open: Vec<&Value> = turns["turns"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter(|t| {
+                    !matches!(
+                        t["phase"].as_str(),
+                        Some("completed" | "failed" | "interrupted")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !open.is_empty() {
+        tally.open_turns += open.len();
+        return Err(format!("turns left open: {open:?}"));
     }
     let mut successful = 0;
     for r in &records {
@@ -1116,6 +1247,12 @@ async fn check_workflows(
 #[derive(Debug, Default)]
 struct Figures {
     acked: usize,
+    retried: usize,
+    resumed: usize,
+    found: usize,
+    fresh: usize,
+    repeated_calls: usize,
+    open_turns: usize,
     in_flight_absent: usize,
     in_flight_partial: usize,
     in_flight_complete: usize,
@@ -1246,11 +1383,30 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         figures.runs_acked += runs_acked_now;
         runs_acked.extend(flows.runs);
 
-        // Restart on the same data dir and check everything acknowledged.
+        // Restart on the same data dir, retry what was in flight with its
+        // key, and check everything acknowledged.
+        let restarted_at = jiff::Timestamp::now();
         server = start_server(&launch).await;
         client = server.client().with_timeout(REQUEST_TIMEOUT);
         let mut failures: Vec<String> = side.failures;
         failures.extend(flows.failures);
+        let retried: Vec<(Book, Retries)> = futures::stream::iter(books.drain(..))
+            .map(|book| retry_in_flight(&client, book, restarted_at))
+            .buffered(CHECK_PARALLELISM)
+            .collect()
+            .await;
+        let mut retries = Retries::default();
+        for (book, r) in retried {
+            retries.sent += r.sent;
+            retries.resumed += r.resumed;
+            retries.found += r.found;
+            retries.fresh += r.fresh;
+            books.push(book);
+        }
+        figures.retried += retries.sent;
+        figures.resumed += retries.resumed;
+        figures.found += retries.found;
+        figures.fresh += retries.fresh;
         let checked: Vec<(Book, Tally)> = futures::stream::iter(books.drain(..))
             .map(|book| check_session(&client, book))
             .buffered(CHECK_PARALLELISM)
@@ -1269,6 +1425,8 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         figures.in_flight_partial += tally.in_flight_partial;
         figures.in_flight_complete += tally.in_flight_complete;
         figures.lost += tally.lost;
+        figures.repeated_calls += tally.repeated_calls;
+        figures.open_turns += tally.open_turns;
         if let Err(e) = check_stats(&client, tally.per_tool).await {
             failures.push(format!("counters: {e}"));
         }
@@ -1306,11 +1464,15 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         }
         eprintln!(
             "trial {trial}: killed after {acked_now} acknowledged turns (target {target}); \
-             in flight at the kill: {} absent, {} partial, {} complete; lost {}; \
+             {} in flight retried with their keys: {} resumed by the restart, {} found \
+             finished, {} run fresh; turns left open {}, finished calls run twice {}; lost {}; \
              {runs_acked_now} runs acknowledged, of all {}: {} succeeded, {} interrupted",
-            tally.in_flight_absent,
-            tally.in_flight_partial,
-            tally.in_flight_complete,
+            retries.sent,
+            retries.resumed,
+            retries.found,
+            retries.fresh,
+            tally.open_turns,
+            tally.repeated_calls,
             tally.lost,
             runs_acked.len(),
             runs.succeeded,
@@ -1333,7 +1495,8 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
     }
     eprintln!(
         "crash test done: {} trials x {} sessions, seed {}: {} turns acknowledged, {} lost; \
-         turns in flight at a kill: {} absent, {} partial, {} complete; {} sessions, {} \
+         turns in flight at a kill retried with their keys: {} ({} resumed by the restart, {} \
+         found finished, {} run fresh); turns left open: {}; finished calls run twice: {}; {} sessions, {} \
          confirmations and {} workflow runs acknowledged under load, none lost; {} model \
          requests; {:.1} s",
         settings.trials,
@@ -1341,9 +1504,12 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         settings.seed,
         figures.acked,
         figures.lost,
-        figures.in_flight_absent,
-        figures.in_flight_partial,
-        figures.in_flight_complete,
+        figures.retried,
+        figures.resumed,
+        figures.found,
+        figures.fresh,
+        figures.open_turns,
+        figures.repeated_calls,
         figures.sessions_created,
         figures.confirmations,
         figures.runs_acked,
@@ -1351,4 +1517,6 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         started.elapsed().as_secs_f64()
     );
     assert_eq!(figures.lost, 0);
+    assert_eq!(figures.repeated_calls, 0);
+    assert_eq!(figures.open_turns, 0);
 }
