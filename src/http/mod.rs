@@ -31,6 +31,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod host;
+pub mod idempotency;
 pub mod keys;
 pub mod limits;
 pub mod openapi;
@@ -115,6 +116,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(ws::routes())
         .merge(workflows::routes())
         .split_for_parts();
+    idempotency::document(&mut doc);
     openapi::CommonErrors.modify(&mut doc);
     (routes, doc)
 }
@@ -157,6 +159,10 @@ pub fn router(
         .merge(openapi::routes(doc))
         .route_service("/mcp", streams::count_get_streams(mcp))
         .route_layer(from_fn(access_log::tag))
+        .route_layer(from_fn_with_state(
+            idempotency::Idempotency::new(state.store.clone()),
+            idempotency::idempotent,
+        ))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -39,6 +39,7 @@
 
 mod cache;
 pub mod erase;
+pub mod idempotency;
 pub mod listing;
 mod read_view;
 pub mod tables;
@@ -298,6 +299,18 @@ pub enum WriteOp {
         namespace: String,
         tenant_of: fn(&Value) -> Option<String>,
         indexed: Arc<Mutex<Option<u64>>>,
+    },
+    /// Stores a keyed request's outcome ([`idempotency`]).
+    PutIdempotency {
+        tenant: String,
+        key: String,
+        stored_at_ms: u64,
+        record: Vec<u8>,
+    },
+    /// Deletes these (tenant, key) records if stored before `before_ms`.
+    DeleteIdempotency {
+        keys: Vec<(String, String)>,
+        before_ms: u64,
     },
 }
 
@@ -1217,6 +1230,7 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(DOC_TENANTS)?;
         txn.open_table(DOCS_BY_SESSION)?;
         txn.open_table(DOC_SESSIONS)?;
+        txn.open_table(IDEMPOTENCY)?;
     }
     txn.commit()?;
     Ok(())
@@ -1445,6 +1459,7 @@ fn commit_batch(
         let mut docs_by_session = txn.open_table(DOCS_BY_SESSION)?;
         let mut doc_sessions = txn.open_table(DOC_SESSIONS)?;
         let mut meta = txn.open_table(META)?;
+        let mut idempotency = txn.open_table(IDEMPOTENCY)?;
         // Erased by this batch: a later op of the batch is late too.
         let mut erased_now = erase::ErasedIds::default();
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
@@ -1639,6 +1654,9 @@ fn commit_batch(
                         *tenant_of,
                     )?;
                     *indexed.lock().expect("index slot") = n;
+                }
+                WriteOp::PutIdempotency { .. } | WriteOp::DeleteIdempotency { .. } => {
+                    idempotency::apply(&mut idempotency, op)?;
                 }
             }
         }

@@ -88,3 +88,10 @@ pub const DOCS_BY_SESSION: TableDefinition<(&str, &str, &str), ()> =
 /// (namespace, key) -> session_id: the reverse of [`DOCS_BY_SESSION`], so a
 /// moved or deleted document carries or drops its link without parsing it.
 pub const DOC_SESSIONS: TableDefinition<(&str, &str), &str> = TableDefinition::new("doc_sessions");
+
+/// (tenant, Idempotency-Key) -> (stored at, unix ms; `IdempotencyRecord`
+/// json): the outcome of a keyed request ([`super::idempotency`]). The
+/// time leads the value so the sweep reads it without parsing the record.
+/// Added without a schema bump: an older file gets the table empty.
+pub const IDEMPOTENCY: TableDefinition<(&str, &str), (u64, &[u8])> =
+    TableDefinition::new("idempotency");
