@@ -510,6 +510,17 @@ mod tests {
         let err =
             ServerConfig::load(None, env(&[("CADRE_SERVER_MAX_CONECTIONS", "9")])).unwrap_err();
         assert!(err.to_string().contains("max_conections"), "{err}");
+
+        let err = ServerConfig::load(None, env(&[("CADRE_SERVER_IDEMPOTENCY_KEEP_H", "23")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("idempotency_keep_h"), "{err}");
+        let c =
+            ServerConfig::load(None, env(&[("CADRE_SERVER_IDEMPOTENCY_KEEP_H", "48")])).unwrap();
+        assert_eq!(c.idempotency_keep(), Duration::from_secs(48 * 3600));
+        assert_eq!(
+            ServerConfig::default().idempotency_keep(),
+            Duration::from_secs(24 * 3600)
+        );
     }
 
     #[test]
