@@ -676,8 +676,11 @@ mod tests {
         let app = app(state(), release.clone(), tx, true);
         let first = tokio::spawn(app.clone().oneshot(request(false)));
         started.recv().await.unwrap();
-        let (status, replayed, body) =
-            read(app.clone().oneshot(request(true)).await.unwrap()).await;
+        let retry = app.clone().oneshot(request(true));
+        let retry = tokio::time::timeout(Duration::from_secs(10), retry)
+            .await
+            .expect("with the slot filled, the retry does not wait for the answer");
+        let (status, replayed, body) = read(retry.unwrap()).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         assert!(replayed);
         assert_eq!(body, json!({"session_id": "s1", "turn_id": "turn-1"}));
@@ -712,6 +715,60 @@ mod tests {
         assert_eq!((status, replayed), (StatusCode::OK, true));
         assert_eq!(again, body);
         assert!(started.try_recv().is_err(), "the handler ran once");
+    }
+
+    /// `POST /v1/sessions` answering `body` with `content_type`, counting runs.
+    fn counting(content_type: &'static str, body: Vec<u8>) -> (Router, Arc<AtomicUsize>) {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let handler = move || {
+            let (body, runs) = (body.clone(), counted.clone());
+            async move {
+                runs.fetch_add(1, Ordering::AcqRel);
+                ([(header::CONTENT_TYPE, content_type)], body)
+            }
+        };
+        let app = Router::new()
+            .route(ROUTES[0], post(handler))
+            .route_layer(from_fn_with_state(state(), idempotent));
+        (app, runs)
+    }
+
+    fn create() -> Request {
+        Request::builder()
+            .method(Method::POST)
+            .uri(ROUTES[0])
+            .header(HEADER, "k")
+            .body(Body::from("{}"))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn answers_over_the_bound_and_streams_are_not_stored() {
+        let big = vec![b'x'; MAX_STORED_BODY + 1];
+        let (app, runs) = counting("application/json", big);
+        for _ in 0..2 {
+            let response = app.clone().oneshot(create()).await.unwrap();
+            assert!(!response.headers().contains_key(REPLAYED));
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+            assert_eq!(body.unwrap().len(), MAX_STORED_BODY + 1, "sent whole");
+        }
+        assert_eq!(runs.load(Ordering::Acquire), 2, "not stored: the retry ran");
+
+        let (app, runs) = counting("application/json", vec![b'x'; MAX_STORED_BODY]);
+        for _ in 0..2 {
+            app.clone().oneshot(create()).await.unwrap();
+        }
+        assert_eq!(runs.load(Ordering::Acquire), 1, "at the bound: stored");
+
+        let (app, runs) = counting("text/event-stream", b"data: 1\n\n".to_vec());
+        for _ in 0..2 {
+            let response = app.clone().oneshot(create()).await.unwrap();
+            axum::body::to_bytes(response.into_body(), 1 << 16)
+                .await
+                .unwrap();
+        }
+        assert_eq!(runs.load(Ordering::Acquire), 2, "a stream is not replayed");
     }
 
     #[test]
