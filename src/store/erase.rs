@@ -276,6 +276,7 @@ pub fn dump_file(path: &Path) -> Result<Vec<DumpedRow>, StoreError> {
         DOC_TENANTS,
         DOCS_BY_SESSION,
         DOC_SESSIONS,
+        IDEMPOTENCY,
     );
     Ok(out)
 }
@@ -300,6 +301,12 @@ impl AsText for &str {
 impl AsText for u64 {
     fn as_text(&self) -> String {
         self.to_string()
+    }
+}
+
+impl AsText for (u64, &[u8]) {
+    fn as_text(&self) -> String {
+        format!("{} {}", self.0, self.1.as_text())
     }
 }
 
