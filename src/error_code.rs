@@ -74,6 +74,8 @@ error_codes! {
         "the body is not valid JSON";
     BadRequest = "BAD_REQUEST", BAD_REQUEST, false,
         "the request is malformed (e.g. a query string that does not parse)";
+    IdempotencyKeyInvalid = "IDEMPOTENCY_KEY_INVALID", BAD_REQUEST, false,
+        "the `Idempotency-Key` header is empty, sent twice, over 255 characters or not printable ASCII";
     Unauthorized = "UNAUTHORIZED", UNAUTHORIZED, false,
         "no valid API key (`Authorization: Bearer <key>`)";
     AdminRequired = "ADMIN_REQUIRED", FORBIDDEN, false,
@@ -130,6 +132,8 @@ error_codes! {
         "the body is not `application/json`";
     ValidationError = "VALIDATION_ERROR", UNPROCESSABLE_ENTITY, false,
         "a field or parameter is missing, unknown, of the wrong type or out of range";
+    IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED", UNPROCESSABLE_ENTITY, false,
+        "the `Idempotency-Key` was used (within `[server] idempotency_keep_h`) for a request with another method, path or body";
     RateLimited = "RATE_LIMITED", TOO_MANY_REQUESTS, true,
         "over the API's per-caller request rate, or too many failed authentications from this address; see `Retry-After`";
     TooManyStreams = "TOO_MANY_STREAMS", TOO_MANY_REQUESTS, true,

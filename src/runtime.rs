@@ -600,6 +600,7 @@ async fn serve(
             }
         });
     }
+    crate::http::idempotency::spawn_sweep(store.clone(), builder.config.idempotency_keep());
     watch::spawn(
         registry.clone(),
         builder.agents_dir.join("tools"),

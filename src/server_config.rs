@@ -115,6 +115,9 @@ pub struct ServerSection {
     /// One INFO line per request (method, route template, status, latency,
     /// tenant; never a key): `crate::http::access_log`.
     pub request_log: bool,
+    /// Hours an `Idempotency-Key`'s stored answer is kept (at least 24):
+    /// `crate::http::idempotency`.
+    pub idempotency_keep_h: u64,
 }
 
 impl Default for ServerSection {
@@ -126,6 +129,7 @@ impl Default for ServerSection {
             max_connections: 4096,
             max_connections_per_address: 256,
             request_log: true,
+            idempotency_keep_h: crate::http::idempotency::MIN_KEEP_H,
         }
     }
 }
@@ -351,6 +355,10 @@ impl ServerConfig {
                     .into(),
             );
         }
+        let keep = server.idempotency_keep_h;
+        if !(crate::http::idempotency::MIN_KEEP_H..=87_600).contains(&keep) {
+            return Err("server.idempotency_keep_h must be between 24 and 87600".into());
+        }
         let turn = self.model.turn_timeout_s;
         if turn.is_nan() || !(0.01..=86_400.0).contains(&turn) {
             return Err("model.turn_timeout_s must be between 0.01 and 86400".into());
@@ -401,6 +409,11 @@ impl ServerConfig {
             max_connections: self.server.max_connections,
             max_per_address: self.server.max_connections_per_address,
         }
+    }
+
+    /// How long `Idempotency-Key` answers are kept.
+    pub fn idempotency_keep(&self) -> Duration {
+        Duration::from_secs(self.server.idempotency_keep_h * 3600)
     }
 
     pub fn reload_interval(&self) -> Duration {
@@ -497,6 +510,17 @@ mod tests {
         let err =
             ServerConfig::load(None, env(&[("CADRE_SERVER_MAX_CONECTIONS", "9")])).unwrap_err();
         assert!(err.to_string().contains("max_conections"), "{err}");
+
+        let err = ServerConfig::load(None, env(&[("CADRE_SERVER_IDEMPOTENCY_KEEP_H", "23")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("idempotency_keep_h"), "{err}");
+        let c =
+            ServerConfig::load(None, env(&[("CADRE_SERVER_IDEMPOTENCY_KEEP_H", "48")])).unwrap();
+        assert_eq!(c.idempotency_keep(), Duration::from_secs(48 * 3600));
+        assert_eq!(
+            ServerConfig::default().idempotency_keep(),
+            Duration::from_secs(24 * 3600)
+        );
     }
 
     #[test]

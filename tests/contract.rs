@@ -28,6 +28,14 @@
 //!   first key ends open mode (by design), and every later request of the
 //!   run would then be a 401 the open document does not describe.
 //!
+//! - `create_session`, `send_message`, `decide_confirmation`:
+//!   `positive_data_acceptance` also takes a 422. They take an
+//!   `Idempotency-Key` (so do `invoke_tool` and `start_run`, above), and
+//!   a key the run already sent with another body is 422
+//!   `IDEMPOTENCY_KEY_REUSED`: whether a key was used before is state of
+//!   the server, not something a request's schema can say. Generated keys
+//!   repeat (the shortest example is the same for every operation).
+//!
 //! - `erase_tenant_sessions` is not run in open mode: there every caller
 //!   is an admin of tenant `default`, which owns every session the run
 //!   creates, so one erase would take the sessions later checks follow
@@ -115,6 +123,13 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403",
 [[operations]]
 include-operation-id = ["create_key", "show_usage"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "409", "422", "429", "5xx"]
+
+# An Idempotency-Key sent again with another body is 422
+# IDEMPOTENCY_KEY_REUSED: the key's earlier use is state, not schema (the
+# other two keyed operations already take a 422 above).
+[[operations]]
+include-operation-id = ["create_session", "send_message", "decide_confirmation"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 
 # A WebSocket upgrade's success is 101.
 [[operations]]

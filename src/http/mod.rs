@@ -4,6 +4,7 @@
 //! client ──HTTP──▶ [`host`] (open mode: loopback names only) ──▶ auth (key ring; failed keys per address) ──▶ rate limit (per API key) ──▶ router ──▶ one file per resource
 //!                                                          ──▶ Sessions, ToolRegistry, ExecutorHandle
 //! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
+//! keyed POSTs (`Idempotency-Key`, five routes) ──▶ [`idempotency`] (replay, wait, or run and store) ──▶ their handler
 //!
 //! Bodies are capped at [`MAX_BODY_BYTES`] (413); every error, including
 //! unknown routes, is JSON (see [`error`]). Handlers take their bodies and
@@ -31,6 +32,7 @@ pub mod error;
 pub mod events;
 pub mod extract;
 pub mod host;
+pub mod idempotency;
 pub mod keys;
 pub mod limits;
 pub mod openapi;
@@ -115,6 +117,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(ws::routes())
         .merge(workflows::routes())
         .split_for_parts();
+    idempotency::document(&mut doc);
     openapi::CommonErrors.modify(&mut doc);
     (routes, doc)
 }
@@ -157,6 +160,10 @@ pub fn router(
         .merge(openapi::routes(doc))
         .route_service("/mcp", streams::count_get_streams(mcp))
         .route_layer(from_fn(access_log::tag))
+        .route_layer(from_fn_with_state(
+            idempotency::Idempotency::new(state.store.clone()),
+            idempotency::idempotent,
+        ))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

@@ -284,6 +284,7 @@ pub fn dump_file(path: &Path) -> Result<Vec<DumpedRow>, StoreError> {
         TURNS,
         OPEN_TURNS,
         TURN_KEYS,
+        IDEMPOTENCY,
     );
     Ok(out)
 }
@@ -308,6 +309,12 @@ impl AsText for &str {
 impl AsText for u64 {
     fn as_text(&self) -> String {
         self.to_string()
+    }
+}
+
+impl AsText for (u64, &[u8]) {
+    fn as_text(&self) -> String {
+        format!("{} {}", self.0, self.1.as_text())
     }
 }
 

@@ -39,6 +39,7 @@
 
 mod cache;
 pub mod erase;
+pub mod idempotency;
 pub mod listing;
 mod read_view;
 pub mod tables;
@@ -310,6 +311,18 @@ pub enum WriteOp {
         namespace: String,
         tenant_of: fn(&Value) -> Option<String>,
         indexed: Arc<Mutex<Option<u64>>>,
+    },
+    /// Stores a keyed request's outcome ([`idempotency`]).
+    PutIdempotency {
+        tenant: String,
+        key: String,
+        stored_at_ms: u64,
+        record: Vec<u8>,
+    },
+    /// Deletes these (tenant, key) records if stored before `before_ms`.
+    DeleteIdempotency {
+        keys: Vec<(String, String)>,
+        before_ms: u64,
     },
 }
 
@@ -1232,6 +1245,7 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(TURNS)?;
         txn.open_table(OPEN_TURNS)?;
         txn.open_table(TURN_KEYS)?;
+        txn.open_table(IDEMPOTENCY)?;
     }
     txn.commit()?;
     Ok(())
@@ -1463,6 +1477,7 @@ fn commit_batch(
         let mut open_turns = txn.open_table(OPEN_TURNS)?;
         let mut turn_keys = txn.open_table(TURN_KEYS)?;
         let mut meta = txn.open_table(META)?;
+        let mut idempotency = txn.open_table(IDEMPOTENCY)?;
         // Erased by this batch: a later op of the batch is late too.
         let mut erased_now = erase::ErasedIds::default();
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
@@ -1683,6 +1698,9 @@ fn commit_batch(
                         *tenant_of,
                     )?;
                     *indexed.lock().expect("index slot") = n;
+                }
+                WriteOp::PutIdempotency { .. } | WriteOp::DeleteIdempotency { .. } => {
+                    idempotency::apply(&mut idempotency, op)?;
                 }
             }
         }

@@ -102,3 +102,9 @@ pub const OPEN_TURNS: TableDefinition<(&str, &str), ()> = TableDefinition::new("
 /// (session_id, idempotency key) -> turn_id: the turn a keyed message
 /// started, so a retry finds it instead of starting another.
 pub const TURN_KEYS: TableDefinition<(&str, &str), &str> = TableDefinition::new("turn_keys");
+/// (tenant, Idempotency-Key) -> (stored at, unix ms; `IdempotencyRecord`
+/// json): the outcome of a keyed request ([`super::idempotency`]). The
+/// time leads the value so the sweep reads it without parsing the record.
+/// Added without a schema bump: an older file gets the table empty.
+pub const IDEMPOTENCY: TableDefinition<(&str, &str), (u64, &[u8])> =
+    TableDefinition::new("idempotency");
