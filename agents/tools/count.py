@@ -1,7 +1,8 @@
 """The `word_count` tool's command (agents/tools/word_count.yaml).
 
 cadre runs it without a shell, in this file's folder, with the call's
-parameters as one JSON object on stdin; what it prints on stdout (one JSON
+parameters as one JSON object on stdin (with `idempotency_key` beside them
+when the call has one: this tool only reads, so it ignores it); what it prints on stdout (one JSON
 value) is the tool's output. A non-zero exit fails the call with the first
 lines of stderr. Python's standard library only.
 """

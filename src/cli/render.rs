@@ -149,7 +149,8 @@ pub fn stats(doc: &Value) {
     }
 }
 
-/// `cadre tools list`: one line per definition.
+/// `cadre tools list`: one line per definition (name, plan, category,
+/// side effects, per-minute limit, description).
 pub fn tool_line(d: &ToolDefinition) -> String {
     let limit = d
         .rate_limit
@@ -157,10 +158,11 @@ pub fn tool_line(d: &ToolDefinition) -> String {
         .map(|n| format!(" {n}/min"))
         .unwrap_or_default();
     format!(
-        "{:<24} {:<8} {:<10}{limit}  {}",
+        "{:<24} {:<8} {:<10} {:<12}{limit}  {}",
         d.name,
         d.required_plan.as_str(),
         d.category,
+        d.side_effects.as_str(),
         d.description
     )
 }

@@ -22,8 +22,15 @@
 //! 7. concurrency admission ([`concurrency`]; `queue_full`, `timeout`), fair
 //!    between tenants (a share of the pool and queue each, round-robin);
 //!    workflow-node callers bypass it and are not counted
-//! 8. run with timeout and retries (exponential backoff with jitter, only
-//!    for retryable failures: timeouts, transient errors); a handler's
+//! 8. intent, then run: a call of an `at_most_once` tool ([`SideEffects`])
+//!    that has an idempotency key first commits a [`CallIntent`] under that
+//!    key, durably (approved confirmations included); if it cannot be
+//!    written the call fails (`execution_error`) and the tool does not run
+//!    (a resumed turn that finds an intent and no record knows the call may
+//!    have acted: [`call_intent`]). Then the tool runs with timeout and
+//!    retries (exponential backoff with jitter, only for retryable
+//!    failures: timeouts, transient errors; the same idempotency key on
+//!    every attempt, and no second intent); a handler's
 //!    `InvalidInput` is reported as `validation_error` (the caller's input
 //!    is wrong), its other failures and panics as `execution_error`
 //! 9. cache store, one `ToolCallRecord`, and an execution event. An output
@@ -45,7 +52,13 @@
 //!
 //! Records: calls from conversations are written non-durably and made
 //! durable by the turn's single fsync before the turn is acknowledged; every
-//! other caller's record is durable before the reply.
+//! other caller's record is durable before the reply, and so is an approved
+//! call's (its turn resumes from the record, after a restart too).
+//!
+//! Intents ([`CALL_INTENTS`]) are keyed by the call's idempotency key, owned
+//! by its tenant and linked to its session, so erasing the session erases
+//! them. Retries within the call write nothing more: the intent says the
+//! call started, not how often.
 //! Owns: admission, retries, call records. Does not: talk to the model.
 
 pub mod cache;
@@ -66,19 +79,72 @@ use tracing::Instrument;
 use crate::error_code::PublicError;
 use crate::events::{EventBus, EventKind};
 use crate::retry::Backoff;
-use crate::store::{Store, ToolCallRecord, WriteOp};
+use crate::store::{Store, StoreError, ToolCallRecord, WriteOp};
 use crate::tenants::TenantConfig;
 use crate::tools::outcome::{
     MAX_ERROR_CHARS, MAX_OUTPUT_DEPTH, MAX_UPSTREAM_OUTPUT_BYTES, cut_chars, json_depth,
 };
 use crate::tools::{
-    CallerType, ErrorType, ExecutionContext, RateLimit, RegisteredTool, ToolError,
+    CallerType, ErrorType, ExecutionContext, RateLimit, RegisteredTool, SideEffects, ToolError,
     ToolExecutionResult, ToolRegistry,
 };
 use cache::ResultCache;
 use concurrency::{AdmissionRequest, ConcurrencyController};
 use confirmations::Confirmations;
 use limits::RateLimiter;
+
+/// The store namespace of [`CallIntent`]s, keyed by idempotency key.
+pub const CALL_INTENTS: &str = "call_intents";
+
+/// What cadre committed before running an `at_most_once` call: that it
+/// was about to run. Found with no call record, it means the call may have
+/// acted and must not run again.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CallIntent {
+    pub tool: String,
+    pub tool_call_id: Option<String>,
+    pub turn_id: Option<String>,
+    pub conversation_id: Option<String>,
+    pub created_at: jiff::Timestamp,
+}
+
+/// The intent committed under idempotency key `key`, if any.
+pub async fn call_intent(store: &Store, key: &str) -> Result<Option<CallIntent>, StoreError> {
+    match store.get_doc(CALL_INTENTS, key).await? {
+        Some(doc) => Ok(Some(serde_json::from_value(doc)?)),
+        None => Ok(None),
+    }
+}
+
+/// Commits `msg`'s intent under `key`, durably: owned by its tenant, and
+/// linked to its session (erased with it) when it has one.
+async fn commit_intent(store: &Store, msg: &ExecuteTool, key: &str) -> Result<(), StoreError> {
+    let intent = CallIntent {
+        tool: msg.tool_name.clone(),
+        tool_call_id: msg.tool_call_id.clone(),
+        turn_id: msg.ctx.turn_id.clone(),
+        conversation_id: msg.ctx.conversation_id.clone(),
+        created_at: jiff::Timestamp::now(),
+    };
+    let value = serde_json::to_value(&intent)?;
+    let tenant = msg
+        .ctx
+        .tenant
+        .as_deref()
+        .unwrap_or(crate::identity::DEFAULT_TENANT);
+    match msg.ctx.conversation_id.as_deref() {
+        Some(session) => {
+            store
+                .put_doc_of_session(CALL_INTENTS, tenant, session, key, value, true)
+                .await
+        }
+        None => {
+            store
+                .put_doc_of(CALL_INTENTS, tenant, key, value, true)
+                .await
+        }
+    }
+}
 
 /// Executor-wide settings.
 #[derive(Debug, Clone)]
@@ -393,9 +459,14 @@ impl Handler<ExecuteTool> for Executor {
                     conversation_id: msg.ctx.conversation_id.clone(),
                     workflow_id: msg.ctx.workflow_id.clone(),
                 });
-                let (result, params) = match admission {
-                    Admission::Refused(result, params) => (*result, params),
+                let (result, params, intended) = match admission {
+                    Admission::Refused(result, params) => (*result, params, false),
                     Admission::Run(tool, params) => {
+                        // An intent was committed for it: its outcome is
+                        // made durable too, so a resume uses it instead of
+                        // answering `outcome_unknown`.
+                        let intended = tool.definition.side_effects == SideEffects::AtMostOnce
+                            && msg.ctx.idempotency_key.is_some();
                         let mut result = execute(&shared, &tool, &params, &msg).await;
                         if let Some(refusal) = unkept_output(&tool, &result) {
                             result = ToolExecutionResult::failure(
@@ -416,7 +487,7 @@ impl Handler<ExecuteTool> for Executor {
                                 id,
                             ));
                         }
-                        (result, params)
+                        (result, params, intended)
                     }
                 };
                 let attempts = result.metadata.attempts;
@@ -433,7 +504,7 @@ impl Handler<ExecuteTool> for Executor {
                     &msg.tool_name,
                     result.error_type.map_or("ok", ErrorType::as_str),
                 );
-                record(&shared.store, &msg, params, &result).await;
+                record(&shared.store, &msg, params, &result, intended).await;
                 shared
                     .events
                     .publish(match (result.is_success, result.error_type) {
@@ -573,6 +644,21 @@ async fn execute(
             );
         }
     };
+    if def.side_effects == SideEffects::AtMostOnce
+        && let Some(key) = msg.ctx.idempotency_key.as_deref()
+        && let Err(e) = commit_intent(&s.store, msg, key).await
+    {
+        tracing::error!(error = %e, tool = %def.name, "call intent not written; the call does not run");
+        return ToolExecutionResult::failure(
+            &def.name,
+            ErrorType::ExecutionError,
+            format!(
+                "{} did not run: its intent could not be stored ({})",
+                def.name,
+                e.public_message()
+            ),
+        );
+    }
     let result = run_with_retries(tool, params.clone(), &msg.ctx, &s.config).await;
     drop(permit);
     if let (Some(k), Some(ttl)) = (key, ttl) {
@@ -683,7 +769,13 @@ fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolExecutionResult) {
+async fn record(
+    store: &Store,
+    msg: &ExecuteTool,
+    params: Value,
+    result: &ToolExecutionResult,
+    intended: bool,
+) {
     // The name of a tool that does not exist is the caller's text: kept
     // short in the record, and never a key of the per-tool counters.
     let tool_name = if result.error_type == Some(ErrorType::ToolNotFound) {
@@ -716,10 +808,12 @@ async fn record(store: &Store, msg: &ExecuteTool, params: Value, result: &ToolEx
     // A conversation's call is recorded behind its turn: the turn's own
     // durable commit comes later through the same writer, so an
     // acknowledged turn has its records; nobody waits for this one. Other
-    // callers get their answer once the record is durable.
-    // An approved call is durable at once: the paused turn resumes from
-    // this record, also after a restart.
-    if msg.ctx.caller_type == CallerType::ConversationAgent && !msg.confirmed {
+    // callers get their answer once the record is durable, and so does an
+    // approved call: no turn commit follows it, and the turn waiting for
+    // the approval resumes from this record.
+    // An at-most-once call (its intent committed) too: after a crash its
+    // turn finds the outcome instead of `outcome_unknown`.
+    if msg.ctx.caller_type == CallerType::ConversationAgent && !msg.confirmed && !intended {
         store.write_behind(vec![op]);
     } else if let Err(e) = store.write(vec![op], true).await {
         tracing::error!(error = %e, tool = %msg.tool_name, "tool call record not written");

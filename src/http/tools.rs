@@ -55,7 +55,11 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct ToolList {
-    /// OpenAI function definitions: `{type: "function", function: {name, description, parameters}}`.
+    /// OpenAI function definitions: `{type: "function", function: {name,
+    /// description, parameters}, side_effects}` (`side_effects`: `none`,
+    /// `idempotent` or `at_most_once`, whether a call may run again), with
+    /// `source` and `status` for MCP tools; with `view=definitions`, the full
+    /// definitions (`side_effects` among their fields).
     #[schema(value_type = Vec<Object>)]
     tools: Vec<Value>,
     /// Every MCP server of `mcp.toml`: `{server, available, tools, reason?}`;
@@ -199,6 +203,9 @@ async fn list(
             .iter()
             .map(|d| {
                 let mut entry = d.spec().to_openai_json();
+                // Whether a call may run again (a resumed turn): not part
+                // of the OpenAI format, beside it like `source`.
+                entry["side_effects"] = json!(d.side_effects);
                 // Tools of MCP servers say where they come from and whether
                 // their server is up; a down server's tools stay listed.
                 if let (Some(available), crate::tools::definition::Entry::Mcp { server, .. }) =

@@ -55,6 +55,20 @@
 //! server's side-effecting tool from a pure one, and a call answered from
 //! the cache would report an action that did not run. So every MCP
 //! definition carries an explicit cache spec, 0 (never) by default.
+//!
+//! Side effects: what mcp.toml declares for a tool wins
+//! ([`McpServerConfig::declared_side_effects`]); else its annotations
+//! (`readOnlyHint: true`: `none`; `idempotentHint: true`: `idempotent`);
+//! else `at_most_once`, as the spec's defaults for an unannotated tool
+//! (not read-only, destructive, not idempotent) say. Annotations are the
+//! server's word, so an operator who does not trust it says so in the file.
+//!
+//! A call with an idempotency key (`ctx.idempotency_key`) carries it in
+//! `params._meta` as [`IDEMPOTENCY_META_KEY`] (`cadre/idempotency-key`):
+//! MCP has no idempotency field of its own, and `_meta` keys outside its
+//! reserved prefixes are free to implementations; the one-label prefix
+//! `cadre/` (cadre owns no domain for a reverse-DNS one) keeps it apart
+//! from any other extension's key. The same key on every attempt.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -62,7 +76,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, ClientConfig, ErrorCode, Implementation, PaginatedRequestParams,
-    ProtocolVersion, Tool,
+    ProtocolVersion, RequestMetaObject, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, RoleClient, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -77,7 +91,9 @@ use super::stdio::{ChildTransport, Groups};
 use crate::events::EventKind;
 use crate::model::wire_name;
 use crate::tools::definition::{CacheSpec, Entry};
-use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler, ToolRegistry};
+use crate::tools::{
+    ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler, ToolRegistry,
+};
 
 const FIRST_DELAY: Duration = Duration::from_millis(200);
 const MAX_DELAY: Duration = Duration::from_secs(30);
@@ -85,6 +101,8 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 /// How long after a `tools/list_changed` the listing starts, so that a
 /// burst of them costs one listing.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
+/// The `_meta` key of `tools/call` that carries the call's idempotency key.
+pub const IDEMPOTENCY_META_KEY: &str = "cadre/idempotency-key";
 
 /// The connection to one server, shared by its supervisor and its tools.
 struct Link {
@@ -529,6 +547,9 @@ fn definition(link: &Arc<Link>, tool: Tool) -> Option<(ToolDefinition, Arc<dyn T
         tracing::warn!(server = %c.name, tool = %tool.name, "MCP tool left out: its name is not a valid function name on the wire ({wire})");
         return None;
     }
+    let side_effects = c
+        .declared_side_effects(&tool.name)
+        .unwrap_or_else(|| annotated_side_effects(&tool));
     let mut parameters = Value::Object((*tool.input_schema).clone());
     if parameters.get("type").is_none() {
         parameters["type"] = Value::String("object".into());
@@ -557,12 +578,26 @@ fn definition(link: &Arc<Link>, tool: Tool) -> Option<(ToolDefinition, Arc<dyn T
         }),
         post_processor: None,
         timeout: c.timeout,
+        side_effects,
     };
     let handler = Arc::new(McpToolHandler {
         link: link.clone(),
         tool: tool.name.to_string(),
     });
     Some((definition, handler))
+}
+
+/// What a tool's MCP annotations say of its side effects; none said:
+/// `at_most_once`.
+fn annotated_side_effects(tool: &Tool) -> SideEffects {
+    let hints = tool.annotations.as_ref();
+    if hints.and_then(|a| a.read_only_hint) == Some(true) {
+        SideEffects::None
+    } else if hints.and_then(|a| a.idempotent_hint) == Some(true) {
+        SideEffects::Idempotent
+    } else {
+        SideEffects::AtMostOnce
+    }
 }
 
 /// Runs one call on the server's live connection.
@@ -573,13 +608,18 @@ pub struct McpToolHandler {
 
 #[async_trait::async_trait]
 impl ToolHandler for McpToolHandler {
-    async fn call(&self, params: Value, _ctx: &ExecutionContext) -> Result<Value, ToolError> {
+    async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
         let (connection, peer) = self.link.peer().ok_or_else(|| self.link.unavailable())?;
         let arguments = match params {
             Value::Object(map) => map,
             _ => serde_json::Map::new(),
         };
-        let request = CallToolRequestParams::new(self.tool.clone()).with_arguments(arguments);
+        let mut request = CallToolRequestParams::new(self.tool.clone()).with_arguments(arguments);
+        if let Some(key) = &ctx.idempotency_key {
+            let mut meta = RequestMetaObject::new();
+            meta.insert(IDEMPOTENCY_META_KEY.into(), Value::String(key.clone()));
+            request.meta = Some(meta);
+        }
         match peer.call_tool(request).await {
             Ok(result) => {
                 if result.is_error == Some(true) {

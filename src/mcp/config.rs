@@ -18,6 +18,10 @@
 //! rate_limit = { per_minute = 60 }
 //! cache_ttl_s = 0                      # default: not cached
 //! max_tools = 50                       # any key of [limits], for this server only
+//! side_effects = "idempotent"          # every tool of the server (none | idempotent | at_most_once)
+//!
+//! [servers.search.tool_side_effects]   # per tool, over the server's
+//! lookup = "none"
 //!
 //! [limits]                             # every server's bounds (these are the defaults)
 //! max_pages = 100                      # tools/list pages; more: refused
@@ -29,6 +33,11 @@
 //! max_message_mb = 16                  # one stdio message, and a whole listing; a bigger result: "result too large"
 //! relist_interval_s = 2                # at most one tools/list per interval on list_changed
 //! ```
+//! `side_effects` says whether a call may run again (a resumed turn): a
+//! tool's entry in `tool_side_effects` wins, then the server's
+//! `side_effects`, then the tool's own MCP annotations (`readOnlyHint`:
+//! `none`, `idempotentHint`: `idempotent`), then `at_most_once`. A
+//! `tool_side_effects` entry names the server's own tool name.
 //! No file means no MCP servers. `${VAR}` in `env` and `headers` values is
 //! replaced by the environment variable, so secrets stay out of the file; a
 //! missing variable is an error naming it (never its value).
@@ -39,7 +48,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::tools::{Plan, RateLimit};
+use crate::tools::{Plan, RateLimit, SideEffects};
 
 pub use crate::config::MCP_FILE_NAME as FILE_NAME;
 pub const DEFAULT_CATEGORY: &str = "mcp";
@@ -172,6 +181,11 @@ pub struct McpServerSpec {
     pub cache_ttl_s: Option<u64>,
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// Every tool of the server; unset: each tool's annotations decide.
+    pub side_effects: Option<SideEffects>,
+    /// Per tool (the server's name for it), over `side_effects`.
+    #[serde(default)]
+    pub tool_side_effects: BTreeMap<String, SideEffects>,
     // The keys of [`LimitsSpec`], for this server (serde's `flatten` does
     // not mix with `deny_unknown_fields`, so they are spelled out).
     pub max_pages: Option<usize>,
@@ -228,6 +242,21 @@ pub struct McpServerConfig {
     pub rate_limit: RateLimit,
     pub cache_ttl_s: Option<u64>,
     pub limits: McpLimits,
+    /// What mcp.toml declares for every tool of the server, if anything.
+    pub side_effects: Option<SideEffects>,
+    /// What it declares per tool, by the server's tool name.
+    pub tool_side_effects: BTreeMap<String, SideEffects>,
+}
+
+impl McpServerConfig {
+    /// What mcp.toml declares for the server's tool `tool`, if anything;
+    /// `None`: the tool's own annotations decide.
+    pub fn declared_side_effects(&self, tool: &str) -> Option<SideEffects> {
+        self.tool_side_effects
+            .get(tool)
+            .copied()
+            .or(self.side_effects)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -341,6 +370,8 @@ pub fn parse(
             rate_limit: spec.rate_limit,
             cache_ttl_s: spec.cache_ttl_s,
             limits,
+            side_effects: spec.side_effects,
+            tool_side_effects: spec.tool_side_effects,
         });
     }
     Ok(out)
@@ -423,6 +454,22 @@ enabled = false
         assert_eq!(servers[1].limits.max_tools, 3);
         assert_eq!(servers[1].limits.list_timeout, Duration::from_secs(5));
         assert_eq!(servers[1].limits.max_pages, McpLimits::default().max_pages);
+    }
+
+    #[test]
+    fn side_effects_per_tool_win_over_the_servers() {
+        let text = "[servers.a]\ncommand = \"a\"\nside_effects = \"idempotent\"\n\n[servers.a.tool_side_effects]\nlookup = \"none\"\n\n[servers.b]\ncommand = \"b\"\n";
+        let servers = parse(Path::new("mcp.toml"), text, &env).unwrap();
+        let a = &servers[0];
+        assert_eq!(a.declared_side_effects("lookup"), Some(SideEffects::None));
+        assert_eq!(
+            a.declared_side_effects("send"),
+            Some(SideEffects::Idempotent)
+        );
+        assert_eq!(servers[1].declared_side_effects("send"), None);
+        let bad = "[servers.a]\ncommand = \"a\"\nside_effects = \"sometimes\"\n";
+        let e = parse(Path::new("mcp.toml"), bad, &env).unwrap_err();
+        assert!(e.to_string().contains("sometimes"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //!
 //! One struct, two formats: the ToolEngine's YAML layout (`name, version,
 //! description, category, tags, parameters, entry, output`) plus cadre's
-//! `required_plan`, `rate_limit`, `cache`, `post_processor` and `timeout_s`.
+//! `required_plan`, `rate_limit`, `cache`, `post_processor`, `timeout_s` and
+//! `side_effects`.
 //! `parameters` is either the list form or a JSON Schema object; both become
 //! one JSON Schema ([`super::schema`]) used for validation and for the
 //! OpenAI export.
@@ -41,6 +42,46 @@ impl RateLimit {
 pub struct CacheSpec {
     /// 0 disables caching for this tool.
     pub ttl_seconds: u64,
+}
+
+/// What running a tool does to the world outside its answer, which says
+/// whether a call that may have run can run again (a turn resumed after a
+/// crash, a retried request).
+///
+/// Decided where the tool is declared: a builtin in its code, a tool file
+/// by `side_effects`, an MCP server in `mcp.toml` or, when that says
+/// nothing, by the server's own tool annotations. Undeclared is
+/// [`SideEffects::AtMostOnce`], the side that never repeats an action.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum SideEffects {
+    /// Reads only: run it again freely.
+    None,
+    /// Acts, but running it twice leaves the world as running it once (set
+    /// a value, delete by id, add to a set).
+    Idempotent,
+    /// Acts, and a second run acts again (places an order, sends a
+    /// message): cadre commits the call's intent before it runs and never
+    /// runs it twice on its own.
+    #[default]
+    AtMostOnce,
+}
+
+impl SideEffects {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SideEffects::None => "none",
+            SideEffects::Idempotent => "idempotent",
+            SideEffects::AtMostOnce => "at_most_once",
+        }
+    }
+
+    /// Whether a call that may have run can simply run again.
+    pub fn is_repeatable(self) -> bool {
+        self != SideEffects::AtMostOnce
+    }
 }
 
 /// What runs when the tool is called.
@@ -133,6 +174,10 @@ pub struct ToolDefinition {
     /// Per-call timeout; the execution context or the executor default otherwise.
     #[serde(default, with = "opt_millis")]
     pub timeout: Option<Duration>,
+    /// Whether a call may run again ([`SideEffects`]); `at_most_once` when
+    /// nothing declares it.
+    #[serde(default)]
+    pub side_effects: SideEffects,
 }
 
 pub const REQUIRE_CONFIRMATION: &str = "require_confirmation";
@@ -153,6 +198,7 @@ impl ToolDefinition {
             cache: None,
             post_processor: None,
             timeout: None,
+            side_effects: SideEffects::default(),
         }
     }
 
@@ -198,6 +244,11 @@ impl ToolDefinition {
 
     pub fn with_post_processor(mut self, name: &str) -> Self {
         self.post_processor = Some(name.into());
+        self
+    }
+
+    pub fn with_side_effects(mut self, side_effects: SideEffects) -> Self {
+        self.side_effects = side_effects;
         self
     }
 

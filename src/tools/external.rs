@@ -27,6 +27,14 @@
 //! redirects stay on the URL's origin unless the entry says
 //! `redirects: any` (`none`: a 3xx is a failure). Both paths read at most
 //! the output cap (plus one chunk) before failing, never the whole body.
+//!
+//! The call's idempotency key (`ctx.idempotency_key`, the same on every
+//! attempt and after a resume) reaches both, when the call has one: a
+//! command finds it in its input object as `idempotency_key` (the loader
+//! refuses a command tool declaring a parameter of that name, so it never
+//! hides one of the model's), an endpoint in the `Idempotency-Key` header.
+//! A call without a key sends neither, so the input is the parameters
+//! exactly as before.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -36,13 +44,29 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use url::Url;
 
-use super::builtin::http::read_capped;
+use super::builtin::http::{IDEMPOTENCY_KEY, read_capped};
 use super::builtin::net_guard::{self, GuardedClient};
 use super::definition::Redirects;
 use super::process::GroupGuard;
 use super::{ExecutionContext, ToolError, ToolHandler};
 
 pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
+/// Where a command finds the call's idempotency key in its input.
+pub const IDEMPOTENCY_KEY_FIELD: &str = "idempotency_key";
+
+/// What a command reads on stdin: the parameters, plus the call's
+/// idempotency key when it has one.
+fn command_input(params: &Value, ctx: &ExecutionContext) -> Vec<u8> {
+    match (params, ctx.idempotency_key.as_deref()) {
+        (Value::Object(fields), Some(key)) => {
+            let mut fields = fields.clone();
+            fields.insert(IDEMPOTENCY_KEY_FIELD.into(), Value::String(key.into()));
+            serde_json::to_vec(&fields)
+        }
+        _ => serde_json::to_vec(params),
+    }
+    .expect("JSON values serialize")
+}
 
 enum Target {
     Command {
@@ -100,7 +124,7 @@ impl ExternalHandler {
         &self,
         argv: &[String],
         dir: &Path,
-        params: &Value,
+        input: Vec<u8>,
     ) -> Result<Value, ToolError> {
         let (program, args) = argv
             .split_first()
@@ -128,7 +152,6 @@ impl ExternalHandler {
             .spawn()
             .map_err(|e| ToolError::failed(format!("cannot start '{program}': {e}")))?;
         let group = std::sync::Mutex::new(GroupGuard::new(child.id()));
-        let input = serde_json::to_vec(params).expect("JSON values serialize");
         let stdin = child.stdin.take();
         let out = child.stdout.take().expect("piped stdout");
         let err = child.stderr.take().expect("piped stderr");
@@ -231,6 +254,9 @@ impl ExternalHandler {
         if let Some(run) = ctx.workflow_id.as_deref() {
             request = request.header(crate::identity::PARENT_RUN_HEADER, run);
         }
+        if let Some(key) = ctx.idempotency_key.as_deref() {
+            request = request.header(IDEMPOTENCY_KEY, key);
+        }
         let response =
             request
                 .json(params)
@@ -283,7 +309,10 @@ impl ExternalHandler {
 impl ToolHandler for ExternalHandler {
     async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
         match &self.target {
-            Target::Command { argv, dir } => self.run_command(argv, dir, &params).await,
+            Target::Command { argv, dir } => {
+                self.run_command(argv, dir, command_input(&params, ctx))
+                    .await
+            }
             Target::Http {
                 url,
                 client,
@@ -313,6 +342,14 @@ mod tests {
         let h = sh("cat");
         let out = h.call(json!({"a": 1}), &ctx()).await.unwrap();
         assert_eq!(out, json!({"a": 1}));
+    }
+
+    #[tokio::test]
+    async fn a_command_gets_the_calls_idempotency_key_in_its_input() {
+        let mut ctx = ctx();
+        ctx.idempotency_key = Some("s1:t1:call_1".into());
+        let out = sh("cat").call(json!({"a": 1}), &ctx).await.unwrap();
+        assert_eq!(out, json!({"a": 1, "idempotency_key": "s1:t1:call_1"}));
     }
 
     #[tokio::test]

@@ -11,6 +11,13 @@
 //! here so a later change of the server's directory does not move it),
 //! `custom` to a handler the embedding program registered by name.
 //!
+//! `side_effects` ([`SideEffects`]) is what the file says; unsaid, a
+//! `builtin` entry keeps its handler's own and anything else is
+//! `at_most_once` (a command or a URL may act, and cadre cannot tell).
+//! A command entry gets the call's idempotency key in its JSON input as
+//! `idempotency_key` ([`super::external`]), so it may not declare a
+//! parameter of that name.
+//!
 //! Reading ([`read_tool_file`]) is apart from both: a file over
 //! `[tools] max_file_bytes` (default 1 MiB) is refused by its size, read no
 //! further than the cap plus one byte; a symlink whose target lies outside
@@ -26,7 +33,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::definition::{CacheSpec, Entry, Plan, RateLimit, Redirects};
+use super::definition::{CacheSpec, Entry, Plan, RateLimit, Redirects, SideEffects};
 use super::schema::{Parameters, to_json_schema};
 use super::validate::ParamValidator;
 use super::{ToolDefinition, ToolHandler, external};
@@ -59,6 +66,9 @@ pub struct ToolFile {
     pub post_processor: Option<String>,
     #[serde(default)]
     pub timeout_s: Option<f64>,
+    /// Unset: the builtin handler's own, else `at_most_once`.
+    #[serde(default)]
+    pub side_effects: Option<SideEffects>,
 }
 
 fn default_version() -> String {
@@ -195,6 +205,22 @@ fn check(path: &Path, file: &ToolFile) -> Result<(), LoadError> {
     }
     let schema =
         to_json_schema(&file.parameters).map_err(|e| LoadError::new(path, None, e.to_string()))?;
+    if let Entry::External {
+        command: Some(_), ..
+    } = &file.entry
+        && schema["properties"]
+            .get(external::IDEMPOTENCY_KEY_FIELD)
+            .is_some()
+    {
+        return Err(LoadError::new(
+            path,
+            None,
+            format!(
+                "a command entry may not declare a parameter named `{}`: cadre puts the call's idempotency key there",
+                external::IDEMPOTENCY_KEY_FIELD
+            ),
+        ));
+    }
     ParamValidator::new(&schema, false).map_err(|e| LoadError::new(path, None, e.to_string()))?;
     Ok(())
 }
@@ -262,6 +288,9 @@ pub fn read_tool_file(path: &Path, agents_dir: &Path, max_bytes: u64) -> Result<
 pub struct HandlerCatalog {
     pub builtin: HashMap<String, Arc<dyn ToolHandler>>,
     pub custom: HashMap<String, Arc<dyn ToolHandler>>,
+    /// What each builtin handler declares: a tool file naming one without
+    /// `side_effects` of its own keeps it.
+    pub builtin_side_effects: HashMap<String, SideEffects>,
 }
 
 /// The working directory of a command entry: the folder of its tool file
@@ -346,6 +375,14 @@ pub fn resolve(
             }
         }
     };
+    let side_effects = file.side_effects.unwrap_or_else(|| match &file.entry {
+        Entry::Builtin { handler } => catalog
+            .builtin_side_effects
+            .get(handler.as_deref().unwrap_or(&file.name))
+            .copied()
+            .unwrap_or_default(),
+        _ => SideEffects::default(),
+    });
     let definition = ToolDefinition {
         name: file.name,
         version: file.version,
@@ -360,6 +397,7 @@ pub fn resolve(
         cache: file.cache,
         post_processor: file.post_processor,
         timeout: file.timeout_s.map(Duration::from_secs_f64),
+        side_effects,
     };
     Ok((definition, handler))
 }
@@ -458,6 +496,53 @@ validation = { min = 1, max = 300 }
         assert!(parse_file(Path::new("a.yaml"), zero).is_err());
         let pp = "name: x\ndescription: d\npost_processor: explode\n";
         assert!(parse_file(Path::new("a.yaml"), pp).is_err());
+    }
+
+    #[test]
+    fn side_effects_are_said_inherited_from_a_builtin_or_at_most_once() {
+        let mut catalog = HandlerCatalog::default();
+        catalog.builtin.insert(
+            "echo".into(),
+            Arc::new(crate::tools::builtin::echo::Echo) as Arc<dyn ToolHandler>,
+        );
+        catalog
+            .builtin_side_effects
+            .insert("echo".into(), SideEffects::None);
+        let side_effects = |text: &str| {
+            let file = parse_file(Path::new("t.yaml"), text).unwrap();
+            let (def, _) = resolve(
+                Path::new("t.yaml"),
+                file,
+                &catalog,
+                &FileSettings::default(),
+            )
+            .unwrap();
+            def.side_effects
+        };
+        let builtin = "name: x\ndescription: d\nentry: {type: builtin, handler: echo}\n";
+        assert_eq!(side_effects(builtin), SideEffects::None);
+        assert_eq!(
+            side_effects(&format!("{builtin}side_effects: idempotent\n")),
+            SideEffects::Idempotent
+        );
+        let command = "name: x\ndescription: d\nentry: {type: external, command: [cat]}\n";
+        assert_eq!(side_effects(command), SideEffects::AtMostOnce);
+        assert_eq!(
+            side_effects(&format!("{command}side_effects: none\n")),
+            SideEffects::None
+        );
+        let bad = format!("{command}side_effects: sometimes\n");
+        assert!(parse_file(Path::new("t.yaml"), &bad).is_err());
+    }
+
+    #[test]
+    fn a_command_may_not_declare_the_idempotency_key_as_a_parameter() {
+        let text = "name: x\ndescription: d\nentry: {type: external, command: [cat]}\nparameters:\n  - {name: idempotency_key, type: string}\n";
+        let err = parse_file(Path::new("t.yaml"), text).unwrap_err();
+        assert!(err.message.contains("idempotency_key"), "{err}");
+        // A URL entry gets the key in a header: the name is free there.
+        let url = "name: x\ndescription: d\nentry: {type: external, url: \"https://h.example/x\"}\nparameters:\n  - {name: idempotency_key, type: string}\n";
+        assert!(parse_file(Path::new("t.yaml"), url).is_ok());
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub mod schema;
 pub mod validate;
 pub mod watch;
 
-pub use definition::{Plan, RateLimit, ToolDefinition};
+pub use definition::{Plan, RateLimit, SideEffects, ToolDefinition};
 pub use outcome::{
     CallerType, ErrorType, ExecutionContext, FieldError, ResultMetadata, ToolExecutionResult,
 };

@@ -260,6 +260,12 @@ impl ToolRegistry {
         let validator = ParamValidator::new(&definition.parameters, self.strict)?;
         let name = definition.name.clone();
         let mut state = self.write();
+        if source != ToolSource::Custom {
+            state
+                .catalog
+                .builtin_side_effects
+                .insert(name.clone(), definition.side_effects);
+        }
         let catalog = match source {
             ToolSource::Custom => &mut state.catalog.custom,
             _ => &mut state.catalog.builtin,

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use super::calc_eval;
-use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler};
+use crate::tools::{ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler};
 
 pub fn definition() -> ToolDefinition {
     ToolDefinition::new(
@@ -37,6 +37,7 @@ pub fn definition() -> ToolDefinition {
         "plus",
         "times",
     ])
+    .with_side_effects(SideEffects::None)
 }
 
 pub struct Calculator;

@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler};
+use crate::tools::{ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler};
 
 pub fn definition() -> ToolDefinition {
     ToolDefinition::new(
@@ -18,6 +18,7 @@ pub fn definition() -> ToolDefinition {
         }),
     )
     .with_tags(&["echo", "repeat", "say"])
+    .with_side_effects(SideEffects::None)
 }
 
 pub struct Echo;

@@ -21,6 +21,10 @@
 //! - A string `body` is sent verbatim (`text/plain` unless a content type is
 //!   given); any other JSON value is sent as JSON. `Host`, `Content-Length`
 //!   and hop-by-hop headers may not be set by the model.
+//! - A call with an idempotency key (`ctx.idempotency_key`, set for the
+//!   calls of a conversation turn) sends it as `Idempotency-Key` with every
+//!   method but GET, unless the model set that header itself; the same key
+//!   on every attempt, so a server that honours it acts once.
 //! - `fetch_page`: the site is `ctx.variables.site = {base_url, allowed_paths}`.
 //!   `base_url` gives the origin (scheme, host, port); `path` and the
 //!   `allowed_paths` prefixes are absolute paths on it. A prefix matches whole
@@ -46,7 +50,7 @@ use url::Url;
 
 use super::net_guard::{self, GuardedClient, MAX_REDIRECTS, Redirects, Refused};
 use super::{BuiltinContext, ToolEntry};
-use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler};
+use crate::tools::{ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler};
 
 /// Largest `http_request` response body read.
 pub const MAX_RESPONSE_BYTES: usize = 1 << 20;
@@ -57,6 +61,9 @@ pub const MAX_PAGE_TEXT_CHARS: usize = 50_000;
 /// `fetch_page` results are fresh for an hour (cached by the executor).
 pub const PAGE_CACHE_TTL_S: u64 = 3600;
 pub const SITE_SOURCE_ID: &str = "tool:site:v1";
+/// The header that carries a call's idempotency key to an HTTP upstream
+/// (Stripe's name, and the IETF draft's).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 const DEFAULT_TIMEOUT_S: f64 = 30.0;
 const MAX_TIMEOUT_S: u64 = 300;
@@ -162,7 +169,9 @@ pub fn http_request_definition() -> ToolDefinition {
     )
     .with_category("http")
     .with_tags(&["network", "api", "request", "http", "fetch", "url"])
-    .with_timeout(Duration::from_secs(MAX_TIMEOUT_S) + GRACE);
+    .with_timeout(Duration::from_secs(MAX_TIMEOUT_S) + GRACE)
+    // A POST may act: never repeated on its own.
+    .with_side_effects(SideEffects::AtMostOnce);
     def.output = Some(json!({
         "type": "object",
         "properties": {
@@ -195,6 +204,15 @@ impl ToolHandler for HttpRequest {
         headers.remove(crate::identity::PARENT_RUN_HEADER);
         if let Some(run) = ctx.workflow_id.as_deref().and_then(|r| r.parse().ok()) {
             headers.insert(crate::identity::PARENT_RUN_HEADER, run);
+        }
+        // The call's stable key on what may act (not GET), unless the
+        // model set one: a server that honours it acts once however often
+        // the call is retried or resumed.
+        if method != Method::GET
+            && !headers.contains_key(IDEMPOTENCY_KEY)
+            && let Some(key) = ctx.idempotency_key.as_deref().and_then(|k| k.parse().ok())
+        {
+            headers.insert(IDEMPOTENCY_KEY, key);
         }
 
         let mut request = client
@@ -483,7 +501,8 @@ pub fn fetch_page_definition() -> ToolDefinition {
     .with_category("http")
     .with_tags(&["site", "page", "docs", "help", "website", "read"])
     .with_timeout(PAGE_TIMEOUT + GRACE)
-    .with_cache_ttl(PAGE_CACHE_TTL_S);
+    .with_cache_ttl(PAGE_CACHE_TTL_S)
+    .with_side_effects(SideEffects::None);
     def.output = Some(json!({
         "type": "object",
         "properties": {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler};
+use crate::tools::{ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler};
 
 pub const MAX_MS: u64 = 60_000;
 
@@ -25,6 +25,7 @@ pub fn definition() -> ToolDefinition {
     .with_category("custom")
     .with_cache_ttl(0)
     .with_timeout(Duration::from_millis(MAX_MS + 5_000))
+    .with_side_effects(SideEffects::None)
 }
 
 pub struct Sleep;

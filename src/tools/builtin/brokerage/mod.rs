@@ -62,7 +62,7 @@ use serde_json::{Value, json};
 use self::master::{ActivityKind, AssetClass, FILE_NAME, MasterFile, Timeframe};
 use self::query::Answer;
 use super::{BuiltinContext, ToolEntry};
-use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler};
+use crate::tools::{ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler};
 
 /// Default and largest `limit` of `get_activity` and `get_transfers`.
 const DEFAULT_LIMIT: u64 = 10;
@@ -246,6 +246,8 @@ impl Op {
         )
         .with_category(category)
         .with_tags(tags)
+        // Every brokerage tool reads the account; none changes it.
+        .with_side_effects(SideEffects::None)
     }
 
     fn source_id(self) -> &'static str {

@@ -19,7 +19,7 @@ use super::data::TradingData;
 use super::user_docs::{self, ALERTS, lock_user, user_key};
 use super::{NO_CACHE, Op, Shared, envelope, opt_str, req_f64, req_str, symbol_schema};
 use crate::tools::definition::Plan;
-use crate::tools::{ToolDefinition, ToolError};
+use crate::tools::{SideEffects, ToolDefinition, ToolError};
 
 const MAX_ALERTS: usize = 50;
 const WHAT: &str = "price alerts";
@@ -89,6 +89,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::AtMostOnce)
             .with_category("alerts")
             .with_tags(&["alert", "notify", "price level"])
             .with_plan(Plan::Pro)
@@ -106,6 +107,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("alerts")
             .with_tags(&["alerts", "list"])
             .with_plan(Plan::Pro)
@@ -130,6 +132,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::Idempotent)
             .with_category("alerts")
             .with_tags(&["alert", "delete", "remove"])
             .with_plan(Plan::Pro)

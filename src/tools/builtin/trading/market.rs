@@ -27,7 +27,7 @@ use super::data::{Bar, SymbolData};
 use super::indicators::{self, IndicatorError};
 use super::{Op, Shared, envelope, opt_str, opt_u64, req_str, round, symbol_schema};
 use crate::tools::definition::Plan;
-use crate::tools::{ToolDefinition, ToolError};
+use crate::tools::{SideEffects, ToolDefinition, ToolError};
 
 /// Largest `limit` of `get_ohlcv`, and the most bars indicators look at.
 pub const MAX_BARS: usize = 500;
@@ -46,6 +46,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("market")
             .with_tags(&["price", "quote", "market", "stock"])
             .with_plan(Plan::Free)
@@ -79,6 +80,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("market")
             .with_tags(&["ohlcv", "candles", "history", "chart", "market"])
             .with_plan(Plan::Free)
@@ -117,6 +119,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("market")
             .with_tags(&["indicators", "technical", "rsi", "macd", "market"])
             .with_plan(Plan::Free)
@@ -136,6 +139,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("market")
             .with_tags(&["fundamentals", "valuation", "earnings", "market"])
             .with_plan(Plan::Free)

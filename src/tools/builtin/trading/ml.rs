@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::{Op, Shared, envelope, opt_str, req_str, symbol_schema};
 use crate::tools::definition::Plan;
-use crate::tools::{ToolDefinition, ToolError};
+use crate::tools::{SideEffects, ToolDefinition, ToolError};
 
 pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
     vec![
@@ -30,6 +30,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("ml")
             .with_tags(&["ml", "prediction", "signal", "forecast"])
             .with_plan(Plan::Pro)
@@ -57,6 +58,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("ml")
             .with_tags(&["ml", "features", "explain", "importance"])
             .with_plan(Plan::Premium)

@@ -10,31 +10,36 @@
 //!
 //! The catalog (spec ET-LLM-005; plan and per-minute limit as the spec says):
 //!
-//! | tool                    | plan    | /min | category  | cache |
-//! |-------------------------|---------|------|-----------|-------|
-//! | get_price               | free    | 60   | market    | 5 s   |
-//! | get_ohlcv               | free    | 30   | market    | 5 s   |
-//! | get_indicators          | free    | 30   | market    | 5 s   |
-//! | get_fundamentals        | free    | 20   | market    | 5 s   |
-//! | get_news                | free    | 10   | news      | 300 s |
-//! | get_sentiment           | pro     | 20   | news      | 300 s |
-//! | get_ml_signals          | pro     | 30   | ml        | 60 s  |
-//! | get_ml_features         | premium | 20   | ml        | 60 s  |
-//! | get_portfolio           | pro     | 30   | portfolio | –     |
-//! | get_trade_history       | pro     | 20   | portfolio | –     |
-//! | create_paper_order      | pro     | 10   | trading   | –     |
-//! | cancel_paper_order      | pro     | 20   | trading   | –     |
-//! | get_pending_orders      | pro     | 30   | trading   | –     |
-//! | create_alert            | pro     | 20   | alerts    | –     |
-//! | list_alerts             | pro     | 30   | alerts    | –     |
-//! | delete_alert            | pro     | 20   | alerts    | –     |
-//! | calculate_position_size | free    | 100  | calculate | –     |
-//! | calculate_risk_reward   | free    | 100  | calculate | –     |
-//! | get_watchlist           | free    | 60   | portfolio | –     |
-//! | add_to_watchlist        | free    | 30   | portfolio | –     |
-//! | remove_from_watchlist   | free    | 30   | portfolio | –     |
+//! | tool                    | plan    | /min | category  | cache | side effects |
+//! |-------------------------|---------|------|-----------|-------|--------------|
+//! | get_price               | free    | 60   | market    | 5 s   | none         |
+//! | get_ohlcv               | free    | 30   | market    | 5 s   | none         |
+//! | get_indicators          | free    | 30   | market    | 5 s   | none         |
+//! | get_fundamentals        | free    | 20   | market    | 5 s   | none         |
+//! | get_news                | free    | 10   | news      | 300 s | none         |
+//! | get_sentiment           | pro     | 20   | news      | 300 s | none         |
+//! | get_ml_signals          | pro     | 30   | ml        | 60 s  | none         |
+//! | get_ml_features         | premium | 20   | ml        | 60 s  | none         |
+//! | get_portfolio           | pro     | 30   | portfolio | –     | none         |
+//! | get_trade_history       | pro     | 20   | portfolio | –     | none         |
+//! | create_paper_order      | pro     | 10   | trading   | –     | at_most_once |
+//! | cancel_paper_order      | pro     | 20   | trading   | –     | idempotent   |
+//! | get_pending_orders      | pro     | 30   | trading   | –     | none         |
+//! | create_alert            | pro     | 20   | alerts    | –     | at_most_once |
+//! | list_alerts             | pro     | 30   | alerts    | –     | none         |
+//! | delete_alert            | pro     | 20   | alerts    | –     | idempotent   |
+//! | calculate_position_size | free    | 100  | calculate | –     | none         |
+//! | calculate_risk_reward   | free    | 100  | calculate | –     | none         |
+//! | get_watchlist           | free    | 60   | portfolio | –     | none         |
+//! | add_to_watchlist        | free    | 30   | portfolio | –     | idempotent   |
+//! | remove_from_watchlist   | free    | 30   | portfolio | –     | idempotent   |
 //!
 //! `create_paper_order` carries the post-processor `require_confirmation`.
+//! Side effects ([`crate::tools::SideEffects`]): what reads is `none`;
+//! what sets a state whatever it was (cancel an order, delete an alert,
+//! add or remove a watched symbol) is `idempotent`; what creates something
+//! new on each run (an order, an alert) is `at_most_once`, so a call that
+//! may have run is never run again on its own.
 //!
 //! Decisions (details in each file's header):
 //! - Plans and limits are the spec's; the spec has no hourly or daily limits,
@@ -270,6 +275,7 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::tools::CallerType;
+    use crate::tools::SideEffects;
     use crate::tools::definition::{Plan, REQUIRE_CONFIRMATION};
 
     /// A temp folder with a copy of the shipped sample data and a store.
@@ -412,6 +418,15 @@ pub(crate) mod tests {
                 "{}",
                 d.name
             );
+            let side_effects = match d.name.as_str() {
+                "create_paper_order" | "create_alert" => SideEffects::AtMostOnce,
+                "cancel_paper_order"
+                | "delete_alert"
+                | "add_to_watchlist"
+                | "remove_from_watchlist" => SideEffects::Idempotent,
+                _ => SideEffects::None,
+            };
+            assert_eq!(d.side_effects, side_effects, "{}", d.name);
         }
         let order = catalog()
             .into_iter()

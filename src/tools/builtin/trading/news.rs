@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::data::NewsItem;
 use super::{Op, Shared, envelope, opt_str, opt_u64, req_str, round, symbol_schema};
 use crate::tools::definition::Plan;
-use crate::tools::{ToolDefinition, ToolError};
+use crate::tools::{SideEffects, ToolDefinition, ToolError};
 
 const MAX_NEWS: u64 = 20;
 
@@ -41,6 +41,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("news")
             .with_tags(&["news", "headlines", "sentiment"])
             .with_plan(Plan::Free)
@@ -60,6 +61,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("news")
             .with_tags(&["sentiment", "news", "social"])
             .with_plan(Plan::Pro)

@@ -30,7 +30,7 @@ use super::portfolio::{self, Reservations};
 use super::user_docs::{self, ORDERS, lock_user};
 use super::{NO_CACHE, Op, Shared, envelope, opt_f64, req_f64, req_str, round, symbol_schema};
 use crate::tools::definition::{Plan, REQUIRE_CONFIRMATION};
-use crate::tools::{ToolDefinition, ToolError};
+use crate::tools::{SideEffects, ToolDefinition, ToolError};
 
 /// Largest quantity of one order.
 const MAX_QUANTITY: f64 = 1_000_000.0;
@@ -76,6 +76,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::AtMostOnce)
             .with_category("trading")
             .with_tags(&["order", "buy", "sell", "paper trading", "trade"])
             .with_plan(Plan::Pro)
@@ -95,6 +96,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::Idempotent)
             .with_category("trading")
             .with_tags(&["order", "cancel", "paper trading"])
             .with_plan(Plan::Pro)
@@ -108,6 +110,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                 "The user's pending paper-trading orders, oldest first, with current prices.",
                 json!({"type": "object", "properties": {}, "additionalProperties": false}),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("trading")
             .with_tags(&["orders", "pending", "open orders", "paper trading"])
             .with_plan(Plan::Pro)

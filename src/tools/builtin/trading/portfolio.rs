@@ -24,7 +24,7 @@ use super::data::StartingPortfolio;
 use super::order_book::{self, Order, OrderState, OrderType, Side};
 use super::{NO_CACHE, Op, Shared, envelope, opt_str, opt_u64, round, symbol_schema};
 use crate::tools::definition::Plan;
-use crate::tools::{ToolDefinition, ToolError};
+use crate::tools::{SideEffects, ToolDefinition, ToolError};
 
 const MAX_HISTORY: u64 = 100;
 /// Quantities closer to zero than this are a closed position.
@@ -39,6 +39,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                  realized and unrealized P&L.",
                 json!({"type": "object", "properties": {}, "additionalProperties": false}),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("portfolio")
             .with_tags(&["portfolio", "positions", "holdings", "balance", "pnl"])
             .with_plan(Plan::Pro)
@@ -65,6 +66,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("portfolio")
             .with_tags(&["trades", "history", "fills", "pnl"])
             .with_plan(Plan::Pro)

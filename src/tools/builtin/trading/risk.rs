@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use super::{NO_CACHE, Op, req_f64, round};
 use crate::tools::definition::Plan;
-use crate::tools::{ToolDefinition, ToolError};
+use crate::tools::{SideEffects, ToolDefinition, ToolError};
 
 fn price_schema(description: &str) -> Value {
     json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1.0e9, "description": description})
@@ -52,6 +52,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("calculate")
             .with_tags(&["position size", "risk", "calculate", "stop loss"])
             .with_plan(Plan::Free)
@@ -75,6 +76,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                     "additionalProperties": false
                 }),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("calculate")
             .with_tags(&["risk reward", "ratio", "calculate", "target"])
             .with_plan(Plan::Free)

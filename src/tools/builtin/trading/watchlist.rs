@@ -20,7 +20,7 @@ use super::data::TradingData;
 use super::user_docs::{self, WATCHLIST, lock_user, user_key};
 use super::{NO_CACHE, Op, Shared, envelope, req_str, round, symbol_schema};
 use crate::tools::definition::Plan;
-use crate::tools::{ToolDefinition, ToolError};
+use crate::tools::{SideEffects, ToolDefinition, ToolError};
 
 const MAX_SYMBOLS: usize = 50;
 const WHAT: &str = "watchlist";
@@ -49,6 +49,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                 "The user's watchlist with each symbol's current price and daily change.",
                 json!({"type": "object", "properties": {}, "additionalProperties": false}),
             )
+            .with_side_effects(SideEffects::None)
             .with_category("portfolio")
             .with_tags(&["watchlist", "favorites", "tracked symbols"])
             .with_plan(Plan::Free)
@@ -62,6 +63,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                 "Add a symbol to the user's watchlist.",
                 one_symbol("The symbol to add"),
             )
+            .with_side_effects(SideEffects::Idempotent)
             .with_category("portfolio")
             .with_tags(&["watchlist", "add", "track"])
             .with_plan(Plan::Free)
@@ -75,6 +77,7 @@ pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
                 "Remove a symbol from the user's watchlist.",
                 one_symbol("The symbol to remove"),
             )
+            .with_side_effects(SideEffects::Idempotent)
             .with_category("portfolio")
             .with_tags(&["watchlist", "remove", "untrack"])
             .with_plan(Plan::Free)
