@@ -470,6 +470,7 @@ fn setup(
         registry: registry.clone(),
         arbiters: conversation_arbiters.to_vec(),
         limits: config.workflows.clone(),
+        resume_window: config.session_limits().resume_window,
     });
     Ok(Parts {
         store,

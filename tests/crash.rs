@@ -32,7 +32,8 @@
 //!   `GET /v1/workflows/runs/{id}`, either succeeded with the node outputs
 //!   and run output the strict model makes, or `interrupted` (no node left
 //!   running, the cut nodes failed as interrupted, finished nodes with
-//!   their outputs) — never `running`, never missing; a run acknowledged
+//!   their outputs) — never `running` once the runs the restart resumed
+//!   (`[sessions] resume_window_s`) are over, never missing; a run acknowledged
 //!   finished (`wait`) or once seen finished never changes again; no run of
 //!   the workflow, acknowledged or not, is left `running`; the sessions the
 //!   agent nodes opened pass the session checks above (a turn its node saw
@@ -945,6 +946,32 @@ async fn check_run(client: &Client, run: &mut AckedRun) -> Result<String, String
     Ok(status)
 }
 
+/// Waits until no run of the workflow is `running`: the runs the kill cut
+/// are resumed at start (within `[sessions] resume_window_s`) and finish by
+/// themselves; the checks read them once they are over.
+async fn runs_resumed_at_start_end(client: &Client) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let body = get(
+            client,
+            format!("/v1/workflows/runs?workflow={WORKFLOW}&limit={RUNS_LIMIT}"),
+        )
+        .await?;
+        let running = body["runs"].as_array().map_or(0, |runs| {
+            runs.iter().filter(|r| r["status"] == "running").count()
+        });
+        if running == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{running} runs still running 60 s after the restart"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// How the acknowledged runs stood at one check.
 #[derive(Debug, Default)]
 struct RunTally {
@@ -1251,6 +1278,9 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         client = server.client().with_timeout(REQUEST_TIMEOUT);
         let mut failures: Vec<String> = side.failures;
         failures.extend(flows.failures);
+        if let Err(e) = runs_resumed_at_start_end(&client).await {
+            failures.push(e);
+        }
         let checked: Vec<(Book, Tally)> = futures::stream::iter(books.drain(..))
             .map(|book| check_session(&client, book))
             .buffered(CHECK_PARALLELISM)

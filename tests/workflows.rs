@@ -688,7 +688,7 @@ async fn with_the_pool_held_by_a_conversation_a_workflow_still_runs_and_is_not_c
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_cut_off_by_a_restart_is_interrupted_and_resume_finishes_it() {
+async fn a_run_cut_off_by_a_restart_past_the_resume_window_is_interrupted_and_resume_finishes_it() {
     let workflow = r#"
         name = "long"
         [[nodes]]
@@ -705,8 +705,12 @@ async fn a_run_cut_off_by_a_restart_is_interrupted_and_resume_finishes_it() {
     "#;
     let agents = agents_with(&[], &[("long.toml", workflow)]);
     let data = tempfile::tempdir().expect("data dir");
+    // A zero window: the restart resumes nothing (tests/workflow_resume.rs
+    // covers the automatic resume).
     let options = |gate: (ToolDefinition, Arc<dyn ToolHandler>), count| {
-        app_with(agents.path(), vec![gate, count, emit_tool()]).data_dir(data.path())
+        app_with(agents.path(), vec![gate, count, emit_tool()])
+            .data_dir(data.path())
+            .config_toml("[sessions]\nresume_window_s = 0\n")
     };
 
     let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");

@@ -19,9 +19,34 @@
 //! A run is durable (`running`, every node pending) before `start` returns.
 //! It is stored as a document plus one row per map element
 //! ([`super::record`]); every read here puts the two back together.
-//! At startup [`Workflows::recover`] marks every run still `running` as
-//! `interrupted`; [`Workflows::resume`] re-runs such a run (or a failed one)
-//! against the workflow's current definition, keeping what succeeded.
+//! [`Workflows::resume`] re-runs an interrupted or failed run against the
+//! workflow's current definition, keeping what succeeded.
+//!
+//! Restart ([`Workflows::recover`], once at start): a run still `running`
+//! in the store was cut by the stop (a crash, or a shutdown: runners stop
+//! without writing). Its running nodes and elements become failed as
+//! interrupted, then:
+//! - when its last progress ([`WorkflowRun::last_progress`]: the latest
+//!   start or end of a node or element, its last resume, its creation) is
+//!   younger than `[sessions] resume_window_s`, it is resumed there and
+//!   then through the same path as a client's resume: what succeeded (a
+//!   node, a map element) keeps its output and is not run again, the rest
+//!   runs; it counts in `resumes` and `automatic_resumes`. Start does not
+//!   wait for it to finish.
+//! - otherwise (or when it cannot be resumed: its workflow is gone) it is
+//!   closed as `interrupted`, its error saying why, for a client to resume
+//!   or cancel.
+//!
+//! Decision: the window counts from the last progress the store holds, not
+//! from the crash (which left no trace): a run whose one node ran for
+//! longer than the window before the crash is closed, not resumed. That
+//! errs on the side of not repeating old work unasked. A zero window
+//! resumes nothing (the behaviour before automatic resume).
+//!
+//! A tool node (or map element) runs again on resume only if its outcome
+//! was not stored: the node's or element's row is written (durably) as it
+//! succeeds, before anything reads it. A call that finished in the
+//! executor in the instant before that write is run again.
 //!
 //! Cancel ([`Workflows::cancel`]): a live run's runner is told through its
 //! cancellation token and the call returns the run as it ended; an
@@ -43,6 +68,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use jiff::Timestamp;
 use serde::Serialize;
@@ -199,7 +225,23 @@ pub struct WorkflowsDeps {
     /// Where runner actors live (spread round-robin).
     pub arbiters: Vec<actix::dev::ArbiterHandle>,
     pub limits: WorkflowLimits,
+    /// Runs a restart cut are resumed at start when their last progress
+    /// is younger than this (`[sessions] resume_window_s`; zero: never).
+    pub resume_window: Duration,
 }
+
+/// What [`Workflows::recover`] did with the runs a restart cut.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    /// Resumed at start (their runners are running).
+    pub resumed: usize,
+    /// Closed as `interrupted`: past the window, or not resumable (their
+    /// workflow is gone, the store refused the write).
+    pub interrupted: usize,
+}
+
+/// The run error of a run a restart cut.
+const CUT: &str = "the server stopped while the run was in flight";
 
 struct FileState {
     text: String,
@@ -228,6 +270,7 @@ struct Inner {
     arbiters: Vec<actix::dev::ArbiterHandle>,
     next_arbiter: AtomicUsize,
     limits: WorkflowLimits,
+    resume_window: Duration,
 }
 
 struct Known<'a> {
@@ -267,6 +310,7 @@ impl Workflows {
                 arbiters: deps.arbiters,
                 next_arbiter: AtomicUsize::new(0),
                 limits: deps.limits,
+                resume_window: deps.resume_window,
             }),
         };
         workflows.reload();
@@ -384,15 +428,18 @@ impl Workflows {
         report
     }
 
-    /// Marks runs left `running` by a previous process as interrupted, and
-    /// indexes by tenant the runs stored before that index existed.
-    /// Call once at startup, before any run starts. Returns how many runs
-    /// were interrupted.
-    pub async fn recover(&self) -> Result<usize, WorkflowError> {
+    /// Takes up the runs a previous process left `running` (see the
+    /// module doc): each one whose last progress is younger than the
+    /// resume window is resumed now, the others are closed as
+    /// `interrupted`. Also indexes by tenant the runs stored before that
+    /// index existed. Call once at startup, before any run starts; it
+    /// returns once the resumed runs are launched, not finished.
+    pub async fn recover(&self) -> Result<Recovery, WorkflowError> {
         let store = &self.inner.deps.store;
         store.index_docs(RUNS_NAMESPACE, run_tenant).await?;
         let now = Timestamp::now();
-        let mut n = 0;
+        let window = self.inner.resume_window;
+        let mut recovery = Recovery::default();
         for (id, doc) in store.list_docs(RUNS_NAMESPACE, "").await? {
             let mut run: WorkflowRun = match serde_json::from_value(doc) {
                 Ok(r) => r,
@@ -405,12 +452,54 @@ impl Workflows {
                 continue;
             }
             record::attach_items(store, &mut run).await?;
-            run.interrupt(now);
+            // A clock set back since counts as no time at all.
+            let age =
+                Duration::try_from(now.duration_since(run.last_progress())).unwrap_or_default();
+            run.interrupt(now, CUT.into());
+            let not_resumed = if age < window {
+                match self.relaunch(run.clone(), true).await {
+                    Ok(resumed) => {
+                        tracing::info!(
+                            run = %id,
+                            workflow = %resumed.workflow,
+                            idle_s = age.as_secs(),
+                            resumes = resumed.resumes,
+                            "workflow run cut by a restart: resumed (what finished is not run again)"
+                        );
+                        recovery.resumed += 1;
+                        continue;
+                    }
+                    Err(e) => format!("{CUT}; it could not be resumed at start: {e}"),
+                }
+            } else {
+                format!(
+                    "{CUT}; its last progress was {} s before the restart, past `[sessions] resume_window_s` ({} s), so it was not resumed",
+                    age.as_secs(),
+                    window.as_secs_f64()
+                )
+            };
+            run.error = Some(not_resumed);
             record::save(store, &run, true).await?;
-            tracing::warn!(run = %id, workflow = %run.workflow, "workflow run interrupted by a restart; resume it to finish");
-            n += 1;
+            tracing::warn!(
+                run = %id,
+                workflow = %run.workflow,
+                idle_s = age.as_secs(),
+                "workflow run cut by a restart: interrupted ({}); POST /v1/workflows/runs/{id}/resume finishes it",
+                run.error.as_deref().unwrap_or_default()
+            );
+            recovery.interrupted += 1;
         }
-        Ok(n)
+        if recovery.resumed + recovery.interrupted > 0 {
+            tracing::info!(
+                resumed = recovery.resumed,
+                interrupted = recovery.interrupted,
+                window_s = window.as_secs_f64(),
+                "workflow runs cut by the last stop: {} resumed, {} closed as interrupted",
+                recovery.resumed,
+                recovery.interrupted
+            );
+        }
+        Ok(recovery)
     }
 
     /// Starts a run; returns it as stored (running, every node pending).
@@ -500,19 +589,31 @@ impl Workflows {
                 status: live.status,
             });
         }
-        let mut run = self.stored(id).await?;
+        let run = self.stored(id).await?;
         if !matches!(run.status, RunStatus::Failed | RunStatus::Interrupted) {
             return Err(WorkflowError::NotResumable {
                 id: id.into(),
                 status: run.status,
             });
         }
+        self.relaunch(run, false).await
+    }
+
+    /// The one way a failed or interrupted run goes again, for a client's
+    /// resume and the server's at start (`automatic`): against the
+    /// workflow's current definition, durable as running before its
+    /// runner starts, keeping what succeeded.
+    async fn relaunch(
+        &self,
+        mut run: WorkflowRun,
+        automatic: bool,
+    ) -> Result<WorkflowRun, WorkflowError> {
         let workflow = self
             .definition(&run.workflow)
             .ok_or_else(|| WorkflowError::NotFound {
                 name: run.workflow.clone(),
             })?;
-        run.reset_for_resume();
+        run.reset_for_resume(Timestamp::now(), automatic);
         let cache_ttl = self.cache_policy(&run.tenant).await;
         let live = self.claim(&run)?;
         if let Err(e) = record::save(&self.inner.deps.store, &run, true).await {

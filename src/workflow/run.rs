@@ -171,9 +171,16 @@ pub struct WorkflowRun {
     pub error: Option<String>,
     pub created_at: Timestamp,
     pub finished_at: Option<Timestamp>,
-    /// How many times the run was resumed.
+    /// How many times the run was resumed (by a client or at start).
     #[serde(default)]
     pub resumes: u32,
+    /// Of `resumes`, how many the server made by itself at start, for a
+    /// run a restart cut within `[sessions] resume_window_s`.
+    #[serde(default)]
+    pub automatic_resumes: u32,
+    /// When the run was last resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<Timestamp>,
     /// The run whose tool call started this one (the `x-cadre-parent-run`
     /// header of the start request), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,12 +196,32 @@ fn default_tenant() -> String {
 }
 
 impl WorkflowRun {
-    /// Marks a run found `running` at startup as interrupted: its running
-    /// nodes (and map items) become failed, so `resume` runs them again.
-    pub fn interrupt(&mut self, now: Timestamp) {
+    /// When the run last moved, as far as the store knows: the latest of
+    /// its creation, its last resume and every start and end of its nodes
+    /// and map elements. A run found `running` at startup stopped after
+    /// this (the restart's resume window counts from here).
+    pub fn last_progress(&self) -> Timestamp {
+        let nodes = self.nodes.values().flat_map(|n| {
+            let items = n
+                .items
+                .iter()
+                .flatten()
+                .flat_map(|i| [i.started_at, i.finished_at]);
+            [n.started_at, n.finished_at].into_iter().chain(items)
+        });
+        nodes
+            .chain([self.resumed_at])
+            .flatten()
+            .fold(self.created_at, Timestamp::max)
+    }
+
+    /// Marks a run found `running` at startup as interrupted, `why` being
+    /// the run's error: its running nodes (and map items) become failed,
+    /// so a resume runs them again.
+    pub fn interrupt(&mut self, now: Timestamp, why: String) {
         const WHY: &str = "interrupted: the server stopped while this was running";
         self.status = RunStatus::Interrupted;
-        self.error = Some("the server stopped while the run was in flight".into());
+        self.error = Some(why);
         self.finished_at = Some(now);
         for node in self.nodes.values_mut() {
             for item in node.items.iter_mut().flatten() {
@@ -244,12 +271,17 @@ impl WorkflowRun {
     /// Prepares a finished (failed or interrupted) run to go again: every
     /// node not yet succeeded is pending again (a map node keeps the items
     /// that succeeded); outputs of succeeded nodes stay and are not re-run.
-    pub fn reset_for_resume(&mut self) {
+    /// `automatic`: the server resumes it at start, not a client.
+    pub fn reset_for_resume(&mut self, now: Timestamp, automatic: bool) {
         self.status = RunStatus::Running;
         self.error = None;
         self.output = None;
         self.finished_at = None;
         self.resumes += 1;
+        if automatic {
+            self.automatic_resumes += 1;
+        }
+        self.resumed_at = Some(now);
         for node in self.nodes.values_mut() {
             if node.status == NodeStatus::Succeeded {
                 continue;

@@ -40,7 +40,8 @@
 //!   the final state is written like any other.
 //! - At shutdown (the `stopping` flag) the runner stops without writing, so
 //!   a run cut off by a stopping server is found `running` at the next
-//!   start and marked interrupted, never recorded as a failure it was not.
+//!   start and resumed or marked interrupted there, never recorded as a
+//!   failure it was not.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -174,6 +174,8 @@ pub fn new_run(
         created_at: now,
         finished_at: None,
         resumes: 0,
+        automatic_resumes: 0,
+        resumed_at: None,
         parent_run: None,
         depth: 0,
     }
@@ -1187,10 +1189,13 @@ mod tests {
         s.on_outcome("each", Some(0), ok(json!("one")), t(2));
         let mut run = s.run().clone();
         // The server stopped here, with elements 1 and 2 running.
-        run.interrupt(t(3));
+        assert_eq!(run.last_progress(), t(2), "element 0 finished last");
+        run.interrupt(t(3), "stopped".into());
         assert_eq!(run.status, RunStatus::Interrupted);
+        assert_eq!(run.error.as_deref(), Some("stopped"));
         assert_eq!(run.nodes["each"].status, NodeStatus::Failed);
-        run.reset_for_resume();
+        run.reset_for_resume(t(3), true);
+        assert_eq!((run.automatic_resumes, run.resumed_at), (1, Some(t(3))));
         let mut s = Scheduler::new(
             wf(&MAP.replace("continue", "fail_fast")).unwrap(),
             run,
