@@ -14,13 +14,17 @@
 //! - within `[sessions] resume_window_s`, the run finishes by itself after
 //!   the restart: `first` and `alpha` ran once, `beta` twice;
 //! - with a zero window, it is closed as `interrupted` (its error names the
-//!   window) and nothing runs until a client resumes it.
+//!   window) and nothing runs until a client resumes it;
+//! - a cut element whose call had finished (its record written, as the
+//!   executor does before it answers, the element not yet stored) takes the
+//!   recorded output and does not run again.
 
 mod support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use cadre::store::{Store, ToolCallRecord, WriteOp};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use support::server::Server;
@@ -101,9 +105,13 @@ printf '{{"item": "%s"}}' "$item""#
         self.dir.path().join("work")
     }
 
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
     fn start(&self, resume_window_s: &str) -> Server {
         Server::start_offline_with(
-            &self.dir.path().join("data"),
+            &self.data(),
             &self.agents(),
             &[
                 ("NO_COLOR", "1"),
@@ -281,5 +289,57 @@ async fn a_run_cut_past_the_resume_window_is_closed_as_interrupted_and_nothing_r
     assert_eq!(
         (setup.runs("first"), setup.runs("alpha"), setup.runs("beta")),
         (1, 1, 2)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_element_whose_call_finished_keeps_the_recorded_output_and_does_not_run_again() {
+    let setup = Setup::new();
+    let mut server = setup.start("600");
+    let id = setup.start_and_hold(&server).await;
+    server.kill_9();
+
+    // What the executor stores when beta's call answers, durably and before
+    // the runner hears of it: the kill came in between.
+    {
+        let store = Store::open(&setup.data()).expect("open the data dir");
+        let record: ToolCallRecord = serde_json::from_value(json!({
+            "record_id": uuid::Uuid::now_v7().to_string(),
+            "tool_name": "hold",
+            "tool_call_id": null,
+            "params": {"item": "beta"},
+            "output": {"item": "beta", "recorded": true},
+            "is_success": true,
+            "error": null,
+            "error_type": null,
+            "execution_time_ms": 5,
+            "attempts": 1,
+            "caller_id": "workflow:cut/each[1]",
+            "caller_type": "workflow_node",
+            "conversation_id": null,
+            "workflow_id": id,
+            "user_id": null,
+            "tenant": "default",
+            "created_at": jiff::Timestamp::now(),
+        }))
+        .expect("a call record");
+        store
+            .write(vec![WriteOp::RecordToolCall(Box::new(record))], true)
+            .await
+            .expect("record written");
+    }
+
+    let server = setup.start("600");
+    let run = finished(&server.client(), &id).await;
+    assert_eq!(run["status"], "succeeded", "{run}\n{}", server.log_tail());
+    assert_eq!(
+        run["nodes"]["each"]["output"],
+        json!([{"item": "alpha"}, {"item": "beta", "recorded": true}]),
+        "{run}"
+    );
+    assert_eq!(
+        (setup.runs("first"), setup.runs("alpha"), setup.runs("beta")),
+        (1, 1, 1),
+        "no command ran again"
     );
 }

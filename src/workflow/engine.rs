@@ -43,10 +43,15 @@
 //! errs on the side of not repeating old work unasked. A zero window
 //! resumes nothing (the behaviour before automatic resume).
 //!
-//! A tool node (or map element) runs again on resume only if its outcome
-//! was not stored: the node's or element's row is written (durably) as it
-//! succeeds, before anything reads it. A call that finished in the
-//! executor in the instant before that write is run again.
+//! A tool node (or map element) runs again on resume only if its call did
+//! not finish: the node's or element's row is written (durably) as it
+//! succeeds, before anything reads it; and for the instant between the
+//! call's end and that write, the executor's call record (durable before
+//! it answers a workflow call) is the outcome: a cut task whose call
+//! succeeded takes the recorded output at start
+//! ([`Workflows::recover`], by the run's calls newest first down to the
+//! earliest cut start). An agent node's turn is not looked up that way: a
+//! cut agent node runs its turn again in a new session.
 //!
 //! Cancel ([`Workflows::cancel`]): a live run's runner is told through its
 //! cancellation token and the call returns the run as it ended; an
@@ -86,9 +91,9 @@ use crate::config::Agents;
 use crate::conversation::Sessions;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
-use crate::store::{Page, Store, StoreError};
+use crate::store::{CallFilter, Page, Store, StoreError, ToolCallRecord};
 use crate::tenants::DEFAULT_TENANT;
-use crate::tools::{FieldError, ToolRegistry};
+use crate::tools::{CallerType, FieldError, ToolRegistry};
 
 /// Node events buffered per subscriber.
 pub const EVENT_CAPACITY: usize = 1024;
@@ -452,6 +457,7 @@ impl Workflows {
                 continue;
             }
             record::attach_items(store, &mut run).await?;
+            let adopted = self.adopt_finished_calls(&mut run).await?;
             // A clock set back since counts as no time at all.
             let age =
                 Duration::try_from(now.duration_since(run.last_progress())).unwrap_or_default();
@@ -464,6 +470,7 @@ impl Workflows {
                             workflow = %resumed.workflow,
                             idle_s = age.as_secs(),
                             resumes = resumed.resumes,
+                            adopted,
                             "workflow run cut by a restart: resumed (what finished is not run again)"
                         );
                         recovery.resumed += 1;
@@ -484,6 +491,7 @@ impl Workflows {
                 run = %id,
                 workflow = %run.workflow,
                 idle_s = age.as_secs(),
+                adopted,
                 "workflow run cut by a restart: interrupted ({}); POST /v1/workflows/runs/{id}/resume finishes it",
                 run.error.as_deref().unwrap_or_default()
             );
@@ -500,6 +508,62 @@ impl Workflows {
             );
         }
         Ok(recovery)
+    }
+
+    /// Gives the running tool nodes and map elements of a run the stop
+    /// cut the outcome of their call when it succeeded but its result was
+    /// not stored (the executor records a workflow call durably before it
+    /// answers; the runner stores the result after): they are not run
+    /// again. Reads the run's call records newest first, down to the
+    /// earliest start among them. Returns how many it gave.
+    async fn adopt_finished_calls(&self, run: &mut WorkflowRun) -> Result<usize, WorkflowError> {
+        let running: BTreeMap<String, Timestamp> = run.running_tasks().into_iter().collect();
+        let Some(earliest) = running.values().min().copied() else {
+            return Ok(0);
+        };
+        let prefix = format!("workflow:{}/", run.workflow);
+        let filter = CallFilter {
+            workflow_id: Some(run.id.clone()),
+            ..CallFilter::default()
+        };
+        let mut adopted = 0;
+        let mut before = None;
+        loop {
+            let page = self
+                .inner
+                .deps
+                .store
+                .calls_of(&run.tenant, filter.clone(), before, 256)
+                .await?;
+            for call in page.items {
+                // Records are listed by their id, a UUID v7 made when the
+                // record was written: past one written before the earliest
+                // start, none is of these tasks.
+                if recorded_at(&call).is_some_and(|t| t < earliest) {
+                    return Ok(adopted);
+                }
+                let Some(task) = call.caller_id.strip_prefix(&prefix) else {
+                    continue;
+                };
+                if call.is_success
+                    && call.caller_type == CallerType::WorkflowNode.as_str()
+                    && running.contains_key(task)
+                    && run.adopt_call(
+                        task,
+                        call.output.unwrap_or(Value::Null),
+                        call.attempts.max(1),
+                        call.created_at,
+                    )
+                {
+                    tracing::info!(run = %run.id, %task, "the cut task's call had finished: its recorded output is kept, not run again");
+                    adopted += 1;
+                }
+            }
+            match page.next {
+                Some(next) => before = Some(next),
+                None => return Ok(adopted),
+            }
+        }
     }
 
     /// Starts a run; returns it as stored (running, every node pending).
@@ -850,6 +914,17 @@ impl Workflows {
     fn read_defs(&self) -> std::sync::RwLockReadGuard<'_, Defs> {
         self.inner.defs.read().expect("workflow definitions lock")
     }
+}
+
+/// When a call record was written (its id's UUID v7 time, to the
+/// millisecond, rounded up).
+fn recorded_at(call: &ToolCallRecord) -> Option<Timestamp> {
+    let (secs, nanos) = uuid::Uuid::parse_str(&call.record_id)
+        .ok()?
+        .get_timestamp()?
+        .to_unix();
+    let t = Timestamp::new(i64::try_from(secs).ok()?, i32::try_from(nanos).ok()?).ok()?;
+    t.checked_add(jiff::SignedDuration::from_millis(1)).ok()
 }
 
 /// The tenant of a stored run (for [`Store::index_docs`]).

@@ -215,6 +215,74 @@ impl WorkflowRun {
             .fold(self.created_at, Timestamp::max)
     }
 
+    /// The nodes and map elements that are running, as the executor names
+    /// them in a call's `node_id` (`node`, `node[k]`), with their start.
+    pub fn running_tasks(&self) -> Vec<(String, Timestamp)> {
+        let mut out = Vec::new();
+        for (id, node) in &self.nodes {
+            if node.status != NodeStatus::Running {
+                continue;
+            }
+            match &node.items {
+                None => out.extend(node.started_at.map(|t| (id.clone(), t))),
+                Some(items) => out.extend(items.iter().enumerate().filter_map(|(k, i)| {
+                    (i.status == NodeStatus::Running)
+                        .then_some(i.started_at)
+                        .flatten()
+                        .map(|t| (format!("{id}[{k}]"), t))
+                })),
+            }
+        }
+        out
+    }
+
+    /// Records, for the running node or map element `task` (named as in
+    /// [`Self::running_tasks`]), the outcome of a tool call that succeeded
+    /// at `at` but whose result was not stored: it succeeded with `output`.
+    /// False (nothing changes) when `task` is not running or started after
+    /// `at`.
+    pub fn adopt_call(&mut self, task: &str, output: Value, attempts: u32, at: Timestamp) -> bool {
+        let (id, k) = match task.strip_suffix(']').and_then(|t| t.rsplit_once('[')) {
+            Some((id, k)) => match k.parse::<usize>() {
+                Ok(k) => (id, Some(k)),
+                Err(_) => (task, None),
+            },
+            None => (task, None),
+        };
+        let Some(node) = self.nodes.get_mut(id) else {
+            return false;
+        };
+        if node.status != NodeStatus::Running {
+            return false;
+        }
+        match (k, node.items.as_mut()) {
+            (None, None) if node.started_at.is_some_and(|s| s <= at) => {
+                node.status = NodeStatus::Succeeded;
+                node.output = Some(output);
+                node.error = None;
+                node.attempts += attempts;
+                node.finished_at = Some(at);
+                true
+            }
+            (Some(k), Some(items)) => {
+                let Some(item) = items.get_mut(k) else {
+                    return false;
+                };
+                if item.status != NodeStatus::Running || item.started_at.is_none_or(|s| s > at) {
+                    return false;
+                }
+                item.status = NodeStatus::Succeeded;
+                item.output = Some(output);
+                item.error = None;
+                item.attempts += attempts;
+                item.finished_at = Some(at);
+                node.attempts += attempts;
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Marks a run found `running` at startup as interrupted, `why` being
     /// the run's error: its running nodes (and map items) become failed,
     /// so a resume runs them again.

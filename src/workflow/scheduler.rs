@@ -1177,6 +1177,50 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_element_whose_call_finished_takes_its_output_and_does_not_run_again() {
+        let mut s = scheduler(&MAP.replace("continue", "fail_fast"), json!({}));
+        s.start(t(0));
+        s.on_outcome(
+            "list",
+            None,
+            ok(json!({"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})),
+            t(1),
+        );
+        s.on_outcome("each", Some(0), ok(json!("one")), t(2));
+        let mut run = s.run().clone();
+        assert_eq!(
+            run.running_tasks(),
+            [("each[1]".to_string(), t(1)), ("each[2]".to_string(), t(2))]
+        );
+        assert!(
+            !run.adopt_call("each[1]", json!("old"), 1, t(0)),
+            "a call before it started"
+        );
+        assert!(!run.adopt_call("list", json!("x"), 1, t(3)), "not running");
+        assert!(
+            !run.adopt_call("each[0]", json!("x"), 1, t(3)),
+            "not running"
+        );
+        assert!(run.adopt_call("each[1]", json!("two"), 1, t(3)));
+        assert!(!run.adopt_call("each[1]", json!("again"), 1, t(3)), "once");
+        run.interrupt(t(4), "stopped".into());
+        run.reset_for_resume(t(4), true);
+        let mut s = Scheduler::new(
+            wf(&MAP.replace("continue", "fail_fast")).unwrap(),
+            run,
+            1_000,
+        );
+        let step = s.start(t(5));
+        assert_eq!(started(&step), [("each".into(), Some(2))]);
+        let step = s.on_outcome("each", Some(2), ok(json!("three")), t(6));
+        assert!(step.finished);
+        assert_eq!(
+            s.run().nodes["each"].output,
+            Some(json!(["one", "two", "three"]))
+        );
+    }
+
+    #[test]
     fn resume_runs_again_only_what_did_not_succeed() {
         let mut s = scheduler(&MAP.replace("continue", "fail_fast"), json!({}));
         s.start(t(0));
