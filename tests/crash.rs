@@ -977,6 +977,8 @@ async fn runs_resumed_at_start_end(client: &Client) -> Result<(), String> {
 struct RunTally {
     succeeded: usize,
     interrupted: usize,
+    /// Runs of the workflow (acknowledged or not) a restart resumed.
+    resumed: usize,
 }
 
 /// After a restart: every acknowledged run ([`check_run`]); every run of
@@ -1031,6 +1033,10 @@ async fn check_workflows(
         .iter()
         .filter_map(|r| Some((r["id"].as_str()?, r)))
         .collect();
+    runs.resumed = listed
+        .iter()
+        .filter(|r| r["automatic_resumes"].as_u64().is_some_and(|n| n > 0))
+        .count();
     for run in &listed {
         if run["status"] == "running" {
             failures.push(format!("run {} left running after the restart", run["id"]));
@@ -1337,14 +1343,16 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         eprintln!(
             "trial {trial}: killed after {acked_now} acknowledged turns (target {target}); \
              in flight at the kill: {} absent, {} partial, {} complete; lost {}; \
-             {runs_acked_now} runs acknowledged, of all {}: {} succeeded, {} interrupted",
+             {runs_acked_now} runs acknowledged, of all {}: {} succeeded, {} interrupted; \
+             {} runs resumed by the restarts so far",
             tally.in_flight_absent,
             tally.in_flight_partial,
             tally.in_flight_complete,
             tally.lost,
             runs_acked.len(),
             runs.succeeded,
-            runs.interrupted
+            runs.interrupted,
+            runs.resumed
         );
         if !failures.is_empty() {
             let shown: Vec<&String> = failures.iter().take(10).collect();
