@@ -546,7 +546,10 @@ async fn serve(
             return;
         }
     };
-    if let Err(e) = workflows.recover().await {
+    // Only a server takes up the workflow runs a stop cut; a CLI
+    // command's runtime (no listener) leaves them for the next server.
+    let take_up = builder.listen.is_some();
+    if let Err(e) = workflows.recover(take_up).await {
         tracing::error!(error = %e, "cannot check for interrupted workflow runs");
     }
     if let Err(e) = executor.shared().confirmations.index_existing().await {

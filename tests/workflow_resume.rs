@@ -12,7 +12,9 @@
 //! disk and `beta` is cut mid-command.
 //!
 //! - within `[sessions] resume_window_s`, the run finishes by itself after
-//!   the restart: `first` and `alpha` ran once, `beta` twice;
+//!   the restart: `first` and `alpha` ran once, `beta` twice; a CLI command
+//!   run on the data dir before the server (`cadre workflow list`) leaves
+//!   the cut run alone;
 //! - with a zero window, it is closed as `interrupted` (its error names the
 //!   window) and nothing runs until a client resumes it;
 //! - a cut element whose call had finished (its record written, as the
@@ -120,6 +122,27 @@ printf '{{"item": "%s"}}' "$item""#
         )
     }
 
+    /// Runs `cadre ARGS` on the data dir, as the server runs; it must exit 0.
+    fn cli(&self, args: &[&str]) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cadre"))
+            .args(args)
+            .arg("--data-dir")
+            .arg(self.data())
+            .arg("--agents")
+            .arg(self.agents())
+            .env_remove("CADRE_CONFIG")
+            .env_remove("CADRE_MODEL_BASE_URL")
+            .env("CADRE_SESSIONS_RESUME_WINDOW_S", "600")
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("the cadre binary runs");
+        assert!(
+            out.status.success(),
+            "cadre {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// How many times `name`'s command ran (`first`, `alpha`, `beta`).
     fn runs(&self, name: &str) -> usize {
         std::fs::read_to_string(self.work().join(format!("{name}.runs")))
@@ -207,6 +230,22 @@ async fn a_run_cut_by_kill_9_resumes_by_itself_and_runs_only_what_did_not_finish
     let mut server = setup.start("600");
     let id = setup.start_and_hold(&server).await;
     server.kill_9();
+
+    // A CLI command on the data dir leaves the cut run for the server.
+    setup.cli(&["workflow", "list"]);
+    {
+        let store = Store::open(&setup.data()).expect("open the data dir");
+        let run = cadre::workflow::record::load(&store, &id)
+            .await
+            .expect("readable")
+            .expect("stored");
+        assert_eq!(
+            (run.status.as_str(), run.automatic_resumes),
+            ("running", 0),
+            "{run:?}"
+        );
+    }
+    assert_eq!(setup.runs("beta"), 1);
 
     let server = setup.start("600");
     let client = server.client();

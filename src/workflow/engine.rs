@@ -37,6 +37,13 @@
 //!   closed as `interrupted`, its error saying why, for a client to resume
 //!   or cancel.
 //!
+//! Only a runtime that serves the API takes cut runs up (the runtime
+//! decides): `cadre workflow list`, `tools invoke`, `chat` or `mcp` on the
+//! data dir of a crashed server leave them `running` in the store for the
+//! next `cadre serve`, instead of resuming them in a process about to exit
+//! (which would cut them again) or closing them before the server could
+//! resume them.
+//!
 //! Decision: the window counts from the last progress the store holds, not
 //! from the crash (which left no trace): a run whose one node ran for
 //! longer than the window before the crash is closed, not resumed. That
@@ -439,9 +446,14 @@ impl Workflows {
     /// `interrupted`. Also indexes by tenant the runs stored before that
     /// index existed. Call once at startup, before any run starts; it
     /// returns once the resumed runs are launched, not finished.
-    pub async fn recover(&self) -> Result<Recovery, WorkflowError> {
+    /// `take_up: false` only indexes: the cut runs stay as stored, for a
+    /// later process to take up (a CLI command's short-lived runtime).
+    pub async fn recover(&self, take_up: bool) -> Result<Recovery, WorkflowError> {
         let store = &self.inner.deps.store;
         store.index_docs(RUNS_NAMESPACE, run_tenant).await?;
+        if !take_up {
+            return Ok(Recovery::default());
+        }
         let now = Timestamp::now();
         let window = self.inner.resume_window;
         let mut recovery = Recovery::default();
