@@ -557,8 +557,11 @@ impl Workflows {
                 let Some(task) = call.caller_id.strip_prefix(&prefix) else {
                     continue;
                 };
+                // An agent node's turn makes `workflow_node` calls too,
+                // as its session: never a node's own outcome.
                 if call.is_success
                     && call.caller_type == CallerType::WorkflowNode.as_str()
+                    && call.conversation_id.is_none()
                     && running.contains_key(task)
                     && run.adopt_call(
                         task,

@@ -1180,6 +1180,20 @@ mod tests {
     fn a_cut_element_whose_call_finished_takes_its_output_and_does_not_run_again() {
         let mut s = scheduler(&MAP.replace("continue", "fail_fast"), json!({}));
         s.start(t(0));
+        let mut cut = s.run().clone();
+        assert_eq!(cut.running_tasks(), [("list".to_string(), t(0))]);
+        assert!(!cut.adopt_call("list[0]", json!({}), 1, t(1)), "not a map");
+        assert!(cut.adopt_call("list", json!({"items": []}), 2, t(1)));
+        let list = &cut.nodes["list"];
+        assert_eq!(
+            (list.status, &list.output, list.attempts, list.finished_at),
+            (
+                NodeStatus::Succeeded,
+                &Some(json!({"items": []})),
+                2,
+                Some(t(1))
+            )
+        );
         s.on_outcome(
             "list",
             None,
