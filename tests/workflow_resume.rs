@@ -20,6 +20,13 @@
 //! - a cut element whose call had finished (its record written, as the
 //!   executor does before it answers, the element not yet stored) takes the
 //!   recorded output and does not run again.
+//!
+//! The cost of taking cut runs up at start (not a CI test; N runs cut
+//! mid-node are written into a fresh data dir, then the server starts):
+//!
+//! ```sh
+//! CADRE_RESUME_RUNS=1000 cargo test --test workflow_resume -- --ignored --nocapture
+//! ```
 
 mod support;
 
@@ -381,4 +388,75 @@ async fn a_cut_element_whose_call_finished_keeps_the_recorded_output_and_does_no
         (1, 1, 1),
         "no command ran again"
     );
+}
+
+/// Prints how long `cadre serve` takes to listen, and then to finish every
+/// run, with `CADRE_RESUME_RUNS` runs (default 1,000) cut mid-node, within
+/// the window and past it. A measurement, not a check: `--ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: see the module doc"]
+async fn taking_up_many_cut_runs_at_start() {
+    let n: usize = std::env::var("CADRE_RESUME_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000);
+    for window in ["600", "0"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let agents = dir.path().join("agents");
+        std::fs::create_dir_all(agents.join("workflows")).expect("mkdir");
+        std::fs::write(agents.join("plain.toml"), agent_toml("plain", &[], 1)).expect("agent");
+        std::fs::write(
+            agents.join("workflows/w.toml"),
+            "name = \"w\"\n[[nodes]]\nid = \"a\"\ntool = \"calculator\"\nparams = { expression = \"1+1\" }\n",
+        )
+        .expect("workflow");
+        let data = dir.path().join("data");
+        {
+            let store = Store::open(&data).expect("open the data dir");
+            let now = jiff::Timestamp::now();
+            let mut ops = Vec::new();
+            for _ in 0..n {
+                let run: cadre::workflow::WorkflowRun = serde_json::from_value(json!({
+                    "id": uuid::Uuid::now_v7().to_string(),
+                    "workflow": "w",
+                    "status": "running",
+                    "input": {},
+                    "nodes": {"a": {"status": "running", "output": null, "error": null,
+                        "attempts": 0, "started_at": now, "finished_at": null}},
+                    "output": null,
+                    "error": null,
+                    "created_at": now,
+                    "finished_at": null,
+                }))
+                .expect("a run");
+                ops.extend(cadre::workflow::record::ops(&run, true, &[]));
+            }
+            store.write(ops, true).await.expect("runs written");
+        }
+        let started = std::time::Instant::now();
+        let server = Server::start_offline_with(
+            &data,
+            &agents,
+            &[
+                ("CADRE_SESSIONS_RESUME_WINDOW_S", window),
+                ("RUST_LOG", "warn"),
+            ],
+        );
+        let listening = started.elapsed();
+        let client = server.client();
+        loop {
+            let (_, body) = client
+                .get(&format!("/v1/workflows/runs?limit={}", n.clamp(1, 1_000)))
+                .await;
+            let runs = body["runs"].as_array().expect("runs");
+            if runs.iter().all(|r| r["status"] != "running") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        eprintln!(
+            "{n} cut runs, resume_window_s = {window}: listening after {listening:.2?}, every run over after {:.2?}",
+            started.elapsed()
+        );
+    }
 }

@@ -82,6 +82,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -251,6 +252,9 @@ pub struct Recovery {
     /// workflow is gone, the store refused the write).
     pub interrupted: usize,
 }
+
+/// Runs taken up at once at start (their writes share group commits).
+const TAKE_UP_PARALLELISM: usize = 64;
 
 /// The run error of a run a restart cut.
 const CUT: &str = "the server stopped while the run was in flight";
@@ -456,58 +460,34 @@ impl Workflows {
         }
         let now = Timestamp::now();
         let window = self.inner.resume_window;
-        let mut recovery = Recovery::default();
+        let mut cut = Vec::new();
         for (id, doc) in store.list_docs(RUNS_NAMESPACE, "").await? {
-            let mut run: WorkflowRun = match serde_json::from_value(doc) {
+            let run: WorkflowRun = match serde_json::from_value(doc) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(run = %id, error = %e, "unreadable workflow run skipped");
                     continue;
                 }
             };
-            if run.status != RunStatus::Running || self.is_live(&id) {
-                continue;
+            if run.status == RunStatus::Running && !self.is_live(&id) {
+                cut.push(run);
             }
-            record::attach_items(store, &mut run).await?;
-            let adopted = self.adopt_finished_calls(&mut run).await?;
-            // A clock set back since counts as no time at all.
-            let age =
-                Duration::try_from(now.duration_since(run.last_progress())).unwrap_or_default();
-            run.interrupt(now, CUT.into());
-            let not_resumed = if age < window {
-                match self.relaunch(run.clone(), true).await {
-                    Ok(resumed) => {
-                        tracing::info!(
-                            run = %id,
-                            workflow = %resumed.workflow,
-                            idle_s = age.as_secs(),
-                            resumes = resumed.resumes,
-                            adopted,
-                            "workflow run cut by a restart: resumed (what finished is not run again)"
-                        );
-                        recovery.resumed += 1;
-                        continue;
-                    }
-                    Err(e) => format!("{CUT}; it could not be resumed at start: {e}"),
-                }
-            } else {
-                format!(
-                    "{CUT}; its last progress was {} s before the restart, past `[sessions] resume_window_s` ({} s), so it was not resumed",
-                    age.as_secs(),
-                    window.as_secs_f64()
-                )
-            };
-            run.error = Some(not_resumed);
-            record::save(store, &run, true).await?;
-            tracing::warn!(
-                run = %id,
-                workflow = %run.workflow,
-                idle_s = age.as_secs(),
-                adopted,
-                "workflow run cut by a restart: interrupted ({}); POST /v1/workflows/runs/{id}/resume finishes it",
-                run.error.as_deref().unwrap_or_default()
-            );
-            recovery.interrupted += 1;
+        }
+        // Each run is taken up on its own; their durable writes share the
+        // store's group commits.
+        let taken: Vec<Result<bool, WorkflowError>> = futures::stream::iter(cut)
+            .map(|run| self.take_up_run(run, now, window))
+            .buffer_unordered(TAKE_UP_PARALLELISM)
+            .collect()
+            .await;
+        let mut recovery = Recovery::default();
+        let mut failed = None;
+        for taken in taken {
+            match taken {
+                Ok(true) => recovery.resumed += 1,
+                Ok(false) => recovery.interrupted += 1,
+                Err(e) => failed = Some(e),
+            }
         }
         if recovery.resumed + recovery.interrupted > 0 {
             tracing::info!(
@@ -519,7 +499,60 @@ impl Workflows {
                 recovery.interrupted
             );
         }
-        Ok(recovery)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(recovery),
+        }
+    }
+
+    /// Takes up one run a restart cut (see [`Self::recover`]): true when
+    /// it was resumed, false when it was closed as interrupted.
+    async fn take_up_run(
+        &self,
+        mut run: WorkflowRun,
+        now: Timestamp,
+        window: Duration,
+    ) -> Result<bool, WorkflowError> {
+        let store = &self.inner.deps.store;
+        let id = run.id.clone();
+        record::attach_items(store, &mut run).await?;
+        let adopted = self.adopt_finished_calls(&mut run).await?;
+        // A clock set back since counts as no time at all.
+        let age = Duration::try_from(now.duration_since(run.last_progress())).unwrap_or_default();
+        run.interrupt(now, CUT.into());
+        let not_resumed = if age < window {
+            match self.relaunch(run.clone(), true).await {
+                Ok(resumed) => {
+                    tracing::info!(
+                        run = %id,
+                        workflow = %resumed.workflow,
+                        idle_s = age.as_secs(),
+                        resumes = resumed.resumes,
+                        adopted,
+                        "workflow run cut by a restart: resumed (what finished is not run again)"
+                    );
+                    return Ok(true);
+                }
+                Err(e) => format!("{CUT}; it could not be resumed at start: {e}"),
+            }
+        } else {
+            format!(
+                "{CUT}; its last progress was {} s before the restart, past `[sessions] resume_window_s` ({} s), so it was not resumed",
+                age.as_secs(),
+                window.as_secs_f64()
+            )
+        };
+        run.error = Some(not_resumed);
+        record::save(store, &run, true).await?;
+        tracing::warn!(
+            run = %id,
+            workflow = %run.workflow,
+            idle_s = age.as_secs(),
+            adopted,
+            "workflow run cut by a restart: interrupted ({}); POST /v1/workflows/runs/{id}/resume finishes it",
+            run.error.as_deref().unwrap_or_default()
+        );
+        Ok(false)
     }
 
     /// Gives the running tool nodes and map elements of a run the stop
