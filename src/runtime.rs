@@ -470,6 +470,7 @@ fn setup(
         registry: registry.clone(),
         arbiters: conversation_arbiters.to_vec(),
         limits: config.workflows.clone(),
+        resume_window: config.session_limits().resume_window,
     });
     Ok(Parts {
         store,
@@ -545,7 +546,10 @@ async fn serve(
             return;
         }
     };
-    if let Err(e) = workflows.recover().await {
+    // Only a server takes up the workflow runs a stop cut; a CLI
+    // command's runtime (no listener) leaves them for the next server.
+    let take_up = builder.listen.is_some();
+    if let Err(e) = workflows.recover(take_up).await {
         tracing::error!(error = %e, "cannot check for interrupted workflow runs");
     }
     if let Err(e) = executor.shared().confirmations.index_existing().await {

@@ -32,7 +32,8 @@
 //!   `GET /v1/workflows/runs/{id}`, either succeeded with the node outputs
 //!   and run output the strict model makes, or `interrupted` (no node left
 //!   running, the cut nodes failed as interrupted, finished nodes with
-//!   their outputs) — never `running`, never missing; a run acknowledged
+//!   their outputs) — never `running` once the runs the restart resumed
+//!   (`[sessions] resume_window_s`) are over, never missing; a run acknowledged
 //!   finished (`wait`) or once seen finished never changes again; no run of
 //!   the workflow, acknowledged or not, is left `running`; the sessions the
 //!   agent nodes opened pass the session checks above (a turn its node saw
@@ -1076,11 +1077,39 @@ async fn check_run(client: &Client, run: &mut AckedRun) -> Result<String, String
     Ok(status)
 }
 
+/// Waits until no run of the workflow is `running`: the runs the kill cut
+/// are resumed at start (within `[sessions] resume_window_s`) and finish by
+/// themselves; the checks read them once they are over.
+async fn runs_resumed_at_start_end(client: &Client) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let body = get(
+            client,
+            format!("/v1/workflows/runs?workflow={WORKFLOW}&limit={RUNS_LIMIT}"),
+        )
+        .await?;
+        let running = body["runs"].as_array().map_or(0, |runs| {
+            runs.iter().filter(|r| r["status"] == "running").count()
+        });
+        if running == 0 {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{running} runs still running 60 s after the restart"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// How the acknowledged runs stood at one check.
 #[derive(Debug, Default)]
 struct RunTally {
     succeeded: usize,
     interrupted: usize,
+    /// Runs of the workflow (acknowledged or not) a restart resumed.
+    resumed: usize,
 }
 
 /// After a restart: every acknowledged run ([`check_run`]); every run of
@@ -1135,6 +1164,10 @@ async fn check_workflows(
         .iter()
         .filter_map(|r| Some((r["id"].as_str()?, r)))
         .collect();
+    runs.resumed = listed
+        .iter()
+        .filter(|r| r["automatic_resumes"].as_u64().is_some_and(|n| n > 0))
+        .count();
     for run in &listed {
         if run["status"] == "running" {
             failures.push(format!("run {} left running after the restart", run["id"]));
@@ -1407,6 +1440,9 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         figures.resumed += retries.resumed;
         figures.found += retries.found;
         figures.fresh += retries.fresh;
+        if let Err(e) = runs_resumed_at_start_end(&client).await {
+            failures.push(e);
+        }
         let checked: Vec<(Book, Tally)> = futures::stream::iter(books.drain(..))
             .map(|book| check_session(&client, book))
             .buffered(CHECK_PARALLELISM)
@@ -1466,7 +1502,8 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
             "trial {trial}: killed after {acked_now} acknowledged turns (target {target}); \
              {} in flight retried with their keys: {} resumed by the restart, {} found \
              finished, {} run fresh; turns left open {}, finished calls run twice {}; lost {}; \
-             {runs_acked_now} runs acknowledged, of all {}: {} succeeded, {} interrupted",
+             {runs_acked_now} runs acknowledged, of all {}: {} succeeded, {} interrupted; \
+             {} runs resumed by the restarts so far",
             retries.sent,
             retries.resumed,
             retries.found,
@@ -1476,7 +1513,8 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
             tally.lost,
             runs_acked.len(),
             runs.succeeded,
-            runs.interrupted
+            runs.interrupted,
+            runs.resumed
         );
         if !failures.is_empty() {
             let shown: Vec<&String> = failures.iter().take(10).collect();

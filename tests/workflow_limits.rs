@@ -52,6 +52,9 @@ fn app_with(
     options
 }
 
+/// A zero resume window: a run a restart cuts stays `interrupted`.
+const NO_RESUME: &str = "[sessions]\nresume_window_s = 0\n";
+
 /// Starts a run without waiting; returns its id.
 async fn start(app: &TestApp, workflow: &str, input: Value) -> String {
     let (status, body) = app
@@ -266,7 +269,12 @@ async fn cancel_ends_an_interrupted_run_and_leaves_a_finished_one_as_it_was() {
     let data = tempfile::tempdir().expect("data dir");
     let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
     let mut app = spawn_app(
-        app_with(agents.path(), "", vec![(gdef, ghandler), emit_tool()]).data_dir(data.path()),
+        app_with(
+            agents.path(),
+            NO_RESUME,
+            vec![(gdef, ghandler), emit_tool()],
+        )
+        .data_dir(data.path()),
     );
     let id = start(&app, "held", json!({"items": ["a"]})).await;
     gate.started().await;
@@ -274,7 +282,12 @@ async fn cancel_ends_an_interrupted_run_and_leaves_a_finished_one_as_it_was() {
 
     let (gdef, ghandler, gate) = gate_tool("gate", "custom");
     let app = spawn_app(
-        app_with(agents.path(), "", vec![(gdef, ghandler), emit_tool()]).data_dir(data.path()),
+        app_with(
+            agents.path(),
+            NO_RESUME,
+            vec![(gdef, ghandler), emit_tool()],
+        )
+        .data_dir(data.path()),
     );
     assert_eq!(get_run(&app, &id).await["status"], "interrupted");
     let (status, run) = cancel(&app, &id).await;

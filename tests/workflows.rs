@@ -2,7 +2,9 @@
 //! in dependency order and in parallel, outputs templated into params and
 //! prompts, map fan-out bounded by `max_parallel`, `when` skips, fail_fast
 //! and continue, the concurrency bypass of workflow tool calls, runs
-//! interrupted by a restart and resumed, node events over SSE, and the
+//! interrupted by a restart and resumed (by hand past the resume window,
+//! by themselves within it, with their calls' idempotency keys), node
+//! events over SSE, and the
 //! shipped market-brief and account-review workflows.
 //!
 //! Nodes that must be "in flight" use a gate tool: it reports its label
@@ -688,7 +690,7 @@ async fn with_the_pool_held_by_a_conversation_a_workflow_still_runs_and_is_not_c
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_cut_off_by_a_restart_is_interrupted_and_resume_finishes_it() {
+async fn a_run_cut_off_by_a_restart_past_the_resume_window_is_interrupted_and_resume_finishes_it() {
     let workflow = r#"
         name = "long"
         [[nodes]]
@@ -705,8 +707,12 @@ async fn a_run_cut_off_by_a_restart_is_interrupted_and_resume_finishes_it() {
     "#;
     let agents = agents_with(&[], &[("long.toml", workflow)]);
     let data = tempfile::tempdir().expect("data dir");
+    // A zero window: the restart resumes nothing (tests/workflow_resume.rs
+    // covers the automatic resume).
     let options = |gate: (ToolDefinition, Arc<dyn ToolHandler>), count| {
-        app_with(agents.path(), vec![gate, count, emit_tool()]).data_dir(data.path())
+        app_with(agents.path(), vec![gate, count, emit_tool()])
+            .data_dir(data.path())
+            .config_toml("[sessions]\nresume_window_s = 0\n")
     };
 
     let (gdef, ghandler, mut gate) = gate_tool("gate", "custom");
@@ -760,6 +766,102 @@ async fn a_run_cut_off_by_a_restart_is_interrupted_and_resume_finishes_it() {
         .collect();
     // The call cut off by the restart left no record; the rest did.
     assert_eq!(tools, ["emit", "gate", "count"], "newest first");
+}
+
+/// `keyed {}`: records the idempotency key of every call (across apps:
+/// the record is shared); its first call fails or never answers, as built,
+/// later ones answer `{calls}`.
+struct Keyed {
+    keys: Arc<std::sync::Mutex<Vec<Option<String>>>>,
+    first_fails: bool,
+    started: tokio::sync::mpsc::UnboundedSender<()>,
+}
+
+#[async_trait::async_trait]
+impl ToolHandler for Keyed {
+    async fn call(
+        &self,
+        _params: Value,
+        ctx: &cadre::tools::ExecutionContext,
+    ) -> Result<Value, ToolError> {
+        let calls = {
+            let mut keys = self.keys.lock().expect("keys");
+            keys.push(ctx.idempotency_key.clone());
+            keys.len()
+        };
+        let _ = self.started.send(());
+        match calls {
+            1 if self.first_fails => Err(ToolError::failed("first call fails")),
+            1 => std::future::pending().await,
+            _ => Ok(json!({ "calls": calls })),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_a_restart_cut_runs_again_by_itself_with_its_idempotency_key() {
+    let workflow = "name = \"keyed\"\n[[nodes]]\nid = \"hold\"\ntool = \"keyed\"\n";
+    let agents = agents_with(&[], &[("keyed.toml", workflow)]);
+    let data = tempfile::tempdir().expect("data dir");
+    let keys = Arc::default();
+    let (tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let options = |first_fails| {
+        let keyed = Keyed {
+            keys: Arc::clone(&keys),
+            first_fails,
+            started: tx.clone(),
+        };
+        let def = ToolDefinition::new(
+            "keyed",
+            "Records its idempotency keys.",
+            json!({"type": "object", "properties": {}}),
+        )
+        .with_cache_ttl(0);
+        app_with(
+            agents.path(),
+            vec![(def, Arc::new(keyed) as Arc<dyn ToolHandler>)],
+        )
+        .data_dir(data.path())
+    };
+
+    // Cut by a restart (a shutdown): resumed at start (the default window),
+    // its call made again with the key it had.
+    let mut app = spawn_app(options(false));
+    let id = start(&app, "keyed", json!({})).await;
+    started.recv().await.expect("the call started");
+    app.stop();
+    let app = spawn_app(options(false));
+    let run = finished(&app, &id).await;
+    assert_eq!(run.status.as_str(), "succeeded", "{run:?}");
+    assert_eq!((run.resumes, run.automatic_resumes), (1, 1));
+    let key = format!("workflow:{id}:hold:0");
+    assert_eq!(
+        *keys.lock().expect("keys"),
+        [Some(key.clone()), Some(key)],
+        "the same key after the restart"
+    );
+
+    // Failed, then resumed by hand: a new key.
+    keys.lock().expect("keys").clear();
+    drop(app);
+    let app = spawn_app(options(true));
+    let id = start(&app, "keyed", json!({})).await;
+    assert_eq!(finished(&app, &id).await.status.as_str(), "failed");
+    let (status, body) = app
+        .post(&format!("/v1/workflows/runs/{id}/resume"), &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let run = finished(&app, &id).await;
+    assert_eq!(run.status.as_str(), "succeeded", "{run:?}");
+    assert_eq!((run.resumes, run.automatic_resumes), (1, 0));
+    assert_eq!(
+        *keys.lock().expect("keys"),
+        [
+            Some(format!("workflow:{id}:hold:0")),
+            Some(format!("workflow:{id}:hold:1"))
+        ],
+        "a new key after a failure"
+    );
 }
 
 // ---------------------------------------------------------------------------

@@ -1167,6 +1167,10 @@ impl Sessions {
         }
         let n = self.inner.next_arbiter.fetch_add(1, Ordering::Relaxed);
         let arbiter = &self.inner.arbiters[n % self.inner.arbiters.len()];
+        // A workflow's agent node owns its session's turn: a run cut by the
+        // same crash runs the node again (in a new session), so the cut
+        // turn here is closed, never resumed (its tools would run twice).
+        let workflow_session = session.metadata["workflow_id"].is_string();
         let conversation = Conversation::new(
             session,
             agent,
@@ -1185,8 +1189,9 @@ impl Sessions {
                 let window = jiff::SignedDuration::try_from(self.inner.limits.resume_window)
                     .unwrap_or(jiff::SignedDuration::MAX);
                 // A paused turn waits for its decision, whatever its age.
-                let what = if age <= window
-                    || matches!(record.phase, super::machine::Phase::AwaitingApproval { .. })
+                let what = if !workflow_session
+                    && (age <= window
+                        || matches!(record.phase, super::machine::Phase::AwaitingApproval { .. }))
                 {
                     CutTurn::Resume
                 } else {

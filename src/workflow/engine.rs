@@ -19,9 +19,46 @@
 //! A run is durable (`running`, every node pending) before `start` returns.
 //! It is stored as a document plus one row per map element
 //! ([`super::record`]); every read here puts the two back together.
-//! At startup [`Workflows::recover`] marks every run still `running` as
-//! `interrupted`; [`Workflows::resume`] re-runs such a run (or a failed one)
-//! against the workflow's current definition, keeping what succeeded.
+//! [`Workflows::resume`] re-runs an interrupted or failed run against the
+//! workflow's current definition, keeping what succeeded.
+//!
+//! Restart ([`Workflows::recover`], once at start): a run still `running`
+//! in the store was cut by the stop (a crash, or a shutdown: runners stop
+//! without writing). Its running nodes and elements become failed as
+//! interrupted, then:
+//! - when its last progress ([`WorkflowRun::last_progress`]: the latest
+//!   start or end of a node or element, its last resume, its creation) is
+//!   younger than `[sessions] resume_window_s`, it is resumed there and
+//!   then through the same path as a client's resume: what succeeded (a
+//!   node, a map element) keeps its output and is not run again, the rest
+//!   runs; it counts in `resumes` and `automatic_resumes`. Start does not
+//!   wait for it to finish.
+//! - otherwise (or when it cannot be resumed: its workflow is gone) it is
+//!   closed as `interrupted`, its error saying why, for a client to resume
+//!   or cancel.
+//!
+//! Only a runtime that serves the API takes cut runs up (the runtime
+//! decides): `cadre workflow list`, `tools invoke`, `chat` or `mcp` on the
+//! data dir of a crashed server leave them `running` in the store for the
+//! next `cadre serve`, instead of resuming them in a process about to exit
+//! (which would cut them again) or closing them before the server could
+//! resume them.
+//!
+//! Decision: the window counts from the last progress the store holds, not
+//! from the crash (which left no trace): a run whose one node ran for
+//! longer than the window before the crash is closed, not resumed. That
+//! errs on the side of not repeating old work unasked. A zero window
+//! resumes nothing (the behaviour before automatic resume).
+//!
+//! A tool node (or map element) runs again on resume only if its call did
+//! not finish: the node's or element's row is written (durably) as it
+//! succeeds, before anything reads it; and for the instant between the
+//! call's end and that write, the executor's call record (durable before
+//! it answers a workflow call) is the outcome: a cut task whose call
+//! succeeded takes the recorded output at start
+//! ([`Workflows::recover`], by the run's calls newest first down to the
+//! earliest cut start). An agent node's turn is not looked up that way: a
+//! cut agent node runs its turn again in a new session.
 //!
 //! Cancel ([`Workflows::cancel`]): a live run's runner is told through its
 //! cancellation token and the call returns the run as it ended; an
@@ -43,7 +80,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -60,9 +99,9 @@ use crate::config::Agents;
 use crate::conversation::Sessions;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
-use crate::store::{Page, Store, StoreError};
+use crate::store::{CallFilter, Page, Store, StoreError, ToolCallRecord};
 use crate::tenants::DEFAULT_TENANT;
-use crate::tools::{FieldError, ToolRegistry};
+use crate::tools::{CallerType, FieldError, ToolRegistry};
 
 /// Node events buffered per subscriber.
 pub const EVENT_CAPACITY: usize = 1024;
@@ -199,7 +238,26 @@ pub struct WorkflowsDeps {
     /// Where runner actors live (spread round-robin).
     pub arbiters: Vec<actix::dev::ArbiterHandle>,
     pub limits: WorkflowLimits,
+    /// Runs a restart cut are resumed at start when their last progress
+    /// is younger than this (`[sessions] resume_window_s`; zero: never).
+    pub resume_window: Duration,
 }
+
+/// What [`Workflows::recover`] did with the runs a restart cut.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recovery {
+    /// Resumed at start (their runners are running).
+    pub resumed: usize,
+    /// Closed as `interrupted`: past the window, or not resumable (their
+    /// workflow is gone, the store refused the write).
+    pub interrupted: usize,
+}
+
+/// Runs taken up at once at start (their writes share group commits).
+const TAKE_UP_PARALLELISM: usize = 64;
+
+/// The run error of a run a restart cut.
+const CUT: &str = "the server stopped while the run was in flight";
 
 struct FileState {
     text: String,
@@ -228,6 +286,7 @@ struct Inner {
     arbiters: Vec<actix::dev::ArbiterHandle>,
     next_arbiter: AtomicUsize,
     limits: WorkflowLimits,
+    resume_window: Duration,
 }
 
 struct Known<'a> {
@@ -267,6 +326,7 @@ impl Workflows {
                 arbiters: deps.arbiters,
                 next_arbiter: AtomicUsize::new(0),
                 limits: deps.limits,
+                resume_window: deps.resume_window,
             }),
         };
         workflows.reload();
@@ -384,33 +444,174 @@ impl Workflows {
         report
     }
 
-    /// Marks runs left `running` by a previous process as interrupted, and
-    /// indexes by tenant the runs stored before that index existed.
-    /// Call once at startup, before any run starts. Returns how many runs
-    /// were interrupted.
-    pub async fn recover(&self) -> Result<usize, WorkflowError> {
+    /// Takes up the runs a previous process left `running` (see the
+    /// module doc): each one whose last progress is younger than the
+    /// resume window is resumed now, the others are closed as
+    /// `interrupted`. Also indexes by tenant the runs stored before that
+    /// index existed. Call once at startup, before any run starts; it
+    /// returns once the resumed runs are launched, not finished.
+    /// `take_up: false` only indexes: the cut runs stay as stored, for a
+    /// later process to take up (a CLI command's short-lived runtime).
+    pub async fn recover(&self, take_up: bool) -> Result<Recovery, WorkflowError> {
         let store = &self.inner.deps.store;
         store.index_docs(RUNS_NAMESPACE, run_tenant).await?;
+        if !take_up {
+            return Ok(Recovery::default());
+        }
         let now = Timestamp::now();
-        let mut n = 0;
+        let window = self.inner.resume_window;
+        let mut cut = Vec::new();
         for (id, doc) in store.list_docs(RUNS_NAMESPACE, "").await? {
-            let mut run: WorkflowRun = match serde_json::from_value(doc) {
+            let run: WorkflowRun = match serde_json::from_value(doc) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(run = %id, error = %e, "unreadable workflow run skipped");
                     continue;
                 }
             };
-            if run.status != RunStatus::Running || self.is_live(&id) {
-                continue;
+            if run.status == RunStatus::Running && !self.is_live(&id) {
+                cut.push(run);
             }
-            record::attach_items(store, &mut run).await?;
-            run.interrupt(now);
-            record::save(store, &run, true).await?;
-            tracing::warn!(run = %id, workflow = %run.workflow, "workflow run interrupted by a restart; resume it to finish");
-            n += 1;
         }
-        Ok(n)
+        // Each run is taken up on its own; their durable writes share the
+        // store's group commits.
+        let taken: Vec<Result<bool, WorkflowError>> = futures::stream::iter(cut)
+            .map(|run| self.take_up_run(run, now, window))
+            .buffer_unordered(TAKE_UP_PARALLELISM)
+            .collect()
+            .await;
+        let mut recovery = Recovery::default();
+        let mut failed = None;
+        for taken in taken {
+            match taken {
+                Ok(true) => recovery.resumed += 1,
+                Ok(false) => recovery.interrupted += 1,
+                Err(e) => failed = Some(e),
+            }
+        }
+        if recovery.resumed + recovery.interrupted > 0 {
+            tracing::info!(
+                resumed = recovery.resumed,
+                interrupted = recovery.interrupted,
+                window_s = window.as_secs_f64(),
+                "workflow runs cut by the last stop: {} resumed, {} closed as interrupted",
+                recovery.resumed,
+                recovery.interrupted
+            );
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(recovery),
+        }
+    }
+
+    /// Takes up one run a restart cut (see [`Self::recover`]): true when
+    /// it was resumed, false when it was closed as interrupted.
+    async fn take_up_run(
+        &self,
+        mut run: WorkflowRun,
+        now: Timestamp,
+        window: Duration,
+    ) -> Result<bool, WorkflowError> {
+        let store = &self.inner.deps.store;
+        let id = run.id.clone();
+        record::attach_items(store, &mut run).await?;
+        let adopted = self.adopt_finished_calls(&mut run).await?;
+        // A clock set back since counts as no time at all.
+        let age = Duration::try_from(now.duration_since(run.last_progress())).unwrap_or_default();
+        run.interrupt(now, CUT.into());
+        let not_resumed = if age < window {
+            match self.relaunch(run.clone(), true).await {
+                Ok(resumed) => {
+                    tracing::info!(
+                        run = %id,
+                        workflow = %resumed.workflow,
+                        idle_s = age.as_secs(),
+                        resumes = resumed.resumes,
+                        adopted,
+                        "workflow run cut by a restart: resumed (what finished is not run again)"
+                    );
+                    return Ok(true);
+                }
+                Err(e) => format!("{CUT}; it could not be resumed at start: {e}"),
+            }
+        } else {
+            format!(
+                "{CUT}; its last progress was {} s before the restart, past `[sessions] resume_window_s` ({} s), so it was not resumed",
+                age.as_secs(),
+                window.as_secs_f64()
+            )
+        };
+        run.error = Some(not_resumed);
+        record::save(store, &run, true).await?;
+        tracing::warn!(
+            run = %id,
+            workflow = %run.workflow,
+            idle_s = age.as_secs(),
+            adopted,
+            "workflow run cut by a restart: interrupted ({}); POST /v1/workflows/runs/{id}/resume finishes it",
+            run.error.as_deref().unwrap_or_default()
+        );
+        Ok(false)
+    }
+
+    /// Gives the running tool nodes and map elements of a run the stop
+    /// cut the outcome of their call when it succeeded but its result was
+    /// not stored (the executor records a workflow call durably before it
+    /// answers; the runner stores the result after): they are not run
+    /// again. Reads the run's call records newest first, down to the
+    /// earliest start among them. Returns how many it gave.
+    async fn adopt_finished_calls(&self, run: &mut WorkflowRun) -> Result<usize, WorkflowError> {
+        let running: BTreeMap<String, Timestamp> = run.running_tasks().into_iter().collect();
+        let Some(earliest) = running.values().min().copied() else {
+            return Ok(0);
+        };
+        let prefix = format!("workflow:{}/", run.workflow);
+        let filter = CallFilter {
+            workflow_id: Some(run.id.clone()),
+            ..CallFilter::default()
+        };
+        let mut adopted = 0;
+        let mut before = None;
+        loop {
+            let page = self
+                .inner
+                .deps
+                .store
+                .calls_of(&run.tenant, filter.clone(), before, 256)
+                .await?;
+            for call in page.items {
+                // Records are listed by their id, a UUID v7 made when the
+                // record was written: past one written before the earliest
+                // start, none is of these tasks.
+                if recorded_at(&call).is_some_and(|t| t < earliest) {
+                    return Ok(adopted);
+                }
+                let Some(task) = call.caller_id.strip_prefix(&prefix) else {
+                    continue;
+                };
+                // An agent node's turn makes `workflow_node` calls too,
+                // as its session: never a node's own outcome.
+                if call.is_success
+                    && call.caller_type == CallerType::WorkflowNode.as_str()
+                    && call.conversation_id.is_none()
+                    && running.contains_key(task)
+                    && run.adopt_call(
+                        task,
+                        call.output.unwrap_or(Value::Null),
+                        call.attempts.max(1),
+                        call.created_at,
+                    )
+                {
+                    tracing::info!(run = %run.id, %task, "the cut task's call had finished: its recorded output is kept, not run again");
+                    adopted += 1;
+                }
+            }
+            match page.next {
+                Some(next) => before = Some(next),
+                None => return Ok(adopted),
+            }
+        }
     }
 
     /// Starts a run; returns it as stored (running, every node pending).
@@ -500,19 +701,31 @@ impl Workflows {
                 status: live.status,
             });
         }
-        let mut run = self.stored(id).await?;
+        let run = self.stored(id).await?;
         if !matches!(run.status, RunStatus::Failed | RunStatus::Interrupted) {
             return Err(WorkflowError::NotResumable {
                 id: id.into(),
                 status: run.status,
             });
         }
+        self.relaunch(run, false).await
+    }
+
+    /// The one way a failed or interrupted run goes again, for a client's
+    /// resume and the server's at start (`automatic`): against the
+    /// workflow's current definition, durable as running before its
+    /// runner starts, keeping what succeeded.
+    async fn relaunch(
+        &self,
+        mut run: WorkflowRun,
+        automatic: bool,
+    ) -> Result<WorkflowRun, WorkflowError> {
         let workflow = self
             .definition(&run.workflow)
             .ok_or_else(|| WorkflowError::NotFound {
                 name: run.workflow.clone(),
             })?;
-        run.reset_for_resume();
+        run.reset_for_resume(Timestamp::now(), automatic);
         let cache_ttl = self.cache_policy(&run.tenant).await;
         let live = self.claim(&run)?;
         if let Err(e) = record::save(&self.inner.deps.store, &run, true).await {
@@ -749,6 +962,17 @@ impl Workflows {
     fn read_defs(&self) -> std::sync::RwLockReadGuard<'_, Defs> {
         self.inner.defs.read().expect("workflow definitions lock")
     }
+}
+
+/// When a call record was written (its id's UUID v7 time, to the
+/// millisecond, rounded up).
+fn recorded_at(call: &ToolCallRecord) -> Option<Timestamp> {
+    let (secs, nanos) = uuid::Uuid::parse_str(&call.record_id)
+        .ok()?
+        .get_timestamp()?
+        .to_unix();
+    let t = Timestamp::new(i64::try_from(secs).ok()?, i32::try_from(nanos).ok()?).ok()?;
+    t.checked_add(jiff::SignedDuration::from_millis(1)).ok()
 }
 
 /// The tenant of a stored run (for [`Store::index_docs`]).

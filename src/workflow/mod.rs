@@ -33,9 +33,11 @@
 //! - a run is one document, rewritten on every node transition (durably
 //!   when something finished), plus one row per map element, written as
 //!   the element moves; reading a run never needs the actor;
-//! - runs that were in flight when the server stopped are `interrupted`
-//!   after the next start, never silently lost and never marked failed
-//!   for what the shutdown did; `resume` continues them.
+//! - runs that were in flight when the server stopped are resumed at the
+//!   next start when their last progress is within `[sessions]
+//!   resume_window_s` (what finished is not run again), and `interrupted`
+//!   otherwise; never silently lost and never marked failed for what the
+//!   shutdown did; `resume` continues an interrupted run by hand.
 
 pub mod condition;
 pub mod definition;
@@ -49,7 +51,8 @@ pub mod template;
 
 pub use definition::{DefinitionError, OnError, Workflow};
 pub use engine::{
-    LoadIssue, RunFilter, StartRun, WorkflowError, WorkflowReload, Workflows, WorkflowsDeps,
+    LoadIssue, Recovery, RunFilter, StartRun, WorkflowError, WorkflowReload, Workflows,
+    WorkflowsDeps,
 };
 pub use limits::WorkflowLimits;
 pub use run::{

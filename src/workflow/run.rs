@@ -171,9 +171,16 @@ pub struct WorkflowRun {
     pub error: Option<String>,
     pub created_at: Timestamp,
     pub finished_at: Option<Timestamp>,
-    /// How many times the run was resumed.
+    /// How many times the run was resumed (by a client or at start).
     #[serde(default)]
     pub resumes: u32,
+    /// Of `resumes`, how many the server made by itself at start, for a
+    /// run a restart cut within `[sessions] resume_window_s`.
+    #[serde(default)]
+    pub automatic_resumes: u32,
+    /// When the run was last resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<Timestamp>,
     /// The run whose tool call started this one (the `x-cadre-parent-run`
     /// header of the start request), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,12 +196,100 @@ fn default_tenant() -> String {
 }
 
 impl WorkflowRun {
-    /// Marks a run found `running` at startup as interrupted: its running
-    /// nodes (and map items) become failed, so `resume` runs them again.
-    pub fn interrupt(&mut self, now: Timestamp) {
+    /// When the run last moved, as far as the store knows: the latest of
+    /// its creation, its last resume and every start and end of its nodes
+    /// and map elements. A run found `running` at startup stopped after
+    /// this (the restart's resume window counts from here).
+    pub fn last_progress(&self) -> Timestamp {
+        let nodes = self.nodes.values().flat_map(|n| {
+            let items = n
+                .items
+                .iter()
+                .flatten()
+                .flat_map(|i| [i.started_at, i.finished_at]);
+            [n.started_at, n.finished_at].into_iter().chain(items)
+        });
+        nodes
+            .chain([self.resumed_at])
+            .flatten()
+            .fold(self.created_at, Timestamp::max)
+    }
+
+    /// The nodes and map elements that are running, as the executor names
+    /// them in a call's `node_id` (`node`, `node[k]`), with their start.
+    pub fn running_tasks(&self) -> Vec<(String, Timestamp)> {
+        let mut out = Vec::new();
+        for (id, node) in &self.nodes {
+            if node.status != NodeStatus::Running {
+                continue;
+            }
+            match &node.items {
+                None => out.extend(node.started_at.map(|t| (id.clone(), t))),
+                Some(items) => out.extend(items.iter().enumerate().filter_map(|(k, i)| {
+                    (i.status == NodeStatus::Running)
+                        .then_some(i.started_at)
+                        .flatten()
+                        .map(|t| (format!("{id}[{k}]"), t))
+                })),
+            }
+        }
+        out
+    }
+
+    /// Records, for the running node or map element `task` (named as in
+    /// [`Self::running_tasks`]), the outcome of a tool call that succeeded
+    /// at `at` but whose result was not stored: it succeeded with `output`.
+    /// False (nothing changes) when `task` is not running or started after
+    /// `at`.
+    pub fn adopt_call(&mut self, task: &str, output: Value, attempts: u32, at: Timestamp) -> bool {
+        let (id, k) = match task.strip_suffix(']').and_then(|t| t.rsplit_once('[')) {
+            Some((id, k)) => match k.parse::<usize>() {
+                Ok(k) => (id, Some(k)),
+                Err(_) => (task, None),
+            },
+            None => (task, None),
+        };
+        let Some(node) = self.nodes.get_mut(id) else {
+            return false;
+        };
+        if node.status != NodeStatus::Running {
+            return false;
+        }
+        match (k, node.items.as_mut()) {
+            (None, None) if node.started_at.is_some_and(|s| s <= at) => {
+                node.status = NodeStatus::Succeeded;
+                node.output = Some(output);
+                node.error = None;
+                node.attempts += attempts;
+                node.finished_at = Some(at);
+                true
+            }
+            (Some(k), Some(items)) => {
+                let Some(item) = items.get_mut(k) else {
+                    return false;
+                };
+                if item.status != NodeStatus::Running || item.started_at.is_none_or(|s| s > at) {
+                    return false;
+                }
+                item.status = NodeStatus::Succeeded;
+                item.output = Some(output);
+                item.error = None;
+                item.attempts += attempts;
+                item.finished_at = Some(at);
+                node.attempts += attempts;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks a run found `running` at startup as interrupted, `why` being
+    /// the run's error: its running nodes (and map items) become failed,
+    /// so a resume runs them again.
+    pub fn interrupt(&mut self, now: Timestamp, why: String) {
         const WHY: &str = "interrupted: the server stopped while this was running";
         self.status = RunStatus::Interrupted;
-        self.error = Some("the server stopped while the run was in flight".into());
+        self.error = Some(why);
         self.finished_at = Some(now);
         for node in self.nodes.values_mut() {
             for item in node.items.iter_mut().flatten() {
@@ -244,12 +339,17 @@ impl WorkflowRun {
     /// Prepares a finished (failed or interrupted) run to go again: every
     /// node not yet succeeded is pending again (a map node keeps the items
     /// that succeeded); outputs of succeeded nodes stay and are not re-run.
-    pub fn reset_for_resume(&mut self) {
+    /// `automatic`: the server resumes it at start, not a client.
+    pub fn reset_for_resume(&mut self, now: Timestamp, automatic: bool) {
         self.status = RunStatus::Running;
         self.error = None;
         self.output = None;
         self.finished_at = None;
         self.resumes += 1;
+        if automatic {
+            self.automatic_resumes += 1;
+        }
+        self.resumed_at = Some(now);
         for node in self.nodes.values_mut() {
             if node.status == NodeStatus::Succeeded {
                 continue;

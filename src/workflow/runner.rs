@@ -11,8 +11,15 @@
 //!   The node's `timeout_s` and `retries` become the call's timeout and
 //!   retry budget, so the executor retries what may pass on a second try
 //!   (timeouts, transient failures) and not what will not (validation).
-//! - Both carry the run's tenant: its calls are the tenant's records (and
-//!   follow the tenant's cache policy), its sessions the tenant's sessions.
+//! - A tool task's call carries the idempotency key
+//!   `workflow:<run>:<node or node[k]>:<attempts before>`: a task the stop
+//!   cut runs again after a restart with the key it had (a cut task's
+//!   attempts are not counted), so a tool that honours the key does not
+//!   repeat its side effect; a task resumed after a failure gets a new one,
+//!   and runs again.
+//! - Tool and agent tasks carry the run's tenant: its calls are the
+//!   tenant's records (and follow the tenant's cache policy), its sessions
+//!   the tenant's sessions.
 //! - Agent tasks run one turn through [`Sessions`]: a new session of the
 //!   agent (tagged with the run and node in its metadata), or the session
 //!   of the node named by `session`. `timeout_s` bounds each turn (a turn
@@ -40,7 +47,8 @@
 //!   the final state is written like any other.
 //! - At shutdown (the `stopping` flag) the runner stops without writing, so
 //!   a run cut off by a stopping server is found `running` at the next
-//!   start and marked interrupted, never recorded as a failure it was not.
+//!   start and resumed or marked interrupted there, never recorded as a
+//!   failure it was not.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -171,15 +179,17 @@ impl WorkflowRunner {
             if let Err(e) = written {
                 tracing::error!(run = %id, error = %e, "workflow run state not stored");
             }
+            // A finished run leaves the live runs before its final state
+            // wakes its waiters: one that resumes it at once finds it over.
+            if finished {
+                act.deps.live.lock().expect("live runs lock").remove(&id);
+            }
             let run = act.scheduler.run();
             if whole {
                 act.state.send_replace(run.clone());
             } else {
                 act.state
                     .send_if_modified(|live| patch_items(live, run, &items));
-            }
-            if finished {
-                act.deps.live.lock().expect("live runs lock").remove(&id);
             }
             for kind in events {
                 let _ = act.deps.events.send(WorkflowEvent {
@@ -203,7 +213,17 @@ impl WorkflowRunner {
     fn spawn_task(&mut self, task: Task, ctx: &mut Context<Self>) {
         let addr = ctx.address();
         let run = self.scheduler.run();
+        let node = run.nodes.get(&task.node);
+        let tries_before = match task.item {
+            None => node.map(|n| n.attempts),
+            Some(k) => node
+                .and_then(|n| n.items.as_ref())
+                .and_then(|items| items.get(k))
+                .map(|i| i.attempts),
+        }
+        .unwrap_or(0);
         let performer = Performer {
+            tries_before,
             executor: self.deps.executor.clone(),
             sessions: self.deps.sessions.clone(),
             run_id: run.id.clone(),
@@ -269,6 +289,9 @@ impl Handler<TaskDone> for WorkflowRunner {
 
 /// Performs one task; lives in the task's tokio task.
 struct Performer {
+    /// The task's attempts recorded before this one (its idempotency key
+    /// is the same for a retry of a cut task, new after a failure).
+    tries_before: u32,
     executor: ExecutorHandle,
     sessions: Sessions,
     run_id: String,
@@ -321,6 +344,10 @@ impl Performer {
         ctx.plan = self.plan;
         ctx.timeout = timeout;
         ctx.max_retries = retries;
+        ctx.idempotency_key = Some(format!(
+            "workflow:{}:{node}:{}",
+            self.run_id, self.tries_before
+        ));
         let result = self
             .executor
             .execute(ExecuteTool::new(tool, Arguments::Json(params), ctx))

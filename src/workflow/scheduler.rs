@@ -174,6 +174,8 @@ pub fn new_run(
         created_at: now,
         finished_at: None,
         resumes: 0,
+        automatic_resumes: 0,
+        resumed_at: None,
         parent_run: None,
         depth: 0,
     }
@@ -1175,6 +1177,64 @@ mod tests {
     }
 
     #[test]
+    fn a_cut_element_whose_call_finished_takes_its_output_and_does_not_run_again() {
+        let mut s = scheduler(&MAP.replace("continue", "fail_fast"), json!({}));
+        s.start(t(0));
+        let mut cut = s.run().clone();
+        assert_eq!(cut.running_tasks(), [("list".to_string(), t(0))]);
+        assert!(!cut.adopt_call("list[0]", json!({}), 1, t(1)), "not a map");
+        assert!(cut.adopt_call("list", json!({"items": []}), 2, t(1)));
+        let list = &cut.nodes["list"];
+        assert_eq!(
+            (list.status, &list.output, list.attempts, list.finished_at),
+            (
+                NodeStatus::Succeeded,
+                &Some(json!({"items": []})),
+                2,
+                Some(t(1))
+            )
+        );
+        s.on_outcome(
+            "list",
+            None,
+            ok(json!({"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})),
+            t(1),
+        );
+        s.on_outcome("each", Some(0), ok(json!("one")), t(2));
+        let mut run = s.run().clone();
+        assert_eq!(
+            run.running_tasks(),
+            [("each[1]".to_string(), t(1)), ("each[2]".to_string(), t(2))]
+        );
+        assert!(
+            !run.adopt_call("each[1]", json!("old"), 1, t(0)),
+            "a call before it started"
+        );
+        assert!(!run.adopt_call("list", json!("x"), 1, t(3)), "not running");
+        assert!(
+            !run.adopt_call("each[0]", json!("x"), 1, t(3)),
+            "not running"
+        );
+        assert!(run.adopt_call("each[1]", json!("two"), 1, t(3)));
+        assert!(!run.adopt_call("each[1]", json!("again"), 1, t(3)), "once");
+        run.interrupt(t(4), "stopped".into());
+        run.reset_for_resume(t(4), true);
+        let mut s = Scheduler::new(
+            wf(&MAP.replace("continue", "fail_fast")).unwrap(),
+            run,
+            1_000,
+        );
+        let step = s.start(t(5));
+        assert_eq!(started(&step), [("each".into(), Some(2))]);
+        let step = s.on_outcome("each", Some(2), ok(json!("three")), t(6));
+        assert!(step.finished);
+        assert_eq!(
+            s.run().nodes["each"].output,
+            Some(json!(["one", "two", "three"]))
+        );
+    }
+
+    #[test]
     fn resume_runs_again_only_what_did_not_succeed() {
         let mut s = scheduler(&MAP.replace("continue", "fail_fast"), json!({}));
         s.start(t(0));
@@ -1187,10 +1247,13 @@ mod tests {
         s.on_outcome("each", Some(0), ok(json!("one")), t(2));
         let mut run = s.run().clone();
         // The server stopped here, with elements 1 and 2 running.
-        run.interrupt(t(3));
+        assert_eq!(run.last_progress(), t(2), "element 0 finished last");
+        run.interrupt(t(3), "stopped".into());
         assert_eq!(run.status, RunStatus::Interrupted);
+        assert_eq!(run.error.as_deref(), Some("stopped"));
         assert_eq!(run.nodes["each"].status, NodeStatus::Failed);
-        run.reset_for_resume();
+        run.reset_for_resume(t(3), true);
+        assert_eq!((run.automatic_resumes, run.resumed_at), (1, Some(t(3))));
         let mut s = Scheduler::new(
             wf(&MAP.replace("continue", "fail_fast")).unwrap(),
             run,
