@@ -32,7 +32,7 @@
 //!   turn is recognised by its key in the conversation (the handler hands
 //!   [`IdempotencyKey`] down).
 //! - `POST /v1/sessions/{id}/messages` with `Prefer: respond-async`: a
-//!   waiting retry answers 202 `{"session_id", "turn_id"}` as soon as the
+//!   waiting retry answers 202 `{session_id, turn_id, status: "accepted"}` as soon as the
 //!   running request's handler fills its [`TurnSlot`] (the turn was
 //!   accepted); until it does, the retry waits like any other.
 //! - Server-Sent Events (`Accept: text/event-stream`) cannot be replayed:
@@ -422,7 +422,7 @@ async fn wait(
                 .unwrap_or_default();
             let mut response = (
                 StatusCode::ACCEPTED,
-                axum::Json(json!({"session_id": session, "turn_id": turn_id})),
+                axum::Json(json!({"session_id": session, "turn_id": turn_id, "status": "accepted"})),
             )
                 .into_response();
             response
@@ -683,7 +683,10 @@ mod tests {
         let (status, replayed, body) = read(retry.unwrap()).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
         assert!(replayed);
-        assert_eq!(body, json!({"session_id": "s1", "turn_id": "turn-1"}));
+        assert_eq!(
+            body,
+            json!({"session_id": "s1", "turn_id": "turn-1", "status": "accepted"})
+        );
         release.notify_one();
         let (status, replayed, body) = read(first.await.unwrap().unwrap()).await;
         assert_eq!((status, replayed), (StatusCode::OK, false));

@@ -23,6 +23,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
+use super::idempotency::{IdempotencyKey, TurnSlot};
 use super::openapi::error_responses;
 use super::streams::{StreamQuota, paced};
 use super::tools::{PlanName, parse_plan};
@@ -549,12 +550,15 @@ error_responses!(
         SendErrors,
     )
 )]
+#[allow(clippy::too_many_arguments)] // axum extractors, one per part of the request
 async fn send(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Extension(quota): Extension<StreamQuota>,
     Path(id): Path<String>,
     headers: HeaderMap,
+    key: Option<Extension<IdempotencyKey>>,
+    turn_slot: Option<Extension<TurnSlot>>,
     ApiJson(body): ApiJson<MessageBody>,
 ) -> Result<Response, ApiError> {
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -564,20 +568,25 @@ async fn send(
         v.split(',')
             .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
     });
-    let key = header_text("idempotency-key").map(str::to_string);
+    // The key (checked and made per tenant by the idempotency layer) goes
+    // into the turn's record: a retry after a crash finds the turn.
+    let key = key.map(|Extension(IdempotencyKey(k))| k);
     state.sessions.get_as(&caller.tenant, &id).await?;
     if !wants_stream {
         let started = state
             .sessions
             .start_turn(&id, body.content, None, key)
             .await?;
+        if let Some(Extension(turn_slot)) = &turn_slot {
+            turn_slot.fill(started.turn_id.clone());
+        }
         if respond_async {
             let turn_id = started.turn_id.clone();
             // The turn runs on; its outcome is stored with its record.
             tokio::spawn(started.outcome);
             return Ok((
                 StatusCode::ACCEPTED,
-                Json(json!({"turn_id": turn_id, "status": "accepted"})),
+                Json(json!({"session_id": id, "turn_id": turn_id, "status": "accepted"})),
             )
                 .into_response());
         }
@@ -592,11 +601,14 @@ async fn send(
     // busy 409, storage 503) is a plain error reply, before any stream starts.
     let slot = quota.acquire()?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let accepted = state
+    let started = state
         .sessions
         .start_turn(&id, body.content, Some(tx), key)
-        .await?
-        .outcome;
+        .await?;
+    if let Some(Extension(turn_slot)) = &turn_slot {
+        turn_slot.fill(started.turn_id.clone());
+    }
+    let accepted = started.outcome;
     let (done_tx, done_rx) = oneshot::channel();
     tokio::spawn(async move {
         let _ = done_tx.send(accepted.await);
