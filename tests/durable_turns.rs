@@ -599,20 +599,35 @@ async fn cut_mid_batch(s: &Setup, key: Option<&str>) -> (String, String) {
         ("q1", "quick", "{}"),
         ("s1", "slow", "{}"),
     ]));
-    let mut request = client
+    let request = client
         .request(
             reqwest::Method::POST,
             &format!("/v1/sessions/{session}/messages"),
         )
-        .header("prefer", "respond-async")
         .json(&json!({"content": "do both"}));
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    let response = request.send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::ACCEPTED);
-    let body: Value = response.json().await.unwrap();
-    let turn_id = body["turn_id"].as_str().unwrap().to_string();
+    let turn_id = match key {
+        // A client waiting for its answer when the server dies.
+        Some(key) => {
+            let pending = tokio::spawn(request.header("idempotency-key", key).send());
+            wait_for_run(s.agents.path(), "slow").await;
+            let (_, turns) = client.get(&format!("/v1/sessions/{session}/turns")).await;
+            drop(pending);
+            turns["turns"][0]["turn_id"]
+                .as_str()
+                .expect("a turn")
+                .to_string()
+        }
+        None => {
+            let response = request
+                .header("prefer", "respond-async")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), StatusCode::ACCEPTED);
+            let body: Value = response.json().await.unwrap();
+            body["turn_id"].as_str().unwrap().to_string()
+        }
+    };
     wait_for_run(s.agents.path(), "slow").await;
     // quick's outcome is durable once its record is (at_most_once).
     let deadline = Instant::now() + PATIENCE;

@@ -747,8 +747,9 @@ impl Sessions {
         let session = self.get(id).await?;
         if let Some(key) = &key
             && let Some(turn_id) = self.inner.store.turn_by_key(id, key).await?
+            && let Some(started) = self.rejoin(id, turn_id).await?
         {
-            return self.rejoin(id, turn_id).await;
+            return Ok(started);
         }
         self.admit(&session.tenant).await?;
         let settings = self.settings_of(&session).await?;
@@ -799,31 +800,47 @@ impl Sessions {
         })
     }
 
-    /// A turn started before (by a request with the same idempotency
-    /// key): its stored outcome, or its end.
-    async fn rejoin(&self, id: &str, turn_id: String) -> Result<StartedTurn, SessionError> {
+    /// A turn started before by a request with the same idempotency key:
+    /// its stored outcome once completed, its paused outcome while it waits
+    /// for an approval, else its end. `None` when it failed or was cut:
+    /// nothing was answered, so the retry runs (as a 5xx is retried).
+    async fn rejoin(&self, id: &str, turn_id: String) -> Result<Option<StartedTurn>, SessionError> {
         let record = self.turn_record(id, &turn_id).await?;
-        let done = record.is_final();
-        if let Some(outcome) = record.outcome.filter(|_| done) {
-            return Ok(StartedTurn {
+        if record.is_final() {
+            return Ok(record.outcome.map(|outcome| StartedTurn {
                 turn_id,
                 outcome: Box::pin(async move { Ok(outcome) }),
-            });
+            }));
         }
-        if done {
-            let error = record
-                .error
-                .map_or_else(|| TurnError::Interrupted, |_| TurnError::Unavailable);
-            return Ok(StartedTurn {
+        if let super::machine::Phase::AwaitingApproval { confirmations, .. } = &record.phase {
+            let outcome = TurnOutcome {
+                turn_id: turn_id.clone(),
+                status: super::machine::TurnStatus::AwaitingApproval,
+                confirmations: confirmations.clone(),
+                answer: String::new(),
+                tool_usage_summary: ToolUsageSummary::from_calls(
+                    record
+                        .tool_calls
+                        .iter()
+                        .map(|c| (c.name.as_str(), c.is_success)),
+                ),
+                tool_calls: record.tool_calls,
+                citations: Vec::new(),
+                ungrounded_citations: Vec::new(),
+                iterations: record.model_calls,
+                fallback_used: record.fallback,
+                finish_reason: None,
+            };
+            return Ok(Some(StartedTurn {
                 turn_id,
-                outcome: Box::pin(async move { Err(error.into()) }),
-            });
+                outcome: Box::pin(async move { Ok(outcome) }),
+            }));
         }
         let handle = self.handle(id).await?;
         let watch = handle.watch(&turn_id).await;
         let sessions = self.clone();
         let (sid, tid) = (id.to_string(), turn_id.clone());
-        Ok(StartedTurn {
+        Ok(Some(StartedTurn {
             turn_id,
             outcome: Box::pin(async move {
                 if let Some(w) = watch {
@@ -835,7 +852,7 @@ impl Sessions {
                     .outcome
                     .ok_or(SessionError::Turn(TurnError::Unavailable))
             }),
-        })
+        }))
     }
 
     /// Turn `turn_id` of session `id`, as stored.
