@@ -549,7 +549,12 @@ fn chat(
                     }
                 }
             };
-            printer.finish(&outcome?.answer);
+            let outcome = outcome?;
+            if outcome.status == cadre::conversation::machine::TurnStatus::AwaitingApproval {
+                printer.paused(&serde_json::to_value(&outcome)?);
+            } else {
+                printer.finish(&outcome.answer);
+            }
             Ok(())
         })
     };

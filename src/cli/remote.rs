@@ -418,6 +418,11 @@ impl Client {
                     printer.finish(body["answer"].as_str().unwrap_or_default());
                     return Ok(());
                 }
+                "turn_paused" => {
+                    printer.paused(&body);
+                    return Ok(());
+                }
+                "turn_interrupted" => bail!("a newer message in this session interrupted the turn"),
                 "turn_failed" => {
                     let status = body["status"].as_u64().unwrap_or(500) as u16;
                     let status = reqwest::StatusCode::from_u16(status)

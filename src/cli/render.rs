@@ -283,6 +283,23 @@ impl TurnPrinter {
         }
     }
 
+    /// A turn paused for confirmations (the reply's body): what waits,
+    /// and how to decide it.
+    pub fn paused(&self, outcome: &Value) {
+        if self.streamed {
+            println!();
+        }
+        for c in outcome["confirmations"].as_array().into_iter().flatten() {
+            println!(
+                "[waiting for approval] {} ({}): POST /v1/confirmations/{} {{\"approve\": true|false}} resumes turn {}",
+                text(&c["tool_name"]),
+                text(&c["summary"]),
+                text(&c["confirmation_id"]),
+                text(&outcome["turn_id"]),
+            );
+        }
+    }
+
     /// The turn's end: its answer, unless it was streamed already.
     pub fn finish(&self, answer: &str) {
         if self.streamed {
