@@ -319,7 +319,7 @@ async fn an_mcp_call_carries_the_key_in_meta_and_annotations_or_mcp_toml_decide_
     until_up(&app, "fix.count").await;
     until_up(&app, "decl.count").await;
 
-    let listed = listed_side_effects(&app, "openai").await;
+    let listed = listed_side_effects(&app, "definitions").await;
     for (tool, want) in [
         ("fix.lookup", "none"),
         ("fix.upsert", "idempotent"),
@@ -402,12 +402,13 @@ async fn declared_side_effects_show_in_the_tool_list() {
         ("custom_tool", "idempotent"),
         ("undeclared", "at_most_once"),
     ];
-    for view in ["openai", "definitions"] {
-        let listed = listed_side_effects(&app, view).await;
-        for (tool, side_effects) in want {
-            assert_eq!(listed[tool], side_effects, "{view}: {tool}");
-        }
+    let listed = listed_side_effects(&app, "definitions").await;
+    for (tool, side_effects) in want {
+        assert_eq!(listed[tool], side_effects, "{tool}");
     }
+    // The default view is the OpenAI format only, handed to models as is.
+    let listed = listed_side_effects(&app, "openai").await;
+    assert!(listed.values().all(Value::is_null), "{listed:?}");
 }
 
 // ----------------------------------------------------------------- the intent

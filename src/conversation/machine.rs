@@ -31,6 +31,19 @@
 //!   and evictions: the loader seeds the known sources from the session's
 //!   stored call records ([`ConversationMachine::with_known_sources`]).
 //!
+//! A turn is data: every step returns the turn's [`TurnRecord`] (id,
+//! phase, calls so far, outcome) to be stored with the step's messages.
+//! A batch with a call held for a person's confirmation pauses the turn
+//! (`awaiting_approval`, [`Action::Pause`]; off for workflow nodes'
+//! sessions, [`TurnSettings::pause_for_approval`]); nothing of the batch is
+//! persisted until every call has an outcome, then the results follow the
+//! calls' order as always. [`ConversationMachine::resume`] takes a stored,
+//! open record up on a fresh machine; [`ConversationMachine::interrupt_turn`]
+//! closes a turn early (outcomes for unanswered calls, so the history stays
+//! valid; with rollback the turn's messages leave the history);
+//! [`ConversationMachine::abort_turn`] closes a failed one. The session's
+//! queue and multitask rule are the machine's too ([`super::queue`]).
+//!
 //! Where a turn stands is data, [`Phase`]: `idle`, `awaiting_model`,
 //! `awaiting_tools` (with the batch the last reply asked for) or
 //! `summarising` (between turns, the summary call in flight). It
@@ -584,15 +597,11 @@ impl ConversationMachine {
                 confirmations: held.clone(),
             };
             let record = self.turn_record().expect("a turn");
-            // The caller sees the calls that finished, this batch's too
-            // (they join the turn's own list once the batch is complete).
+            // The caller sees every call of the batch, the held ones as
+            // `pending_confirmation` with what to decide (they join the
+            // turn's own list once the batch is complete).
             let mut shown = record.tool_calls.clone();
-            shown.extend(
-                results
-                    .iter()
-                    .filter(|(_, r)| r.error_type != Some(ErrorType::PendingConfirmation))
-                    .map(|(c, r)| report(c, r)),
-            );
+            shown.extend(results.iter().map(|(c, r)| report(c, r)));
             let outcome = TurnOutcome {
                 turn_id: record.turn_id.clone(),
                 status: TurnStatus::AwaitingApproval,
@@ -1232,7 +1241,11 @@ mod tests {
         );
         assert_eq!(outcome.status, TurnStatus::AwaitingApproval);
         assert_eq!(outcome.confirmations[0].confirmation_id, "conf_b");
-        assert_eq!(outcome.tool_calls.len(), 1, "a's outcome is shown");
+        assert_eq!(outcome.tool_calls.len(), 2, "the batch is shown, b as held");
+        assert_eq!(
+            outcome.tool_calls[1].error_type,
+            Some(ErrorType::PendingConfirmation)
+        );
         let record = step.record.expect("a record");
         assert_eq!(record.idempotency_key.as_deref(), Some("key"));
         assert!(matches!(record.phase, Phase::AwaitingApproval { .. }));

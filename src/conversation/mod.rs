@@ -2,7 +2,11 @@
 //!
 //! http ──▶ [`Sessions`] ──▶ [`actor::Conversation`] ──▶ model / ToolSubAgent / store
 //!
-//! - [`machine`]: the decisions of a turn (no IO); [`context`]: the five prompt layers.
+//! - [`machine`]: the decisions of a turn (no IO), its record ([`machine::TurnRecord`])
+//!   and phase; [`queue`]: the session's queue and multitask rule, part of the
+//!   machine; [`settings`]: one turn's settings; [`context`]: the five prompt layers.
+//! - [`resume`]: what is known of a batch's calls when a turn is taken up again
+//!   (after a restart, or a person's decision).
 //! - [`actor`]: the actor that performs them; [`batch`]: the tool sub-agent it
 //!   spawns per batch of tool calls.
 //! - [`sessions`]: the registry of live conversations and the session API.

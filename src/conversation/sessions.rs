@@ -14,6 +14,21 @@
 //! calls made outside turns record their usage here, the turns' own in the
 //! conversation actor.
 //!
+//! One way into a turn: [`Sessions::start_turn`] is where every transport
+//! starts one (HTTP JSON and SSE, the visitor WebSocket, MCP's `agent_*`
+//! tools, workflow agent nodes, `cadre chat`): the content is checked (not
+//! empty, at most [`MAX_CONTENT_BYTES`]), a keyed message rejoins the turn
+//! its key started (completed: its outcome; paused: its paused outcome;
+//! running: its end; failed or cut: it runs again), the budget admits it,
+//! and the conversation queues or refuses it; the turn's id is known at
+//! once. Turns cut by a crash are taken up at start
+//! ([`Sessions::resume_cut_turns`]: each such session's conversation is
+//! loaded with its open turn, resumed within `[sessions] resume_window_s`,
+//! closed as interrupted past it; a workflow node's session is always
+//! closed, its run reruns the node). [`Sessions::decide_confirmation`] is
+//! the one path of approvals (HTTP and MCP): the executor decides, then the
+//! turn paused on it resumes.
+//!
 //! Deleting: [`Sessions::delete`] is the one path of `DELETE
 //! /v1/sessions/{id}`, the tenant erase and the retention sweep. It marks
 //! the id as being deleted (no actor is started for it from then on), asks

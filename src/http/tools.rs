@@ -56,10 +56,10 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[allow(dead_code)]
 struct ToolList {
     /// OpenAI function definitions: `{type: "function", function: {name,
-    /// description, parameters}, side_effects}` (`side_effects`: `none`,
-    /// `idempotent` or `at_most_once`, whether a call may run again), with
-    /// `source` and `status` for MCP tools; with `view=definitions`, the full
-    /// definitions (`side_effects` among their fields).
+    /// description, parameters}}`, with `source` and `status` for MCP
+    /// tools; with `view=definitions`, the full definitions (among their
+    /// fields `side_effects`: `none`, `idempotent` or `at_most_once`,
+    /// whether a call may run again when a cut turn resumes).
     #[schema(value_type = Vec<Object>)]
     tools: Vec<Value>,
     /// Every MCP server of `mcp.toml`: `{server, available, tools, reason?}`;
@@ -202,10 +202,9 @@ async fn list(
         None | Some("openai") => defs
             .iter()
             .map(|d| {
+                // Only the OpenAI format, so the list can be handed to a
+                // model as is; `side_effects` is in `view=definitions`.
                 let mut entry = d.spec().to_openai_json();
-                // Whether a call may run again (a resumed turn): not part
-                // of the OpenAI format, beside it like `source`.
-                entry["side_effects"] = json!(d.side_effects);
                 // Tools of MCP servers say where they come from and whether
                 // their server is up; a down server's tools stay listed.
                 if let (Some(available), crate::tools::definition::Entry::Mcp { server, .. }) =
