@@ -564,23 +564,7 @@ impl Conversation {
                 if let Some(s) = settings {
                     self.machine.set_settings(s);
                 }
-                // Who the turn's tool calls are made as: the conversation, or
-                // the workflow node that opened this session.
-                let caller_type = self.execution_context().caller_type.as_str();
-                let span = tracing::info_span!(
-                    "turn",
-                    otel.name = %format_args!("invoke_agent {}", self.agent.name),
-                    gen_ai.operation.name = "invoke_agent",
-                    gen_ai.agent.name = %self.agent.name,
-                    gen_ai.conversation.id = %self.session.id,
-                    cadre.session = %self.session.id,
-                    cadre.tenant = %self.session.tenant,
-                    cadre.caller_type = caller_type,
-                    iterations = tracing::field::Empty,
-                    tool_calls = tracing::field::Empty,
-                    latency_ms = tracing::field::Empty,
-                    error.type = tracing::field::Empty,
-                );
+                let span = self.new_turn_span(false);
                 let current = Current {
                     started: Instant::now(),
                     reply: Some(reply),
@@ -1111,14 +1095,13 @@ impl Conversation {
         self.perform(step, ctx);
     }
 
-    /// A turn going on with nobody waiting here (resumed after a restart
-    /// or a decision) gets its bookkeeping.
-    fn ensure_current(&mut self) {
-        self.machine.set_activity(Activity::Turn);
-        if self.current.is_some() {
-            return;
-        }
-        let span = tracing::info_span!(
+    /// The span of a turn (`resumed`: taken up again, after a restart or
+    /// a decision); model calls and the tool batch are its children.
+    fn new_turn_span(&self, resumed: bool) -> tracing::Span {
+        // Who the turn's tool calls are made as: the conversation, or the
+        // workflow node that opened this session.
+        let caller_type = self.execution_context().caller_type.as_str();
+        tracing::info_span!(
             "turn",
             otel.name = %format_args!("invoke_agent {}", self.agent.name),
             gen_ai.operation.name = "invoke_agent",
@@ -1126,12 +1109,23 @@ impl Conversation {
             gen_ai.conversation.id = %self.session.id,
             cadre.session = %self.session.id,
             cadre.tenant = %self.session.tenant,
-            cadre.resumed = true,
+            cadre.caller_type = caller_type,
+            cadre.resumed = resumed,
             iterations = tracing::field::Empty,
             tool_calls = tracing::field::Empty,
             latency_ms = tracing::field::Empty,
             error.type = tracing::field::Empty,
-        );
+        )
+    }
+
+    /// A turn going on with nobody waiting here (resumed after a restart
+    /// or a decision) gets its bookkeeping.
+    fn ensure_current(&mut self) {
+        self.machine.set_activity(Activity::Turn);
+        if self.current.is_some() {
+            return;
+        }
+        let span = self.new_turn_span(true);
         self.current = Some(Current {
             started: Instant::now(),
             reply: None,
