@@ -40,7 +40,8 @@
 //! Approvals: a call held for a person's confirmation pauses the turn
 //! (`awaiting_approval`): the caller gets the paused outcome (202), the
 //! session stays held (queued messages wait, `reject` refuses), and the
-//! conversation may leave memory (its record brings it back). A decision
+//! conversation stays in memory until the turn goes on (its expiry timer
+//! lives here; after a restart its record brings it back). A decision
 //! ([`CheckApprovals`], sent by `Sessions::decide_confirmation` with the
 //! approved call's outcome) or an expiry timer resolves the held calls;
 //! once every call has an outcome the turn goes on, with nobody waiting
@@ -424,11 +425,13 @@ impl Actor for Conversation {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        // Idle conversations leave memory; the store has everything (a
-        // paused turn too: its record brings it back).
+        // Idle conversations leave memory; the store has everything. A
+        // paused turn stays resident (at most the confirmation's lifetime):
+        // its expiry timer lives here.
         let every = (self.idle_timeout / 4).max(Duration::from_millis(10));
         ctx.run_interval(every, |act, ctx| {
             if act.machine.is_quiet()
+                && !act.machine.in_turn()
                 && act.watchers.is_empty()
                 && act.last_active.elapsed() >= act.idle_timeout
             {
