@@ -239,6 +239,9 @@ async fn start_server(launch: &Launch) -> Server {
             ("CADRE_API_LIMIT_PER_SECOND", "1000000"),
             ("CADRE_API_LIMIT_BURST", "1000000"),
             ("CADRE_CONCURRENCY_QUEUE_SIZE", "1000000"),
+            // The large run holds a connection per session from one address.
+            ("CADRE_SERVER_MAX_CONNECTIONS", "16384"),
+            ("CADRE_SERVER_MAX_CONNECTIONS_PER_ADDRESS", "16384"),
             ("RUST_LOG", "warn"),
         ];
         Server::start(&data, &agents, &model, &env)
