@@ -9,7 +9,8 @@
 //!   (after a restart, or a person's decision).
 //! - [`actor`]: the actor that performs them; [`batch`]: the tool sub-agent it
 //!   spawns per batch of tool calls.
-//! - [`sessions`]: the registry of live conversations and the session API.
+//! - [`sessions`]: the registry of live conversations and the session API;
+//!   [`visitor`]: the visitor/operator protocol on it (auto-response, operator messages).
 //! - [`summary`]: tool usage summaries.
 //! - [`budget`]: the monthly token budget gate every turn passes first.
 
@@ -24,6 +25,7 @@ pub mod resume;
 pub mod sessions;
 pub mod settings;
 pub mod summary;
+pub mod visitor;
 
 pub use actor::TurnError;
 pub use machine::{CallReport, TurnOutcome};

@@ -27,14 +27,16 @@
 //! ([`StreamLimit::close_subscriptions`]); a streamed turn is running work
 //! and gets the shutdown grace like any request.
 //!
-//! Pace: a streamed turn's events pass through [`paced`], a task that
+//! Pace: a streamed turn's events (an SSE reply, or a visitor turn on the
+//! WebSocket, [`super::ws`]) pass through [`paced`], a task that
 //! drains the turn's events as the model writes them and hands them to the
 //! response through a channel of [`TURN_STREAM_BUFFER`] events. While the
 //! client reads slower than that, the model text waiting for it is
 //! coalesced (consecutive deltas become one); once more than
 //! [`MAX_TURN_STREAM_LAG_BYTES`] wait (delta text, and the JSON of the
 //! other events: a tool call's arguments or outcome), the stream is closed (the
-//! turn goes on and is stored; its history has the answer). A client that
+//! turn goes on and is stored; its history has the answer): an SSE reply
+//! ends there, a socket gets one `STREAM_LAGGED` error frame. A client that
 //! leaves ends the task and drops what waited. So a stream holds at most
 //! the buffer and the lag limit, whatever the model sends.
 
@@ -103,7 +105,7 @@ pub fn paced(
                         if behind > MAX_TURN_STREAM_LAG_BYTES {
                             tracing::warn!(
                                 behind,
-                                "a streaming client fell too far behind; its stream is closed"
+                                "a streaming client fell too far behind; the turn's events to it stop"
                             );
                             flag.store(true, Ordering::Relaxed);
                             return;

@@ -3,18 +3,34 @@
 //! client ──{"type": "visitor_message" | "operator_message" | "assign_operator" | "unassign_operator"}──▶ server
 //! server ──{"type": "message_stored" | "auto_respond" | turn events... | "error"}──▶ client
 //!
-//! A visitor message gets a model turn only when
-//! [`should_auto_respond`] says so (auto-response on; no operator, or the
-//! tenant answers alongside operators); the decision and its reason are
-//! logged and sent as an `auto_respond` frame. With a turn, the tenant's
-//! `response_delay_ms` passes first, then the turn's events stream out
-//! (`turn_started`, `model_delta`, `tool_call_started`,
-//! `tool_call_completed`, `turn_completed`). Without one, the message is
-//! stored as it is. Operator messages are stored (as assistant messages
-//! named `operator:<id>`) without a model turn. Frames are handled one at
-//! a time, in order; a bad frame gets an `error` frame and the socket stays
-//! open. Frames over [`MAX_FRAME_BYTES`] close it; an `operator_id` over
+//! frame ──rate limit · parse · operator_id length──▶ conversation::visitor
+//!     (Sessions::visitor_message → decision → deliver: stored | start_turn;
+//!      Sessions::operator_message; Sessions::set_operator) ──▶ frames back
+//!
+//! This file is the transport only: it parses frames, checks the
+//! frame-level limits and writes frames. The protocol's decisions live in
+//! [`crate::conversation::visitor`]: whether a visitor message gets a
+//! model turn (auto-response, and the tenant's `response_delay_ms` before
+//! it), storing it without one, operator messages (assistant messages
+//! named `operator:<id>`); every turn starts through
+//! [`crate::conversation::Sessions::start_turn`]. A visitor message's
+//! decision and its reason are sent as an `auto_respond` frame before the
+//! delay; then either `message_stored` or the turn's events (`turn_started`,
+//! `model_delta`, `tool_call_started`, `tool_call_completed`,
+//! `turn_completed`). Frames are handled one at a time, in order; a bad
+//! frame gets an `error` frame and the socket stays open. Frames over
+//! [`MAX_FRAME_BYTES`] close it; an `operator_id` over
 //! [`MAX_OPERATOR_ID_BYTES`] gets an `error` frame (`VALIDATION_ERROR`).
+//!
+//! A turn's events are paced as an SSE reply's are ([`super::streams`]'s
+//! `paced`): while the client reads slowly, consecutive `model_delta`s are
+//! merged into one frame; once more than `MAX_TURN_STREAM_LAG_BYTES`
+//! (1 MiB) wait for it, the socket gets one `error` frame
+//! `STREAM_LAGGED` (naming the turn) instead of the rest of the turn's
+//! events. The turn goes on and is stored (its record and the history
+//! have it); the socket stays open and reads its next frame once the turn
+//! ended. So a socket that does not read holds at most the pacing buffer,
+//! the lag limit and the kernel's socket buffers, whatever the model sends.
 //!
 //! Browsers cannot set `Authorization` on a WebSocket: they first ask
 //! `POST /v1/sessions/{id}/ws-token` (with the key, for a session of the
@@ -39,11 +55,14 @@
 //! (`[sessions] max_queued_turns`); frames are handled one at a time, so
 //! one socket waits for its own turn before the next frame is read.
 
+use std::sync::atomic::Ordering;
+
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::{Extension, Json};
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -55,10 +74,11 @@ use super::AppState;
 use super::error::ApiError;
 use super::openapi::error_responses;
 use super::rate_limit::RequestBudget;
-use super::streams::{StreamQuota, StreamSlot};
+use super::streams::{MAX_TURN_STREAM_LAG_BYTES, StreamQuota, StreamSlot, paced};
 use crate::conversation::actor::TurnEvent;
-use crate::conversation::auto_respond::should_auto_respond;
-use crate::model::ChatMessage;
+use crate::conversation::sessions::StartedTurn;
+use crate::conversation::visitor::{Content, Delivered};
+use crate::error_code::ErrorCode;
 use crate::tenants::Principal;
 use crate::tenants::tokens::WS_TOKEN_TTL;
 
@@ -137,7 +157,7 @@ error_responses!(
     operation_id = "session_websocket",
     summary = "Visitor chat over a WebSocket",
     tag = "sessions",
-    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`, `turn_paused` `{reply}` when a call waits for a confirmation, `turn_interrupted`), and `error` `{error: {code, message}}` (the socket stays open). Each frame counts against the caller's API rate limit like a request: over it the frame gets an `error` frame `RATE_LIMITED` and is not acted on. Frames over 256 KiB close it; an `operator_id` is at most 128 bytes.",
+    description = "Visitor chat over a WebSocket. Client frames (JSON text): `{type: visitor_message, content}`, `{type: operator_message, content, operator_id?}`, `{type: assign_operator, operator_id}`, `{type: unassign_operator}`. Server frames: `auto_respond` `{respond, reason}`, `message_stored` `{role, seq}`, `operator_assigned`, `operator_unassigned`, the turn events (`turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, `turn_completed` `{reply}`, `turn_paused` `{reply}` when a call waits for a confirmation, `turn_interrupted`), and `error` `{error: {code, message}}` (the socket stays open). A turn's events are paced as a streamed reply's: consecutive `model_delta`s are merged for a slow reader, and a socket more than 1 MiB behind gets one `error` frame `STREAM_LAGGED` instead of the rest of the turn's events (the turn goes on and is stored: `GET /v1/sessions/{id}/turns/{turn_id}`). Each frame counts against the caller's API rate limit like a request: over it the frame gets an `error` frame `RATE_LIMITED` and is not acted on. Frames over 256 KiB close it; an `operator_id` is at most 128 bytes.",
     params(
         ("id" = String, Path, description = "Session id"),
         ("token" = Option<String>, Query, description = "A token from `POST /v1/sessions/{id}/ws-token`, for browsers (which cannot send `Authorization`): single use, 60 s, this session only. Ignored when `Authorization` is sent."),
@@ -255,17 +275,13 @@ async fn handle(
             content,
             operator_id,
         } => {
-            check_content(&content)?;
+            let content = Content::new(content)?;
             if let Some(op) = &operator_id {
                 check_operator(op)?;
             }
-            let session = sessions.get_as(&caller.tenant, id).await?;
-            let who = operator_id
-                .or_else(|| session.metadata["operator_id"].as_str().map(str::to_string))
-                .unwrap_or_else(|| "operator".into());
-            let mut message = ChatMessage::assistant(content);
-            message.name = Some(format!("operator:{who}"));
-            let seq = sessions.record_message(id, message).await?;
+            let seq = sessions
+                .operator_message(&caller.tenant, id, content, operator_id)
+                .await?;
             send(
                 socket,
                 json!({"type": "message_stored", "role": "operator", "seq": seq}),
@@ -273,52 +289,82 @@ async fn handle(
             .await;
         }
         Frame::VisitorMessage { content } => {
-            check_content(&content)?;
-            let session = sessions.get_as(&caller.tenant, id).await?;
-            let config = sessions.tenant_config(&caller.tenant).await?;
-            let operator = session
-                .metadata
-                .get("operator_id")
-                .is_some_and(|v| !v.is_null());
-            let decision = should_auto_respond(&config, operator);
-            tracing::info!(session = %id, respond = decision.respond, reason = decision.reason, "auto-response decision");
+            let message = sessions
+                .visitor_message(&caller.tenant, id, Content::new(content)?)
+                .await?;
+            let decision = message.decision;
             send(
                 socket,
                 json!({"type": "auto_respond", "respond": decision.respond, "reason": decision.reason}),
             )
             .await;
-            if !decision.respond {
-                let seq = sessions
-                    .record_message(id, ChatMessage::user(content))
-                    .await?;
-                send(
-                    socket,
-                    json!({"type": "message_stored", "role": "visitor", "seq": seq}),
-                )
-                .await;
-                return Ok(());
-            }
-            if config.response_delay_ms > 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(config.response_delay_ms))
+            let (tx, rx) = mpsc::unbounded_channel::<TurnEvent>();
+            match message.deliver(tx).await? {
+                Delivered::Stored { seq } => {
+                    send(
+                        socket,
+                        json!({"type": "message_stored", "role": "visitor", "seq": seq}),
+                    )
                     .await;
-            }
-            let (tx, mut rx) = mpsc::unbounded_channel::<TurnEvent>();
-            let turn = sessions.send_message_as(&caller.tenant, id, content, Some(tx));
-            tokio::pin!(turn);
-            let outcome = loop {
-                tokio::select! {
-                    result = &mut turn => break result,
-                    Some(event) = rx.recv() => {
-                        forward(socket, event).await;
-                    }
                 }
-            };
-            while let Ok(event) = rx.try_recv() {
-                forward(socket, event).await;
+                Delivered::Turn(turn) => stream_turn(socket, id, turn, rx).await?,
             }
-            outcome?;
         }
     }
+    Ok(())
+}
+
+/// Writes a turn's events, paced ([`paced`]), until the turn ends; then
+/// its failure, if it failed, is the caller's `error` frame. A socket
+/// that falls more than [`MAX_TURN_STREAM_LAG_BYTES`] behind gets one
+/// `STREAM_LAGGED` error frame instead of the rest of the turn's events;
+/// the turn goes on and is stored, and the next frame is read once it ended.
+async fn stream_turn(
+    socket: &mut WebSocket,
+    session: &str,
+    turn: StartedTurn,
+    events: mpsc::UnboundedReceiver<TurnEvent>,
+) -> Result<(), ApiError> {
+    let (mut events, lagged) = paced(events);
+    // Dropped once it resolves: it holds a sender of the turn's events,
+    // and the paced stream ends only when every sender is gone.
+    let mut outcome = Some(turn.outcome);
+    let mut ended = None;
+    loop {
+        tokio::select! {
+            result = async { outcome.as_mut().expect("guarded").await }, if outcome.is_some() => {
+                outcome = None;
+                ended = Some(result);
+            }
+            event = events.next() => match event {
+                Some(event) => forward(socket, event).await,
+                None => break,
+            },
+        }
+    }
+    if lagged.load(Ordering::Relaxed) {
+        let turn_id = &turn.turn_id;
+        let lag = ApiError::new(
+            ErrorCode::StreamLagged,
+            format!(
+                "this socket fell more than {MAX_TURN_STREAM_LAG_BYTES} bytes behind turn {turn_id}'s events, so the rest of them are not sent; the turn goes on and is stored: read it with GET /v1/sessions/{session}/turns/{turn_id}"
+            ),
+        );
+        send(
+            socket,
+            json!({"type": "error", "error": lag.body()["error"]}),
+        )
+        .await;
+        if let Some(outcome) = outcome {
+            let _ = outcome.await;
+        }
+        return Ok(());
+    }
+    let result = match ended {
+        Some(result) => result,
+        None => outcome.expect("not resolved yet").await,
+    };
+    result?;
     Ok(())
 }
 
@@ -342,13 +388,6 @@ fn check_operator(operator_id: &str) -> Result<(), ApiError> {
         return Err(ApiError::validation(format!(
             "operator_id is longer than {MAX_OPERATOR_ID_BYTES} bytes"
         )));
-    }
-    Ok(())
-}
-
-fn check_content(content: &str) -> Result<(), ApiError> {
-    if content.trim().is_empty() {
-        return Err(ApiError::validation("content must not be empty"));
     }
     Ok(())
 }
