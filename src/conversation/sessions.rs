@@ -151,6 +151,20 @@ pub const MAX_SESSION_ID_BYTES: usize = crate::identity::MAX_ID_BYTES;
 /// where every turn starts ([`Sessions::start_turn`]).
 pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
 
+/// The rule of every message's content: not blank, at most
+/// [`MAX_CONTENT_BYTES`].
+pub fn check_content(content: &str) -> Result<(), SessionError> {
+    if content.trim().is_empty() {
+        return Err(SessionError::EmptyContent);
+    }
+    if content.len() > MAX_CONTENT_BYTES {
+        return Err(SessionError::ContentTooLarge {
+            max: MAX_CONTENT_BYTES,
+        });
+    }
+    Ok(())
+}
+
 /// A turn handed to a session: its id at once, its outcome later.
 pub struct StartedTurn {
     pub turn_id: String,
@@ -751,14 +765,7 @@ impl Sessions {
         events: Option<TurnSink>,
         key: Option<String>,
     ) -> Result<StartedTurn, SessionError> {
-        if content.trim().is_empty() {
-            return Err(SessionError::EmptyContent);
-        }
-        if content.len() > MAX_CONTENT_BYTES {
-            return Err(SessionError::ContentTooLarge {
-                max: MAX_CONTENT_BYTES,
-            });
-        }
+        check_content(&content)?;
         let session = self.get(id).await?;
         if let Some(key) = &key
             && let Some(turn_id) = self.inner.store.turn_by_key(id, key).await?

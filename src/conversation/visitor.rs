@@ -19,7 +19,7 @@
 //!   transport tells the client the decision (`auto_respond`) before the
 //!   response delay passes and the turn's events start, as it always did.
 //! - Content is checked once, when the transport builds a [`Content`]
-//!   (not blank, at most [`MAX_CONTENT_BYTES`], the rule of every turn):
+//!   (not blank, at most [`super::sessions::MAX_CONTENT_BYTES`], the rule of every turn):
 //!   a message stored without a turn obeys it too, and the check comes
 //!   before any other, so a frame's faults are reported in the same order.
 //! - An operator message without an `operator_id` is named after the
@@ -29,23 +29,16 @@ use std::time::Duration;
 
 use super::actor::TurnSink;
 use super::auto_respond::{Decision, should_auto_respond};
-use super::sessions::{MAX_CONTENT_BYTES, SessionError, Sessions, StartedTurn};
+use super::sessions::{SessionError, Sessions, StartedTurn, check_content};
 use crate::model::ChatMessage;
 
-/// A message's content, checked: not blank, at most [`MAX_CONTENT_BYTES`].
+/// A message's content, checked: not blank, at most [`super::sessions::MAX_CONTENT_BYTES`].
 #[derive(Debug, Clone)]
 pub struct Content(String);
 
 impl Content {
     pub fn new(content: String) -> Result<Content, SessionError> {
-        if content.trim().is_empty() {
-            return Err(SessionError::EmptyContent);
-        }
-        if content.len() > MAX_CONTENT_BYTES {
-            return Err(SessionError::ContentTooLarge {
-                max: MAX_CONTENT_BYTES,
-            });
-        }
+        check_content(&content)?;
         Ok(Content(content))
     }
 }
