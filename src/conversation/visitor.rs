@@ -134,6 +134,7 @@ impl VisitorMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::sessions::MAX_CONTENT_BYTES;
 
     #[test]
     fn content_is_checked_as_a_turns_is() {
