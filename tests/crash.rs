@@ -1208,14 +1208,29 @@ async fn check_workflows(
         e.1 += u64::from(r["is_success"] == true);
     }
 
-    // The agent nodes' sessions, known by their metadata.
-    let sessions = match get(client, "/v1/sessions".to_owned()).await {
-        Ok(body) => body["sessions"].as_array().cloned().unwrap_or_default(),
-        Err(e) => {
-            failures.push(e);
-            return (runs, failures);
+    // The agent nodes' sessions, known by their metadata (every page: the
+    // large run holds thousands of sessions).
+    let mut sessions = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/v1/sessions?limit=1000&cursor={c}"),
+            None => "/v1/sessions?limit=1000".to_owned(),
+        };
+        match get(client, path).await {
+            Ok(body) => {
+                sessions.extend(body["sessions"].as_array().cloned().unwrap_or_default());
+                match body["next"].as_str() {
+                    Some(next) => cursor = Some(next.to_owned()),
+                    None => break,
+                }
+            }
+            Err(e) => {
+                failures.push(e);
+                return (runs, failures);
+            }
         }
-    };
+    }
     for session in &sessions {
         let (Some(id), Some(run_id)) = (
             session["id"].as_str(),
