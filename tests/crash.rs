@@ -1484,24 +1484,39 @@ async fn no_acknowledged_turn_is_lost_across_kill_9_under_load() {
         if let Err(e) = check_stats(&client, tally.per_tool).await {
             failures.push(format!("counters: {e}"));
         }
-        let listed = get(&client, "/v1/confirmations".to_owned()).await;
-        match listed {
-            Ok(body) => {
-                let ids: HashSet<&str> = body["confirmations"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
+        // Every page: the large run acknowledges hundreds.
+        let mut pending: HashSet<String> = HashSet::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let path = match &cursor {
+                Some(c) => format!("/v1/confirmations?limit=1000&cursor={c}"),
+                None => "/v1/confirmations?limit=1000".to_owned(),
+            };
+            match get(&client, path).await {
+                Ok(body) => {
+                    pending.extend(
+                        body["confirmations"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
                             .filter_map(|c| c["confirmation_id"].as_str())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                for id in &confirmations_acked {
-                    if !ids.contains(id.as_str()) {
-                        failures.push(format!("pending confirmation {id} lost"));
+                            .map(str::to_owned),
+                    );
+                    match body["next"].as_str() {
+                        Some(next) => cursor = Some(next.to_owned()),
+                        None => break,
                     }
                 }
+                Err(e) => {
+                    failures.push(e);
+                    break;
+                }
             }
-            Err(e) => failures.push(e),
+        }
+        for id in &confirmations_acked {
+            if !pending.contains(id) {
+                failures.push(format!("pending confirmation {id} lost"));
+            }
         }
         for id in &sessions_acked {
             if let Err(e) = get(&client, format!("/v1/sessions/{id}")).await {
