@@ -670,6 +670,21 @@ fn turn_shape(turn: &[Value]) -> Result<bool, String> {
     if turn.is_empty() || role(&turn[0]) != "user" {
         return fail("a turn does not start with its user message");
     }
+    // A turn the restart closed as interrupted (a workflow node's: its run
+    // reruns the node) ends with the note, after an outcome for every call:
+    // well formed, and not an answer.
+    if let Some((last, before)) = turn.split_last()
+        && role(last) == "assistant"
+        && last["content"] == cadre::conversation::actor::INTERRUPTED_NOTE
+    {
+        return match turn_shape(before) {
+            Ok(false) if before.len() == 1 || role(&before[before.len() - 1]) == "tool" => {
+                Ok(false)
+            }
+            Ok(_) => fail("an interrupted turn's note follows an answer or an open call"),
+            Err(e) => Err(e),
+        };
+    }
     let Some(asked) = turn.get(1) else {
         return Ok(false);
     };

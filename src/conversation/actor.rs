@@ -1168,7 +1168,7 @@ impl Conversation {
             }
         };
         if what == CutTurn::Close {
-            tracing::warn!(session = %self.session.id, turn = %turn_id, "a turn cut by a restart is older than the resume window; closed as interrupted");
+            tracing::warn!(session = %self.session.id, turn = %turn_id, "a turn cut by a restart is closed as interrupted (older than the resume window, or a workflow node's: its run reruns the node)");
             self.metrics
                 .turns_interrupted
                 .fetch_add(1, Ordering::Relaxed);
