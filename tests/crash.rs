@@ -263,6 +263,26 @@ struct AckedTurn {
     call_ids: Option<Vec<String>>,
 }
 
+impl AckedTurn {
+    /// The turn a 200 reply to `content` acknowledged.
+    fn of_reply(content: String, body: &Value) -> AckedTurn {
+        let call_ids = body["tool_calls"]
+            .as_array()
+            .map(|calls| {
+                calls
+                    .iter()
+                    .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        AckedTurn {
+            content,
+            answer: body["answer"].as_str().unwrap_or_default().to_owned(),
+            call_ids: Some(call_ids),
+        }
+    }
+}
+
 /// One session as its client saw it.
 #[derive(Debug, Clone, Default)]
 struct Book {
@@ -328,20 +348,7 @@ async fn drive(load: Arc<Load>, mut book: Book) -> Book {
         .await;
         match reply {
             Ok((StatusCode::OK, body)) => {
-                let call_ids = body["tool_calls"]
-                    .as_array()
-                    .map(|calls| {
-                        calls
-                            .iter()
-                            .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                book.acked.push(AckedTurn {
-                    content,
-                    answer: body["answer"].as_str().unwrap_or_default().to_owned(),
-                    call_ids: Some(call_ids),
-                });
+                book.acked.push(AckedTurn::of_reply(content, &body));
                 load.acked.fetch_add(1, Ordering::SeqCst);
                 load.progress.notify_waiters();
             }
@@ -438,20 +445,7 @@ async fn retry_in_flight(
             .push(format!("session {}: turn record {record}", book.id)),
         Err(e) => book.failures.push(format!("session {}: {e}", book.id)),
     }
-    let call_ids = body["tool_calls"]
-        .as_array()
-        .map(|calls| {
-            calls
-                .iter()
-                .map(|c| c["id"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    book.acked.push(AckedTurn {
-        content,
-        answer: body["answer"].as_str().unwrap_or_default().to_owned(),
-        call_ids: Some(call_ids),
-    });
+    book.acked.push(AckedTurn::of_reply(content, &body));
     book.in_flight = None;
     (book, r)
 }
