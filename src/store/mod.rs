@@ -83,7 +83,7 @@ pub use erase::Erased;
 pub use error::{StoreError, StoreHealth};
 use idempotency::IdempotencyRecord;
 pub use listing::Page;
-pub use owners::{Claim, NodeRow};
+pub use owners::{Claim, NodeIdentity, NodeRow};
 pub use rows::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
 
