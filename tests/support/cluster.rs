@@ -36,7 +36,8 @@ pub type NodeArgs = Box<dyn Fn(usize, &str) -> Vec<String> + Send + Sync>;
 pub struct ClusterOptions {
     pub nodes: usize,
     pub node_args: NodeArgs,
-    /// Server config variables (`CADRE_*`) every node gets.
+    /// Server config variables (`CADRE_*`) every node gets, in order (a
+    /// later one overrides an earlier one).
     pub env: Vec<(String, String)>,
     pub agents: PathBuf,
     /// `false`: the nodes use the offline provider and no mock model runs.
@@ -45,12 +46,18 @@ pub struct ClusterOptions {
 
 impl ClusterOptions {
     /// `nodes` plain nodes (no cluster flags) with the repository's agents
-    /// and the offline provider.
+    /// and the offline provider. The HTTP API's per-caller rate limit is
+    /// opened wide: behind HAProxy every keyless request comes from one
+    /// address, the proxy's (a test about that limit sets it with
+    /// [`Self::env`], which overrides).
     pub fn plain(nodes: usize) -> Self {
         ClusterOptions {
             nodes,
             node_args: Box::new(|_, _| Vec::new()),
-            env: Vec::new(),
+            env: vec![
+                ("CADRE_API_LIMIT_PER_SECOND".into(), "100000".into()),
+                ("CADRE_API_LIMIT_BURST".into(), "100000".into()),
+            ],
             agents: repo_agents(),
             with_model: false,
         }
