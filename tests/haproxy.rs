@@ -12,6 +12,9 @@
 //!   sessions move (consistent hashing); restarted, it gets them back.
 //! - HAProxy replays a request a dying node swallowed only when the replay
 //!   is safe: never a POST without `Idempotency-Key`.
+//! - `deploy/haproxy.cfg` and `deploy/nginx.conf` are valid, the first
+//!   routes and retries with the tested lines, and the second, run for real
+//!   with only its addresses changed, keeps a session's paths on one node.
 
 mod support;
 
@@ -19,7 +22,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -281,6 +284,95 @@ fn the_shipped_haproxy_config_routes_like_the_tested_one() {
             "deploy/haproxy.cfg lacks the tested line `{line}`"
         );
     }
+}
+
+/// nginx stopped when the test ends, however it ends: SIGTERM to the master
+/// (a SIGKILL would leave its workers running), then reaped.
+struct StopOnDrop(std::process::Child);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_nginx_config_keeps_a_session_on_one_node() {
+    ensure_installed("nginx", "nginx-light");
+    let cluster = Cluster::start(ClusterOptions::plain(NODES)).await;
+    // deploy/nginx.conf with only the addresses changed, and a header
+    // naming the node each answer came from.
+    let port = support::haproxy::free_port();
+    let mut conf = std::fs::read_to_string(root().join("deploy/nginx.conf"))
+        .expect("read")
+        .replace(
+            "listen 8080;",
+            &format!("listen 127.0.0.1:{port};\n        add_header X-Cadre-Backend $upstream_addr always;"),
+        );
+    let mut node_of = BTreeMap::new();
+    for (i, shipped) in ["10.0.0.11:8080", "10.0.0.12:8080", "10.0.0.13:8080"]
+        .iter()
+        .enumerate()
+    {
+        assert!(conf.contains(shipped), "deploy/nginx.conf names {shipped}");
+        let addr = cluster
+            .node_url(i)
+            .trim_start_matches("http://")
+            .to_string();
+        conf = conf.replace(shipped, &addr);
+        node_of.insert(addr, node_name(i));
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("nginx.conf"), conf).expect("write");
+    let log = dir.path().join("error.log");
+    let _nginx = StopOnDrop(
+        Command::new("nginx")
+            .arg("-p")
+            .arg(dir.path())
+            .arg("-c")
+            .arg(dir.path().join("nginx.conf"))
+            .arg("-g")
+            .arg(format!(
+                "daemon off; pid {}; error_log {};",
+                dir.path().join("nginx.pid").display(),
+                log.display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nginx starts"),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nginx did not listen: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let client = Client::new(&format!("http://127.0.0.1:{port}"));
+    let mut held = BTreeMap::new();
+    for id in ids() {
+        let (first, status) = route(&client, &format!("/v1/sessions/{id}")).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        for path in ["/turns", "/messages", "/summary"] {
+            let (upstream, _) = route(&client, &format!("/v1/sessions/{id}{path}")).await;
+            assert_eq!(
+                upstream, first,
+                "/v1/sessions/{id}{path} left the session's node"
+            );
+        }
+        *held.entry(node_of[&first].clone()).or_insert(0) += 1;
+    }
+    assert_eq!(
+        held.len(),
+        NODES,
+        "sessions spread over every node: {held:?}"
+    );
 }
 
 #[test]
