@@ -9,7 +9,9 @@
 //!   nodes (the hash key holds the id: `depth 3`).
 //! - A node killed with SIGKILL is answered for by the others at once
 //!   (retry and redispatch), marked down by the health check, and only its
-//!   sessions move (consistent hashing); restarted, it gets them back.
+//!   sessions move (consistent hashing); restarted, it gets them back. A
+//!   paused node (SIGSTOP) is marked down too, and up once woken.
+//! - A turn through HAProxy reaches the mock model from the session's node.
 //! - HAProxy replays a request a dying node swallowed only when the replay
 //!   is safe: never a POST without `Idempotency-Key`.
 //! - `deploy/haproxy.cfg` and `deploy/nginx.conf` are valid, the first
@@ -27,9 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use support::Client;
 use support::cluster::{Cluster, ClusterOptions, node_name};
 use support::haproxy::{BACKEND_HEADER, Haproxy, ensure_installed};
+use support::{Client, Reply};
 
 const NODES: usize = 3;
 /// Session ids routed in the hash checks: enough that each node holds
@@ -155,6 +157,44 @@ async fn a_killed_node_is_marked_down_and_only_its_sessions_move() {
         before,
         "the node got its sessions back"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_through_haproxy_reaches_the_model_from_the_sessions_node() {
+    let cluster = Cluster::start(ClusterOptions::plain(NODES).with_model()).await;
+    let client = cluster.client();
+    // A session HAProxy routes to the node that holds it: try one per node
+    // until one lands home (each does with probability 1/3).
+    let mut session = None;
+    for attempt in 0..30 {
+        let i = attempt % NODES;
+        let id = cluster.node_client(i).session("assistant").await;
+        if route(&client, &format!("/v1/sessions/{id}")).await.0 == node_name(i) {
+            session = Some(id);
+            break;
+        }
+    }
+    let session = session.expect("one of 30 sessions hashes to its own node");
+    cluster.model().push(Reply::text("through the balancer"));
+    let (status, body) = client.say(&session, "hello").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(cluster.model().request_count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_is_marked_down_and_back_up_once_woken() {
+    let cluster = Cluster::start(ClusterOptions::plain(NODES)).await;
+    let paused = node_name(2);
+    cluster.sigstop(2);
+    // Its checks time out (`timeout check 1s`, down after 2).
+    cluster
+        .haproxy()
+        .wait_down(&paused, Duration::from_secs(10));
+    for (id, backend) in routes(&cluster.client(), &ids()).await {
+        assert_ne!(backend, paused, "{id} routed to a paused node");
+    }
+    cluster.sigcont(2);
+    cluster.haproxy().wait_up(&paused, Duration::from_secs(10));
 }
 
 /// A backend that answers HAProxy's health check and swallows every other
