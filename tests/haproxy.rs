@@ -14,6 +14,8 @@
 //! - A turn through HAProxy reaches the mock model from the session's node.
 //! - HAProxy replays a request a dying node swallowed only when the replay
 //!   is safe: never a POST without `Idempotency-Key`.
+//! - HAProxy counts failed authentications per client address (the nodes
+//!   see only HAProxy's) and refuses a client past its budget, not others.
 //! - `deploy/haproxy.cfg` and `deploy/nginx.conf` are valid, the first
 //!   routes and retries with the tested lines, and the second, run for real
 //!   with only its addresses changed, keeps a session's paths on one node.
@@ -202,6 +204,12 @@ async fn a_paused_node_is_marked_down_and_back_up_once_woken() {
 /// mid-request, seen from HAProxy). Returns its address and the methods of
 /// the requests it swallowed.
 fn swallowing_backend() -> (String, Arc<Mutex<Vec<String>>>) {
+    fake_backend(None)
+}
+
+/// [`swallowing_backend`] that answers every request with `answer` (a
+/// whole HTTP response) instead of closing in silence.
+fn fake_backend(answer: Option<&'static [u8]>) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -232,6 +240,9 @@ fn swallowing_backend() -> (String, Arc<Mutex<Vec<String>>>) {
             } else if !request_line.is_empty() {
                 let method = request_line.split(' ').next().unwrap_or_default();
                 record.lock().unwrap().push(method.to_string());
+                if let Some(answer) = answer {
+                    let _ = stream.write_all(answer);
+                }
             }
         }
     });
@@ -279,6 +290,37 @@ async fn a_swallowed_post_is_replayed_only_with_an_idempotency_key() {
     assert_eq!(attempts(Method::GET, None).await, ["GET"; 3]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_authentications_are_counted_per_client_address_at_the_balancer() {
+    let (addr, seen) = fake_backend(Some(
+        b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    ));
+    let haproxy = Haproxy::start(&[("node0".to_string(), addr)]);
+    haproxy.wait_up("node0", Duration::from_secs(10));
+    let guesser = haproxy.client().with_key("wrong");
+    for n in 1..=10 {
+        let (status, _) = guesser.get("/v1/sessions").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "guess {n}");
+    }
+    let (status, _) = guesser.get("/v1/sessions").await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the 11th guess in a minute"
+    );
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        10,
+        "the 11th never reached a node"
+    );
+    // Another client address still reaches the nodes.
+    let other = Client::new(haproxy.addr())
+        .with_local_address("127.0.0.2".parse().unwrap(), Duration::from_secs(10))
+        .with_key("also-wrong");
+    let (status, _) = other.get("/v1/sessions").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
 /// The root of the repository.
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -306,6 +348,8 @@ fn the_shipped_haproxy_config_routes_like_the_tested_one() {
     let tested = support::haproxy::config(1, Path::new("/s"), &[]);
     for line in tested.lines().map(str::trim).filter(|l| {
         [
+            "stick-table",
+            "http-response sc-inc",
             "balance",
             "hash-type",
             "retry-on",

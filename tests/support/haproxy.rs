@@ -26,6 +26,11 @@
 //!   which died before answering may have run its turn. A connection that
 //!   failed never reached a node, so `conn-failure` retries every method.
 //!   Clients retry the rest with their `Idempotency-Key`.
+//! - **Failed authentications counted per client at the balancer**: the
+//!   nodes see every client at HAProxy's address, so their own per-address
+//!   budget (`[api_limit] failed_auth_burst`) would let one client's wrong
+//!   keys block everyone. HAProxy counts 401 answers per client address
+//!   (a stick table) and answers 429 once 10 came in a minute.
 //! - **State is observed, not waited for**: [`Haproxy::server_state`] reads
 //!   `show stat` from the admin socket; [`Haproxy::wait_up`] and
 //!   [`Haproxy::wait_down`] poll it until the health check changed its mind.
@@ -240,6 +245,10 @@ defaults
 
 frontend cadre
     bind 127.0.0.1:{port}
+    stick-table type ip size 1m expire 10m store gpc0_rate(1m)
+    http-request track-sc0 src
+    http-request deny deny_status 429 if {{ sc0_gpc0_rate ge 10 }}
+    http-response sc-inc-gpc0(0) if {{ status 401 }}
     default_backend nodes
 
 backend nodes
