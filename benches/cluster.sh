@@ -20,6 +20,8 @@
 # a release build for figures: `cargo build --release`, CADRE_BIN=
 # target/release/cadre). Plain redb nodes share nothing, so counts above 1
 # need CLUSTER_ARGS; the database they name should be empty at the start.
+# `CLUSTER_ARGS=" " benches/cluster.sh 32 5 1` (a plain node behind
+# HAProxy) measures what HAProxy alone adds.
 # Needs python3 and haproxy.
 set -euo pipefail
 
