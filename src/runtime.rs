@@ -919,6 +919,39 @@ async fn shutdown_signal(stop: oneshot::Receiver<()>, signals: bool) {
     }
 }
 
+/// Cluster mode: this node's heartbeat (every `[cluster] heartbeat_s`),
+/// and the sweep that takes over the cut turns of dead nodes' sessions
+/// (every `[cluster] owner_stale_s`: a session whose owner stopped
+/// heartbeating is claimable then, [`crate::store::owners`]).
+fn spawn_cluster_duties(
+    store: Store,
+    sessions: Sessions,
+    cluster: &crate::server_config::ClusterSection,
+) {
+    let beat = Duration::from_secs_f64(cluster.heartbeat_s);
+    let sweep = Duration::from_secs_f64(cluster.owner_stale_s);
+    tokio::spawn(async move {
+        let mut heartbeat = tokio::time::interval(beat);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut takeover = tokio::time::interval(sweep);
+        takeover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = heartbeat.tick() => {
+                    if let Err(e) = store.heartbeat().await {
+                        tracing::warn!(error = %e, "heartbeat not stored: other nodes may take this node's sessions over");
+                    }
+                }
+                _ = takeover.tick() => {
+                    if let Err(e) = sessions.resume_cut_turns().await {
+                        tracing::warn!(error = %e, "looking for cut turns of dead nodes failed");
+                    }
+                }
+            }
+        }
+    });
+}
+
 #[cfg(test)]
 mod server_file_tests {
     use super::*;
@@ -954,37 +987,4 @@ mod server_file_tests {
             );
         }
     }
-}
-
-/// Cluster mode: this node's heartbeat (every `[cluster] heartbeat_s`),
-/// and the sweep that takes over the cut turns of dead nodes' sessions
-/// (every `[cluster] owner_stale_s`: a session whose owner stopped
-/// heartbeating is claimable then, [`crate::store::owners`]).
-fn spawn_cluster_duties(
-    store: Store,
-    sessions: Sessions,
-    cluster: &crate::server_config::ClusterSection,
-) {
-    let beat = Duration::from_secs_f64(cluster.heartbeat_s);
-    let sweep = Duration::from_secs_f64(cluster.owner_stale_s);
-    tokio::spawn(async move {
-        let mut heartbeat = tokio::time::interval(beat);
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut takeover = tokio::time::interval(sweep);
-        takeover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = heartbeat.tick() => {
-                    if let Err(e) = store.heartbeat().await {
-                        tracing::warn!(error = %e, "heartbeat not stored: other nodes may take this node's sessions over");
-                    }
-                }
-                _ = takeover.tick() => {
-                    if let Err(e) = sessions.resume_cut_turns().await {
-                        tracing::warn!(error = %e, "looking for cut turns of dead nodes failed");
-                    }
-                }
-            }
-        }
-    });
 }
