@@ -743,8 +743,34 @@ impl Conversation {
         } else {
             let mut ops = self.take_unsaved();
             ops.extend(record);
-            self.store
-                .write_behind_at(self.generation, self.fenced(ops));
+            let ops = self.fenced(ops);
+            if let (Some(_), Action::RunTools(calls)) = (self.epoch, &step.action) {
+                // Cluster mode: tools act on the world, so they run only
+                // once this node's claim is confirmed by a commit of the
+                // step that asks for them; a node that lost the session
+                // (paused past its heartbeat, partitioned) is fenced here
+                // and runs nothing.
+                let calls = calls.clone();
+                self.held = calls.iter().map(|c| (c.clone(), None)).collect();
+                let store = self.store.clone();
+                let generation = self.generation;
+                let turn_gen = self.turn_gen;
+                ctx.spawn(
+                    async move { store.write_at(generation, ops, false).await }
+                        .into_actor(self)
+                        .map(move |result, act, ctx| {
+                            if act.turn_gen != turn_gen {
+                                return;
+                            }
+                            match result {
+                                Ok(()) => act.run_tools(calls, ctx),
+                                Err(e) => act.fail(TurnError::Store(e), ctx),
+                            }
+                        }),
+                );
+                return;
+            }
+            self.store.write_behind_at(self.generation, ops);
             None
         };
         match step.action {
