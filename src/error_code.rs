@@ -158,6 +158,8 @@ error_codes! {
         "storage refuses writes; nothing was acknowledged, retry when `/readyz` is ready";
     ConversationUnavailable = "CONVERSATION_UNAVAILABLE", SERVICE_UNAVAILABLE, true,
         "the conversation could not be reached; retry the request";
+    LimitsUnavailable = "LIMITS_UNAVAILABLE", SERVICE_UNAVAILABLE, true,
+        "cluster mode: Redis, which holds the shared rate limits and concurrency permits, cannot be reached and `[cluster] redis_failure` is `closed`; retry shortly";
     ShuttingDown = "SHUTTING_DOWN", SERVICE_UNAVAILABLE, false,
         "the server is shutting down";
     ModelTimeout = "MODEL_TIMEOUT", GATEWAY_TIMEOUT, true,

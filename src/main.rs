@@ -71,6 +71,10 @@ enum Command {
         /// Address to listen on (loopback unless keys exist: open mode serves loopback only).
         #[arg(long, default_value = "127.0.0.1:8080", env = "CADRE_ADDR")]
         addr: SocketAddr,
+        /// Cluster mode: Redis for shared rate limits, concurrency permits and
+        /// events (`redis://[user:password@]host:port`; `[cluster] redis`).
+        #[arg(long, env = "CADRE_CLUSTER_REDIS", hide_env_values = true)]
+        redis: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -340,7 +344,11 @@ fn main() -> anyhow::Result<()> {
             clap_complete::generate(shell, &mut Cli::command(), "cadre", &mut std::io::stdout());
             Ok(())
         }
-        Command::Serve { addr, common } => serve(addr, common),
+        Command::Serve {
+            addr,
+            redis,
+            common,
+        } => serve(addr, redis, common),
         Command::Chat {
             agent,
             plan,
@@ -485,8 +493,12 @@ fn runtime(common: &Common) -> anyhow::Result<cadre::RuntimeBuilder> {
         .config(config))
 }
 
-fn serve(addr: SocketAddr, common: Common) -> anyhow::Result<()> {
-    let runtime = runtime(&common)?
+fn serve(addr: SocketAddr, redis: Option<String>, common: Common) -> anyhow::Result<()> {
+    let mut builder = runtime(&common)?;
+    if let Some(url) = redis {
+        builder = builder.redis(url);
+    }
+    let runtime = builder
         .listen(addr)
         .handle_signals(true)
         .start()

@@ -12,6 +12,7 @@
 pub mod client;
 pub mod gate;
 pub mod mock_model;
+pub mod redis;
 pub mod server;
 pub mod workflow;
 pub mod ws;
