@@ -13,7 +13,7 @@
 //!
 //! Figures (not a test, `--ignored`): one GCRA `EVALSHA` and one permit
 //! acquire + release, p50 over 2,000 round trips:
-//! `cargo test --locked --release --test cluster_redis -- --ignored --nocapture`.
+//! `cargo test --locked --test cluster_redis -- --ignored --nocapture`.
 
 mod support;
 
