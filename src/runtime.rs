@@ -508,6 +508,7 @@ fn setup(
         limiter,
         tenant_limiter,
         concurrency,
+        redis: builder.cluster.clone(),
         cache: ResultCache::new(),
         confirmations: Confirmations::new(store.clone(), executor_config.confirmation_ttl),
         events,

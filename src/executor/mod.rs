@@ -238,6 +238,8 @@ pub struct ExecutorShared {
     /// tenant and tool.
     pub tenant_limiter: Arc<RateLimiter>,
     pub concurrency: Arc<ConcurrencyController>,
+    /// Cluster mode's Redis (for `/readyz`: [`crate::cluster::Redis::ping`]).
+    pub redis: Option<crate::cluster::Redis>,
     pub cache: ResultCache,
     pub confirmations: Confirmations,
     pub events: EventBus,
