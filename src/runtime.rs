@@ -31,6 +31,11 @@
 //! waits for (open connections, up to the grace) and a second SIGINT exits
 //! at once: the store is closed to writes first, so a turn cut there was
 //! never acknowledged and its answer is never stored.
+//!
+//! Cluster mode (`[cluster] redis`): [`connect_cluster`] connects before
+//! anything else starts (no Redis, no node: the error names the setting),
+//! `limits` hands the executor Redis-backed limiters and concurrency gate,
+//! and the event fan-out (`cluster::fanout`) runs for as long as the server.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -152,6 +157,7 @@ impl RuntimeBuilder {
         self.client_options = options;
         self
     }
+
     /// Cluster mode: shared limits, permits and events in this Redis
     /// (`[cluster] redis`).
     pub fn redis(mut self, url: impl Into<String>) -> Self {
