@@ -160,6 +160,8 @@ error_codes! {
         "another node of the cluster took the session over; retry the request (with its Idempotency-Key)";
     ConversationUnavailable = "CONVERSATION_UNAVAILABLE", SERVICE_UNAVAILABLE, true,
         "the conversation could not be reached; retry the request";
+    LimitsUnavailable = "LIMITS_UNAVAILABLE", SERVICE_UNAVAILABLE, true,
+        "cluster mode: Redis, which holds the shared rate limits and concurrency permits, cannot be reached and `[cluster] redis_failure` is `closed`; retry shortly";
     ShuttingDown = "SHUTTING_DOWN", SERVICE_UNAVAILABLE, false,
         "the server is shutting down";
     ModelTimeout = "MODEL_TIMEOUT", GATEWAY_TIMEOUT, true,

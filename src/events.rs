@@ -4,18 +4,22 @@
 //! executor (calls)          ─┤
 //! MCP clients (up / down)   ─┼─▶ EventBus (tokio broadcast) ─▶ subscribe() / GET /v1/events (SSE)
 //!
+//! In cluster mode `cluster::fanout` also sends every event published here
+//! to the other nodes and publishes theirs here with [`EventBus::publish_remote`]
+//! (`node` names where it happened; a local event has none).
+//!
 //! Publishing never blocks and never fails: with no subscriber an event is
 //! dropped; a subscriber that falls more than [`CAPACITY`] events behind
 //! misses the oldest (and is told how many, by the broadcast channel).
 
 use jiff::Timestamp;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
 /// Events buffered per subscriber before the slowest one starts losing them.
 pub const CAPACITY: usize = 1024;
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
     /// A tool was in the registry at startup.
@@ -121,9 +125,12 @@ impl EventKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     pub at: Timestamp,
+    /// The cluster node it happened on, when that is another node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     #[serde(flatten)]
     pub kind: EventKind,
 }
@@ -150,8 +157,14 @@ impl EventBus {
         // Nobody listening is fine.
         let _ = self.tx.send(Event {
             at: Timestamp::now(),
+            node: None,
             kind,
         });
+    }
+
+    /// Publishes an event that happened on another node (`event.node`).
+    pub fn publish_remote(&self, event: Event) {
+        let _ = self.tx.send(event);
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {

@@ -20,6 +20,8 @@
 //! - [`mcp`]: MCP servers as tool sources, and cadre as an MCP server.
 //! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
 //! - [`events`]: the broadcast bus of runtime events.
+//! - [`cluster`]: cluster mode's Redis: shared rate-limit windows, leased
+//!   concurrency permits, event fan-out between nodes.
 //! - [`config`]: agent definitions; [`server_config`]: the server's config file.
 //!
 //! # Layers
@@ -41,12 +43,13 @@
 //! store                           redb
 //! model                           the model clients and chat types
 //! identity, error_code, retry     who calls; the public error codes; backoff
-//! events, metrics                 the shared sinks
+//! events, metrics, cluster        the shared sinks; Redis for cluster mode
 //! ```
 //!
 //! `tests/layers.rs` reads this table and fails on any import that points
 //! up it, or on two modules that import each other.
 
+pub mod cluster;
 pub mod config;
 pub mod conversation;
 pub mod error_code;

@@ -86,6 +86,10 @@ enum Command {
         /// Address to listen on (loopback unless keys exist: open mode serves loopback only).
         #[arg(long, default_value = "127.0.0.1:8080", env = "CADRE_ADDR")]
         addr: SocketAddr,
+        /// Cluster mode: Redis for shared rate limits, concurrency permits and
+        /// events (`redis://[user:password@]host:port`; `[cluster] redis`).
+        #[arg(long, env = "CADRE_CLUSTER_REDIS", hide_env_values = true)]
+        redis: Option<String>,
         #[command(flatten)]
         cluster: ClusterArgs,
         #[command(flatten)]
@@ -359,9 +363,10 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Serve {
             addr,
+            redis,
             cluster,
             common,
-        } => serve(addr, cluster, common),
+        } => serve(addr, redis, cluster, common),
         Command::Chat {
             agent,
             plan,
@@ -506,7 +511,12 @@ fn runtime(common: &Common) -> anyhow::Result<cadre::RuntimeBuilder> {
         .config(config))
 }
 
-fn serve(addr: SocketAddr, cluster: ClusterArgs, common: Common) -> anyhow::Result<()> {
+fn serve(
+    addr: SocketAddr,
+    redis: Option<String>,
+    cluster: ClusterArgs,
+    common: Common,
+) -> anyhow::Result<()> {
     let mut config = ServerConfig::load(common.config.as_deref(), std::env::vars())?;
     let section = &mut config.cluster;
     for (flag, value, key) in [
@@ -520,10 +530,14 @@ fn serve(addr: SocketAddr, cluster: ClusterArgs, common: Common) -> anyhow::Resu
         }
     }
     config.check().context("cluster settings")?;
-    let runtime = Runtime::builder()
+    let mut builder = Runtime::builder()
         .data_dir(&common.data_dir)
         .agents_dir(&common.agents)
-        .config(config)
+        .config(config);
+    if let Some(url) = redis {
+        builder = builder.redis(url);
+    }
+    let runtime = builder
         .listen(addr)
         .handle_signals(true)
         .start()

@@ -31,6 +31,11 @@
 //! waits for (open connections, up to the grace) and a second SIGINT exits
 //! at once: the store is closed to writes first, so a turn cut there was
 //! never acknowledged and its answer is never stored.
+//!
+//! Cluster mode (`[cluster] redis`): [`connect_cluster`] connects before
+//! anything else starts (no Redis, no node: the error names the setting),
+//! `limits` hands the executor Redis-backed limiters and concurrency gate,
+//! and the event fan-out (`cluster::fanout`) runs for as long as the server.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -85,6 +90,8 @@ pub enum RuntimeError {
     Start(#[from] std::io::Error),
     #[error("the runtime thread stopped during startup")]
     Died,
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 pub struct RuntimeBuilder {
@@ -99,6 +106,8 @@ pub struct RuntimeBuilder {
     config: ServerConfig,
     workers: usize,
     handle_signals: bool,
+    /// Cluster mode: connected at start from `[cluster] redis`.
+    cluster: Option<crate::cluster::Redis>,
 }
 
 impl Default for RuntimeBuilder {
@@ -115,6 +124,7 @@ impl Default for RuntimeBuilder {
             config: ServerConfig::default(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             handle_signals: false,
+            cluster: None,
         }
     }
 }
@@ -147,6 +157,14 @@ impl RuntimeBuilder {
         self.client_options = options;
         self
     }
+
+    /// Cluster mode: shared limits, permits and events in this Redis
+    /// (`[cluster] redis`).
+    pub fn redis(mut self, url: impl Into<String>) -> Self {
+        self.config.cluster.redis = Some(url.into());
+        self
+    }
+
     /// Server settings: concurrency, API limit, executor, tools.
     pub fn config(mut self, config: ServerConfig) -> Self {
         self.config = config;
@@ -350,6 +368,57 @@ fn run(
     }
 }
 
+/// Cluster mode: connects to `[cluster] redis` (none configured: `None`,
+/// a single node); the error names the setting and the URL.
+pub async fn connect_cluster(
+    config: &crate::server_config::ClusterSection,
+) -> Result<Option<crate::cluster::Redis>, RuntimeError> {
+    match &config.redis {
+        Some(url) => Ok(Some(crate::cluster::Redis::connect(url).await?)),
+        None => Ok(None),
+    }
+}
+
+/// The executor's limiters and concurrency gate: in process, or (with
+/// Redis) shared by every node under the `[cluster]` failure policy.
+fn limits(
+    config: &ServerConfig,
+    redis: Option<&crate::cluster::Redis>,
+) -> (
+    Arc<RateLimiter>,
+    Arc<RateLimiter>,
+    Arc<ConcurrencyController>,
+) {
+    let Some(redis) = redis else {
+        return (
+            Arc::new(RateLimiter::new()),
+            Arc::new(RateLimiter::new()),
+            Arc::new(ConcurrencyController::new(config.concurrency.clone())),
+        );
+    };
+    let policy = config.cluster.redis_failure;
+    let gcra = crate::cluster::gcra::Gcra::new(redis.clone());
+    let permits =
+        crate::cluster::permits::Permits::new(redis.clone(), config.cluster.permit_lease());
+    (
+        Arc::new(RateLimiter::clustered(gcra.clone(), "user", policy)),
+        Arc::new(RateLimiter::clustered(gcra, "tenant", policy)),
+        Arc::new(ConcurrencyController::clustered(
+            config.concurrency.clone(),
+            permits,
+            policy,
+        )),
+    )
+}
+
+/// This node's name in the event fan-out when `[cluster] node_id` is not
+/// set: host, pid and a random part, so two processes never share one.
+fn node_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "node".into());
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &random[..8])
+}
+
 struct Parts {
     store: Store,
     sessions: Sessions,
@@ -436,14 +505,16 @@ fn setup(
         let events = events.clone();
         Arc::new(move || reload_agent_files(&agent_files, &agents, &resolve, &events))
     };
+    let (limiter, tenant_limiter, concurrency) = limits(config, builder.cluster.as_ref());
     let executor_config = config.executor_config();
     let metrics = Arc::new(crate::metrics::Metrics::default());
     let shared = ExecutorShared {
         registry: registry.clone(),
         store: store.clone(),
-        limiter: Arc::new(RateLimiter::new()),
-        tenant_limiter: Arc::new(RateLimiter::new()),
-        concurrency: Arc::new(ConcurrencyController::new(config.concurrency.clone())),
+        limiter,
+        tenant_limiter,
+        concurrency,
+        redis: builder.cluster.clone(),
         cache: ResultCache::new(),
         confirmations: Confirmations::new(store.clone(), executor_config.confirmation_ttl),
         events,
@@ -530,6 +601,14 @@ async fn serve(
     ready: std::sync::mpsc::Sender<Result<Ready, RuntimeError>>,
     stop: oneshot::Receiver<()>,
 ) {
+    let cluster = match connect_cluster(&builder.config.cluster).await {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    builder.cluster = cluster.clone();
     let Parts {
         store,
         sessions,
@@ -545,6 +624,23 @@ async fn serve(
             let _ = ready.send(Err(e));
             return;
         }
+    };
+    // Held for as long as the server runs: dropping it stops the fan-out.
+    let _fanout = match &cluster {
+        Some(redis) => Some(
+            crate::cluster::fanout::Fanout::start(
+                redis,
+                &executor.shared().events,
+                &builder
+                    .config
+                    .cluster
+                    .node_id
+                    .clone()
+                    .unwrap_or_else(node_id),
+            )
+            .await,
+        ),
+        None => None,
     };
     // Only a server takes up the workflow runs a stop cut; a CLI
     // command's runtime (no listener) leaves them for the next server.

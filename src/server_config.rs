@@ -11,7 +11,8 @@
 //! `[model]` (what one model reply may hold, a turn's model time; the
 //! endpoint itself comes from `CADRE_MODEL_BASE_URL` / `CADRE_MODEL_API_KEY`
 //! / `CADRE_MODEL`, which are not overrides of this section),
-//! `[workflows]` (map elements, run depth). An override's value is
+//! `[workflows]` (map elements, run depth), `[cluster]` (cluster mode:
+//! `redis`, `redis_failure`, `permit_lease_s`). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
 //! `CADRE_CONCURRENCY_MAX_CONCURRENT=1` and
@@ -61,10 +62,11 @@ pub struct ServerConfig {
     pub cluster: ClusterSection,
 }
 
-/// Cluster mode (`[cluster]`; `cadre serve --store postgres://… --node-id
-/// … --advertise …`): several nodes on one PostgreSQL. Unset `store`
-/// keeps the default, one node on its redb file.
-#[derive(Debug, Clone, Deserialize)]
+/// Cluster mode (`[cluster]`; `cadre serve --store postgres://… --redis
+/// redis://… --node-id … --advertise …`): several nodes on one PostgreSQL
+/// and one Redis. Unset `store` and `redis` keep the default, one node on
+/// its redb file with every limit in process.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterSection {
     /// `postgres://user:pass@host:port/db`: the shared store.
@@ -80,6 +82,15 @@ pub struct ClusterSection {
     /// and its sessions may be taken over (a failover takes at most this
     /// plus one request).
     pub owner_stale_s: f64,
+    /// `redis://[user:password@]host:port[/db]`; unset: single node, every
+    /// limit in process.
+    pub redis: Option<String>,
+    /// What limits do while Redis is unreachable: `closed` (refuse,
+    /// retryable) or `local` (this node's own caps).
+    pub redis_failure: crate::cluster::FailurePolicy,
+    /// How long a node's concurrency permit lasts without renewal: a dead
+    /// node's permits come back after it.
+    pub permit_lease_s: f64,
 }
 
 impl ClusterSection {
@@ -140,7 +151,17 @@ impl Default for ClusterSection {
             advertise: None,
             heartbeat_s: 1.0,
             owner_stale_s: 5.0,
+            redis: None,
+            redis_failure: crate::cluster::FailurePolicy::default(),
+            permit_lease_s: crate::cluster::permits::DEFAULT_LEASE.as_secs_f64(),
         }
+    }
+}
+
+impl ClusterSection {
+    pub fn permit_lease(&self) -> Duration {
+        Duration::try_from_secs_f64(self.permit_lease_s)
+            .unwrap_or(crate::cluster::permits::DEFAULT_LEASE)
     }
 }
 
@@ -403,6 +424,10 @@ impl ServerConfig {
     }
 
     fn validate(&self) -> Result<(), String> {
+        let lease = self.cluster.permit_lease_s;
+        if lease.is_nan() || !(1.0..=3_600.0).contains(&lease) {
+            return Err("cluster.permit_lease_s must be between 1 and 3600".into());
+        }
         self.concurrency
             .validate()
             .map_err(|e| format!("concurrency: {e}"))?;

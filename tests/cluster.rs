@@ -206,8 +206,14 @@ async fn kill_trial(pg: &Postgres, trial: usize, size: &Trial) -> Figures {
     let dir = tempfile::tempdir().unwrap();
     let agents = clerk_agents(dir.path());
     let database = pg.database(&format!("kill_{trial}"));
-    let cluster = Arc::new(Mutex::new(start(options(3, database, agents.clone())).await));
-    let client = cluster.lock().unwrap().client().with_timeout(Duration::from_secs(30));
+    let cluster = Arc::new(Mutex::new(
+        start(options(3, database, agents.clone())).await,
+    ));
+    let client = cluster
+        .lock()
+        .unwrap()
+        .client()
+        .with_timeout(Duration::from_secs(30));
     let mut sessions = Vec::new();
     for _ in 0..size.sessions {
         sessions.push(client.session("clerk").await);
@@ -341,8 +347,14 @@ async fn acknowledged_turns_survive_kill_9_of_random_nodes() {
     for trial in 0..trials {
         let f = kill_trial(&pg, trial, &size).await;
         assert_eq!(f.lost, 0, "trial {trial}: acknowledged turns lost: {f:?}");
-        assert_eq!(f.duplicated, 0, "trial {trial}: user messages stored twice: {f:?}");
-        assert_eq!(f.ledger_twice, 0, "trial {trial}: a side effect ran twice: {f:?}");
+        assert_eq!(
+            f.duplicated, 0,
+            "trial {trial}: user messages stored twice: {f:?}"
+        );
+        assert_eq!(
+            f.ledger_twice, 0,
+            "trial {trial}: a side effect ran twice: {f:?}"
+        );
         all.acked += f.acked;
         all.failovers_ms.extend(f.failovers_ms);
     }
@@ -403,7 +415,10 @@ async fn a_paused_owner_is_fenced_when_it_wakes() {
         {
             break;
         }
-        assert!(Instant::now() < until, "the taken-over turn did not finish: {messages:?}");
+        assert!(
+            Instant::now() < until,
+            "the taken-over turn did not finish: {messages:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let before = history(&node1, &session).await.unwrap();
@@ -454,7 +469,9 @@ async fn two_nodes_driving_one_session_commit_one_history() {
         let (status, body) = s.await.unwrap();
         // A message that found the conversation busy is refused, never lost.
         assert!(
-            status == StatusCode::OK || status == StatusCode::CONFLICT || status == StatusCode::TOO_MANY_REQUESTS,
+            status == StatusCode::OK
+                || status == StatusCode::CONFLICT
+                || status == StatusCode::TOO_MANY_REQUESTS,
             "{status} {body}"
         );
         if status == StatusCode::OK {
@@ -464,7 +481,11 @@ async fn two_nodes_driving_one_session_commit_one_history() {
     assert!(!served_by.is_empty());
     let messages = history(&cluster.node_client(1), &session).await.unwrap();
     let seqs: Vec<u64> = messages.iter().filter_map(|m| m["seq"].as_u64()).collect();
-    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "one commit per seq");
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "one commit per seq"
+    );
     for answer in &served_by {
         assert_eq!(
             messages.iter().filter(|m| m["content"] == *answer).count(),

@@ -62,7 +62,8 @@ use support::repo_agents;
 use support::server::Server;
 
 /// The sections of `ServerConfig` (`src/server_config.rs`).
-const SERVER_SECTIONS: [&str; 8] = [
+const SERVER_SECTIONS: [&str; 9] = [
+    "cluster",
     "concurrency",
     "api_limit",
     "executor",

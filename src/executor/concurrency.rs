@@ -81,6 +81,24 @@
 //! and nothing else. A poisoned lock is used as is: `State` has no
 //! multi-step update that a panic could leave half done.
 //!
+//! Cluster mode. With Redis configured ([`ConcurrencyController::clustered`])
+//! the pool cap and the bucket caps hold across every node: a call first
+//! gets its local permit exactly as above (queueing, strategies, tenant
+//! fairness and bypass stay local and unchanged), then a leased permit of
+//! the global pool and its bucket from Redis ([`crate::cluster::permits`],
+//! both in one atomic script). When Redis has no room, the node retries with
+//! a bounded, jittered backoff (2 ms doubling to 50 ms) until the call's wait
+//! timeout ([`Refusal::Timeout`]); under `reject` it is refused at once.
+//! Polling, not keyspace notifications: they need a server setting
+//! (`notify-keyspace-events`) operators may not control, are lost across a
+//! reconnect, and a 50 ms poll costs one round trip per waiter. Waiters of
+//! different nodes are therefore not served in arrival order across the
+//! cluster, only within a node. When Redis cannot be reached, the
+//! `[cluster] redis_failure` policy decides: `closed` refuses with
+//! [`Refusal::Unavailable`] (`limits_unavailable`, retryable), `local` runs
+//! the call on its local permit alone (caps then hold per node). The local
+//! metrics count this node's calls; the Redis leases are counted by Redis.
+//!
 //! Owns: slots, the per-tenant wait queues, admission metrics. Does not: time out the
 //! handler (the executor does), rate-limit per plan (the governor does).
 
@@ -94,6 +112,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::cluster::FailurePolicy;
+use crate::cluster::permits::{Acquired, Lease, Permits, Pool};
 use crate::identity::DEFAULT_TENANT;
 use crate::tools::{CallerType, ErrorType};
 
@@ -291,6 +311,12 @@ pub enum Refusal {
     /// Waited for a slot until the timeout.
     #[error("no execution slot became free within {} ms", waited.as_millis())]
     Timeout { waited: Duration },
+    /// Cluster mode, policy `closed`: Redis, which holds the cluster's
+    /// permits, cannot be reached.
+    #[error(
+        "concurrency limits cannot be checked now: the cluster's Redis is unreachable; retry shortly"
+    )]
+    Unavailable { reason: String },
 }
 
 impl Refusal {
@@ -299,6 +325,7 @@ impl Refusal {
         match self {
             Refusal::QueueFull { .. } | Refusal::TenantQueueFull { .. } => ErrorType::QueueFull,
             Refusal::Timeout { .. } => ErrorType::Timeout,
+            Refusal::Unavailable { .. } => ErrorType::LimitsUnavailable,
         }
     }
 }
@@ -313,6 +340,9 @@ pub struct Permit {
     /// permit, which holds no slot.
     owner: Option<Arc<Mutex<State>>>,
     since: Instant,
+    /// Cluster mode: the Redis permit held beside the local one; dropped
+    /// (given back) with it.
+    lease: Option<Lease>,
 }
 
 impl Permit {
@@ -383,11 +413,48 @@ pub struct BucketMetrics {
 }
 
 /// Admission for every counted tool call; cheap to clone (one shared state).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ConcurrencyController {
     state: Arc<Mutex<State>>,
     default_timeout: Duration,
+    /// Cluster mode: the permits every node shares.
+    shared: Option<SharedPermits>,
 }
+
+impl fmt::Debug for ConcurrencyController {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyController")
+            .field("state", &self.state)
+            .field("default_timeout", &self.default_timeout)
+            .field("shared", &self.shared.is_some())
+            .finish()
+    }
+}
+
+/// The caps that hold across nodes, and where their permits are.
+#[derive(Clone)]
+struct SharedPermits {
+    permits: Permits,
+    policy: FailurePolicy,
+    strategy: Strategy,
+    max_concurrent: usize,
+    bucket_limits: BTreeMap<String, usize>,
+}
+
+impl SharedPermits {
+    /// The pools a call of `category` needs a slot of.
+    fn pools(&self, category: &str) -> Vec<Pool> {
+        let mut pools = vec![Pool::global(self.max_concurrent)];
+        if let Some(&cap) = self.bucket_limits.get(category) {
+            pools.push(Pool::bucket(category, cap));
+        }
+        pools
+    }
+}
+
+/// First and longest pause between two asks for a Redis permit.
+const FIRST_BACKOFF: Duration = Duration::from_millis(2);
+const MAX_BACKOFF: Duration = Duration::from_millis(50);
 
 impl ConcurrencyController {
     /// Expects a config that passed [`ConcurrencyConfig::validate`]; with
@@ -396,15 +463,80 @@ impl ConcurrencyController {
         ConcurrencyController {
             default_timeout: config.default_timeout(),
             state: Arc::new(Mutex::new(State::new(&config))),
+            shared: None,
+        }
+    }
+
+    /// A controller whose pool and bucket caps hold across every node
+    /// sharing `permits`' Redis (queueing stays local; see the module doc).
+    pub fn clustered(config: ConcurrencyConfig, permits: Permits, policy: FailurePolicy) -> Self {
+        let shared = SharedPermits {
+            permits,
+            policy,
+            strategy: config.strategy,
+            max_concurrent: config.max_concurrent,
+            bucket_limits: config.bucket_limits.clone(),
+        };
+        ConcurrencyController {
+            shared: Some(shared),
+            ..Self::new(config)
         }
     }
 
     /// A permit to run one call: at once when its slots are free (or it
-    /// bypasses), else after waiting in the queue, or a refusal.
+    /// bypasses), else after waiting in the queue, or a refusal. In cluster
+    /// mode, a counted call also needs a Redis permit (module doc).
     ///
     /// Cancel-safe: dropping the future gives up its place in the queue, and
     /// any slot granted to it meanwhile goes to the next waiter.
     pub async fn acquire(&self, req: AdmissionRequest) -> Result<Permit, Refusal> {
+        let Some(shared) = self.shared.as_ref().filter(|_| !req.bypass) else {
+            return self.acquire_local(req).await;
+        };
+        let started = Instant::now();
+        let deadline = started.checked_add(req.timeout.unwrap_or(self.default_timeout));
+        let pools = shared.pools(&req.category);
+        let mut permit = self.acquire_local(req).await?;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            match shared.permits.acquire(&pools).await {
+                Ok(Acquired::Held(lease)) => {
+                    permit.lease = Some(lease);
+                    return Ok(permit);
+                }
+                Ok(Acquired::Full { .. }) if shared.strategy == Strategy::Reject => {
+                    lock(&self.state).total_rejected += 1;
+                    return Err(Refusal::QueueFull { queue_size: 0 });
+                }
+                Ok(Acquired::Full { .. }) => {
+                    let now = Instant::now();
+                    if deadline.is_some_and(|d| now >= d) {
+                        lock(&self.state).total_timeout += 1;
+                        return Err(Refusal::Timeout {
+                            waited: started.elapsed(),
+                        });
+                    }
+                    let half = backoff / 2;
+                    let pause = half + half.mul_f64(rand::random::<f64>());
+                    let until = deadline.map_or(now + pause, |d| (now + pause).min(d));
+                    tokio::time::sleep_until(until).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Err(e) => match shared.policy {
+                    FailurePolicy::Local => return Ok(permit),
+                    FailurePolicy::Closed => {
+                        tracing::warn!(error = %e, "no concurrency permit: Redis unavailable");
+                        return Err(Refusal::Unavailable {
+                            reason: e.to_string(),
+                        });
+                    }
+                },
+            }
+        }
+    }
+
+    /// This node's permit alone (the whole of `acquire` without Redis).
+    async fn acquire_local(&self, req: AdmissionRequest) -> Result<Permit, Refusal> {
         let AdmissionRequest {
             tenant,
             category,
@@ -419,6 +551,7 @@ impl ConcurrencyController {
                 category,
                 owner: None,
                 since: Instant::now(),
+                lease: None,
             });
         }
         let admitted = lock(&self.state).admit(&tenant, &category, priority);
@@ -476,6 +609,7 @@ impl ConcurrencyController {
             category,
             owner: Some(Arc::clone(&self.state)),
             since: Instant::now(),
+            lease: None,
         }
     }
 }

@@ -91,7 +91,7 @@ use crate::tools::{
 use cache::ResultCache;
 use concurrency::{AdmissionRequest, ConcurrencyController};
 use confirmations::Confirmations;
-use limits::RateLimiter;
+use limits::{LimitRefusal, RateLimiter};
 
 /// The store namespace of [`CallIntent`]s, keyed by idempotency key.
 pub const CALL_INTENTS: &str = "call_intents";
@@ -238,6 +238,8 @@ pub struct ExecutorShared {
     /// tenant and tool.
     pub tenant_limiter: Arc<RateLimiter>,
     pub concurrency: Arc<ConcurrencyController>,
+    /// Cluster mode's Redis (for `/readyz`: [`crate::cluster::Redis::ping`]).
+    pub redis: Option<crate::cluster::Redis>,
     pub cache: ResultCache,
     pub confirmations: Confirmations,
     pub events: EventBus,
@@ -349,6 +351,7 @@ impl Executor {
         // (A call the user's limit then refuses has spent a tenant cell: the
         // ceiling errs on the strict side, never the loose one.)
         if !msg.confirmed
+            && !s.tenant_limiter.is_shared()
             && let Some(quota) = &msg.tenant_quota
         {
             let tenant = msg
@@ -365,7 +368,7 @@ impl Executor {
                 return Admission::Refused(Box::new(result), raw_params);
             }
         }
-        if !msg.confirmed && !def.rate_limit.is_unlimited() {
+        if !msg.confirmed && !s.limiter.is_shared() && !def.rate_limit.is_unlimited() {
             let user = limit_key(&msg.ctx);
             if let Err(limited) = s.limiter.check(name, &def.rate_limit, &user) {
                 s.metrics.rate_limited.fetch_add(1, Ordering::Relaxed);
@@ -465,29 +468,36 @@ impl Handler<ExecuteTool> for Executor {
                         // An intent was committed for it: its outcome is
                         // made durable too, so a resume uses it instead of
                         // answering `outcome_unknown`.
-                        let intended = tool.definition.side_effects == SideEffects::AtMostOnce
-                            && msg.ctx.idempotency_key.is_some();
-                        let mut result = execute(&shared, &tool, &params, &msg).await;
-                        if let Some(refusal) = unkept_output(&tool, &result) {
-                            result = ToolExecutionResult::failure(
-                                &msg.tool_name,
-                                ErrorType::ExecutionError,
-                                format!("{} answered {refusal}; it was not kept", msg.tool_name),
-                            );
+                        if let Some(refused) = shared_limits(&shared, &tool, &msg).await {
+                            (refused, params, false)
+                        } else {
+                            let intended = tool.definition.side_effects == SideEffects::AtMostOnce
+                                && msg.ctx.idempotency_key.is_some();
+                            let mut result = execute(&shared, &tool, &params, &msg).await;
+                            if let Some(refusal) = unkept_output(&tool, &result) {
+                                result = ToolExecutionResult::failure(
+                                    &msg.tool_name,
+                                    ErrorType::ExecutionError,
+                                    format!(
+                                        "{} answered {refusal}; it was not kept",
+                                        msg.tool_name
+                                    ),
+                                );
+                            }
+                            if let Some(error) = &result.error
+                                && error.chars().nth(MAX_ERROR_CHARS).is_some()
+                            {
+                                result.error = Some(cut_chars(error, MAX_ERROR_CHARS));
+                            }
+                            if let Some(id) = &result.metadata.source_id {
+                                result.metadata.source_id = Some(tool.source.citable_source_id(
+                                    &msg.tool_name,
+                                    tool.definition.is_upstream(),
+                                    id,
+                                ));
+                            }
+                            (result, params, intended)
                         }
-                        if let Some(error) = &result.error
-                            && error.chars().nth(MAX_ERROR_CHARS).is_some()
-                        {
-                            result.error = Some(cut_chars(error, MAX_ERROR_CHARS));
-                        }
-                        if let Some(id) = &result.metadata.source_id {
-                            result.metadata.source_id = Some(tool.source.citable_source_id(
-                                &msg.tool_name,
-                                tool.definition.is_upstream(),
-                                id,
-                            ));
-                        }
-                        (result, params, intended)
                     }
                 };
                 let attempts = result.metadata.attempts;
@@ -545,6 +555,63 @@ fn unkept_output(tool: &RegisteredTool, result: &ToolExecutionResult) -> Option<
         }
     }
     None
+}
+
+/// The rate limits of a call whose windows are shared between nodes
+/// (cluster mode; checked after validation, so asking Redis never happens
+/// inside the actor): the tenant's ceiling first, then the user's. `None`
+/// when the call may run; a refusal otherwise. Without shared windows the
+/// actor's `admit` already checked them and this answers `None`.
+async fn shared_limits(
+    s: &ExecutorShared,
+    tool: &RegisteredTool,
+    msg: &ExecuteTool,
+) -> Option<ToolExecutionResult> {
+    if msg.confirmed {
+        return None;
+    }
+    let name = msg.tool_name.as_str();
+    if s.tenant_limiter.is_shared()
+        && let Some(quota) = &msg.tenant_quota
+    {
+        let tenant = msg
+            .ctx
+            .tenant
+            .as_deref()
+            .unwrap_or(crate::identity::DEFAULT_TENANT);
+        let gate = format!("{name} (tenant {tenant})");
+        if let Err(refusal) = s.tenant_limiter.check_shared(&gate, quota, tenant).await {
+            return Some(limit_refused(s, name, refusal));
+        }
+    }
+    let def = &tool.definition;
+    if s.limiter.is_shared() && !def.rate_limit.is_unlimited() {
+        let user = limit_key(&msg.ctx);
+        if let Err(refusal) = s.limiter.check_shared(name, &def.rate_limit, &user).await {
+            return Some(limit_refused(s, name, refusal));
+        }
+    }
+    None
+}
+
+fn limit_refused(s: &ExecutorShared, name: &str, refusal: LimitRefusal) -> ToolExecutionResult {
+    match refusal {
+        LimitRefusal::Limited(limited) => {
+            s.metrics.rate_limited.fetch_add(1, Ordering::Relaxed);
+            let mut result =
+                ToolExecutionResult::failure(name, ErrorType::RateLimited, limited.to_string());
+            result.metadata.retry_after_ms = Some(limited.retry_after_ms());
+            result
+        }
+        unavailable @ LimitRefusal::Unavailable(_) => {
+            tracing::warn!(tool = name, error = ?unavailable, "limits unavailable: call refused");
+            ToolExecutionResult::failure(
+                name,
+                ErrorType::LimitsUnavailable,
+                unavailable.to_string(),
+            )
+        }
+    }
 }
 
 /// Whose allowance a call spends: the user within the caller's tenant, so

@@ -83,7 +83,8 @@ struct QuotaQuery {
 error_responses!(
     QuotaErrors:
     ValidationError = "`tool` missing, or a parameter that does not parse",
-    ToolNotFound
+    ToolNotFound,
+    LimitsUnavailable
 );
 
 #[utoipa::path(
@@ -118,7 +119,15 @@ async fn quota(
         .executor
         .shared()
         .limiter
-        .quota(&q.tool, &tool.definition.rate_limit, &key);
+        .quota_shared(&q.tool, &tool.definition.rate_limit, &key)
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "quota not read: Redis unavailable");
+            ApiError::new(
+                ErrorCode::LimitsUnavailable,
+                "the rate limits cannot be read now: the cluster's Redis is unreachable; retry shortly",
+            )
+        })?;
     Ok(Json(json!({
         "tool": q.tool,
         "user_id": user,

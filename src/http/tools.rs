@@ -331,7 +331,7 @@ impl utoipa::IntoResponses for InvokeForbidden {
         (status = 429, description = "`rate_limited` / `queue_full` (tool outcome); see `Retry-After`",
             body = ToolResultOrError, headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "`execution_error` (tool outcome)", body = ToolResult),
-        (status = 503, description = "`tool_unavailable` (tool outcome): the tool's MCP server is down; its tools come back when it does", body = ToolResult),
+        (status = 503, description = "`tool_unavailable` (tool outcome): the tool's MCP server is down; its tools come back when it does. `limits_unavailable` (tool outcome, cluster mode): Redis is unreachable and `[cluster] redis_failure` is `closed`; retry shortly", body = ToolResult),
         (status = 504, description = "`timeout` (tool outcome)", body = ToolResult),
     )
 )]

@@ -117,6 +117,10 @@ pub enum ErrorType {
     /// outcome: the tool (`side_effects: at_most_once`) may or may not have
     /// run, and is not run again.
     OutcomeUnknown,
+    /// Cluster mode: the shared limits (rate windows, concurrency permits)
+    /// could not be checked because Redis is unreachable and
+    /// `[cluster] redis_failure` is `closed`; the call did not run.
+    LimitsUnavailable,
 }
 
 /// One row of the tool-failure table.
@@ -130,7 +134,7 @@ struct ErrorTypeRow {
 }
 
 /// Every tool failure kind, one row each, in the enum's order.
-const ERROR_TYPES: [ErrorTypeRow; 12] = {
+const ERROR_TYPES: [ErrorTypeRow; 13] = {
     const fn row(
         kind: ErrorType,
         code: &'static str,
@@ -162,15 +166,21 @@ const ERROR_TYPES: [ErrorTypeRow; 12] = {
         row(ErrorType::ToolNotOffered, "tool_not_offered", false, 403),
         row(ErrorType::Declined, "declined", false, 403),
         row(ErrorType::OutcomeUnknown, "outcome_unknown", false, 409),
+        row(
+            ErrorType::LimitsUnavailable,
+            "limits_unavailable",
+            true,
+            503,
+        ),
     ]
 };
 
 impl ErrorType {
     /// Every kind, in table order.
-    pub const ALL: [ErrorType; 12] = {
-        let mut all = [ErrorType::ToolNotFound; 12];
+    pub const ALL: [ErrorType; 13] = {
+        let mut all = [ErrorType::ToolNotFound; 13];
         let mut i = 0;
-        while i < 12 {
+        while i < 13 {
             all[i] = ERROR_TYPES[i].kind;
             i += 1;
         }
