@@ -100,7 +100,11 @@ async fn a_full_disk_is_a_503_history_stays_readable_and_writes_resume_without_a
     loop {
         let (status, body) = api.get("/readyz").await;
         if status == StatusCode::OK {
-            assert_eq!(body, json!({"status": "ready"}));
+            assert_eq!(body["status"], "ready", "{body}");
+            assert_eq!(
+                body["dependencies"]["store"],
+                json!({"backend": "redb", "health": {"status": "ok"}})
+            );
             break;
         }
         assert!(

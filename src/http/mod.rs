@@ -237,18 +237,42 @@ openapi::error_responses!(
     tag = "health",
     security(()),
     responses(
-        (status = 200, description = "Ready", body = Object, example = json!({"status": "ready"})),
+        (status = 200, description = "Ready: the store takes writes; each dependency reported", body = Object,
+            example = json!({"status": "ready", "node": "n1", "dependencies": {"store": {"backend": "postgres", "health": {"status": "ok"}}, "redis": {"status": "ok"}}})),
         ReadyzErrors,
     )
 )]
+/// Each dependency is reported (`dependencies`: the store, and Redis in
+/// cluster mode). Decision: only the store decides readiness. Redis holds
+/// nothing that is the record and every node shares it, so a Redis outage
+/// taking every node out of the balancer would gain nothing: the limits
+/// themselves refuse (`LIMITS_UNAVAILABLE`, `[cluster] redis_failure =
+/// "closed"`) or fall back to each node's own (`"local"`).
 async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    match state.store.health() {
-        crate::store::StoreHealth::Ok => axum::Json(json!({"status": "ready"})).into_response(),
-        health @ crate::store::StoreHealth::Degraded { .. } => ApiError::new(
+    let store = state.store.health();
+    let mut dependencies = json!({
+        "store": {"backend": state.store.backend_name(), "health": store},
+    });
+    if let Some(redis) = state.executor.shared().redis.as_ref() {
+        dependencies["redis"] = match redis.ping().await {
+            Ok(()) => json!({"status": "ok"}),
+            Err(e) => {
+                tracing::warn!(error = %e, "readiness: Redis does not answer");
+                json!({"status": "unreachable"})
+            }
+        };
+    }
+    let node = state.store.node_id().map(str::to_string);
+    match store {
+        crate::store::StoreHealth::Ok => {
+            axum::Json(json!({"status": "ready", "node": node, "dependencies": dependencies}))
+                .into_response()
+        }
+        crate::store::StoreHealth::Degraded { .. } => ApiError::new(
             ErrorCode::StorageUnavailable,
             "storage does not accept writes; reads are served",
         )
-        .with_details(json!({ "storage": health }))
+        .with_details(json!({ "storage": store, "dependencies": dependencies }))
         .into_response(),
     }
 }

@@ -550,6 +550,13 @@ impl Store {
         on_backend!(self, s => s.nodes().await)
     }
 
+    /// `redb` or `postgres`: what `/readyz` reports.
+    pub fn backend_name(&self) -> &'static str {
+        match &self.backend {
+            Backend::Redb(_) => "redb",
+        }
+    }
+
     /// This node's id in a cluster (`None` for the embedded backend).
     pub fn node_id(&self) -> Option<&str> {
         on_backend!(self, s => s.node_id())
