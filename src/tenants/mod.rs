@@ -371,6 +371,22 @@ impl KeyRing {
         })
     }
 
+    /// Reads the keys again from the store (cluster mode: keys created or
+    /// revoked on another node take effect here within one heartbeat;
+    /// `crate::runtime` calls it on each). A store error keeps the ring.
+    pub async fn refresh(&self, store: &Store) -> Result<(), KeyError> {
+        let by_id = list_keys(store)
+            .await?
+            .into_iter()
+            .map(|k| (k.key_id.clone(), k))
+            .collect();
+        self.inner
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_id = by_id;
+        Ok(())
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
         // No code panics while holding the lock; a poisoned one is intact.
         self.inner.read().unwrap_or_else(PoisonError::into_inner)
