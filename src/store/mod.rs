@@ -41,6 +41,7 @@ mod cache;
 pub mod erase;
 pub mod idempotency;
 pub mod listing;
+pub mod postgres;
 mod read_view;
 pub mod tables;
 pub mod turns;
@@ -108,6 +109,26 @@ pub enum StoreError {
     /// The file was reopened after a failure since the writer loaded its state.
     #[error("the store was reopened after a failure (generation {loaded} -> {now})")]
     Reopened { loaded: u64, now: u64 },
+    /// The request's epoch for the session is stale (another node took it
+    /// over), or its messages met a seq written already: nothing of it was
+    /// written.
+    #[error("session {session_id} is fenced: epoch {epoch} is stale")]
+    Fenced { session_id: String, epoch: u64 },
+    /// Another live node owns the session.
+    #[error("session {session_id} is owned by node {owner}")]
+    OwnedElsewhere {
+        session_id: String,
+        owner: String,
+        addr: Option<String>,
+    },
+    #[error("cannot reach PostgreSQL at {url} (set with {setting}): {reason}")]
+    PgUnreachable {
+        url: String,
+        setting: &'static str,
+        reason: String,
+    },
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
 }
 
 /// Every storage failure is `STORAGE_UNAVAILABLE` to a caller; its detail
@@ -249,6 +270,13 @@ pub struct ToolStats {
 /// One change the writer applies.
 #[derive(Debug)]
 pub enum WriteOp {
+    /// The request it is in is applied only while the session's epoch is
+    /// still `epoch`, else refused whole with [`StoreError::Fenced`]
+    /// (PostgreSQL; a no-op on redb, which has one node).
+    Fence {
+        session_id: String,
+        epoch: u64,
+    },
     PutSession(Session),
     AppendMessages {
         session_id: String,
@@ -1486,6 +1514,7 @@ fn commit_batch(
                 continue;
             }
             match op {
+                WriteOp::Fence { .. } => {}
                 WriteOp::PutSession(s) => {
                     sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
                     listing::index_session(&mut sessions_by_tenant, s)?;

@@ -12,6 +12,7 @@
 pub mod client;
 pub mod gate;
 pub mod mock_model;
+pub mod postgres;
 pub mod server;
 pub mod workflow;
 pub mod ws;
