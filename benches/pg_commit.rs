@@ -4,7 +4,7 @@
 //! epoch), the session row updated, 3 messages and 1 call record, durable
 //! (one WAL flush). Measured on a real PostgreSQL started from the
 //! machine's binaries (as `tests/support/postgres.rs` does, defaults, fsync
-//! on), through `PgStore::write`: sequential commits by one client (p50,
+//! on), through `Store::write` (the facade callers use): sequential commits by one client (p50,
 //! p99), then 31 clients at once (commits/s, group commit sharing flushes).
 //!
 //! Run: `cargo bench --bench pg_commit` (N = 2,000 sequential, 32 × 200
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use cadre::identity::Plan;
 use cadre::model::ChatMessage;
-use cadre::store::postgres::{NodeIdentity, PgStore};
+use cadre::store::{NodeIdentity, Store};
 use cadre::store::{Session, StoredMessage, ToolCallRecord, WriteOp};
 use jiff::Timestamp;
 use serde_json::json;
@@ -100,7 +100,7 @@ async fn main() {
         id: "bench".into(),
         addr: None,
     };
-    let store = PgStore::open(&url, node).unwrap();
+    let store = Store::open_postgres(&url, node).unwrap();
     let mut ops = Vec::new();
     for c in 0..32 {
         ops.push(WriteOp::PutSession(session(&format!("s{c}"))));

@@ -156,6 +156,8 @@ error_codes! {
         "the model endpoint refused the request (4xx other than 429)";
     StorageUnavailable = "STORAGE_UNAVAILABLE", SERVICE_UNAVAILABLE, false,
         "storage refuses writes; nothing was acknowledged, retry when `/readyz` is ready";
+    SessionMoved = "SESSION_MOVED", SERVICE_UNAVAILABLE, true,
+        "another node of the cluster took the session over; retry the request (with its Idempotency-Key)";
     ConversationUnavailable = "CONVERSATION_UNAVAILABLE", SERVICE_UNAVAILABLE, true,
         "the conversation could not be reached; retry the request";
     ShuttingDown = "SHUTTING_DOWN", SERVICE_UNAVAILABLE, false,

@@ -470,6 +470,19 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        async fn a_write_fenced_at_the_epoch_of_a_claim_is_applied() {
+            let (store, _guard) = $open;
+            store.write(vec![WriteOp::PutSession(session("s", "acme"))], true).await.unwrap();
+            let claim = store.claim_session("s").await.unwrap();
+            assert_eq!(claim.took_over_from, None);
+            let fence = WriteOp::Fence { session_id: "s".into(), epoch: claim.epoch };
+            store.write(vec![fence, append("s", 1, &["mine"])], true).await.unwrap();
+            assert_eq!(texts(&store.messages("s").await.unwrap()), ["mine"]);
+            store.heartbeat().await.unwrap();
+            store.release_session("s", claim.epoch).await.unwrap();
+        }
+
+        #[tokio::test]
         async fn writes_sent_behind_land_in_order_before_a_later_write() {
             let (store, _guard) = $open;
             for seq in 1..=50u64 {
@@ -496,14 +509,11 @@ mod postgres {
     suite!({
         let pg = super::support::postgres::Postgres::shared();
         let url = pg.database("conformance");
-        let node = cadre::store::postgres::NodeIdentity {
+        let node = cadre::store::NodeIdentity {
             id: "node-a".into(),
             addr: None,
         };
-        (
-            cadre::store::postgres::PgStore::open(&url, node).unwrap(),
-            pg,
-        )
+        (cadre::store::Store::open_postgres(&url, node).unwrap(), pg)
     });
 }
 
@@ -511,7 +521,7 @@ mod postgres {
 mod cluster {
     use super::*;
     use cadre::store::StoreError;
-    use cadre::store::postgres::{NodeIdentity, PgStore};
+    use cadre::store::{NodeIdentity, Store};
     use support::postgres::Postgres;
 
     fn node(id: &str, addr: &str) -> NodeIdentity {
@@ -532,7 +542,7 @@ mod cluster {
     async fn a_stale_epoch_is_refused_whole_and_the_rest_of_the_batch_commits() {
         let pg = Postgres::shared();
         let url = pg.database("fence");
-        let store = PgStore::open(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let store = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
         store
             .write(vec![WriteOp::PutSession(session("s", "acme"))], true)
             .await
@@ -585,8 +595,8 @@ mod cluster {
     async fn a_session_is_taken_over_only_from_a_dead_or_idle_owner() {
         let pg = Postgres::shared();
         let url = pg.database("claim");
-        let a = PgStore::open(&url, node("node-a", "10.0.0.1:8080")).unwrap();
-        let b = PgStore::open(&url, node("node-b", "10.0.0.2:8080")).unwrap();
+        let a = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
         a.heartbeat().await.unwrap();
         b.heartbeat().await.unwrap();
         a.write(vec![WriteOp::PutSession(session("s", "acme"))], true)
@@ -660,7 +670,7 @@ mod cluster {
             .unwrap()
             .port();
         let url = format!("postgres://cadre:s3cret@127.0.0.1:{port}/cadre");
-        let err = PgStore::open(&url, node("node-a", "x"))
+        let err = Store::open_postgres(&url, node("node-a", "x"))
             .err()
             .expect("refused");
         let text = err.to_string();
@@ -676,7 +686,7 @@ mod cluster {
     async fn a_lost_database_makes_writes_unavailable_and_health_degraded() {
         let pg = Postgres::start();
         let url = pg.database("lost");
-        let store = PgStore::open(&url, node("node-a", "x")).unwrap();
+        let store = Store::open_postgres(&url, node("node-a", "x")).unwrap();
         store.put_doc("ns", "k", json!(1), true).await.unwrap();
         assert_eq!(store.health(), cadre::store::StoreHealth::Ok);
         drop(pg);

@@ -20,7 +20,7 @@ use redb::{ReadableDatabase, ReadableTable, Table};
 use serde::{Deserialize, Serialize};
 
 use super::tables::IDEMPOTENCY;
-use super::{Store, StoreError, WriteOp};
+use super::{RedbStore, StoreError, WriteOp};
 
 /// Rows one sweep transaction deletes at most.
 pub const SWEEP_BATCH: usize = 1_000;
@@ -47,7 +47,7 @@ fn millis(at: Timestamp) -> u64 {
     u64::try_from(at.as_millisecond()).unwrap_or(0)
 }
 
-impl Store {
+impl RedbStore {
     /// The stored outcome of `key` of `tenant`, if any.
     pub async fn idempotency_record(
         &self,
@@ -156,6 +156,7 @@ pub(super) fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     fn record(at: Timestamp, body: &str) -> IdempotencyRecord {
         IdempotencyRecord {

@@ -328,7 +328,7 @@ pub(super) fn docs_page(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Store, WriteOp};
+    use crate::store::{RedbStore as Store, WriteOp};
     use serde_json::json;
 
     fn session(tenant: &str) -> Session {

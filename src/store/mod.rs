@@ -1,4 +1,25 @@
-//! Store: sessions, messages and tool-call records in one redb file.
+//! Store: sessions, messages, tool-call records, turns and documents,
+//! behind one handle with two backends.
+//!
+//! conversation / executor / http ──▶ Store (this facade) ──▶ RedbStore   (embedded, default)
+//!                                                         └─▶ PgStore     (cluster mode)
+//!
+//! Every caller holds a [`Store`] and never knows which backend serves it:
+//! the facade forwards each method to the backend, one line each
+//! ([`on_backend!`]). The rows both read and write are in [`rows`], the
+//! errors in [`error`], the redb layout in [`tables`].
+//!
+//! **Ownership (cluster mode).** With several nodes on one database, a
+//! session has one writer: the node that [`Store::claim_session`]ed it,
+//! at an *epoch* the claim returns. A writer puts [`WriteOp::Fence`] in
+//! each request; a request whose epoch is no longer the session's is
+//! refused whole with [`StoreError::Fenced`] (the fencing-token rule), so a
+//! node that lost a session — paused, partitioned, misrouted — cannot
+//! write, and drops its state. The embedded backend has one node: a claim
+//! always succeeds at epoch 0 and a fence always passes ([`owners`]).
+//!
+//! What follows is the embedded backend's contract, which the PostgreSQL
+//! backend keeps (its own doc says how):
 //!
 //! conversation / executor ──write(ops, durable)──▶ writer thread ──▶ redb
 //!                          ◀──────── Ok once committed ──────────┘
@@ -38,497 +59,126 @@
 //! reopen, so it reloads instead of writing on top of steps that were lost.
 
 mod cache;
+pub mod embedded;
 pub mod erase;
+pub mod error;
 pub mod idempotency;
 pub mod listing;
+pub mod owners;
 pub mod postgres;
 mod read_view;
+pub mod rows;
 pub mod tables;
 pub mod turns;
 pub mod usage;
+mod writer;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use jiff::Timestamp;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata};
-use serde::{Deserialize, Serialize};
+use jiff::civil::Date;
 use serde_json::Value;
-use tokio::sync::oneshot;
 
-use crate::error_code::{ErrorCode, PublicError};
-use crate::identity::Plan;
-use crate::model::ChatMessage;
+pub use embedded::RedbStore;
 pub use erase::Erased;
+pub use error::{StoreError, StoreHealth};
+use idempotency::IdempotencyRecord;
 pub use listing::Page;
-use tables::*;
+pub use owners::{Claim, NodeRow};
+pub use postgres::{NodeIdentity, PgStore};
+pub use rows::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
 
 /// Requests the writer drains into one transaction at most.
 const MAX_BATCH: usize = 1024;
 
 /// How often the writer tries to reopen the file while writes fail.
-pub const REOPEN_EVERY: Duration = Duration::from_millis(500);
+pub const REOPEN_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 /// Longest a write sent behind ([`Store::write_behind`]) waits for company
 /// before the writer commits it alone.
-pub const HOLD_BEHIND: Duration = Duration::from_millis(5);
+pub const HOLD_BEHIND: std::time::Duration = std::time::Duration::from_millis(5);
 
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("cannot open the database at {path}: {source}")]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: redb::DatabaseError,
-    },
-    #[error("cannot create the data directory {path}: {source}")]
-    DataDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("storage error: {0}")]
-    Redb(#[from] redb::Error),
-    #[error("a stored value could not be decoded: {0}")]
-    Corrupt(#[from] serde_json::Error),
-    #[error("the store writer has stopped")]
-    WriterGone,
-    #[error("commit failed: {0}")]
-    CommitFailed(Arc<StoreError>),
-    #[error("the data was written by schema version {found}, this build reads {expected}")]
-    SchemaMismatch { found: u64, expected: u64 },
-    /// Writes fail (disk full, I/O errors) since `since`; reads still work.
-    #[error("storage is not writable since {since}: {reason}")]
-    Unavailable { since: Timestamp, reason: Arc<str> },
-    /// The server is shutting down: what still runs was not acknowledged.
-    #[error("the store takes no more writes: the server is shutting down")]
-    Closed,
-    /// The file was reopened after a failure since the writer loaded its state.
-    #[error("the store was reopened after a failure (generation {loaded} -> {now})")]
-    Reopened { loaded: u64, now: u64 },
-    /// The request's epoch for the session is stale (another node took it
-    /// over), or its messages met a seq written already: nothing of it was
-    /// written.
-    #[error("session {session_id} is fenced: epoch {epoch} is stale")]
-    Fenced { session_id: String, epoch: u64 },
-    /// Another live node owns the session.
-    #[error("session {session_id} is owned by node {owner}")]
-    OwnedElsewhere {
-        session_id: String,
-        owner: String,
-        addr: Option<String>,
-    },
-    #[error("cannot reach PostgreSQL at {url} (set with {setting}): {reason}")]
-    PgUnreachable {
-        url: String,
-        setting: &'static str,
-        reason: String,
-    },
-    #[error("PostgreSQL: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
-}
-
-/// Every storage failure is `STORAGE_UNAVAILABLE` to a caller; its detail
-/// (paths, redb's error) is logged, never sent.
-impl PublicError for StoreError {
-    fn code(&self) -> ErrorCode {
-        ErrorCode::StorageUnavailable
-    }
-
-    fn public_message(&self) -> String {
-        "storage is unavailable; nothing was acknowledged, retry later".into()
-    }
-}
-
-/// Whether the store accepts writes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "status", rename_all = "snake_case")]
-pub enum StoreHealth {
-    Ok,
-    /// Writes are refused; reads are served from what was committed.
-    Degraded {
-        since: Timestamp,
-        /// The error that started it: for logs, not sent to clients.
-        #[serde(skip)]
-        reason: String,
-    },
-}
-
-macro_rules! from_redb {
-    ($($t:ty),*) => {$(
-        impl From<$t> for StoreError {
-            fn from(e: $t) -> Self { StoreError::Redb(e.into()) }
-        }
-    )*};
-}
-from_redb!(
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError,
-    redb::SetDurabilityError
-);
-
-/// A chat session: who it belongs to and which agent serves it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Session {
-    pub id: String,
-    /// The tenant that owns the session; others see a 404.
-    #[serde(default = "default_tenant")]
-    pub tenant: String,
-    pub agent: String,
-    #[serde(default)]
-    pub user_id: Option<String>,
-    #[serde(default)]
-    pub plan: Plan,
-    #[serde(default)]
-    pub metadata: Value,
-    pub created_at: Timestamp,
-}
-
-fn default_tenant() -> String {
-    crate::identity::DEFAULT_TENANT.to_string()
-}
-
-/// A message as stored: its place in the session and when it was written.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StoredMessage {
-    pub seq: u64,
-    #[serde(flatten)]
-    pub message: ChatMessage,
-    pub created_at: Timestamp,
-    /// Part of a turn rolled back (`multitask = "rollback"`): kept here and
-    /// in exports, left out of every later prompt.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub rolled_back: bool,
-}
-
-/// One tool call from any caller, with its outcome.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolCallRecord {
-    pub record_id: String,
-    pub tool_name: String,
-    /// The model's tool_call_id, when a conversation made the call.
-    pub tool_call_id: Option<String>,
-    pub params: Value,
-    pub output: Option<Value>,
-    pub is_success: bool,
-    pub error: Option<String>,
-    pub error_type: Option<String>,
-    pub execution_time_ms: u64,
-    pub attempts: u32,
-    pub caller_id: String,
-    pub caller_type: String,
-    pub conversation_id: Option<String>,
-    pub workflow_id: Option<String>,
-    pub user_id: Option<String>,
-    #[serde(default)]
-    pub tenant: Option<String>,
-    pub created_at: Timestamp,
-    /// The citable id of what the call returned, as the executor namespaced
-    /// it by the tool's source (`ToolSource::citable_source_id`); what
-    /// grounds a citation after a reload. Records from before it existed
-    /// have none and ground nothing.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_id: Option<String>,
-    /// The conversation turn that made the call.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub turn_id: Option<String>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct MessageStats {
-    pub count: u64,
-    pub user_messages: u64,
-    pub last_at: Option<Timestamp>,
-}
-
-/// Which call records to list.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CallFilter {
-    pub conversation_id: Option<String>,
-    pub workflow_id: Option<String>,
-    pub tool: Option<String>,
-    /// Only this tenant's records.
-    pub tenant: Option<String>,
-    /// At most this many (0: all).
-    pub limit: usize,
-}
-
-/// Per-tool counters, kept in the transaction that adds each record.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ToolStats {
-    pub total_calls: u64,
-    pub successful_calls: u64,
-    pub failed_calls: u64,
-    pub total_execution_time_ms: u64,
-}
-
-/// One change the writer applies.
-#[derive(Debug)]
-pub enum WriteOp {
-    /// The request it is in is applied only while the session's epoch is
-    /// still `epoch`, else refused whole with [`StoreError::Fenced`]
-    /// (PostgreSQL; a no-op on redb, which has one node).
-    Fence {
-        session_id: String,
-        epoch: u64,
-    },
-    PutSession(Session),
-    AppendMessages {
-        session_id: String,
-        messages: Vec<StoredMessage>,
-    },
-    RecordToolCall(Box<ToolCallRecord>),
-    /// With `tenant`, the document is listed under it ([`Store::docs_of`]);
-    /// without, its index row (if any) stays as it is.
-    PutDoc {
-        namespace: String,
-        key: String,
-        value: Value,
-        tenant: Option<String>,
-    },
-    DeleteDoc {
-        namespace: String,
-        key: String,
-    },
-    /// Moves a document atomically: if `(namespace, key)` exists it is
-    /// removed, `to_value` is written at `(to_namespace, key)` and the old
-    /// value lands in `moved`; if it does not exist nothing is written and
-    /// `moved` is `None`. All writes go through the one writer, so of two
-    /// moves of one key exactly one finds it ([`Store::move_doc`]).
-    MoveDoc {
-        namespace: String,
-        key: String,
-        to_namespace: String,
-        to_value: Value,
-        moved: Arc<Mutex<Option<Value>>>,
-    },
-    PutSummary {
-        session_id: String,
-        summary: StoredSummary,
-    },
-    /// Adds a model call's tokens to its session's and tenant's counters.
-    RecordUsage(UsageDelta),
-    /// Removes the session and everything stored under its id
-    /// ([`erase`]); `erased` gets what went (`None`: no such session).
-    DeleteSession {
-        session_id: String,
-        erased: Arc<Mutex<Option<Erased>>>,
-    },
-    /// Links a document to a session: erased with it, also after a
-    /// [`WriteOp::MoveDoc`]; a [`WriteOp::DeleteDoc`] drops the link.
-    LinkDoc {
-        namespace: String,
-        key: String,
-        session_id: String,
-    },
-    /// A turn's record ([`turns`]), in the batch of the step it records.
-    PutTurn(Box<turns::TurnWrite>),
-    /// Marks these messages of a session rolled back ([`StoredMessage::rolled_back`]).
-    MarkRolledBack {
-        session_id: String,
-        seqs: Vec<u64>,
-    },
-    /// Indexes by tenant, once, the documents of `namespace` written before
-    /// the index existed; `indexed` gets how many (`None`: done already).
-    IndexDocs {
-        namespace: String,
-        tenant_of: fn(&Value) -> Option<String>,
-        indexed: Arc<Mutex<Option<u64>>>,
-    },
-    /// Stores a keyed request's outcome ([`idempotency`]).
-    PutIdempotency {
-        tenant: String,
-        key: String,
-        stored_at_ms: u64,
-        record: Vec<u8>,
-    },
-    /// Deletes these (tenant, key) records if stored before `before_ms`.
-    DeleteIdempotency {
-        keys: Vec<(String, String)>,
-        before_ms: u64,
-    },
-}
-
-/// A session's rolling summary.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StoredSummary {
-    pub text: String,
-    /// The last message seq the summary covers.
-    pub covers_until_seq: u64,
-    pub updated_at: Timestamp,
-}
-
-struct WriteRequest {
-    ops: Vec<WriteOp>,
-    durable: bool,
-    /// Refuse unless the store is still at this generation.
-    generation: Option<u64>,
-    /// Sent behind: nobody waits for it, so it may wait for the next commit.
-    behind: bool,
-    done: oneshot::Sender<Result<(), Arc<StoreError>>>,
-}
-
-/// The database readers and the writer use now, swapped on a failure and
-/// on recovery.
-struct Slot {
-    db: RwLock<Arc<Database>>,
-    /// `Some` while writes are refused.
-    outage: Mutex<Option<(Timestamp, Arc<str>)>>,
-    generation: AtomicU64,
-    /// Set at shutdown: only flushes pass.
-    closed: std::sync::atomic::AtomicBool,
-}
-
-impl Slot {
-    fn current(&self) -> Arc<Database> {
-        self.db.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    fn replace(&self, db: Database) -> Arc<Database> {
-        let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
-        std::mem::replace(&mut *slot, Arc::new(db))
-    }
-
-    fn outage(&self) -> Option<(Timestamp, Arc<str>)> {
-        self.outage
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    fn set_outage(&self, outage: Option<(Timestamp, Arc<str>)>) {
-        *self.outage.lock().unwrap_or_else(|e| e.into_inner()) = outage;
-    }
-}
-
-/// Cheap to clone; every clone talks to the same file and writer thread.
-/// When the last clone drops, the writer finishes what is queued and the
-/// file is closed before the drop returns, so the same process can reopen it.
+/// Cheap to clone; every clone talks to the same backend (for redb: the
+/// same file and writer thread; when the last clone drops, the writer
+/// finishes what is queued and the file is closed before the drop returns,
+/// so the same process can reopen it).
 #[derive(Clone)]
 pub struct Store {
-    db: Arc<Slot>,
-    inner: Arc<Inner>,
+    backend: Backend,
 }
 
-struct Inner {
-    cache: Arc<cache::ReadCache>,
-    commit_latency: Arc<crate::metrics::Histogram>,
-    writer: Option<std_mpsc::Sender<WriteRequest>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    path: PathBuf,
+#[derive(Clone)]
+enum Backend {
+    Redb(RedbStore),
+    Postgres(PgStore),
 }
 
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.writer.take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+/// `on_backend!(self, s => s.method(args))`: the one place that knows the
+/// backends; each facade method is one call through it.
+macro_rules! on_backend {
+    ($self:ident, $s:ident => $e:expr) => {
+        match &$self.backend {
+            Backend::Redb($s) => $e,
+            Backend::Postgres($s) => $e,
         }
-    }
+    };
 }
 
 impl Store {
     /// Opens (or creates) `<data_dir>/cadre.redb` and starts its writer thread.
     pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
-            path: data_dir.to_path_buf(),
-            source,
-        })?;
-        let path = data_dir.join("cadre.redb");
-        let db = Database::create(&path).map_err(|source| StoreError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        Self::start(db, path, true)
+        Ok(Store {
+            backend: Backend::Redb(RedbStore::open(data_dir)?),
+        })
     }
 
     /// A store in memory, gone when dropped: for listings and tests where a
     /// file adds nothing.
     pub fn open_in_memory() -> Result<Store, StoreError> {
-        let db = Database::builder()
-            .create_with_backend(redb::backends::InMemoryBackend::new())
-            .map_err(|source| StoreError::Open {
-                path: PathBuf::from(":memory:"),
-                source,
-            })?;
-        Self::start(db, PathBuf::from(":memory:"), false)
+        Ok(Store {
+            backend: Backend::Redb(RedbStore::open_in_memory()?),
+        })
     }
 
-    fn start(db: Database, path: PathBuf, is_file: bool) -> Result<Store, StoreError> {
-        init_schema(&db)?;
-        let db = Arc::new(Slot {
-            db: RwLock::new(Arc::new(db)),
-            outage: Mutex::new(None),
-            generation: AtomicU64::new(0),
-            closed: std::sync::atomic::AtomicBool::new(false),
-        });
-        let (tx, rx) = std_mpsc::channel();
-        let cache = Arc::new(cache::ReadCache::new());
-        let writer = Writer {
-            slot: db.clone(),
-            path: is_file.then(|| path.clone()),
-            last_attempt: None,
-            cache: cache.clone(),
-            erased: erase::ErasedIds::default(),
-        };
-        let commit_latency = Arc::new(crate::metrics::Histogram::default());
-        let latency = commit_latency.clone();
-        let thread = std::thread::Builder::new()
-            .name("cadre-store-writer".into())
-            .spawn(move || writer.run(rx, &latency))
-            .expect("spawn the store writer thread");
+    /// Connects to the PostgreSQL database at `url` as `node`, applies its
+    /// migrations and starts its writer ([`postgres`]): cluster mode. An
+    /// unreachable database is an error naming `--store` / `[cluster] store`
+    /// and the URL without its password.
+    pub fn open_postgres(url: &str, node: NodeIdentity) -> Result<Store, StoreError> {
         Ok(Store {
-            db,
-            inner: Arc::new(Inner {
-                cache,
-                commit_latency,
-                writer: Some(tx),
-                thread: Some(thread),
-                path,
-            }),
+            backend: Backend::Postgres(PgStore::open(url, node)?),
         })
     }
 
     pub fn path(&self) -> &Path {
-        &self.inner.path
+        on_backend!(self, s => s.path())
     }
 
     /// How long the writer's commits take (each may carry many callers' writes).
     pub fn commit_latency(&self) -> &crate::metrics::Histogram {
-        &self.inner.commit_latency
+        on_backend!(self, s => s.commit_latency())
     }
 
     /// Whether writes are accepted now.
     pub fn health(&self) -> StoreHealth {
-        match self.db.outage() {
-            None => StoreHealth::Ok,
-            Some((since, reason)) => StoreHealth::Degraded {
-                since,
-                reason: reason.to_string(),
-            },
-        }
+        on_backend!(self, s => s.health())
     }
 
     /// Refuses every later write with [`StoreError::Closed`]; flushes still
     /// pass. For shutdown: work cut off by the deadline stores nothing more.
     pub fn close_writes(&self) {
-        self.db.closed.store(true, Ordering::Release);
+        on_backend!(self, s => s.close_writes())
     }
 
     /// How many times the file was reopened after a failure.
     pub fn generation(&self) -> u64 {
-        self.db.generation.load(Ordering::Acquire)
+        on_backend!(self, s => s.generation())
     }
 
     /// Applies `ops` in one transaction (possibly shared with other callers').
     /// With `durable`, returns only after the data is on disk.
     pub async fn write(&self, ops: Vec<WriteOp>, durable: bool) -> Result<(), StoreError> {
-        self.send(ops, durable, None).await
+        on_backend!(self, s => s.write(ops, durable).await)
     }
 
     /// [`Self::write`], refused with [`StoreError::Reopened`] unless the
@@ -539,42 +189,7 @@ impl Store {
         ops: Vec<WriteOp>,
         durable: bool,
     ) -> Result<(), StoreError> {
-        self.send(ops, durable, Some(generation)).await
-    }
-
-    async fn send(
-        &self,
-        ops: Vec<WriteOp>,
-        durable: bool,
-        generation: Option<u64>,
-    ) -> Result<(), StoreError> {
-        let (done, rx) = oneshot::channel();
-        let writer = self.inner.writer.as_ref().ok_or(StoreError::WriterGone)?;
-        writer
-            .send(WriteRequest {
-                ops,
-                durable,
-                generation,
-                behind: false,
-                done,
-            })
-            .map_err(|_| StoreError::WriterGone)?;
-        match rx.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(match &*e {
-                StoreError::Unavailable { since, reason } => StoreError::Unavailable {
-                    since: *since,
-                    reason: reason.clone(),
-                },
-                StoreError::Reopened { loaded, now } => StoreError::Reopened {
-                    loaded: *loaded,
-                    now: *now,
-                },
-                StoreError::Closed => StoreError::Closed,
-                _ => StoreError::CommitFailed(e),
-            }),
-            Err(_) => Err(StoreError::WriterGone),
-        }
+        on_backend!(self, s => s.write_at(generation, ops, durable).await)
     }
 
     /// Queues `ops` for the next commit, not durable, without waiting for
@@ -583,50 +198,24 @@ impl Store {
     /// failure, which the writer logs; an I/O failure makes the later write
     /// fail as well).
     pub fn write_behind(&self, ops: Vec<WriteOp>) {
-        self.send_behind(ops, None);
+        on_backend!(self, s => s.write_behind(ops))
     }
 
     /// [`Self::write_behind`], refused unless the store is still at
     /// `generation` (see [`Self::write_at`]); so is the caller's later
     /// `write_at`, which is how it learns.
     pub fn write_behind_at(&self, generation: u64, ops: Vec<WriteOp>) {
-        self.send_behind(ops, Some(generation));
-    }
-
-    fn send_behind(&self, ops: Vec<WriteOp>, generation: Option<u64>) {
-        if ops.is_empty() {
-            return;
-        }
-        let (done, _) = oneshot::channel();
-        if let Some(writer) = self.inner.writer.as_ref() {
-            let _ = writer.send(WriteRequest {
-                ops,
-                durable: false,
-                generation,
-                behind: true,
-                done,
-            });
-        }
+        on_backend!(self, s => s.write_behind_at(generation, ops))
     }
 
     /// Makes everything written so far durable.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        self.write(Vec::new(), true).await
+        on_backend!(self, s => s.flush().await)
     }
 
     /// Every session (ids are time-ordered, so oldest first).
     pub async fn list_sessions(&self) -> Result<Vec<Session>, StoreError> {
-        self.read(|db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(SESSIONS)?;
-            let mut out = Vec::new();
-            for row in table.iter()? {
-                let (_, v) = row?;
-                out.push(serde_json::from_slice(v.value())?);
-            }
-            Ok(out)
-        })
-        .await
+        on_backend!(self, s => s.list_sessions().await)
     }
 
     /// A page of `tenant`'s sessions after the session id `after`, oldest
@@ -637,9 +226,7 @@ impl Store {
         after: Option<String>,
         limit: usize,
     ) -> Result<Page<Session>, StoreError> {
-        let tenant = tenant.to_string();
-        self.read(move |db| listing::sessions_page(db, &tenant, after.as_deref(), limit))
-            .await
+        on_backend!(self, s => s.sessions_of(tenant, after, limit).await)
     }
 
     /// A page of `tenant`'s call records matching `filter` (its `tenant`
@@ -652,45 +239,15 @@ impl Store {
         before: Option<String>,
         limit: usize,
     ) -> Result<Page<ToolCallRecord>, StoreError> {
-        let tenant = tenant.to_string();
-        self.read(move |db| listing::calls_page(db, &tenant, &filter, before.as_deref(), limit))
-            .await
+        on_backend!(self, s => s.calls_of(tenant, filter, before, limit).await)
     }
 
     pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
-        let cache = &self.inner.cache;
-        let seen = cache.generation();
-        if let Some(s) = cache.session(id) {
-            return Ok(Some(s));
-        }
-        let id = id.to_string();
-        let found: Option<Session> = self
-            .read(move |db| {
-                let txn = db.begin_read()?;
-                let table = txn.open_table(SESSIONS)?;
-                match table.get(id.as_str())? {
-                    Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
-                    None => Ok(None),
-                }
-            })
-            .await?;
-        if let Some(s) = &found {
-            cache.put_session(seen, s);
-        }
-        Ok(found)
+        on_backend!(self, s => s.get_session(id).await)
     }
 
     pub async fn get_summary(&self, session_id: &str) -> Result<Option<StoredSummary>, StoreError> {
-        let id = session_id.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(SUMMARIES)?;
-            match table.get(id.as_str())? {
-                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
-                None => Ok(None),
-            }
-        })
-        .await
+        on_backend!(self, s => s.get_summary(session_id).await)
     }
 
     /// The messages a conversation needs in memory: those after `after`
@@ -702,33 +259,12 @@ impl Store {
         after: u64,
         max: usize,
     ) -> Result<(Vec<StoredMessage>, u64), StoreError> {
-        let id = session_id.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(MESSAGES)?;
-            let last_seq = table
-                .range((id.as_str(), 1)..=(id.as_str(), u64::MAX))?
-                .next_back()
-                .transpose()?
-                .map_or(0, |(k, _)| k.value().1);
-            let mut out = Vec::new();
-            for row in table
-                .range((id.as_str(), after + 1)..=(id.as_str(), u64::MAX))?
-                .rev()
-                .take(max)
-            {
-                let (_, v) = row?;
-                out.push(serde_json::from_slice::<StoredMessage>(v.value())?);
-            }
-            out.reverse();
-            Ok((out, last_seq))
-        })
-        .await
+        on_backend!(self, s => s.unsummarised_messages(session_id, after, max).await)
     }
 
     /// Every message of a session, oldest first.
     pub async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>, StoreError> {
-        self.messages_after(session_id, 0).await
+        on_backend!(self, s => s.messages(session_id).await)
     }
 
     /// At most `limit` messages with seq > `after`, oldest first.
@@ -738,21 +274,7 @@ impl Store {
         after: u64,
         limit: usize,
     ) -> Result<Vec<StoredMessage>, StoreError> {
-        let id = session_id.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(MESSAGES)?;
-            let mut out = Vec::new();
-            for row in table
-                .range((id.as_str(), after.saturating_add(1))..=(id.as_str(), u64::MAX))?
-                .take(limit)
-            {
-                let (_, v) = row?;
-                out.push(serde_json::from_slice(v.value())?);
-            }
-            Ok(out)
-        })
-        .await
+        on_backend!(self, s => s.messages_page(session_id, after, limit).await)
     }
 
     /// Messages with seq > `after`, oldest first.
@@ -761,18 +283,7 @@ impl Store {
         session_id: &str,
         after: u64,
     ) -> Result<Vec<StoredMessage>, StoreError> {
-        let id = session_id.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(MESSAGES)?;
-            let mut out = Vec::new();
-            for row in table.range((id.as_str(), after + 1)..=(id.as_str(), u64::MAX))? {
-                let (_, v) = row?;
-                out.push(serde_json::from_slice(v.value())?);
-            }
-            Ok(out)
-        })
-        .await
+        on_backend!(self, s => s.messages_after(session_id, after).await)
     }
 
     /// The last `n` messages of a session (oldest first) and the session's last seq.
@@ -781,63 +292,16 @@ impl Store {
         session_id: &str,
         n: usize,
     ) -> Result<(Vec<StoredMessage>, u64), StoreError> {
-        let id = session_id.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(MESSAGES)?;
-            let mut out = Vec::new();
-            let mut last_seq = 0;
-            for row in table
-                .range((id.as_str(), 1)..=(id.as_str(), u64::MAX))?
-                .rev()
-            {
-                let (k, v) = row?;
-                last_seq = last_seq.max(k.value().1);
-                if out.len() == n {
-                    break;
-                }
-                out.push(serde_json::from_slice::<StoredMessage>(v.value())?);
-            }
-            out.reverse();
-            Ok((out, last_seq))
-        })
-        .await
+        on_backend!(self, s => s.recent_messages(session_id, n).await)
     }
 
     /// How many messages a session has, how many from the user, and when the last was written.
     pub async fn message_stats(&self, session_id: &str) -> Result<MessageStats, StoreError> {
-        let id = session_id.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(MESSAGES)?;
-            let mut stats = MessageStats::default();
-            for row in table.range((id.as_str(), 1)..=(id.as_str(), u64::MAX))? {
-                let (_, v) = row?;
-                let m: StoredMessage = serde_json::from_slice(v.value())?;
-                stats.count += 1;
-                if m.message.role == crate::model::Role::User {
-                    stats.user_messages += 1;
-                }
-                stats.last_at = Some(m.created_at);
-            }
-            Ok(stats)
-        })
-        .await
+        on_backend!(self, s => s.message_stats(session_id).await)
     }
 
     pub async fn message_count(&self, session_id: &str) -> Result<u64, StoreError> {
-        let id = session_id.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(MESSAGES)?;
-            let mut n = 0;
-            for row in table.range((id.as_str(), 1)..=(id.as_str(), u64::MAX))? {
-                row?;
-                n += 1;
-            }
-            Ok(n)
-        })
-        .await
+        on_backend!(self, s => s.message_count(session_id).await)
     }
 
     /// Every tool call a conversation made, oldest first.
@@ -845,136 +309,28 @@ impl Store {
         &self,
         conversation_id: &str,
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        let mut calls = self
-            .calls(CallFilter {
-                conversation_id: Some(conversation_id.to_string()),
-                ..CallFilter::default()
-            })
-            .await?;
-        calls.reverse();
-        Ok(calls)
+        on_backend!(self, s => s.calls_for_conversation(conversation_id).await)
     }
 
     /// Call records matching the filter, newest first, at most `limit`
     /// (all when 0). With several fields set, a record must match them all;
     /// the most selective index is scanned (workflow, conversation, tool).
     pub async fn calls(&self, filter: CallFilter) -> Result<Vec<ToolCallRecord>, StoreError> {
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let records = txn.open_table(TOOL_CALLS)?;
-            let limit = if filter.limit == 0 {
-                usize::MAX
-            } else {
-                filter.limit
-            };
-            let keep = |r: &ToolCallRecord| {
-                filter
-                    .tenant
-                    .as_ref()
-                    .is_none_or(|t| r.tenant.as_ref() == Some(t))
-                    && filter.tool.as_ref().is_none_or(|t| &r.tool_name == t)
-                    && filter
-                        .conversation_id
-                        .as_ref()
-                        .is_none_or(|c| r.conversation_id.as_ref() == Some(c))
-                    && filter
-                        .workflow_id
-                        .as_ref()
-                        .is_none_or(|w| r.workflow_id.as_ref() == Some(w))
-            };
-            let mut out = Vec::new();
-            let index = match (&filter.workflow_id, &filter.conversation_id, &filter.tool) {
-                (Some(w), _, _) => Some((txn.open_table(TOOL_CALLS_BY_WORKFLOW)?, w.clone())),
-                (None, Some(c), _) => {
-                    Some((txn.open_table(TOOL_CALLS_BY_CONVERSATION)?, c.clone()))
-                }
-                (None, None, Some(t)) => Some((txn.open_table(TOOL_CALLS_BY_TOOL)?, t.clone())),
-                _ => None,
-            };
-            match index {
-                Some((index, key)) => {
-                    for row in index
-                        .range((key.as_str(), "")..(key.as_str(), "\u{10FFFF}"))?
-                        .rev()
-                    {
-                        let (k, _) = row?;
-                        if let Some(v) = records.get(k.value().1)? {
-                            let r: ToolCallRecord = serde_json::from_slice(v.value())?;
-                            if keep(&r) {
-                                out.push(r);
-                                if out.len() >= limit {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                }
-                None => {
-                    for row in records.iter()?.rev() {
-                        let (_, v) = row?;
-                        let r: ToolCallRecord = serde_json::from_slice(v.value())?;
-                        if keep(&r) {
-                            out.push(r);
-                            if out.len() >= limit {
-                                break;
-                            }
-                        }
-                    }
-                }
-            }
-            Ok(out)
-        })
-        .await
+        on_backend!(self, s => s.calls(filter).await)
     }
 
     /// Counters of every tool, by name.
     pub async fn all_tool_stats(&self) -> Result<Vec<(String, ToolStats)>, StoreError> {
-        self.read(|db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(TOOL_STATS)?;
-            let mut out = Vec::new();
-            for row in table.iter()? {
-                let (k, v) = row?;
-                out.push((k.value().to_string(), serde_json::from_slice(v.value())?));
-            }
-            Ok(out)
-        })
-        .await
+        on_backend!(self, s => s.all_tool_stats().await)
     }
 
     pub async fn tool_stats(&self, tool: &str) -> Result<ToolStats, StoreError> {
-        let tool = tool.to_string();
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(TOOL_STATS)?;
-            match table.get(tool.as_str())? {
-                Some(v) => Ok(serde_json::from_slice(v.value())?),
-                None => Ok(ToolStats::default()),
-            }
-        })
-        .await
+        on_backend!(self, s => s.tool_stats(tool).await)
     }
 
     /// A document of a namespace, if present.
     pub async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
-        let cache = &self.inner.cache;
-        let seen = cache.generation();
-        if let Some(doc) = cache.doc(namespace, key) {
-            return Ok(doc);
-        }
-        let (ns, k) = (namespace.to_string(), key.to_string());
-        let found = self
-            .read(move |db| {
-                let txn = db.begin_read()?;
-                let table = txn.open_table(DOCS)?;
-                match table.get((ns.as_str(), k.as_str()))? {
-                    Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
-                    None => Ok(None),
-                }
-            })
-            .await?;
-        cache.put_doc(seen, namespace, key, &found);
-        Ok(found)
+        on_backend!(self, s => s.get_doc(namespace, key).await)
     }
 
     /// Every document of a namespace whose key starts with `prefix`, by key.
@@ -983,22 +339,7 @@ impl Store {
         namespace: &str,
         prefix: &str,
     ) -> Result<Vec<(String, Value)>, StoreError> {
-        let (ns, prefix) = (namespace.to_string(), prefix.to_string());
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let table = txn.open_table(DOCS)?;
-            let mut out = Vec::new();
-            for row in table.range((ns.as_str(), prefix.as_str())..)? {
-                let (k, v) = row?;
-                let (row_ns, key) = k.value();
-                if row_ns != ns || !key.starts_with(prefix.as_str()) {
-                    break;
-                }
-                out.push((key.to_string(), serde_json::from_slice(v.value())?));
-            }
-            Ok(out)
-        })
-        .await
+        on_backend!(self, s => s.list_docs(namespace, prefix).await)
     }
 
     /// Writes a document; durable before returning when `durable`.
@@ -1009,7 +350,7 @@ impl Store {
         value: Value,
         durable: bool,
     ) -> Result<(), StoreError> {
-        self.put_doc_for(namespace, None, key, value, durable).await
+        on_backend!(self, s => s.put_doc(namespace, key, value, durable).await)
     }
 
     /// [`Self::put_doc`] of a document `tenant` owns: listed under it by
@@ -1022,25 +363,7 @@ impl Store {
         value: Value,
         durable: bool,
     ) -> Result<(), StoreError> {
-        self.put_doc_for(namespace, Some(tenant), key, value, durable)
-            .await
-    }
-
-    async fn put_doc_for(
-        &self,
-        namespace: &str,
-        tenant: Option<&str>,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        let op = WriteOp::PutDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-            value,
-            tenant: tenant.map(Into::into),
-        };
-        self.write(vec![op], durable).await
+        on_backend!(self, s => s.put_doc_of(namespace, tenant, key, value, durable).await)
     }
 
     /// [`Self::put_doc_of`] of a document that belongs to `session`: it is
@@ -1055,34 +378,14 @@ impl Store {
         value: Value,
         durable: bool,
     ) -> Result<(), StoreError> {
-        let ops = vec![
-            WriteOp::PutDoc {
-                namespace: namespace.into(),
-                key: key.into(),
-                value,
-                tenant: Some(tenant.into()),
-            },
-            WriteOp::LinkDoc {
-                namespace: namespace.into(),
-                key: key.into(),
-                session_id: session.into(),
-            },
-        ];
-        self.write(ops, durable).await
+        on_backend!(self, s => s.put_doc_of_session(namespace, tenant, session, key, value, durable).await)
     }
 
     /// Removes the session `id` and every row stored under it, durably, in
     /// one transaction ([`erase`]); `None` when there was no such session.
     /// The caller makes sure nothing writes for the session any more.
     pub async fn erase_session(&self, id: &str) -> Result<Option<Erased>, StoreError> {
-        let erased = Arc::new(Mutex::new(None));
-        let op = WriteOp::DeleteSession {
-            session_id: id.into(),
-            erased: erased.clone(),
-        };
-        self.write(vec![op], true).await?;
-        let found = erased.lock().expect("erase slot").take();
-        Ok(found)
+        on_backend!(self, s => s.erase_session(id).await)
     }
 
     /// Up to `limit` sessions of every tenant after the id `after` (by id:
@@ -1094,34 +397,7 @@ impl Store {
         after: Option<String>,
         limit: usize,
     ) -> Result<Vec<(Session, Timestamp)>, StoreError> {
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let sessions = txn.open_table(SESSIONS)?;
-            let messages = txn.open_table(MESSAGES)?;
-            let lower = match &after {
-                Some(a) => std::ops::Bound::Excluded(a.as_str()),
-                None => std::ops::Bound::Unbounded,
-            };
-            let mut out = Vec::new();
-            for row in sessions
-                .range::<&str>((lower, std::ops::Bound::Unbounded))?
-                .take(limit)
-            {
-                let (_, v) = row?;
-                let s: Session = serde_json::from_slice(v.value())?;
-                let last = messages
-                    .range((s.id.as_str(), 0)..=(s.id.as_str(), u64::MAX))?
-                    .next_back()
-                    .transpose()?;
-                let at = match last {
-                    Some((_, m)) => serde_json::from_slice::<StoredMessage>(m.value())?.created_at,
-                    None => s.created_at,
-                };
-                out.push((s, at));
-            }
-            Ok(out)
-        })
-        .await
+        on_backend!(self, s => s.sessions_with_activity(after, limit).await)
     }
 
     /// Indexes by tenant the documents of `namespace` written before
@@ -1133,24 +409,7 @@ impl Store {
         namespace: &str,
         tenant_of: fn(&Value) -> Option<String>,
     ) -> Result<Option<u64>, StoreError> {
-        let indexed = Arc::new(Mutex::new(None));
-        let op = WriteOp::IndexDocs {
-            namespace: namespace.into(),
-            tenant_of,
-            indexed: indexed.clone(),
-        };
-        let started = Instant::now();
-        self.write(vec![op], true).await?;
-        let n = indexed.lock().expect("index slot").take();
-        if let Some(n) = n {
-            tracing::info!(
-                namespace,
-                documents = n,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "indexed documents by tenant"
-            );
-        }
-        Ok(n)
+        on_backend!(self, s => s.index_docs(namespace, tenant_of).await)
     }
 
     /// A page of `tenant`'s documents of `namespace` past `cursor` (a key
@@ -1163,11 +422,7 @@ impl Store {
         limit: usize,
         newest_first: bool,
     ) -> Result<Page<(String, Value)>, StoreError> {
-        let (ns, tenant) = (namespace.to_string(), tenant.to_string());
-        self.read(move |db| {
-            listing::docs_page(db, &ns, &tenant, cursor.as_deref(), limit, newest_first)
-        })
-        .await
+        on_backend!(self, s => s.docs_of(namespace, tenant, cursor, limit, newest_first).await)
     }
 
     pub async fn delete_doc(
@@ -1176,11 +431,7 @@ impl Store {
         key: &str,
         durable: bool,
     ) -> Result<(), StoreError> {
-        let op = WriteOp::DeleteDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-        };
-        self.write(vec![op], durable).await
+        on_backend!(self, s => s.delete_doc(namespace, key, durable).await)
     }
 
     /// Moves a document to another namespace with a new value, atomically
@@ -1194,784 +445,127 @@ impl Store {
         to_value: Value,
         durable: bool,
     ) -> Result<Option<Value>, StoreError> {
-        let moved = Arc::new(Mutex::new(None));
-        let op = WriteOp::MoveDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-            to_namespace: to_namespace.into(),
-            to_value,
-            moved: moved.clone(),
-        };
-        self.write(vec![op], durable).await?;
-        let taken = moved.lock().expect("move slot").take();
-        Ok(taken)
+        on_backend!(self, s => s.move_doc(namespace, key, to_namespace, to_value, durable).await)
     }
 
     pub async fn record_count(&self) -> Result<u64, StoreError> {
-        self.read(|db| Ok(db.begin_read()?.open_table(TOOL_CALLS)?.len()?))
-            .await
+        on_backend!(self, s => s.record_count().await)
     }
 
-    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
-    {
-        let db = self.db.current();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(|_| StoreError::WriterGone)?
-    }
-}
-
-fn init_schema(db: &Database) -> Result<(), StoreError> {
-    let txn = db.begin_write()?;
-    {
-        let mut meta = txn.open_table(META)?;
-        let found = meta.get("schema_version")?.map(|v| v.value());
-        match found {
-            Some(1) => {
-                let started = Instant::now();
-                let (sessions, calls) = listing::migrate_v1(&txn)?;
-                meta.insert("schema_version", SCHEMA_VERSION)?;
-                tracing::info!(
-                    sessions,
-                    calls,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "store migrated to schema 2: sessions and calls indexed by tenant"
-                );
-            }
-            Some(v) if v != SCHEMA_VERSION => {
-                return Err(StoreError::SchemaMismatch {
-                    found: v,
-                    expected: SCHEMA_VERSION,
-                });
-            }
-            Some(_) => {}
-            None => {
-                meta.insert("schema_version", SCHEMA_VERSION)?;
-            }
-        }
-        // Create every table so read transactions never meet a missing one.
-        txn.open_table(SESSIONS)?;
-        txn.open_table(MESSAGES)?;
-        txn.open_table(SUMMARIES)?;
-        txn.open_table(TOOL_CALLS)?;
-        txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
-        txn.open_table(TOOL_CALLS_BY_TOOL)?;
-        txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
-        txn.open_table(TOOL_STATS)?;
-        txn.open_table(DOCS)?;
-        txn.open_table(SESSION_USAGE)?;
-        txn.open_table(TENANT_USAGE)?;
-        txn.open_table(SESSIONS_BY_TENANT)?;
-        txn.open_table(TOOL_CALLS_BY_TENANT)?;
-        txn.open_table(DOCS_BY_TENANT)?;
-        txn.open_table(DOC_TENANTS)?;
-        txn.open_table(DOCS_BY_SESSION)?;
-        txn.open_table(DOC_SESSIONS)?;
-        txn.open_table(TURNS)?;
-        txn.open_table(OPEN_TURNS)?;
-        txn.open_table(TURN_KEYS)?;
-        txn.open_table(IDEMPOTENCY)?;
-    }
-    txn.commit()?;
-    Ok(())
-}
-
-/// The writer thread's state: the slot it swaps and the file it reopens.
-struct Writer {
-    slot: Arc<Slot>,
-    /// `None` for an in-memory store (nothing to reopen).
-    path: Option<PathBuf>,
-    last_attempt: Option<Instant>,
-    /// Told what every batch wrote, and emptied when the file is reopened.
-    cache: Arc<cache::ReadCache>,
-    /// Sessions erased by committed batches: later writes under them are dropped.
-    erased: erase::ErasedIds,
-}
-
-impl Writer {
-    /// Writes sent behind are held (up to [`HOLD_BEHIND`]) until a write
-    /// someone waits for comes, and go into its commit: a turn's steps and
-    /// call records then share the turn's one commit instead of paying one
-    /// each. Order is kept: held writes come first in the batch.
-    fn run(mut self, rx: std_mpsc::Receiver<WriteRequest>, latency: &crate::metrics::Histogram) {
-        let mut held: Vec<WriteRequest> = Vec::new();
-        let mut held_since: Option<Instant> = None;
-        let mut closing = false;
-        while !closing {
-            let outage = self.slot.outage().is_some();
-            let hold_left = held_since.map(|t| HOLD_BEHIND.saturating_sub(t.elapsed()));
-            let wait = match (outage, hold_left) {
-                (true, Some(left)) => Some(left.min(REOPEN_EVERY)),
-                (true, None) => Some(REOPEN_EVERY),
-                (false, left) => left,
-            };
-            let first = match wait {
-                Some(wait) => match rx.recv_timeout(wait) {
-                    Ok(req) => Some(req),
-                    Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                        closing = true;
-                        None
-                    }
-                },
-                None => match rx.recv() {
-                    Ok(req) => Some(req),
-                    Err(_) => {
-                        closing = true;
-                        None
-                    }
-                },
-            };
-            if self.slot.outage().is_some() {
-                self.try_reopen();
-            }
-            let mut batch = std::mem::take(&mut held);
-            batch.extend(first);
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(req) => batch.push(req),
-                    Err(_) => break,
-                }
-            }
-            if batch.is_empty() {
-                continue;
-            }
-            let may_hold = !closing
-                && batch.len() < MAX_BATCH
-                && batch.iter().all(|r| r.behind)
-                && held_since.is_none_or(|t| t.elapsed() < HOLD_BEHIND);
-            if may_hold {
-                held = batch;
-                held_since.get_or_insert_with(Instant::now);
-                continue;
-            }
-            held_since = None;
-            if let Some((since, reason)) = self.slot.outage() {
-                let refusal = Arc::new(StoreError::Unavailable { since, reason });
-                for req in batch {
-                    let _ = req.done.send(Err(refusal.clone()));
-                }
-                continue;
-            }
-            let (batch, refused): (Vec<_>, Vec<_>) = batch
-                .into_iter()
-                .partition(|r| r.ops.is_empty() || !self.slot.closed.load(Ordering::Acquire));
-            for req in refused {
-                let _ = req.done.send(Err(Arc::new(StoreError::Closed)));
-            }
-            let now = self.slot.generation.load(Ordering::Acquire);
-            let (batch, stale): (Vec<_>, Vec<_>) = batch
-                .into_iter()
-                .partition(|r| r.generation.is_none_or(|g| g == now));
-            for req in stale {
-                let loaded = req.generation.unwrap_or(now);
-                let _ = req
-                    .done
-                    .send(Err(Arc::new(StoreError::Reopened { loaded, now })));
-            }
-            if batch.is_empty() {
-                continue;
-            }
-            let durable = batch.iter().any(|r| r.durable);
-            let started = Instant::now();
-            let db = self.slot.current();
-            let result = commit_batch(&db, &batch, durable, &self.erased).map_err(|e| {
-                tracing::error!(error = %e, requests = batch.len(), "store commit failed");
-                Arc::new(e)
-            });
-            drop(db);
-            latency.observe(started.elapsed());
-            let result = match result {
-                Err(e) if is_io(&e) => Err(self.enter_outage(&e)),
-                other => other,
-            };
-            if result.is_ok() {
-                for op in batch.iter().flat_map(|r| r.ops.iter()) {
-                    if let WriteOp::DeleteSession { session_id, erased } = op
-                        && erased.lock().expect("erase slot").is_some()
-                    {
-                        self.erased.remember(session_id.clone());
-                    }
-                }
-            }
-            self.cache
-                .invalidate(batch.iter().flat_map(|r| r.ops.iter()));
-            for req in batch {
-                let _ = req.done.send(result.clone());
-            }
-        }
+    /// The record of turn `turn_id` of session `session_id`.
+    pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Option<Value>, StoreError> {
+        on_backend!(self, s => s.turn(session_id, turn_id).await)
     }
 
-    /// Swaps the failed database for a read view; the refusal to send.
-    fn enter_outage(&mut self, cause: &StoreError) -> Arc<StoreError> {
-        let since = Timestamp::now();
-        let reason: Arc<str> = cause.to_string().into();
-        let refusal = Arc::new(StoreError::Unavailable {
-            since,
-            reason: reason.clone(),
-        });
-        let Some(path) = &self.path else {
-            return refusal;
-        };
-        tracing::error!(error = %cause, "storage is not writable; serving reads only until it is");
-        // Unsynced non-durable commits die with the failed database, and
-        // with them whatever the read cache learned of them.
-        self.slot.generation.fetch_add(1, Ordering::AcqRel);
-        self.cache.clear();
-        self.slot.set_outage(Some((since, reason)));
-        self.last_attempt = Some(Instant::now());
-        let view = read_view::ReadView::open(path)
-            .map_err(|e| e.to_string())
-            .and_then(|v| {
-                Database::builder()
-                    .create_with_backend(v)
-                    .map_err(|e| e.to_string())
-            });
-        let view = view.or_else(|e| {
-            tracing::error!(error = %e, "cannot open a read view; reads fail too");
-            // Something must replace the failed database: it holds the
-            // file's lock until dropped, and the reopen needs it.
-            Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())
-        });
-        if let Ok(view) = view {
-            drop(self.slot.replace(view));
-        }
-        refusal
+    /// The turn a message with `key` started in the session, if any.
+    pub async fn turn_by_key(
+        &self,
+        session_id: &str,
+        key: &str,
+    ) -> Result<Option<String>, StoreError> {
+        on_backend!(self, s => s.turn_by_key(session_id, key).await)
     }
 
-    /// Reopens the file for writing, at most every [`REOPEN_EVERY`].
-    fn try_reopen(&mut self) {
-        let Some(path) = &self.path else { return };
-        if self
-            .last_attempt
-            .is_some_and(|t| t.elapsed() < REOPEN_EVERY)
-        {
-            return;
-        }
-        self.last_attempt = Some(Instant::now());
-        match Database::create(path) {
-            Ok(db) => {
-                drop(self.slot.replace(db));
-                self.slot.set_outage(None);
-                tracing::info!("storage is writable again");
-            }
-            Err(e) => tracing::debug!(error = %e, "storage still not writable"),
-        }
-    }
-}
-
-/// An error after which redb refuses everything until reopened.
-fn is_io(e: &StoreError) -> bool {
-    matches!(
-        e,
-        StoreError::Redb(redb::Error::Io(_) | redb::Error::PreviousIo)
-    )
-}
-
-fn commit_batch(
-    db: &Database,
-    batch: &[WriteRequest],
-    durable: bool,
-    erased_ids: &erase::ErasedIds,
-) -> Result<(), StoreError> {
-    let mut txn = db.begin_write()?;
-    txn.set_durability(if durable {
-        Durability::Immediate
-    } else {
-        Durability::None
-    })?;
-    {
-        let mut sessions = txn.open_table(SESSIONS)?;
-        let mut messages = txn.open_table(MESSAGES)?;
-        let mut calls = txn.open_table(TOOL_CALLS)?;
-        let mut by_conv = txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
-        let mut by_tool = txn.open_table(TOOL_CALLS_BY_TOOL)?;
-        let mut by_workflow = txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
-        let mut stats = txn.open_table(TOOL_STATS)?;
-        let mut docs = txn.open_table(DOCS)?;
-        let mut summaries = txn.open_table(SUMMARIES)?;
-        let mut session_usage = txn.open_table(SESSION_USAGE)?;
-        let mut tenant_usage = txn.open_table(TENANT_USAGE)?;
-        let mut sessions_by_tenant = txn.open_table(SESSIONS_BY_TENANT)?;
-        let mut calls_by_tenant = txn.open_table(TOOL_CALLS_BY_TENANT)?;
-        let mut docs_by_tenant = txn.open_table(DOCS_BY_TENANT)?;
-        let mut doc_tenants = txn.open_table(DOC_TENANTS)?;
-        let mut docs_by_session = txn.open_table(DOCS_BY_SESSION)?;
-        let mut doc_sessions = txn.open_table(DOC_SESSIONS)?;
-        let mut turn_rows = txn.open_table(TURNS)?;
-        let mut open_turns = txn.open_table(OPEN_TURNS)?;
-        let mut turn_keys = txn.open_table(TURN_KEYS)?;
-        let mut meta = txn.open_table(META)?;
-        let mut idempotency = txn.open_table(IDEMPOTENCY)?;
-        // Erased by this batch: a later op of the batch is late too.
-        let mut erased_now = erase::ErasedIds::default();
-        for op in batch.iter().flat_map(|r| r.ops.iter()) {
-            if erased_ids.drops(op) || erased_now.drops(op) {
-                tracing::debug!("a write under an erased session was dropped");
-                continue;
-            }
-            match op {
-                WriteOp::Fence { .. } => {}
-                WriteOp::PutSession(s) => {
-                    sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
-                    listing::index_session(&mut sessions_by_tenant, s)?;
-                }
-                WriteOp::AppendMessages {
-                    session_id,
-                    messages: msgs,
-                } => {
-                    for m in msgs {
-                        messages.insert(
-                            (session_id.as_str(), m.seq),
-                            serde_json::to_vec(m)?.as_slice(),
-                        )?;
-                    }
-                }
-                WriteOp::RecordToolCall(rec) => {
-                    let id = rec.record_id.as_str();
-                    calls.insert(id, serde_json::to_vec(rec)?.as_slice())?;
-                    listing::index_call(&mut calls_by_tenant, rec)?;
-                    if let Some(conv) = &rec.conversation_id {
-                        by_conv.insert((conv.as_str(), id), ())?;
-                    }
-                    by_tool.insert((rec.tool_name.as_str(), id), ())?;
-                    if let Some(wf) = &rec.workflow_id {
-                        by_workflow.insert((wf.as_str(), id), ())?;
-                    }
-                    // Calls to tools that do not exist are recorded but not
-                    // counted per tool: their names are anyone's text.
-                    if rec.error_type.as_deref() == Some("tool_not_found") {
-                        continue;
-                    }
-                    let mut s: ToolStats = match stats.get(rec.tool_name.as_str())? {
-                        Some(v) => serde_json::from_slice(v.value())?,
-                        None => ToolStats::default(),
-                    };
-                    s.total_calls += 1;
-                    if rec.is_success {
-                        s.successful_calls += 1;
-                    } else {
-                        s.failed_calls += 1;
-                    }
-                    s.total_execution_time_ms += rec.execution_time_ms;
-                    stats.insert(rec.tool_name.as_str(), serde_json::to_vec(&s)?.as_slice())?;
-                }
-                WriteOp::PutDoc {
-                    namespace,
-                    key,
-                    value,
-                    tenant,
-                } => {
-                    docs.insert(
-                        (namespace.as_str(), key.as_str()),
-                        serde_json::to_vec(value)?.as_slice(),
-                    )?;
-                    if let Some(tenant) = tenant {
-                        listing::index_doc(
-                            &mut docs_by_tenant,
-                            &mut doc_tenants,
-                            namespace,
-                            key,
-                            tenant,
-                        )?;
-                    }
-                }
-                WriteOp::DeleteDoc { namespace, key } => {
-                    docs.remove((namespace.as_str(), key.as_str()))?;
-                    listing::unindex_doc(&mut docs_by_tenant, &mut doc_tenants, namespace, key)?;
-                    erase::unlink_doc(&mut docs_by_session, &mut doc_sessions, namespace, key)?;
-                }
-                WriteOp::MoveDoc {
-                    namespace,
-                    key,
-                    to_namespace,
-                    to_value,
-                    moved,
-                } => {
-                    let old = match docs.remove((namespace.as_str(), key.as_str()))? {
-                        Some(v) => Some(serde_json::from_slice::<Value>(v.value())?),
-                        None => None,
-                    };
-                    if old.is_some() {
-                        listing::unindex_doc(
-                            &mut docs_by_tenant,
-                            &mut doc_tenants,
-                            namespace,
-                            key,
-                        )?;
-                        docs.insert(
-                            (to_namespace.as_str(), key.as_str()),
-                            serde_json::to_vec(to_value)?.as_slice(),
-                        )?;
-                        let linked = erase::unlink_doc(
-                            &mut docs_by_session,
-                            &mut doc_sessions,
-                            namespace,
-                            key,
-                        )?;
-                        if let Some(session) = linked {
-                            erase::link_doc(
-                                &mut docs_by_session,
-                                &mut doc_sessions,
-                                to_namespace,
-                                key,
-                                &session,
-                            )?;
-                        }
-                    }
-                    // Assigned, not set once: a batch retried after a failed
-                    // commit reports what its own transaction found.
-                    *moved.lock().expect("move slot") = old;
-                }
-                WriteOp::PutSummary {
-                    session_id,
-                    summary,
-                } => {
-                    summaries
-                        .insert(session_id.as_str(), serde_json::to_vec(summary)?.as_slice())?;
-                }
-                WriteOp::RecordUsage(delta) => {
-                    match &delta.session_id {
-                        // The tenant's totals count it; the session is gone.
-                        Some(id) if erased_ids.contains(id) || erased_now.contains(id) => {
-                            let tenant_only = UsageDelta {
-                                session_id: None,
-                                tenant: delta.tenant.clone(),
-                                agent: delta.agent.clone(),
-                                day: delta.day,
-                                usage: delta.usage,
-                            };
-                            usage::apply(&mut session_usage, &mut tenant_usage, &tenant_only)?;
-                        }
-                        _ => usage::apply(&mut session_usage, &mut tenant_usage, delta)?,
-                    }
-                }
-                WriteOp::DeleteSession { session_id, erased } => {
-                    let mut tables = erase::EraseTables {
-                        sessions: &mut sessions,
-                        sessions_by_tenant: &mut sessions_by_tenant,
-                        messages: &mut messages,
-                        summaries: &mut summaries,
-                        session_usage: &mut session_usage,
-                        calls: &mut calls,
-                        by_conv: &mut by_conv,
-                        by_tool: &mut by_tool,
-                        by_workflow: &mut by_workflow,
-                        calls_by_tenant: &mut calls_by_tenant,
-                        docs: &mut docs,
-                        docs_by_tenant: &mut docs_by_tenant,
-                        doc_tenants: &mut doc_tenants,
-                        docs_by_session: &mut docs_by_session,
-                        doc_sessions: &mut doc_sessions,
-                        turns: turns::TurnTables {
-                            turns: &mut turn_rows,
-                            open: &mut open_turns,
-                            keys: &mut turn_keys,
-                        },
-                    };
-                    let found = erase::delete_session(&mut tables, session_id)?;
-                    if found.is_some() {
-                        erased_now.remember(session_id.clone());
-                    }
-                    // Assigned, not set once (see MoveDoc).
-                    *erased.lock().expect("erase slot") = found;
-                }
-                WriteOp::PutTurn(w) => {
-                    let mut t = turns::TurnTables {
-                        turns: &mut turn_rows,
-                        open: &mut open_turns,
-                        keys: &mut turn_keys,
-                    };
-                    turns::put(&mut t, w)?;
-                }
-                WriteOp::MarkRolledBack { session_id, seqs } => {
-                    for seq in seqs {
-                        let key = (session_id.as_str(), *seq);
-                        let found = messages
-                            .get(key)?
-                            .map(|v| serde_json::from_slice::<StoredMessage>(v.value()))
-                            .transpose()?;
-                        if let Some(mut m) = found {
-                            m.rolled_back = true;
-                            messages.insert(key, serde_json::to_vec(&m)?.as_slice())?;
-                        }
-                    }
-                }
-                WriteOp::LinkDoc {
-                    namespace,
-                    key,
-                    session_id,
-                } => {
-                    erase::link_doc(
-                        &mut docs_by_session,
-                        &mut doc_sessions,
-                        namespace,
-                        key,
-                        session_id,
-                    )?;
-                }
-                WriteOp::IndexDocs {
-                    namespace,
-                    tenant_of,
-                    indexed,
-                } => {
-                    let n = listing::index_namespace(
-                        &docs,
-                        &mut docs_by_tenant,
-                        &mut doc_tenants,
-                        &mut meta,
-                        namespace,
-                        *tenant_of,
-                    )?;
-                    *indexed.lock().expect("index slot") = n;
-                }
-                WriteOp::PutIdempotency { .. } | WriteOp::DeleteIdempotency { .. } => {
-                    idempotency::apply(&mut idempotency, op)?;
-                }
-            }
-        }
-    }
-    txn.commit()?;
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::ChatMessage;
-
-    fn msg(seq: u64, text: &str) -> StoredMessage {
-        StoredMessage {
-            seq,
-            message: ChatMessage::user(text),
-            created_at: Timestamp::now(),
-            rolled_back: false,
-        }
+    /// The last turn of a session that is not final (at most one runs).
+    pub async fn open_turn_of(&self, session_id: &str) -> Result<Option<Value>, StoreError> {
+        on_backend!(self, s => s.open_turn_of(session_id).await)
     }
 
-    #[tokio::test]
-    async fn messages_come_back_in_order_per_session_and_survive_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = Store::open(dir.path()).unwrap();
-            store
-                .write(
-                    vec![
-                        WriteOp::AppendMessages {
-                            session_id: "a".into(),
-                            messages: vec![msg(1, "one"), msg(2, "two")],
-                        },
-                        WriteOp::AppendMessages {
-                            session_id: "b".into(),
-                            messages: vec![msg(1, "other")],
-                        },
-                    ],
-                    false,
-                )
-                .await
-                .unwrap();
-            store.flush().await.unwrap();
-            let (recent, last) = store.recent_messages("a", 1).await.unwrap();
-            assert_eq!(last, 2);
-            assert_eq!(recent[0].message.content.as_deref(), Some("two"));
-        }
-        // Dropping the last clone closed the file: it reopens at once.
-        let store = Store::open(dir.path()).unwrap();
-        let all = store.messages("a").await.unwrap();
-        let texts: Vec<_> = all
-            .iter()
-            .map(|m| m.message.content.clone().unwrap())
-            .collect();
-        assert_eq!(texts, ["one", "two"]);
-        assert_eq!(store.message_count("b").await.unwrap(), 1);
-        assert_eq!(store.message_count("missing").await.unwrap(), 0);
+    /// A page of a session's turn records after turn id `after`, oldest
+    /// first; `next` is the last id of a full page.
+    pub async fn turns_of(
+        &self,
+        session_id: &str,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Page<Value>, StoreError> {
+        on_backend!(self, s => s.turns_of(session_id, after, limit).await)
     }
 
-    #[tokio::test]
-    async fn cached_reads_see_every_acknowledged_write() {
-        let store = Store::open_in_memory().unwrap();
-        let mut session = Session {
-            id: "s".into(),
-            tenant: "t".into(),
-            agent: "a".into(),
-            user_id: None,
-            plan: Plan::Free,
-            metadata: serde_json::json!({"v": 1}),
-            created_at: Timestamp::now(),
-        };
-        assert_eq!(store.get_session("s").await.unwrap(), None);
-        store
-            .write(vec![WriteOp::PutSession(session.clone())], false)
-            .await
-            .unwrap();
-        assert_eq!(
-            store.get_session("s").await.unwrap().unwrap().metadata["v"],
-            1
-        );
-        session.metadata["v"] = 2.into();
-        store
-            .write(vec![WriteOp::PutSession(session.clone())], false)
-            .await
-            .unwrap();
-        assert_eq!(
-            store.get_session("s").await.unwrap().unwrap().metadata["v"],
-            2
-        );
-
-        assert_eq!(
-            store.get_doc("ns", "k").await.unwrap(),
-            None,
-            "absent, cached"
-        );
-        store.put_doc("ns", "k", 1.into(), false).await.unwrap();
-        assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(1.into()));
-        store.delete_doc("ns", "k", false).await.unwrap();
-        assert_eq!(store.get_doc("ns", "k").await.unwrap(), None);
+    /// Every `(session, turn)` whose record is not final, oldest session
+    /// first: the turns a crash cut.
+    pub async fn open_turns(&self) -> Result<Vec<(String, String)>, StoreError> {
+        on_backend!(self, s => s.open_turns().await)
     }
 
-    #[tokio::test]
-    async fn a_read_that_raced_a_write_does_not_cache_the_old_value() {
-        let store = Store::open_in_memory().unwrap();
-        let cache = &store.inner.cache;
-        store.put_doc("ns", "k", 1.into(), false).await.unwrap();
-        // A reader took the generation and read 1; a write of 2 commits
-        // before the reader puts what it read.
-        let seen = cache.generation();
-        store.put_doc("ns", "k", 2.into(), false).await.unwrap();
-        cache.put_doc(seen, "ns", "k", &Some(1.into()));
-        assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(2.into()));
+    /// Every model call of a session, added up.
+    pub async fn session_usage(&self, session_id: &str) -> Result<TokenUsage, StoreError> {
+        on_backend!(self, s => s.session_usage(session_id).await)
     }
 
-    #[tokio::test]
-    async fn writes_under_an_erased_session_are_dropped() {
-        let store = Store::open_in_memory().unwrap();
-        let session = Session {
-            id: "s".into(),
-            tenant: "t".into(),
-            agent: "a".into(),
-            user_id: None,
-            plan: Plan::Free,
-            metadata: Value::Null,
-            created_at: Timestamp::now(),
-        };
-        let append = |seq: u64| WriteOp::AppendMessages {
-            session_id: "s".into(),
-            messages: vec![msg(seq, "hi")],
-        };
-        let put = WriteOp::PutSession(session.clone());
-        store.write(vec![put, append(1)], false).await.unwrap();
-        assert_eq!(store.erase_session("s").await.unwrap().unwrap().messages, 1);
-        assert_eq!(store.erase_session("s").await.unwrap(), None);
-
-        // What a late writer sends (an approved call, an operator's
-        // assignment, a turn's step) stores nothing under the id.
-        let record = ToolCallRecord {
-            record_id: "r".into(),
-            tool_name: "echo".into(),
-            tool_call_id: None,
-            params: Value::Null,
-            output: None,
-            is_success: true,
-            error: None,
-            error_type: None,
-            execution_time_ms: 1,
-            attempts: 1,
-            caller_id: "s".into(),
-            caller_type: "conversation_agent".into(),
-            conversation_id: Some("s".into()),
-            workflow_id: None,
-            user_id: None,
-            tenant: Some("t".into()),
-            created_at: Timestamp::now(),
-            source_id: None,
-            turn_id: None,
-        };
-        let usage = WriteOp::RecordUsage(UsageDelta {
-            session_id: Some("s".into()),
-            tenant: "t".into(),
-            agent: "a".into(),
-            day: usage::day_of(Timestamp::now()),
-            usage: TokenUsage::call(3, 4),
-        });
-        let ops = vec![
-            WriteOp::PutSession(session),
-            append(2),
-            WriteOp::RecordToolCall(Box::new(record)),
-            usage,
-        ];
-        store.write(ops, false).await.unwrap();
-        assert_eq!(store.get_session("s").await.unwrap(), None);
-        assert_eq!(store.message_count("s").await.unwrap(), 0);
-        assert_eq!(store.record_count().await.unwrap(), 0);
-        assert!(store.session_usage("s").await.unwrap().is_empty());
-        // The tenant's totals still count the tokens.
-        let day = usage::day_of(Timestamp::now());
-        assert_eq!(
-            store
-                .tenant_usage("t", day, day)
-                .await
-                .unwrap()
-                .total_tokens,
-            7
-        );
-
-        // A late write in the very batch of the erase, after it.
-        let other = Session {
-            id: "u".into(),
-            tenant: "t".into(),
-            agent: "a".into(),
-            user_id: None,
-            plan: Plan::Free,
-            metadata: Value::Null,
-            created_at: Timestamp::now(),
-        };
-        store
-            .write(vec![WriteOp::PutSession(other)], false)
-            .await
-            .unwrap();
-        let erased = Arc::new(Mutex::new(None));
-        let ops = vec![
-            WriteOp::DeleteSession {
-                session_id: "u".into(),
-                erased: erased.clone(),
-            },
-            WriteOp::AppendMessages {
-                session_id: "u".into(),
-                messages: vec![msg(1, "late")],
-            },
-        ];
-        store.write(ops, false).await.unwrap();
-        assert!(erased.lock().unwrap().is_some());
-        assert_eq!(store.message_count("u").await.unwrap(), 0);
+    /// The rows of days `from..=to`, of one tenant or (`None`) of every
+    /// tenant, by tenant, day and agent. Every tenant's rows are read by
+    /// seeking from one tenant's range to the next, so rows outside the
+    /// days are never scanned.
+    pub async fn usage_rows(
+        &self,
+        tenant: Option<&str>,
+        from: Date,
+        to: Date,
+    ) -> Result<Vec<UsageRow>, StoreError> {
+        on_backend!(self, s => s.usage_rows(tenant, from, to).await)
     }
 
-    #[tokio::test]
-    async fn writes_sent_behind_land_before_a_later_write_and_alone_within_the_hold() {
-        let store = Store::open_in_memory().unwrap();
-        let append = |seq: u64, text: &str| WriteOp::AppendMessages {
-            session_id: "s".into(),
-            messages: vec![msg(seq, text)],
-        };
-        store.write_behind(vec![append(1, "one")]);
-        store.write_behind(vec![append(2, "two")]);
-        store.write(vec![append(3, "three")], true).await.unwrap();
-        assert_eq!(
-            store.message_count("s").await.unwrap(),
-            3,
-            "in the same commit"
-        );
+    /// One tenant's usage over days `from..=to`, added up.
+    pub async fn tenant_usage(
+        &self,
+        tenant: &str,
+        from: Date,
+        to: Date,
+    ) -> Result<TokenUsage, StoreError> {
+        on_backend!(self, s => s.tenant_usage(tenant, from, to).await)
+    }
 
-        store.write_behind(vec![append(4, "four")]);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while store.message_count("s").await.unwrap() < 4 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never committed alone"
-            );
-            tokio::time::sleep(HOLD_BEHIND / 5).await;
-        }
+    /// The stored outcome of `key` of `tenant`, if any.
+    pub async fn idempotency_record(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        on_backend!(self, s => s.idempotency_record(tenant, key).await)
+    }
+
+    /// Stores `record` under `key` of `tenant` (replacing any), on disk
+    /// before this returns.
+    pub async fn put_idempotency(
+        &self,
+        tenant: &str,
+        key: &str,
+        record: &IdempotencyRecord,
+    ) -> Result<(), StoreError> {
+        on_backend!(self, s => s.put_idempotency(tenant, key, record).await)
+    }
+
+    /// Deletes every record stored before `before`; returns how many went.
+    pub async fn sweep_idempotency(&self, before: Timestamp) -> Result<u64, StoreError> {
+        on_backend!(self, s => s.sweep_idempotency(before).await)
+    }
+
+    /// Makes this node the session's writer and returns the epoch its
+    /// writes must carry ([`WriteOp::Fence`]); [`StoreError::OwnedElsewhere`]
+    /// while another live node owns it ([`owners`] has the rule).
+    pub async fn claim_session(&self, id: &str) -> Result<Claim, StoreError> {
+        on_backend!(self, s => s.claim_session(id).await)
+    }
+
+    /// Gives the session up (its actor went idle): the next claim, by any
+    /// node, takes it without waiting for this node's heartbeat to go stale.
+    pub async fn release_session(&self, id: &str, epoch: u64) -> Result<(), StoreError> {
+        on_backend!(self, s => s.release_session(id, epoch).await)
+    }
+
+    /// Tells the other nodes this one is alive (and where it answers).
+    pub async fn heartbeat(&self) -> Result<(), StoreError> {
+        on_backend!(self, s => s.heartbeat().await)
+    }
+
+    /// The nodes that ever heartbeat, with whether each is alive now.
+    pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        on_backend!(self, s => s.nodes().await)
+    }
+
+    /// This node's id in a cluster (`None` for the embedded backend).
+    pub fn node_id(&self) -> Option<&str> {
+        on_backend!(self, s => s.node_id())
     }
 }

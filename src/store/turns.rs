@@ -15,7 +15,7 @@ use redb::{ReadableDatabase, ReadableTable, Table};
 use serde_json::Value;
 
 use super::tables::*;
-use super::{Store, StoreError};
+use super::{RedbStore, StoreError};
 
 /// One turn's record to store.
 #[derive(Debug, Clone)]
@@ -66,7 +66,7 @@ pub(super) fn erase(t: &mut TurnTables<'_, '_>, id: &str) -> Result<u64, StoreEr
     Ok(n)
 }
 
-impl Store {
+impl RedbStore {
     /// The record of turn `turn_id` of session `session_id`.
     pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Option<Value>, StoreError> {
         let (s, t) = (session_id.to_string(), turn_id.to_string());

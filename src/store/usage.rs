@@ -18,7 +18,7 @@ use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 use super::tables::{SESSION_USAGE, TENANT_USAGE};
-use super::{Store, StoreError};
+use super::{RedbStore, StoreError};
 
 /// Counters of model calls. `total_tokens` is always prompt + completion.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,7 +113,7 @@ pub(super) fn apply(
     Ok(())
 }
 
-impl Store {
+impl RedbStore {
     /// Every model call of a session, added up.
     pub async fn session_usage(&self, session_id: &str) -> Result<TokenUsage, StoreError> {
         let id = session_id.to_string();
@@ -201,6 +201,7 @@ fn corrupt_day(day: &str) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
     use crate::store::WriteOp;
     use jiff::civil::date;
 

@@ -62,7 +62,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{StoreError, StoreHealth, WriteOp};
-pub use ownership::{Claim, NodeIdentity, NodeRow};
+pub use ownership::NodeIdentity;
 
 /// Longest a caller waits for a pooled connection, or for a new one.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -259,6 +259,16 @@ impl PgStore {
     /// The node this store writes as.
     pub fn node(&self) -> &NodeIdentity {
         &self.shared.node
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> Option<&str> {
+        Some(&self.shared.node.id)
+    }
+
+    /// No file: an empty path (what the facade's `path` gives for PostgreSQL).
+    pub fn path(&self) -> &std::path::Path {
+        std::path::Path::new("")
     }
 
     /// How long the writer's commits take (each may carry many callers' writes).

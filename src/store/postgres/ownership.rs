@@ -19,7 +19,7 @@
 use jiff::Timestamp;
 
 use super::PgStore;
-use crate::store::StoreError;
+use crate::store::{Claim, NodeRow, StoreError};
 
 /// Who this node is to the others.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,24 +27,6 @@ pub struct NodeIdentity {
     pub id: String,
     /// Where other nodes (or the balancer) reach it, if it says.
     pub addr: Option<String>,
-}
-
-/// This node owns the session at `epoch`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claim {
-    pub epoch: u64,
-    /// The dead node it was taken from.
-    pub took_over_from: Option<String>,
-}
-
-/// A node as the `nodes` table has it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeRow {
-    pub id: String,
-    pub addr: Option<String>,
-    pub heartbeat_at: Timestamp,
-    /// Its heartbeat is within the stale time (by the database's clock).
-    pub alive: bool,
 }
 
 fn stale_secs(store: &PgStore) -> f64 {

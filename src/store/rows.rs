@@ -1,0 +1,206 @@
+//! What the store keeps, as Rust values: the rows both backends read and
+//! write, and the write operations ([`WriteOp`]) callers send.
+//!
+//! conversation / executor / http ──WriteOp──▶ Store ──▶ backend; backend ──rows──▶ readers
+
+use std::sync::{Arc, Mutex};
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{Erased, turns, usage::UsageDelta};
+use crate::identity::Plan;
+use crate::model::ChatMessage;
+
+/// A chat session: who it belongs to and which agent serves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    pub id: String,
+    /// The tenant that owns the session; others see a 404.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
+    pub agent: String,
+    #[serde(default)]
+    pub user_id: Option<String>,
+    #[serde(default)]
+    pub plan: Plan,
+    #[serde(default)]
+    pub metadata: Value,
+    pub created_at: Timestamp,
+}
+
+fn default_tenant() -> String {
+    crate::identity::DEFAULT_TENANT.to_string()
+}
+
+/// A message as stored: its place in the session and when it was written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredMessage {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub message: ChatMessage,
+    pub created_at: Timestamp,
+    /// Part of a turn rolled back (`multitask = "rollback"`): kept here and
+    /// in exports, left out of every later prompt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rolled_back: bool,
+}
+
+/// One tool call from any caller, with its outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallRecord {
+    pub record_id: String,
+    pub tool_name: String,
+    /// The model's tool_call_id, when a conversation made the call.
+    pub tool_call_id: Option<String>,
+    pub params: Value,
+    pub output: Option<Value>,
+    pub is_success: bool,
+    pub error: Option<String>,
+    pub error_type: Option<String>,
+    pub execution_time_ms: u64,
+    pub attempts: u32,
+    pub caller_id: String,
+    pub caller_type: String,
+    pub conversation_id: Option<String>,
+    pub workflow_id: Option<String>,
+    pub user_id: Option<String>,
+    #[serde(default)]
+    pub tenant: Option<String>,
+    pub created_at: Timestamp,
+    /// The citable id of what the call returned, as the executor namespaced
+    /// it by the tool's source (`ToolSource::citable_source_id`); what
+    /// grounds a citation after a reload. Records from before it existed
+    /// have none and ground nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_id: Option<String>,
+    /// The conversation turn that made the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MessageStats {
+    pub count: u64,
+    pub user_messages: u64,
+    pub last_at: Option<Timestamp>,
+}
+
+/// Which call records to list.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallFilter {
+    pub conversation_id: Option<String>,
+    pub workflow_id: Option<String>,
+    pub tool: Option<String>,
+    /// Only this tenant's records.
+    pub tenant: Option<String>,
+    /// At most this many (0: all).
+    pub limit: usize,
+}
+
+/// Per-tool counters, kept in the transaction that adds each record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolStats {
+    pub total_calls: u64,
+    pub successful_calls: u64,
+    pub failed_calls: u64,
+    pub total_execution_time_ms: u64,
+}
+
+/// One change the writer applies.
+#[derive(Debug)]
+pub enum WriteOp {
+    /// The request this op is in is applied only while the session's epoch
+    /// is still `epoch`; else it is refused whole with
+    /// [`super::StoreError::Fenced`] ([`super::owners`]). A no-op for the
+    /// embedded backend.
+    Fence {
+        session_id: String,
+        epoch: u64,
+    },
+    PutSession(Session),
+    AppendMessages {
+        session_id: String,
+        messages: Vec<StoredMessage>,
+    },
+    RecordToolCall(Box<ToolCallRecord>),
+    /// With `tenant`, the document is listed under it ([`Store::docs_of`]);
+    /// without, its index row (if any) stays as it is.
+    PutDoc {
+        namespace: String,
+        key: String,
+        value: Value,
+        tenant: Option<String>,
+    },
+    DeleteDoc {
+        namespace: String,
+        key: String,
+    },
+    /// Moves a document atomically: if `(namespace, key)` exists it is
+    /// removed, `to_value` is written at `(to_namespace, key)` and the old
+    /// value lands in `moved`; if it does not exist nothing is written and
+    /// `moved` is `None`. All writes go through the one writer, so of two
+    /// moves of one key exactly one finds it ([`Store::move_doc`]).
+    MoveDoc {
+        namespace: String,
+        key: String,
+        to_namespace: String,
+        to_value: Value,
+        moved: Arc<Mutex<Option<Value>>>,
+    },
+    PutSummary {
+        session_id: String,
+        summary: StoredSummary,
+    },
+    /// Adds a model call's tokens to its session's and tenant's counters.
+    RecordUsage(UsageDelta),
+    /// Removes the session and everything stored under its id
+    /// ([`erase`]); `erased` gets what went (`None`: no such session).
+    DeleteSession {
+        session_id: String,
+        erased: Arc<Mutex<Option<Erased>>>,
+    },
+    /// Links a document to a session: erased with it, also after a
+    /// [`WriteOp::MoveDoc`]; a [`WriteOp::DeleteDoc`] drops the link.
+    LinkDoc {
+        namespace: String,
+        key: String,
+        session_id: String,
+    },
+    /// A turn's record ([`turns`]), in the batch of the step it records.
+    PutTurn(Box<turns::TurnWrite>),
+    /// Marks these messages of a session rolled back ([`StoredMessage::rolled_back`]).
+    MarkRolledBack {
+        session_id: String,
+        seqs: Vec<u64>,
+    },
+    /// Indexes by tenant, once, the documents of `namespace` written before
+    /// the index existed; `indexed` gets how many (`None`: done already).
+    IndexDocs {
+        namespace: String,
+        tenant_of: fn(&Value) -> Option<String>,
+        indexed: Arc<Mutex<Option<u64>>>,
+    },
+    /// Stores a keyed request's outcome ([`idempotency`]).
+    PutIdempotency {
+        tenant: String,
+        key: String,
+        stored_at_ms: u64,
+        record: Vec<u8>,
+    },
+    /// Deletes these (tenant, key) records if stored before `before_ms`.
+    DeleteIdempotency {
+        keys: Vec<(String, String)>,
+        before_ms: u64,
+    },
+}
+
+/// A session's rolling summary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredSummary {
+    pub text: String,
+    /// The last message seq the summary covers.
+    pub covers_until_seq: u64,
+    pub updated_at: Timestamp,
+}

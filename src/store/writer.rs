@@ -1,0 +1,483 @@
+//! The redb writer thread: group commit, write-behind, and the swap to a
+//! read-only view on a storage fault (the module doc of [`super`] says
+//! what each means for callers).
+//!
+//! RedbStore::write ──WriteRequest──▶ Writer::run ──commit_batch──▶ redb
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc as std_mpsc;
+use std::time::Instant;
+
+use jiff::Timestamp;
+use redb::{Database, Durability, ReadableTable};
+use serde_json::Value;
+
+use super::embedded::{Slot, WriteRequest};
+use super::tables::*;
+use super::*;
+
+/// The writer thread's state: the slot it swaps and the file it reopens.
+pub(super) struct Writer {
+    pub(super) slot: Arc<Slot>,
+    /// `None` for an in-memory store (nothing to reopen).
+    pub(super) path: Option<PathBuf>,
+    pub(super) last_attempt: Option<Instant>,
+    /// Told what every batch wrote, and emptied when the file is reopened.
+    pub(super) cache: Arc<cache::ReadCache>,
+    /// Sessions erased by committed batches: later writes under them are dropped.
+    pub(super) erased: erase::ErasedIds,
+}
+
+impl Writer {
+    /// Writes sent behind are held (up to [`HOLD_BEHIND`]) until a write
+    /// someone waits for comes, and go into its commit: a turn's steps and
+    /// call records then share the turn's one commit instead of paying one
+    /// each. Order is kept: held writes come first in the batch.
+    pub(super) fn run(
+        mut self,
+        rx: std_mpsc::Receiver<WriteRequest>,
+        latency: &crate::metrics::Histogram,
+    ) {
+        let mut held: Vec<WriteRequest> = Vec::new();
+        let mut held_since: Option<Instant> = None;
+        let mut closing = false;
+        while !closing {
+            let outage = self.slot.outage().is_some();
+            let hold_left = held_since.map(|t| HOLD_BEHIND.saturating_sub(t.elapsed()));
+            let wait = match (outage, hold_left) {
+                (true, Some(left)) => Some(left.min(REOPEN_EVERY)),
+                (true, None) => Some(REOPEN_EVERY),
+                (false, left) => left,
+            };
+            let first = match wait {
+                Some(wait) => match rx.recv_timeout(wait) {
+                    Ok(req) => Some(req),
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                        closing = true;
+                        None
+                    }
+                },
+                None => match rx.recv() {
+                    Ok(req) => Some(req),
+                    Err(_) => {
+                        closing = true;
+                        None
+                    }
+                },
+            };
+            if self.slot.outage().is_some() {
+                self.try_reopen();
+            }
+            let mut batch = std::mem::take(&mut held);
+            batch.extend(first);
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(req) => batch.push(req),
+                    Err(_) => break,
+                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let may_hold = !closing
+                && batch.len() < MAX_BATCH
+                && batch.iter().all(|r| r.behind)
+                && held_since.is_none_or(|t| t.elapsed() < HOLD_BEHIND);
+            if may_hold {
+                held = batch;
+                held_since.get_or_insert_with(Instant::now);
+                continue;
+            }
+            held_since = None;
+            if let Some((since, reason)) = self.slot.outage() {
+                let refusal = Arc::new(StoreError::Unavailable { since, reason });
+                for req in batch {
+                    let _ = req.done.send(Err(refusal.clone()));
+                }
+                continue;
+            }
+            let (batch, refused): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|r| r.ops.is_empty() || !self.slot.closed.load(Ordering::Acquire));
+            for req in refused {
+                let _ = req.done.send(Err(Arc::new(StoreError::Closed)));
+            }
+            let now = self.slot.generation.load(Ordering::Acquire);
+            let (batch, stale): (Vec<_>, Vec<_>) = batch
+                .into_iter()
+                .partition(|r| r.generation.is_none_or(|g| g == now));
+            for req in stale {
+                let loaded = req.generation.unwrap_or(now);
+                let _ = req
+                    .done
+                    .send(Err(Arc::new(StoreError::Reopened { loaded, now })));
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let durable = batch.iter().any(|r| r.durable);
+            let started = Instant::now();
+            let db = self.slot.current();
+            let result = commit_batch(&db, &batch, durable, &self.erased).map_err(|e| {
+                tracing::error!(error = %e, requests = batch.len(), "store commit failed");
+                Arc::new(e)
+            });
+            drop(db);
+            latency.observe(started.elapsed());
+            let result = match result {
+                Err(e) if is_io(&e) => Err(self.enter_outage(&e)),
+                other => other,
+            };
+            if result.is_ok() {
+                for op in batch.iter().flat_map(|r| r.ops.iter()) {
+                    if let WriteOp::DeleteSession { session_id, erased } = op
+                        && erased.lock().expect("erase slot").is_some()
+                    {
+                        self.erased.remember(session_id.clone());
+                    }
+                }
+            }
+            self.cache
+                .invalidate(batch.iter().flat_map(|r| r.ops.iter()));
+            for req in batch {
+                let _ = req.done.send(result.clone());
+            }
+        }
+    }
+
+    /// Swaps the failed database for a read view; the refusal to send.
+    fn enter_outage(&mut self, cause: &StoreError) -> Arc<StoreError> {
+        let since = Timestamp::now();
+        let reason: Arc<str> = cause.to_string().into();
+        let refusal = Arc::new(StoreError::Unavailable {
+            since,
+            reason: reason.clone(),
+        });
+        let Some(path) = &self.path else {
+            return refusal;
+        };
+        tracing::error!(error = %cause, "storage is not writable; serving reads only until it is");
+        // Unsynced non-durable commits die with the failed database, and
+        // with them whatever the read cache learned of them.
+        self.slot.generation.fetch_add(1, Ordering::AcqRel);
+        self.cache.clear();
+        self.slot.set_outage(Some((since, reason)));
+        self.last_attempt = Some(Instant::now());
+        let view = read_view::ReadView::open(path)
+            .map_err(|e| e.to_string())
+            .and_then(|v| {
+                Database::builder()
+                    .create_with_backend(v)
+                    .map_err(|e| e.to_string())
+            });
+        let view = view.or_else(|e| {
+            tracing::error!(error = %e, "cannot open a read view; reads fail too");
+            // Something must replace the failed database: it holds the
+            // file's lock until dropped, and the reopen needs it.
+            Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())
+        });
+        if let Ok(view) = view {
+            drop(self.slot.replace(view));
+        }
+        refusal
+    }
+
+    /// Reopens the file for writing, at most every [`REOPEN_EVERY`].
+    fn try_reopen(&mut self) {
+        let Some(path) = &self.path else { return };
+        if self
+            .last_attempt
+            .is_some_and(|t| t.elapsed() < REOPEN_EVERY)
+        {
+            return;
+        }
+        self.last_attempt = Some(Instant::now());
+        match Database::create(path) {
+            Ok(db) => {
+                drop(self.slot.replace(db));
+                self.slot.set_outage(None);
+                tracing::info!("storage is writable again");
+            }
+            Err(e) => tracing::debug!(error = %e, "storage still not writable"),
+        }
+    }
+}
+
+/// An error after which redb refuses everything until reopened.
+fn is_io(e: &StoreError) -> bool {
+    matches!(
+        e,
+        StoreError::Redb(redb::Error::Io(_) | redb::Error::PreviousIo)
+    )
+}
+
+fn commit_batch(
+    db: &Database,
+    batch: &[WriteRequest],
+    durable: bool,
+    erased_ids: &erase::ErasedIds,
+) -> Result<(), StoreError> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(if durable {
+        Durability::Immediate
+    } else {
+        Durability::None
+    })?;
+    {
+        let mut sessions = txn.open_table(SESSIONS)?;
+        let mut messages = txn.open_table(MESSAGES)?;
+        let mut calls = txn.open_table(TOOL_CALLS)?;
+        let mut by_conv = txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
+        let mut by_tool = txn.open_table(TOOL_CALLS_BY_TOOL)?;
+        let mut by_workflow = txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
+        let mut stats = txn.open_table(TOOL_STATS)?;
+        let mut docs = txn.open_table(DOCS)?;
+        let mut summaries = txn.open_table(SUMMARIES)?;
+        let mut session_usage = txn.open_table(SESSION_USAGE)?;
+        let mut tenant_usage = txn.open_table(TENANT_USAGE)?;
+        let mut sessions_by_tenant = txn.open_table(SESSIONS_BY_TENANT)?;
+        let mut calls_by_tenant = txn.open_table(TOOL_CALLS_BY_TENANT)?;
+        let mut docs_by_tenant = txn.open_table(DOCS_BY_TENANT)?;
+        let mut doc_tenants = txn.open_table(DOC_TENANTS)?;
+        let mut docs_by_session = txn.open_table(DOCS_BY_SESSION)?;
+        let mut doc_sessions = txn.open_table(DOC_SESSIONS)?;
+        let mut turn_rows = txn.open_table(TURNS)?;
+        let mut open_turns = txn.open_table(OPEN_TURNS)?;
+        let mut turn_keys = txn.open_table(TURN_KEYS)?;
+        let mut meta = txn.open_table(META)?;
+        let mut idempotency = txn.open_table(IDEMPOTENCY)?;
+        // Erased by this batch: a later op of the batch is late too.
+        let mut erased_now = erase::ErasedIds::default();
+        for op in batch.iter().flat_map(|r| r.ops.iter()) {
+            if erased_ids.drops(op) || erased_now.drops(op) {
+                tracing::debug!("a write under an erased session was dropped");
+                continue;
+            }
+            match op {
+                // One node owns every session of a redb file.
+                WriteOp::Fence { .. } => {}
+                WriteOp::PutSession(s) => {
+                    sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
+                    listing::index_session(&mut sessions_by_tenant, s)?;
+                }
+                WriteOp::AppendMessages {
+                    session_id,
+                    messages: msgs,
+                } => {
+                    for m in msgs {
+                        messages.insert(
+                            (session_id.as_str(), m.seq),
+                            serde_json::to_vec(m)?.as_slice(),
+                        )?;
+                    }
+                }
+                WriteOp::RecordToolCall(rec) => {
+                    let id = rec.record_id.as_str();
+                    calls.insert(id, serde_json::to_vec(rec)?.as_slice())?;
+                    listing::index_call(&mut calls_by_tenant, rec)?;
+                    if let Some(conv) = &rec.conversation_id {
+                        by_conv.insert((conv.as_str(), id), ())?;
+                    }
+                    by_tool.insert((rec.tool_name.as_str(), id), ())?;
+                    if let Some(wf) = &rec.workflow_id {
+                        by_workflow.insert((wf.as_str(), id), ())?;
+                    }
+                    // Calls to tools that do not exist are recorded but not
+                    // counted per tool: their names are anyone's text.
+                    if rec.error_type.as_deref() == Some("tool_not_found") {
+                        continue;
+                    }
+                    let mut s: ToolStats = match stats.get(rec.tool_name.as_str())? {
+                        Some(v) => serde_json::from_slice(v.value())?,
+                        None => ToolStats::default(),
+                    };
+                    s.total_calls += 1;
+                    if rec.is_success {
+                        s.successful_calls += 1;
+                    } else {
+                        s.failed_calls += 1;
+                    }
+                    s.total_execution_time_ms += rec.execution_time_ms;
+                    stats.insert(rec.tool_name.as_str(), serde_json::to_vec(&s)?.as_slice())?;
+                }
+                WriteOp::PutDoc {
+                    namespace,
+                    key,
+                    value,
+                    tenant,
+                } => {
+                    docs.insert(
+                        (namespace.as_str(), key.as_str()),
+                        serde_json::to_vec(value)?.as_slice(),
+                    )?;
+                    if let Some(tenant) = tenant {
+                        listing::index_doc(
+                            &mut docs_by_tenant,
+                            &mut doc_tenants,
+                            namespace,
+                            key,
+                            tenant,
+                        )?;
+                    }
+                }
+                WriteOp::DeleteDoc { namespace, key } => {
+                    docs.remove((namespace.as_str(), key.as_str()))?;
+                    listing::unindex_doc(&mut docs_by_tenant, &mut doc_tenants, namespace, key)?;
+                    erase::unlink_doc(&mut docs_by_session, &mut doc_sessions, namespace, key)?;
+                }
+                WriteOp::MoveDoc {
+                    namespace,
+                    key,
+                    to_namespace,
+                    to_value,
+                    moved,
+                } => {
+                    let old = match docs.remove((namespace.as_str(), key.as_str()))? {
+                        Some(v) => Some(serde_json::from_slice::<Value>(v.value())?),
+                        None => None,
+                    };
+                    if old.is_some() {
+                        listing::unindex_doc(
+                            &mut docs_by_tenant,
+                            &mut doc_tenants,
+                            namespace,
+                            key,
+                        )?;
+                        docs.insert(
+                            (to_namespace.as_str(), key.as_str()),
+                            serde_json::to_vec(to_value)?.as_slice(),
+                        )?;
+                        let linked = erase::unlink_doc(
+                            &mut docs_by_session,
+                            &mut doc_sessions,
+                            namespace,
+                            key,
+                        )?;
+                        if let Some(session) = linked {
+                            erase::link_doc(
+                                &mut docs_by_session,
+                                &mut doc_sessions,
+                                to_namespace,
+                                key,
+                                &session,
+                            )?;
+                        }
+                    }
+                    // Assigned, not set once: a batch retried after a failed
+                    // commit reports what its own transaction found.
+                    *moved.lock().expect("move slot") = old;
+                }
+                WriteOp::PutSummary {
+                    session_id,
+                    summary,
+                } => {
+                    summaries
+                        .insert(session_id.as_str(), serde_json::to_vec(summary)?.as_slice())?;
+                }
+                WriteOp::RecordUsage(delta) => {
+                    match &delta.session_id {
+                        // The tenant's totals count it; the session is gone.
+                        Some(id) if erased_ids.contains(id) || erased_now.contains(id) => {
+                            let tenant_only = UsageDelta {
+                                session_id: None,
+                                tenant: delta.tenant.clone(),
+                                agent: delta.agent.clone(),
+                                day: delta.day,
+                                usage: delta.usage,
+                            };
+                            usage::apply(&mut session_usage, &mut tenant_usage, &tenant_only)?;
+                        }
+                        _ => usage::apply(&mut session_usage, &mut tenant_usage, delta)?,
+                    }
+                }
+                WriteOp::DeleteSession { session_id, erased } => {
+                    let mut tables = erase::EraseTables {
+                        sessions: &mut sessions,
+                        sessions_by_tenant: &mut sessions_by_tenant,
+                        messages: &mut messages,
+                        summaries: &mut summaries,
+                        session_usage: &mut session_usage,
+                        calls: &mut calls,
+                        by_conv: &mut by_conv,
+                        by_tool: &mut by_tool,
+                        by_workflow: &mut by_workflow,
+                        calls_by_tenant: &mut calls_by_tenant,
+                        docs: &mut docs,
+                        docs_by_tenant: &mut docs_by_tenant,
+                        doc_tenants: &mut doc_tenants,
+                        docs_by_session: &mut docs_by_session,
+                        doc_sessions: &mut doc_sessions,
+                        turns: turns::TurnTables {
+                            turns: &mut turn_rows,
+                            open: &mut open_turns,
+                            keys: &mut turn_keys,
+                        },
+                    };
+                    let found = erase::delete_session(&mut tables, session_id)?;
+                    if found.is_some() {
+                        erased_now.remember(session_id.clone());
+                    }
+                    // Assigned, not set once (see MoveDoc).
+                    *erased.lock().expect("erase slot") = found;
+                }
+                WriteOp::PutTurn(w) => {
+                    let mut t = turns::TurnTables {
+                        turns: &mut turn_rows,
+                        open: &mut open_turns,
+                        keys: &mut turn_keys,
+                    };
+                    turns::put(&mut t, w)?;
+                }
+                WriteOp::MarkRolledBack { session_id, seqs } => {
+                    for seq in seqs {
+                        let key = (session_id.as_str(), *seq);
+                        let found = messages
+                            .get(key)?
+                            .map(|v| serde_json::from_slice::<StoredMessage>(v.value()))
+                            .transpose()?;
+                        if let Some(mut m) = found {
+                            m.rolled_back = true;
+                            messages.insert(key, serde_json::to_vec(&m)?.as_slice())?;
+                        }
+                    }
+                }
+                WriteOp::LinkDoc {
+                    namespace,
+                    key,
+                    session_id,
+                } => {
+                    erase::link_doc(
+                        &mut docs_by_session,
+                        &mut doc_sessions,
+                        namespace,
+                        key,
+                        session_id,
+                    )?;
+                }
+                WriteOp::IndexDocs {
+                    namespace,
+                    tenant_of,
+                    indexed,
+                } => {
+                    let n = listing::index_namespace(
+                        &docs,
+                        &mut docs_by_tenant,
+                        &mut doc_tenants,
+                        &mut meta,
+                        namespace,
+                        *tenant_of,
+                    )?;
+                    *indexed.lock().expect("index slot") = n;
+                }
+                WriteOp::PutIdempotency { .. } | WriteOp::DeleteIdempotency { .. } => {
+                    idempotency::apply(&mut idempotency, op)?;
+                }
+            }
+        }
+    }
+    txn.commit()?;
+    Ok(())
+}
