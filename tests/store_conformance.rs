@@ -706,3 +706,126 @@ mod cluster {
         );
     }
 }
+
+/// `cadre migrate`: a data dir of a real run, copied into PostgreSQL, reads
+/// back the same through the PostgreSQL store; a second run changes nothing.
+mod migrate {
+    use super::*;
+    use cadre::store::{NodeIdentity, Store};
+    use reqwest::StatusCode;
+    use support::postgres::Postgres;
+    use support::server::Server;
+
+    fn migrate(data: &std::path::Path, url: &str) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cadre"))
+            .arg("migrate")
+            .arg("--from")
+            .arg(data)
+            .args(["--to", url])
+            .output()
+            .expect("run cadre migrate");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_data_dir_of_a_real_run_reads_back_the_same_from_postgres() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let mut server = Server::start_offline(&data, &support::repo_agents());
+        let client = server.client();
+        let session = client.session("assistant").await;
+        for question in ["what is (2+3)*4?", "and 7*6?"] {
+            let (status, body) = client.say(&session, question).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        let pg = Postgres::shared();
+        let url = pg.database("migrate");
+        // While the server runs, the data dir is not copied.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cadre"))
+            .arg("migrate")
+            .arg("--from")
+            .arg(&data)
+            .args(["--to", &url])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("stop it first"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        server.sigterm();
+        assert!(
+            server
+                .wait_exit(std::time::Duration::from_secs(20))
+                .success()
+        );
+
+        let first = migrate(&data, &url);
+        assert!(first.contains("messages"), "{first}");
+        assert_eq!(
+            migrate(&data, &url),
+            first,
+            "a second run copies the same rows"
+        );
+
+        let redb = Store::open(&data).unwrap();
+        let node = NodeIdentity {
+            id: "node-a".into(),
+            addr: None,
+        };
+        let pg_store = Store::open_postgres(&url, node).unwrap();
+        let day = day_of(Timestamp::now());
+        // Two turns with a tool call each: user, call, result, answer.
+        assert_eq!(pg_store.message_count(&session).await.unwrap(), 8);
+        assert_eq!(
+            redb.list_sessions().await.unwrap(),
+            pg_store.list_sessions().await.unwrap()
+        );
+        assert_eq!(
+            redb.messages(&session).await.unwrap(),
+            pg_store.messages(&session).await.unwrap()
+        );
+        let calls = redb.calls(CallFilter::default()).await.unwrap();
+        assert!(!calls.is_empty());
+        assert_eq!(calls, pg_store.calls(CallFilter::default()).await.unwrap());
+        let tenant = calls[0].tenant.clone().unwrap();
+        assert_eq!(
+            redb.calls_of(&tenant, CallFilter::default(), None, 10)
+                .await
+                .unwrap(),
+            pg_store
+                .calls_of(&tenant, CallFilter::default(), None, 10)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            redb.all_tool_stats().await.unwrap(),
+            pg_store.all_tool_stats().await.unwrap()
+        );
+        assert_eq!(
+            redb.session_usage(&session).await.unwrap(),
+            pg_store.session_usage(&session).await.unwrap()
+        );
+        assert_eq!(
+            redb.usage_rows(None, day, day).await.unwrap(),
+            pg_store.usage_rows(None, day, day).await.unwrap()
+        );
+        assert_eq!(
+            redb.turns_of(&session, None, 10).await.unwrap(),
+            pg_store.turns_of(&session, None, 10).await.unwrap()
+        );
+        assert_eq!(
+            redb.get_summary(&session).await.unwrap(),
+            pg_store.get_summary(&session).await.unwrap()
+        );
+        // The migrated session has no owner: the first claim takes it.
+        let claim = pg_store.claim_session(&session).await.unwrap();
+        assert_eq!((claim.epoch, claim.took_over_from), (2, None));
+    }
+}

@@ -46,6 +46,7 @@
 //!   document not written yet links nothing (redb keeps the link row; every
 //!   caller writes the document first).
 
+mod import;
 mod ownership;
 mod reads;
 mod schema;
@@ -62,6 +63,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{StoreError, StoreHealth, WriteOp};
+pub use import::{IMPORT_NODE, Imported};
 pub use ownership::NodeIdentity;
 
 /// Longest a caller waits for a pooled connection, or for a new one.
