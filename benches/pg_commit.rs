@@ -99,6 +99,7 @@ async fn main() {
     let node = NodeIdentity {
         id: "bench".into(),
         addr: None,
+        stale_after: cadre::store::postgres::NODE_STALE_AFTER,
     };
     let store = Store::open_postgres(&url, node).unwrap();
     let mut ops = Vec::new();

@@ -436,6 +436,7 @@ fn migrate(from: &std::path::Path, to: &str) -> anyhow::Result<()> {
     let node = cadre::store::NodeIdentity {
         id: cadre::store::postgres::IMPORT_NODE.into(),
         addr: None,
+        stale_after: cadre::store::postgres::NODE_STALE_AFTER,
     };
     let store = cadre::store::PgStore::open(to, node).map_err(|e| match e {
         cadre::store::StoreError::PgUnreachable { url, reason, .. } => {

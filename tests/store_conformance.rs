@@ -512,6 +512,7 @@ mod postgres {
         let node = cadre::store::NodeIdentity {
             id: "node-a".into(),
             addr: None,
+            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
         };
         (cadre::store::Store::open_postgres(&url, node).unwrap(), pg)
     });
@@ -528,6 +529,7 @@ mod cluster {
         NodeIdentity {
             id: id.into(),
             addr: Some(addr.into()),
+            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
         }
     }
 
@@ -778,6 +780,7 @@ mod migrate {
         let node = NodeIdentity {
             id: "node-a".into(),
             addr: None,
+            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
         };
         let pg_store = Store::open_postgres(&url, node).unwrap();
         let day = day_of(Timestamp::now());

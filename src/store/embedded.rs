@@ -18,51 +18,8 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::tables::*;
-use super::writer::Writer;
+use super::writer::{Slot, WriteRequest, Writer};
 use super::*;
-
-pub(super) struct WriteRequest {
-    pub(super) ops: Vec<WriteOp>,
-    pub(super) durable: bool,
-    /// Refuse unless the store is still at this generation.
-    pub(super) generation: Option<u64>,
-    /// Sent behind: nobody waits for it, so it may wait for the next commit.
-    pub(super) behind: bool,
-    pub(super) done: oneshot::Sender<Result<(), Arc<StoreError>>>,
-}
-
-/// The database readers and the writer use now, swapped on a failure and
-/// on recovery.
-pub(super) struct Slot {
-    pub(super) db: RwLock<Arc<Database>>,
-    /// `Some` while writes are refused.
-    pub(super) outage: Mutex<Option<(Timestamp, Arc<str>)>>,
-    pub(super) generation: AtomicU64,
-    /// Set at shutdown: only flushes pass.
-    pub(super) closed: std::sync::atomic::AtomicBool,
-}
-
-impl Slot {
-    pub(super) fn current(&self) -> Arc<Database> {
-        self.db.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    pub(super) fn replace(&self, db: Database) -> Arc<Database> {
-        let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
-        std::mem::replace(&mut *slot, Arc::new(db))
-    }
-
-    pub(super) fn outage(&self) -> Option<(Timestamp, Arc<str>)> {
-        self.outage
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    pub(super) fn set_outage(&self, outage: Option<(Timestamp, Arc<str>)>) {
-        *self.outage.lock().unwrap_or_else(|e| e.into_inner()) = outage;
-    }
-}
 
 /// Cheap to clone; every clone talks to the same file and writer thread.
 /// When the last clone drops, the writer finishes what is queued and the

@@ -84,8 +84,8 @@ pub use erase::Erased;
 pub use error::{StoreError, StoreHealth};
 use idempotency::IdempotencyRecord;
 pub use listing::Page;
-pub use owners::{Claim, NodeRow};
-pub use postgres::{NodeIdentity, PgStore};
+pub use owners::{Claim, NodeIdentity, NodeRow};
+pub use postgres::PgStore;
 pub use rows::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
 

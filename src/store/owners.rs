@@ -26,6 +26,18 @@ use serde::Serialize;
 
 use super::{RedbStore, StoreError};
 
+/// Who this node is to the others: the id it claims sessions under, where
+/// it answers, and when another node's heartbeat counts as stale.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeIdentity {
+    pub id: String,
+    /// `http://host:port` the other nodes forward a session's requests to.
+    pub addr: Option<String>,
+    /// A node whose heartbeat is older than this is dead to the others:
+    /// its sessions may be taken over.
+    pub stale_after: std::time::Duration,
+}
+
 /// What a successful claim returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {

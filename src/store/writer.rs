@@ -5,18 +5,61 @@
 //! RedbStore::write ──WriteRequest──▶ Writer::run ──commit_batch──▶ redb
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use jiff::Timestamp;
 use redb::{Database, Durability, ReadableTable};
 use serde_json::Value;
+use tokio::sync::oneshot;
 
-use super::embedded::{Slot, WriteRequest};
 use super::tables::*;
 use super::*;
+
+pub(super) struct WriteRequest {
+    pub(super) ops: Vec<WriteOp>,
+    pub(super) durable: bool,
+    /// Refuse unless the store is still at this generation.
+    pub(super) generation: Option<u64>,
+    /// Sent behind: nobody waits for it, so it may wait for the next commit.
+    pub(super) behind: bool,
+    pub(super) done: oneshot::Sender<Result<(), Arc<StoreError>>>,
+}
+
+/// The database readers and the writer use now, swapped on a failure and
+/// on recovery.
+pub(super) struct Slot {
+    pub(super) db: RwLock<Arc<Database>>,
+    /// `Some` while writes are refused.
+    pub(super) outage: Mutex<Option<(Timestamp, Arc<str>)>>,
+    pub(super) generation: AtomicU64,
+    /// Set at shutdown: only flushes pass.
+    pub(super) closed: std::sync::atomic::AtomicBool,
+}
+
+impl Slot {
+    pub(super) fn current(&self) -> Arc<Database> {
+        self.db.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(super) fn replace(&self, db: Database) -> Arc<Database> {
+        let mut slot = self.db.write().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *slot, Arc::new(db))
+    }
+
+    pub(super) fn outage(&self) -> Option<(Timestamp, Arc<str>)> {
+        self.outage
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(super) fn set_outage(&self, outage: Option<(Timestamp, Arc<str>)>) {
+        *self.outage.lock().unwrap_or_else(|e| e.into_inner()) = outage;
+    }
+}
 
 /// The writer thread's state: the slot it swaps and the file it reopens.
 pub(super) struct Writer {

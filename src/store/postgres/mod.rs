@@ -62,16 +62,16 @@ use jiff::Timestamp;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{StoreError, StoreHealth, WriteOp};
+use super::{NodeIdentity, StoreError, StoreHealth, WriteOp};
 pub use import::{IMPORT_NODE, Imported};
-pub use ownership::NodeIdentity;
 
 /// Longest a caller waits for a pooled connection, or for a new one.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Connections per node.
 pub const POOL_SIZE: usize = 16;
-/// A node whose heartbeat is older than this (by the database's clock) is
-/// dead: its sessions may be taken over.
+/// The suggested [`NodeIdentity::stale_after`]: a node whose heartbeat is
+/// older than this (by the database's clock) is dead, its sessions may be
+/// taken over.
 pub const NODE_STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// The setting that names the database, for error messages.
@@ -81,7 +81,6 @@ pub const SETTING: &str = "--store / [cluster] store";
 pub(crate) struct Shared {
     pool: Pool,
     node: NodeIdentity,
-    stale_after: Duration,
     /// `Some` while the database cannot be reached.
     outage: Mutex<Option<(Timestamp, Arc<str>)>>,
     /// Set at shutdown: only flushes pass.
@@ -160,15 +159,6 @@ impl PgStore {
     /// writer. An unreachable database is an error naming the setting and
     /// the URL without its password.
     pub fn open(url: &str, node: NodeIdentity) -> Result<PgStore, StoreError> {
-        Self::open_with(url, node, NODE_STALE_AFTER)
-    }
-
-    /// [`Self::open`] with another staleness for nodes' heartbeats.
-    pub fn open_with(
-        url: &str,
-        node: NodeIdentity,
-        stale_after: Duration,
-    ) -> Result<PgStore, StoreError> {
         let unreachable = |reason: String| StoreError::PgUnreachable {
             url: redact(url),
             setting: SETTING,
@@ -227,7 +217,6 @@ impl PgStore {
                     let shared = Arc::new(Shared {
                         pool,
                         node,
-                        stale_after,
                         outage: Mutex::new(None),
                         closed: AtomicBool::new(false),
                         commit_latency: Arc::new(crate::metrics::Histogram::default()),

@@ -21,16 +21,8 @@ use jiff::Timestamp;
 use super::PgStore;
 use crate::store::{Claim, NodeRow, StoreError};
 
-/// Who this node is to the others.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NodeIdentity {
-    pub id: String,
-    /// Where other nodes (or the balancer) reach it, if it says.
-    pub addr: Option<String>,
-}
-
 fn stale_secs(store: &PgStore) -> f64 {
-    store.shared.stale_after.as_secs_f64()
+    store.shared.node.stale_after.as_secs_f64()
 }
 
 impl PgStore {
