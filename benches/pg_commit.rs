@@ -8,7 +8,8 @@
 //! p99), then 31 clients at once (commits/s, group commit sharing flushes).
 //!
 //! Run: `cargo bench --bench pg_commit` (N = 2,000 sequential, 32 × 200
-//! concurrent; set `PG_COMMIT_N` for another N).
+//! concurrent; set `PG_COMMIT_N` for another N, `PG_COMMIT_DURABLE=0` to
+//! commit without waiting for the WAL flush).
 
 #[allow(dead_code)]
 #[path = "../tests/support/postgres.rs"]
@@ -94,6 +95,9 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2_000);
+    // PG_COMMIT_DURABLE=0: commits without waiting for the WAL flush, to
+    // tell the flush from the rest.
+    let durable = std::env::var("PG_COMMIT_DURABLE").map_or(true, |v| v != "0");
     let pg = postgres::Postgres::start();
     let url = pg.database("bench");
     let node = NodeIdentity {
@@ -111,12 +115,12 @@ async fn main() {
     let mut times = Vec::with_capacity(n as usize);
     for turn in 0..n {
         let started = Instant::now();
-        store.write(turn_ops("s0", 1, turn), true).await.unwrap();
+        store.write(turn_ops("s0", 1, turn), durable).await.unwrap();
         times.push(started.elapsed());
     }
     times.sort();
     println!(
-        "pg_commit sequential: n={n} p50={:?} p99={:?} max={:?}",
+        "pg_commit sequential (durable={durable}): n={n} p50={:?} p99={:?} max={:?}",
         pct(&times, 0.5),
         pct(&times, 0.99),
         times[times.len() - 1]
@@ -130,7 +134,7 @@ async fn main() {
         tasks.push(tokio::spawn(async move {
             let id = format!("s{c}");
             for turn in 0..per {
-                store.write(turn_ops(&id, 1, turn), true).await.unwrap();
+                store.write(turn_ops(&id, 1, turn), durable).await.unwrap();
             }
         }));
     }
