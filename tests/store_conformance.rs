@@ -483,6 +483,23 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        async fn text_with_nul_is_stored_and_found_as_sent() {
+            let (store, _guard) = $open;
+            let name = "calc\0ulator";
+            let mut rec = call(1, "acme", name, Some("c\0"), None);
+            rec.params = json!({"x": "a\0b"});
+            store
+                .write(vec![record(rec.clone()), append("s", 1, &["nul \0 here"])], true)
+                .await
+                .unwrap();
+            let by_tool = CallFilter { tool: Some(name.into()), ..CallFilter::default() };
+            assert_eq!(store.calls(by_tool).await.unwrap(), [rec.clone()]);
+            assert_eq!(store.calls_for_conversation("c\0").await.unwrap(), [rec]);
+            assert_eq!(store.tool_stats(name).await.unwrap().total_calls, 1);
+            assert_eq!(texts(&store.messages("s").await.unwrap()), ["nul \0 here"]);
+        }
+
+        #[tokio::test]
         async fn writes_sent_behind_land_in_order_before_a_later_write() {
             let (store, _guard) = $open;
             for seq in 1..=50u64 {

@@ -42,6 +42,10 @@
 //!   fence does it (an erased session has no row to match).
 //! - Ownership ([`ownership`]) compares heartbeats with the database's
 //!   clock (`now()`), never a node's.
+//! - Key columns cannot hold NUL (PostgreSQL's `text`): the values of
+//!   untrusted text a call record is keyed by (its tool name, ids) are
+//!   stored with NUL as U+FFFD ([`column`]), as are the filters that read
+//!   them; bodies (`json`) keep every text as sent.
 //! - `docs.session_id` is the erase link: [`WriteOp::LinkDoc`] of a
 //!   document not written yet links nothing (redb keeps the link row; every
 //!   caller writes the document first).
@@ -374,6 +378,14 @@ impl PgStore {
             .await
             .map_err(|_| StoreError::WriterGone)?
     }
+}
+
+/// A text column's value: PostgreSQL's `text` cannot hold NUL, which
+/// untrusted text may (a tool name a model made up), so NUL becomes U+FFFD
+/// in key columns, here and in the filters that read them; the row's JSON
+/// body keeps the text as sent.
+pub(crate) fn column(s: &str) -> String {
+    s.replace('\0', "\u{FFFD}")
 }
 
 /// `url` without its password (URL form `postgres://user:pw@host/db` and

@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::{Json, ToSql};
 
-use super::PgStore;
+use super::{PgStore, column};
 use crate::store::idempotency::{IdempotencyRecord, SWEEP_BATCH};
 use crate::store::usage::{TokenUsage, UsageRow};
 use crate::store::{
@@ -155,7 +155,7 @@ impl PgStore {
             let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
             let mut add = |col: &str, op: &str, v: &Option<String>| {
                 if let Some(v) = v {
-                    params.push(Box::new(v.clone()));
+                    params.push(Box::new(column(v)));
                     sql.push_str(&format!(" AND {col} {op} ${}", params.len()));
                 }
             };
@@ -345,7 +345,7 @@ impl PgStore {
     }
 
     pub async fn tool_stats(&self, tool: &str) -> Result<ToolStats, StoreError> {
-        let tool = tool.to_string();
+        let tool = column(tool);
         self.run(move |c, _| async move {
             let rows = sql!(
                 c,

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{Json, ToSql};
 
-use super::Shared;
+use super::{Shared, column};
 use crate::store::erase::ErasedIds;
 use crate::store::usage::UsageDelta;
 use crate::store::{
@@ -591,11 +591,11 @@ async fn record_call(
              tool_name = EXCLUDED.tool_name, conversation_id = EXCLUDED.conversation_id,
              workflow_id = EXCLUDED.workflow_id, body = EXCLUDED.body",
         &[
-            &rec.record_id,
-            &rec.tenant,
-            &rec.tool_name,
-            &rec.conversation_id,
-            &rec.workflow_id,
+            &column(&rec.record_id),
+            &rec.tenant.as_deref().map(column),
+            &column(&rec.tool_name),
+            &rec.conversation_id.as_deref().map(column),
+            &rec.workflow_id.as_deref().map(column),
             &Json(rec),
         ],
     )
@@ -616,7 +616,12 @@ async fn record_call(
              successful_calls = tool_stats.successful_calls + $3::bigint,
              failed_calls = tool_stats.failed_calls + 1 - $3::bigint,
              total_execution_time_ms = tool_stats.total_execution_time_ms + $4::bigint",
-        &[&rec.tool_name, &node, &ok, &seq(rec.execution_time_ms)],
+        &[
+            &column(&rec.tool_name),
+            &node,
+            &ok,
+            &seq(rec.execution_time_ms),
+        ],
     )
     .await?;
     Ok(())
