@@ -131,3 +131,17 @@ CREATE TABLE idempotency (
     PRIMARY KEY (tenant, key)
 );
 CREATE INDEX idempotency_by_age ON idempotency (stored_at_ms);
+
+-- The epoch fence of a write request: refuses (SQLSTATE CF001) unless the
+-- session is still at `ep`, and holds its row (FOR SHARE) until the
+-- transaction ends, so a takeover's UPDATE of the epoch waits for it.
+CREATE FUNCTION cadre_fence(sid text, ep bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM sessions WHERE id = sid AND epoch = ep FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'session % is fenced: epoch % is stale', sid, ep
+            USING ERRCODE = 'CF001';
+    END IF;
+END
+$$;
