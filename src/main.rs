@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use cadre::Runtime;
 use cadre::conversation::NewSession;
@@ -64,6 +64,21 @@ struct Common {
     config: Option<PathBuf>,
 }
 
+/// Cluster mode: several nodes on one PostgreSQL (each overrides its
+/// `[cluster]` key; README "Running on several machines").
+#[derive(Args, Default)]
+struct ClusterArgs {
+    /// The shared store, `postgres://user:pass@host:port/db` (`[cluster] store`).
+    #[arg(long)]
+    store: Option<String>,
+    /// This node's id, unique in the cluster (`[cluster] node_id`).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Where the other nodes reach this one, `http://host:port` (`[cluster] advertise`).
+    #[arg(long)]
+    advertise: Option<String>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP server.
@@ -71,6 +86,8 @@ enum Command {
         /// Address to listen on (loopback unless keys exist: open mode serves loopback only).
         #[arg(long, default_value = "127.0.0.1:8080", env = "CADRE_ADDR")]
         addr: SocketAddr,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         #[command(flatten)]
         common: Common,
     },
@@ -350,7 +367,11 @@ fn main() -> anyhow::Result<()> {
             clap_complete::generate(shell, &mut Cli::command(), "cadre", &mut std::io::stdout());
             Ok(())
         }
-        Command::Serve { addr, common } => serve(addr, common),
+        Command::Serve {
+            addr,
+            cluster,
+            common,
+        } => serve(addr, cluster, common),
         Command::Migrate { from, to } => migrate(&from, &to),
         Command::Chat {
             agent,
@@ -534,8 +555,24 @@ fn runtime(common: &Common) -> anyhow::Result<cadre::RuntimeBuilder> {
         .config(config))
 }
 
-fn serve(addr: SocketAddr, common: Common) -> anyhow::Result<()> {
-    let runtime = runtime(&common)?
+fn serve(addr: SocketAddr, cluster: ClusterArgs, common: Common) -> anyhow::Result<()> {
+    let mut config = ServerConfig::load(common.config.as_deref(), std::env::vars())?;
+    let section = &mut config.cluster;
+    for (flag, value, key) in [
+        ("--store", cluster.store, &mut section.store),
+        ("--node-id", cluster.node_id, &mut section.node_id),
+        ("--advertise", cluster.advertise, &mut section.advertise),
+    ] {
+        if value.is_some() {
+            tracing::debug!(flag, "cluster setting from the command line");
+            *key = value;
+        }
+    }
+    config.check().context("cluster settings")?;
+    let runtime = Runtime::builder()
+        .data_dir(&common.data_dir)
+        .agents_dir(&common.agents)
+        .config(config)
         .listen(addr)
         .handle_signals(true)
         .start()

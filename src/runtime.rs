@@ -605,6 +605,9 @@ async fn serve(
         });
     }
     crate::http::idempotency::spawn_sweep(store.clone(), builder.config.idempotency_keep());
+    if store.node_id().is_some() {
+        spawn_cluster_duties(store.clone(), sessions.clone(), &builder.config.cluster);
+    }
     watch::spawn(
         registry.clone(),
         builder.agents_dir.join("tools"),
@@ -681,6 +684,14 @@ async fn serve(
             let events = registry.events().clone();
             let mcp_shutdown = tokio_util::sync::CancellationToken::new();
             let streams = api_limit.streams().clone();
+            let forward = store.node_id().map(|node| {
+                crate::http::forward::Forward::new(
+                    sessions.clone(),
+                    store.clone(),
+                    node.to_string(),
+                    crate::http::MAX_BODY_BYTES,
+                )
+            });
             let app = router(
                 AppState {
                     sessions,
@@ -691,6 +702,7 @@ async fn serve(
                     workflows: workflows.clone(),
                     keys,
                     mcp_shutdown: mcp_shutdown.clone(),
+                    forward,
                 },
                 api_limit,
                 failed_auths,
@@ -905,6 +917,39 @@ async fn shutdown_signal(stop: oneshot::Receiver<()>, signals: bool) {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; shutting down"),
         _ = term => tracing::info!("SIGTERM received; shutting down"),
     }
+}
+
+/// Cluster mode: this node's heartbeat (every `[cluster] heartbeat_s`),
+/// and the sweep that takes over the cut turns of dead nodes' sessions
+/// (every `[cluster] owner_stale_s`: a session whose owner stopped
+/// heartbeating is claimable then, [`crate::store::owners`]).
+fn spawn_cluster_duties(
+    store: Store,
+    sessions: Sessions,
+    cluster: &crate::server_config::ClusterSection,
+) {
+    let beat = Duration::from_secs_f64(cluster.heartbeat_s);
+    let sweep = Duration::from_secs_f64(cluster.owner_stale_s);
+    tokio::spawn(async move {
+        let mut heartbeat = tokio::time::interval(beat);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut takeover = tokio::time::interval(sweep);
+        takeover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = heartbeat.tick() => {
+                    if let Err(e) = store.heartbeat().await {
+                        tracing::warn!(error = %e, "heartbeat not stored: other nodes may take this node's sessions over");
+                    }
+                }
+                _ = takeover.tick() => {
+                    if let Err(e) = sessions.resume_cut_turns().await {
+                        tracing::warn!(error = %e, "looking for cut turns of dead nodes failed");
+                    }
+                }
+            }
+        }
+    });
 }
 
 #[cfg(test)]

@@ -31,8 +31,9 @@ use crate::http::rate_limit::ApiLimitConfig;
 use crate::workflow::WorkflowLimits;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "workflows",
+    "cluster",
     "concurrency",
     "api_limit",
     "executor",
@@ -57,6 +58,90 @@ pub struct ServerConfig {
     pub server: ServerSection,
     pub model: ModelSection,
     pub workflows: WorkflowLimits,
+    pub cluster: ClusterSection,
+}
+
+/// Cluster mode (`[cluster]`; `cadre serve --store postgres://… --node-id
+/// … --advertise …`): several nodes on one PostgreSQL. Unset `store`
+/// keeps the default, one node on its redb file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// `postgres://user:pass@host:port/db`: the shared store.
+    pub store: Option<String>,
+    /// This node's id, unique in the cluster (required with `store`).
+    pub node_id: Option<String>,
+    /// `http://host:port` where the other nodes reach this one (default:
+    /// `http://` + the listen address, refused when that is unspecified).
+    pub advertise: Option<String>,
+    /// Seconds between this node's heartbeats.
+    pub heartbeat_s: f64,
+    /// Seconds without a heartbeat after which a node is dead to the others
+    /// and its sessions may be taken over (a failover takes at most this
+    /// plus one request).
+    pub owner_stale_s: f64,
+}
+
+impl ClusterSection {
+    fn validate(&self) -> Result<(), String> {
+        let beat = self.heartbeat_s;
+        if beat.is_nan() || !(0.05..=60.0).contains(&beat) {
+            return Err("cluster.heartbeat_s must be between 0.05 and 60".into());
+        }
+        let stale = self.owner_stale_s;
+        if stale.is_nan() || stale < 2.0 * beat || stale > 3600.0 {
+            return Err(
+                "cluster.owner_stale_s must be at least twice cluster.heartbeat_s (and at most 3600)"
+                    .into(),
+            );
+        }
+        if let Some(url) = &self.store {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(
+                    "cluster.store (--store) must be a postgres:// URL; leave it unset for the embedded redb store"
+                        .into(),
+                );
+            }
+            match &self.node_id {
+                None => {
+                    return Err(
+                        "cluster.node_id (--node-id) is required with cluster.store: each node of a cluster needs its own id"
+                            .into(),
+                    );
+                }
+                Some(id)
+                    if id.is_empty()
+                        || id.len() > 64
+                        || !id
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+                {
+                    return Err("cluster.node_id must be 1 to 64 of A-Z a-z 0-9 - _ .".into());
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(a) = &self.advertise
+            && url::Url::parse(a).map_or(true, |u| !matches!(u.scheme(), "http" | "https"))
+        {
+            return Err(
+                "cluster.advertise (--advertise) must be an http:// or https:// URL".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            store: None,
+            node_id: None,
+            advertise: None,
+            heartbeat_s: 1.0,
+            owner_stale_s: 5.0,
+        }
+    }
 }
 
 /// What cadre accepts from a model endpoint (see `model::openai`).
@@ -307,6 +392,16 @@ impl ServerConfig {
         Ok(config)
     }
 
+    /// Checks the config again after a caller changed it (`serve`'s
+    /// cluster flags), as [`Self::load`] does.
+    pub fn check(&self) -> Result<(), ServerConfigError> {
+        self.validate()
+            .map_err(|message| ServerConfigError::Invalid {
+                origin: "command line".into(),
+                message,
+            })
+    }
+
     fn validate(&self) -> Result<(), String> {
         self.concurrency
             .validate()
@@ -333,6 +428,7 @@ impl ServerConfig {
         if self.api_limit.per_second == 0 || self.api_limit.burst == 0 {
             return Err("api_limit.per_second and api_limit.burst must be at least 1".into());
         }
+        self.cluster.validate()?;
         let grace = self.server.shutdown_grace_s;
         if grace.is_nan() || !(0.0..=3600.0).contains(&grace) {
             return Err("server.shutdown_grace_s must be between 0 and 3600".into());

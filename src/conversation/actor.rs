@@ -394,6 +394,11 @@ pub struct Conversation {
     metrics: Arc<Metrics>,
     /// The store generation the history was loaded at.
     generation: u64,
+    /// Cluster mode: the epoch this node claimed the session at; every
+    /// write carries it ([`WriteOp::Fence`]), and a write refused for it
+    /// (another node took the session over) ends the actor like any store
+    /// error. `None` on a single node.
+    epoch: Option<u64>,
     /// The model call in flight: cancelled when the turn is interrupted.
     model_call: Option<SpawnHandle>,
     /// Bumped when a turn is cut, so callbacks of the cut turn do nothing.
@@ -435,6 +440,22 @@ impl Actor for Conversation {
                 && act.watchers.is_empty()
                 && act.last_active.elapsed() >= act.idle_timeout
             {
+                // Cluster mode: give the session up once everything written
+                // is in, so any node takes it without waiting for this
+                // node's heartbeat to go stale.
+                if let Some(epoch) = act.epoch {
+                    let store = act.store.clone();
+                    let id = act.session.id.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = store.flush().await {
+                            tracing::debug!(session = %id, error = %e, "kept the session claimed");
+                            return;
+                        }
+                        if let Err(e) = store.release_session(&id, epoch).await {
+                            tracing::debug!(session = %id, error = %e, "session not released");
+                        }
+                    });
+                }
                 ctx.stop();
             }
         });
@@ -480,6 +501,7 @@ impl Conversation {
             last_active: Instant::now(),
             metrics,
             generation: 0,
+            epoch: None,
             model_turn_timeout: DEFAULT_MODEL_TURN_TIMEOUT,
             retired: None,
             model_call: None,
@@ -516,6 +538,28 @@ impl Conversation {
     pub fn loaded_at(mut self, generation: u64) -> Self {
         self.generation = generation;
         self
+    }
+
+    /// Cluster mode: the epoch of this node's claim on the session.
+    pub fn claimed_at(mut self, epoch: u64) -> Self {
+        self.epoch = Some(epoch);
+        self
+    }
+
+    /// `ops` with the fence of this node's claim in front (cluster mode).
+    fn fenced(&self, mut ops: Vec<WriteOp>) -> Vec<WriteOp> {
+        if let Some(epoch) = self.epoch
+            && !ops.is_empty()
+        {
+            ops.insert(
+                0,
+                WriteOp::Fence {
+                    session_id: self.session.id.clone(),
+                    epoch,
+                },
+            );
+        }
+        ops
     }
 
     /// At most `max` turns wait behind the running one.
@@ -670,6 +714,7 @@ impl Conversation {
     ) {
         let mut ops = self.take_unsaved();
         ops.extend(extra);
+        let ops = self.fenced(ops);
         let store = self.store.clone();
         let generation = self.generation;
         ctx.spawn(
@@ -698,6 +743,33 @@ impl Conversation {
         } else {
             let mut ops = self.take_unsaved();
             ops.extend(record);
+            let ops = self.fenced(ops);
+            if let (Some(_), Action::RunTools(calls)) = (self.epoch, &step.action) {
+                // Cluster mode: tools act on the world, so they run only
+                // once this node's claim is confirmed by a commit of the
+                // step that asks for them; a node that lost the session
+                // (paused past its heartbeat, partitioned) is fenced here
+                // and runs nothing.
+                let calls = calls.clone();
+                self.held = calls.iter().map(|c| (c.clone(), None)).collect();
+                let store = self.store.clone();
+                let generation = self.generation;
+                let turn_gen = self.turn_gen;
+                ctx.spawn(
+                    async move { store.write_at(generation, ops, false).await }
+                        .into_actor(self)
+                        .map(move |result, act, ctx| {
+                            if act.turn_gen != turn_gen {
+                                return;
+                            }
+                            match result {
+                                Ok(()) => act.run_tools(calls, ctx),
+                                Err(e) => act.fail(TurnError::Store(e), ctx),
+                            }
+                        }),
+                );
+                return;
+            }
             self.store.write_behind_at(self.generation, ops);
             None
         };
@@ -1217,6 +1289,7 @@ impl Conversation {
                 seqs: closed.rolled_back,
             });
         }
+        let ops = self.fenced(ops);
         if durable {
             let store = self.store.clone();
             let generation = self.generation;
@@ -1352,6 +1425,7 @@ impl Conversation {
             });
         }
         if !ops.is_empty() {
+            let ops = act.fenced(ops);
             let store = act.store.clone();
             let generation = act.generation;
             // Derived data and its cost: made durable by the next durable commit.

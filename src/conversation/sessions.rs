@@ -920,14 +920,22 @@ impl Sessions {
 
     /// At start: takes up every turn a crash cut (its conversation is
     /// loaded, which resumes or closes it: see [`Self::handle`]); how many.
+    /// In cluster mode it also runs every `[cluster] owner_stale_s`: the
+    /// open turns of sessions whose owner died are taken over here (their
+    /// claim succeeds once the owner's heartbeat is stale); sessions live
+    /// on this node or owned by a live node are left alone.
     pub async fn resume_cut_turns(&self) -> Result<usize, SessionError> {
         let open = self.inner.store.open_turns().await?;
         let mut sessions: Vec<String> = open.into_iter().map(|(s, _)| s).collect();
         sessions.dedup();
         let mut n = 0;
         for id in sessions {
+            if self.is_live(&id) {
+                continue;
+            }
             match self.handle(&id).await {
                 Ok(_) => n += 1,
+                Err(SessionError::Store(StoreError::OwnedElsewhere { .. })) => {}
                 Err(e) => {
                     tracing::warn!(session = %id, error = %e, "a cut turn's session could not be loaded")
                 }
@@ -1114,6 +1122,16 @@ impl Sessions {
         Ok(done)
     }
 
+    /// Whether this session's conversation is in memory here.
+    pub fn is_live(&self, id: &str) -> bool {
+        self.inner
+            .live
+            .lock()
+            .expect("sessions lock")
+            .get(id)
+            .is_some_and(|h| h.is_alive())
+    }
+
     /// Conversations currently in memory.
     pub fn resident(&self) -> usize {
         self.inner
@@ -1134,6 +1152,18 @@ impl Sessions {
         // Taken before loading: a reopen after this makes the actor reload.
         let generation = self.inner.store.generation();
         let session = self.get(id).await?;
+        // Cluster mode: this node becomes the session's one writer before
+        // it reads the history its writes build on ([`crate::store::owners`]).
+        let claim = match self.inner.store.node_id() {
+            Some(_) => {
+                let claim = self.inner.store.claim_session(id).await?;
+                if let Some(from) = &claim.took_over_from {
+                    tracing::info!(session = id, from = %from, epoch = claim.epoch, "session taken over");
+                }
+                Some(claim)
+            }
+            None => None,
+        };
         let agent = self.agent_of(&session)?;
         let summary = self.inner.store.get_summary(id).await?;
         let covered = summary.as_ref().map_or(0, |s| s.covers_until_seq);
@@ -1222,6 +1252,10 @@ impl Sessions {
         .loaded_at(generation)
         .max_queued_turns(self.inner.limits.max_queued_turns)
         .model_turn_timeout(self.inner.limits.model_turn_timeout);
+        let conversation = match &claim {
+            Some(c) => conversation.claimed_at(c.epoch),
+            None => conversation,
+        };
         let conversation = match cut {
             Some(record) => {
                 let age = Timestamp::now().duration_since(record.updated_at);

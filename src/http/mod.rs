@@ -31,6 +31,7 @@ pub mod connections;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod forward;
 pub mod host;
 pub mod idempotency;
 pub mod keys;
@@ -87,6 +88,8 @@ pub struct AppState {
     pub keys: KeyRing,
     /// Cancelled at shutdown: ends the open `/mcp` sessions.
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
+    /// Cluster mode: sends a session's requests to its owner ([`forward`]).
+    pub forward: Option<forward::Forward>,
 }
 
 /// Every route the server serves, and the OpenAPI document that describes
@@ -163,6 +166,10 @@ pub fn router(
         .route_layer(from_fn_with_state(
             idempotency::Idempotency::new(state.store.clone()),
             idempotency::idempotent,
+        ))
+        .route_layer(from_fn_with_state(
+            state.forward.clone(),
+            forward::maybe_to_owner,
         ))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {

@@ -10,7 +10,9 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod cluster;
 pub mod gate;
+pub mod haproxy;
 pub mod mock_model;
 pub mod postgres;
 pub mod server;

@@ -29,36 +29,55 @@ impl Server {
     /// `model_url`; `env` adds or overrides variables (server config keys).
     /// Returns once it printed its address.
     pub fn start(data_dir: &Path, agents: &Path, model_url: &str, env: &[(&str, &str)]) -> Server {
-        Self::spawn(data_dir, agents, Some(model_url), env)
+        Self::spawn(data_dir, agents, Some(model_url), "127.0.0.1:0", &[], env)
     }
 
     /// Like [`Self::start`] with no model endpoint configured: the built-in
     /// offline provider answers, as for a newcomer's `cadre serve`.
     #[allow(dead_code)]
     pub fn start_offline(data_dir: &Path, agents: &Path) -> Server {
-        Self::spawn(data_dir, agents, None, &[])
+        Self::spawn(data_dir, agents, None, "127.0.0.1:0", &[], &[])
     }
 
     /// [`Self::start_offline`] with server config variables (`CADRE_*`).
     #[allow(dead_code)]
     pub fn start_offline_with(data_dir: &Path, agents: &Path, env: &[(&str, &str)]) -> Server {
-        Self::spawn(data_dir, agents, None, env)
+        Self::spawn(data_dir, agents, None, "127.0.0.1:0", &[], env)
+    }
+
+    /// The general form, for a node of a cluster: listens on `addr` (a fixed
+    /// port, so a restarted node comes back where its balancer looks for
+    /// it), with `args` appended to `cadre serve` (the cluster flags) and
+    /// the model at `model_url` (`None`: offline).
+    #[allow(dead_code)]
+    pub fn start_with_args(
+        data_dir: &Path,
+        agents: &Path,
+        model_url: Option<&str>,
+        addr: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Server {
+        Self::spawn(data_dir, agents, model_url, addr, args, env)
     }
 
     fn spawn(
         data_dir: &Path,
         agents: &Path,
         model_url: Option<&str>,
+        addr: &str,
+        args: &[String],
         env: &[(&str, &str)],
     ) -> Server {
         let log = data_dir.with_extension("log");
         let stderr = File::create(&log).expect("create the server log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_cadre"));
         command
-            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--addr", addr, "--data-dir"])
             .arg(data_dir)
             .arg("--agents")
             .arg(agents)
+            .args(args)
             .env_remove("OPENAI_API_KEY")
             .env_remove("CADRE_CONFIG")
             .env("RUST_LOG", "info")

@@ -1,0 +1,498 @@
+//! Cluster mode proven on one machine: real PostgreSQL, real HAProxy, three
+//! real `cadre serve` nodes and the mock model.
+//!
+//! clients ──▶ HAProxy ──▶ node0 | node1 | node2 ──▶ PostgreSQL (one database per test)
+//!                          every node ──▶ MockModel; tool `ledger` ──▶ one file all nodes append to
+//!
+//! The agent `clerk` has one tool, `ledger` (a command, `side_effects:
+//! at_most_once`), which appends its call's idempotency key to a file the
+//! nodes share: the world outside cadre, where a call that ran twice shows
+//! as a key written twice. Every user message gets one `ledger` call, then
+//! an answer naming the message.
+//!
+//! 1. **Kill under load** ([`acknowledged_turns_survive_kill_9_of_random_nodes`]):
+//!    sessions in tool-calling turns through HAProxy while a random node
+//!    is killed -9 and restarted every few seconds; clients retry with
+//!    their `Idempotency-Key`. Every acknowledged turn is stored exactly
+//!    once, `seq` is dense, no user message is duplicated, no ledger key is
+//!    written twice, and every acknowledged turn's call is in the ledger.
+//!    CI runs one small trial; the long run is
+//!    `CADRE_CLUSTER_TRIALS=100 CADRE_CLUSTER_SESSIONS=200 cargo test --release --test cluster acknowledged -- --nocapture`.
+//! 2. **Split brain** ([`a_paused_owner_is_fenced_when_it_wakes`],
+//!    [`two_nodes_driving_one_session_commit_one_history`]).
+
+mod support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::cluster::{Cluster, ClusterOptions};
+use support::postgres::Postgres;
+use support::{Client, Reply};
+
+/// The agents folder: `clerk` and its `ledger` tool.
+fn clerk_agents(dir: &Path) -> PathBuf {
+    let agents = dir.join("agents");
+    std::fs::create_dir_all(agents.join("tools")).unwrap();
+    std::fs::write(
+        agents.join("clerk.toml"),
+        "name = \"clerk\"\ndescription = \"Writes each request in the ledger.\"\n\
+         system_prompt = \"Record every request with the ledger tool.\"\n\
+         tools = [\"ledger\"]\nmax_iterations = 3\nhistory_window = 20\n",
+    )
+    .unwrap();
+    std::fs::write(
+        agents.join("tools/ledger.yaml"),
+        "name: ledger\ndescription: Append a note to the ledger\ncategory: custom\n\
+         parameters:\n  - name: note\n    type: string\n    required: true\n\
+         entry: { type: external, command: [\"python3\", \"ledger.py\"] }\n\
+         required_plan: free\nside_effects: at_most_once\n",
+    )
+    .unwrap();
+    std::fs::write(
+        agents.join("tools/ledger.py"),
+        "import json, os, sys\n\
+         p = json.load(sys.stdin)\n\
+         line = (p.get('idempotency_key') or '-') + '\\n'\n\
+         fd = os.open('ledger.log', os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)\n\
+         os.write(fd, line.encode())\n\
+         os.close(fd)\n\
+         json.dump({'written': p['note']}, sys.stdout)\n",
+    )
+    .unwrap();
+    agents
+}
+
+/// Keys in the ledger and how often each was written.
+fn ledger(agents: &Path) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    let text = std::fs::read_to_string(agents.join("tools/ledger.log")).unwrap_or_default();
+    for line in text.lines() {
+        *out.entry(line.to_string()).or_insert(0) += 1;
+    }
+    out
+}
+
+/// A user message gets a `ledger` call; its result gets the answer.
+fn answer(request: &Value, number: usize) -> Reply {
+    let messages = request["messages"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    let last = messages.last().unwrap_or(&Value::Null);
+    let user = messages
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    match last["role"].as_str() {
+        Some("user") => Reply::tool_call(
+            &format!("call_{number}"),
+            "ledger",
+            &json!({ "note": user }).to_string(),
+        ),
+        Some("tool") => Reply::text(&format!("recorded: {user}")),
+        other => Reply::refusal(&format!("unexpected last role {other:?}")),
+    }
+}
+
+/// Options of a cluster of `n` nodes on `database`, with fast heartbeats
+/// (a dead owner's sessions are taken over after 1 s).
+fn options(n: usize, database: String, agents: PathBuf) -> ClusterOptions {
+    let mut options = ClusterOptions::plain(n)
+        .with_model()
+        .node_args(move |i, addr| {
+            vec![
+                "--store".into(),
+                database.clone(),
+                "--node-id".into(),
+                format!("n{i}"),
+                "--advertise".into(),
+                format!("http://{addr}"),
+            ]
+        })
+        .env("CADRE_CLUSTER_HEARTBEAT_S", "0.2")
+        .env("CADRE_CLUSTER_OWNER_STALE_S", "1")
+        .env("CADRE_CONCURRENCY_QUEUE_SIZE", "100000")
+        .env("RUST_LOG", "warn");
+    options.agents = agents;
+    options
+}
+
+async fn start(options: ClusterOptions) -> Cluster {
+    let cluster = Cluster::start(options).await;
+    cluster.model().set_responder(answer);
+    cluster
+}
+
+/// Every message of a session, oldest first (all pages).
+async fn history(client: &Client, session: &str) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    let mut after = 0u64;
+    loop {
+        let (status, body) = client
+            .try_get(&format!(
+                "/v1/sessions/{session}/messages?after={after}&limit=500"
+            ))
+            .await
+            .map_err(|e| e.to_string())?;
+        if status != StatusCode::OK {
+            return Err(format!("{status}: {body}"));
+        }
+        let page = body["messages"].as_array().cloned().unwrap_or_default();
+        out.extend(page);
+        match body["next_after"].as_u64() {
+            Some(next) => after = next,
+            None => return Ok(out),
+        }
+    }
+}
+
+/// One message, retried with its key until acknowledged or `deadline`.
+async fn say_until_acked(
+    client: &Client,
+    session: &str,
+    content: &str,
+    key: &str,
+    deadline: Instant,
+) -> Result<Value, String> {
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let sent = client
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/messages"),
+            )
+            .header("Idempotency-Key", key)
+            .json(&json!({ "content": content }))
+            .send()
+            .await;
+        match sent {
+            Ok(r) => {
+                let status = r.status();
+                let body: Value = r.json().await.unwrap_or(Value::Null);
+                if status == StatusCode::OK {
+                    return Ok(body);
+                }
+                last = format!("{status}: {body}");
+            }
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("not acknowledged before the deadline: {last}"))
+}
+
+struct Trial {
+    sessions: usize,
+    turns: usize,
+    kills: usize,
+}
+
+#[derive(Default, Debug)]
+struct Figures {
+    acked: usize,
+    lost: usize,
+    duplicated: usize,
+    ledger_twice: usize,
+    failovers_ms: Vec<u64>,
+}
+
+async fn kill_trial(pg: &Postgres, trial: usize, size: &Trial) -> Figures {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let database = pg.database(&format!("kill_{trial}"));
+    let cluster = Arc::new(Mutex::new(
+        start(options(3, database, agents.clone())).await,
+    ));
+    let client = cluster
+        .lock()
+        .unwrap()
+        .client()
+        .with_timeout(Duration::from_secs(30));
+    let mut sessions = Vec::new();
+    for _ in 0..size.sessions {
+        sessions.push(client.session("clerk").await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let failovers = Arc::new(Mutex::new(Vec::new()));
+    let drivers: Vec<_> = sessions
+        .iter()
+        .cloned()
+        .map(|id| {
+            let client = client.clone();
+            let failovers = failovers.clone();
+            let turns = size.turns;
+            tokio::spawn(async move {
+                let mut acked = Vec::new();
+                for t in 0..turns {
+                    let content = format!("request {t} of {id}");
+                    let started = Instant::now();
+                    let key = format!("{id}-{t}");
+                    let body = say_until_acked(&client, &id, &content, &key, deadline).await?;
+                    let took = started.elapsed();
+                    if took > Duration::from_millis(500) {
+                        failovers.lock().unwrap().push(took.as_millis() as u64);
+                    }
+                    acked.push((content, body));
+                }
+                Ok::<_, String>((id, acked))
+            })
+        })
+        .collect();
+    // The killer: a random node every ~1.5 s, back 0.5 s later.
+    let killer = {
+        let cluster = cluster.clone();
+        let kills = size.kills;
+        tokio::spawn(async move {
+            for k in 0..kills {
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let victim = (rand::random::<u32>() as usize + k) % 3;
+                let c = cluster.clone();
+                tokio::task::spawn_blocking(move || c.lock().unwrap().kill9(victim))
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let c = cluster.clone();
+                tokio::task::spawn_blocking(move || c.lock().unwrap().restart(victim))
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let mut acked: BTreeMap<String, Vec<(String, Value)>> = BTreeMap::new();
+    for d in drivers {
+        let (id, turns) = d.await.unwrap().expect("every turn acknowledged");
+        acked.insert(id, turns);
+    }
+    killer.await.unwrap();
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || c.lock().unwrap().wait_all_up(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let book = ledger(&agents);
+    let mut figures = Figures {
+        failovers_ms: failovers.lock().unwrap().clone(),
+        ledger_twice: book.values().filter(|n| **n > 1).count(),
+        ..Figures::default()
+    };
+    for (id, turns) in &acked {
+        let messages = history(&client, id).await.expect("history");
+        let seqs: Vec<u64> = messages.iter().filter_map(|m| m["seq"].as_u64()).collect();
+        let dense: Vec<u64> = (1..=seqs.len() as u64).collect();
+        assert_eq!(seqs, dense, "session {id}: seq is dense from 1");
+        for (content, body) in turns {
+            figures.acked += 1;
+            let users = messages
+                .iter()
+                .filter(|m| m["role"] == "user" && m["content"] == content.as_str())
+                .count();
+            match users {
+                0 => figures.lost += 1,
+                1 => {}
+                _ => figures.duplicated += 1,
+            }
+            let answer = body["answer"].as_str().unwrap_or_default();
+            assert_eq!(answer, format!("recorded: {content}"), "{body}");
+            let answers = messages
+                .iter()
+                .filter(|m| m["role"] == "assistant" && m["content"] == answer)
+                .count();
+            if answers == 0 {
+                figures.lost += 1;
+            }
+            // The acknowledged turn's call ran, once.
+            let turn = body["turn_id"].as_str().unwrap_or_default();
+            let ran: usize = book
+                .iter()
+                .filter(|(k, _)| k.starts_with(&format!("{id}:{turn}:")))
+                .map(|(_, n)| *n)
+                .sum();
+            assert!(
+                ran >= 1,
+                "session {id} turn {turn}: acknowledged but its call is not in the ledger"
+            );
+        }
+    }
+    figures
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn acknowledged_turns_survive_kill_9_of_random_nodes() {
+    let trials: usize = std::env::var("CADRE_CLUSTER_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let size = Trial {
+        sessions: std::env::var("CADRE_CLUSTER_SESSIONS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(12),
+        turns: 4,
+        kills: 3,
+    };
+    let pg = Postgres::shared();
+    let mut all = Figures::default();
+    for trial in 0..trials {
+        let f = kill_trial(&pg, trial, &size).await;
+        assert_eq!(f.lost, 0, "trial {trial}: acknowledged turns lost: {f:?}");
+        assert_eq!(
+            f.duplicated, 0,
+            "trial {trial}: user messages stored twice: {f:?}"
+        );
+        assert_eq!(
+            f.ledger_twice, 0,
+            "trial {trial}: a side effect ran twice: {f:?}"
+        );
+        all.acked += f.acked;
+        all.failovers_ms.extend(f.failovers_ms);
+    }
+    all.failovers_ms.sort_unstable();
+    println!(
+        "cluster kill -9: {trials} trial(s), {} turns acknowledged, lost 0, duplicated 0, side effects twice 0; \
+         turns that waited out a failover: {}, p50 {} ms, p99 {} ms",
+        all.acked,
+        all.failovers_ms.len(),
+        percentile(&all.failovers_ms, 0.5),
+        percentile(&all.failovers_ms, 0.99),
+    );
+}
+
+/// Split brain by pause: node0 owns a session and is in a turn (its model
+/// call is slow); it is SIGSTOPped past its heartbeat, node1 takes the
+/// session over and finishes the turn; node0 wakes with the model's reply
+/// and is fenced: it runs no tool and writes nothing, and its caller gets
+/// `SESSION_MOVED`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_owner_is_fenced_when_it_wakes() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let pg = Postgres::shared();
+    let cluster = start(options(2, pg.database("paused_owner"), agents.clone())).await;
+    let model = cluster.model();
+    // The first model call (node0's) answers after 4 s; later ones at once.
+    model.set_responder(|request, number| {
+        let reply = answer(request, number);
+        if number == 0 {
+            Reply::slow(Duration::from_secs(4), reply)
+        } else {
+            reply
+        }
+    });
+    let node0 = cluster.node_client(0).with_timeout(Duration::from_secs(30));
+    let session = node0.session("clerk").await;
+    let cut = node0.spawn_post(
+        &format!("/v1/sessions/{session}/messages"),
+        json!({ "content": "pay the invoice" }),
+    );
+    model.wait_for_requests(1).await;
+    cluster.sigstop(0);
+    // node1's sweep finds the open turn once node0's heartbeat is stale
+    // (1 s) and resumes it: the ledger gets node1's call.
+    let until = Instant::now() + Duration::from_secs(20);
+    while ledger(&agents).is_empty() {
+        assert!(Instant::now() < until, "node1 did not take the turn over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let node1 = cluster.node_client(1);
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let messages = history(&node1, &session).await.unwrap();
+        if messages
+            .iter()
+            .any(|m| m["role"] == "assistant" && m["content"] == "recorded: pay the invoice")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the taken-over turn did not finish: {messages:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = history(&node1, &session).await.unwrap();
+    cluster.sigcont(0);
+    let (status, body) = cut.await.unwrap();
+    assert_eq!(
+        body["error"]["code"], "SESSION_MOVED",
+        "the woken owner's turn is refused: {status} {body}"
+    );
+    // node0 wrote nothing after it woke and ran no tool.
+    let after = history(&node1, &session).await.unwrap();
+    assert_eq!(before, after, "the fenced node wrote to the session");
+    let book = ledger(&agents);
+    assert_eq!(book.len(), 1, "only node1's call ran: {book:?}");
+    assert!(book.values().all(|n| *n == 1), "{book:?}");
+    // The session goes on, through either node.
+    let (status, body) = node0.say(&session, "and file it").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let seqs: Vec<u64> = history(&node1, &session)
+        .await
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["seq"].as_u64())
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+}
+
+/// Two nodes driven at once for one session, bypassing HAProxy: the node
+/// that does not own it forwards to the owner, so one history is written
+/// with every `seq` once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_nodes_driving_one_session_commit_one_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let pg = Postgres::shared();
+    let cluster = start(options(2, pg.database("two_drivers"), agents.clone())).await;
+    let session = cluster.node_client(0).session("clerk").await;
+    let mut sent = Vec::new();
+    for i in 0..10 {
+        let client = cluster.node_client(i % 2);
+        sent.push(client.spawn_post(
+            &format!("/v1/sessions/{session}/messages"),
+            json!({ "content": format!("message {i}") }),
+        ));
+    }
+    let mut served_by = Vec::new();
+    for s in sent {
+        let (status, body) = s.await.unwrap();
+        // A message that found the conversation busy is refused, never lost.
+        assert!(
+            status == StatusCode::OK
+                || status == StatusCode::CONFLICT
+                || status == StatusCode::TOO_MANY_REQUESTS,
+            "{status} {body}"
+        );
+        if status == StatusCode::OK {
+            served_by.push(body["answer"].clone());
+        }
+    }
+    assert!(!served_by.is_empty());
+    let messages = history(&cluster.node_client(1), &session).await.unwrap();
+    let seqs: Vec<u64> = messages.iter().filter_map(|m| m["seq"].as_u64()).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "one commit per seq"
+    );
+    for answer in &served_by {
+        assert_eq!(
+            messages.iter().filter(|m| m["content"] == *answer).count(),
+            1,
+            "{answer} stored once"
+        );
+    }
+    let book = ledger(&agents);
+    assert!(book.values().all(|n| *n == 1), "{book:?}");
+}
