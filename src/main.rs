@@ -175,6 +175,16 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Copy a redb data dir into PostgreSQL, to move a single node to
+    /// cluster mode; safe to run again (rows are set, not added).
+    Migrate {
+        /// The data dir of the single-node server (stop it first).
+        #[arg(long)]
+        from: PathBuf,
+        /// The PostgreSQL URL the nodes will use (`serve --store`).
+        #[arg(long)]
+        to: String,
+    },
     /// Print a shell completion script: `cadre completions bash >
     /// ~/.local/share/bash-completion/completions/cadre` (zsh: a file
     /// `_cadre` in a folder of `$fpath`; fish:
@@ -367,6 +377,7 @@ fn main() -> anyhow::Result<()> {
             cluster,
             common,
         } => serve(addr, redis, cluster, common),
+        Command::Migrate { from, to } => migrate(&from, &to),
         Command::Chat {
             agent,
             plan,
@@ -436,6 +447,41 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// `cadre migrate`: copies every table of the data dir's redb file into
+/// PostgreSQL ([`cadre::store::postgres`]'s import) and prints the rows
+/// copied per table.
+fn migrate(from: &std::path::Path, to: &str) -> anyhow::Result<()> {
+    if let Some(server) = cadre::runtime::ServerFile::read_live(from) {
+        bail!(
+            "a cadre server (pid {}) serves {} at {}; stop it first",
+            server.pid,
+            from.display(),
+            server.url
+        );
+    }
+    let node = cadre::store::NodeIdentity {
+        id: cadre::store::postgres::IMPORT_NODE.into(),
+        addr: None,
+        stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+    };
+    let store = cadre::store::PgStore::open(to, node).map_err(|e| match e {
+        cadre::store::StoreError::PgUnreachable { url, reason, .. } => {
+            anyhow::anyhow!("cannot reach PostgreSQL at {url} (set with --to): {reason}")
+        }
+        other => other.into(),
+    })?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let imported = rt
+        .block_on(store.import_redb(from))
+        .with_context(|| format!("copying {} into PostgreSQL", from.display()))?;
+    for (table, rows) in imported.tables {
+        println!("{table:<14} {rows}");
+    }
+    Ok(())
+}
+
 /// The data dir a command opens, if it opens one.
 fn data_dir_of(command: &Command) -> Option<&std::path::Path> {
     match command {
@@ -463,7 +509,10 @@ fn data_dir_of(command: &Command) -> Option<&std::path::Path> {
         }
         | Command::Calls { data_dir, .. }
         | Command::Stats { data_dir } => Some(data_dir),
-        Command::Tools { .. } | Command::Config { .. } | Command::Completions { .. } => None,
+        Command::Tools { .. }
+        | Command::Config { .. }
+        | Command::Completions { .. }
+        | Command::Migrate { .. } => None,
     }
 }
 

@@ -436,7 +436,18 @@ fn setup(
     arbiters: &[actix::dev::ArbiterHandle],
 ) -> Result<Parts, RuntimeError> {
     let config = &builder.config;
-    let store = Store::open(&builder.data_dir)?;
+    let store = match &config.cluster.store {
+        // Cluster mode: the shared PostgreSQL store, as this node.
+        Some(url) => Store::open_postgres(
+            url,
+            crate::store::NodeIdentity {
+                id: config.cluster.node_id.clone().unwrap_or_default(),
+                addr: config.cluster.advertise.clone(),
+                stale_after: Duration::from_secs_f64(config.cluster.owner_stale_s),
+            },
+        )?,
+        None => Store::open(&builder.data_dir)?,
+    };
     let events = EventBus::new();
     let registry = ToolRegistry::with_events(events.clone(), config.tools.strict_validation);
     let builtin_ctx = builtin::BuiltinContext {

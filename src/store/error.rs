@@ -54,6 +54,15 @@ pub enum StoreError {
         owner: String,
         addr: Option<String>,
     },
+    /// PostgreSQL could not be reached or migrated at open; `url` has no password.
+    #[error("cannot reach PostgreSQL at {url} (set with {setting}): {reason}")]
+    PgUnreachable {
+        url: String,
+        setting: &'static str,
+        reason: String,
+    },
+    #[error("PostgreSQL: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
 }
 
 /// Every storage failure is `STORAGE_UNAVAILABLE` to a caller (a lost

@@ -65,6 +65,7 @@ pub mod error;
 pub mod idempotency;
 pub mod listing;
 pub mod owners;
+pub mod postgres;
 mod read_view;
 pub mod rows;
 pub mod tables;
@@ -84,6 +85,7 @@ pub use error::{StoreError, StoreHealth};
 use idempotency::IdempotencyRecord;
 pub use listing::Page;
 pub use owners::{Claim, NodeIdentity, NodeRow};
+pub use postgres::PgStore;
 pub use rows::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
 
@@ -108,6 +110,7 @@ pub struct Store {
 #[derive(Clone)]
 enum Backend {
     Redb(RedbStore),
+    Postgres(PgStore),
 }
 
 /// `on_backend!(self, s => s.method(args))`: the one place that knows the
@@ -116,6 +119,7 @@ macro_rules! on_backend {
     ($self:ident, $s:ident => $e:expr) => {
         match &$self.backend {
             Backend::Redb($s) => $e,
+            Backend::Postgres($s) => $e,
         }
     };
 }
@@ -133,6 +137,16 @@ impl Store {
     pub fn open_in_memory() -> Result<Store, StoreError> {
         Ok(Store {
             backend: Backend::Redb(RedbStore::open_in_memory()?),
+        })
+    }
+
+    /// Connects to the PostgreSQL database at `url` as `node`, applies its
+    /// migrations and starts its writer ([`postgres`]): cluster mode. An
+    /// unreachable database is an error naming `--store` / `[cluster] store`
+    /// and the URL without its password.
+    pub fn open_postgres(url: &str, node: NodeIdentity) -> Result<Store, StoreError> {
+        Ok(Store {
+            backend: Backend::Postgres(PgStore::open(url, node)?),
         })
     }
 
@@ -554,6 +568,7 @@ impl Store {
     pub fn backend_name(&self) -> &'static str {
         match &self.backend {
             Backend::Redb(_) => "redb",
+            Backend::Postgres(_) => "postgres",
         }
     }
 

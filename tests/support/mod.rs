@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod gate;
 pub mod haproxy;
 pub mod mock_model;
+pub mod postgres;
 pub mod redis;
 pub mod server;
 pub mod workflow;

@@ -1,0 +1,151 @@
+//! Ownership of sessions across nodes: heartbeats, claims, releases.
+//!
+//! runtime ──heartbeat (every few s)──▶ nodes(id, addr, heartbeat_at = now())
+//! conversation ──claim_session──▶ sessions.owner = me, epoch + 1 ──epoch──▶ WriteOp::Fence in every turn commit
+//! conversation (idle) ──release_session──▶ sessions.owner = NULL
+//!
+//! A claim is one `UPDATE … RETURNING` that succeeds when the session has
+//! no owner, is this node's, or its owner's heartbeat is older than the
+//! stale time by the database's clock (`now()`; nodes' clocks are never
+//! compared). Taking a session from another owner, or after a release,
+//! bumps the epoch: every write the old owner still sends carries the old
+//! epoch and is refused ([`super::super::StoreError::Fenced`]). No advisory
+//! locks: they belong to one pooled connection and run out of lock table
+//! space near 13k sessions on default settings.
+//! A claim of a session that does not exist (yet) returns epoch 0 and
+//! changes nothing: the `PutSession` that creates it makes this node the
+//! owner at epoch 1.
+
+use jiff::Timestamp;
+
+use super::PgStore;
+use crate::store::{Claim, NodeRow, StoreError};
+
+fn stale_secs(store: &PgStore) -> f64 {
+    store.shared.node.stale_after.as_secs_f64()
+}
+
+impl PgStore {
+    /// Upserts this node's row with `heartbeat_at = now()`.
+    pub async fn heartbeat(&self) -> Result<(), StoreError> {
+        self.run(|c, shared| async move {
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO nodes (id, addr, heartbeat_at) VALUES ($1, $2, now())
+                     ON CONFLICT (id) DO UPDATE SET addr = EXCLUDED.addr, heartbeat_at = now()",
+                )
+                .await?;
+            c.execute(&stmt, &[&shared.node.id, &shared.node.addr])
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Every node that ever heartbeat, by id.
+    pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+        let stale = stale_secs(self);
+        self.run(move |c, _| async move {
+            let rows = c
+                .query(
+                    "SELECT id, addr, (extract(epoch FROM heartbeat_at) * 1000000)::bigint,
+                            heartbeat_at > now() - make_interval(secs => $1)
+                     FROM nodes ORDER BY id",
+                    &[&stale],
+                )
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| NodeRow {
+                    id: r.get(0),
+                    addr: r.get(1),
+                    heartbeat_at: Timestamp::from_microsecond(r.get(2))
+                        .unwrap_or(Timestamp::UNIX_EPOCH),
+                    alive: r.get(3),
+                })
+                .collect())
+        })
+        .await
+    }
+
+    /// Makes this node the session's owner (see the module doc), or says
+    /// who owns it ([`StoreError::OwnedElsewhere`]).
+    pub async fn claim_session(&self, id: &str) -> Result<Claim, StoreError> {
+        let id = id.to_string();
+        let stale = stale_secs(self);
+        self.run(move |c, shared| async move {
+            let me = &shared.node.id;
+            let claim = c
+                .prepare_cached(
+                    "WITH old AS (SELECT id, owner FROM sessions WHERE id = $1 FOR UPDATE)
+                     UPDATE sessions s
+                     SET owner = $2,
+                         epoch = CASE WHEN old.owner = $2 THEN s.epoch ELSE s.epoch + 1 END
+                     FROM old
+                     WHERE s.id = old.id
+                       AND (old.owner IS NULL OR old.owner = $2 OR NOT EXISTS (
+                             SELECT 1 FROM nodes n WHERE n.id = old.owner
+                             AND n.heartbeat_at > now() - make_interval(secs => $3)))
+                     RETURNING s.epoch, old.owner",
+                )
+                .await?;
+            let who = c
+                .prepare_cached(
+                    "SELECT s.owner, n.addr FROM sessions s
+                     LEFT JOIN nodes n ON n.id = s.owner WHERE s.id = $1",
+                )
+                .await?;
+            // The owner may release or die between the two statements: look again.
+            for _ in 0..3 {
+                if let Some(row) = c.query_opt(&claim, &[&id, me, &stale]).await? {
+                    let epoch: i64 = row.get(0);
+                    let old: Option<String> = row.get(1);
+                    return Ok(Claim {
+                        epoch: epoch as u64,
+                        took_over_from: old.filter(|o| o != me),
+                    });
+                }
+                match c.query_opt(&who, &[&id]).await? {
+                    None => {
+                        return Ok(Claim {
+                            epoch: 0,
+                            took_over_from: None,
+                        });
+                    }
+                    Some(row) => {
+                        let owner: Option<String> = row.get(0);
+                        if let Some(owner) = owner.filter(|o| o != me) {
+                            return Err(StoreError::OwnedElsewhere {
+                                session_id: id,
+                                owner,
+                                addr: row.get(1),
+                            });
+                        }
+                    }
+                }
+            }
+            Err(StoreError::Fenced {
+                session_id: id,
+                epoch: 0,
+            })
+        })
+        .await
+    }
+
+    /// Gives the session up (its actor went idle) if this node still owns
+    /// it at `epoch`; the next claim, by any node, bumps the epoch.
+    pub async fn release_session(&self, id: &str, epoch: u64) -> Result<(), StoreError> {
+        let id = id.to_string();
+        self.run(move |c, shared| async move {
+            let stmt = c
+                .prepare_cached(
+                    "UPDATE sessions SET owner = NULL WHERE id = $1 AND epoch = $2 AND owner = $3",
+                )
+                .await?;
+            c.execute(&stmt, &[&id, &(epoch as i64), &shared.node.id])
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,851 @@
+//! One suite of store behaviour, run against both backends: redb (a temp
+//! dir) and PostgreSQL (a real server, [`support::postgres`], a database
+//! per test).
+//!
+//! suite!(open) ──▶ mod redb { every check on Store::open(tempdir) }
+//!              └─▶ mod postgres { every check on a fresh PostgreSQL database }
+//!
+//! Each check is written once; the backends must agree on what it reads
+//! back (order, paging cursors, counters, what an erase leaves). What only
+//! the cluster backend does (fencing, ownership, heartbeats) is checked
+//! after the suite.
+
+mod support;
+
+use cadre::identity::Plan;
+use cadre::model::ChatMessage;
+use cadre::store::idempotency::IdempotencyRecord;
+use cadre::store::turns::TurnWrite;
+use cadre::store::usage::day_of;
+use cadre::store::{
+    CallFilter, Session, StoredMessage, StoredSummary, TokenUsage, ToolCallRecord, UsageDelta,
+    WriteOp,
+};
+use jiff::Timestamp;
+use serde_json::{Value, json};
+
+fn session(id: &str, tenant: &str) -> Session {
+    Session {
+        id: id.into(),
+        tenant: tenant.into(),
+        agent: "assistant".into(),
+        user_id: Some("alice".into()),
+        plan: Plan::Free,
+        metadata: json!({"k": id}),
+        created_at: Timestamp::now(),
+    }
+}
+
+fn msg(seq: u64, text: &str) -> StoredMessage {
+    StoredMessage {
+        seq,
+        message: if seq % 2 == 1 {
+            ChatMessage::user(text)
+        } else {
+            ChatMessage::assistant(text)
+        },
+        created_at: Timestamp::now(),
+        rolled_back: false,
+    }
+}
+
+fn append(session_id: &str, from: u64, texts: &[&str]) -> WriteOp {
+    WriteOp::AppendMessages {
+        session_id: session_id.into(),
+        messages: texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| msg(from + i as u64, t))
+            .collect(),
+    }
+}
+
+/// Record ids sort as they are made (like UUID v7): `r0001` < `r0002`.
+fn call(n: u32, tenant: &str, tool: &str, conv: Option<&str>, wf: Option<&str>) -> ToolCallRecord {
+    ToolCallRecord {
+        record_id: format!("r{n:04}"),
+        tool_name: tool.into(),
+        tool_call_id: Some(format!("call_{n}")),
+        params: json!({"n": n}),
+        output: Some(json!({"ok": n})),
+        is_success: !n.is_multiple_of(3),
+        error: None,
+        error_type: None,
+        execution_time_ms: u64::from(n),
+        attempts: 1,
+        caller_id: conv.unwrap_or("wf").into(),
+        caller_type: "conversation_agent".into(),
+        conversation_id: conv.map(Into::into),
+        workflow_id: wf.map(Into::into),
+        user_id: None,
+        tenant: Some(tenant.into()),
+        created_at: Timestamp::now(),
+        source_id: None,
+        turn_id: None,
+    }
+}
+
+fn record(rec: ToolCallRecord) -> WriteOp {
+    WriteOp::RecordToolCall(Box::new(rec))
+}
+
+fn texts(ms: &[StoredMessage]) -> Vec<String> {
+    ms.iter()
+        .map(|m| m.message.content.clone().unwrap_or_default())
+        .collect()
+}
+
+fn ids(rs: &[ToolCallRecord]) -> Vec<&str> {
+    rs.iter().map(|r| r.record_id.as_str()).collect()
+}
+
+fn usage(session: Option<&str>, tenant: &str, agent: &str, p: u64, c: u64) -> WriteOp {
+    WriteOp::RecordUsage(UsageDelta {
+        session_id: session.map(Into::into),
+        tenant: tenant.into(),
+        agent: agent.into(),
+        day: day_of(Timestamp::now()),
+        usage: TokenUsage::call(p, c),
+    })
+}
+
+fn turn(session: &str, turn: &str, open: bool, key: Option<&str>) -> WriteOp {
+    WriteOp::PutTurn(Box::new(TurnWrite {
+        session_id: session.into(),
+        turn_id: turn.into(),
+        open,
+        idempotency_key: key.map(Into::into),
+        record: json!({"turn": turn, "open": open}),
+    }))
+}
+
+/// Writes the checks once for a backend: `$open` is an async block giving
+/// `(store, guard)`; the guard keeps the backend alive for the test.
+macro_rules! suite {
+    ($open:expr) => {
+        use super::*;
+
+        #[tokio::test]
+        async fn sessions_are_read_back_and_listed_per_tenant_in_id_order() {
+            let (store, _guard) = $open;
+            let mut ops: Vec<WriteOp> = ["s03", "s01", "s02", "s05", "s04"]
+                .iter()
+                .map(|id| {
+                    let tenant = if *id == "s04" { "other" } else { "acme" };
+                    WriteOp::PutSession(session(id, tenant))
+                })
+                .collect();
+            ops.push(append("s02", 1, &["hi"]));
+            store.write(ops, true).await.unwrap();
+            let s01 = store.get_session("s01").await.unwrap().unwrap();
+            assert_eq!(s01, Session { created_at: s01.created_at, ..session("s01", "acme") });
+            let got = store.get_session("s03").await.unwrap().unwrap();
+            assert_eq!((got.tenant.as_str(), got.metadata.clone()), ("acme", json!({"k": "s03"})));
+            assert_eq!(store.get_session("nope").await.unwrap(), None);
+            let all: Vec<String> = store.list_sessions().await.unwrap().into_iter().map(|s| s.id).collect();
+            assert_eq!(all, ["s01", "s02", "s03", "s04", "s05"]);
+
+            let p1 = store.sessions_of("acme", None, 2).await.unwrap();
+            let p1_ids: Vec<_> = p1.items.iter().map(|s| s.id.as_str()).collect();
+            assert_eq!((p1_ids, p1.next.as_deref()), (vec!["s01", "s02"], Some("s02")));
+            let p2 = store.sessions_of("acme", p1.next, 2).await.unwrap();
+            let p2_ids: Vec<_> = p2.items.iter().map(|s| s.id.as_str()).collect();
+            assert_eq!((p2_ids, p2.next), (vec!["s03", "s05"], None));
+            assert!(store.sessions_of("nobody", None, 10).await.unwrap().items.is_empty());
+
+            // A session's last activity is its last message, else its creation.
+            let page = store.sessions_with_activity(Some("s01".into()), 2).await.unwrap();
+            let seen: Vec<_> = page.iter().map(|(s, _)| s.id.as_str()).collect();
+            assert_eq!(seen, ["s02", "s03"]);
+            let s02 = store.messages("s02").await.unwrap();
+            assert_eq!(page[0].1, s02[0].created_at);
+            assert_eq!(page[1].1, page[1].0.created_at);
+
+            // Rewriting a session keeps one row.
+            let mut s = store.get_session("s05").await.unwrap().unwrap();
+            s.metadata = json!({"v": 2});
+            store.write(vec![WriteOp::PutSession(s)], false).await.unwrap();
+            assert_eq!(store.get_session("s05").await.unwrap().unwrap().metadata, json!({"v": 2}));
+            assert_eq!(store.list_sessions().await.unwrap().len(), 5);
+        }
+
+        #[tokio::test]
+        async fn messages_come_back_by_seq_in_every_window() {
+            let (store, _guard) = $open;
+            store
+                .write(
+                    vec![
+                        WriteOp::PutSession(session("s", "acme")),
+                        append("s", 1, &["one", "two", "three", "four", "five"]),
+                        append("t", 1, &["other"]),
+                    ],
+                    false,
+                )
+                .await
+                .unwrap();
+            assert_eq!(texts(&store.messages("s").await.unwrap()), ["one", "two", "three", "four", "five"]);
+            assert_eq!(texts(&store.messages_after("s", 3).await.unwrap()), ["four", "five"]);
+            assert_eq!(texts(&store.messages_page("s", 1, 2).await.unwrap()), ["two", "three"]);
+            let (recent, last) = store.recent_messages("s", 2).await.unwrap();
+            assert_eq!((texts(&recent), last), (vec!["four".to_string(), "five".into()], 5));
+            let (window, last) = store.unsummarised_messages("s", 2, 2).await.unwrap();
+            assert_eq!((texts(&window), last), (vec!["four".to_string(), "five".into()], 5));
+            let (window, last) = store.unsummarised_messages("s", 4, 10).await.unwrap();
+            assert_eq!((texts(&window), last), (vec!["five".to_string()], 5));
+            assert_eq!(store.message_count("s").await.unwrap(), 5);
+            assert_eq!(store.message_count("missing").await.unwrap(), 0);
+            let (none, last) = store.recent_messages("missing", 3).await.unwrap();
+            assert!(none.is_empty() && last == 0);
+
+            let stats = store.message_stats("s").await.unwrap();
+            let all = store.messages("s").await.unwrap();
+            assert_eq!((stats.count, stats.user_messages), (5, 3));
+            assert_eq!(stats.last_at, Some(all[4].created_at));
+            assert_eq!(store.message_stats("missing").await.unwrap().count, 0);
+
+            store
+                .write(vec![WriteOp::MarkRolledBack { session_id: "s".into(), seqs: vec![4, 5, 9] }], false)
+                .await
+                .unwrap();
+            let flags: Vec<bool> = store.messages("s").await.unwrap().iter().map(|m| m.rolled_back).collect();
+            assert_eq!(flags, [false, false, false, true, true]);
+
+            let summary = StoredSummary { text: "so far".into(), covers_until_seq: 3, updated_at: Timestamp::now() };
+            store
+                .write(vec![WriteOp::PutSummary { session_id: "s".into(), summary: summary.clone() }], false)
+                .await
+                .unwrap();
+            assert_eq!(store.get_summary("s").await.unwrap(), Some(summary));
+            assert_eq!(store.get_summary("t").await.unwrap(), None);
+        }
+
+        #[tokio::test]
+        async fn call_records_are_listed_by_every_filter_newest_first_and_paged() {
+            let (store, _guard) = $open;
+            let ops = vec![
+                record(call(1, "acme", "calc", Some("c1"), None)),
+                record(call(2, "acme", "search", Some("c1"), None)),
+                record(call(3, "acme", "calc", Some("c2"), None)),
+                record(call(4, "acme", "calc", None, Some("w1"))),
+                record(call(5, "globex", "calc", Some("c9"), None)),
+                record(call(6, "acme", "calc", Some("c1"), Some("w1"))),
+            ];
+            store.write(ops, false).await.unwrap();
+            let f = |conv: Option<&str>, wf: Option<&str>, tool: Option<&str>, tenant: Option<&str>, limit| CallFilter {
+                conversation_id: conv.map(Into::into),
+                workflow_id: wf.map(Into::into),
+                tool: tool.map(Into::into),
+                tenant: tenant.map(Into::into),
+                limit,
+            };
+            let calls = |filter| {
+                let store = store.clone();
+                async move { store.calls(filter).await.unwrap() }
+            };
+            assert_eq!(ids(&calls(f(None, None, None, None, 0)).await), ["r0006", "r0005", "r0004", "r0003", "r0002", "r0001"]);
+            assert_eq!(ids(&calls(f(Some("c1"), None, None, None, 0)).await), ["r0006", "r0002", "r0001"]);
+            assert_eq!(ids(&calls(f(None, Some("w1"), None, None, 0)).await), ["r0006", "r0004"]);
+            assert_eq!(ids(&calls(f(None, None, Some("calc"), None, 2)).await), ["r0006", "r0005"]);
+            assert_eq!(ids(&calls(f(Some("c1"), None, Some("calc"), None, 0)).await), ["r0006", "r0001"]);
+            assert_eq!(ids(&calls(f(None, None, None, Some("globex"), 0)).await), ["r0005"]);
+            assert_eq!(ids(&store.calls_for_conversation("c1").await.unwrap()), ["r0001", "r0002", "r0006"]);
+            assert_eq!(store.record_count().await.unwrap(), 6);
+
+            let p1 = store.calls_of("acme", CallFilter::default(), None, 2).await.unwrap();
+            assert_eq!((ids(&p1.items), p1.next.as_deref()), (vec!["r0006", "r0004"], Some("r0004")));
+            let p2 = store.calls_of("acme", CallFilter::default(), p1.next, 2).await.unwrap();
+            assert_eq!((ids(&p2.items), p2.next.as_deref()), (vec!["r0003", "r0002"], Some("r0002")));
+            let p3 = store.calls_of("acme", CallFilter::default(), p2.next, 2).await.unwrap();
+            assert_eq!((ids(&p3.items), p3.next), (vec!["r0001"], None));
+            let by_tool = store.calls_of("acme", f(Some("c1"), None, Some("calc"), None, 0), None, 10).await.unwrap();
+            assert_eq!(ids(&by_tool.items), ["r0006", "r0001"]);
+            let wf = store.calls_of("acme", f(None, Some("w1"), None, None, 0), Some("r0006".into()), 10).await.unwrap();
+            assert_eq!(ids(&wf.items), ["r0004"]);
+            assert!(store.calls_of("globex", f(Some("c1"), None, None, None, 0), None, 10).await.unwrap().items.is_empty());
+
+            // Tool counters: every recorded call but those of unknown tools.
+            let mut unknown = call(7, "acme", "no_such_tool", Some("c1"), None);
+            unknown.error_type = Some("tool_not_found".into());
+            store.write(vec![record(unknown)], false).await.unwrap();
+            let calc = store.tool_stats("calc").await.unwrap();
+            assert_eq!(
+                (calc.total_calls, calc.successful_calls, calc.failed_calls, calc.total_execution_time_ms),
+                (5, 3, 2, 1 + 3 + 4 + 5 + 6)
+            );
+            assert_eq!(store.tool_stats("no_such_tool").await.unwrap().total_calls, 0);
+            let all: Vec<(String, u64)> = store.all_tool_stats().await.unwrap().into_iter().map(|(t, s)| (t, s.total_calls)).collect();
+            assert_eq!(all, [("calc".to_string(), 5), ("search".into(), 1)]);
+        }
+
+        #[tokio::test]
+        async fn documents_are_listed_by_prefix_and_tenant_moved_once_and_indexed_once() {
+            let (store, _guard) = $open;
+            store.put_doc("state", "u1/a", json!(1), false).await.unwrap();
+            store.put_doc("state", "u1/b", json!(2), false).await.unwrap();
+            store.put_doc("state", "u2/a", json!(3), false).await.unwrap();
+            store.put_doc("state", "u1", json!(0), false).await.unwrap();
+            let keys = |v: Vec<(String, Value)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+            assert_eq!(keys(store.list_docs("state", "u1/").await.unwrap()), ["u1/a", "u1/b"]);
+            assert_eq!(keys(store.list_docs("state", "").await.unwrap()), ["u1", "u1/a", "u1/b", "u2/a"]);
+            assert_eq!(store.get_doc("state", "u2/a").await.unwrap(), Some(json!(3)));
+            store.delete_doc("state", "u2/a", false).await.unwrap();
+            assert_eq!(store.get_doc("state", "u2/a").await.unwrap(), None);
+
+            for k in ["k1", "k2", "k3"] {
+                store.put_doc_of("pending", "acme", k, json!({"k": k}), false).await.unwrap();
+            }
+            store.put_doc_of("pending", "globex", "k4", json!({"k": "k4"}), false).await.unwrap();
+            let p1 = store.docs_of("pending", "acme", None, 2, false).await.unwrap();
+            assert_eq!((keys(p1.items), p1.next.as_deref()), (vec!["k1".to_string(), "k2".into()], Some("k2")));
+            let p2 = store.docs_of("pending", "acme", p1.next, 2, false).await.unwrap();
+            assert_eq!((keys(p2.items), p2.next), (vec!["k3".to_string()], None));
+            let newest = store.docs_of("pending", "acme", None, 2, true).await.unwrap();
+            assert_eq!((keys(newest.items), newest.next.as_deref()), (vec!["k3".to_string(), "k2".into()], Some("k2")));
+            let older = store.docs_of("pending", "acme", Some("k2".into()), 2, true).await.unwrap();
+            assert_eq!(keys(older.items), ["k1"]);
+            // A rewrite without a tenant keeps the listing.
+            store.put_doc("pending", "k1", json!({"k": "k1", "v": 2}), false).await.unwrap();
+            assert_eq!(store.docs_of("pending", "acme", None, 10, false).await.unwrap().items.len(), 3);
+            store.delete_doc("pending", "k3", false).await.unwrap();
+            assert_eq!(keys(store.docs_of("pending", "acme", None, 10, false).await.unwrap().items), ["k1", "k2"]);
+
+            // Of two moves of one key, one finds it.
+            let (a, b) = tokio::join!(
+                store.move_doc("pending", "k2", "decided", json!("yes"), true),
+                store.move_doc("pending", "k2", "decided", json!("no"), true),
+            );
+            let found: Vec<Value> = [a.unwrap(), b.unwrap()].into_iter().flatten().collect();
+            assert_eq!(found, [json!({"k": "k2"})]);
+            assert_eq!(store.get_doc("pending", "k2").await.unwrap(), None);
+            assert!(store.get_doc("decided", "k2").await.unwrap().is_some());
+            assert_eq!(keys(store.docs_of("pending", "acme", None, 10, false).await.unwrap().items), ["k1"]);
+            assert_eq!(store.move_doc("pending", "gone", "decided", json!(1), false).await.unwrap(), None);
+
+            // Documents written before the index: indexed once per namespace.
+            store.put_doc("runs", "run1", json!({"tenant": "acme"}), false).await.unwrap();
+            store.put_doc("runs", "run2", json!({"tenant": "globex"}), false).await.unwrap();
+            store.put_doc("runs", "run3", json!({}), false).await.unwrap();
+            fn tenant_of(v: &Value) -> Option<String> {
+                v["tenant"].as_str().map(Into::into)
+            }
+            assert_eq!(store.index_docs("runs", tenant_of).await.unwrap(), Some(2));
+            assert_eq!(store.index_docs("runs", tenant_of).await.unwrap(), None);
+            assert_eq!(keys(store.docs_of("runs", "acme", None, 10, false).await.unwrap().items), ["run1"]);
+        }
+
+        #[tokio::test]
+        async fn erasing_a_session_removes_everything_under_it_and_late_writes() {
+            let (store, _guard) = $open;
+            let ops = vec![
+                WriteOp::PutSession(session("gone", "acme")),
+                WriteOp::PutSession(session("kept", "acme")),
+                append("gone", 1, &["a", "b"]),
+                append("kept", 1, &["c"]),
+                WriteOp::PutSummary {
+                    session_id: "gone".into(),
+                    summary: StoredSummary { text: "x".into(), covers_until_seq: 1, updated_at: Timestamp::now() },
+                },
+                record(call(1, "acme", "calc", Some("gone"), None)),
+                record(call(2, "acme", "calc", Some("kept"), None)),
+                usage(Some("gone"), "acme", "assistant", 10, 5),
+                turn("gone", "t1", true, Some("key-1")),
+            ];
+            store.write(ops, false).await.unwrap();
+            store.put_doc_of_session("confirmations", "acme", "gone", "cf1", json!({"s": "gone"}), false).await.unwrap();
+            // Decided: moved, and still erased with its session.
+            store.move_doc("confirmations", "cf1", "decided", json!({"d": 1}), false).await.unwrap();
+            store.put_doc_of("confirmations", "acme", "cf2", json!({}), false).await.unwrap();
+
+            let erased = store.erase_session("gone").await.unwrap().unwrap();
+            assert_eq!((erased.tenant.as_str(), erased.messages, erased.calls, erased.documents), ("acme", 2, 1, 1));
+            assert_eq!(store.erase_session("gone").await.unwrap(), None);
+            assert_eq!(store.get_session("gone").await.unwrap(), None);
+            assert_eq!(store.message_count("gone").await.unwrap(), 0);
+            assert_eq!(store.get_summary("gone").await.unwrap(), None);
+            assert!(store.session_usage("gone").await.unwrap().is_empty());
+            assert_eq!(store.turn("gone", "t1").await.unwrap(), None);
+            assert_eq!(store.turn_by_key("gone", "key-1").await.unwrap(), None);
+            assert!(store.open_turns().await.unwrap().is_empty());
+            assert_eq!(store.get_doc("decided", "cf1").await.unwrap(), None);
+            assert!(store.calls_for_conversation("gone").await.unwrap().is_empty());
+            // What stays: the other session, counters, the tenant's usage.
+            assert_eq!(store.message_count("kept").await.unwrap(), 1);
+            assert_eq!(store.record_count().await.unwrap(), 1);
+            assert!(store.get_doc("confirmations", "cf2").await.unwrap().is_some());
+            assert_eq!(store.tool_stats("calc").await.unwrap().total_calls, 2);
+            let day = day_of(Timestamp::now());
+            assert_eq!(store.tenant_usage("acme", day, day).await.unwrap().total_tokens, 15);
+
+            // Late writes under the erased id store nothing under it.
+            let late = vec![
+                WriteOp::PutSession(session("gone", "acme")),
+                append("gone", 3, &["late"]),
+                record(call(3, "acme", "calc", Some("gone"), None)),
+                usage(Some("gone"), "acme", "assistant", 1, 1),
+            ];
+            store.write(late, false).await.unwrap();
+            assert_eq!(store.get_session("gone").await.unwrap(), None);
+            assert_eq!(store.message_count("gone").await.unwrap(), 0);
+            assert_eq!(store.record_count().await.unwrap(), 1);
+            assert!(store.session_usage("gone").await.unwrap().is_empty());
+            assert_eq!(store.tenant_usage("acme", day, day).await.unwrap().total_tokens, 17);
+        }
+
+        #[tokio::test]
+        async fn turns_keys_and_open_turns_follow_their_records() {
+            let (store, _guard) = $open;
+            store
+                .write(
+                    vec![
+                        turn("s1", "t1", false, Some("k1")),
+                        turn("s1", "t2", false, None),
+                        turn("s1", "t3", true, Some("k3")),
+                        turn("s2", "t9", true, None),
+                    ],
+                    false,
+                )
+                .await
+                .unwrap();
+            assert_eq!(store.turn("s1", "t2").await.unwrap(), Some(json!({"turn": "t2", "open": false})));
+            assert_eq!(store.turn_by_key("s1", "k3").await.unwrap().as_deref(), Some("t3"));
+            assert_eq!(store.turn_by_key("s2", "k3").await.unwrap(), None);
+            assert_eq!(store.open_turn_of("s1").await.unwrap(), Some(json!({"turn": "t3", "open": true})));
+            let open = store.open_turns().await.unwrap();
+            assert_eq!(open, [("s1".to_string(), "t3".to_string()), ("s2".into(), "t9".into())]);
+            let p1 = store.turns_of("s1", None, 2).await.unwrap();
+            assert_eq!((p1.items.len(), p1.next.as_deref()), (2, Some("t2")));
+            let p2 = store.turns_of("s1", p1.next, 2).await.unwrap();
+            assert_eq!((p2.items, p2.next), (vec![json!({"turn": "t3", "open": true})], None));
+
+            store.write(vec![turn("s1", "t3", false, None)], false).await.unwrap();
+            assert_eq!(store.open_turn_of("s1").await.unwrap(), None);
+            assert_eq!(store.open_turns().await.unwrap().len(), 1);
+        }
+
+        #[tokio::test]
+        async fn idempotency_records_replay_and_expire() {
+            let (store, _guard) = $open;
+            let at = |ms| Timestamp::from_millisecond(ms).unwrap();
+            let rec = |ms, body: &str| IdempotencyRecord {
+                fingerprint: "f".into(),
+                status: 201,
+                content_type: Some("application/json".into()),
+                body: body.into(),
+                stored_at: at(ms),
+            };
+            store.put_idempotency("acme", "k1", &rec(1_000, "{\"a\":1}")).await.unwrap();
+            store.put_idempotency("acme", "k2", &rec(5_000, "{\"a\":2}")).await.unwrap();
+            store.put_idempotency("globex", "k1", &rec(2_000, "{\"g\":1}")).await.unwrap();
+            assert_eq!(store.idempotency_record("acme", "k1").await.unwrap(), Some(rec(1_000, "{\"a\":1}")));
+            assert_eq!(store.idempotency_record("acme", "none").await.unwrap(), None);
+            assert_eq!(store.sweep_idempotency(at(3_000)).await.unwrap(), 2);
+            assert_eq!(store.idempotency_record("acme", "k1").await.unwrap(), None);
+            assert!(store.idempotency_record("acme", "k2").await.unwrap().is_some());
+        }
+
+        #[tokio::test]
+        async fn usage_adds_up_per_session_and_per_tenant_day_and_agent() {
+            let (store, _guard) = $open;
+            store
+                .write(
+                    vec![
+                        usage(Some("s1"), "acme", "assistant", 100, 10),
+                        usage(Some("s1"), "acme", "assistant", 50, 5),
+                        usage(None, "acme", "analyst", 7, 3),
+                        usage(Some("s2"), "globex", "assistant", 1, 1),
+                    ],
+                    false,
+                )
+                .await
+                .unwrap();
+            let s1 = store.session_usage("s1").await.unwrap();
+            assert_eq!((s1.total_tokens, s1.model_calls), (165, 2));
+            let day = day_of(Timestamp::now());
+            let rows = store.usage_rows(None, day, day).await.unwrap();
+            let seen: Vec<(&str, &str, u64)> = rows.iter().map(|r| (r.tenant.as_str(), r.agent.as_str(), r.usage.total_tokens)).collect();
+            assert_eq!(seen, [("acme", "analyst", 10), ("acme", "assistant", 165), ("globex", "assistant", 2)]);
+            assert_eq!(store.tenant_usage("acme", day, day).await.unwrap().total_tokens, 175);
+            let yesterday = day.yesterday().unwrap();
+            assert!(store.usage_rows(Some("acme"), yesterday, yesterday).await.unwrap().is_empty());
+        }
+
+        #[tokio::test]
+        async fn a_write_fenced_at_the_epoch_of_a_claim_is_applied() {
+            let (store, _guard) = $open;
+            store.write(vec![WriteOp::PutSession(session("s", "acme"))], true).await.unwrap();
+            let claim = store.claim_session("s").await.unwrap();
+            assert_eq!(claim.took_over_from, None);
+            let fence = WriteOp::Fence { session_id: "s".into(), epoch: claim.epoch };
+            store.write(vec![fence, append("s", 1, &["mine"])], true).await.unwrap();
+            assert_eq!(texts(&store.messages("s").await.unwrap()), ["mine"]);
+            store.heartbeat().await.unwrap();
+            store.release_session("s", claim.epoch).await.unwrap();
+        }
+
+        #[tokio::test]
+        async fn text_with_nul_is_stored_and_found_as_sent() {
+            let (store, _guard) = $open;
+            let name = "calc\0ulator";
+            let mut rec = call(1, "acme", name, Some("c\0"), None);
+            rec.params = json!({"x": "a\0b"});
+            store
+                .write(vec![record(rec.clone()), append("s", 1, &["nul \0 here"])], true)
+                .await
+                .unwrap();
+            let by_tool = CallFilter { tool: Some(name.into()), ..CallFilter::default() };
+            assert_eq!(store.calls(by_tool).await.unwrap(), [rec.clone()]);
+            assert_eq!(store.calls_for_conversation("c\0").await.unwrap(), [rec]);
+            assert_eq!(store.tool_stats(name).await.unwrap().total_calls, 1);
+            assert_eq!(texts(&store.messages("s").await.unwrap()), ["nul \0 here"]);
+        }
+
+        #[tokio::test]
+        async fn writes_sent_behind_land_in_order_before_a_later_write() {
+            let (store, _guard) = $open;
+            for seq in 1..=50u64 {
+                store.write_behind(vec![append("s", seq, &[&format!("m{seq}")])]);
+            }
+            store.write(vec![append("s", 51, &["last"])], true).await.unwrap();
+            let all = store.messages("s").await.unwrap();
+            let seqs: Vec<u64> = all.iter().map(|m| m.seq).collect();
+            assert_eq!(seqs, (1..=51).collect::<Vec<_>>());
+            assert_eq!(all[0].message.content.as_deref(), Some("m1"));
+            store.flush().await.unwrap();
+        }
+    };
+}
+
+mod redb {
+    suite!({
+        let dir = tempfile::tempdir().unwrap();
+        (cadre::store::Store::open(dir.path()).unwrap(), dir)
+    });
+}
+
+mod postgres {
+    suite!({
+        let pg = super::support::postgres::Postgres::shared();
+        let url = pg.database("conformance");
+        let node = cadre::store::NodeIdentity {
+            id: "node-a".into(),
+            addr: None,
+            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+        };
+        (cadre::store::Store::open_postgres(&url, node).unwrap(), pg)
+    });
+}
+
+/// What only the cluster backend does: fencing, ownership, heartbeats.
+mod cluster {
+    use super::*;
+    use cadre::store::StoreError;
+    use cadre::store::{NodeIdentity, Store};
+    use support::postgres::Postgres;
+
+    fn node(id: &str, addr: &str) -> NodeIdentity {
+        NodeIdentity {
+            id: id.into(),
+            addr: Some(addr.into()),
+            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+        }
+    }
+
+    fn fence(epoch: u64) -> WriteOp {
+        WriteOp::Fence {
+            session_id: "s".into(),
+            epoch,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stale_epoch_is_refused_whole_and_the_rest_of_the_batch_commits() {
+        let pg = Postgres::shared();
+        let url = pg.database("fence");
+        let store = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        store
+            .write(vec![WriteOp::PutSession(session("s", "acme"))], true)
+            .await
+            .unwrap();
+        // Held behind, it rides the next write's transaction: one batch.
+        store.write_behind(vec![
+            fence(7),
+            append("s", 1, &["stale"]),
+            record(call(1, "acme", "calc", Some("s"), None)),
+        ]);
+        store
+            .write(vec![fence(1), append("s", 1, &["current"])], true)
+            .await
+            .unwrap();
+        assert_eq!(texts(&store.messages("s").await.unwrap()), ["current"]);
+        assert_eq!(store.record_count().await.unwrap(), 0);
+
+        // Concurrent requests: each gets its own answer.
+        let (stale, fine, other) = tokio::join!(
+            store.write(vec![fence(2), append("s", 2, &["x"])], true),
+            store.write(vec![fence(1), append("s", 2, &["two"])], true),
+            store.write(vec![append("t", 1, &["elsewhere"])], false),
+        );
+        assert!(
+            matches!(&stale, Err(StoreError::Fenced { session_id, epoch: 2 }) if session_id == "s"),
+            "{stale:?}"
+        );
+        fine.unwrap();
+        other.unwrap();
+
+        // A seq written already is a fence too: the writer lost the session.
+        let again = store
+            .write(
+                vec![fence(1), append("s", 2, &["again"]), append("u", 1, &["u"])],
+                true,
+            )
+            .await;
+        assert!(
+            matches!(again, Err(StoreError::Fenced { epoch: 1, .. })),
+            "{again:?}"
+        );
+        assert_eq!(
+            texts(&store.messages("s").await.unwrap()),
+            ["current", "two"]
+        );
+        assert_eq!(store.message_count("u").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_session_is_taken_over_only_from_a_dead_or_idle_owner() {
+        let pg = Postgres::shared();
+        let url = pg.database("claim");
+        let a = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
+        a.heartbeat().await.unwrap();
+        b.heartbeat().await.unwrap();
+        a.write(vec![WriteOp::PutSession(session("s", "acme"))], true)
+            .await
+            .unwrap();
+
+        let owned = b.claim_session("s").await;
+        assert!(
+            matches!(&owned, Err(StoreError::OwnedElsewhere { owner, addr: Some(addr), .. })
+                if owner == "node-a" && addr == "10.0.0.1:8080"),
+            "{owned:?}"
+        );
+        let mine = a.claim_session("s").await.unwrap();
+        assert_eq!((mine.epoch, mine.took_over_from), (1, None), "not bumped");
+        let unknown = b.claim_session("nope").await.unwrap();
+        assert_eq!(unknown.epoch, 0);
+
+        // node-a's heartbeat goes stale (by the database's clock).
+        pg.sql(
+            &url,
+            "UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = 'node-a'",
+        );
+        let alive: Vec<(String, bool)> = b
+            .nodes()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|n| (n.id, n.alive))
+            .collect();
+        assert_eq!(
+            alive,
+            [("node-a".to_string(), false), ("node-b".into(), true)]
+        );
+        let taken = b.claim_session("s").await.unwrap();
+        assert_eq!(
+            (taken.epoch, taken.took_over_from.as_deref()),
+            (2, Some("node-a"))
+        );
+        let late = a
+            .write(vec![fence(1), append("s", 1, &["late"])], true)
+            .await;
+        assert!(matches!(late, Err(StoreError::Fenced { .. })), "{late:?}");
+        b.write(vec![fence(2), append("s", 1, &["b"])], true)
+            .await
+            .unwrap();
+        assert_eq!(texts(&a.messages("s").await.unwrap()), ["b"]);
+
+        // An idle release lets any node claim, with a new epoch; a release
+        // with a stale epoch changes nothing.
+        a.heartbeat().await.unwrap();
+        a.release_session("s", 1).await.unwrap();
+        assert!(matches!(
+            a.claim_session("s").await,
+            Err(StoreError::OwnedElsewhere { .. })
+        ));
+        b.release_session("s", 2).await.unwrap();
+        let back = a.claim_session("s").await.unwrap();
+        assert_eq!((back.epoch, back.took_over_from), (3, None));
+        let fenced = b.write(vec![fence(2), append("s", 2, &["b2"])], true).await;
+        assert!(
+            matches!(fenced, Err(StoreError::Fenced { .. })),
+            "{fenced:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_database_is_an_error_naming_the_setting_without_the_password() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("postgres://cadre:s3cret@127.0.0.1:{port}/cadre");
+        let err = Store::open_postgres(&url, node("node-a", "x"))
+            .err()
+            .expect("refused");
+        let text = err.to_string();
+        assert!(text.contains("--store / [cluster] store"), "{text}");
+        assert!(
+            text.contains(&format!("postgres://cadre@127.0.0.1:{port}/cadre")),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_lost_database_makes_writes_unavailable_and_health_degraded() {
+        let pg = Postgres::start();
+        let url = pg.database("lost");
+        let store = Store::open_postgres(&url, node("node-a", "x")).unwrap();
+        store.put_doc("ns", "k", json!(1), true).await.unwrap();
+        assert_eq!(store.health(), cadre::store::StoreHealth::Ok);
+        drop(pg);
+        let err = store.put_doc("ns", "k", json!(2), true).await;
+        assert!(
+            matches!(
+                err,
+                Err(StoreError::Unavailable { .. } | StoreError::CommitFailed(_))
+            ),
+            "{err:?}"
+        );
+        assert!(store.get_doc("ns", "k").await.is_err());
+        assert!(
+            matches!(store.health(), cadre::store::StoreHealth::Degraded { .. }),
+            "{:?}",
+            store.health()
+        );
+    }
+}
+
+/// `cadre migrate`: a data dir of a real run, copied into PostgreSQL, reads
+/// back the same through the PostgreSQL store; a second run changes nothing.
+mod migrate {
+    use super::*;
+    use cadre::store::{NodeIdentity, Store};
+    use reqwest::StatusCode;
+    use support::postgres::Postgres;
+    use support::server::Server;
+
+    fn migrate(data: &std::path::Path, url: &str) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cadre"))
+            .arg("migrate")
+            .arg("--from")
+            .arg(data)
+            .args(["--to", url])
+            .output()
+            .expect("run cadre migrate");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_data_dir_of_a_real_run_reads_back_the_same_from_postgres() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let mut server = Server::start_offline(&data, &support::repo_agents());
+        let client = server.client();
+        let session = client.session("assistant").await;
+        for question in ["what is (2+3)*4?", "and 7*6?"] {
+            let (status, body) = client.say(&session, question).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+        let pg = Postgres::shared();
+        let url = pg.database("migrate");
+        // While the server runs, the data dir is not copied.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cadre"))
+            .arg("migrate")
+            .arg("--from")
+            .arg(&data)
+            .args(["--to", &url])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("stop it first"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        server.sigterm();
+        assert!(
+            server
+                .wait_exit(std::time::Duration::from_secs(20))
+                .success()
+        );
+
+        let first = migrate(&data, &url);
+        assert!(first.contains("messages"), "{first}");
+        assert_eq!(
+            migrate(&data, &url),
+            first,
+            "a second run copies the same rows"
+        );
+
+        let redb = Store::open(&data).unwrap();
+        let node = NodeIdentity {
+            id: "node-a".into(),
+            addr: None,
+            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+        };
+        let pg_store = Store::open_postgres(&url, node).unwrap();
+        let day = day_of(Timestamp::now());
+        // Two turns with a tool call each: user, call, result, answer.
+        assert_eq!(pg_store.message_count(&session).await.unwrap(), 8);
+        assert_eq!(
+            redb.list_sessions().await.unwrap(),
+            pg_store.list_sessions().await.unwrap()
+        );
+        assert_eq!(
+            redb.messages(&session).await.unwrap(),
+            pg_store.messages(&session).await.unwrap()
+        );
+        let calls = redb.calls(CallFilter::default()).await.unwrap();
+        assert!(!calls.is_empty());
+        assert_eq!(calls, pg_store.calls(CallFilter::default()).await.unwrap());
+        let tenant = calls[0].tenant.clone().unwrap();
+        assert_eq!(
+            redb.calls_of(&tenant, CallFilter::default(), None, 10)
+                .await
+                .unwrap(),
+            pg_store
+                .calls_of(&tenant, CallFilter::default(), None, 10)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            redb.all_tool_stats().await.unwrap(),
+            pg_store.all_tool_stats().await.unwrap()
+        );
+        assert_eq!(
+            redb.session_usage(&session).await.unwrap(),
+            pg_store.session_usage(&session).await.unwrap()
+        );
+        assert_eq!(
+            redb.usage_rows(None, day, day).await.unwrap(),
+            pg_store.usage_rows(None, day, day).await.unwrap()
+        );
+        assert_eq!(
+            redb.turns_of(&session, None, 10).await.unwrap(),
+            pg_store.turns_of(&session, None, 10).await.unwrap()
+        );
+        assert_eq!(
+            redb.get_summary(&session).await.unwrap(),
+            pg_store.get_summary(&session).await.unwrap()
+        );
+        // The migrated session has no owner: the first claim takes it.
+        let claim = pg_store.claim_session(&session).await.unwrap();
+        assert_eq!((claim.epoch, claim.took_over_from), (2, None));
+    }
+}
