@@ -713,7 +713,12 @@ async fn serve(
     }
     crate::http::idempotency::spawn_sweep(store.clone(), builder.config.idempotency_keep());
     if store.node_id().is_some() {
-        spawn_cluster_duties(store.clone(), sessions.clone(), &builder.config.cluster);
+        spawn_cluster_duties(
+            store.clone(),
+            sessions.clone(),
+            keys.clone(),
+            &builder.config.cluster,
+        );
     }
     watch::spawn(
         registry.clone(),
@@ -1026,13 +1031,15 @@ async fn shutdown_signal(stop: oneshot::Receiver<()>, signals: bool) {
     }
 }
 
-/// Cluster mode: this node's heartbeat (every `[cluster] heartbeat_s`),
+/// Cluster mode: this node's heartbeat and a fresh read of the API keys
+/// (every `[cluster] heartbeat_s`),
 /// and the sweep that takes over the cut turns of dead nodes' sessions
 /// (every `[cluster] owner_stale_s`: a session whose owner stopped
 /// heartbeating is claimable then, [`crate::store::owners`]).
 fn spawn_cluster_duties(
     store: Store,
     sessions: Sessions,
+    keys: crate::tenants::KeyRing,
     cluster: &crate::server_config::ClusterSection,
 ) {
     let beat = Duration::from_secs_f64(cluster.heartbeat_s);
@@ -1047,6 +1054,10 @@ fn spawn_cluster_duties(
                 _ = heartbeat.tick() => {
                     if let Err(e) = store.heartbeat().await {
                         tracing::warn!(error = %e, "heartbeat not stored: other nodes may take this node's sessions over");
+                    }
+                    // Keys created or revoked through another node.
+                    if let Err(e) = keys.refresh(&store).await {
+                        tracing::warn!(error = %e, "API keys not read again");
                     }
                 }
                 _ = takeover.tick() => {

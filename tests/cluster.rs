@@ -373,7 +373,7 @@ async fn acknowledged_turns_survive_kill_9_of_random_nodes() {
 /// call is slow); it is SIGSTOPped past its heartbeat, node1 takes the
 /// session over and finishes the turn; node0 wakes with the model's reply
 /// and is fenced: it runs no tool and writes nothing, and its caller gets
-/// `SESSION_MOVED`.
+/// the turn as node1 finished it (or `SESSION_MOVED`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_owner_is_fenced_when_it_wakes() {
     let dir = tempfile::tempdir().unwrap();
@@ -384,7 +384,7 @@ async fn a_paused_owner_is_fenced_when_it_wakes() {
     // The first model call (node0's) answers after 4 s; later ones at once.
     model.set_responder(|request, number| {
         let reply = answer(request, number);
-        if number == 0 {
+        if number == 1 {
             Reply::slow(Duration::from_secs(4), reply)
         } else {
             reply
@@ -397,6 +397,23 @@ async fn a_paused_owner_is_fenced_when_it_wakes() {
         json!({ "content": "pay the invoice" }),
     );
     model.wait_for_requests(1).await;
+    // The turn's first step (its user message, phase `awaiting_model`)
+    // is committed a moment after the model call starts: pause node0 once
+    // it is (a turn nothing of which was stored is not taken over, its
+    // client retries it).
+    let node1 = cluster.node_client(1);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = node1.get(&format!("/v1/sessions/{session}/turns")).await;
+        if body["turns"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["phase"] == "awaiting_model"))
+        {
+            break;
+        }
+        assert!(Instant::now() < until, "the turn was not stored: {body}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     cluster.sigstop(0);
     // node1's sweep finds the open turn once node0's heartbeat is stale
     // (1 s) and resumes it: the ledger gets node1's call.
@@ -405,7 +422,6 @@ async fn a_paused_owner_is_fenced_when_it_wakes() {
         assert!(Instant::now() < until, "node1 did not take the turn over");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let node1 = cluster.node_client(1);
     let until = Instant::now() + Duration::from_secs(20);
     loop {
         let messages = history(&node1, &session).await.unwrap();
@@ -423,11 +439,20 @@ async fn a_paused_owner_is_fenced_when_it_wakes() {
     }
     let before = history(&node1, &session).await.unwrap();
     cluster.sigcont(0);
+    // The woken owner's caller learns how the turn ended: the answer node1
+    // gave it (node0's own step was refused; it finds the turn finished in
+    // the store), or SESSION_MOVED to retry; never node0's own call.
     let (status, body) = cut.await.unwrap();
-    assert_eq!(
-        body["error"]["code"], "SESSION_MOVED",
-        "the woken owner's turn is refused: {status} {body}"
-    );
+    match status {
+        StatusCode::OK => {
+            assert_eq!(body["answer"], "recorded: pay the invoice", "{body}");
+            assert_ne!(
+                body["tool_calls"][0]["id"], "call_1",
+                "node0's own call: {body}"
+            );
+        }
+        _ => assert_eq!(body["error"]["code"], "SESSION_MOVED", "{status} {body}"),
+    }
     // node0 wrote nothing after it woke and ran no tool.
     let after = history(&node1, &session).await.unwrap();
     assert_eq!(before, after, "the fenced node wrote to the session");
