@@ -442,7 +442,16 @@ fn setup(
             url,
             crate::store::NodeIdentity {
                 id: config.cluster.node_id.clone().unwrap_or_default(),
-                addr: config.cluster.advertise.clone(),
+                // Unset: the listen address, when it is one others can
+                // reach (not 0.0.0.0, not port 0); else none, and requests
+                // for this node's sessions that reach other nodes get
+                // SESSION_MOVED instead of being forwarded.
+                addr: config.cluster.advertise.clone().or_else(|| {
+                    builder
+                        .listen
+                        .filter(|a| !a.ip().is_unspecified() && a.port() != 0)
+                        .map(|a| format!("http://{a}"))
+                }),
                 stale_after: Duration::from_secs_f64(config.cluster.owner_stale_s),
             },
         )?,

@@ -23,7 +23,7 @@
 //! workflow's current definition, keeping what succeeded.
 //!
 //! Restart ([`Workflows::recover`], once at start): a run still `running`
-//! in the store was cut by the stop (a crash, or a shutdown: runners stop
+//! in the store (and, in cluster mode, run by this node: `node`) was cut by the stop (a crash, or a shutdown: runners stop
 //! without writing). Its running nodes and elements become failed as
 //! interrupted, then:
 //! - when its last progress ([`WorkflowRun::last_progress`]: the latest
@@ -469,7 +469,11 @@ impl Workflows {
                     continue;
                 }
             };
-            if run.status == RunStatus::Running && !self.is_live(&id) {
+            // Cluster mode: another node's running run is not cut.
+            if run.status == RunStatus::Running
+                && !self.is_live(&id)
+                && run.node.as_deref() == store.node_id()
+            {
                 cut.push(run);
             }
         }
@@ -649,6 +653,7 @@ impl Workflows {
         let mut run = new_run(&workflow, id, input, owner, Timestamp::now());
         run.depth = depth;
         run.parent_run = start.parent_run.filter(|_| depth > 0);
+        run.node = self.inner.deps.store.node_id().map(str::to_string);
         let cache_ttl = self.cache_policy(&run.tenant).await;
         let live = self.claim(&run)?;
         if let Err(e) = record::save(&self.inner.deps.store, &run, true).await {
@@ -726,6 +731,7 @@ impl Workflows {
                 name: run.workflow.clone(),
             })?;
         run.reset_for_resume(Timestamp::now(), automatic);
+        run.node = self.inner.deps.store.node_id().map(str::to_string);
         let cache_ttl = self.cache_policy(&run.tenant).await;
         let live = self.claim(&run)?;
         if let Err(e) = record::save(&self.inner.deps.store, &run, true).await {

@@ -178,6 +178,7 @@ pub fn new_run(
         resumed_at: None,
         parent_run: None,
         depth: 0,
+        node: None,
     }
 }
 

@@ -50,6 +50,8 @@ pub struct TestApp {
     pub data_dir: PathBuf,
     /// Kept alive for the test's duration.
     _dirs: Vec<tempfile::TempDir>,
+    /// `CADRE_TEST_STORE=postgres`: the PostgreSQL this app's store is on.
+    _postgres: Option<Arc<postgres::Postgres>>,
 }
 
 pub struct AppOptions {
@@ -134,12 +136,26 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
     } else {
         endpoint
     };
+    // `CADRE_TEST_STORE=postgres cargo test --test NAME`: the same test on
+    // a one-node cluster, its store a fresh database on a real PostgreSQL
+    // (not in CI: a documented command, README "Running on several machines").
+    let mut config = options.config;
+    let pg = match std::env::var("CADRE_TEST_STORE").as_deref() {
+        Ok("postgres") => {
+            let pg = postgres::Postgres::shared();
+            config.cluster.store = Some(pg.database("app"));
+            config.cluster.node_id = Some("test-node".into());
+            Some(pg)
+        }
+        Ok("redb") | Err(_) => None,
+        Ok(other) => panic!("CADRE_TEST_STORE must be redb or postgres, not {other:?}"),
+    };
     let mut builder = Runtime::builder()
         .data_dir(&data_dir)
         .agents_dir(&options.agents_dir)
         .listen("127.0.0.1:0".parse().unwrap())
         .model_endpoint(endpoint)
-        .config(options.config)
+        .config(config)
         .workers(2)
         .client_options(ClientOptions {
             request_timeout: options.request_timeout,
@@ -160,6 +176,7 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
         runtime: Some(runtime),
         data_dir,
         _dirs: dirs,
+        _postgres: pg,
     }
 }
 
