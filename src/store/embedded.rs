@@ -224,11 +224,6 @@ impl RedbStore {
         }
     }
 
-    /// Makes everything written so far durable.
-    pub async fn flush(&self) -> Result<(), StoreError> {
-        self.write(Vec::new(), true).await
-    }
-
     /// Every session (ids are time-ordered, so oldest first).
     pub async fn list_sessions(&self) -> Result<Vec<Session>, StoreError> {
         self.read(|db| {
@@ -341,11 +336,6 @@ impl RedbStore {
         .await
     }
 
-    /// Every message of a session, oldest first.
-    pub async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>, StoreError> {
-        self.messages_after(session_id, 0).await
-    }
-
     /// At most `limit` messages with seq > `after`, oldest first.
     pub async fn messages_page(
         &self,
@@ -453,21 +443,6 @@ impl RedbStore {
             Ok(n)
         })
         .await
-    }
-
-    /// Every tool call a conversation made, oldest first.
-    pub async fn calls_for_conversation(
-        &self,
-        conversation_id: &str,
-    ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        let mut calls = self
-            .calls(CallFilter {
-                conversation_id: Some(conversation_id.to_string()),
-                ..CallFilter::default()
-            })
-            .await?;
-        calls.reverse();
-        Ok(calls)
     }
 
     /// Call records matching the filter, newest first, at most `limit`
@@ -616,90 +591,6 @@ impl RedbStore {
         .await
     }
 
-    /// Writes a document; durable before returning when `durable`.
-    pub async fn put_doc(
-        &self,
-        namespace: &str,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        self.put_doc_for(namespace, None, key, value, durable).await
-    }
-
-    /// [`Self::put_doc`] of a document `tenant` owns: listed under it by
-    /// [`Self::docs_of`].
-    pub async fn put_doc_of(
-        &self,
-        namespace: &str,
-        tenant: &str,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        self.put_doc_for(namespace, Some(tenant), key, value, durable)
-            .await
-    }
-
-    async fn put_doc_for(
-        &self,
-        namespace: &str,
-        tenant: Option<&str>,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        let op = WriteOp::PutDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-            value,
-            tenant: tenant.map(Into::into),
-        };
-        self.write(vec![op], durable).await
-    }
-
-    /// [`Self::put_doc_of`] of a document that belongs to `session`: it is
-    /// erased with the session ([`Self::erase_session`]), wherever it was
-    /// moved to by then.
-    pub async fn put_doc_of_session(
-        &self,
-        namespace: &str,
-        tenant: &str,
-        session: &str,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        let ops = vec![
-            WriteOp::PutDoc {
-                namespace: namespace.into(),
-                key: key.into(),
-                value,
-                tenant: Some(tenant.into()),
-            },
-            WriteOp::LinkDoc {
-                namespace: namespace.into(),
-                key: key.into(),
-                session_id: session.into(),
-            },
-        ];
-        self.write(ops, durable).await
-    }
-
-    /// Removes the session `id` and every row stored under it, durably, in
-    /// one transaction ([`erase`]); `None` when there was no such session.
-    /// The caller makes sure nothing writes for the session any more.
-    pub async fn erase_session(&self, id: &str) -> Result<Option<Erased>, StoreError> {
-        let erased = Arc::new(Mutex::new(None));
-        let op = WriteOp::DeleteSession {
-            session_id: id.into(),
-            erased: erased.clone(),
-        };
-        self.write(vec![op], true).await?;
-        let found = erased.lock().expect("erase slot").take();
-        Ok(found)
-    }
-
     /// Up to `limit` sessions of every tenant after the id `after` (by id:
     /// oldest first for UUID v7 ids), each with when it was last active
     /// (its last message, else its creation): what the retention sweep
@@ -783,43 +674,6 @@ impl RedbStore {
             listing::docs_page(db, &ns, &tenant, cursor.as_deref(), limit, newest_first)
         })
         .await
-    }
-
-    pub async fn delete_doc(
-        &self,
-        namespace: &str,
-        key: &str,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        let op = WriteOp::DeleteDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-        };
-        self.write(vec![op], durable).await
-    }
-
-    /// Moves a document to another namespace with a new value, atomically
-    /// (see [`WriteOp::MoveDoc`]); `None` when it was not there, which is
-    /// what every caller but one sees when several move the same key.
-    pub async fn move_doc(
-        &self,
-        namespace: &str,
-        key: &str,
-        to_namespace: &str,
-        to_value: Value,
-        durable: bool,
-    ) -> Result<Option<Value>, StoreError> {
-        let moved = Arc::new(Mutex::new(None));
-        let op = WriteOp::MoveDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-            to_namespace: to_namespace.into(),
-            to_value,
-            moved: moved.clone(),
-        };
-        self.write(vec![op], durable).await?;
-        let taken = moved.lock().expect("move slot").take();
-        Ok(taken)
     }
 
     pub async fn record_count(&self) -> Result<u64, StoreError> {
@@ -985,7 +839,13 @@ mod tests {
             None,
             "absent, cached"
         );
-        store.put_doc("ns", "k", 1.into(), false).await.unwrap();
+        let put = WriteOp::PutDoc {
+            namespace: "ns".into(),
+            key: "k".into(),
+            value: 1.into(),
+            tenant: None,
+        };
+        store.write(vec![put], false).await.unwrap();
         assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(1.into()));
         store.delete_doc("ns", "k", false).await.unwrap();
         assert_eq!(store.get_doc("ns", "k").await.unwrap(), None);
@@ -995,11 +855,23 @@ mod tests {
     async fn a_read_that_raced_a_write_does_not_cache_the_old_value() {
         let store = RedbStore::open_in_memory().unwrap();
         let cache = &store.inner.cache;
-        store.put_doc("ns", "k", 1.into(), false).await.unwrap();
+        let put = WriteOp::PutDoc {
+            namespace: "ns".into(),
+            key: "k".into(),
+            value: 1.into(),
+            tenant: None,
+        };
+        store.write(vec![put], false).await.unwrap();
         // A reader took the generation and read 1; a write of 2 commits
         // before the reader puts what it read.
         let seen = cache.generation();
-        store.put_doc("ns", "k", 2.into(), false).await.unwrap();
+        let put = WriteOp::PutDoc {
+            namespace: "ns".into(),
+            key: "k".into(),
+            value: 2.into(),
+            tenant: None,
+        };
+        store.write(vec![put], false).await.unwrap();
         cache.put_doc(seen, "ns", "k", &Some(1.into()));
         assert_eq!(store.get_doc("ns", "k").await.unwrap(), Some(2.into()));
     }

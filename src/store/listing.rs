@@ -389,10 +389,13 @@ mod tests {
                 )
                 .await
                 .unwrap();
-            store
-                .put_doc_of("ns", "acme", &key, json!({ "i": i }), false)
-                .await
-                .unwrap();
+            let put = WriteOp::PutDoc {
+                namespace: "ns".into(),
+                key: key.clone(),
+                value: json!({ "i": i }),
+                tenant: Some("acme".into()),
+            };
+            store.write(vec![put], false).await.unwrap();
             let db = store.db.current();
             let txn = db.begin_write().unwrap();
             {

@@ -74,6 +74,7 @@ pub mod usage;
 mod writer;
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
 use jiff::civil::Date;
@@ -210,7 +211,7 @@ impl Store {
 
     /// Makes everything written so far durable.
     pub async fn flush(&self) -> Result<(), StoreError> {
-        on_backend!(self, s => s.flush().await)
+        self.write(Vec::new(), true).await
     }
 
     /// Every session (ids are time-ordered, so oldest first).
@@ -264,7 +265,7 @@ impl Store {
 
     /// Every message of a session, oldest first.
     pub async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>, StoreError> {
-        on_backend!(self, s => s.messages(session_id).await)
+        self.messages_after(session_id, 0).await
     }
 
     /// At most `limit` messages with seq > `after`, oldest first.
@@ -309,7 +310,14 @@ impl Store {
         &self,
         conversation_id: &str,
     ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        on_backend!(self, s => s.calls_for_conversation(conversation_id).await)
+        let mut calls = self
+            .calls(CallFilter {
+                conversation_id: Some(conversation_id.to_string()),
+                ..CallFilter::default()
+            })
+            .await?;
+        calls.reverse();
+        Ok(calls)
     }
 
     /// Call records matching the filter, newest first, at most `limit`
@@ -350,7 +358,7 @@ impl Store {
         value: Value,
         durable: bool,
     ) -> Result<(), StoreError> {
-        on_backend!(self, s => s.put_doc(namespace, key, value, durable).await)
+        self.put_doc_for(namespace, None, key, value, durable).await
     }
 
     /// [`Self::put_doc`] of a document `tenant` owns: listed under it by
@@ -363,7 +371,8 @@ impl Store {
         value: Value,
         durable: bool,
     ) -> Result<(), StoreError> {
-        on_backend!(self, s => s.put_doc_of(namespace, tenant, key, value, durable).await)
+        self.put_doc_for(namespace, Some(tenant), key, value, durable)
+            .await
     }
 
     /// [`Self::put_doc_of`] of a document that belongs to `session`: it is
@@ -378,14 +387,34 @@ impl Store {
         value: Value,
         durable: bool,
     ) -> Result<(), StoreError> {
-        on_backend!(self, s => s.put_doc_of_session(namespace, tenant, session, key, value, durable).await)
+        let ops = vec![
+            WriteOp::PutDoc {
+                namespace: namespace.into(),
+                key: key.into(),
+                value,
+                tenant: Some(tenant.into()),
+            },
+            WriteOp::LinkDoc {
+                namespace: namespace.into(),
+                key: key.into(),
+                session_id: session.into(),
+            },
+        ];
+        self.write(ops, durable).await
     }
 
     /// Removes the session `id` and every row stored under it, durably, in
     /// one transaction ([`erase`]); `None` when there was no such session.
     /// The caller makes sure nothing writes for the session any more.
     pub async fn erase_session(&self, id: &str) -> Result<Option<Erased>, StoreError> {
-        on_backend!(self, s => s.erase_session(id).await)
+        let erased = Arc::new(Mutex::new(None));
+        let op = WriteOp::DeleteSession {
+            session_id: id.into(),
+            erased: erased.clone(),
+        };
+        self.write(vec![op], true).await?;
+        let found = erased.lock().expect("erase slot").take();
+        Ok(found)
     }
 
     /// Up to `limit` sessions of every tenant after the id `after` (by id:
@@ -431,7 +460,11 @@ impl Store {
         key: &str,
         durable: bool,
     ) -> Result<(), StoreError> {
-        on_backend!(self, s => s.delete_doc(namespace, key, durable).await)
+        let op = WriteOp::DeleteDoc {
+            namespace: namespace.into(),
+            key: key.into(),
+        };
+        self.write(vec![op], durable).await
     }
 
     /// Moves a document to another namespace with a new value, atomically
@@ -445,7 +478,17 @@ impl Store {
         to_value: Value,
         durable: bool,
     ) -> Result<Option<Value>, StoreError> {
-        on_backend!(self, s => s.move_doc(namespace, key, to_namespace, to_value, durable).await)
+        let moved = Arc::new(Mutex::new(None));
+        let op = WriteOp::MoveDoc {
+            namespace: namespace.into(),
+            key: key.into(),
+            to_namespace: to_namespace.into(),
+            to_value,
+            moved: moved.clone(),
+        };
+        self.write(vec![op], durable).await?;
+        let taken = moved.lock().expect("move slot").take();
+        Ok(taken)
     }
 
     pub async fn record_count(&self) -> Result<u64, StoreError> {
@@ -539,6 +582,23 @@ impl Store {
     /// Deletes every record stored before `before`; returns how many went.
     pub async fn sweep_idempotency(&self, before: Timestamp) -> Result<u64, StoreError> {
         on_backend!(self, s => s.sweep_idempotency(before).await)
+    }
+
+    async fn put_doc_for(
+        &self,
+        namespace: &str,
+        tenant: Option<&str>,
+        key: &str,
+        value: Value,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        let op = WriteOp::PutDoc {
+            namespace: namespace.into(),
+            key: key.into(),
+            value,
+            tenant: tenant.map(Into::into),
+        };
+        self.write(vec![op], durable).await
     }
 
     /// Makes this node the session's writer and returns the epoch its

@@ -357,11 +357,6 @@ impl PgStore {
         }
     }
 
-    /// Makes everything written so far durable.
-    pub async fn flush(&self) -> Result<(), StoreError> {
-        self.write(Vec::new(), true).await
-    }
-
     /// Runs `f` with a pooled connection on the store's runtime.
     async fn run<T, F, Fut>(&self, f: F) -> Result<T, StoreError>
     where

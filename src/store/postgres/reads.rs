@@ -21,7 +21,7 @@ use super::{PgStore, column};
 use crate::store::idempotency::{IdempotencyRecord, SWEEP_BATCH};
 use crate::store::usage::{TokenUsage, UsageRow};
 use crate::store::{
-    CallFilter, Erased, MessageStats, Page, Session, StoreError, StoredMessage, StoredSummary,
+    CallFilter, MessageStats, Page, Session, StoreError, StoredMessage, StoredSummary,
     ToolCallRecord, ToolStats, WriteOp,
 };
 
@@ -177,21 +177,6 @@ impl PgStore {
         .await
     }
 
-    /// Every tool call a conversation made, oldest first.
-    pub async fn calls_for_conversation(
-        &self,
-        conversation_id: &str,
-    ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        let mut calls = self
-            .calls(CallFilter {
-                conversation_id: Some(conversation_id.to_string()),
-                ..CallFilter::default()
-            })
-            .await?;
-        calls.reverse();
-        Ok(calls)
-    }
-
     pub async fn record_count(&self) -> Result<u64, StoreError> {
         self.run(|c, _| async move {
             let rows = sql!(c, "SELECT count(*) FROM tool_calls",);
@@ -246,11 +231,6 @@ impl PgStore {
             Ok((out, last[0].try_get::<_, i64>(0)? as u64))
         })
         .await
-    }
-
-    /// Every message of a session, oldest first.
-    pub async fn messages(&self, session_id: &str) -> Result<Vec<StoredMessage>, StoreError> {
-        self.messages_after(session_id, 0).await
     }
 
     /// At most `limit` messages with seq > `after`, oldest first.
@@ -470,120 +450,6 @@ impl PgStore {
                 .collect()
         })
         .await
-    }
-
-    /// Writes a document; durable before returning when `durable`.
-    pub async fn put_doc(
-        &self,
-        namespace: &str,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        self.put_doc_for(namespace, None, key, value, durable).await
-    }
-
-    /// [`Self::put_doc`] of a document `tenant` owns: listed by [`Self::docs_of`].
-    pub async fn put_doc_of(
-        &self,
-        namespace: &str,
-        tenant: &str,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        self.put_doc_for(namespace, Some(tenant), key, value, durable)
-            .await
-    }
-
-    async fn put_doc_for(
-        &self,
-        namespace: &str,
-        tenant: Option<&str>,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        let op = WriteOp::PutDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-            value,
-            tenant: tenant.map(Into::into),
-        };
-        self.write(vec![op], durable).await
-    }
-
-    /// [`Self::put_doc_of`] of a document erased with `session`.
-    pub async fn put_doc_of_session(
-        &self,
-        namespace: &str,
-        tenant: &str,
-        session: &str,
-        key: &str,
-        value: Value,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        let ops = vec![
-            WriteOp::PutDoc {
-                namespace: namespace.into(),
-                key: key.into(),
-                value,
-                tenant: Some(tenant.into()),
-            },
-            WriteOp::LinkDoc {
-                namespace: namespace.into(),
-                key: key.into(),
-                session_id: session.into(),
-            },
-        ];
-        self.write(ops, durable).await
-    }
-
-    pub async fn delete_doc(
-        &self,
-        namespace: &str,
-        key: &str,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        let op = WriteOp::DeleteDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-        };
-        self.write(vec![op], durable).await
-    }
-
-    /// Moves a document atomically (see [`WriteOp::MoveDoc`]).
-    pub async fn move_doc(
-        &self,
-        namespace: &str,
-        key: &str,
-        to_namespace: &str,
-        to_value: Value,
-        durable: bool,
-    ) -> Result<Option<Value>, StoreError> {
-        let moved = Arc::new(Mutex::new(None));
-        let op = WriteOp::MoveDoc {
-            namespace: namespace.into(),
-            key: key.into(),
-            to_namespace: to_namespace.into(),
-            to_value,
-            moved: moved.clone(),
-        };
-        self.write(vec![op], durable).await?;
-        let taken = moved.lock().expect("move slot").take();
-        Ok(taken)
-    }
-
-    /// Removes the session and every row under it, durably, in one transaction.
-    pub async fn erase_session(&self, id: &str) -> Result<Option<Erased>, StoreError> {
-        let erased = Arc::new(Mutex::new(None));
-        let op = WriteOp::DeleteSession {
-            session_id: id.into(),
-            erased: erased.clone(),
-        };
-        self.write(vec![op], true).await?;
-        let found = erased.lock().expect("erase slot").take();
-        Ok(found)
     }
 
     /// Indexes by tenant the documents of `namespace` written without one,
