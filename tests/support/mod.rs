@@ -142,8 +142,21 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
     let mut config = options.config;
     let pg = match std::env::var("CADRE_TEST_STORE").as_deref() {
         Ok("postgres") => {
+            // One database per data dir: an app started again on the same
+            // dir (a restart) finds what the first one stored.
+            static DATABASES: std::sync::Mutex<Vec<(PathBuf, String)>> =
+                std::sync::Mutex::new(Vec::new());
             let pg = postgres::Postgres::shared();
-            config.cluster.store = Some(pg.database("app"));
+            let mut known = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
+            let url = match known.iter().find(|(d, _)| *d == data_dir) {
+                Some((_, url)) => url.clone(),
+                None => {
+                    let url = pg.database("app");
+                    known.push((data_dir.clone(), url.clone()));
+                    url
+                }
+            };
+            config.cluster.store = Some(url);
             config.cluster.node_id = Some("test-node".into());
             Some(pg)
         }
