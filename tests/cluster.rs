@@ -17,7 +17,7 @@
 //!    once, `seq` is dense, no user message is duplicated, no ledger key is
 //!    written twice, and every acknowledged turn's call is in the ledger.
 //!    CI runs one small trial; the long run is
-//!    `CADRE_CLUSTER_TRIALS=100 CADRE_CLUSTER_SESSIONS=200 cargo test --release --test cluster acknowledged -- --nocapture`.
+//!    `CADRE_KILL_TRIALS=100 CADRE_KILL_SESSIONS=200 cargo test --release --test cluster acknowledged -- --nocapture`.
 //! 2. **Split brain** ([`a_paused_owner_is_fenced_when_it_wakes`],
 //!    [`two_nodes_driving_one_session_commit_one_history`]).
 
@@ -159,9 +159,11 @@ async fn say_until_acked(
     content: &str,
     key: &str,
     deadline: Instant,
-) -> Result<Value, String> {
+) -> Result<(Value, usize), String> {
     let mut last = String::new();
+    let mut attempts = 0;
     while Instant::now() < deadline {
+        attempts += 1;
         let sent = client
             .request(
                 reqwest::Method::POST,
@@ -176,7 +178,7 @@ async fn say_until_acked(
                 let status = r.status();
                 let body: Value = r.json().await.unwrap_or(Value::Null);
                 if status == StatusCode::OK {
-                    return Ok(body);
+                    return Ok((body, attempts));
                 }
                 last = format!("{status}: {body}");
             }
@@ -199,6 +201,10 @@ struct Figures {
     lost: usize,
     duplicated: usize,
     ledger_twice: usize,
+    /// Acknowledged turns whose call ended `outcome_unknown` (its node died
+    /// between the intent and the record): at most once, maybe not at all.
+    unknown: usize,
+    /// Time to acknowledgement of the turns that needed a retry.
     failovers_ms: Vec<u64>,
 }
 
@@ -233,10 +239,11 @@ async fn kill_trial(pg: &Postgres, trial: usize, size: &Trial) -> Figures {
                     let content = format!("request {t} of {id}");
                     let started = Instant::now();
                     let key = format!("{id}-{t}");
-                    let body = say_until_acked(&client, &id, &content, &key, deadline).await?;
-                    let took = started.elapsed();
-                    if took > Duration::from_millis(500) {
-                        failovers.lock().unwrap().push(took.as_millis() as u64);
+                    let (body, attempts) =
+                        say_until_acked(&client, &id, &content, &key, deadline).await?;
+                    if attempts > 1 {
+                        let took = started.elapsed().as_millis() as u64;
+                        failovers.lock().unwrap().push(took);
                     }
                     acked.push((content, body));
                 }
@@ -305,7 +312,12 @@ async fn kill_trial(pg: &Postgres, trial: usize, size: &Trial) -> Figures {
             if answers == 0 {
                 figures.lost += 1;
             }
-            // The acknowledged turn's call ran, once.
+            // The acknowledged turn's call ran (once: ledger_twice), unless
+            // its outcome is unknown.
+            if body["tool_calls"][0]["is_success"] != true {
+                figures.unknown += 1;
+                continue;
+            }
             let turn = body["turn_id"].as_str().unwrap_or_default();
             let ran: usize = book
                 .iter()
@@ -314,7 +326,7 @@ async fn kill_trial(pg: &Postgres, trial: usize, size: &Trial) -> Figures {
                 .sum();
             assert!(
                 ran >= 1,
-                "session {id} turn {turn}: acknowledged but its call is not in the ledger"
+                "session {id} turn {turn}: acknowledged but its call is not in the ledger: {body}"
             );
         }
     }
@@ -330,12 +342,12 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_turns_survive_kill_9_of_random_nodes() {
-    let trials: usize = std::env::var("CADRE_CLUSTER_TRIALS")
+    let trials: usize = std::env::var("CADRE_KILL_TRIALS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     let size = Trial {
-        sessions: std::env::var("CADRE_CLUSTER_SESSIONS")
+        sessions: std::env::var("CADRE_KILL_SESSIONS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(12),
@@ -355,14 +367,22 @@ async fn acknowledged_turns_survive_kill_9_of_random_nodes() {
             f.ledger_twice, 0,
             "trial {trial}: a side effect ran twice: {f:?}"
         );
+        eprintln!(
+            "trial {trial}: {} turns acknowledged, lost 0, duplicated 0, side effects twice 0, {} needed a retry, {} call outcomes unknown",
+            f.acked,
+            f.failovers_ms.len(),
+            f.unknown
+        );
         all.acked += f.acked;
+        all.unknown += f.unknown;
         all.failovers_ms.extend(f.failovers_ms);
     }
     all.failovers_ms.sort_unstable();
     println!(
         "cluster kill -9: {trials} trial(s), {} turns acknowledged, lost 0, duplicated 0, side effects twice 0; \
-         turns that waited out a failover: {}, p50 {} ms, p99 {} ms",
+         call outcomes unknown {}; turns that needed a retry: {}, acknowledged after p50 {} ms, p99 {} ms",
         all.acked,
+        all.unknown,
         all.failovers_ms.len(),
         percentile(&all.failovers_ms, 0.5),
         percentile(&all.failovers_ms, 0.99),

@@ -1514,6 +1514,7 @@ impl Conversation {
         }
         c.conversation_id = Some(self.session.id.clone());
         c.turn_id = self.machine.turn_id().map(str::to_string);
+        c.epoch = self.epoch;
         c.user_id = self.session.user_id.clone();
         c.plan = self.session.plan;
         c.tenant = Some(self.session.tenant.clone());
