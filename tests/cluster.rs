@@ -17,7 +17,7 @@
 //!    once, `seq` is dense, no user message is duplicated, no ledger key is
 //!    written twice, and every acknowledged turn's call is in the ledger.
 //!    CI runs one small trial; the long run is
-//!    `CADRE_KILL_TRIALS=100 CADRE_KILL_SESSIONS=200 cargo test --release --test cluster acknowledged -- --nocapture`.
+//!    `CADRE_KILL_TRIALS=100 CADRE_KILL_SESSIONS=50 cargo test --release --test cluster acknowledged -- --nocapture`.
 //! 2. **Split brain** ([`a_paused_owner_is_fenced_when_it_wakes`],
 //!    [`two_nodes_driving_one_session_commit_one_history`]).
 
