@@ -12,7 +12,8 @@
 //!
 //! 1. **Kill under load** ([`acknowledged_turns_survive_kill_9_of_random_nodes`]):
 //!    sessions in tool-calling turns through HAProxy while a random node
-//!    is killed -9 and restarted every few seconds; clients retry with
+//!    is killed -9 (0.3 s into the load, then every 1.5 s while it runs, at
+//!    most `CADRE_KILL_KILLS`, 3) and restarted 0.5 s later; clients retry with
 //!    their `Idempotency-Key`. Every acknowledged turn is stored exactly
 //!    once, `seq` is dense, no user message is duplicated, no ledger key is
 //!    written twice, and every acknowledged turn's call is in the ledger.
@@ -251,13 +252,20 @@ async fn kill_trial(pg: &Postgres, trial: usize, size: &Trial) -> Figures {
             })
         })
         .collect();
-    // The killer: a random node every ~1.5 s, back 0.5 s later.
+    // The killer: the first kill soon after the load starts, then one
+    // every 1.5 s while it runs (at most `kills`).
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let killer = {
         let cluster = cluster.clone();
         let kills = size.kills;
+        let done = done.clone();
         tokio::spawn(async move {
             for k in 0..kills {
-                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let wait = if k == 0 { 300 } else { 1000 };
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                if done.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
                 let victim = (rand::random::<u32>() as usize + k) % 3;
                 let c = cluster.clone();
                 tokio::task::spawn_blocking(move || c.lock().unwrap().kill9(victim))
@@ -276,6 +284,7 @@ async fn kill_trial(pg: &Postgres, trial: usize, size: &Trial) -> Figures {
         let (id, turns) = d.await.unwrap().expect("every turn acknowledged");
         acked.insert(id, turns);
     }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
     killer.await.unwrap();
     let c = cluster.clone();
     tokio::task::spawn_blocking(move || c.lock().unwrap().wait_all_up(Duration::from_secs(30)))
@@ -352,7 +361,10 @@ async fn acknowledged_turns_survive_kill_9_of_random_nodes() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(12),
         turns: 4,
-        kills: 3,
+        kills: std::env::var("CADRE_KILL_KILLS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3),
     };
     let pg = Postgres::shared();
     let mut all = Figures::default();
