@@ -111,6 +111,8 @@ struct Setup {
     _dir: tempfile::TempDir,
     data: std::path::PathBuf,
     agents: tempfile::TempDir,
+    /// `--store` of every start: `None` for the default redb file.
+    store: Option<String>,
 }
 
 async fn setup(multitask: &str) -> Setup {
@@ -131,11 +133,28 @@ async fn setup(multitask: &str) -> Setup {
         _dir: dir,
         data,
         agents,
+        store: None,
     }
 }
 
 fn start(s: &Setup, env: &[(&str, &str)]) -> Server {
-    Server::start(&s.data, s.agents.path(), &s.model.base_url(), env)
+    let args: Vec<String> = match &s.store {
+        Some(url) => vec![
+            "--store".into(),
+            url.clone(),
+            "--node-id".into(),
+            "n0".into(),
+        ],
+        None => Vec::new(),
+    };
+    Server::start_with_args(
+        &s.data,
+        s.agents.path(),
+        Some(&s.model.base_url()),
+        "127.0.0.1:0",
+        &args,
+        env,
+    )
 }
 
 #[tokio::test]
@@ -586,6 +605,7 @@ async fn batch_setup() -> Setup {
         _dir: dir,
         data,
         agents,
+        store: None,
     }
 }
 
@@ -783,6 +803,92 @@ async fn a_keyed_message_retried_after_a_crash_ends_in_one_user_message_and_one_
         .send()
         .await
         .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["turn_id"], turn_id.as_str(), "{body}");
+    assert_eq!(body["answer"], "Both done.", "{body}");
+    let messages = history(&client, &session).await;
+    assert_eq!(
+        roles(&messages),
+        ["user", "assistant+calls", "tool", "tool", "assistant"],
+        "{messages:?}"
+    );
+    assert_eq!(s.model.request_count(), 2, "one answer");
+}
+
+/// The keyed retry that arrives while the resumed turn's last commit is in
+/// flight (the conversation is done with the turn, the store does not have
+/// its end yet) waits for that commit: it used to read the stored record,
+/// find no outcome and answer 503 `CONVERSATION_UNAVAILABLE` (seen once in
+/// CI on redb, where the window is an fsync). PostgreSQL lets the test hold
+/// the commit open: another transaction locks the session's row, which the
+/// commit's epoch fence must share.
+#[tokio::test]
+async fn a_keyed_retry_during_the_resumed_turns_last_commit_gets_the_answer() {
+    let pg = support::postgres::Postgres::shared();
+    let url = pg.database("keyed_retry_commit");
+    let mut s = batch_setup().await;
+    s.store = Some(url.clone());
+    counting_tools(s.agents.path(), "at_most_once");
+    let (session, turn_id) = cut_mid_batch(&s, Some("retry-me-2")).await;
+    std::fs::write(s.agents.path().join("tools/release"), "").unwrap();
+    // The resumed turn's model call answers after a while: long enough
+    // for the test to lock the row once the call started.
+    s.model.push(Reply::slow(
+        Duration::from_secs(2),
+        Reply::text("Both done."),
+    ));
+    let server = start(&s, &[]);
+    let client = server.client();
+    s.model.wait_for_requests(2).await;
+    // The tool step before the call is committed (phase awaiting_model):
+    // from here the turn's only write is its end.
+    turn_reaches(&client, &session, &turn_id, "awaiting_model").await;
+    let (mut db, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test database");
+    tokio::spawn(connection);
+    let lock = db.transaction().await.unwrap();
+    lock.execute(
+        "SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE",
+        &[&session],
+    )
+    .await
+    .unwrap();
+    // The answer came and its commit waits on the lock.
+    let deadline = Instant::now() + PATIENCE;
+    while pg.sql(
+        &url,
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+    ) == "0"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the turn's end was never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let retry = {
+        let request = client
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/messages"),
+            )
+            .header("idempotency-key", "retry-me-2")
+            .json(&json!({"content": "do both"}));
+        tokio::spawn(request.send())
+    };
+    // It waits for the commit instead of answering without it. (Without
+    // the fix the 503 comes in milliseconds.)
+    let mut retry = std::pin::pin!(retry);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut retry)
+            .await
+            .is_err(),
+        "the retry answered while the turn's end was not committed"
+    );
+    lock.rollback().await.unwrap();
+    let response = retry.await.unwrap().unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["turn_id"], turn_id.as_str(), "{body}");

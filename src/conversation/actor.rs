@@ -409,6 +409,10 @@ pub struct Conversation {
     held: Vec<(crate::model::ToolCall, Option<ToolExecutionResult>)>,
     /// Callers waiting on turns by id ([`WatchTurn`]).
     watchers: Vec<(String, TurnReply)>,
+    /// The turn whose last commit (final or paused) is in flight: the
+    /// machine is done with it but the store does not have its end yet,
+    /// so a watcher must wait here rather than read the store.
+    closing: Option<String>,
     /// A turn cut by a restart, to take up once started.
     cut: Option<(TurnRecord, CutTurn)>,
     /// Model time one turn may use.
@@ -508,6 +512,7 @@ impl Conversation {
             turn_gen: 0,
             held: Vec::new(),
             watchers: Vec::new(),
+            closing: None,
             cut: None,
         }
     }
@@ -980,8 +985,10 @@ impl Conversation {
     }
 
     fn finish(&mut self, outcome: TurnOutcome, record: Vec<WriteOp>, ctx: &mut Context<Self>) {
+        self.closing = Some(outcome.turn_id.clone());
         self.commit_turn(record, ctx, move |act, result, ctx| {
             let failed = result.is_err();
+            act.closing = None;
             act.notify_watchers(&outcome.turn_id, result.as_ref().map(|_| &outcome));
             if let Some(current) = act.current.take() {
                 current.span.record("iterations", outcome.iterations);
@@ -1013,7 +1020,9 @@ impl Conversation {
     /// caller gets the paused outcome and the session stays held (see
     /// [`Self::start_next`]) until every held call has an outcome.
     fn pause(&mut self, outcome: TurnOutcome, record: Vec<WriteOp>, ctx: &mut Context<Self>) {
+        self.closing = Some(outcome.turn_id.clone());
         self.commit_turn(record, ctx, move |act, result, ctx| {
+            act.closing = None;
             act.notify_watchers(&outcome.turn_id, result.as_ref().map(|_| &outcome));
             let failed = result.is_err();
             if let Some(current) = act.current.take() {
@@ -1584,7 +1593,11 @@ impl Handler<WatchTurn> for Conversation {
     type Result = Option<AcceptedTurn>;
 
     fn handle(&mut self, msg: WatchTurn, _: &mut Context<Self>) -> Self::Result {
-        if !self.machine.knows_turn(&msg.turn_id) {
+        // A turn whose end is being committed is still known here: its
+        // stored record does not say how it ended yet.
+        if !self.machine.knows_turn(&msg.turn_id)
+            && self.closing.as_deref() != Some(msg.turn_id.as_str())
+        {
             return None;
         }
         let (tx, rx) = oneshot::channel();
