@@ -24,6 +24,8 @@
 //!    `CADRE_KILL_TRIALS=100 CADRE_KILL_SESSIONS=30 cargo test --release --test cluster acknowledged -- --nocapture`.
 //! 2. **Split brain** ([`a_paused_owner_is_fenced_when_it_wakes`],
 //!    [`two_nodes_driving_one_session_commit_one_history`]).
+//! 3. **Tenants** ([`another_tenants_request_neither_moves_a_session_nor_reaches_its_owner`]):
+//!    forwarding and takeover happen only for the session's own tenant.
 
 mod support;
 
@@ -555,4 +557,80 @@ async fn two_nodes_driving_one_session_commit_one_history() {
     }
     let book = ledger(&agents);
     assert!(book.values().all(|n| *n == 1), "{book:?}");
+}
+
+/// Another tenant's request for a session (a guess, a probe) is answered
+/// 404 by the node it reached: it neither takes the session over (no
+/// epoch bump) nor is forwarded to the owner. The owner's own tenant still
+/// reaches it from any node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_request_neither_moves_a_session_nor_reaches_its_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let pg = Postgres::shared();
+    let url = pg.database("foreign_tenant");
+    let cluster = start(options(2, url.clone(), agents)).await;
+    // The first key ends open mode; the admin key makes the tenants' keys.
+    let (status, body) = cluster
+        .node_client(0)
+        .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let admin = cluster
+        .node_client(0)
+        .with_key(body["key"].as_str().unwrap());
+    let mut keys = Vec::new();
+    for tenant in ["alice", "bob"] {
+        let (status, body) = admin.post("/v1/keys", &json!({ "tenant": tenant })).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        keys.push(body["key"].as_str().unwrap().to_string());
+    }
+    let alice = |node: usize| cluster.node_client(node).with_key(&keys[0]);
+    let bob = |node: usize| cluster.node_client(node).with_key(&keys[1]);
+    let session = alice(0).session("clerk").await;
+    let row = || {
+        pg.sql(
+            &url,
+            &format!(
+                "SELECT coalesce(owner, '-') || ' ' || epoch FROM sessions WHERE id = '{session}'"
+            ),
+        )
+    };
+    let before = row();
+    // Bob tries alice's session on both nodes (node1 learns the keys at
+    // its next key-ring refresh, each heartbeat).
+    for node in [1, 0] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let response = loop {
+            let response = bob(node)
+                .request(
+                    reqwest::Method::POST,
+                    &format!("/v1/sessions/{session}/messages"),
+                )
+                .json(&json!({"content": "let me in"}))
+                .send()
+                .await
+                .unwrap();
+            if response.status() != StatusCode::UNAUTHORIZED {
+                break response;
+            }
+            assert!(Instant::now() < deadline, "node{node} never knew bob's key");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            response.headers()["x-cadre-node"],
+            format!("n{node}").as_str(),
+            "answered by the node it reached, not forwarded"
+        );
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "SESSION_NOT_FOUND", "{body}");
+        assert_eq!(row(), before, "bob's request moved alice's session");
+    }
+    assert_eq!(cluster.model().request_count(), 0);
+    // Alice reaches her session through either node.
+    for node in [1, 0] {
+        let (status, body) = alice(node).say(&session, "pay the invoice").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
 }

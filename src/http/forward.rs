@@ -27,6 +27,11 @@
 //! - The owner unreachable (it died after its last heartbeat): 503
 //!   `SESSION_MOVED`; once its heartbeat is stale the next request takes
 //!   the session over here.
+//! - Only the session's own tenant moves it: the caller's key must name
+//!   the session's tenant before anything is claimed or forwarded.
+//!   Another tenant's request (a guess, a probe) goes to the handler here,
+//!   which answers 404 as for a session that does not exist, so it
+//!   neither takes the session over (an epoch bump) nor reaches the owner.
 //! - WebSocket upgrades are not forwarded (the owner's balancer hash is
 //!   where a visitor's socket should be opened); they are served here.
 
@@ -40,6 +45,7 @@ use futures::TryStreamExt;
 use crate::conversation::Sessions;
 use crate::error_code::ErrorCode;
 use crate::http::error::ApiError;
+use crate::identity::Principal;
 use crate::store::{Store, StoreError};
 
 /// Set on a request one node sends on to another.
@@ -120,6 +126,13 @@ async fn route(fwd: &Forward, request: Request, next: Next) -> Response {
     let upgrade = request.headers().contains_key(header::UPGRADE);
     if upgrade || fwd.sessions.is_live(&id) {
         return next.run(request).await;
+    }
+    let caller = request.extensions().get::<Principal>().map(|p| &p.tenant);
+    match fwd.sessions.get(&id).await {
+        Ok(session) if Some(&session.tenant) == caller => {}
+        // Not the caller's, not there, or the store failed: the handler
+        // says which.
+        _ => return next.run(request).await,
     }
     let addr = match fwd.store.claim_session(&id).await {
         Ok(_) => return next.run(request).await,
