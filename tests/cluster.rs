@@ -634,3 +634,41 @@ async fn another_tenants_request_neither_moves_a_session_nor_reaches_its_owner()
         assert_eq!(status, StatusCode::OK, "{body}");
     }
 }
+
+/// A browser's WebSocket token is issued by the node the request reached
+/// (not forwarded to the owner), so the socket opened through the same
+/// node redeems it: tokens live in the memory of the node that issued them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_token_works_on_the_node_that_issued_it_while_another_owns_the_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let pg = Postgres::shared();
+    let cluster = start(options(2, pg.database("ws_token"), agents)).await;
+    let session = cluster.node_client(0).session("clerk").await;
+    // node0 holds the session live.
+    let (status, body) = cluster
+        .node_client(0)
+        .say(&session, "pay the invoice")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let response = cluster
+        .node_client(1)
+        .request(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{session}/ws-token"),
+        )
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(response.headers()["x-cadre-node"], "n1");
+    let body: Value = response.json().await.unwrap();
+    let token = body["token"].as_str().unwrap();
+    let ws = support::ws::connect_with_token(&cluster.node_url(1), &session, token).await;
+    assert!(
+        ws.is_ok(),
+        "the token did not open the socket: {:?}",
+        ws.err()
+    );
+}

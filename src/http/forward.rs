@@ -34,6 +34,13 @@
 //!   neither takes the session over (an epoch bump) nor reaches the owner.
 //! - WebSocket upgrades are not forwarded (the owner's balancer hash is
 //!   where a visitor's socket should be opened); they are served here.
+//!   Nor is `POST …/ws-token`: tokens live in the memory of the node that
+//!   issued them, and the socket is opened where the token was asked for
+//!   (the same session path, so the same balancer hash); a token issued
+//!   by the owner would be unknown to the node the socket reaches. While
+//!   another live node holds the session, the socket's messages are
+//!   answered `SESSION_MOVED` until the owner lets it go (idle), then
+//!   this node takes it over.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -90,6 +97,9 @@ fn session_of(method: &Method, path: &str) -> Option<String> {
         return None;
     }
     let rest = path.strip_prefix("/v1/sessions/")?;
+    if rest.ends_with("/ws-token") {
+        return None;
+    }
     let id = rest.split('/').next()?;
     (!id.is_empty() && id.len() <= 128).then(|| id.to_string())
 }
@@ -226,5 +236,6 @@ mod tests {
         assert_eq!(session_of(&Method::POST, "/v1/sessions"), None);
         assert_eq!(session_of(&Method::POST, "/v1/sessions/"), None);
         assert_eq!(session_of(&Method::POST, "/v1/tools/x/invoke"), None);
+        assert_eq!(session_of(&Method::POST, "/v1/sessions/abc/ws-token"), None);
     }
 }

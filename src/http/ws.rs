@@ -36,8 +36,9 @@
 //! `POST /v1/sessions/{id}/ws-token` (with the key, for a session of the
 //! key's tenant) for a single-use token of 60 s and open the socket with
 //! `?token=` (authentication redeems it, [`super::auth`]; the tokens live
-//! in [`crate::tenants::tokens`], in memory: a cluster must share them,
-//! issue #17). The socket then has the key's rights, as with the header.
+//! in [`crate::tenants::tokens`], in the memory of the node that issued
+//! them; in cluster mode that is the node the token request reached).
+//! The socket then has the key's rights, as with the header.
 //!
 //! A socket holds one of its caller's stream slots ([`super::streams`],
 //! `[api_limit] max_streams`, shared with the SSE endpoints) from the

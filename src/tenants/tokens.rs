@@ -22,9 +22,14 @@
 //! - **In memory, bounded.** At most [`MAX_WS_TOKENS`] outstanding tokens
 //!   per process (expired ones are dropped when the map is full); over it
 //!   issuing is refused (429 `TOO_MANY_WS_TOKENS`), never an older token
-//!   evicted. Tokens are not shared between processes: behind a load
-//!   balancer the socket must reach the process that issued its token
-//!   until a shared store exists (issue #17). A restart forgets them.
+//!   evicted. Tokens are not shared between processes (a restart forgets
+//!   them). In cluster mode the node a `POST …/ws-token` reaches issues
+//!   the token itself (that request is never forwarded to the session's
+//!   owner, `http::forward`), and the socket's `GET` has the same session
+//!   path, so the balancer's hash brings it to the same node; one that
+//!   reaches another node (the node set changed within the minute) is
+//!   refused 401 and the browser asks for a new token. Decision: no shared
+//!   token store, as a token lives one minute and one socket.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};

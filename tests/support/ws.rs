@@ -29,3 +29,18 @@ pub async fn connect_ws(
     let (ws, _) = tokio_tungstenite::connect_async(request).await?;
     Ok(ws)
 }
+
+/// Opens the visitor WebSocket of `session` at `base` with a token from
+/// `POST …/ws-token`; a refused upgrade is its HTTP status.
+#[allow(dead_code)]
+pub async fn connect_with_token(base: &str, session: &str, token: &str) -> Result<Ws, u16> {
+    let url = format!(
+        "{}/v1/sessions/{session}/ws?token={token}",
+        base.replacen("http://", "ws://", 1)
+    );
+    match tokio_tungstenite::connect_async(url).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
