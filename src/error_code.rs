@@ -132,6 +132,8 @@ error_codes! {
         "the body is not `application/json`";
     ValidationError = "VALIDATION_ERROR", UNPROCESSABLE_ENTITY, false,
         "a field or parameter is missing, unknown, of the wrong type or out of range";
+    IdempotencyKeyInUse = "IDEMPOTENCY_KEY_IN_USE", CONFLICT, true,
+        "cluster mode: a request with this `Idempotency-Key` is running on another node; retry after `Retry-After` (it then gets that request's answer)";
     IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED", UNPROCESSABLE_ENTITY, false,
         "the `Idempotency-Key` was used (within `[server] idempotency_keep_h`) for a request with another method, path or body";
     RateLimited = "RATE_LIMITED", TOO_MANY_REQUESTS, true,

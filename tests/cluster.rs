@@ -26,6 +26,9 @@
 //!    [`two_nodes_driving_one_session_commit_one_history`]).
 //! 3. **Tenants** ([`another_tenants_request_neither_moves_a_session_nor_reaches_its_owner`]):
 //!    forwarding and takeover happen only for the session's own tenant.
+//! 4. **Keys across nodes** ([`a_keyed_request_running_on_one_node_is_not_run_again_by_another`],
+//!    [`a_keyed_request_cut_by_its_nodes_death_runs_again_elsewhere_once_it_is_stale`]):
+//!    an `Idempotency-Key` is marked running in the database.
 
 mod support;
 
@@ -671,4 +674,136 @@ async fn a_websocket_token_works_on_the_node_that_issued_it_while_another_owns_t
         "the token did not open the socket: {:?}",
         ws.err()
     );
+}
+
+/// A keyed request runs once in the cluster: a retry that reaches another
+/// node while the first still runs is answered 409 `IDEMPOTENCY_KEY_IN_USE`
+/// (it used to run the tool a second time: each node knew only its own
+/// running requests), and once the first answered, the retry on any node
+/// gets its stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_request_running_on_one_node_is_not_run_again_by_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let holds = hold_tool(&agents);
+    let pg = Postgres::shared();
+    let cluster = start(options(
+        2,
+        pg.database("keyed_across_nodes"),
+        agents.clone(),
+    ))
+    .await;
+    let invoke = |node: usize| {
+        cluster
+            .node_client(node)
+            .with_timeout(Duration::from_secs(30))
+            .request(reqwest::Method::POST, "/v1/tools/hold/invoke")
+            .header("idempotency-key", "once-only")
+            .json(&json!({"params": {"note": "wire the money"}}))
+    };
+    let first = tokio::spawn(invoke(0).send());
+    wait_for_holds(&holds, 1).await;
+    let retry = invoke(1).send().await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CONFLICT);
+    assert_eq!(retry.headers()["retry-after"], "1");
+    let body: Value = retry.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "IDEMPOTENCY_KEY_IN_USE", "{body}");
+    std::fs::write(agents.join("tools/release"), "").unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let first: Value = first.json().await.unwrap();
+    for node in [1, 0] {
+        let again = invoke(node).send().await.unwrap();
+        assert_eq!(again.status(), StatusCode::OK);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        let again: Value = again.json().await.unwrap();
+        assert_eq!(again, first);
+    }
+    assert_eq!(holds(), 1, "the tool ran once");
+}
+
+/// Adds the tool `hold` to `agents`: it notes each run in `holds.log`,
+/// then waits for the file `release` (at most 10 s, so a run that should
+/// not have happened answers too). Returns a counter of its runs.
+fn hold_tool(agents: &Path) -> impl Fn() -> usize + use<> {
+    std::fs::write(
+        agents.join("tools/hold.yaml"),
+        "name: hold\ndescription: Note a call, then wait for the release file\ncategory: custom\n\
+         parameters:\n  - name: note\n    type: string\n    required: true\n\
+         entry: { type: external, command: [\"sh\", \"hold.sh\"] }\n\
+         required_plan: free\nside_effects: at_most_once\n",
+    )
+    .unwrap();
+    std::fs::write(
+        agents.join("tools/hold.sh"),
+        "cat > /dev/null\necho run >> holds.log\ni=0\n\
+         while [ ! -e release ] && [ $i -lt 500 ]; do sleep 0.02; i=$((i+1)); done\n\
+         echo '{\"held\": true}'\n",
+    )
+    .unwrap();
+    let log = agents.join("tools/holds.log");
+    move || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+}
+
+async fn wait_for_holds(holds: &impl Fn() -> usize, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while holds() < n {
+        assert!(
+            Instant::now() < deadline,
+            "the tool did not start {n} times"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The node running a keyed request dies: its mark holds the key until
+/// its heartbeat is stale (409 meanwhile), then a retry on another node
+/// runs the request again, as a retry after a crash does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_request_cut_by_its_nodes_death_runs_again_elsewhere_once_it_is_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let holds = hold_tool(&agents);
+    let pg = Postgres::shared();
+    let mut cluster = start(options(2, pg.database("keyed_dead_node"), agents.clone())).await;
+    let invoke = |client: Client| {
+        client
+            .with_timeout(Duration::from_secs(30))
+            .request(reqwest::Method::POST, "/v1/tools/hold/invoke")
+            .header("idempotency-key", "cut-short")
+            .json(&json!({"params": {"note": "wire the money"}}))
+    };
+    let cut = tokio::spawn(invoke(cluster.node_client(0)).send());
+    wait_for_holds(&holds, 1).await;
+    cluster.kill9(0);
+    assert!(
+        cut.await.unwrap().is_err(),
+        "the first request got no answer"
+    );
+    std::fs::write(agents.join("tools/release"), "").unwrap();
+    // node0's heartbeat goes stale after 1 s: until then the key is held.
+    let node1 = cluster.node_client(1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut held = 0;
+    let answer = loop {
+        let response = invoke(node1.clone()).send().await.unwrap();
+        if response.status() != StatusCode::CONFLICT {
+            break response;
+        }
+        held += 1;
+        assert!(
+            Instant::now() < deadline,
+            "the dead node's mark never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert!(answer.headers().get("idempotent-replayed").is_none());
+    assert_eq!(holds(), 2, "run again once, on node1");
+    println!("keyed retries refused while the dead node's mark held: {held}");
 }

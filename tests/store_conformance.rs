@@ -432,6 +432,7 @@ macro_rules! suite {
                 content_type: Some("application/json".into()),
                 body: body.into(),
                 stored_at: at(ms),
+                running_node: None,
             };
             store.put_idempotency("acme", "k1", &rec(1_000, "{\"a\":1}")).await.unwrap();
             store.put_idempotency("acme", "k2", &rec(5_000, "{\"a\":2}")).await.unwrap();

@@ -31,6 +31,16 @@
 //!   crash nothing runs any more: a retry runs again, and a message's
 //!   turn is recognised by its key in the conversation (the handler hands
 //!   [`IdempotencyKey`] down).
+//! - Cluster mode: the running request's key is also marked in the
+//!   shared store before it runs ([`crate::store::idempotency`]), so a
+//!   retry that reaches another node while it runs is answered 409
+//!   `IDEMPOTENCY_KEY_IN_USE` with `Retry-After: 1` (not stored; waiting
+//!   across nodes would need the other node's answer pushed here), and
+//!   never runs it a second time. A retry of a message usually never
+//!   gets here: it is forwarded to the session's owner
+//!   ([`super::forward`]), where it waits as above. A node that dies
+//!   while it runs a keyed request leaves its mark until its heartbeat is
+//!   stale; then a retry anywhere runs again, as after a crash.
 //! - `POST /v1/sessions/{id}/messages` with `Prefer: respond-async`: a
 //!   waiting retry answers 202 `{session_id, turn_id, status: "accepted"}` as soon as the
 //!   running request's handler fills its [`TurnSlot`] (the turn was
@@ -70,7 +80,7 @@ use super::error::ApiError;
 use crate::error_code::ErrorCode;
 use crate::identity::Principal;
 use crate::store::Store;
-use crate::store::idempotency::IdempotencyRecord;
+use crate::store::idempotency::{IdempotencyClaim, IdempotencyRecord};
 
 /// The request header.
 pub const HEADER: &str = "idempotency-key";
@@ -192,6 +202,10 @@ struct RunGuard {
     map: RunningMap,
     id: (String, String),
     running: Arc<Running>,
+    /// Set while this request holds the key's running mark in the store
+    /// (cluster mode): given up when the guard goes without an answer
+    /// stored.
+    marked: Option<Store>,
 }
 
 impl Drop for RunGuard {
@@ -202,6 +216,15 @@ impl Drop for RunGuard {
             .is_some_and(|r| Arc::ptr_eq(r, &self.running))
         {
             map.remove(&self.id);
+        }
+        drop(map);
+        if let (Some(store), Ok(rt)) = (self.marked.take(), tokio::runtime::Handle::try_current()) {
+            let (tenant, key) = self.id.clone();
+            rt.spawn(async move {
+                if let Err(e) = store.release_idempotency(&tenant, &key).await {
+                    tracing::warn!(error = %e, "a keyed request's running mark was not released: other nodes wait for its lease");
+                }
+            });
         }
     }
 }
@@ -272,12 +295,13 @@ pub async fn idempotent(
                         map: state.running.clone(),
                         id: id.clone(),
                         running: r.clone(),
+                        marked: None,
                     };
                     (r, Some(guard))
                 }
             }
         };
-        let Some(guard) = guard else {
+        let Some(mut guard) = guard else {
             if running.fingerprint != fingerprint {
                 return reused();
             }
@@ -287,10 +311,28 @@ pub async fn idempotent(
                 None => continue,
             }
         };
-        // This request holds the key: answer from the store, or run.
-        match state.store.idempotency_record(&id.0, &id.1).await {
-            Ok(Some(record)) if record.fingerprint != fingerprint => return reused(),
-            Ok(Some(record)) => {
+        // This request holds the key here: answer from the store, or
+        // claim it there (another node may run it) and run.
+        match state
+            .store
+            .claim_idempotency(&id.0, &id.1, &fingerprint)
+            .await
+        {
+            Ok(IdempotencyClaim::Done(record)) if record.fingerprint != fingerprint => {
+                return reused();
+            }
+            Ok(IdempotencyClaim::Running { fingerprint: other }) if other != fingerprint => {
+                return reused();
+            }
+            Ok(IdempotencyClaim::Running { .. }) => {
+                let mut e = ApiError::new(
+                    ErrorCode::IdempotencyKeyInUse,
+                    "a request with this Idempotency-Key is running on another node; retry once it has answered",
+                );
+                e.retry_after_secs = Some(1);
+                return e.into_response();
+            }
+            Ok(IdempotencyClaim::Done(record)) => {
                 let outcome = Outcome {
                     status: StatusCode::from_u16(record.status)
                         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -303,7 +345,11 @@ pub async fn idempotent(
                 guard.running.outcome.send_replace(Some(outcome.clone()));
                 return replay(&outcome);
             }
-            Ok(None) => {}
+            Ok(IdempotencyClaim::Mine) => {
+                if state.store.backend_name() != "redb" {
+                    guard.marked = Some(state.store.clone());
+                }
+            }
             Err(e) => return ApiError::from(e).into_response(),
         }
         let mut request = Request::from_parts(parts, Body::from(body));
@@ -319,7 +365,12 @@ pub async fn idempotent(
 }
 
 /// Stores and shares the first request's answer, as the rules say.
-async fn finish(store: &Store, guard: RunGuard, fingerprint: &str, response: Response) -> Response {
+async fn finish(
+    store: &Store,
+    mut guard: RunGuard,
+    fingerprint: &str,
+    response: Response,
+) -> Response {
     let (parts, body) = response.into_parts();
     let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
     let is_stream = content_type
@@ -359,10 +410,15 @@ async fn finish(store: &Store, guard: RunGuard, fingerprint: &str, response: Res
                         .map(str::to_string),
                     body: text.to_string(),
                     stored_at: jiff::Timestamp::now(),
+                    running_node: None,
                 };
                 let (tenant, key) = &guard.id;
-                if let Err(e) = store.put_idempotency(tenant, key, &record).await {
-                    tracing::warn!(error = %e, "a keyed request's answer was not stored: a retry runs again");
+                match store.put_idempotency(tenant, key, &record).await {
+                    // The answer replaced the running mark.
+                    Ok(()) => guard.marked = None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a keyed request's answer was not stored: a retry runs again");
+                    }
                 }
             }
             None => tracing::debug!(
@@ -571,6 +627,10 @@ fn document_operation(op: &mut Operation) {
         (
             ErrorCode::IdempotencyKeyReused,
             ErrorCode::IdempotencyKeyReused.meaning(),
+        ),
+        (
+            ErrorCode::IdempotencyKeyInUse,
+            ErrorCode::IdempotencyKeyInUse.meaning(),
         ),
         (
             ErrorCode::RateLimited,

@@ -12,6 +12,18 @@
 //! in batches of [`SWEEP_BATCH`]; the writer deletes a row only if it is
 //! still older than the cutoff. Rows are not erased with a tenant's
 //! sessions: they are small and expire.
+//!
+//! Cluster mode ([`IdempotencyClaim`]): a request running on one node is
+//! invisible to the others' in-memory maps, so the first request with a
+//! key *claims* it in the shared store before it runs: a row marked
+//! running (`running_node`) that its answer replaces, or that is deleted
+//! when the answer is not stored. Another node's claim of the same key
+//! finds it running (the HTTP layer answers 409 `IDEMPOTENCY_KEY_IN_USE`);
+//! the mark is taken over when its node is this one (a crash before the
+//! answer, then a restart), its node's heartbeat is stale (it died), or
+//! it is older than [`RUNNING_LEASE`] (a release that never happened).
+//! On redb there is one process and its in-memory map suffices: a claim
+//! only reads.
 //! Owns: the record's shape. Does not: decide what is stored (the HTTP
 //! layer does).
 
@@ -25,6 +37,20 @@ use super::{RedbStore, StoreError, WriteOp};
 /// Rows one sweep transaction deletes at most.
 pub const SWEEP_BATCH: usize = 1_000;
 
+/// Age past which another node takes over a key still marked running.
+pub const RUNNING_LEASE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// What [`crate::store::Store::claim_idempotency`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdempotencyClaim {
+    /// Nothing stored (or a mark this node may take over): run it here.
+    Mine,
+    /// The stored outcome of an earlier request with the key.
+    Done(IdempotencyRecord),
+    /// Another live node runs a request with the key (its fingerprint).
+    Running { fingerprint: String },
+}
+
 /// The outcome of a keyed request, as it is replayed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct IdempotencyRecord {
@@ -37,6 +63,9 @@ pub struct IdempotencyRecord {
     /// When it was stored (the key's age for the sweep).
     #[serde(skip, default = "epoch")]
     pub stored_at: Timestamp,
+    /// Cluster mode: the node that runs the request (no answer yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_node: Option<String>,
 }
 
 fn epoch() -> Timestamp {
@@ -84,6 +113,20 @@ impl RedbStore {
             record: serde_json::to_vec(record)?,
         };
         self.write(vec![op], true).await
+    }
+
+    /// One process: its in-memory map already holds the running requests,
+    /// so this only reads what is stored.
+    pub async fn claim_idempotency(
+        &self,
+        tenant: &str,
+        key: &str,
+        _fingerprint: &str,
+    ) -> Result<IdempotencyClaim, StoreError> {
+        Ok(match self.idempotency_record(tenant, key).await? {
+            Some(record) => IdempotencyClaim::Done(record),
+            None => IdempotencyClaim::Mine,
+        })
     }
 
     /// Deletes every record stored before `before`; returns how many went.
@@ -165,6 +208,7 @@ mod tests {
             content_type: Some("application/json".into()),
             body: body.into(),
             stored_at: at,
+            running_node: None,
         }
     }
 

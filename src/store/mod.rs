@@ -579,6 +579,26 @@ impl Store {
         on_backend!(self, s => s.put_idempotency(tenant, key, record).await)
     }
 
+    /// Claims `key` of `tenant` for a request about to run (cluster mode:
+    /// marks it running in the shared store; see [`idempotency`]).
+    pub async fn claim_idempotency(
+        &self,
+        tenant: &str,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<idempotency::IdempotencyClaim, StoreError> {
+        on_backend!(self, s => s.claim_idempotency(tenant, key, fingerprint).await)
+    }
+
+    /// Gives up this node's running mark on `key` of `tenant` (the answer
+    /// is not stored, or the request was dropped); a no-op on redb.
+    pub async fn release_idempotency(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Redb(_) => Ok(()),
+            Backend::Postgres(s) => s.release_idempotency(tenant, key).await,
+        }
+    }
+
     /// Deletes every record stored before `before`; returns how many went.
     pub async fn sweep_idempotency(&self, before: Timestamp) -> Result<u64, StoreError> {
         on_backend!(self, s => s.sweep_idempotency(before).await)

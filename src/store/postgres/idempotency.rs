@@ -1,0 +1,119 @@
+//! Idempotency keys across nodes: the running mark of a keyed request.
+//!
+//! http::idempotency ──claim_idempotency──▶ one upsert: the row is ours (marked running) or it is not
+//!                                           └─ not ours ──▶ read it: an answer (replay) or another node's mark
+//! answer stored ──put_idempotency (writer)──▶ replaces the mark
+//! no answer to store / request dropped ──release_idempotency──▶ deletes our mark
+//!
+//! The mark is an [`IdempotencyRecord`] with `running_node` set, in the
+//! same row the answer later takes, so the sweep and the primary key work
+//! as for answers. A claim is one `INSERT … ON CONFLICT DO UPDATE … WHERE`:
+//! it replaces only a mark (never an answer) that is this node's (an
+//! earlier process of this node died before answering), whose node's
+//! heartbeat is stale by the database's clock, or that is older than
+//! [`RUNNING_LEASE`]. Marks are written on a pooled connection, not
+//! through the writer: a claim must know at once whether it won, and it
+//! does not belong to any session's fenced batch.
+
+use jiff::Timestamp;
+
+use super::PgStore;
+use crate::store::StoreError;
+use crate::store::idempotency::{IdempotencyClaim, IdempotencyRecord, RUNNING_LEASE};
+
+/// The mark's `running_node`, read from the stored JSON bytes.
+const MARK: &str = "(convert_from(idempotency.record, 'UTF8')::json ->> 'running_node')";
+
+impl PgStore {
+    /// See [`crate::store::Store::claim_idempotency`].
+    pub async fn claim_idempotency(
+        &self,
+        tenant: &str,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<IdempotencyClaim, StoreError> {
+        let (tenant, key) = (tenant.to_string(), key.to_string());
+        let fingerprint_owned = fingerprint.to_string();
+        let now = Timestamp::now();
+        let mark = IdempotencyRecord {
+            fingerprint: fingerprint.to_string(),
+            status: 0,
+            content_type: None,
+            body: String::new(),
+            stored_at: now,
+            running_node: Some(self.shared.node.id.clone()),
+        };
+        let bytes = serde_json::to_vec(&mark)?;
+        let now_ms = now.as_millisecond();
+        let lease_cutoff = now_ms - RUNNING_LEASE.as_millis() as i64;
+        let stale = self.shared.node.stale_after.as_secs_f64();
+        self.run(move |c, shared| async move {
+            let me = &shared.node.id;
+            let claim = c
+                .prepare_cached(&format!(
+                    "INSERT INTO idempotency (tenant, key, stored_at_ms, record)
+                     VALUES ($1, $2, $3, $4)
+                     ON CONFLICT (tenant, key) DO UPDATE
+                     SET stored_at_ms = EXCLUDED.stored_at_ms, record = EXCLUDED.record
+                     WHERE {MARK} IS NOT NULL
+                       AND ({MARK} = $5
+                            OR idempotency.stored_at_ms < $6
+                            OR NOT EXISTS (SELECT 1 FROM nodes n WHERE n.id = {MARK}
+                                           AND n.heartbeat_at > now() - make_interval(secs => $7)))
+                     RETURNING 1"
+                ))
+                .await?;
+            let read = c
+                .prepare_cached(
+                    "SELECT stored_at_ms, record FROM idempotency WHERE tenant = $1 AND key = $2",
+                )
+                .await?;
+            // The row may go (a release, the sweep) between the two
+            // statements: look again.
+            for _ in 0..3 {
+                let won = c
+                    .query_opt(
+                        &claim,
+                        &[&tenant, &key, &now_ms, &bytes, me, &lease_cutoff, &stale],
+                    )
+                    .await?;
+                if won.is_some() {
+                    return Ok(IdempotencyClaim::Mine);
+                }
+                let Some(row) = c.query_opt(&read, &[&tenant, &key]).await? else {
+                    continue;
+                };
+                let at: i64 = row.try_get(0)?;
+                let json: Vec<u8> = row.try_get(1)?;
+                let mut record: IdempotencyRecord = serde_json::from_slice(&json)?;
+                if record.running_node.is_some() {
+                    return Ok(IdempotencyClaim::Running {
+                        fingerprint: record.fingerprint,
+                    });
+                }
+                record.stored_at = Timestamp::from_millisecond(at).unwrap_or(Timestamp::UNIX_EPOCH);
+                return Ok(IdempotencyClaim::Done(record));
+            }
+            // Claimed and released by others three times over: busy.
+            Ok(IdempotencyClaim::Running {
+                fingerprint: fingerprint_owned,
+            })
+        })
+        .await
+    }
+
+    /// See [`crate::store::Store::release_idempotency`].
+    pub async fn release_idempotency(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        let (tenant, key) = (tenant.to_string(), key.to_string());
+        self.run(move |c, shared| async move {
+            let stmt = c
+                .prepare_cached(&format!(
+                    "DELETE FROM idempotency WHERE tenant = $1 AND key = $2 AND {MARK} = $3"
+                ))
+                .await?;
+            c.execute(&stmt, &[&tenant, &key, &shared.node.id]).await?;
+            Ok(())
+        })
+        .await
+    }
+}
