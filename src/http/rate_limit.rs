@@ -30,6 +30,13 @@
 //!   without taking a cell: behind a load balancer every probe shares one
 //!   address, and a probe answered 429 takes a healthy server out of
 //!   rotation. They read no data and cost next to nothing.
+//! - **Per node, in cluster mode too.** Each node keeps its own buckets:
+//!   the limit protects the node that does the work, like a connection
+//!   cap, and checking it costs no round trip to Redis on every request.
+//!   A caller spread over N nodes may send up to N times the rate in all;
+//!   what must hold cluster-wide is shared (the tools' per-user limits and
+//!   concurrency in Redis, tenants' quotas and budgets in the store), and
+//!   HAProxy can cap a client address in front of every node.
 //! - **Bounded state.** One entry per caller seen; [`ApiRateLimit::retain_recent`]
 //!   drops callers whose bucket is full again and should run periodically.
 
