@@ -27,7 +27,8 @@
 //! 3. **Tenants** ([`another_tenants_request_neither_moves_a_session_nor_reaches_its_owner`]):
 //!    forwarding and takeover happen only for the session's own tenant.
 //! 4. **Keys across nodes** ([`a_keyed_request_running_on_one_node_is_not_run_again_by_another`],
-//!    [`a_keyed_request_cut_by_its_nodes_death_runs_again_elsewhere_once_it_is_stale`]):
+//!    [`a_keyed_request_cut_by_its_nodes_death_runs_again_elsewhere_once_it_is_stale`],
+//!    [`a_keyed_request_cut_by_a_quick_restart_runs_again_elsewhere`]):
 //!    an `Idempotency-Key` is marked running in the database.
 
 mod support;
@@ -806,4 +807,43 @@ async fn a_keyed_request_cut_by_its_nodes_death_runs_again_elsewhere_once_it_is_
     assert!(answer.headers().get("idempotent-replayed").is_none());
     assert_eq!(holds(), 2, "run again once, on node1");
     println!("keyed retries refused while the dead node's mark held: {held}");
+}
+
+/// The node running a keyed request dies and is back before its
+/// heartbeat went stale: the restarted process forgets the marks of the
+/// one that died (they would look alive, with its fresh heartbeat, for
+/// the whole 15 min lease), so a retry on another node runs the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_request_cut_by_a_quick_restart_runs_again_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let holds = hold_tool(&agents);
+    let pg = Postgres::shared();
+    let mut cluster = start(
+        options(2, pg.database("keyed_quick_restart"), agents.clone())
+            // Nobody is stale within this test.
+            .env("CADRE_CLUSTER_OWNER_STALE_S", "60"),
+    )
+    .await;
+    let invoke = |client: Client| {
+        client
+            .with_timeout(Duration::from_secs(30))
+            .request(reqwest::Method::POST, "/v1/tools/hold/invoke")
+            .header("idempotency-key", "cut-short")
+            .json(&json!({"params": {"note": "wire the money"}}))
+    };
+    let cut = tokio::spawn(invoke(cluster.node_client(0)).send());
+    wait_for_holds(&holds, 1).await;
+    cluster.kill9(0);
+    assert!(
+        cut.await.unwrap().is_err(),
+        "the first request got no answer"
+    );
+    std::fs::write(agents.join("tools/release"), "").unwrap();
+    let refused = invoke(cluster.node_client(1)).send().await.unwrap();
+    assert_eq!(refused.status(), StatusCode::CONFLICT, "node0's mark holds");
+    cluster.restart(0);
+    let answer = invoke(cluster.node_client(1)).send().await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert_eq!(holds(), 2, "run again once, on node1");
 }

@@ -683,6 +683,42 @@ mod cluster {
     }
 
     #[tokio::test]
+    async fn the_sweep_is_named_only_cut_turns_without_a_live_owner() {
+        let pg = Postgres::shared();
+        let url = pg.database("orphans");
+        let a = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
+        a.heartbeat().await.unwrap();
+        b.heartbeat().await.unwrap();
+        for (store, id) in [(&a, "sa"), (&b, "sb")] {
+            store
+                .write(
+                    vec![
+                        WriteOp::PutSession(session(id, "acme")),
+                        turn(id, "t1", true, None),
+                    ],
+                    true,
+                )
+                .await
+                .unwrap();
+        }
+        // Each node's own turns (an earlier process of it died), never the
+        // other live node's.
+        assert_eq!(a.orphaned_turn_sessions().await.unwrap(), ["sa"]);
+        assert_eq!(b.orphaned_turn_sessions().await.unwrap(), ["sb"]);
+        pg.sql(
+            &url,
+            "UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = 'node-a'",
+        );
+        assert_eq!(b.orphaned_turn_sessions().await.unwrap(), ["sa", "sb"]);
+        // A finished turn is nobody's to take up.
+        b.write(vec![turn("sb", "t1", false, None)], true)
+            .await
+            .unwrap();
+        assert_eq!(b.orphaned_turn_sessions().await.unwrap(), ["sa"]);
+    }
+
+    #[tokio::test]
     async fn an_unreachable_database_is_an_error_naming_the_setting_without_the_password() {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()

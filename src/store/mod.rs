@@ -531,6 +531,21 @@ impl Store {
         on_backend!(self, s => s.open_turns().await)
     }
 
+    /// The sessions with a turn a crash cut that this node may take up:
+    /// every session with an open turn on redb (one process); in cluster
+    /// mode only those without a live owner (see `postgres::orphans`).
+    pub async fn orphaned_turn_sessions(&self) -> Result<Vec<String>, StoreError> {
+        match &self.backend {
+            Backend::Redb(s) => {
+                let mut ids: Vec<String> =
+                    s.open_turns().await?.into_iter().map(|(s, _)| s).collect();
+                ids.dedup();
+                Ok(ids)
+            }
+            Backend::Postgres(s) => s.orphaned_turn_sessions().await,
+        }
+    }
+
     /// Every model call of a session, added up.
     pub async fn session_usage(&self, session_id: &str) -> Result<TokenUsage, StoreError> {
         on_backend!(self, s => s.session_usage(session_id).await)

@@ -117,3 +117,23 @@ impl PgStore {
         .await
     }
 }
+
+/// At open, before this process heartbeats: the marks this node id left
+/// are an earlier process's (it died before answering; node ids are one
+/// process each), and the new heartbeat would make them look alive to
+/// the other nodes until [`RUNNING_LEASE`]. Only marks younger than the
+/// lease can matter, so only those rows are read (by `stored_at_ms`).
+pub(super) async fn forget_marks(
+    pool: &deadpool_postgres::Pool,
+    node: &str,
+) -> Result<u64, String> {
+    let client = pool.get().await.map_err(|e| e.to_string())?;
+    let since = Timestamp::now().as_millisecond() - RUNNING_LEASE.as_millis() as i64;
+    client
+        .execute(
+            &format!("DELETE FROM idempotency WHERE stored_at_ms >= $1 AND {MARK} = $2"),
+            &[&since, &node],
+        )
+        .await
+        .map_err(|e| e.to_string())
+}

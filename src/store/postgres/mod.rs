@@ -52,6 +52,7 @@
 
 mod idempotency;
 mod import;
+mod orphans;
 mod ownership;
 mod reads;
 mod schema;
@@ -216,6 +217,10 @@ impl PgStore {
                         }
                     };
                     if let Err(e) = schema::migrate(&pool).await {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                    if let Err(e) = idempotency::forget_marks(&pool, &node.id).await {
                         let _ = ready_tx.send(Err(e));
                         return;
                     }
