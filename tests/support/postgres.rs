@@ -113,6 +113,17 @@ impl Postgres {
 
     /// A server of its own (for tests that stop or kill it).
     pub fn start() -> Postgres {
+        Self::start_with(None)
+    }
+
+    /// A server of its own that also takes TLS (`ssl = on`) with this
+    /// certificate chain and key (PEM).
+    #[allow(dead_code)]
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Postgres {
+        Self::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Postgres {
         let bin = bin_dir();
         let user = run_as();
         let dir = tempfile::tempdir().expect("temp dir");
@@ -142,6 +153,26 @@ impl Postgres {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        if let Some((cert, key)) = tls {
+            use std::os::unix::fs::PermissionsExt;
+            for (name, pem) in [("server.crt", cert), ("server.key", key)] {
+                let path = data.join(name);
+                std::fs::write(&path, pem).expect("write the TLS files");
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+                if let Some((uid, gid)) = user {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid)).expect("chown");
+                }
+            }
+            let mut conf = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))
+                .expect("postgresql.conf");
+            writeln!(
+                conf,
+                "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'"
+            )
+            .unwrap();
+        }
         let port = free_port();
         let (ready_tx, ready_rx) = mpsc::channel();
         let (stop, stop_rx) = mpsc::channel::<()>();

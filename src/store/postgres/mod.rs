@@ -56,6 +56,7 @@ mod orphans;
 mod ownership;
 mod reads;
 mod schema;
+mod tls;
 mod writer;
 
 use std::future::Future;
@@ -170,20 +171,21 @@ impl PgStore {
             setting: SETTING,
             reason,
         };
-        let mut config: tokio_postgres::Config = url
+        let (parsed, root) = tls::prepare(url);
+        let mut config: tokio_postgres::Config = parsed
             .parse()
             .map_err(|e: tokio_postgres::Error| unreachable(e.to_string()))?;
         config.connect_timeout(CONNECT_TIMEOUT);
         if config.get_application_name().is_none() {
             config.application_name(format!("cadre {}", node.id));
         }
-        let manager = Manager::from_config(
-            config,
-            tokio_postgres::NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = match tls::connector(&config, root.as_deref()).map_err(unreachable)? {
+            Some(tls) => Manager::from_config(config, tls, manager_config),
+            None => Manager::from_config(config, tokio_postgres::NoTls, manager_config),
+        };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let (tx, rx) = mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
@@ -391,6 +393,21 @@ pub(crate) fn column(s: &str) -> String {
 
 /// `url` without its password (URL form `postgres://user:pw@host/db` and
 /// key-value form `password=...`).
+/// An error and its causes, `: `-joined (tokio-postgres' own text hides
+/// why a TLS handshake failed: the certificate's problem is its source).
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text
+}
+
 pub fn redact(url: &str) -> String {
     if let Some((scheme, rest)) = url.split_once("://") {
         let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));

@@ -22,7 +22,7 @@ const MIGRATION_LOCK: i64 = 0x0063_6164_7265;
 /// Applies the migrations not applied yet; the error as text for the
 /// open error (it names the setting and URL).
 pub(super) async fn migrate(pool: &Pool) -> Result<(), String> {
-    let mut client = pool.get().await.map_err(|e| e.to_string())?;
+    let mut client = pool.get().await.map_err(|e| super::error_chain(&e))?;
     let txn = client.transaction().await.map_err(|e| e.to_string())?;
     txn.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
