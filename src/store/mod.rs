@@ -59,6 +59,7 @@
 //! reopen, so it reloads instead of writing on top of steps that were lost.
 
 mod cache;
+mod docs;
 pub mod embedded;
 pub mod erase;
 pub mod error;

@@ -4,7 +4,7 @@
 //!
 //! http / CLI ──▶ Workflows ──start / resume──▶ WorkflowRunner (one actor per run, on the arbiters)
 //!                    │◀── live state (watch) ◀───────┘
-//!                    └── store: "workflow_runs" docs + "workflow_items" rows (read when the run is not live)
+//!                    └── store: workflow_runs + workflow_items tables (read when the run is not live)
 //!
 //! Definitions follow the tool registry's reload rules: when no file
 //! changed and every file loaded, nothing is re-checked; a bad file is

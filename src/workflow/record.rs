@@ -1,7 +1,7 @@
 //! A run's stored form: one document for the run, one row per map element.
 //!
-//! runner / engine ──ops(run, changed elements)──▶ store.write ──▶ docs "workflow_runs" (the run, no elements)
-//!                                                             └─▶ docs "workflow_items" (one row per element)
+//! runner / engine ──ops(run, changed elements)──▶ store.write ──▶ table workflow_runs (the run, no elements)
+//!                                                             └─▶ table workflow_items (one row per element)
 //! engine ──load(id)──▶ the run document + its element rows ──▶ WorkflowRun (as served)
 //!
 //! Decision: per-element rows rather than batched rewrites of the run. A
@@ -9,13 +9,12 @@
 //! (quadratic: 1,000 elements took 2.6 s, 4,000 took 46 s, with a 10 MB
 //! write per element at 100,000); batching the rewrites only divides that
 //! by the batch size. An element's result is written as its own row
-//! (`"<run id>/<node>/<index, 10 digits>"` in the `workflow_items`
-//! namespace of the store's `docs` table), so an element costs one small
+//! (`"<run id>/<node>/<index, 10 digits>"` in the store's `workflow_items`
+//! table, namespace [`ITEMS_NAMESPACE`]), so an element costs one small
 //! row whatever the run's size; the run document (nodes, outputs, no
-//! elements) is written only when a node or the run changes. The rows use
-//! the existing `docs` table, so the layout (and its schema version) does
-//! not change. Runs stored before this keep their elements inside the
-//! document: a node with no rows keeps what the document says.
+//! elements) is written only when a node or the run changes. Runs stored
+//! before per-element rows keep their elements inside the document: a
+//! node with no rows keeps what the document says.
 
 use serde_json::Value;
 

@@ -5,9 +5,9 @@
 //! scheduler (changes) ──▶ runner ──put_doc("workflow_runs", id)──▶ store
 //!                                 └─▶ WorkflowEvent ──▶ SSE, CLI progress
 //!
-//! A run is one JSON document in the store's `docs` table, namespace
-//! [`RUNS_NAMESPACE`], keyed by its id (a UUID v7, so keys sort by start
-//! time). Node records are keyed by node id.
+//! A run is one JSON document in the store's `workflow_runs` table
+//! (namespace [`RUNS_NAMESPACE`]), keyed by its id (a UUID v7, so keys
+//! sort by start time). Node records are keyed by node id.
 
 use std::collections::BTreeMap;
 
