@@ -537,6 +537,22 @@ macro_rules! suite {
             assert_eq!(texts(&store.messages("s").await.unwrap()), ["mine"]);
             store.heartbeat().await.unwrap();
             store.release_session("s", claim.epoch).await.unwrap();
+
+            // A workflow run: created by its writer, claimed, written fenced.
+            store.put_doc_of("workflow_runs", "acme", "run1", json!({"status": "running"}), true).await.unwrap();
+            store.put_doc_of("workflow_runs", "acme", "run2", json!({"status": "succeeded"}), true).await.unwrap();
+            let claim = store.claim_run("run1").await.unwrap();
+            assert_eq!(claim.took_over_from, None);
+            let fence = WriteOp::FenceRun { run_id: "run1".into(), epoch: claim.epoch };
+            let item = WriteOp::PutDoc {
+                namespace: "workflow_items".into(),
+                key: "run1/each/0000000000".into(),
+                value: json!({"status": "succeeded"}),
+                tenant: None,
+            };
+            store.write(vec![fence, item], true).await.unwrap();
+            assert_eq!(store.list_docs("workflow_items", "run1/").await.unwrap().len(), 1);
+            assert_eq!(store.cut_runs().await.unwrap(), ["run1"], "running runs only");
         }
 
         #[tokio::test]
@@ -888,6 +904,93 @@ mod cluster {
             ["current", "two"]
         );
         assert_eq!(store.message_count("u").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_workflow_run_is_taken_over_only_from_a_dead_owner_and_fences_the_old_one() {
+        let pg = Postgres::shared();
+        let url = pg.database("claim_run");
+        let a = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
+        a.heartbeat().await.unwrap();
+        b.heartbeat().await.unwrap();
+        let run = |status: &str| json!({"status": status, "tenant": "acme"});
+        a.put_doc_of("workflow_runs", "acme", "run1", run("running"), true)
+            .await
+            .unwrap();
+        let item = |epoch: u64, v: &str| {
+            vec![
+                WriteOp::FenceRun {
+                    run_id: "run1".into(),
+                    epoch,
+                },
+                WriteOp::PutDoc {
+                    namespace: "workflow_items".into(),
+                    key: "run1/each/0000000000".into(),
+                    value: json!(v),
+                    tenant: None,
+                },
+            ]
+        };
+
+        // Its creator owns it at epoch 1; a live owner keeps it.
+        let mine = a.claim_run("run1").await.unwrap();
+        assert_eq!((mine.epoch, mine.took_over_from), (1, None));
+        let owned = b.claim_run("run1").await;
+        assert!(
+            matches!(&owned, Err(StoreError::RunOwnedElsewhere { owner, .. }) if owner == "node-a"),
+            "{owned:?}"
+        );
+        assert!(b.cut_runs().await.unwrap().is_empty());
+        assert_eq!(a.cut_runs().await.unwrap(), ["run1"]);
+        a.write(item(1, "a"), true).await.unwrap();
+
+        // node-a's heartbeat goes stale: node-b finds the run and takes it.
+        pg.sql(
+            &url,
+            "UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = 'node-a'",
+        );
+        assert_eq!(b.cut_runs().await.unwrap(), ["run1"]);
+        let taken = b.claim_run("run1").await.unwrap();
+        assert_eq!(
+            (taken.epoch, taken.took_over_from.as_deref()),
+            (2, Some("node-a"))
+        );
+        let late = a.write(item(1, "late"), true).await;
+        assert!(
+            matches!(late, Err(StoreError::RunFenced { .. })),
+            "{late:?}"
+        );
+        let items = |s: &Store| {
+            let s = s.clone();
+            async move { s.list_docs("workflow_items", "run1/").await.unwrap() }
+        };
+        assert_eq!(
+            items(&b).await[0].1,
+            json!("a"),
+            "the refused write left nothing"
+        );
+        b.write(item(2, "b"), true).await.unwrap();
+        assert_eq!(items(&a).await[0].1, json!("b"));
+
+        // A run nobody runs (finished) is anyone's to claim again.
+        a.heartbeat().await.unwrap();
+        b.put_doc("workflow_runs", "run1", run("failed"), true)
+            .await
+            .unwrap();
+        let back = a.claim_run("run1").await.unwrap();
+        assert_eq!(
+            (back.epoch, back.took_over_from.as_deref()),
+            (3, Some("node-b"))
+        );
+        assert!(matches!(
+            b.write(item(2, "b2"), true).await,
+            Err(StoreError::RunFenced { .. })
+        ));
+        assert!(matches!(
+            b.claim_run("nope").await,
+            Err(StoreError::RunFenced { epoch: 0, .. })
+        ));
     }
 
     #[tokio::test]

@@ -301,7 +301,7 @@ fn commit_batch(
             }
             match op {
                 // One node owns every session of a redb file.
-                WriteOp::Fence { .. } => {}
+                WriteOp::Fence { .. } | WriteOp::FenceRun { .. } => {}
                 WriteOp::PutSession(s) => {
                     sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
                     listing::index_session(&mut sessions_by_tenant, s)?;

@@ -87,9 +87,34 @@ pub fn all_items(run: &WorkflowRun) -> Vec<(String, usize)> {
         .collect()
 }
 
-/// Writes the whole run: its document and every element.
+/// `ops` of a run as written by the node that claimed it at `epoch`
+/// ([`Store::claim_run`]): refused whole once another node took it over.
+pub fn fenced(run_id: &str, epoch: u64, mut ops: Vec<WriteOp>) -> Vec<WriteOp> {
+    ops.insert(
+        0,
+        WriteOp::FenceRun {
+            run_id: run_id.to_string(),
+            epoch,
+        },
+    );
+    ops
+}
+
+/// Writes the whole run: its document and every element. Unfenced: for
+/// the write that creates a run (which makes this node its owner).
 pub async fn save(store: &Store, run: &WorkflowRun, durable: bool) -> Result<(), StoreError> {
     store.write(ops(run, true, &all_items(run)), durable).await
+}
+
+/// [`save`] of a run this node claimed at `epoch`.
+pub async fn save_fenced(
+    store: &Store,
+    run: &WorkflowRun,
+    epoch: u64,
+    durable: bool,
+) -> Result<(), StoreError> {
+    let ops = fenced(&run.id, epoch, ops(run, true, &all_items(run)));
+    store.write(ops, durable).await
 }
 
 /// Reads a run's document into a run; `None` when absent.

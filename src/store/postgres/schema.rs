@@ -24,6 +24,7 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "own_tables",
         include_str!("migrations/002_own_tables.sql"),
     ),
+    (3, "run_fence", include_str!("migrations/003_run_fence.sql")),
 ];
 
 /// Any constant: the advisory lock's key for migrations ("cadre" in ASCII).

@@ -317,7 +317,7 @@ impl Writer {
 /// A failure that is the request's own (the rest of the batch goes on).
 fn is_request_error(e: &StoreError) -> bool {
     match e {
-        StoreError::Fenced { .. } | StoreError::Corrupt(_) => true,
+        StoreError::Fenced { .. } | StoreError::RunFenced { .. } | StoreError::Corrupt(_) => true,
         StoreError::Postgres(pg) => pg.as_db_error().is_some(),
         _ => false,
     }
@@ -389,6 +389,10 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
         WriteOp::Fence { session_id, epoch } => vec![stmt(
             "SELECT cadre_fence($1, $2)",
             vec![Box::new(session_id.as_str()), Box::new(seq(*epoch))],
+        )],
+        WriteOp::FenceRun { run_id, epoch } => vec![stmt(
+            "SELECT cadre_fence_run($1, $2)",
+            vec![Box::new(run_id.as_str()), Box::new(seq(*epoch))],
         )],
         WriteOp::PutSession(s) => vec![stmt(
             "INSERT INTO sessions (id, tenant, owner, epoch, body) VALUES ($1, $2, $3, 1, $4)
@@ -473,10 +477,18 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
                 Box::new(Json(value)),
                 Box::new(tenant.as_deref()),
             ];
-            params.extend(home.namespace().map(|n| Box::new(n) as Param<'a>));
+            // A run is created owned by the node that writes it, at epoch
+            // 1 ([`crate::store::owners`]); a rewrite keeps its owner.
+            let (owner_col, owner_val) = if t == RUNS_TABLE {
+                params.push(Box::new(node));
+                (", owner", ", $4")
+            } else {
+                params.extend(home.namespace().map(|n| Box::new(n) as Param<'a>));
+                ("", "")
+            };
             vec![stmt(
                 format!(
-                    "INSERT INTO {t} (key, body, tenant{ns_col}) VALUES ($1, $2, $3{ns_val})
+                    "INSERT INTO {t} (key, body, tenant{ns_col}{owner_col}) VALUES ($1, $2, $3{ns_val}{owner_val})
                      ON CONFLICT {} DO UPDATE
                      SET body = EXCLUDED.body, tenant = COALESCE(EXCLUDED.tenant, {t}.tenant)",
                     home.conflict()
@@ -643,6 +655,10 @@ fn request_error(op: &WriteOp, fence_epoch: Option<u64>, e: tokio_postgres::Erro
             session_id: session_id.clone(),
             epoch: *epoch,
         },
+        WriteOp::FenceRun { run_id, epoch } if code == Some(FENCED) => StoreError::RunFenced {
+            run_id: run_id.clone(),
+            epoch: *epoch,
+        },
         WriteOp::AppendMessages { session_id, .. }
             if code == Some(SqlState::UNIQUE_VIOLATION.code()) =>
         {
@@ -654,6 +670,9 @@ fn request_error(op: &WriteOp, fence_epoch: Option<u64>, e: tokio_postgres::Erro
         _ => StoreError::Postgres(e),
     }
 }
+
+/// The table of workflow runs: its rows carry an owner.
+const RUNS_TABLE: &str = "workflow_runs";
 
 /// The SQLSTATE `cadre_fence` raises for a stale epoch.
 const FENCED: &str = "CF001";
