@@ -725,6 +725,7 @@ async fn serve(
         spawn_cluster_duties(
             store.clone(),
             sessions.clone(),
+            workflows.clone(),
             keys.clone(),
             &builder.config.cluster,
         );
@@ -1043,11 +1044,13 @@ async fn shutdown_signal(stop: oneshot::Receiver<()>, signals: bool) {
 /// Cluster mode: this node's heartbeat and a fresh read of the API keys
 /// (every `[cluster] heartbeat_s`),
 /// and the sweep that takes over the cut turns of dead nodes' sessions
-/// (every `[cluster] owner_stale_s`: a session whose owner stopped
-/// heartbeating is claimable then, [`crate::store::owners`]).
+/// and their cut workflow runs (every `[cluster] owner_stale_s`: a session
+/// or run whose owner stopped heartbeating is claimable then,
+/// [`crate::store::owners`]).
 fn spawn_cluster_duties(
     store: Store,
     sessions: Sessions,
+    workflows: Workflows,
     keys: crate::tenants::KeyRing,
     cluster: &crate::server_config::ClusterSection,
 ) {
@@ -1072,6 +1075,11 @@ fn spawn_cluster_duties(
                 _ = takeover.tick() => {
                     if let Err(e) = sessions.resume_cut_turns().await {
                         tracing::warn!(error = %e, "looking for cut turns of dead nodes failed");
+                    }
+                    // Workflow runs of dead nodes: claimed, then resumed
+                    // (or closed) by the path a restart takes them up by.
+                    if let Err(e) = workflows.take_up_cut_runs().await {
+                        tracing::warn!(error = %e, "looking for cut workflow runs of dead nodes failed");
                     }
                 }
             }

@@ -15,6 +15,7 @@ mod support;
 use cadre::identity::Plan;
 use cadre::model::ChatMessage;
 use cadre::store::idempotency::IdempotencyRecord;
+use cadre::store::tables::OWN_TABLES;
 use cadre::store::turns::TurnWrite;
 use cadre::store::usage::day_of;
 use cadre::store::{
@@ -334,6 +335,62 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        async fn the_store_s_own_documents_keep_every_rule_of_documents_in_their_tables() {
+            let (store, _guard) = $open;
+            let keys = |v: Vec<(String, Value)>| v.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+            // Every namespace with a table of its own, and one of DOCS,
+            // with the same key: each reads back its own document.
+            let mut namespaces: Vec<&str> = OWN_TABLES.iter().map(|t| t.namespace).collect();
+            namespaces.push("trading.orders");
+            for ns in &namespaces {
+                store.put_doc_of(ns, "acme", "k1", json!({"ns": ns, "k": 1}), false).await.unwrap();
+                store.put_doc_of(ns, "acme", "k2/a", json!({"ns": ns, "k": 2}), false).await.unwrap();
+                store.put_doc_of(ns, "globex", "k3", json!({"ns": ns, "k": 3}), false).await.unwrap();
+            }
+            for ns in &namespaces {
+                assert_eq!(store.get_doc(ns, "k1").await.unwrap(), Some(json!({"ns": ns, "k": 1})), "{ns}");
+                assert_eq!(keys(store.list_docs(ns, "").await.unwrap()), ["k1", "k2/a", "k3"], "{ns}");
+                assert_eq!(keys(store.list_docs(ns, "k2/").await.unwrap()), ["k2/a"], "{ns}");
+                let page = store.docs_of(ns, "acme", None, 1, true).await.unwrap();
+                assert_eq!((keys(page.items), page.next.as_deref()), (vec!["k2/a".to_string()], Some("k2/a")), "{ns}");
+                let page = store.docs_of(ns, "acme", page.next, 1, true).await.unwrap();
+                assert_eq!((keys(page.items), page.next), (vec!["k1".to_string()], None), "{ns}");
+            }
+            store.delete_doc("workflow_items", "k2/a", false).await.unwrap();
+            assert_eq!(store.get_doc("workflow_items", "k2/a").await.unwrap(), None);
+            assert!(store.get_doc("workflow_runs", "k2/a").await.unwrap().is_some());
+            assert_eq!(keys(store.docs_of("workflow_items", "acme", None, 10, false).await.unwrap().items), ["k1"]);
+
+            // A confirmation decided: moved between two own tables, once,
+            // still erased with its session.
+            store.write(vec![WriteOp::PutSession(session("s-own", "acme"))], false).await.unwrap();
+            store.put_doc_of_session("confirmations", "acme", "s-own", "cf", json!({"p": 1}), false).await.unwrap();
+            let (a, b) = tokio::join!(
+                store.move_doc("confirmations", "cf", "confirmations_decided", json!({"d": "approved"}), true),
+                store.move_doc("confirmations", "cf", "confirmations_decided", json!({"d": "denied"}), true),
+            );
+            let found: Vec<Value> = [a.unwrap(), b.unwrap()].into_iter().flatten().collect();
+            assert_eq!(found, [json!({"p": 1})]);
+            assert_eq!(store.get_doc("confirmations", "cf").await.unwrap(), None);
+            assert!(store.get_doc("confirmations_decided", "cf").await.unwrap().is_some());
+            store.put_doc_of_session("workflow_runs", "acme", "s-own", "run-of-s", json!({}), false).await.unwrap();
+            let erased = store.erase_session("s-own").await.unwrap().unwrap();
+            assert_eq!(erased.documents, 2);
+            assert_eq!(store.get_doc("confirmations_decided", "cf").await.unwrap(), None);
+            assert_eq!(store.get_doc("workflow_runs", "run-of-s").await.unwrap(), None);
+            assert!(store.get_doc("confirmations_decided", "k1").await.unwrap().is_some());
+
+            // Indexed once per namespace, in its own table.
+            store.put_doc("api_keys", "old", json!({"tenant": "initech"}), false).await.unwrap();
+            fn tenant_of(v: &Value) -> Option<String> {
+                v["tenant"].as_str().map(Into::into)
+            }
+            assert_eq!(store.index_docs("api_keys", tenant_of).await.unwrap(), Some(1));
+            assert_eq!(store.index_docs("api_keys", tenant_of).await.unwrap(), None);
+            assert_eq!(keys(store.docs_of("api_keys", "initech", None, 10, false).await.unwrap().items), ["old"]);
+        }
+
+        #[tokio::test]
         async fn erasing_a_session_removes_everything_under_it_and_late_writes() {
             let (store, _guard) = $open;
             let ops = vec![
@@ -481,6 +538,22 @@ macro_rules! suite {
             assert_eq!(texts(&store.messages("s").await.unwrap()), ["mine"]);
             store.heartbeat().await.unwrap();
             store.release_session("s", claim.epoch).await.unwrap();
+
+            // A workflow run: created by its writer, claimed, written fenced.
+            store.put_doc_of("workflow_runs", "acme", "run1", json!({"status": "running"}), true).await.unwrap();
+            store.put_doc_of("workflow_runs", "acme", "run2", json!({"status": "succeeded"}), true).await.unwrap();
+            let claim = store.claim_run("run1").await.unwrap();
+            assert_eq!(claim.took_over_from, None);
+            let fence = WriteOp::FenceRun { run_id: "run1".into(), epoch: claim.epoch };
+            let item = WriteOp::PutDoc {
+                namespace: "workflow_items".into(),
+                key: "run1/each/0000000000".into(),
+                value: json!({"status": "succeeded"}),
+                tenant: None,
+            };
+            store.write(vec![fence, item], true).await.unwrap();
+            assert_eq!(store.list_docs("workflow_items", "run1/").await.unwrap().len(), 1);
+            assert_eq!(store.cut_runs().await.unwrap(), ["run1"], "running runs only");
         }
 
         #[tokio::test]
@@ -523,6 +596,129 @@ mod redb {
     });
 }
 
+/// A data dir of schema 2, as cadre wrote it before the store's own kinds
+/// of documents had tables: every one in DOCS, one of them indexed by
+/// tenant and linked to a session.
+fn schema_2_data_dir(dir: &std::path::Path) {
+    use cadre::store::tables::*;
+    std::fs::create_dir_all(dir).unwrap();
+    let db = ::redb::Database::create(dir.join("cadre.redb")).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        txn.open_table(META)
+            .unwrap()
+            .insert("schema_version", 2)
+            .unwrap();
+        let s = serde_json::to_vec(&session("s2", "acme")).unwrap();
+        txn.open_table(SESSIONS)
+            .unwrap()
+            .insert("s2", s.as_slice())
+            .unwrap();
+        txn.open_table(SESSIONS_BY_TENANT)
+            .unwrap()
+            .insert(("acme", "s2"), ())
+            .unwrap();
+        let mut docs = txn.open_table(DOCS).unwrap();
+        for t in &OWN_TABLES {
+            let body = json!({"ns": t.namespace, "tenant": "acme"}).to_string();
+            docs.insert((t.namespace, "old-1"), body.as_bytes())
+                .unwrap();
+        }
+        docs.insert(("trading.orders", "alice/1"), b"{\"qty\":1}".as_slice())
+            .unwrap();
+        txn.open_table(DOCS_BY_TENANT)
+            .unwrap()
+            .insert(("confirmations", "acme", "old-1"), ())
+            .unwrap();
+        txn.open_table(DOC_TENANTS)
+            .unwrap()
+            .insert(("confirmations", "old-1"), "acme")
+            .unwrap();
+        txn.open_table(DOCS_BY_SESSION)
+            .unwrap()
+            .insert(("s2", "confirmations", "old-1"), ())
+            .unwrap();
+        txn.open_table(DOC_SESSIONS)
+            .unwrap()
+            .insert(("confirmations", "old-1"), "s2")
+            .unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert("docs_indexed:confirmations", 1)
+            .unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+/// Redb schema 2 -> 3: the documents move to their tables at open, once.
+mod redb_upgrade {
+    use super::*;
+    use cadre::store::Store;
+    use cadre::store::erase::dump_file;
+
+    fn tables_holding(path: &std::path::Path, key: &str) -> Vec<String> {
+        let mut t: Vec<String> = dump_file(path)
+            .unwrap()
+            .into_iter()
+            .filter(|r| {
+                r.key.contains(key) && !r.table.contains("by_") && !r.table.starts_with("doc_")
+            })
+            .map(|r| r.table)
+            .collect();
+        t.sort();
+        t
+    }
+
+    #[tokio::test]
+    async fn a_schema_2_file_moves_its_documents_to_their_tables_at_open_once() {
+        let dir = tempfile::tempdir().unwrap();
+        schema_2_data_dir(dir.path());
+        let file = dir.path().join("cadre.redb");
+        for _ in 0..2 {
+            let store = Store::open(dir.path()).unwrap();
+            for t in &OWN_TABLES {
+                assert_eq!(
+                    store.get_doc(t.namespace, "old-1").await.unwrap(),
+                    Some(json!({"ns": t.namespace, "tenant": "acme"})),
+                    "{}",
+                    t.namespace
+                );
+            }
+            assert_eq!(
+                store.get_doc("trading.orders", "alice/1").await.unwrap(),
+                Some(json!({"qty": 1}))
+            );
+            let page = store
+                .docs_of("confirmations", "acme", None, 10, false)
+                .await
+                .unwrap();
+            assert_eq!(page.items.len(), 1);
+            drop(store);
+            let mut own: Vec<String> = OWN_TABLES.iter().map(|t| t.name().to_string()).collect();
+            own.sort();
+            assert_eq!(
+                tables_holding(&file, "old-1"),
+                own,
+                "each in its table, none left in docs"
+            );
+            assert_eq!(tables_holding(&file, "alice/1"), ["docs"]);
+            let version = dump_file(&file)
+                .unwrap()
+                .into_iter()
+                .find(|r| r.table == "meta" && r.key.contains("schema_version"))
+                .unwrap();
+            assert_eq!(version.value, "3");
+        }
+        // The erase link came along: the session takes its confirmation.
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.erase_session("s2").await.unwrap().unwrap().documents,
+            1
+        );
+        assert_eq!(store.get_doc("confirmations", "old-1").await.unwrap(), None);
+    }
+}
+
 mod postgres {
     suite!({
         let pg = super::support::postgres::Postgres::shared();
@@ -534,6 +730,106 @@ mod postgres {
         };
         (cadre::store::Store::open_postgres(&url, node).unwrap(), pg)
     });
+}
+
+/// The store's own kinds of documents are rows of their PostgreSQL tables,
+/// and `cadre migrate` puts a schema 2 data dir's there too.
+mod postgres_tables {
+    use super::*;
+    use cadre::store::{NodeIdentity, Store};
+    use support::postgres::Postgres;
+
+    fn node() -> NodeIdentity {
+        NodeIdentity {
+            id: "node-a".into(),
+            addr: None,
+            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+        }
+    }
+
+    fn counts(pg: &Postgres, url: &str) -> Vec<(String, String)> {
+        let mut out = vec![(
+            "docs".to_string(),
+            pg.sql(
+                url,
+                "SELECT count(*) FROM docs WHERE namespace <> 'trading.orders'",
+            ),
+        )];
+        for t in &OWN_TABLES {
+            out.push((
+                t.name().to_string(),
+                pg.sql(url, &format!("SELECT count(*) FROM {}", t.name())),
+            ));
+        }
+        out
+    }
+
+    fn expected(n: &str) -> Vec<(String, String)> {
+        let mut out = vec![("docs".to_string(), "0".to_string())];
+        out.extend(
+            OWN_TABLES
+                .iter()
+                .map(|t| (t.name().to_string(), n.to_string())),
+        );
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn own_documents_are_rows_of_their_own_tables() {
+        let pg = Postgres::shared();
+        let url = pg.database("own_tables");
+        let store = Store::open_postgres(&url, node()).unwrap();
+        for t in &OWN_TABLES {
+            store
+                .put_doc_of(t.namespace, "acme", "k", json!({}), true)
+                .await
+                .unwrap();
+        }
+        store
+            .put_doc("trading.orders", "alice/1", json!({}), true)
+            .await
+            .unwrap();
+        assert_eq!(counts(&pg, &url), expected("1"));
+        assert_eq!(pg.sql(&url, "SELECT count(*) FROM docs"), "1");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_schema_2_data_dir_migrates_into_the_own_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        schema_2_data_dir(dir.path());
+        let pg = Postgres::shared();
+        let url = pg.database("migrate_v2");
+        for _ in 0..2 {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_cadre"))
+                .arg("migrate")
+                .arg("--from")
+                .arg(dir.path())
+                .args(["--to", &url])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(counts(&pg, &url), expected("1"));
+        }
+        let store = Store::open_postgres(&url, node()).unwrap();
+        let page = store
+            .docs_of("confirmations", "acme", None, 10, false)
+            .await
+            .unwrap();
+        assert_eq!(page.items.len(), 1);
+        assert_eq!(
+            store.get_doc("trading.orders", "alice/1").await.unwrap(),
+            Some(json!({"qty": 1}))
+        );
+        assert_eq!(
+            store.erase_session("s2").await.unwrap().unwrap().documents,
+            1
+        );
+        assert_eq!(store.get_doc("confirmations", "old-1").await.unwrap(), None);
+    }
 }
 
 /// What only the cluster backend does: fencing, ownership, heartbeats.
@@ -609,6 +905,93 @@ mod cluster {
             ["current", "two"]
         );
         assert_eq!(store.message_count("u").await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_workflow_run_is_taken_over_only_from_a_dead_owner_and_fences_the_old_one() {
+        let pg = Postgres::shared();
+        let url = pg.database("claim_run");
+        let a = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
+        a.heartbeat().await.unwrap();
+        b.heartbeat().await.unwrap();
+        let run = |status: &str| json!({"status": status, "tenant": "acme"});
+        a.put_doc_of("workflow_runs", "acme", "run1", run("running"), true)
+            .await
+            .unwrap();
+        let item = |epoch: u64, v: &str| {
+            vec![
+                WriteOp::FenceRun {
+                    run_id: "run1".into(),
+                    epoch,
+                },
+                WriteOp::PutDoc {
+                    namespace: "workflow_items".into(),
+                    key: "run1/each/0000000000".into(),
+                    value: json!(v),
+                    tenant: None,
+                },
+            ]
+        };
+
+        // Its creator owns it at epoch 1; a live owner keeps it.
+        let mine = a.claim_run("run1").await.unwrap();
+        assert_eq!((mine.epoch, mine.took_over_from), (1, None));
+        let owned = b.claim_run("run1").await;
+        assert!(
+            matches!(&owned, Err(StoreError::RunOwnedElsewhere { owner, .. }) if owner == "node-a"),
+            "{owned:?}"
+        );
+        assert!(b.cut_runs().await.unwrap().is_empty());
+        assert_eq!(a.cut_runs().await.unwrap(), ["run1"]);
+        a.write(item(1, "a"), true).await.unwrap();
+
+        // node-a's heartbeat goes stale: node-b finds the run and takes it.
+        pg.sql(
+            &url,
+            "UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = 'node-a'",
+        );
+        assert_eq!(b.cut_runs().await.unwrap(), ["run1"]);
+        let taken = b.claim_run("run1").await.unwrap();
+        assert_eq!(
+            (taken.epoch, taken.took_over_from.as_deref()),
+            (2, Some("node-a"))
+        );
+        let late = a.write(item(1, "late"), true).await;
+        assert!(
+            matches!(late, Err(StoreError::RunFenced { .. })),
+            "{late:?}"
+        );
+        let items = |s: &Store| {
+            let s = s.clone();
+            async move { s.list_docs("workflow_items", "run1/").await.unwrap() }
+        };
+        assert_eq!(
+            items(&b).await[0].1,
+            json!("a"),
+            "the refused write left nothing"
+        );
+        b.write(item(2, "b"), true).await.unwrap();
+        assert_eq!(items(&a).await[0].1, json!("b"));
+
+        // A run nobody runs (finished) is anyone's to claim again.
+        a.heartbeat().await.unwrap();
+        b.put_doc("workflow_runs", "run1", run("failed"), true)
+            .await
+            .unwrap();
+        let back = a.claim_run("run1").await.unwrap();
+        assert_eq!(
+            (back.epoch, back.took_over_from.as_deref()),
+            (3, Some("node-b"))
+        );
+        assert!(matches!(
+            b.write(item(2, "b2"), true).await,
+            Err(StoreError::RunFenced { .. })
+        ));
+        assert!(matches!(
+            b.claim_run("nope").await,
+            Err(StoreError::RunFenced { epoch: 0, .. })
+        ));
     }
 
     #[tokio::test]

@@ -30,8 +30,11 @@ use crate::identity::DEFAULT_TENANT;
 use crate::store::{Page, Store, StoreError};
 use crate::tools::ExecutionContext;
 
+/// Pending confirmations: the `confirmations` table
+/// ([`crate::store::tables::CONFIRMATIONS`]).
 const NAMESPACE: &str = "confirmations";
-/// Decided confirmations: [`DecidedRecord`]s under the same id.
+/// Decided confirmations: [`DecidedRecord`]s under the same id, in the
+/// `confirmations_decided` table.
 const DECIDED: &str = "confirmations_decided";
 
 /// What was decided about a confirmation.

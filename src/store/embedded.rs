@@ -556,9 +556,9 @@ impl RedbStore {
         let found = self
             .read(move |db| {
                 let txn = db.begin_read()?;
-                let table = txn.open_table(DOCS)?;
-                match table.get((ns.as_str(), k.as_str()))? {
-                    Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                let table = docs::DocsRead::open(&txn, &ns)?;
+                match table.get(&ns, &k)? {
+                    Some(v) => Ok(Some(serde_json::from_slice(&v)?)),
                     None => Ok(None),
                 }
             })
@@ -576,15 +576,10 @@ impl RedbStore {
         let (ns, prefix) = (namespace.to_string(), prefix.to_string());
         self.read(move |db| {
             let txn = db.begin_read()?;
-            let table = txn.open_table(DOCS)?;
+            let table = docs::DocsRead::open(&txn, &ns)?;
             let mut out = Vec::new();
-            for row in table.range((ns.as_str(), prefix.as_str())..)? {
-                let (k, v) = row?;
-                let (row_ns, key) = k.value();
-                if row_ns != ns || !key.starts_with(prefix.as_str()) {
-                    break;
-                }
-                out.push((key.to_string(), serde_json::from_slice(v.value())?));
+            for (key, v) in table.with_prefix(&ns, &prefix)? {
+                out.push((key, serde_json::from_slice(&v)?));
             }
             Ok(out)
         })
@@ -699,15 +694,22 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         let mut meta = txn.open_table(META)?;
         let found = meta.get("schema_version")?.map(|v| v.value());
         match found {
-            Some(1) => {
+            Some(v @ (1 | 2)) => {
                 let started = Instant::now();
-                let (sessions, calls) = listing::migrate_v1(&txn)?;
+                if v == 1 {
+                    let (sessions, calls) = listing::migrate_v1(&txn)?;
+                    tracing::info!(
+                        sessions,
+                        calls,
+                        "store migrated to schema 2: sessions and calls indexed by tenant"
+                    );
+                }
+                let documents = docs::migrate_v2(&txn)?;
                 meta.insert("schema_version", SCHEMA_VERSION)?;
                 tracing::info!(
-                    sessions,
-                    calls,
+                    documents,
                     elapsed_ms = started.elapsed().as_millis() as u64,
-                    "store migrated to schema 2: sessions and calls indexed by tenant"
+                    "store migrated to schema 3: confirmations, tenant configs, API keys and workflow runs in tables of their own"
                 );
             }
             Some(v) if v != SCHEMA_VERSION => {
@@ -731,6 +733,9 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
         txn.open_table(TOOL_STATS)?;
         txn.open_table(DOCS)?;
+        for t in &OWN_TABLES {
+            txn.open_table(t.table)?;
+        }
         txn.open_table(SESSION_USAGE)?;
         txn.open_table(TENANT_USAGE)?;
         txn.open_table(SESSIONS_BY_TENANT)?;

@@ -113,7 +113,7 @@ pub(super) struct EraseTables<'a, 't> {
     pub by_tool: &'a mut Table<'t, (&'static str, &'static str), ()>,
     pub by_workflow: &'a mut Table<'t, (&'static str, &'static str), ()>,
     pub calls_by_tenant: &'a mut Table<'t, (&'static str, &'static str, &'static str), ()>,
-    pub docs: &'a mut Table<'t, (&'static str, &'static str), &'static [u8]>,
+    pub docs: &'a mut super::docs::DocTables<'t>,
     pub docs_by_tenant: &'a mut Table<'t, (&'static str, &'static str, &'static str), ()>,
     pub doc_tenants: &'a mut Table<'t, (&'static str, &'static str), &'static str>,
     pub docs_by_session: &'a mut Table<'t, (&'static str, &'static str, &'static str), ()>,
@@ -183,7 +183,7 @@ pub(super) fn delete_session(
         t.docs_by_session
             .remove((id, namespace.as_str(), key.as_str()))?;
         t.doc_sessions.remove((namespace.as_str(), key.as_str()))?;
-        if t.docs.remove((namespace.as_str(), key.as_str()))?.is_some() {
+        if t.docs.remove(namespace, key)?.is_some() {
             erased.documents += 1;
         }
         listing::unindex_doc(t.docs_by_tenant, t.doc_tenants, namespace, key)?;
@@ -273,6 +273,12 @@ pub fn dump_file(path: &Path) -> Result<Vec<DumpedRow>, StoreError> {
         TOOL_CALLS_BY_WORKFLOW,
         TOOL_STATS,
         DOCS,
+        CONFIRMATIONS,
+        CONFIRMATIONS_DECIDED,
+        TENANT_CONFIGS,
+        API_KEYS,
+        WORKFLOW_RUNS,
+        WORKFLOW_ITEMS,
         SESSION_USAGE,
         TENANT_USAGE,
         SESSIONS_BY_TENANT,

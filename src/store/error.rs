@@ -54,6 +54,12 @@ pub enum StoreError {
         owner: String,
         addr: Option<String>,
     },
+    /// Another node took the workflow run over: this runner's epoch is old.
+    #[error("workflow run {run_id} is no longer written at epoch {epoch}: another node owns it")]
+    RunFenced { run_id: String, epoch: u64 },
+    /// Another live node runs the workflow run.
+    #[error("workflow run {run_id} is run by node {owner}")]
+    RunOwnedElsewhere { run_id: String, owner: String },
     /// PostgreSQL could not be reached or migrated at open; `url` has no password.
     #[error("cannot reach PostgreSQL at {url} (set with {setting}): {reason}")]
     PgUnreachable {
@@ -71,9 +77,10 @@ pub enum StoreError {
 impl PublicError for StoreError {
     fn code(&self) -> ErrorCode {
         match self {
-            StoreError::Fenced { .. } | StoreError::OwnedElsewhere { .. } => {
-                ErrorCode::SessionMoved
-            }
+            StoreError::Fenced { .. }
+            | StoreError::OwnedElsewhere { .. }
+            | StoreError::RunFenced { .. }
+            | StoreError::RunOwnedElsewhere { .. } => ErrorCode::SessionMoved,
             _ => ErrorCode::StorageUnavailable,
         }
     }
@@ -84,6 +91,9 @@ impl PublicError for StoreError {
                 "the session moved to another node; what was acknowledged is kept, \
                  retry (with the same Idempotency-Key)"
                     .into()
+            }
+            StoreError::RunFenced { .. } | StoreError::RunOwnedElsewhere { .. } => {
+                "the workflow run is run by another node; retry (through it)".into()
             }
             _ => "storage is unavailable; nothing was acknowledged, retry later".into(),
         }

@@ -172,7 +172,7 @@ pub(super) fn migrate_v1(txn: &WriteTransaction) -> Result<(u64, u64), StoreErro
 /// from it, once: `None` when the namespace was indexed already, else how
 /// many documents were.
 pub(super) fn index_namespace(
-    docs: &Table<(&str, &str), &[u8]>,
+    docs: &super::docs::DocTables<'_>,
     by_tenant: &mut Table<(&str, &str, &str), ()>,
     tenants: &mut Table<(&str, &str), &str>,
     meta: &mut Table<&str, u64>,
@@ -183,13 +183,11 @@ pub(super) fn index_namespace(
     if meta.get(flag.as_str())?.is_some() {
         return Ok(None);
     }
-    let end = after_all(namespace);
     let mut found = Vec::new();
-    for row in docs.range((namespace, "")..(end.as_str(), ""))? {
-        let (k, v) = row?;
-        let value: Value = serde_json::from_slice(v.value())?;
+    for (key, v) in docs.with_prefix(namespace, "")? {
+        let value: Value = serde_json::from_slice(&v)?;
         if let Some(tenant) = tenant_of(&value) {
-            found.push((k.value().1.to_string(), tenant));
+            found.push((key, tenant));
         }
     }
     for (key, tenant) in &found {
@@ -294,7 +292,7 @@ pub(super) fn docs_page(
     use redb::ReadableDatabase;
     let txn = db.begin_read()?;
     let index = txn.open_table(DOCS_BY_TENANT)?;
-    let docs = txn.open_table(DOCS)?;
+    let docs = super::docs::DocsRead::open(&txn, namespace)?;
     let end = after_all(tenant);
     let all = (
         Bound::Included((namespace, tenant, "")),
@@ -315,8 +313,8 @@ pub(super) fn docs_page(
     for row in rows {
         let (k, _) = row?;
         let key = k.value().2;
-        if let Some(v) = docs.get((namespace, key))? {
-            items.push((key.to_string(), serde_json::from_slice(v.value())?));
+        if let Some(v) = docs.get(namespace, key)? {
+            items.push((key.to_string(), serde_json::from_slice(&v)?));
             if items.len() > limit {
                 break;
             }

@@ -15,8 +15,10 @@
 //! each request; a request whose epoch is no longer the session's is
 //! refused whole with [`StoreError::Fenced`] (the fencing-token rule), so a
 //! node that lost a session — paused, partitioned, misrouted — cannot
-//! write, and drops its state. The embedded backend has one node: a claim
-//! always succeeds at epoch 0 and a fence always passes ([`owners`]).
+//! write, and drops its state. Workflow runs follow the same rule keyed by
+//! run id ([`Store::claim_run`], [`WriteOp::FenceRun`]). The embedded
+//! backend has one node: a claim always succeeds at epoch 0 and a fence
+//! always passes ([`owners`]).
 //!
 //! What follows is the embedded backend's contract, which the PostgreSQL
 //! backend keeps (its own doc says how):
@@ -59,6 +61,7 @@
 //! reopen, so it reloads instead of writing on top of steps that were lost.
 
 mod cache;
+mod docs;
 pub mod embedded;
 pub mod erase;
 pub mod error;
@@ -647,6 +650,21 @@ impl Store {
     /// node, takes it without waiting for this node's heartbeat to go stale.
     pub async fn release_session(&self, id: &str, epoch: u64) -> Result<(), StoreError> {
         on_backend!(self, s => s.release_session(id, epoch).await)
+    }
+
+    /// Makes this node the writer of workflow run `id` and returns the
+    /// epoch its writes carry ([`WriteOp::FenceRun`]);
+    /// [`StoreError::RunOwnedElsewhere`] while another live node runs it
+    /// ([`owners`] has the rule).
+    pub async fn claim_run(&self, id: &str) -> Result<Claim, StoreError> {
+        on_backend!(self, s => s.claim_run(id).await)
+    }
+
+    /// The ids of the workflow runs still `running` that this node may
+    /// take up: its own and those of dead owners (the embedded backend:
+    /// every one), by id.
+    pub async fn cut_runs(&self) -> Result<Vec<String>, StoreError> {
+        on_backend!(self, s => s.cut_runs().await)
     }
 
     /// Tells the other nodes this one is alive (and where it answers).

@@ -20,11 +20,31 @@
 //! - Not advisory locks: they belong to one pooled connection and run out
 //!   of lock table space near 13k sessions on default settings.
 //! - The embedded backend (one node, one file) owns every session at epoch 0.
+//!
+//! Workflow runs follow the same rule, keyed by run id:
+//! runner ──claim_run──▶ Claim { epoch } ──▶ every write of the run (its
+//! document, its map elements) starts with [`super::WriteOp::FenceRun`].
+//! - A run is created owned by the node that starts it (epoch 1 on
+//!   PostgreSQL); a resume, an automatic resume after a restart and the
+//!   takeover of a dead owner's run claim it first (epoch + 1 on a change
+//!   of owner). A run that is not `running` may be claimed by any node:
+//!   nobody runs it.
+//! - Runs still `running` whose owner's heartbeat is stale are found by
+//!   the runtime's periodic sweep ([`super::Store::cut_runs`]) and taken
+//!   up through the engine's recover path (resumed within the resume
+//!   window, what finished not run again). A runner whose write is refused
+//!   ([`super::StoreError::RunFenced`]) stops without writing or starting
+//!   anything more: the node that took the run over has the truth.
+//! - The store reads a run document's `status` field for these two
+//!   rules (PostgreSQL: `body->>'status'`); it knows nothing else of runs.
 
 use jiff::Timestamp;
 use serde::Serialize;
 
 use super::{RedbStore, StoreError};
+
+/// The namespace of workflow run documents ([`super::tables::WORKFLOW_RUNS`]).
+const RUNS: &str = "workflow_runs";
 
 /// Who this node is to the others: the id it claims sessions under, where
 /// it answers, and when another node's heartbeat counts as stale.
@@ -69,6 +89,23 @@ impl RedbStore {
 
     pub async fn release_session(&self, _id: &str, _epoch: u64) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    pub async fn claim_run(&self, _id: &str) -> Result<Claim, StoreError> {
+        Ok(Claim {
+            epoch: 0,
+            took_over_from: None,
+        })
+    }
+
+    /// Every run still `running` (after a restart: the runs the stop cut).
+    pub async fn cut_runs(&self) -> Result<Vec<String>, StoreError> {
+        let runs = self.list_docs(RUNS, "").await?;
+        Ok(runs
+            .into_iter()
+            .filter(|(_, doc)| doc.get("status").and_then(|s| s.as_str()) == Some("running"))
+            .map(|(id, _)| id)
+            .collect())
     }
 
     pub async fn heartbeat(&self) -> Result<(), StoreError> {

@@ -119,6 +119,14 @@ pub enum WriteOp {
         session_id: String,
         epoch: u64,
     },
+    /// [`WriteOp::Fence`] for a workflow run: the request is applied
+    /// only while the run's epoch is still `epoch`, else refused whole
+    /// with [`super::StoreError::RunFenced`]. A no-op for the embedded
+    /// backend.
+    FenceRun {
+        run_id: String,
+        epoch: u64,
+    },
     PutSession(Session),
     AppendMessages {
         session_id: String,

@@ -3,12 +3,31 @@
 //! Values are serde_json bytes: readable with any redb tool, and measured
 //! cheap enough next to an fsync (see benches). Bump [`SCHEMA_VERSION`] when a
 //! key or value shape changes.
+//!
+//! Documents: [`DOCS`] holds the tools' small per-user documents
+//! (`trading.orders`, alerts, watchlists, call intents), keyed by
+//! (namespace, key). The store's own kinds of documents (confirmations,
+//! tenant configs, API keys, workflow runs and their map elements) each
+//! have a table of their own ([`OWN_TABLES`]), keyed by the document's key
+//! alone, and a PostgreSQL table of the same name.
+//!
+//! Decision: the store's API stays the documents API (`get_doc`,
+//! `put_doc_of`, `list_docs`, `docs_of`, `move_doc`, `index_docs`...): a
+//! namespace names its table ([`own_table`]) and the backends route every
+//! document operation to it, so no caller changed and every rule of
+//! documents (the tenant index, the erase link to a session, the read
+//! cache) holds for the own tables unchanged. [`DOCS_BY_TENANT`],
+//! [`DOC_TENANTS`], [`DOCS_BY_SESSION`] and [`DOC_SESSIONS`] index every
+//! namespace, own table or not. Typed methods would have meant one set per
+//! table on both backends for the same four operations.
 
-use redb::TableDefinition;
+use redb::{TableDefinition, TableHandle};
 
 /// 2 added the tenant-first indexes below; a version 1 file is migrated
-/// at open ([`super::listing::migrate_v1`]).
-pub const SCHEMA_VERSION: u64 = 2;
+/// at open ([`super::listing::migrate_v1`]). 3 moved the namespaces of
+/// [`OWN_TABLES`] out of [`DOCS`] into their tables, at open, in the
+/// opening transaction ([`super::docs::migrate_v2`]).
+pub const SCHEMA_VERSION: u64 = 3;
 
 /// "schema_version" -> u64; "docs_indexed:<namespace>" -> 1 once that
 /// namespace's documents written before [`DOCS_BY_TENANT`] are indexed.
@@ -43,10 +62,89 @@ pub const TOOL_CALLS_BY_WORKFLOW: TableDefinition<(&str, &str), ()> =
 pub const TOOL_STATS: TableDefinition<&str, &[u8]> = TableDefinition::new("tool_stats");
 
 /// (namespace, key) -> json document: small per-user state of tools
-/// (paper orders, alerts, watchlists...), pending confirmations, workflow
-/// runs (`workflow_runs`, by run id) and their map elements
-/// (`workflow_items`, `<run id>/<node>/<index>`: one row per element).
+/// (paper orders, alerts, watchlists, call intents), written by the tools
+/// and the executor. Not the namespaces of [`OWN_TABLES`].
 pub const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("docs");
+
+/// confirmation id -> `PendingConfirmation` (json): a call held for a
+/// user's approval (namespace `confirmations`). Written by the executor's
+/// confirmations when a tool asks for one; moved to
+/// [`CONFIRMATIONS_DECIDED`] when decided, deleted when found expired.
+pub const CONFIRMATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("confirmations");
+
+/// confirmation id -> `DecidedRecord` (json: decision, tenant, time;
+/// namespace `confirmations_decided`). Written by the move out of
+/// [`CONFIRMATIONS`]; kept so a late decision learns what happened.
+pub const CONFIRMATIONS_DECIDED: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("confirmations_decided");
+
+/// tenant -> `TenantConfig` (json; namespace `tenant_config`). Written by
+/// the admin API (`PUT /v1/tenants/{tenant}/config`).
+pub const TENANT_CONFIGS: TableDefinition<&str, &[u8]> = TableDefinition::new("tenant_configs");
+
+/// key id -> `ApiKeyRecord` (json: tenant, plan, the secret's SHA-256;
+/// namespace `api_keys`). Written by `cadre keys` and the admin API.
+pub const API_KEYS: TableDefinition<&str, &[u8]> = TableDefinition::new("api_keys");
+
+/// run id (uuid v7) -> the run document (json, without its map elements;
+/// namespace `workflow_runs`). Written by the workflow engine and the
+/// run's runner; in cluster mode only by the run's owner ([`super::owners`]).
+pub const WORKFLOW_RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("workflow_runs");
+
+/// `<run id>/<node>/<index, 10 digits>` -> one map element of a run (json;
+/// namespace `workflow_items`): one row per element, so an element costs
+/// one small write. Written by the run's runner, with the run's fence.
+pub const WORKFLOW_ITEMS: TableDefinition<&str, &[u8]> = TableDefinition::new("workflow_items");
+
+/// A namespace of documents with a table of its own.
+#[derive(Clone, Copy)]
+pub struct OwnTable {
+    /// What callers name it (`put_doc(namespace, ..)`).
+    pub namespace: &'static str,
+    /// Its redb table; PostgreSQL's table has the same name.
+    pub table: TableDefinition<'static, &'static str, &'static [u8]>,
+}
+
+/// Every namespace with a table of its own (the rest live in [`DOCS`]).
+pub static OWN_TABLES: [OwnTable; 6] = [
+    OwnTable {
+        namespace: "confirmations",
+        table: CONFIRMATIONS,
+    },
+    OwnTable {
+        namespace: "confirmations_decided",
+        table: CONFIRMATIONS_DECIDED,
+    },
+    OwnTable {
+        namespace: "tenant_config",
+        table: TENANT_CONFIGS,
+    },
+    OwnTable {
+        namespace: "api_keys",
+        table: API_KEYS,
+    },
+    OwnTable {
+        namespace: "workflow_runs",
+        table: WORKFLOW_RUNS,
+    },
+    OwnTable {
+        namespace: "workflow_items",
+        table: WORKFLOW_ITEMS,
+    },
+];
+
+/// The table of `namespace`'s documents when it has one of its own
+/// (`None`: they live in [`DOCS`]).
+pub fn own_table(namespace: &str) -> Option<&'static OwnTable> {
+    OWN_TABLES.iter().find(|t| t.namespace == namespace)
+}
+
+impl OwnTable {
+    /// The table's name, in redb and in PostgreSQL.
+    pub fn name(&'static self) -> &'static str {
+        self.table.name()
+    }
+}
 
 /// session_id -> `TokenUsage` (json): every model call the session made.
 pub const SESSION_USAGE: TableDefinition<&str, &[u8]> = TableDefinition::new("session_usage");

@@ -277,7 +277,7 @@ fn commit_batch(
         let mut by_tool = txn.open_table(TOOL_CALLS_BY_TOOL)?;
         let mut by_workflow = txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
         let mut stats = txn.open_table(TOOL_STATS)?;
-        let mut docs = txn.open_table(DOCS)?;
+        let mut docs = docs::DocTables::open(&txn)?;
         let mut summaries = txn.open_table(SUMMARIES)?;
         let mut session_usage = txn.open_table(SESSION_USAGE)?;
         let mut tenant_usage = txn.open_table(TENANT_USAGE)?;
@@ -301,7 +301,7 @@ fn commit_batch(
             }
             match op {
                 // One node owns every session of a redb file.
-                WriteOp::Fence { .. } => {}
+                WriteOp::Fence { .. } | WriteOp::FenceRun { .. } => {}
                 WriteOp::PutSession(s) => {
                     sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
                     listing::index_session(&mut sessions_by_tenant, s)?;
@@ -352,10 +352,7 @@ fn commit_batch(
                     value,
                     tenant,
                 } => {
-                    docs.insert(
-                        (namespace.as_str(), key.as_str()),
-                        serde_json::to_vec(value)?.as_slice(),
-                    )?;
+                    docs.insert(namespace, key, serde_json::to_vec(value)?.as_slice())?;
                     if let Some(tenant) = tenant {
                         listing::index_doc(
                             &mut docs_by_tenant,
@@ -367,7 +364,7 @@ fn commit_batch(
                     }
                 }
                 WriteOp::DeleteDoc { namespace, key } => {
-                    docs.remove((namespace.as_str(), key.as_str()))?;
+                    docs.remove(namespace, key)?;
                     listing::unindex_doc(&mut docs_by_tenant, &mut doc_tenants, namespace, key)?;
                     erase::unlink_doc(&mut docs_by_session, &mut doc_sessions, namespace, key)?;
                 }
@@ -378,8 +375,8 @@ fn commit_batch(
                     to_value,
                     moved,
                 } => {
-                    let old = match docs.remove((namespace.as_str(), key.as_str()))? {
-                        Some(v) => Some(serde_json::from_slice::<Value>(v.value())?),
+                    let old = match docs.remove(namespace, key)? {
+                        Some(v) => Some(serde_json::from_slice::<Value>(&v)?),
                         None => None,
                     };
                     if old.is_some() {
@@ -389,10 +386,7 @@ fn commit_batch(
                             namespace,
                             key,
                         )?;
-                        docs.insert(
-                            (to_namespace.as_str(), key.as_str()),
-                            serde_json::to_vec(to_value)?.as_slice(),
-                        )?;
+                        docs.insert(to_namespace, key, serde_json::to_vec(to_value)?.as_slice())?;
                         let linked = erase::unlink_doc(
                             &mut docs_by_session,
                             &mut doc_sessions,

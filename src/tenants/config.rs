@@ -1,6 +1,6 @@
 //! Per-tenant configuration: what a company changes about its agents.
 //!
-//! admin ──GET/POST/PATCH /v1/tenants/{id}/config──▶ TenantConfig (redb docs, durable)
+//! admin ──GET/POST/PATCH /v1/tenants/{id}/config──▶ TenantConfig (store table `tenant_configs`, durable)
 //! turn  ──▶ TenantConfig ──▶ conversation's TurnSettings::apply_tenant ──▶ the settings of that turn
 //!
 //! Overrides: `custom_system_prompt` replaces layer 1; `preferred_model`,
@@ -34,6 +34,8 @@ use crate::identity::{Plan, Principal};
 use crate::store::{Store, StoreError};
 use crate::tools::RateLimit;
 
+/// The store namespace of tenant configs: the `tenant_configs` table
+/// ([`crate::store::tables::TENANT_CONFIGS`]).
 const NAMESPACE: &str = "tenant_config";
 /// Tools a tenant config may set quotas for.
 const MAX_TOOL_QUOTAS: usize = 256;

@@ -62,6 +62,8 @@ use crate::store::{Store, StoreError};
 pub use config::TenantConfig;
 
 pub use crate::identity::{DEFAULT_TENANT, Plan, Principal};
+/// The store namespace of API key records: the `api_keys` table
+/// ([`crate::store::tables::API_KEYS`]).
 const KEYS: &str = "api_keys";
 
 /// A stored key: never the key itself.

@@ -4,7 +4,7 @@
 //!
 //! http / CLI ──▶ Workflows ──start / resume──▶ WorkflowRunner (one actor per run, on the arbiters)
 //!                    │◀── live state (watch) ◀───────┘
-//!                    └── store: "workflow_runs" docs + "workflow_items" rows (read when the run is not live)
+//!                    └── store: workflow_runs + workflow_items tables (read when the run is not live)
 //!
 //! Definitions follow the tool registry's reload rules: when no file
 //! changed and every file loaded, nothing is re-checked; a bad file is
@@ -23,9 +23,11 @@
 //! workflow's current definition, keeping what succeeded.
 //!
 //! Restart ([`Workflows::recover`], once at start): a run still `running`
-//! in the store (and, in cluster mode, run by this node: `node`) was cut by the stop (a crash, or a shutdown: runners stop
-//! without writing). Its running nodes and elements become failed as
-//! interrupted, then:
+//! in the store that this node may take up ([`Store::cut_runs`]: every one
+//! on redb; in cluster mode its own and those of dead nodes) was cut by the
+//! stop (a crash, or a shutdown: runners stop without writing). It is
+//! claimed ([`Store::claim_run`]: from then on its old owner cannot write
+//! it), its running nodes and elements become failed as interrupted, then:
 //! - when its last progress ([`WorkflowRun::last_progress`]: the latest
 //!   start or end of a node or element, its last resume, its creation) is
 //!   younger than `[sessions] resume_window_s`, it is resumed there and
@@ -36,6 +38,19 @@
 //! - otherwise (or when it cannot be resumed: its workflow is gone) it is
 //!   closed as `interrupted`, its error saying why, for a client to resume
 //!   or cancel.
+//!
+//! Cluster mode: a run follows the owner/epoch rule of sessions keyed by
+//! run id ([`crate::store::owners`]). The node that starts a run owns it;
+//! every write of the run (its document, its elements) carries the epoch
+//! it was claimed at. The runtime's takeover sweep calls
+//! [`Workflows::take_up_cut_runs`] every `[cluster] owner_stale_s`: the
+//! running runs of nodes whose heartbeat is stale are claimed (epoch + 1)
+//! and taken up by the path above, so a dead node's run finishes on
+//! another node, its finished tasks not run again. A runner fenced by such
+//! a takeover (its node was paused, not dead) stops at its next write.
+//! Decision: cancelling a run that another live node runs is refused
+//! (`SESSION_MOVED`, 503: retry through that node), as is a resume of it
+//! (`RUN_NOT_RESUMABLE`): this node cannot reach the other's runner.
 //!
 //! Only a runtime that serves the API takes cut runs up (the runtime
 //! decides): `cadre workflow list`, `tools invoke`, `chat` or `mcp` on the
@@ -458,29 +473,48 @@ impl Workflows {
         if !take_up {
             return Ok(Recovery::default());
         }
+        self.take_up_cut_runs().await
+    }
+
+    /// Takes up the runs left `running` by a node that stopped: this
+    /// node's own after a restart, and (cluster mode) those of nodes whose
+    /// heartbeat is stale, each claimed first ([`Store::claim_run`]) so
+    /// its old owner can no longer write it. What [`Self::recover`] does at
+    /// start, and the runtime's takeover sweep every so often.
+    pub async fn take_up_cut_runs(&self) -> Result<Recovery, WorkflowError> {
+        let store = &self.inner.deps.store;
         let now = Timestamp::now();
         let window = self.inner.resume_window;
         let mut cut = Vec::new();
-        for (id, doc) in store.list_docs(RUNS_NAMESPACE, "").await? {
-            let run: WorkflowRun = match serde_json::from_value(doc) {
-                Ok(r) => r,
+        for id in store.cut_runs().await? {
+            if self.is_live(&id) {
+                continue;
+            }
+            let claim = match store.claim_run(&id).await {
+                Ok(c) => c,
+                // Taken by another node, or its owner came back.
+                Err(StoreError::RunOwnedElsewhere { .. } | StoreError::RunFenced { .. }) => {
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let run = match record::load(store, &id).await {
+                Ok(Some(run)) if run.status == RunStatus::Running => run,
+                Ok(_) => continue,
                 Err(e) => {
                     tracing::error!(run = %id, error = %e, "unreadable workflow run skipped");
                     continue;
                 }
             };
-            // Cluster mode: another node's running run is not cut.
-            if run.status == RunStatus::Running
-                && !self.is_live(&id)
-                && run.node.as_deref() == store.node_id()
-            {
-                cut.push(run);
+            if let Some(from) = &claim.took_over_from {
+                tracing::info!(run = %id, from = %from, epoch = claim.epoch, "workflow run of a dead node taken over");
             }
+            cut.push((run, claim.epoch));
         }
         // Each run is taken up on its own; their durable writes share the
         // store's group commits.
         let taken: Vec<Result<bool, WorkflowError>> = futures::stream::iter(cut)
-            .map(|run| self.take_up_run(run, now, window))
+            .map(|(run, epoch)| self.take_up_run(run, epoch, now, window))
             .buffer_unordered(TAKE_UP_PARALLELISM)
             .collect()
             .await;
@@ -514,18 +548,18 @@ impl Workflows {
     async fn take_up_run(
         &self,
         mut run: WorkflowRun,
+        epoch: u64,
         now: Timestamp,
         window: Duration,
     ) -> Result<bool, WorkflowError> {
         let store = &self.inner.deps.store;
         let id = run.id.clone();
-        record::attach_items(store, &mut run).await?;
         let adopted = self.adopt_finished_calls(&mut run).await?;
         // A clock set back since counts as no time at all.
         let age = Duration::try_from(now.duration_since(run.last_progress())).unwrap_or_default();
         run.interrupt(now, CUT.into());
         let not_resumed = if age < window {
-            match self.relaunch(run.clone(), true).await {
+            match self.relaunch(run.clone(), true, Some(epoch)).await {
                 Ok(resumed) => {
                     tracing::info!(
                         run = %id,
@@ -547,7 +581,7 @@ impl Workflows {
             )
         };
         run.error = Some(not_resumed);
-        record::save(store, &run, true).await?;
+        record::save_fenced(store, &run, epoch, true).await?;
         tracing::warn!(
             run = %id,
             workflow = %run.workflow,
@@ -656,11 +690,21 @@ impl Workflows {
         run.node = self.inner.deps.store.node_id().map(str::to_string);
         let cache_ttl = self.cache_policy(&run.tenant).await;
         let live = self.claim(&run)?;
-        if let Err(e) = record::save(&self.inner.deps.store, &run, true).await {
-            self.release(&run.id);
-            return Err(e.into());
-        }
-        self.launch(workflow, run.clone(), live, cache_ttl);
+        // Stored, then claimed: the write that creates the run makes this
+        // node its owner; the claim returns the epoch its runner writes at.
+        let store = &self.inner.deps.store;
+        let epoch = match record::save(store, &run, true).await {
+            Ok(()) => store.claim_run(&run.id).await.map(|c| c.epoch),
+            Err(e) => Err(e),
+        };
+        let epoch = match epoch {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                self.release(&run.id);
+                return Err(e.into());
+            }
+        };
+        self.launch(workflow, run.clone(), live, cache_ttl, epoch);
         Ok(run)
     }
 
@@ -713,17 +757,20 @@ impl Workflows {
                 status: run.status,
             });
         }
-        self.relaunch(run, false).await
+        self.relaunch(run, false, None).await
     }
 
     /// The one way a failed or interrupted run goes again, for a client's
     /// resume and the server's at start (`automatic`): against the
     /// workflow's current definition, durable as running before its
     /// runner starts, keeping what succeeded.
+    /// `epoch`: the claim the caller made already (a cut run taken up);
+    /// `None`: claimed here.
     async fn relaunch(
         &self,
         mut run: WorkflowRun,
         automatic: bool,
+        epoch: Option<u64>,
     ) -> Result<WorkflowRun, WorkflowError> {
         let workflow = self
             .definition(&run.workflow)
@@ -734,11 +781,32 @@ impl Workflows {
         run.node = self.inner.deps.store.node_id().map(str::to_string);
         let cache_ttl = self.cache_policy(&run.tenant).await;
         let live = self.claim(&run)?;
-        if let Err(e) = record::save(&self.inner.deps.store, &run, true).await {
-            self.release(&run.id);
-            return Err(e.into());
-        }
-        self.launch(workflow, run.clone(), live, cache_ttl);
+        let store = &self.inner.deps.store;
+        let epoch = match epoch {
+            Some(epoch) => Ok(epoch),
+            None => store.claim_run(&run.id).await.map(|c| c.epoch),
+        };
+        let written = match epoch {
+            Ok(epoch) => record::save_fenced(store, &run, epoch, true)
+                .await
+                .map(|()| epoch),
+            Err(e) => Err(e),
+        };
+        let epoch = match written {
+            Ok(epoch) => epoch,
+            Err(e) => {
+                self.release(&run.id);
+                // Another live node runs it (it was resumed there).
+                if let StoreError::RunOwnedElsewhere { .. } = e {
+                    return Err(WorkflowError::NotResumable {
+                        id: run.id.clone(),
+                        status: RunStatus::Running,
+                    });
+                }
+                return Err(e.into());
+            }
+        };
+        self.launch(workflow, run.clone(), live, cache_ttl, epoch);
         Ok(run)
     }
 
@@ -764,12 +832,21 @@ impl Workflows {
         let Ok(_claimed) = self.claim(&run) else {
             return Box::pin(self.cancel(id)).await;
         };
+        // Cluster mode: a run another live node runs is not written here.
+        let store = &self.inner.deps.store;
+        let epoch = match store.claim_run(&run.id).await {
+            Ok(c) => c.epoch,
+            Err(e) => {
+                self.release(&run.id);
+                return Err(e.into());
+            }
+        };
         let items = run.cancel(Timestamp::now());
-        let written = self
-            .inner
-            .deps
-            .store
-            .write(record::ops(&run, true, &items), true)
+        let written = store
+            .write(
+                record::fenced(&run.id, epoch, record::ops(&run, true, &items)),
+                true,
+            )
             .await;
         self.release(&run.id);
         written?;
@@ -940,6 +1017,7 @@ impl Workflows {
         run: WorkflowRun,
         claim: Claim,
         cache_ttl: Option<u64>,
+        epoch: u64,
     ) {
         let _ = self.inner.deps.events.send(run_started(&run));
         let n = self.inner.next_arbiter.fetch_add(1, Ordering::Relaxed);
@@ -951,6 +1029,7 @@ impl Workflows {
             claim.state,
             claim.cancel,
             cache_ttl,
+            epoch,
         );
     }
 

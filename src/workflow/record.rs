@@ -1,7 +1,7 @@
 //! A run's stored form: one document for the run, one row per map element.
 //!
-//! runner / engine ──ops(run, changed elements)──▶ store.write ──▶ docs "workflow_runs" (the run, no elements)
-//!                                                             └─▶ docs "workflow_items" (one row per element)
+//! runner / engine ──ops(run, changed elements)──▶ store.write ──▶ table workflow_runs (the run, no elements)
+//!                                                             └─▶ table workflow_items (one row per element)
 //! engine ──load(id)──▶ the run document + its element rows ──▶ WorkflowRun (as served)
 //!
 //! Decision: per-element rows rather than batched rewrites of the run. A
@@ -9,13 +9,12 @@
 //! (quadratic: 1,000 elements took 2.6 s, 4,000 took 46 s, with a 10 MB
 //! write per element at 100,000); batching the rewrites only divides that
 //! by the batch size. An element's result is written as its own row
-//! (`"<run id>/<node>/<index, 10 digits>"` in the `workflow_items`
-//! namespace of the store's `docs` table), so an element costs one small
+//! (`"<run id>/<node>/<index, 10 digits>"` in the store's `workflow_items`
+//! table, namespace [`ITEMS_NAMESPACE`]), so an element costs one small
 //! row whatever the run's size; the run document (nodes, outputs, no
-//! elements) is written only when a node or the run changes. The rows use
-//! the existing `docs` table, so the layout (and its schema version) does
-//! not change. Runs stored before this keep their elements inside the
-//! document: a node with no rows keeps what the document says.
+//! elements) is written only when a node or the run changes. Runs stored
+//! before per-element rows keep their elements inside the document: a
+//! node with no rows keeps what the document says.
 
 use serde_json::Value;
 
@@ -88,9 +87,34 @@ pub fn all_items(run: &WorkflowRun) -> Vec<(String, usize)> {
         .collect()
 }
 
-/// Writes the whole run: its document and every element.
+/// `ops` of a run as written by the node that claimed it at `epoch`
+/// ([`Store::claim_run`]): refused whole once another node took it over.
+pub fn fenced(run_id: &str, epoch: u64, mut ops: Vec<WriteOp>) -> Vec<WriteOp> {
+    ops.insert(
+        0,
+        WriteOp::FenceRun {
+            run_id: run_id.to_string(),
+            epoch,
+        },
+    );
+    ops
+}
+
+/// Writes the whole run: its document and every element. Unfenced: for
+/// the write that creates a run (which makes this node its owner).
 pub async fn save(store: &Store, run: &WorkflowRun, durable: bool) -> Result<(), StoreError> {
     store.write(ops(run, true, &all_items(run)), durable).await
+}
+
+/// [`save`] of a run this node claimed at `epoch`.
+pub async fn save_fenced(
+    store: &Store,
+    run: &WorkflowRun,
+    epoch: u64,
+    durable: bool,
+) -> Result<(), StoreError> {
+    let ops = fenced(&run.id, epoch, ops(run, true, &all_items(run)));
+    store.write(ops, durable).await
 }
 
 /// Reads a run's document into a run; `None` when absent.

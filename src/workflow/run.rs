@@ -5,9 +5,9 @@
 //! scheduler (changes) ──▶ runner ──put_doc("workflow_runs", id)──▶ store
 //!                                 └─▶ WorkflowEvent ──▶ SSE, CLI progress
 //!
-//! A run is one JSON document in the store's `docs` table, namespace
-//! [`RUNS_NAMESPACE`], keyed by its id (a UUID v7, so keys sort by start
-//! time). Node records are keyed by node id.
+//! A run is one JSON document in the store's `workflow_runs` table
+//! (namespace [`RUNS_NAMESPACE`]), keyed by its id (a UUID v7, so keys
+//! sort by start time). Node records are keyed by node id.
 
 use std::collections::BTreeMap;
 
@@ -189,9 +189,10 @@ pub struct WorkflowRun {
     /// client started, the parent's depth + 1 otherwise.
     #[serde(default)]
     pub depth: u32,
-    /// Cluster mode: the node running it (`[cluster] node_id`). A node
-    /// that starts takes up only its own cut runs: a run another live
-    /// node runs is `running` in the shared store too, and is not cut.
+    /// Cluster mode: the node that last started or resumed it (`[cluster]
+    /// node_id`), for people reading the run. Who may write it is the
+    /// store's owner and epoch of the run ([`crate::store::owners`]), not
+    /// this field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
 }

@@ -35,6 +35,10 @@
 //!   says happened always precedes what happens, and a node's output is on
 //!   disk before a node reading it starts. A failed write is logged and the
 //!   run goes on; a restart then finds the last state that was written.
+//!   Every write carries the run's fence ([`record::fenced`], the epoch
+//!   this node claimed the run at): one refused because another node took
+//!   the run over stops the runner at once, its tasks aborted and the
+//!   step's tasks never started ([`crate::store::owners`]).
 //! - A step that only moved map elements writes their rows and patches
 //!   them into the live state; the run document is written (and the live
 //!   state replaced) only when a node or the run changed
@@ -69,7 +73,7 @@ use crate::conversation::{NewSession, Sessions};
 use crate::error_code::PublicError;
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
 use crate::retry::Backoff;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::tools::{CallerType, ErrorType, ExecutionContext, Plan};
 
 /// Live runs: id -> the latest state (for readers and waiters) and the
@@ -106,6 +110,9 @@ pub(super) struct WorkflowRunner {
     cache_ttl: Option<u64>,
     /// Fired to cancel the run.
     cancel: CancellationToken,
+    /// The epoch this node claimed the run at: every write carries it
+    /// ([`record::fenced`]), and a refused one stops the runner.
+    epoch: u64,
     /// The running tasks, to abort on cancel.
     tasks: HashMap<(String, Option<usize>), AbortHandle>,
 }
@@ -129,6 +136,7 @@ impl WorkflowRunner {
         state: watch::Sender<WorkflowRun>,
         cancel: CancellationToken,
         cache_ttl: Option<u64>,
+        epoch: u64,
     ) {
         let plan = scheduler.workflow().plan;
         WorkflowRunner::start_in_arbiter(arbiter, move |_| WorkflowRunner {
@@ -138,6 +146,7 @@ impl WorkflowRunner {
             plan,
             cache_ttl,
             cancel,
+            epoch,
             tasks: HashMap::new(),
         });
     }
@@ -159,7 +168,7 @@ impl WorkflowRunner {
         }
         let run = self.scheduler.run();
         let whole = step.changes_run();
-        let ops = record::ops(run, whole, &step.items);
+        let ops = record::fenced(&run.id, self.epoch, record::ops(run, whole, &step.items));
         let store = self.deps.store.clone();
         let id = run.id.clone();
         let durable = step.durable;
@@ -176,8 +185,21 @@ impl WorkflowRunner {
                 ctx.stop();
                 return;
             }
-            if let Err(e) = written {
-                tracing::error!(run = %id, error = %e, "workflow run state not stored");
+            match written {
+                // Another node took the run over (this one was paused or
+                // cut off past its heartbeat): it has the truth. Nothing
+                // more is written, published or started here.
+                Err(e @ StoreError::RunFenced { .. }) => {
+                    tracing::warn!(run = %id, error = %e, "workflow run taken over by another node: its runner here stops");
+                    act.deps.live.lock().expect("live runs lock").remove(&id);
+                    for (_, task) in act.tasks.drain() {
+                        task.abort();
+                    }
+                    ctx.stop();
+                    return;
+                }
+                Err(e) => tracing::error!(run = %id, error = %e, "workflow run state not stored"),
+                Ok(()) => {}
             }
             // A finished run leaves the live runs before its final state
             // wakes its waiters: one that resumes it at once finds it over.

@@ -16,10 +16,13 @@
 //!   to stop it.
 //! - What is read is what is written: bodies are copied as their JSON text.
 //!   The tenant index and erase links of documents come from the redb
-//!   index tables (`DOC_TENANTS`, `DOC_SESSIONS`).
+//!   index tables (`DOC_TENANTS`, `DOC_SESSIONS`). The documents of
+//!   [`OWN_TABLES`] go to their tables: from those tables for a file of
+//!   schema 3, else through `docs` and then moved, as migration 002 does.
 //! - Chunks of [`CHUNK`] rows: memory stays flat for any file size, and a
 //!   transaction never holds more than one chunk.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -157,6 +160,31 @@ fn read_file(path: &Path, tx: mpsc::Sender<Result<Chunk, StoreError>>) -> Result
         n: lookup(&doc_tenants, k)?.map(|_| 1),
         extra: lookup(&doc_sessions, k)?,
     });
+    // A file of schema 2 or older holds these in DOCS (copied above, and
+    // moved to their tables at the end of the import).
+    for t in &OWN_TABLES {
+        let table = t.name();
+        let mut rows = Vec::new();
+        if let Some(own) = open_opt(&txn, t.table)? {
+            for entry in own.iter().map_err(redb::Error::from)? {
+                let (k, v) = entry.map_err(redb::Error::from)?;
+                let (k, v) = (k.value(), v.value());
+                let tenant = lookup(&doc_tenants, (t.namespace, k))?;
+                rows.push(Row {
+                    key: key(&[k, &tenant.clone().unwrap_or_default()]),
+                    value: Some(text(v)?),
+                    n: tenant.map(|_| 1),
+                    extra: lookup(&doc_sessions, (t.namespace, k))?,
+                });
+                if rows.len() == CHUNK && !send(table, &mut rows) {
+                    return Ok(());
+                }
+            }
+        }
+        if !send(table, &mut rows) {
+            return Ok(());
+        }
+    }
     copy!(SESSION_USAGE, "session_usage", |k, v| Row {
         key: key(&[k]),
         value: Some(text(v)?),
@@ -212,8 +240,18 @@ fn open_opt<K: redb::Key + 'static, V: redb::Value + 'static>(
 }
 
 /// The statement that upserts one row of `table`, and its parameters.
-fn upsert(table: &str) -> &'static str {
-    match table {
+fn upsert(table: &str) -> Cow<'static, str> {
+    if let Some(t) = OWN_TABLES.iter().find(|t| t.name() == table) {
+        let t = t.name();
+        return format!(
+            "INSERT INTO {t} (key, body, tenant, session_id)
+             VALUES ($1::text, $3::text::json, CASE WHEN $4::bigint IS NULL THEN NULL ELSE $2::text END, $5::text)
+             ON CONFLICT (key) DO UPDATE SET body = EXCLUDED.body,
+                 tenant = EXCLUDED.tenant, session_id = EXCLUDED.session_id"
+        )
+        .into();
+    }
+    Cow::Borrowed(match table {
         "sessions" => {
             "INSERT INTO sessions (id, tenant, owner, epoch, body)
              VALUES ($1, ($2::text::json)->>'tenant', NULL, 1, $2::text::json)
@@ -294,7 +332,7 @@ fn upsert(table: &str) -> &'static str {
              WHERE $1::text LIKE 'docs_indexed:%'
              ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
         }
-    }
+    })
 }
 
 fn params<'a>(table: &str, row: &'a Row) -> Vec<&'a (dyn ToSql + Sync)> {
@@ -305,6 +343,9 @@ fn params<'a>(table: &str, row: &'a Row) -> Vec<&'a (dyn ToSql + Sync)> {
         "messages" => vec![k(0), &row.value, &row.n],
         "tool_stats" => vec![k(0), &row.value, node],
         "docs" => vec![k(0), k(1), k(2), &row.value, &row.n, &row.extra],
+        t if OWN_TABLES.iter().any(|o| o.name() == t) => {
+            vec![k(0), k(1), &row.value, &row.n, &row.extra]
+        }
         "tenant_usage" => vec![k(0), k(1), k(2), &row.value, node],
         "turns" => vec![k(0), k(1), &row.value, &row.n],
         "turn_keys" => vec![k(0), k(1), &row.extra],
@@ -339,7 +380,7 @@ impl PgStore {
                 while let Some(chunk) = rx.recv().await {
                     let chunk = chunk?;
                     let txn = c.transaction().await?;
-                    let stmt = txn.prepare_cached(upsert(chunk.table)).await?;
+                    let stmt = txn.prepare_cached(&upsert(chunk.table)).await?;
                     for row in &chunk.rows {
                         txn.execute(&stmt, &params(chunk.table, row)).await?;
                     }
@@ -349,6 +390,11 @@ impl PgStore {
                         None => counts.push((chunk.table, chunk.rows.len() as u64)),
                     }
                 }
+                // Rows of a file older than schema 3 came in through
+                // `docs`: to their tables, as migration 002 moves them.
+                let txn = c.transaction().await?;
+                super::docs::move_own_docs(&txn).await?;
+                txn.commit().await?;
                 Ok(Imported { tables: counts })
             })
             .await;

@@ -50,6 +50,7 @@
 //!   document not written yet links nothing (redb keeps the link row; every
 //!   caller writes the document first).
 
+mod docs;
 mod idempotency;
 mod import;
 mod orphans;

@@ -15,6 +15,12 @@
 //! A claim of a session that does not exist (yet) returns epoch 0 and
 //! changes nothing: the `PutSession` that creates it makes this node the
 //! owner at epoch 1.
+//!
+//! Workflow runs follow the same rule keyed by run id (`workflow_runs`'
+//! `owner`, `epoch`; `cadre_fence_run`), with one more case a claim wins:
+//! a run that is not `running` (finished, failed, interrupted) belongs to
+//! whoever resumes or cancels it. The takeover sweep reads the running
+//! runs of dead owners ([`PgStore::cut_runs`], a partial index).
 
 use jiff::Timestamp;
 
@@ -128,6 +134,76 @@ impl PgStore {
                 session_id: id,
                 epoch: 0,
             })
+        })
+        .await
+    }
+
+    /// Makes this node the run's owner (see [`crate::store::owners`]): when
+    /// it has none, is this node's, is not running, or its owner's
+    /// heartbeat is stale; else [`StoreError::RunOwnedElsewhere`]. A run
+    /// not stored (yet) is [`StoreError::RunFenced`] at epoch 0: the
+    /// `PutDoc` that creates a run makes its writer the owner.
+    pub async fn claim_run(&self, id: &str) -> Result<Claim, StoreError> {
+        let id = id.to_string();
+        let stale = stale_secs(self);
+        self.run(move |c, shared| async move {
+            let me = &shared.node.id;
+            let claim = c
+                .prepare_cached(
+                    "WITH old AS (SELECT key, owner FROM workflow_runs WHERE key = $1 FOR UPDATE)
+                     UPDATE workflow_runs r
+                     SET owner = $2,
+                         epoch = CASE WHEN old.owner = $2 THEN r.epoch ELSE r.epoch + 1 END
+                     FROM old
+                     WHERE r.key = old.key
+                       AND (old.owner IS NULL OR old.owner = $2
+                            OR (r.body->>'status') IS DISTINCT FROM 'running'
+                            OR NOT EXISTS (
+                             SELECT 1 FROM nodes n WHERE n.id = old.owner
+                             AND n.heartbeat_at > now() - make_interval(secs => $3)))
+                     RETURNING r.epoch, old.owner",
+                )
+                .await?;
+            if let Some(row) = c.query_opt(&claim, &[&id, me, &stale]).await? {
+                let epoch: i64 = row.get(0);
+                let old: Option<String> = row.get(1);
+                return Ok(Claim {
+                    epoch: epoch as u64,
+                    took_over_from: old.filter(|o| o != me),
+                });
+            }
+            let owner = c
+                .query_opt("SELECT owner FROM workflow_runs WHERE key = $1", &[&id])
+                .await?
+                .and_then(|r| r.get::<_, Option<String>>(0));
+            match owner {
+                Some(owner) => Err(StoreError::RunOwnedElsewhere { run_id: id, owner }),
+                None => Err(StoreError::RunFenced {
+                    run_id: id,
+                    epoch: 0,
+                }),
+            }
+        })
+        .await
+    }
+
+    /// The runs still `running` that this node may take up: its own, and
+    /// those with no owner or a dead one (by the database's clock).
+    pub async fn cut_runs(&self) -> Result<Vec<String>, StoreError> {
+        let stale = stale_secs(self);
+        self.run(move |c, shared| async move {
+            let rows = c
+                .query(
+                    "SELECT r.key FROM workflow_runs r
+                     WHERE (r.body->>'status') = 'running'
+                       AND (r.owner IS NULL OR r.owner = $1 OR NOT EXISTS (
+                             SELECT 1 FROM nodes n WHERE n.id = r.owner
+                             AND n.heartbeat_at > now() - make_interval(secs => $2)))
+                     ORDER BY r.key",
+                    &[&shared.node.id, &stale],
+                )
+                .await?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
         })
         .await
     }

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::{Json, ToSql};
 
+use super::docs::DocHome;
 use super::{PgStore, column};
 use crate::store::idempotency::{IdempotencyRecord, SWEEP_BATCH};
 use crate::store::usage::{TokenUsage, UsageRow};
@@ -346,12 +347,16 @@ impl PgStore {
     pub async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
         let (ns, k) = (namespace.to_string(), key.to_string());
         self.run(move |c, _| async move {
-            let rows = sql!(
-                c,
-                "SELECT body FROM docs WHERE namespace = $1 AND key = $2",
-                &ns,
-                &k
+            let home = DocHome::of(&ns);
+            let q = format!(
+                "SELECT body FROM {} WHERE {}key = $1",
+                home.table,
+                home.and_ns(2)
             );
+            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&k];
+            params.extend(home.ns_param());
+            let stmt = c.prepare_cached(&q).await?;
+            let rows = c.query(&stmt, &params).await?;
             rows.first().map(|r| body(r, 0)).transpose()
         })
         .await
@@ -366,14 +371,17 @@ impl PgStore {
         let (ns, prefix) = (namespace.to_string(), prefix.to_string());
         self.run(move |c, _| async move {
             let end = prefix_end(&prefix);
-            let rows = sql!(
-                c,
-                "SELECT key, body FROM docs WHERE namespace = $1 AND key >= $2
-                 AND ($3::text IS NULL OR key < $3) ORDER BY key",
-                &ns,
-                &prefix,
-                &end
+            let home = DocHome::of(&ns);
+            let q = format!(
+                "SELECT key, body FROM {} WHERE {}key >= $1
+                 AND ($2::text IS NULL OR key < $2) ORDER BY key",
+                home.table,
+                home.and_ns(3)
             );
+            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&prefix, &end];
+            params.extend(home.ns_param());
+            let stmt = c.prepare_cached(&q).await?;
+            let rows = c.query(&stmt, &params).await?;
             rows.iter()
                 .map(|r| Ok((r.try_get(0)?, body(r, 1)?)))
                 .collect()
@@ -394,27 +402,22 @@ impl PgStore {
         let (ns, tenant) = (namespace.to_string(), tenant.to_string());
         self.run(move |c, _| async move {
             let lim = n(limit.saturating_add(1));
-            let rows = if newest_first {
-                sql!(
-                    c,
-                    "SELECT key, body FROM docs WHERE namespace = $1 AND tenant = $2
-                     AND ($3::text IS NULL OR key < $3) ORDER BY key DESC LIMIT $4",
-                    &ns,
-                    &tenant,
-                    &cursor,
-                    &lim
-                )
+            let home = DocHome::of(&ns);
+            let (cmp, order) = if newest_first {
+                ("<", "DESC")
             } else {
-                sql!(
-                    c,
-                    "SELECT key, body FROM docs WHERE namespace = $1 AND tenant = $2
-                     AND ($3::text IS NULL OR key > $3) ORDER BY key LIMIT $4",
-                    &ns,
-                    &tenant,
-                    &cursor,
-                    &lim
-                )
+                (">", "")
             };
+            let q = format!(
+                "SELECT key, body FROM {} WHERE {}tenant = $1
+                 AND ($2::text IS NULL OR key {cmp} $2) ORDER BY key {order} LIMIT $3",
+                home.table,
+                home.and_ns(4)
+            );
+            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&tenant, &cursor, &lim];
+            params.extend(home.ns_param());
+            let stmt = c.prepare_cached(&q).await?;
+            let rows = c.query(&stmt, &params).await?;
             let items = rows
                 .iter()
                 .map(|r| Ok((r.try_get(0)?, body(r, 1)?)))

@@ -9,12 +9,23 @@
 //! the migration only; it is not how sessions are owned (see
 //! [`super::ownership`]). A database with a migration this build does not
 //! know is refused ([`StoreError::SchemaMismatch`]): it was written by a
-//! newer cadre.
+//! newer cadre. Migration 002 also moves rows (the documents of the
+//! store's own kinds out of `docs`, [`super::docs::move_own_docs`]) in the
+//! same transaction: that move is Rust, not SQL, so the list of tables is
+//! written once ([`crate::store::tables::OWN_TABLES`]).
 
 use deadpool_postgres::Pool;
 
 /// (version, name, SQL), in order.
-const MIGRATIONS: &[(i32, &str, &str)] = &[(1, "init", include_str!("migrations/001_init.sql"))];
+const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "init", include_str!("migrations/001_init.sql")),
+    (
+        2,
+        "own_tables",
+        include_str!("migrations/002_own_tables.sql"),
+    ),
+    (3, "run_fence", include_str!("migrations/003_run_fence.sql")),
+];
 
 /// Any constant: the advisory lock's key for migrations ("cadre" in ASCII).
 const MIGRATION_LOCK: i64 = 0x0063_6164_7265;
@@ -60,6 +71,12 @@ pub(super) async fn migrate(pool: &Pool) -> Result<(), String> {
         txn.batch_execute(sql)
             .await
             .map_err(|e| format!("migration {version:03}_{name}: {e}"))?;
+        if *version == 2 {
+            let moved = super::docs::move_own_docs(&txn)
+                .await
+                .map_err(|e| format!("migration {version:03}_{name}: {e}"))?;
+            tracing::info!(documents = moved, "documents moved to their own tables");
+        }
         txn.execute(
             "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)",
             &[version, name],

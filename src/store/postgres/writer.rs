@@ -22,6 +22,7 @@
 //! is rolled back and the batch runs again request by request, each in its
 //! savepoint, so each request gets its own answer.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,6 +32,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{Json, ToSql};
 
+use super::docs::DocHome;
 use super::{Shared, column};
 use crate::store::erase::ErasedIds;
 use crate::store::usage::UsageDelta;
@@ -286,7 +288,7 @@ impl Writer {
         }
         let mut prepared = Vec::with_capacity(stmts.len());
         for st in &stmts {
-            prepared.push(txn.prepare_cached(st.sql).await?);
+            prepared.push(txn.prepare_cached(&st.sql).await?);
         }
         let params: Vec<Vec<&(dyn ToSql + Sync)>> = stmts.iter().map(Stmt::params).collect();
         let sent = prepared
@@ -315,7 +317,7 @@ impl Writer {
 /// A failure that is the request's own (the rest of the batch goes on).
 fn is_request_error(e: &StoreError) -> bool {
     match e {
-        StoreError::Fenced { .. } | StoreError::Corrupt(_) => true,
+        StoreError::Fenced { .. } | StoreError::RunFenced { .. } | StoreError::Corrupt(_) => true,
         StoreError::Postgres(pg) => pg.as_db_error().is_some(),
         _ => false,
     }
@@ -348,7 +350,7 @@ type Param<'a> = Box<dyn ToSql + Sync + Send + 'a>;
 
 /// One statement of an op: its SQL and parameters.
 struct Stmt<'a> {
-    sql: &'static str,
+    sql: Cow<'static, str>,
     params: Vec<Param<'a>>,
 }
 
@@ -361,8 +363,11 @@ impl Stmt<'_> {
     }
 }
 
-fn stmt<'a>(sql: &'static str, params: Vec<Param<'a>>) -> Stmt<'a> {
-    Stmt { sql, params }
+fn stmt<'a>(sql: impl Into<Cow<'static, str>>, params: Vec<Param<'a>>) -> Stmt<'a> {
+    Stmt {
+        sql: sql.into(),
+        params,
+    }
 }
 
 /// Whether [`plan`] writes `op` (no result is read back).
@@ -384,6 +389,10 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
         WriteOp::Fence { session_id, epoch } => vec![stmt(
             "SELECT cadre_fence($1, $2)",
             vec![Box::new(session_id.as_str()), Box::new(seq(*epoch))],
+        )],
+        WriteOp::FenceRun { run_id, epoch } => vec![stmt(
+            "SELECT cadre_fence_run($1, $2)",
+            vec![Box::new(run_id.as_str()), Box::new(seq(*epoch))],
         )],
         WriteOp::PutSession(s) => vec![stmt(
             "INSERT INTO sessions (id, tenant, owner, epoch, body) VALUES ($1, $2, $3, 1, $4)
@@ -460,21 +469,46 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
             key,
             value,
             tenant,
-        } => vec![stmt(
-            "INSERT INTO docs (namespace, key, body, tenant) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (namespace, key) DO UPDATE
-             SET body = EXCLUDED.body, tenant = COALESCE(EXCLUDED.tenant, docs.tenant)",
-            vec![
-                Box::new(namespace.as_str()),
+        } => {
+            let home = DocHome::of(namespace);
+            let (t, (ns_col, ns_val)) = (home.table, home.ns_column(4));
+            let mut params: Vec<Param<'a>> = vec![
                 Box::new(key.as_str()),
                 Box::new(Json(value)),
                 Box::new(tenant.as_deref()),
-            ],
-        )],
-        WriteOp::DeleteDoc { namespace, key } => vec![stmt(
-            "DELETE FROM docs WHERE namespace = $1 AND key = $2",
-            vec![Box::new(namespace.as_str()), Box::new(key.as_str())],
-        )],
+            ];
+            // A run is created owned by the node that writes it, at epoch
+            // 1 ([`crate::store::owners`]); a rewrite keeps its owner.
+            let (owner_col, owner_val) = if t == RUNS_TABLE {
+                params.push(Box::new(node));
+                (", owner", ", $4")
+            } else {
+                params.extend(home.namespace().map(|n| Box::new(n) as Param<'a>));
+                ("", "")
+            };
+            vec![stmt(
+                format!(
+                    "INSERT INTO {t} (key, body, tenant{ns_col}{owner_col}) VALUES ($1, $2, $3{ns_val}{owner_val})
+                     ON CONFLICT {} DO UPDATE
+                     SET body = EXCLUDED.body, tenant = COALESCE(EXCLUDED.tenant, {t}.tenant)",
+                    home.conflict()
+                ),
+                params,
+            )]
+        }
+        WriteOp::DeleteDoc { namespace, key } => {
+            let home = DocHome::of(namespace);
+            let mut params: Vec<Param<'a>> = vec![Box::new(key.as_str())];
+            params.extend(home.namespace().map(|n| Box::new(n) as Param<'a>));
+            vec![stmt(
+                format!(
+                    "DELETE FROM {} WHERE {}key = $1",
+                    home.table,
+                    home.and_ns(2)
+                ),
+                params,
+            )]
+        }
         WriteOp::PutSummary {
             session_id,
             summary,
@@ -488,14 +522,20 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
             namespace,
             key,
             session_id,
-        } => vec![stmt(
-            "UPDATE docs SET session_id = $3 WHERE namespace = $1 AND key = $2",
-            vec![
-                Box::new(namespace.as_str()),
-                Box::new(key.as_str()),
-                Box::new(session_id.as_str()),
-            ],
-        )],
+        } => {
+            let home = DocHome::of(namespace);
+            let mut params: Vec<Param<'a>> =
+                vec![Box::new(key.as_str()), Box::new(session_id.as_str())];
+            params.extend(home.namespace().map(|n| Box::new(n) as Param<'a>));
+            vec![stmt(
+                format!(
+                    "UPDATE {} SET session_id = $2 WHERE {}key = $1",
+                    home.table,
+                    home.and_ns(3)
+                ),
+                params,
+            )]
+        }
         WriteOp::PutTurn(w) => {
             let mut out = vec![stmt(
                 "INSERT INTO turns (session_id, turn_id, open, body) VALUES ($1, $2, $3, $4)
@@ -615,6 +655,10 @@ fn request_error(op: &WriteOp, fence_epoch: Option<u64>, e: tokio_postgres::Erro
             session_id: session_id.clone(),
             epoch: *epoch,
         },
+        WriteOp::FenceRun { run_id, epoch } if code == Some(FENCED) => StoreError::RunFenced {
+            run_id: run_id.clone(),
+            epoch: *epoch,
+        },
         WriteOp::AppendMessages { session_id, .. }
             if code == Some(SqlState::UNIQUE_VIOLATION.code()) =>
         {
@@ -626,6 +670,9 @@ fn request_error(op: &WriteOp, fence_epoch: Option<u64>, e: tokio_postgres::Erro
         _ => StoreError::Postgres(e),
     }
 }
+
+/// The table of workflow runs: its rows carry an owner.
+const RUNS_TABLE: &str = "workflow_runs";
 
 /// The SQLSTATE `cadre_fence` raises for a stale epoch.
 const FENCED: &str = "CF001";
@@ -655,7 +702,7 @@ async fn apply(
         }));
         if let Some(stmts) = plan(op, node, with_session) {
             for st in &stmts {
-                exec(txn, st.sql, &st.params())
+                exec(txn, &st.sql, &st.params())
                     .await
                     .map_err(|e| request_error(op, fence_epoch, e))?;
             }
@@ -669,10 +716,17 @@ async fn apply(
                 to_value,
                 moved,
             } => {
+                let from = DocHome::of(namespace);
+                let mut params: Vec<&(dyn ToSql + Sync)> = vec![key];
+                params.extend(from.ns_param());
                 let rows = query(
                     txn,
-                    "DELETE FROM docs WHERE namespace = $1 AND key = $2 RETURNING body, session_id",
-                    &[namespace, key],
+                    &format!(
+                        "DELETE FROM {} WHERE {}key = $1 RETURNING body, session_id",
+                        from.table,
+                        from.and_ns(2)
+                    ),
+                    &params,
                 )
                 .await?;
                 let old = match rows.first() {
@@ -681,12 +735,20 @@ async fn apply(
                         let session: Option<String> = row.try_get(1)?;
                         // The tenant index stays behind (as in redb); the
                         // erase link moves with the document.
+                        let to = DocHome::of(to_namespace);
+                        let (t, (ns_col, ns_val)) = (to.table, to.ns_column(4));
+                        let to_value = Json(to_value);
+                        let mut params: Vec<&(dyn ToSql + Sync)> = vec![key, &to_value, &session];
+                        params.extend(to.ns_param());
                         exec(
                             txn,
-                            "INSERT INTO docs (namespace, key, body, session_id) VALUES ($1, $2, $3, $4)
-                             ON CONFLICT (namespace, key) DO UPDATE SET body = EXCLUDED.body,
-                                 session_id = COALESCE(EXCLUDED.session_id, docs.session_id)",
-                            &[to_namespace, key, &Json(to_value), &session],
+                            &format!(
+                                "INSERT INTO {t} (key, body, session_id{ns_col}) VALUES ($1, $2, $3{ns_val})
+                                 ON CONFLICT {} DO UPDATE SET body = EXCLUDED.body,
+                                     session_id = COALESCE(EXCLUDED.session_id, {t}.session_id)",
+                                to.conflict()
+                            ),
+                            &params,
                         )
                         .await?;
                         Some(body.0)
@@ -735,23 +797,32 @@ async fn apply(
                 let flag = format!("docs_indexed:{namespace}");
                 let done = query(txn, "SELECT 1 FROM meta WHERE key = $1", &[&flag]).await?;
                 let n = if done.is_empty() {
+                    let home = DocHome::of(namespace);
+                    let mut params: Vec<&(dyn ToSql + Sync)> = Vec::new();
+                    params.extend(home.ns_param());
                     let rows = query(
                         txn,
-                        "SELECT key, body FROM docs WHERE namespace = $1",
-                        &[namespace],
+                        &format!(
+                            "SELECT key, body FROM {} WHERE {}true",
+                            home.table,
+                            home.and_ns(1)
+                        ),
+                        &params,
                     )
                     .await?;
+                    let update = format!(
+                        "UPDATE {} SET tenant = $2 WHERE {}key = $1",
+                        home.table,
+                        home.and_ns(3)
+                    );
                     let mut n = 0u64;
                     for row in rows {
                         let key: String = row.try_get(0)?;
                         let Json(body): Json<Value> = row.try_get(1)?;
                         if let Some(tenant) = tenant_of(&body) {
-                            exec(
-                                txn,
-                                "UPDATE docs SET tenant = $3 WHERE namespace = $1 AND key = $2",
-                                &[namespace, &key, &tenant],
-                            )
-                            .await?;
+                            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&key, &tenant];
+                            params.extend(home.ns_param());
+                            exec(txn, &update, &params).await?;
                             n += 1;
                         }
                     }
@@ -802,7 +873,11 @@ async fn erase(txn: &Transaction<'_>, id: &str) -> Result<Option<Erased>, StoreE
         &[&id],
     )
     .await?;
-    let documents = exec(txn, "DELETE FROM docs WHERE session_id = $1", &[&id]).await?;
+    let mut documents = exec(txn, "DELETE FROM docs WHERE session_id = $1", &[&id]).await?;
+    for t in &crate::store::tables::OWN_TABLES {
+        let sql = format!("DELETE FROM {} WHERE session_id = $1", t.name());
+        documents += exec(txn, &sql, &[&id]).await?;
+    }
     Ok(Some(Erased {
         tenant,
         messages,
