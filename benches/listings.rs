@@ -59,6 +59,7 @@ fn call(tenant: &str) -> ToolCallRecord {
         user_id: None,
         tenant: Some(tenant.into()),
         created_at: Timestamp::now(),
+        started_at: None,
         source_id: None,
         turn_id: None,
     }

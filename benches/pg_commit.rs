@@ -62,6 +62,7 @@ fn turn_ops(id: &str, epoch: u64, turn: u64) -> Vec<WriteOp> {
         user_id: Some("alice".into()),
         tenant: Some("acme".into()),
         created_at: Timestamp::now(),
+        started_at: None,
         source_id: None,
         turn_id: None,
     };

@@ -28,15 +28,16 @@
 //!    `5 - held` until the dead node's leases run out, then use all 5.
 //!
 //! Decisions:
-//! - **Overlap from the runs' own clocks.** A call record has one timestamp,
-//!   `created_at`, the end of the run, and `execution_time_ms`, which also
-//!   counts the wait for a slot: its window is not the run's. So `slow`
-//!   returns its start and end (`time.time()` of the script, one machine's
-//!   clock for every node), which its record keeps as the output: the
-//!   overlap is computed from the records (`GET /v1/calls` on any node, the
-//!   store is shared) and, for the kill, from `runs.log` too, because a
-//!   killed node's calls leave no record (their scripts, orphaned, still
-//!   run to the end and log it).
+//! - **Overlap from the records' timestamps.** A call record holds when
+//!   the tool began to run with its slot held (`started_at`) and when it
+//!   ended (`created_at`); `execution_time_ms` also counts the wait for a
+//!   slot, so `created_at - execution_time_ms` is not the run's window
+//!   (printed beside, for contrast). The overlap is computed from the
+//!   records (`GET /v1/calls` on any node, the store is shared; the nodes
+//!   share this machine's clock). `slow` also returns its script's own
+//!   start and end, which must lie inside the record's window; for the
+//!   kill, `runs.log` counts too, because a killed node's calls leave no
+//!   record (their scripts, orphaned, still run to the end and log it).
 //! - **Whose run**: the script logs its parent's pid, the node that ran it.
 //! - **One test at a time**: each test runs three nodes on a 2-core CI
 //!   machine, and a starved node renews its permits late; [`SERIAL`] keeps
@@ -247,21 +248,31 @@ async fn records(client: &Client, tool: &str) -> Vec<Value> {
     }
 }
 
-/// The (start, end) of each successful record's run, as `slow` returned it.
+/// The (started_at, created_at) of each successful record, in seconds.
 fn record_spans(records: &[Value]) -> Vec<(f64, f64)> {
+    let seconds = |r: &Value, field: &str| -> f64 {
+        let at: jiff::Timestamp = r[field]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {field}: {r}"))
+            .parse()
+            .unwrap();
+        at.as_nanosecond() as f64 / 1e9
+    };
     records
         .iter()
         .filter(|r| r["is_success"] == true)
         .map(|r| {
+            let (start, end) = (seconds(r, "started_at"), seconds(r, "created_at"));
+            // The script's own clock agrees: its run lies inside the record's.
             let out = &r["output"];
-            let (start, end) = (
+            let (ran, ended) = (
                 out["started"].as_f64().unwrap(),
                 out["ended"].as_f64().unwrap(),
             );
-            // The record is written after the run: its one timestamp agrees.
-            let created: jiff::Timestamp = r["created_at"].as_str().unwrap().parse().unwrap();
-            let created = created.as_nanosecond() as f64 / 1e9;
-            assert!(created >= end - 0.001, "record before its run ended: {r}");
+            assert!(
+                start <= ran + 0.001 && ended <= end + 0.001,
+                "the run is outside its record's window: {r}"
+            );
             (start, end)
         })
         .collect()

@@ -64,6 +64,7 @@ async fn hold(store: &Store, tenant: &str, n: usize) -> Held {
             user_id: None,
             tenant: Some(tenant.into()),
             created_at: Timestamp::now(),
+            started_at: None,
             source_id: None,
             turn_id: None,
         };

@@ -81,6 +81,7 @@ fn call(n: u32, tenant: &str, tool: &str, conv: Option<&str>, wf: Option<&str>) 
         user_id: None,
         tenant: Some(tenant.into()),
         created_at: Timestamp::now(),
+        started_at: None,
         source_id: None,
         turn_id: None,
     }

@@ -117,6 +117,8 @@ impl ResultCache {
         }
         let mut result = entry.result;
         result.metadata.cached = true;
+        // A cached answer ran nothing now.
+        result.metadata.started_at = None;
         Some(result)
     }
 

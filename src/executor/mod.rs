@@ -751,7 +751,9 @@ async fn execute(
             ),
         );
     }
-    let result = run_with_retries(tool, params.clone(), &msg.ctx, &s.config).await;
+    let began = jiff::Timestamp::now();
+    let mut result = run_with_retries(tool, params.clone(), &msg.ctx, &s.config).await;
+    result.metadata.started_at = Some(began);
     drop(permit);
     if let (Some(k), Some(ttl)) = (key, ttl) {
         s.cache.put(k, &result, ttl).await;
@@ -893,6 +895,7 @@ async fn record(
         user_id: msg.ctx.user_id.clone(),
         tenant: msg.ctx.tenant.clone(),
         created_at: result.executed_at,
+        started_at: result.metadata.started_at,
         source_id: result.metadata.source_id.clone(),
         turn_id: msg.ctx.turn_id.clone(),
     };

@@ -922,6 +922,7 @@ mod tests {
             user_id: None,
             tenant: Some("t".into()),
             created_at: Timestamp::now(),
+            started_at: None,
             source_id: None,
             turn_id: None,
         };

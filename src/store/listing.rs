@@ -362,6 +362,7 @@ mod tests {
             user_id: None,
             tenant: Some(tenant.into()),
             created_at: jiff::Timestamp::now(),
+            started_at: None,
         }
     }
 

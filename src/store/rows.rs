@@ -69,6 +69,12 @@ pub struct ToolCallRecord {
     #[serde(default)]
     pub tenant: Option<String>,
     pub created_at: Timestamp,
+    /// When the tool began to run, its concurrency slot held (`created_at`
+    /// is when it ended; `execution_time_ms` also counts the wait for the
+    /// slot): from the two, the span it held its slot. `None` for a call
+    /// refused before it ran, a cached answer, and records older than it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Timestamp>,
     /// The citable id of what the call returned, as the executor namespaced
     /// it by the tool's source (`ToolSource::citable_source_id`); what
     /// grounds a citation after a reload. Records from before it existed

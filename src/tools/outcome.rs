@@ -238,6 +238,10 @@ pub struct ResultMetadata {
     /// For `pending_confirmation`: what to approve or deny.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmation_id: Option<String>,
+    /// When the tool began to run (its concurrency slot held): the call
+    /// record's `started_at`. Not part of the answer.
+    #[serde(skip)]
+    pub started_at: Option<jiff::Timestamp>,
 }
 
 /// The deepest nesting of a tool's output that is kept. Every output is
