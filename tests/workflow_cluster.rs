@@ -21,6 +21,8 @@
 //!   woken past `beta`'s timeout, has a step to write (the element failed):
 //!   the write is refused by the run's fence, node0's runner stops, and the
 //!   run's rows are what node1 left.
+//! - Through node1 while node0 runs it: the run's cancel and its event
+//!   stream are forwarded to node0 (`http::forward`).
 
 mod support;
 
@@ -336,4 +338,51 @@ async fn a_paused_node_whose_run_was_taken_over_cannot_write_it_when_woken() {
         "node0's cut call never finished: {:?}",
         setup.ledger()
     );
+}
+
+/// A run's cancel and event stream reach the node running it from any
+/// node: the balancer hashes a run's paths elsewhere than the
+/// `POST /v1/workflows/{name}/runs` that started it, so without
+/// forwarding a cancel through it was 503 `SESSION_MOVED` and its event
+/// stream never saw the run end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_cancelled_and_followed_through_a_node_that_does_not_run_it() {
+    use futures::StreamExt;
+    let setup = Setup::new();
+    let pg = Postgres::shared();
+    let url = pg.database("workflow_forward");
+    let cluster = setup.cluster(&url).await;
+    let id = setup.start_and_hold(&cluster.node_client(0)).await;
+    let node1 = cluster.node_client(1);
+    let events = node1
+        .request(
+            reqwest::Method::GET,
+            &format!("/v1/workflows/runs/{id}/events"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.status(), StatusCode::OK);
+    assert_eq!(
+        events.headers()["x-cadre-node"],
+        "n0",
+        "served by the runner"
+    );
+    let (status, run) = node1
+        .post(&format!("/v1/workflows/runs/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{run}");
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let mut text = String::new();
+    let mut stream = events.bytes_stream();
+    let ended = tokio::time::timeout(PATIENCE, async {
+        while let Some(chunk) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            if text.contains("run_finished") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream never saw the run end: {text}");
 }

@@ -32,6 +32,12 @@
 //!   Another tenant's request (a guess, a probe) goes to the handler here,
 //!   which answers 404 as for a session that does not exist, so it
 //!   neither takes the session over (an epoch bump) nor reaches the owner.
+//! - Workflow runs follow the same rule by run id: `POST
+//!   …/runs/{id}/resume`, `…/cancel` and `GET …/runs/{id}/events` go to
+//!   the node running the run (its events happen there) when that is
+//!   another live node and the caller's tenant owns the run; a run whose
+//!   owner died is served here (the handler takes it over). Reads of a
+//!   run come from the shared store on any node.
 //! - WebSocket upgrades are not forwarded (the owner's balancer hash is
 //!   where a visitor's socket should be opened); they are served here.
 //!   Nor is `POST …/ws-token`: tokens live in the memory of the node that
@@ -53,7 +59,7 @@ use crate::conversation::Sessions;
 use crate::error_code::ErrorCode;
 use crate::http::error::ApiError;
 use crate::identity::Principal;
-use crate::store::{Store, StoreError};
+use crate::store::{RunOwner, Store, StoreError};
 
 /// Set on a request one node sends on to another.
 pub const FORWARDED_BY: &str = "x-cadre-forwarded-by";
@@ -129,7 +135,47 @@ pub async fn to_owner(State(fwd): State<Forward>, request: Request, next: Next) 
     response
 }
 
+/// The run id of a request that acts on, or follows, a running workflow
+/// run: resume, cancel, and its event stream.
+fn run_of(method: &Method, path: &str) -> Option<String> {
+    let (id, action) = path.strip_prefix("/v1/workflows/runs/")?.split_once('/')?;
+    let acts = match (method, action) {
+        (&Method::POST, "resume" | "cancel") | (&Method::GET, "events") => true,
+        _ => false,
+    };
+    (acts && !id.is_empty() && id.len() <= 128).then(|| id.to_string())
+}
+
+/// A run's request goes to the node running it, when that is another live
+/// node and the caller's tenant owns the run; else it is served here (the
+/// handler claims a run whose owner died, or says it is not found).
+async fn route_run(fwd: &Forward, id: &str, request: Request, next: Next) -> Response {
+    let caller = request.extensions().get::<Principal>().map(|p| &p.tenant);
+    let addr = match fwd.store.run_owner(id).await {
+        Ok(Some(RunOwner {
+            tenant,
+            owner,
+            addr: Some(addr),
+            running_there: true,
+        })) if owner != fwd.node_id && Some(&tenant) == caller => addr,
+        _ => return next.run(request).await,
+    };
+    if request.headers().contains_key(FORWARDED_BY) {
+        return moved("the run's owner changed while this request was forwarded");
+    }
+    match send(fwd, &addr, request).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(run = %id, owner = %addr, error = %e, "forwarding to the run's owner failed");
+            moved("the node that runs this workflow run did not answer")
+        }
+    }
+}
+
 async fn route(fwd: &Forward, request: Request, next: Next) -> Response {
+    if let Some(run) = run_of(request.method(), request.uri().path()) {
+        return route_run(fwd, &run, request, next).await;
+    }
     let Some(id) = session_of(request.method(), request.uri().path()) else {
         return next.run(request).await;
     };
@@ -237,5 +283,15 @@ mod tests {
         assert_eq!(session_of(&Method::POST, "/v1/sessions/"), None);
         assert_eq!(session_of(&Method::POST, "/v1/tools/x/invoke"), None);
         assert_eq!(session_of(&Method::POST, "/v1/sessions/abc/ws-token"), None);
+        assert_eq!(
+            run_of(&Method::POST, "/v1/workflows/runs/r1/cancel").as_deref(),
+            Some("r1")
+        );
+        assert_eq!(
+            run_of(&Method::GET, "/v1/workflows/runs/r1/events").as_deref(),
+            Some("r1")
+        );
+        assert_eq!(run_of(&Method::GET, "/v1/workflows/runs/r1"), None);
+        assert_eq!(run_of(&Method::POST, "/v1/workflows/runs/r1/events"), None);
     }
 }

@@ -88,7 +88,7 @@ pub use erase::Erased;
 pub use error::{StoreError, StoreHealth};
 use idempotency::IdempotencyRecord;
 pub use listing::Page;
-pub use owners::{Claim, NodeIdentity, NodeRow};
+pub use owners::{Claim, NodeIdentity, NodeRow, RunOwner};
 pub use postgres::PgStore;
 pub use rows::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
@@ -658,6 +658,15 @@ impl Store {
     /// ([`owners`] has the rule).
     pub async fn claim_run(&self, id: &str) -> Result<Claim, StoreError> {
         on_backend!(self, s => s.claim_run(id).await)
+    }
+
+    /// Who owns workflow run `id` (cluster mode; `None` on redb, for a
+    /// run nobody owns, or one that does not exist).
+    pub async fn run_owner(&self, id: &str) -> Result<Option<RunOwner>, StoreError> {
+        match &self.backend {
+            Backend::Redb(_) => Ok(None),
+            Backend::Postgres(s) => s.run_owner(id).await,
+        }
     }
 
     /// The ids of the workflow runs still `running` that this node may

@@ -67,6 +67,18 @@ pub struct Claim {
     pub took_over_from: Option<String>,
 }
 
+/// Who runs a workflow run, for a node that got a request about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOwner {
+    /// The run's tenant (a caller of another tenant gets nothing of it).
+    pub tenant: String,
+    pub owner: String,
+    /// Where the owner answers (`--advertise`), if it ever said.
+    pub addr: Option<String>,
+    /// Its heartbeat is fresh and the run is still `running`.
+    pub running_there: bool,
+}
+
 /// A node of the cluster as the database sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NodeRow {

@@ -25,7 +25,7 @@
 use jiff::Timestamp;
 
 use super::PgStore;
-use crate::store::{Claim, NodeRow, StoreError};
+use crate::store::{Claim, NodeRow, RunOwner, StoreError};
 
 fn stale_secs(store: &PgStore) -> f64 {
     store.shared.node.stale_after.as_secs_f64()
@@ -183,6 +183,30 @@ impl PgStore {
                     epoch: 0,
                 }),
             }
+        })
+        .await
+    }
+
+    /// See [`crate::store::Store::run_owner`].
+    pub async fn run_owner(&self, id: &str) -> Result<Option<RunOwner>, StoreError> {
+        let id = id.to_string();
+        let stale = stale_secs(self);
+        self.run(move |c, _| async move {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT coalesce(r.body->>'tenant', ''), r.owner, n.addr,
+                            coalesce((r.body->>'status') = 'running'
+                                     AND n.heartbeat_at > now() - make_interval(secs => $2), false)
+                     FROM workflow_runs r LEFT JOIN nodes n ON n.id = r.owner
+                     WHERE r.key = $1 AND r.owner IS NOT NULL",
+                )
+                .await?;
+            Ok(c.query_opt(&stmt, &[&id, &stale]).await?.map(|r| RunOwner {
+                tenant: r.get(0),
+                owner: r.get(1),
+                addr: r.get(2),
+                running_there: r.get(3),
+            }))
         })
         .await
     }
