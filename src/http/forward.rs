@@ -139,10 +139,10 @@ pub async fn to_owner(State(fwd): State<Forward>, request: Request, next: Next) 
 /// run: resume, cancel, and its event stream.
 fn run_of(method: &Method, path: &str) -> Option<String> {
     let (id, action) = path.strip_prefix("/v1/workflows/runs/")?.split_once('/')?;
-    let acts = match (method, action) {
-        (&Method::POST, "resume" | "cancel") | (&Method::GET, "events") => true,
-        _ => false,
-    };
+    let acts = matches!(
+        (method, action),
+        (&Method::POST, "resume" | "cancel") | (&Method::GET, "events")
+    );
     (acts && !id.is_empty() && id.len() <= 128).then(|| id.to_string())
 }
 
