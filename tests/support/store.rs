@@ -74,8 +74,16 @@ pub fn redb_only(why: &str) -> bool {
 static SERVER: Mutex<Option<Arc<Postgres>>> = Mutex::new(None);
 static DATABASES: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
 
+/// At exit: an immediate shutdown (SIGQUIT: no checkpoint, shared memory
+/// still released), since the server's files go with it: a fast shutdown's
+/// checkpoint of every test's database took up to a minute per binary on a
+/// busy 2-core machine. Then the usual stop, which finds it gone.
 extern "C" fn stop_server() {
     let server = SERVER.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(pg) = &server {
+        // SAFETY: a signal to the server's main process.
+        unsafe { libc::kill(pg.pid(), libc::SIGQUIT) };
+    }
     drop(server);
 }
 
