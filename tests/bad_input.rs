@@ -503,6 +503,33 @@ async fn unknown_ids_are_404_everywhere() {
     }
 }
 
+/// An id or filter holding NUL names nothing stored: 404 or an empty
+/// list, as on redb, and never a storage error on PostgreSQL (whose text
+/// cannot hold NUL: such a key would make the query fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_holding_nul_names_nothing() {
+    let api = Api::start();
+    let session = api.app.session("assistant").await;
+    for path in [
+        format!("/v1/sessions/{session}/turns/t%00"),
+        "/v1/workflows/runs/r%00".to_string(),
+        "/v1/workflows/runs/r%00/events".to_string(),
+        "/v1/keys/k%00".to_string(),
+        "/v1/tenants/t%00/config".to_string(),
+    ] {
+        let (status, reply) = api.get(&path).await;
+        assert_api_error(&format!("GET {path}"), status, &reply);
+    }
+    for path in [
+        "/v1/calls?tool=x%00",
+        "/v1/calls?conversation_id=x%00",
+        "/v1/calls?workflow_id=x%00",
+    ] {
+        let (status, reply) = api.get(path).await;
+        assert_eq!(status, StatusCode::OK, "GET {path}: {reply}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn path_traversal_in_names_reaches_no_file() {
     let api = Api::start();

@@ -1,8 +1,9 @@
 //! Deleting data: `DELETE /v1/sessions/{id}`, the tenant erase and the
 //! retention sweep remove a session and everything stored under its id,
 //! from the store itself: after each, the server is stopped and every
-//! table of the redb file is read (`cadre::store::erase::dump_file`) for
-//! the session's id, its call records' and its confirmations' ids.
+//! table of the store is read (`support::store::rows_naming`: the redb
+//! file, or every table of the PostgreSQL database) for the session's id,
+//! its call records' and its confirmations' ids.
 //!
 //! DELETE ──▶ Sessions::delete ──retire actor (409 while a turn runs)──▶ WriteOp::DeleteSession ──▶ redb
 
@@ -73,15 +74,7 @@ async fn delete_when_idle(client: &Client, session: &str) -> (StatusCode, Value)
 
 /// Every row of the stopped server's store that mentions one of `ids`.
 fn rows_naming(data: &Path, ids: &[String]) -> Vec<String> {
-    let rows = cadre::store::erase::dump_file(&data.join("cadre.redb")).expect("dump the store");
-    assert!(!rows.is_empty(), "the store holds rows");
-    rows.iter()
-        .filter(|r| {
-            ids.iter()
-                .any(|id| r.key.contains(id) || r.value.contains(id))
-        })
-        .map(|r| format!("{}: {} = {}", r.table, r.key, r.value))
-        .collect()
+    support::store::rows_naming(data, ids)
 }
 
 fn cadre(args: &[&str], data: &Path) -> (bool, String) {
@@ -302,7 +295,7 @@ async fn a_delete_during_a_turn_is_refused_and_the_turn_cannot_bring_the_session
 async fn another_tenants_session_is_not_found_and_stays() {
     let data = tempfile::tempdir().unwrap();
     let keys = {
-        let store = cadre::store::Store::open(data.path()).expect("open the data dir");
+        let store = support::store::open_store(data.path());
         let mut keys = Vec::new();
         for (tenant, admin) in [("acme", false), ("globex", false), ("ops", true)] {
             let (key, _) = cadre::tenants::create_key(&store, tenant, admin)
@@ -341,7 +334,7 @@ async fn another_tenants_session_is_not_found_and_stays() {
 async fn a_tenant_erase_deletes_all_its_sessions_in_batches_and_no_other_tenants() {
     let data = tempfile::tempdir().unwrap();
     let keys = {
-        let store = cadre::store::Store::open(data.path()).expect("open the data dir");
+        let store = support::store::open_store(data.path());
         let mut keys = Vec::new();
         for (tenant, admin) in [("acme", false), ("globex", false), ("ops", true)] {
             let (key, _) = cadre::tenants::create_key(&store, tenant, admin)

@@ -412,7 +412,7 @@ async fn http_client(
 }
 
 async fn create_keys(dir: &Path, tenants: &[&str]) -> Vec<String> {
-    let store = cadre::store::Store::open(dir).expect("open the data dir");
+    let store = support::store::open_store(dir);
     let mut keys = Vec::new();
     for t in tenants {
         let (key, _) = cadre::tenants::create_key(&store, t, false).await.unwrap();

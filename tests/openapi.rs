@@ -702,7 +702,7 @@ async fn docs_serve_swagger_ui_and_its_assets_from_this_server() {
 #[tokio::test]
 async fn the_spec_and_docs_need_no_key_when_keys_are_configured() {
     let dir = tempfile::tempdir().unwrap();
-    let store = cadre::store::Store::open(dir.path()).expect("open the data dir");
+    let store = support::store::open_store(dir.path());
     cadre::tenants::create_key(&store, "acme", false)
         .await
         .expect("key created");

@@ -540,14 +540,15 @@ async fn child_process() {
 /// This test binary running [`child_process`] in `mode` on `data`; its
 /// `MARK` lines arrive on the receiver.
 fn start_child(mode: &str, data: &Path) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
         .args(["--exact", "child_process", "--ignored", "--nocapture"])
         .env(CHILD_MODE, mode)
         .env(CHILD_DATA, data)
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("the child starts");
+        .stdout(Stdio::piped());
+    support::store::share_with_child(&mut command, data);
+    let mut child = command.spawn().expect("the child starts");
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -579,12 +580,7 @@ fn kill_9(mut child: Child) {
 
 /// Rows of the closed store in `data` that mention `id`.
 fn rows_naming(data: &Path, id: &str) -> Vec<String> {
-    cadre::store::erase::dump_file(&data.join("cadre.redb"))
-        .expect("dump the store")
-        .into_iter()
-        .filter(|r| r.key.contains(id) || r.value.contains(id))
-        .map(|r| format!("{}: {} = {}", r.table, r.key, r.value))
-        .collect()
+    support::store::rows_naming(data, &[id.to_string()])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,7 +164,7 @@ async fn a_streamed_turn_holds_a_slot_until_it_ends() {
 async fn the_cap_is_per_api_key_and_counts_workflow_run_events() {
     let data = tempfile::tempdir().unwrap();
     let keys = {
-        let store = cadre::store::Store::open(data.path()).expect("open the data dir");
+        let store = support::store::open_store(data.path());
         let mut keys = Vec::new();
         for tenant in ["acme", "globex"] {
             let (key, _) = cadre::tenants::create_key(&store, tenant, true)

@@ -4,9 +4,9 @@
 //! auto-response, operator help (suggestions, improve), and keys that never
 //! reach a log.
 //!
-//! Keys are loaded once, when the server starts, from the redb file: each
-//! test creates its keys in the data dir first ([`with_keys`]), then starts
-//! cadre over that dir. A server started over a dir that never held a key
+//! Keys are loaded once, when the server starts, from the store: each test
+//! creates its keys in the data dir's store first ([`with_keys`],
+//! `support::store::open_store`), then starts cadre over that dir. A server started over a dir that never held a key
 //! runs open, as tenant `default` with admin rights.
 
 mod support;
@@ -31,10 +31,10 @@ const PATIENCE: Duration = Duration::from_secs(20);
 // Keys and callers
 // ---------------------------------------------------------------------------
 
-/// Creates one key per `(tenant, admin)` in `dir`'s database and closes it
-/// again, so a server can then open the file. Returns the keys in order.
+/// Creates one key per `(tenant, admin)` in `dir`'s store and closes it
+/// again, so a server can then open it. Returns the keys in order.
 async fn create_keys(dir: &Path, specs: &[(&str, bool)]) -> Vec<String> {
-    let store = cadre::store::Store::open(dir).expect("open the data dir");
+    let store = support::store::open_store(dir);
     let mut keys = Vec::new();
     for (tenant, admin) in specs {
         let (key, _) = cadre::tenants::create_key(&store, tenant, *admin)
@@ -211,7 +211,7 @@ async fn with_no_key_ever_created_the_server_runs_open_as_the_default_tenant() {
 async fn a_revoked_key_is_refused_and_revoking_every_key_does_not_open_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let key = {
-        let store = cadre::store::Store::open(dir.path()).unwrap();
+        let store = support::store::open_store(dir.path());
         let (key, record) = cadre::tenants::create_key(&store, "acme", true)
             .await
             .unwrap();

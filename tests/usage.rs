@@ -68,7 +68,7 @@ struct Keyed {
 
 async fn keyed(model: &MockModel) -> Keyed {
     let data = tempfile::tempdir().expect("temp dir");
-    let store = cadre::store::Store::open(data.path()).expect("open the data dir");
+    let store = support::store::open_store(data.path());
     let mut keys = Vec::new();
     for (tenant, admin) in [("acme", false), ("globex", false), ("ops", true)] {
         let (key, _) = cadre::tenants::create_key(&store, tenant, admin)

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cadre::events::EventKind;
-use cadre::store::Store;
 use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -144,7 +143,7 @@ async fn map_elements_are_rows_of_their_own_and_the_run_document_holds_none() {
     );
     app.stop();
 
-    let store = Store::open(data.path()).expect("the store opens");
+    let store = support::store::open_store(data.path());
     let doc = store
         .get_doc("workflow_runs", &id)
         .await

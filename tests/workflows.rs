@@ -1079,7 +1079,7 @@ async fn as_tenant(
 async fn a_run_belongs_to_the_tenant_that_started_it_with_its_calls_and_sessions() {
     let data = tempfile::tempdir().expect("data dir");
     let (acme, globex) = {
-        let store = cadre::store::Store::open(data.path()).expect("open the data dir");
+        let store = support::store::open_store(data.path());
         let (acme, _) = cadre::tenants::create_key(&store, "acme", false)
             .await
             .expect("key");

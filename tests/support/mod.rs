@@ -6,7 +6,9 @@
 //! [`server::Server::client`] gives for the real binary), whose helpers
 //! return `(StatusCode, Value)`. Dropping the app shuts cadre down and
 //! closes the database, so a test can start a second app on the same data
-//! dir.
+//! dir. With `CADRE_TEST_STORE=postgres` the app's store is the data dir's
+//! database on a real PostgreSQL instead of redb ([`store`]: also how a
+//! test seeds or inspects the store around an app on either backend).
 #![allow(dead_code)]
 
 pub mod client;
@@ -17,6 +19,7 @@ pub mod mock_model;
 pub mod postgres;
 pub mod redis;
 pub mod server;
+pub mod store;
 pub mod workflow;
 pub mod ws;
 
@@ -36,6 +39,8 @@ use serde_json::Value;
 pub use client::{Client, send, try_send};
 #[allow(unused_imports)]
 pub use mock_model::{MockModel, Reply};
+#[allow(unused_imports)]
+pub use store::redb_only;
 
 /// The repository's own agents folder (ships `assistant`).
 pub fn repo_agents() -> PathBuf {
@@ -50,8 +55,6 @@ pub struct TestApp {
     pub data_dir: PathBuf,
     /// Kept alive for the test's duration.
     _dirs: Vec<tempfile::TempDir>,
-    /// `CADRE_TEST_STORE=postgres`: the PostgreSQL this app's store is on.
-    _postgres: Option<Arc<postgres::Postgres>>,
 }
 
 pub struct AppOptions {
@@ -136,33 +139,14 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
     } else {
         endpoint
     };
-    // `CADRE_TEST_STORE=postgres cargo test --test NAME`: the same test on
-    // a one-node cluster, its store a fresh database on a real PostgreSQL
-    // (not in CI: a documented command, README "Running on several machines").
+    // `CADRE_TEST_STORE=postgres` (the second pass of `scripts/test`): the
+    // same test on a one-node cluster, its store the data dir's database on
+    // a real PostgreSQL ([`store`]).
     let mut config = options.config;
-    let pg = match std::env::var("CADRE_TEST_STORE").as_deref() {
-        Ok("postgres") => {
-            // One database per data dir: an app started again on the same
-            // dir (a restart) finds what the first one stored.
-            static DATABASES: std::sync::Mutex<Vec<(PathBuf, String)>> =
-                std::sync::Mutex::new(Vec::new());
-            let pg = postgres::Postgres::shared();
-            let mut known = DATABASES.lock().unwrap_or_else(|e| e.into_inner());
-            let url = match known.iter().find(|(d, _)| *d == data_dir) {
-                Some((_, url)) => url.clone(),
-                None => {
-                    let url = pg.database("app");
-                    known.push((data_dir.clone(), url.clone()));
-                    url
-                }
-            };
-            config.cluster.store = Some(url);
-            config.cluster.node_id = Some("test-node".into());
-            Some(pg)
-        }
-        Ok("redb") | Err(_) => None,
-        Ok(other) => panic!("CADRE_TEST_STORE must be redb or postgres, not {other:?}"),
-    };
+    if let Some(url) = store::database_of(&data_dir) {
+        config.cluster.node_id = Some(store::node_id(&url));
+        config.cluster.store = Some(url);
+    }
     let mut builder = Runtime::builder()
         .data_dir(&data_dir)
         .agents_dir(&options.agents_dir)
@@ -189,7 +173,6 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
         runtime: Some(runtime),
         data_dir,
         _dirs: dirs,
-        _postgres: pg,
     }
 }
 

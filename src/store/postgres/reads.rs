@@ -8,6 +8,9 @@
 //! Tool stats and tenant usage are summed over the nodes' rows on read.
 //! No read cache: another node may write any row, so every read asks the
 //! database (the redb store's cache is valid only with one writer).
+//! Keys a client names (a session, document or turn id in a path, a call
+//! filter) pass through [`column`] as written keys do: one with NUL names
+//! no row (redb's "not found"), instead of a query PostgreSQL refuses.
 
 use std::sync::{Arc, Mutex};
 
@@ -187,7 +190,7 @@ impl PgStore {
     }
 
     pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
-        let id = id.to_string();
+        let id = column(id);
         self.run(move |c, _| async move {
             let rows = sql!(c, "SELECT body FROM sessions WHERE id = $1", &id);
             rows.first().map(|r| body(r, 0)).transpose()
@@ -345,7 +348,7 @@ impl PgStore {
 
     /// A document of a namespace, if present.
     pub async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
-        let (ns, k) = (namespace.to_string(), key.to_string());
+        let (ns, k) = (namespace.to_string(), column(key));
         self.run(move |c, _| async move {
             let home = DocHome::of(&ns);
             let q = format!(
@@ -475,7 +478,7 @@ impl PgStore {
 
     /// The record of turn `turn_id` of session `session_id`.
     pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Option<Value>, StoreError> {
-        let (s, t) = (session_id.to_string(), turn_id.to_string());
+        let (s, t) = (column(session_id), column(turn_id));
         self.run(move |c, _| async move {
             let rows = sql!(
                 c,
