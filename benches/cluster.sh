@@ -43,6 +43,9 @@ from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
 delay = float(sys.argv[1]) / 1000
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: with Nagle on, the body waits
+    # for the client's delayed ACK (40 ms per model call on Linux).
+    disable_nagle_algorithm = True
     def log_message(self, *a): pass
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))

@@ -1438,6 +1438,10 @@ fn main() {
     config.api_limit.per_second = 1_000_000_000;
     config.api_limit.burst = 1_000_000_000;
     config.concurrency.queue_size = most * 2;
+    // Every bench session is one client address: the per-address cap
+    // (256, a guard against one hostile peer) would refuse its connections.
+    config.server.max_connections = 1_000_000;
+    config.server.max_connections_per_address = 1_000_000;
     let runtime = Runtime::builder()
         .data_dir(&data_dir)
         .agents_dir(agents.path())

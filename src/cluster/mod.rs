@@ -101,7 +101,13 @@ impl Redis {
             url: shown.clone(),
             reason: e.to_string(),
         };
-        let client = redis::Client::open(url).map_err(failed)?;
+        // TCP_NODELAY: one multiplexed connection carries many tasks'
+        // commands back to back; with Nagle on, a command written while an
+        // earlier one is unacknowledged waits for the server's delayed ACK.
+        let info = redis::IntoConnectionInfo::into_connection_info(url)
+            .map_err(failed)?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let client = redis::Client::open(info).map_err(failed)?;
         let config = ConnectionManagerConfig::new()
             .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
