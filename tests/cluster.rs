@@ -694,14 +694,7 @@ async fn a_keyed_request_running_on_one_node_is_not_run_again_by_another() {
         agents.clone(),
     ))
     .await;
-    let invoke = |node: usize| {
-        cluster
-            .node_client(node)
-            .with_timeout(Duration::from_secs(30))
-            .request(reqwest::Method::POST, "/v1/tools/hold/invoke")
-            .header("idempotency-key", "once-only")
-            .json(&json!({"params": {"note": "wire the money"}}))
-    };
+    let invoke = |node: usize| invoke_hold(&cluster.node_client(node), "once-only");
     let first = tokio::spawn(invoke(0).send());
     wait_for_holds(&holds, 1).await;
     let retry = invoke(1).send().await.unwrap();
@@ -751,6 +744,16 @@ fn hold_tool(agents: &Path) -> impl Fn() -> usize + use<> {
     }
 }
 
+/// `POST /v1/tools/hold/invoke` with `Idempotency-Key: key`.
+fn invoke_hold(client: &Client, key: &str) -> reqwest::RequestBuilder {
+    client
+        .clone()
+        .with_timeout(Duration::from_secs(30))
+        .request(reqwest::Method::POST, "/v1/tools/hold/invoke")
+        .header("idempotency-key", key)
+        .json(&json!({"params": {"note": "wire the money"}}))
+}
+
 async fn wait_for_holds(holds: &impl Fn() -> usize, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while holds() < n {
@@ -772,13 +775,7 @@ async fn a_keyed_request_cut_by_its_nodes_death_runs_again_elsewhere_once_it_is_
     let holds = hold_tool(&agents);
     let pg = Postgres::shared();
     let mut cluster = start(options(2, pg.database("keyed_dead_node"), agents.clone())).await;
-    let invoke = |client: Client| {
-        client
-            .with_timeout(Duration::from_secs(30))
-            .request(reqwest::Method::POST, "/v1/tools/hold/invoke")
-            .header("idempotency-key", "cut-short")
-            .json(&json!({"params": {"note": "wire the money"}}))
-    };
+    let invoke = |client: Client| invoke_hold(&client, "cut-short");
     let cut = tokio::spawn(invoke(cluster.node_client(0)).send());
     wait_for_holds(&holds, 1).await;
     cluster.kill9(0);
@@ -825,13 +822,7 @@ async fn a_keyed_request_cut_by_a_quick_restart_runs_again_elsewhere() {
             .env("CADRE_CLUSTER_OWNER_STALE_S", "60"),
     )
     .await;
-    let invoke = |client: Client| {
-        client
-            .with_timeout(Duration::from_secs(30))
-            .request(reqwest::Method::POST, "/v1/tools/hold/invoke")
-            .header("idempotency-key", "cut-short")
-            .json(&json!({"params": {"note": "wire the money"}}))
-    };
+    let invoke = |client: Client| invoke_hold(&client, "cut-short");
     let cut = tokio::spawn(invoke(cluster.node_client(0)).send());
     wait_for_holds(&holds, 1).await;
     cluster.kill9(0);
