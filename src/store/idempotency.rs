@@ -98,23 +98,6 @@ impl RedbStore {
         .await
     }
 
-    /// Stores `record` under `key` of `tenant` (replacing any), on disk
-    /// before this returns.
-    pub async fn put_idempotency(
-        &self,
-        tenant: &str,
-        key: &str,
-        record: &IdempotencyRecord,
-    ) -> Result<(), StoreError> {
-        let op = WriteOp::PutIdempotency {
-            tenant: tenant.to_string(),
-            key: key.to_string(),
-            stored_at_ms: millis(record.stored_at),
-            record: serde_json::to_vec(record)?,
-        };
-        self.write(vec![op], true).await
-    }
-
     /// One process: its in-memory map already holds the running requests,
     /// so this only reads what is stored.
     pub async fn claim_idempotency(

@@ -594,7 +594,13 @@ impl Store {
         key: &str,
         record: &IdempotencyRecord,
     ) -> Result<(), StoreError> {
-        on_backend!(self, s => s.put_idempotency(tenant, key, record).await)
+        let op = WriteOp::PutIdempotency {
+            tenant: tenant.to_string(),
+            key: key.to_string(),
+            stored_at_ms: u64::try_from(record.stored_at.as_millisecond()).unwrap_or(0),
+            record: serde_json::to_vec(record)?,
+        };
+        self.write(vec![op], true).await
     }
 
     /// Claims `key` of `tenant` for a request about to run (cluster mode:

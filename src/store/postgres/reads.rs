@@ -669,22 +669,6 @@ impl PgStore {
         .await
     }
 
-    /// Stores `record` under `key` of `tenant` (replacing any), durably.
-    pub async fn put_idempotency(
-        &self,
-        tenant: &str,
-        key: &str,
-        record: &IdempotencyRecord,
-    ) -> Result<(), StoreError> {
-        let op = WriteOp::PutIdempotency {
-            tenant: tenant.to_string(),
-            key: key.to_string(),
-            stored_at_ms: u64::try_from(record.stored_at.as_millisecond()).unwrap_or(0),
-            record: serde_json::to_vec(record)?,
-        };
-        self.write(vec![op], true).await
-    }
-
     /// Deletes every record stored before `before`; how many went.
     pub async fn sweep_idempotency(&self, before: Timestamp) -> Result<u64, StoreError> {
         let before_ms = u64::try_from(before.as_millisecond()).unwrap_or(0);
