@@ -160,16 +160,7 @@ async fn route_run(fwd: &Forward, id: &str, request: Request, next: Next) -> Res
         })) if owner != fwd.node_id && Some(&tenant) == caller => addr,
         _ => return next.run(request).await,
     };
-    if request.headers().contains_key(FORWARDED_BY) {
-        return moved("the run's owner changed while this request was forwarded");
-    }
-    match send(fwd, &addr, request).await {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::warn!(run = %id, owner = %addr, error = %e, "forwarding to the run's owner failed");
-            moved("the node that runs this workflow run did not answer")
-        }
-    }
+    to(fwd, &addr, "workflow run", id, request).await
 }
 
 async fn route(fwd: &Forward, request: Request, next: Next) -> Response {
@@ -197,14 +188,22 @@ async fn route(fwd: &Forward, request: Request, next: Next) -> Response {
         // reports what it finds.
         Err(_) => return next.run(request).await,
     };
+    to(fwd, &addr, "session", &id, request).await
+}
+
+/// Sends `request` on to the owner of `what` `id` at `addr`, once: a
+/// request already forwarded is not sent again (no loops).
+async fn to(fwd: &Forward, addr: &str, what: &str, id: &str, request: Request) -> Response {
     if request.headers().contains_key(FORWARDED_BY) {
-        return moved("the session's owner changed while this request was forwarded");
+        return moved(&format!(
+            "the {what}'s owner changed while this request was forwarded"
+        ));
     }
-    match send(fwd, &addr, request).await {
+    match send(fwd, addr, request).await {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!(session = %id, owner = %addr, error = %e, "forwarding to the session's owner failed");
-            moved("the node that owns this session did not answer")
+            tracing::warn!(what, id, owner = %addr, error = %e, "forwarding to the owner failed");
+            moved(&format!("the node that owns this {what} did not answer"))
         }
     }
 }
