@@ -26,6 +26,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::time::Duration;
 
+use super::haproxy::free_port;
+
 pub struct Postgres {
     pub port: u16,
     bin: PathBuf,
@@ -90,13 +92,6 @@ fn command(bin: &Path, name: &str, user: Option<(u32, u32)>) -> Command {
         cmd.uid(uid).gid(gid);
     }
     cmd
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 impl Postgres {

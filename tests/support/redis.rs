@@ -26,10 +26,7 @@ pub struct RedisServer {
 impl RedisServer {
     pub fn start() -> RedisServer {
         ensure_installed();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
+        let port = super::haproxy::free_port();
         let mut server = RedisServer {
             port,
             child: None,

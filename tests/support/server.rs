@@ -81,6 +81,10 @@ impl Server {
             .env_remove("OPENAI_API_KEY")
             .env_remove("CADRE_CONFIG")
             .env("RUST_LOG", "info")
+            // A start-up error prints its cause chain without a backtrace
+            // (RUST_BACKTRACE, set in CI, would otherwise push the cause out
+            // of `log_tail`); panics keep theirs.
+            .env("RUST_LIB_BACKTRACE", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr);
@@ -209,7 +213,14 @@ impl Server {
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
+        // The last 40 lines, and from `main`'s `Error:` line on when it is
+        // further up, so a start-up failure always shows its cause.
+        let tail = lines.len().saturating_sub(40);
+        let start = lines
+            .iter()
+            .rposition(|l| l.starts_with("Error: "))
+            .map_or(tail, |error| error.min(tail));
+        lines[start..].join("\n")
     }
 }
 
