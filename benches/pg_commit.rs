@@ -11,6 +11,8 @@
 //! concurrent; set `PG_COMMIT_N` for another N, `PG_COMMIT_DURABLE=0` to
 //! commit without waiting for the WAL flush).
 
+#[path = "../tests/support/ports.rs"]
+mod ports;
 #[allow(dead_code)]
 #[path = "../tests/support/postgres.rs"]
 mod postgres;

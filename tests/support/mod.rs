@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod gate;
 pub mod haproxy;
 pub mod mock_model;
+pub mod ports;
 pub mod postgres;
 pub mod redis;
 pub mod server;

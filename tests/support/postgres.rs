@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak, mpsc};
 use std::time::Duration;
 
-use super::haproxy::free_port;
+use super::ports::free_port;
 
 pub struct Postgres {
     pub port: u16,
