@@ -18,29 +18,44 @@ use super::tables::*;
 type Shared<'t> = Table<'t, (&'static str, &'static str), &'static [u8]>;
 type Own<'t> = Table<'t, &'static str, &'static [u8]>;
 
-/// Every document table, open in one write transaction.
+/// Every document table of one write transaction, each opened when first
+/// touched (a turn's commit touches none of them).
 pub(super) struct DocTables<'t> {
-    shared: Shared<'t>,
+    txn: &'t WriteTransaction,
+    shared: Option<Shared<'t>>,
     own: Vec<(&'static str, Own<'t>)>,
 }
 
 impl<'t> DocTables<'t> {
-    pub(super) fn open(txn: &'t WriteTransaction) -> Result<Self, StoreError> {
-        let mut own = Vec::with_capacity(OWN_TABLES.len());
-        for t in &OWN_TABLES {
-            own.push((t.namespace, txn.open_table(t.table)?));
+    pub(super) fn new(txn: &'t WriteTransaction) -> Self {
+        DocTables {
+            txn,
+            shared: None,
+            own: Vec::new(),
         }
-        Ok(DocTables {
-            shared: txn.open_table(DOCS)?,
-            own,
-        })
     }
 
-    fn own(&mut self, namespace: &str) -> Option<&mut Own<'t>> {
-        self.own
-            .iter_mut()
-            .find(|(ns, _)| *ns == namespace)
-            .map(|(_, t)| t)
+    fn shared(&mut self) -> Result<&mut Shared<'t>, StoreError> {
+        if self.shared.is_none() {
+            self.shared = Some(self.txn.open_table(DOCS)?);
+        }
+        Ok(self.shared.as_mut().expect("opened above"))
+    }
+
+    /// The table of its own `namespace` has, opened; `None` when it shares
+    /// [`DOCS`].
+    fn own(&mut self, namespace: &str) -> Result<Option<&mut Own<'t>>, StoreError> {
+        let Some(t) = own_table(namespace) else {
+            return Ok(None);
+        };
+        let at = match self.own.iter().position(|(ns, _)| *ns == t.namespace) {
+            Some(at) => at,
+            None => {
+                self.own.push((t.namespace, self.txn.open_table(t.table)?));
+                self.own.len() - 1
+            }
+        };
+        Ok(Some(&mut self.own[at].1))
     }
 
     pub(super) fn insert(
@@ -49,9 +64,9 @@ impl<'t> DocTables<'t> {
         key: &str,
         value: &[u8],
     ) -> Result<(), StoreError> {
-        match self.own(namespace) {
+        match self.own(namespace)? {
             Some(t) => t.insert(key, value)?,
-            None => self.shared.insert((namespace, key), value)?,
+            None => self.shared()?.insert((namespace, key), value)?,
         };
         Ok(())
     }
@@ -62,10 +77,10 @@ impl<'t> DocTables<'t> {
         namespace: &str,
         key: &str,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        let old = match self.own(namespace) {
+        let old = match self.own(namespace)? {
             Some(t) => t.remove(key)?.map(|v| v.value().to_vec()),
             None => self
-                .shared
+                .shared()?
                 .remove((namespace, key))?
                 .map(|v| v.value().to_vec()),
         };
@@ -74,13 +89,13 @@ impl<'t> DocTables<'t> {
 
     /// Every document of `namespace` whose key starts with `prefix`, by key.
     pub(super) fn with_prefix(
-        &self,
+        &mut self,
         namespace: &str,
         prefix: &str,
     ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        match self.own.iter().find(|(ns, _)| *ns == namespace) {
-            Some((_, t)) => own_prefix(t, prefix),
-            None => shared_prefix(&self.shared, namespace, prefix),
+        match self.own(namespace)? {
+            Some(t) => own_prefix(t, prefix),
+            None => shared_prefix(self.shared()?, namespace, prefix),
         }
     }
 }

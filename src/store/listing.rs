@@ -172,7 +172,7 @@ pub(super) fn migrate_v1(txn: &WriteTransaction) -> Result<(u64, u64), StoreErro
 /// from it, once: `None` when the namespace was indexed already, else how
 /// many documents were.
 pub(super) fn index_namespace(
-    docs: &super::docs::DocTables<'_>,
+    docs: &mut super::docs::DocTables<'_>,
     by_tenant: &mut Table<(&str, &str, &str), ()>,
     tenants: &mut Table<(&str, &str), &str>,
     meta: &mut Table<&str, u64>,

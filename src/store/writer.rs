@@ -257,6 +257,33 @@ fn is_io(e: &StoreError) -> bool {
     )
 }
 
+/// A table of a batch's transaction, opened when an op of the batch first
+/// touches it. A turn's commit touches about 8 of the writer's 28 tables;
+/// opening all of them for every commit was a table-tree lookup each, and
+/// a handle each to close again.
+struct Lazy<'t, K: redb::Key + 'static, V: redb::Value + 'static> {
+    txn: &'t redb::WriteTransaction,
+    def: redb::TableDefinition<'static, K, V>,
+    table: Option<redb::Table<'t, K, V>>,
+}
+
+impl<'t, K: redb::Key + 'static, V: redb::Value + 'static> Lazy<'t, K, V> {
+    fn new(txn: &'t redb::WriteTransaction, def: redb::TableDefinition<'static, K, V>) -> Self {
+        Lazy {
+            txn,
+            def,
+            table: None,
+        }
+    }
+
+    fn open(&mut self) -> Result<&mut redb::Table<'t, K, V>, StoreError> {
+        if self.table.is_none() {
+            self.table = Some(self.txn.open_table(self.def)?);
+        }
+        Ok(self.table.as_mut().expect("opened above"))
+    }
+}
+
 fn commit_batch(
     db: &Database,
     batch: &[WriteRequest],
@@ -270,28 +297,28 @@ fn commit_batch(
         Durability::None
     })?;
     {
-        let mut sessions = txn.open_table(SESSIONS)?;
-        let mut messages = txn.open_table(MESSAGES)?;
-        let mut calls = txn.open_table(TOOL_CALLS)?;
-        let mut by_conv = txn.open_table(TOOL_CALLS_BY_CONVERSATION)?;
-        let mut by_tool = txn.open_table(TOOL_CALLS_BY_TOOL)?;
-        let mut by_workflow = txn.open_table(TOOL_CALLS_BY_WORKFLOW)?;
-        let mut stats = txn.open_table(TOOL_STATS)?;
-        let mut docs = docs::DocTables::open(&txn)?;
-        let mut summaries = txn.open_table(SUMMARIES)?;
-        let mut session_usage = txn.open_table(SESSION_USAGE)?;
-        let mut tenant_usage = txn.open_table(TENANT_USAGE)?;
-        let mut sessions_by_tenant = txn.open_table(SESSIONS_BY_TENANT)?;
-        let mut calls_by_tenant = txn.open_table(TOOL_CALLS_BY_TENANT)?;
-        let mut docs_by_tenant = txn.open_table(DOCS_BY_TENANT)?;
-        let mut doc_tenants = txn.open_table(DOC_TENANTS)?;
-        let mut docs_by_session = txn.open_table(DOCS_BY_SESSION)?;
-        let mut doc_sessions = txn.open_table(DOC_SESSIONS)?;
-        let mut turn_rows = txn.open_table(TURNS)?;
-        let mut open_turns = txn.open_table(OPEN_TURNS)?;
-        let mut turn_keys = txn.open_table(TURN_KEYS)?;
-        let mut meta = txn.open_table(META)?;
-        let mut idempotency = txn.open_table(IDEMPOTENCY)?;
+        let mut sessions = Lazy::new(&txn, SESSIONS);
+        let mut messages = Lazy::new(&txn, MESSAGES);
+        let mut calls = Lazy::new(&txn, TOOL_CALLS);
+        let mut by_conv = Lazy::new(&txn, TOOL_CALLS_BY_CONVERSATION);
+        let mut by_tool = Lazy::new(&txn, TOOL_CALLS_BY_TOOL);
+        let mut by_workflow = Lazy::new(&txn, TOOL_CALLS_BY_WORKFLOW);
+        let mut stats = Lazy::new(&txn, TOOL_STATS);
+        let mut docs = docs::DocTables::new(&txn);
+        let mut summaries = Lazy::new(&txn, SUMMARIES);
+        let mut session_usage = Lazy::new(&txn, SESSION_USAGE);
+        let mut tenant_usage = Lazy::new(&txn, TENANT_USAGE);
+        let mut sessions_by_tenant = Lazy::new(&txn, SESSIONS_BY_TENANT);
+        let mut calls_by_tenant = Lazy::new(&txn, TOOL_CALLS_BY_TENANT);
+        let mut docs_by_tenant = Lazy::new(&txn, DOCS_BY_TENANT);
+        let mut doc_tenants = Lazy::new(&txn, DOC_TENANTS);
+        let mut docs_by_session = Lazy::new(&txn, DOCS_BY_SESSION);
+        let mut doc_sessions = Lazy::new(&txn, DOC_SESSIONS);
+        let mut turn_rows = Lazy::new(&txn, TURNS);
+        let mut open_turns = Lazy::new(&txn, OPEN_TURNS);
+        let mut turn_keys = Lazy::new(&txn, TURN_KEYS);
+        let mut meta = Lazy::new(&txn, META);
+        let mut idempotency = Lazy::new(&txn, IDEMPOTENCY);
         // Erased by this batch: a later op of the batch is late too.
         let mut erased_now = erase::ErasedIds::default();
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
@@ -303,15 +330,17 @@ fn commit_batch(
                 // One node owns every session of a redb file.
                 WriteOp::Fence { .. } | WriteOp::FenceRun { .. } => {}
                 WriteOp::PutSession(s) => {
-                    sessions.insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
-                    listing::index_session(&mut sessions_by_tenant, s)?;
+                    sessions
+                        .open()?
+                        .insert(s.id.as_str(), serde_json::to_vec(s)?.as_slice())?;
+                    listing::index_session(sessions_by_tenant.open()?, s)?;
                 }
                 WriteOp::AppendMessages {
                     session_id,
                     messages: msgs,
                 } => {
                     for m in msgs {
-                        messages.insert(
+                        messages.open()?.insert(
                             (session_id.as_str(), m.seq),
                             serde_json::to_vec(m)?.as_slice(),
                         )?;
@@ -319,21 +348,23 @@ fn commit_batch(
                 }
                 WriteOp::RecordToolCall(rec) => {
                     let id = rec.record_id.as_str();
-                    calls.insert(id, serde_json::to_vec(rec)?.as_slice())?;
-                    listing::index_call(&mut calls_by_tenant, rec)?;
+                    calls
+                        .open()?
+                        .insert(id, serde_json::to_vec(rec)?.as_slice())?;
+                    listing::index_call(calls_by_tenant.open()?, rec)?;
                     if let Some(conv) = &rec.conversation_id {
-                        by_conv.insert((conv.as_str(), id), ())?;
+                        by_conv.open()?.insert((conv.as_str(), id), ())?;
                     }
-                    by_tool.insert((rec.tool_name.as_str(), id), ())?;
+                    by_tool.open()?.insert((rec.tool_name.as_str(), id), ())?;
                     if let Some(wf) = &rec.workflow_id {
-                        by_workflow.insert((wf.as_str(), id), ())?;
+                        by_workflow.open()?.insert((wf.as_str(), id), ())?;
                     }
                     // Calls to tools that do not exist are recorded but not
                     // counted per tool: their names are anyone's text.
                     if rec.error_type.as_deref() == Some("tool_not_found") {
                         continue;
                     }
-                    let mut s: ToolStats = match stats.get(rec.tool_name.as_str())? {
+                    let mut s: ToolStats = match stats.open()?.get(rec.tool_name.as_str())? {
                         Some(v) => serde_json::from_slice(v.value())?,
                         None => ToolStats::default(),
                     };
@@ -344,7 +375,9 @@ fn commit_batch(
                         s.failed_calls += 1;
                     }
                     s.total_execution_time_ms += rec.execution_time_ms;
-                    stats.insert(rec.tool_name.as_str(), serde_json::to_vec(&s)?.as_slice())?;
+                    stats
+                        .open()?
+                        .insert(rec.tool_name.as_str(), serde_json::to_vec(&s)?.as_slice())?;
                 }
                 WriteOp::PutDoc {
                     namespace,
@@ -355,8 +388,8 @@ fn commit_batch(
                     docs.insert(namespace, key, serde_json::to_vec(value)?.as_slice())?;
                     if let Some(tenant) = tenant {
                         listing::index_doc(
-                            &mut docs_by_tenant,
-                            &mut doc_tenants,
+                            docs_by_tenant.open()?,
+                            doc_tenants.open()?,
                             namespace,
                             key,
                             tenant,
@@ -365,8 +398,18 @@ fn commit_batch(
                 }
                 WriteOp::DeleteDoc { namespace, key } => {
                     docs.remove(namespace, key)?;
-                    listing::unindex_doc(&mut docs_by_tenant, &mut doc_tenants, namespace, key)?;
-                    erase::unlink_doc(&mut docs_by_session, &mut doc_sessions, namespace, key)?;
+                    listing::unindex_doc(
+                        docs_by_tenant.open()?,
+                        doc_tenants.open()?,
+                        namespace,
+                        key,
+                    )?;
+                    erase::unlink_doc(
+                        docs_by_session.open()?,
+                        doc_sessions.open()?,
+                        namespace,
+                        key,
+                    )?;
                 }
                 WriteOp::MoveDoc {
                     namespace,
@@ -381,22 +424,22 @@ fn commit_batch(
                     };
                     if old.is_some() {
                         listing::unindex_doc(
-                            &mut docs_by_tenant,
-                            &mut doc_tenants,
+                            docs_by_tenant.open()?,
+                            doc_tenants.open()?,
                             namespace,
                             key,
                         )?;
                         docs.insert(to_namespace, key, serde_json::to_vec(to_value)?.as_slice())?;
                         let linked = erase::unlink_doc(
-                            &mut docs_by_session,
-                            &mut doc_sessions,
+                            docs_by_session.open()?,
+                            doc_sessions.open()?,
                             namespace,
                             key,
                         )?;
                         if let Some(session) = linked {
                             erase::link_doc(
-                                &mut docs_by_session,
-                                &mut doc_sessions,
+                                docs_by_session.open()?,
+                                doc_sessions.open()?,
                                 to_namespace,
                                 key,
                                 &session,
@@ -412,6 +455,7 @@ fn commit_batch(
                     summary,
                 } => {
                     summaries
+                        .open()?
                         .insert(session_id.as_str(), serde_json::to_vec(summary)?.as_slice())?;
                 }
                 WriteOp::RecordUsage(delta) => {
@@ -425,32 +469,36 @@ fn commit_batch(
                                 day: delta.day,
                                 usage: delta.usage,
                             };
-                            usage::apply(&mut session_usage, &mut tenant_usage, &tenant_only)?;
+                            usage::apply(
+                                session_usage.open()?,
+                                tenant_usage.open()?,
+                                &tenant_only,
+                            )?;
                         }
-                        _ => usage::apply(&mut session_usage, &mut tenant_usage, delta)?,
+                        _ => usage::apply(session_usage.open()?, tenant_usage.open()?, delta)?,
                     }
                 }
                 WriteOp::DeleteSession { session_id, erased } => {
                     let mut tables = erase::EraseTables {
-                        sessions: &mut sessions,
-                        sessions_by_tenant: &mut sessions_by_tenant,
-                        messages: &mut messages,
-                        summaries: &mut summaries,
-                        session_usage: &mut session_usage,
-                        calls: &mut calls,
-                        by_conv: &mut by_conv,
-                        by_tool: &mut by_tool,
-                        by_workflow: &mut by_workflow,
-                        calls_by_tenant: &mut calls_by_tenant,
+                        sessions: sessions.open()?,
+                        sessions_by_tenant: sessions_by_tenant.open()?,
+                        messages: messages.open()?,
+                        summaries: summaries.open()?,
+                        session_usage: session_usage.open()?,
+                        calls: calls.open()?,
+                        by_conv: by_conv.open()?,
+                        by_tool: by_tool.open()?,
+                        by_workflow: by_workflow.open()?,
+                        calls_by_tenant: calls_by_tenant.open()?,
                         docs: &mut docs,
-                        docs_by_tenant: &mut docs_by_tenant,
-                        doc_tenants: &mut doc_tenants,
-                        docs_by_session: &mut docs_by_session,
-                        doc_sessions: &mut doc_sessions,
+                        docs_by_tenant: docs_by_tenant.open()?,
+                        doc_tenants: doc_tenants.open()?,
+                        docs_by_session: docs_by_session.open()?,
+                        doc_sessions: doc_sessions.open()?,
                         turns: turns::TurnTables {
-                            turns: &mut turn_rows,
-                            open: &mut open_turns,
-                            keys: &mut turn_keys,
+                            turns: turn_rows.open()?,
+                            open: open_turns.open()?,
+                            keys: turn_keys.open()?,
                         },
                     };
                     let found = erase::delete_session(&mut tables, session_id)?;
@@ -462,9 +510,9 @@ fn commit_batch(
                 }
                 WriteOp::PutTurn(w) => {
                     let mut t = turns::TurnTables {
-                        turns: &mut turn_rows,
-                        open: &mut open_turns,
-                        keys: &mut turn_keys,
+                        turns: turn_rows.open()?,
+                        open: open_turns.open()?,
+                        keys: turn_keys.open()?,
                     };
                     turns::put(&mut t, w)?;
                 }
@@ -472,12 +520,15 @@ fn commit_batch(
                     for seq in seqs {
                         let key = (session_id.as_str(), *seq);
                         let found = messages
+                            .open()?
                             .get(key)?
                             .map(|v| serde_json::from_slice::<StoredMessage>(v.value()))
                             .transpose()?;
                         if let Some(mut m) = found {
                             m.rolled_back = true;
-                            messages.insert(key, serde_json::to_vec(&m)?.as_slice())?;
+                            messages
+                                .open()?
+                                .insert(key, serde_json::to_vec(&m)?.as_slice())?;
                         }
                     }
                 }
@@ -487,8 +538,8 @@ fn commit_batch(
                     session_id,
                 } => {
                     erase::link_doc(
-                        &mut docs_by_session,
-                        &mut doc_sessions,
+                        docs_by_session.open()?,
+                        doc_sessions.open()?,
                         namespace,
                         key,
                         session_id,
@@ -500,17 +551,17 @@ fn commit_batch(
                     indexed,
                 } => {
                     let n = listing::index_namespace(
-                        &docs,
-                        &mut docs_by_tenant,
-                        &mut doc_tenants,
-                        &mut meta,
+                        &mut docs,
+                        docs_by_tenant.open()?,
+                        doc_tenants.open()?,
+                        meta.open()?,
                         namespace,
                         *tenant_of,
                     )?;
                     *indexed.lock().expect("index slot") = n;
                 }
                 WriteOp::PutIdempotency { .. } | WriteOp::DeleteIdempotency { .. } => {
-                    idempotency::apply(&mut idempotency, op)?;
+                    idempotency::apply(idempotency.open()?, op)?;
                 }
             }
         }
