@@ -55,7 +55,7 @@ use crate::executor::limits::RateLimiter;
 use crate::executor::{ExecutorHandle, ExecutorShared};
 use crate::http::connections::{Connections, raise_open_files_limit};
 use crate::http::rate_limit::ApiRateLimit;
-use crate::http::{AppState, router};
+use crate::http::{AppShared, AppState, router};
 use crate::mcp::McpServerDeps;
 use crate::mcp::server::{Caller, McpServeError};
 use crate::model::openai::ClientOptions;
@@ -815,7 +815,7 @@ async fn serve(
                 )
             });
             let app = router(
-                AppState {
+                AppState::new(AppShared {
                     sessions,
                     registry,
                     store: store.clone(),
@@ -825,7 +825,7 @@ async fn serve(
                     keys,
                     mcp_shutdown: mcp_shutdown.clone(),
                     forward,
-                },
+                }),
                 api_limit,
                 failed_auths,
                 builder.config.server.request_log,
