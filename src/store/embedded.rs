@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -18,6 +17,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::tables::*;
+use super::write_queue;
 use super::writer::{Slot, WriteRequest, Writer};
 use super::*;
 
@@ -33,7 +33,7 @@ pub struct RedbStore {
 struct Inner {
     cache: Arc<cache::ReadCache>,
     commit_latency: Arc<crate::metrics::Histogram>,
-    writer: Option<std_mpsc::Sender<WriteRequest>>,
+    writer: Option<write_queue::Sender>,
     thread: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
 }
@@ -82,7 +82,7 @@ impl RedbStore {
             generation: AtomicU64::new(0),
             closed: std::sync::atomic::AtomicBool::new(false),
         });
-        let (tx, rx) = std_mpsc::channel();
+        let (tx, rx) = write_queue::channel();
         let cache = Arc::new(cache::ReadCache::new());
         let writer = Writer {
             slot: db.clone(),

@@ -74,6 +74,7 @@ pub mod rows;
 pub mod tables;
 pub mod turns;
 pub mod usage;
+mod write_queue;
 mod writer;
 
 use std::path::Path;

@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -16,6 +15,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::tables::*;
+use super::write_queue;
 use super::*;
 
 pub(super) struct WriteRequest {
@@ -78,11 +78,7 @@ impl Writer {
     /// someone waits for comes, and go into its commit: a turn's steps and
     /// call records then share the turn's one commit instead of paying one
     /// each. Order is kept: held writes come first in the batch.
-    pub(super) fn run(
-        mut self,
-        rx: std_mpsc::Receiver<WriteRequest>,
-        latency: &crate::metrics::Histogram,
-    ) {
+    pub(super) fn run(mut self, rx: write_queue::Receiver, latency: &crate::metrics::Histogram) {
         let mut held: Vec<WriteRequest> = Vec::new();
         let mut held_since: Option<Instant> = None;
         let mut closing = false;
@@ -94,22 +90,13 @@ impl Writer {
                 (true, None) => Some(REOPEN_EVERY),
                 (false, left) => left,
             };
-            let first = match wait {
-                Some(wait) => match rx.recv_timeout(wait) {
-                    Ok(req) => Some(req),
-                    Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-                    Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                        closing = true;
-                        None
-                    }
-                },
-                None => match rx.recv() {
-                    Ok(req) => Some(req),
-                    Err(_) => {
-                        closing = true;
-                        None
-                    }
-                },
+            let first = match rx.recv(wait) {
+                Ok(req) => Some(req),
+                Err(write_queue::RecvError::Timeout) => None,
+                Err(write_queue::RecvError::Closed) => {
+                    closing = true;
+                    None
+                }
             };
             if self.slot.outage().is_some() {
                 self.try_reopen();
@@ -118,8 +105,8 @@ impl Writer {
             batch.extend(first);
             while batch.len() < MAX_BATCH {
                 match rx.try_recv() {
-                    Ok(req) => batch.push(req),
-                    Err(_) => break,
+                    Some(req) => batch.push(req),
+                    None => break,
                 }
             }
             if batch.is_empty() {
