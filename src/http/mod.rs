@@ -28,6 +28,7 @@ pub mod caller;
 pub mod calls;
 pub mod confirmations;
 pub mod connections;
+pub mod console;
 pub mod error;
 pub mod events;
 pub mod extract;
@@ -161,6 +162,7 @@ pub fn router(
     }
     let app = routes
         .merge(openapi::routes(doc))
+        .merge(console::routes())
         .route_service("/mcp", streams::count_get_streams(mcp))
         .route_layer(from_fn(access_log::tag))
         .route_layer(from_fn_with_state(
