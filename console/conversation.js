@@ -144,7 +144,7 @@ export async function conversationView(main, id) {
           else if (name === "tool_call_started") {
             const li = h(
               "li",
-              { class: "call running", dataset: { call: data.id, tool: data.name } },
+              { class: "call running", dataset: { call: data.id, tool: data.name, phases: "running" } },
               h("strong", {}, data.name),
               " ",
               h("span", { class: "badge" }, "running"),
@@ -155,6 +155,8 @@ export async function conversationView(main, id) {
           } else if (name === "tool_call_completed") {
             const li = byId.get(data.id) || calls.appendChild(h("li", { class: "call" }, h("strong", {}, data.name)));
             li.className = "call " + (data.is_success ? "succeeded" : "failed");
+            // What the call went through, in order (the element is reused).
+            li.dataset.phases = (li.dataset.phases ? li.dataset.phases + " " : "") + (data.is_success ? "succeeded" : "failed");
             const badge = li.querySelector(".badge");
             if (badge) badge.textContent = data.is_success ? "succeeded" : "failed " + (data.error_type || "");
             if (data.error) put(li, h("p", { class: "error" }, data.error));

@@ -159,13 +159,26 @@ function renderGauges(el, c) {
 }
 
 function statsTable(stats) {
-  const rows = Array.isArray(stats.tools) ? stats.tools : Object.entries(stats.tools || stats).map(([k, v]) => ({ tool: k, ...v }));
+  const rows = Object.entries(stats.tools || {});
   if (!rows.length) return h("p", { class: "muted" }, "No tool has been called yet.");
-  const cols = Object.keys(rows[0]).filter((k) => typeof rows[0][k] !== "object");
   return h(
     "table",
     { class: "list", "aria-label": "Per-tool counters" },
-    h("thead", {}, h("tr", {}, cols.map((c) => h("th", { scope: "col" }, c)))),
-    h("tbody", {}, rows.map((r) => h("tr", {}, cols.map((c) => h("td", {}, String(r[c]))))))
+    h("thead", {}, h("tr", {}, ["Tool", "Calls", "Succeeded", "Failed", "Mean time"].map((t) => h("th", { scope: "col" }, t)))),
+    h(
+      "tbody",
+      {},
+      rows.map(([name, t]) =>
+        h(
+          "tr",
+          {},
+          h("td", {}, name),
+          h("td", {}, String(t.total_calls ?? 0)),
+          h("td", {}, String(t.successful_calls ?? 0)),
+          h("td", {}, String(t.failed_calls ?? 0)),
+          h("td", {}, (t.avg_execution_time_ms ?? 0).toFixed(1) + " ms")
+        )
+      )
+    )
   );
 }

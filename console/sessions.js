@@ -4,7 +4,11 @@
 import * as api from "./api.js";
 import { h, put, clear, errorBox, field, time } from "./dom.js";
 
+/// Sessions shown per screen.
 const PAGE = 50;
+/// The API's largest page, and how many pages are read at most.
+const FETCH = 1000;
+const MAX_PAGES = 10;
 
 export async function sessionsView(main) {
   document.title = "Sessions · cadre console";
@@ -15,21 +19,26 @@ export async function sessionsView(main) {
   const userFilter = h("input", { id: "filter-user", autocomplete: "off" });
   const rows = h("tbody");
   const status = h("p", { class: "muted", "aria-live": "polite" });
-  const more = h("button", { type: "button", hidden: true }, "Load older pages");
+  const newer = h("button", { type: "button" }, "← Newer");
+  const older = h("button", { type: "button" }, "Older →");
   let loaded = [];
-  let next = null;
+  let truncated = false;
+  let offset = 0;
 
+  // GET /v1/sessions pages oldest first and filters nothing: the console
+  // reads the pages (up to MAX_PAGES × FETCH sessions), then sorts newest
+  // first, filters and pages here.
   function render() {
     clear(rows);
     const a = agentFilter.value.trim();
     const u = userFilter.value.trim();
-    // Newest first: the API pages oldest first, so the loaded pages are turned around.
-    const shown = loaded
+    const matching = loaded
       .filter((s) => (!a || s.agent === a) && (!u || (s.user_id || "") === u))
-      .slice()
-      .sort((x, y) => (x.created_at < y.created_at ? 1 : x.created_at > y.created_at ? -1 : 0));
-    for (const s of shown) {
-      put(rows, 
+      .sort((x, y) => (x.id < y.id ? 1 : x.id > y.id ? -1 : 0));
+    offset = Math.max(0, Math.min(offset, Math.floor(Math.max(0, matching.length - 1) / PAGE) * PAGE));
+    for (const s of matching.slice(offset, offset + PAGE)) {
+      put(
+        rows,
         h(
           "tr",
           {},
@@ -42,20 +51,40 @@ export async function sessionsView(main) {
       );
     }
     status.textContent =
-      `${shown.length} of ${loaded.length} loaded session(s) shown` + (next ? "; more pages on the server." : ".");
-    more.hidden = !next;
+      (matching.length
+        ? `Sessions ${offset + 1}–${Math.min(offset + PAGE, matching.length)} of ${matching.length}, newest first`
+        : "No session matches") +
+      (a || u ? ` (filtered from ${loaded.length})` : "") +
+      (truncated ? `; only the oldest ${loaded.length} were read.` : ".");
+    newer.disabled = offset === 0;
+    older.disabled = offset + PAGE >= matching.length;
   }
 
   async function load() {
-    const page = await api.get("/v1/sessions" + api.query({ limit: PAGE, cursor: next }));
-    loaded = loaded.concat(page.sessions || []);
-    next = page.next || null;
-    // Filters apply to what is loaded: keep reading pages while one is set.
+    let cursor = null;
+    for (let i = 0; i < MAX_PAGES; i++) {
+      const page = await api.get("/v1/sessions" + api.query({ limit: FETCH, cursor }));
+      loaded = loaded.concat(page.sessions || []);
+      cursor = page.next || null;
+      if (!cursor) break;
+    }
+    truncated = cursor !== null;
     render();
   }
-  more.addEventListener("click", () => load().catch((e) => status.replaceWith(errorBox(e))));
-  agentFilter.addEventListener("input", render);
-  userFilter.addEventListener("input", render);
+  newer.addEventListener("click", () => {
+    offset -= PAGE;
+    render();
+  });
+  older.addEventListener("click", () => {
+    offset += PAGE;
+    render();
+  });
+  const refilter = () => {
+    offset = 0;
+    render();
+  };
+  agentFilter.addEventListener("input", refilter);
+  userFilter.addEventListener("input", refilter);
 
   const agentSelect = h("select", { id: "new-agent", required: true }, names.map((n) => h("option", { value: n }, n)));
   const newUser = h("input", { id: "new-user", autocomplete: "off", placeholder: "optional" });
@@ -106,7 +135,7 @@ export async function sessionsView(main) {
         rows
       ),
       status,
-      more
+      h("div", { class: "buttons", role: "group", "aria-label": "Pages" }, newer, older)
     )
   );
   await load();

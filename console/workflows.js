@@ -155,6 +155,7 @@ function dag(nodes, states) {
   for (const n of nodes) {
     const p = pos.get(n.id);
     const state = (states[n.id] && states[n.id].status) || "pending";
+    const shown = states[n.id] ? " · " + state : "";
     const what = n.tool ? "tool " + n.tool : n.agent ? "agent " + n.agent : n.kind;
     put(root, 
       svg(
@@ -162,7 +163,7 @@ function dag(nodes, states) {
         { class: "node " + state, "data-node": n.id, "data-status": state, transform: `translate(${p.x},${p.y})` },
         svg("title", {}, `${n.id}: ${state}`),
         svg("rect", { width: W, height: H, rx: 8 }),
-        svg("text", { x: 10, y: 21, class: "node-id" }, n.id + (n.map ? " ×" : "") + " · " + state),
+        svg("text", { x: 10, y: 21, class: "node-id" }, n.id + (n.map ? " ×" : "") + shown),
         svg("text", { x: 10, y: 41, class: "node-what" }, truncate(what, 30))
       )
     );

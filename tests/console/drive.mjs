@@ -111,15 +111,18 @@ try {
   step = "send a message: the tool call and the streamed answer appear";
   // Record what the live turn shows while it runs (it is redrawn from the
   // store once the turn completes).
+  // Record what the live turn shows while it runs (it is redrawn from the
+  // store once the turn completes): each call's phases, and how many
+  // deltas (text nodes) the answer was written with.
   await page.evaluate(() => {
-    window.__seen = { calls: [], text: [] };
+    window.__seen = { calls: [], deltas: 0 };
     new MutationObserver(() => {
       for (const c of document.querySelectorAll(".live-turn .call")) {
-        const v = c.dataset.tool + ":" + c.className;
+        const v = c.dataset.tool + ": " + c.dataset.phases;
         if (!window.__seen.calls.includes(v)) window.__seen.calls.push(v);
       }
       const t = document.querySelector(".live-turn .streaming");
-      if (t && t.textContent && window.__seen.text.at(-1) !== t.textContent) window.__seen.text.push(t.textContent);
+      if (t) window.__seen.deltas = Math.max(window.__seen.deltas, t.childNodes.length);
     }).observe(document.body, { subtree: true, childList: true, characterData: true, attributes: true });
   });
   await page.getByRole("textbox", { name: /^Message/ }).fill("What is AAPL trading at?");
@@ -127,9 +130,8 @@ try {
   const answer = page.locator(".messages .msg.assistant .content", { hasText: "AAPL closed at 205.87" });
   await answer.waitFor();
   const seen = await page.evaluate(() => window.__seen);
-  check(seen.calls.some((c) => c.startsWith("get_price:") && c.includes("running")), "no running get_price call seen: " + JSON.stringify(seen.calls));
-  check(seen.calls.some((c) => c.startsWith("get_price:") && c.includes("succeeded")), "no finished get_price call seen: " + JSON.stringify(seen.calls));
-  check(seen.text.length >= 2, "the answer did not stream in pieces: " + JSON.stringify(seen.text));
+  check(seen.calls.includes("get_price: running succeeded"), "get_price was not seen start then succeed: " + JSON.stringify(seen.calls));
+  check(seen.deltas >= 2, "the answer did not stream in pieces: " + seen.deltas + " delta(s)");
   const inline = page.locator(".messages .msg.assistant .call.succeeded[data-tool=get_price]");
   await inline.waitFor();
   check((await inline.innerText()).includes("tool:price:v1"), "the call's source id is not shown");
@@ -202,6 +204,17 @@ try {
   await page.getByRole("link", { name: "Live", exact: true }).click();
   await page.getByText("Running calls").waitFor();
   await page.getByText(/^(Connected; waiting for events\.|Streaming\.)$/).waitFor();
+  // A call made now shows up in the stream.
+  await page.evaluate(async (key) => {
+    const r = await fetch("/v1/tools/get_price/invoke", {
+      method: "POST",
+      headers: { Authorization: "Bearer " + key, "Content-Type": "application/json" },
+      body: JSON.stringify({ params: { symbol: "MSFT" } }),
+    });
+    if (!r.ok) throw new Error("invoke: HTTP " + r.status);
+  }, s.admin);
+  await page.locator(".events li[data-kind=execution_completed]").first().waitFor();
+  await page.locator("table[aria-label='Per-tool counters'] td", { hasText: "get_price" }).waitFor();
   await shot("10-live");
   ok(step);
 
