@@ -141,6 +141,12 @@ document.getElementById("signout").addEventListener("click", () => {
   signInView();
 });
 
+// The skip link moves focus without touching the hash (the router's).
+document.querySelector(".skip").addEventListener("click", (ev) => {
+  ev.preventDefault();
+  main.focus();
+});
+
 window.addEventListener("hashchange", () => {
   showWho();
   route();

@@ -4,6 +4,7 @@
 //! client ──HTTP──▶ [`host`] (open mode: loopback names only) ──▶ auth (key ring; failed keys per address) ──▶ rate limit (per API key) ──▶ router ──▶ one file per resource
 //!                                                          ──▶ Sessions, ToolRegistry, ExecutorHandle
 //! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
+//! browser ──▶ `/console/` (static files compiled in, public; [`console`]) ──fetch with the key──▶ the same API
 //! keyed POSTs (`Idempotency-Key`, five routes) ──▶ [`idempotency`] (replay, wait, or run and store) ──▶ their handler
 //!
 //! Bodies are capped at [`MAX_BODY_BYTES`] (413); every error, including
