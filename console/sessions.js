@@ -1,14 +1,12 @@
-// Sessions: the caller's sessions (GET /v1/sessions, a page at a time),
-// filtered by agent and user, and a form to start one (POST /v1/sessions).
+// Sessions: the caller's sessions, newest first, a page at a time, filtered
+// by agent and user (GET /v1/sessions?order=newest&agent=&user_id=), and a
+// form to start one (POST /v1/sessions).
 
 import * as api from "./api.js";
 import { h, put, clear, errorBox, field, time } from "./dom.js";
 
-/// Sessions shown per screen.
+/// Sessions per page.
 const PAGE = 50;
-/// The API's largest page, and how many pages are read at most.
-const FETCH = 1000;
-const MAX_PAGES = 10;
 
 export async function sessionsView(main) {
   document.title = "Sessions · cadre console";
@@ -21,22 +19,33 @@ export async function sessionsView(main) {
   const status = h("p", { class: "muted", "aria-live": "polite" });
   const newer = h("button", { type: "button" }, "← Newer");
   const older = h("button", { type: "button" }, "Older →");
-  let loaded = [];
-  let truncated = false;
-  let offset = 0;
+  // The cursor of each page shown so far (`null`: the newest page).
+  let cursors = [null];
+  let next = null;
+  let loading = 0;
 
-  // GET /v1/sessions pages oldest first and filters nothing: the console
-  // reads the pages (up to MAX_PAGES × FETCH sessions), then sorts newest
-  // first, filters and pages here.
-  function render() {
+  // GET /v1/sessions does the ordering, filtering and paging.
+  async function load() {
+    const mine = ++loading;
+    const agent = agentFilter.value.trim();
+    const user = userFilter.value.trim();
+    let page;
+    try {
+      page = await api.get(
+        "/v1/sessions" +
+          api.query({ order: "newest", limit: PAGE, agent, user_id: user, cursor: cursors.at(-1) })
+      );
+    } catch (e) {
+      if (mine === loading) {
+        clear(rows);
+        status.textContent = "";
+        put(status, errorBox(e));
+      }
+      return;
+    }
+    if (mine !== loading) return;
     clear(rows);
-    const a = agentFilter.value.trim();
-    const u = userFilter.value.trim();
-    const matching = loaded
-      .filter((s) => (!a || s.agent === a) && (!u || (s.user_id || "") === u))
-      .sort((x, y) => (x.id < y.id ? 1 : x.id > y.id ? -1 : 0));
-    offset = Math.max(0, Math.min(offset, Math.floor(Math.max(0, matching.length - 1) / PAGE) * PAGE));
-    for (const s of matching.slice(offset, offset + PAGE)) {
+    for (const s of page.sessions || []) {
       put(
         rows,
         h(
@@ -50,38 +59,29 @@ export async function sessionsView(main) {
         )
       );
     }
-    status.textContent =
-      (matching.length
-        ? `Sessions ${offset + 1}–${Math.min(offset + PAGE, matching.length)} of ${matching.length}, newest first`
-        : "No session matches") +
-      (a || u ? ` (filtered from ${loaded.length})` : "") +
-      (truncated ? `; only the oldest ${loaded.length} were read.` : ".");
-    newer.disabled = offset === 0;
-    older.disabled = offset + PAGE >= matching.length;
-  }
-
-  async function load() {
-    let cursor = null;
-    for (let i = 0; i < MAX_PAGES; i++) {
-      const page = await api.get("/v1/sessions" + api.query({ limit: FETCH, cursor }));
-      loaded = loaded.concat(page.sessions || []);
-      cursor = page.next || null;
-      if (!cursor) break;
-    }
-    truncated = cursor !== null;
-    render();
+    next = page.next || null;
+    const first = (cursors.length - 1) * PAGE;
+    status.textContent = page.count
+      ? `Sessions ${first + 1}–${first + page.count}, newest first` + (agent || user ? " (filtered)" : "") + "."
+      : "No session" + (agent || user ? " matches." : " yet: start one above.");
+    newer.disabled = cursors.length === 1;
+    older.disabled = !next;
   }
   newer.addEventListener("click", () => {
-    offset -= PAGE;
-    render();
+    cursors.pop();
+    load();
   });
   older.addEventListener("click", () => {
-    offset += PAGE;
-    render();
+    cursors.push(next);
+    load();
   });
+  let typing = null;
   const refilter = () => {
-    offset = 0;
-    render();
+    clearTimeout(typing);
+    typing = setTimeout(() => {
+      cursors = [null];
+      load();
+    }, 250);
   };
   agentFilter.addEventListener("input", refilter);
   userFilter.addEventListener("input", refilter);
@@ -139,4 +139,5 @@ export async function sessionsView(main) {
     )
   );
   await load();
+  return () => clearTimeout(typing);
 }

@@ -97,8 +97,11 @@ try {
 
   step = "filter the sessions by user";
   await page.getByLabel("Filter by user").fill("nobody-has-this-user");
+  await page.getByText("No session matches.").waitFor();
   check((await page.locator(`a[href="#/sessions/${s.acme_session}"]`).count()) === 0, "filter kept a session of another user");
   await page.getByLabel("Filter by user").fill("alice");
+  await page.getByLabel("Filter by agent").fill("trading-copilot");
+  await page.getByText("Sessions 1–1, newest first (filtered).").waitFor();
   await page.locator(`a[href="#/sessions/${s.acme_session}"]`).waitFor();
   ok(step);
 
