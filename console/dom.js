@@ -65,7 +65,15 @@ export function errorBox(e) {
   return h("p", { class: "error", role: "alert" }, code + (e && e.message ? e.message : String(e)));
 }
 
-/// A labelled form control: `<label>Text <input …></label>`.
+let ids = 0;
+
+/// A labelled form control: `<div class="field"><label for>…</label>
+/// control <small>hint</small></div>`, the hint tied to the control with
+/// `aria-describedby`. The label does not wrap the control, so a select's
+/// options do not become part of its name.
 export function field(label, control, hint) {
-  return h("label", { class: "field" }, h("span", {}, label), control, hint ? h("small", {}, hint) : null);
+  if (!control.id) control.id = "c" + ++ids;
+  const note = hint ? h("small", { id: control.id + "-hint" }, hint) : null;
+  if (note) control.setAttribute("aria-describedby", note.id);
+  return h("div", { class: "field" }, h("label", { for: control.id }, label), control, note);
 }

@@ -124,7 +124,7 @@ function meter(label, value, max) {
   return h(
     "div",
     { class: "gauge" },
-    h("label", { for: id }, label, ": ", h("strong", {}, String(value)), max ? " / " + max : ""),
+    h(max ? "label" : "span", max ? { for: id } : {}, label, ": ", h("strong", {}, String(value)), max ? " / " + max : ""),
     max ? h("meter", { id, min: 0, max, value, high: max * 0.8 }) : null
   );
 }

@@ -5,7 +5,7 @@
 // Resume button for an interrupted run.
 
 import * as api from "./api.js";
-import { h, put, svg, clear, errorBox, json, time } from "./dom.js";
+import { h, put, svg, clear, errorBox, field, json, time } from "./dom.js";
 import { schemaForm } from "./schema_form.js";
 
 export async function workflowsView(main) {
@@ -87,7 +87,7 @@ export async function workflowView(main, name) {
       },
       h("h2", {}, "Start a run"),
       form.fields,
-      h("label", { class: "field" }, h("span", {}, "User id"), user),
+      field("User id", user),
       h("button", { type: "submit" }, "Start run"),
       status
     ),
@@ -119,16 +119,18 @@ function dag(nodes, states) {
     H = 54,
     GX = 70,
     GY = 22;
+  // LANE: room above and below the nodes for edges that skip a column.
+  const LANE = 18;
   const pos = new Map();
   const rows = Math.max(1, ...columns.map((c) => (c ? c.length : 0)));
   columns.forEach((col, x) =>
     (col || []).forEach((n, y) => {
       const offset = ((rows - col.length) * (H + GY)) / 2;
-      pos.set(n.id, { x: 10 + x * (W + GX), y: 10 + offset + y * (H + GY) });
+      pos.set(n.id, { x: 10 + x * (W + GX), y: 10 + LANE + offset + y * (H + GY) });
     })
   );
   const width = 20 + columns.length * (W + GX) - GX;
-  const height = 20 + rows * (H + GY) - GY;
+  const height = 20 + 2 * LANE + rows * (H + GY) - GY;
   const root = svg("svg", {
     class: "dag",
     viewBox: `0 0 ${width} ${height}`,
@@ -149,7 +151,16 @@ function dag(nodes, states) {
         y1 = a.y + H / 2,
         x2 = b.x,
         y2 = b.y + H / 2;
-      put(root, svg("path", { class: "edge", d: `M${x1},${y1} C${x1 + GX / 2},${y1} ${x2 - GX / 2},${y2} ${x2},${y2}`, "marker-end": "url(#arrow)" }));
+      // Next column: one curve. Further: out to a lane above (or below)
+      // every node, along it, and back in, so it crosses no node.
+      let d = `M${x1},${y1} C${x1 + GX / 2},${y1} ${x2 - GX / 2},${y2} ${x2},${y2}`;
+      if (x2 - x1 > GX + 1) {
+        const lane = y1 < height / 2 ? 10 + LANE / 2 : height - 10 - LANE / 2;
+        d =
+          `M${x1},${y1} C${x1 + GX / 2},${y1} ${x1 + GX / 2},${lane} ${x1 + GX},${lane} ` +
+          `L${x2 - GX},${lane} C${x2 - GX / 2},${lane} ${x2 - GX / 2},${y2} ${x2},${y2}`;
+      }
+      put(root, svg("path", { class: "edge", d, "marker-end": "url(#arrow)" }));
     }
   }
   for (const n of nodes) {
