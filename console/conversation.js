@@ -262,9 +262,7 @@ function callItem(asked, record) {
       json(args)
     );
   }
-  // Call records carry no `cached` flag: a successful call that never held
-  // a concurrency slot (`started_at` absent) was answered from the cache.
-  const cached = record.is_success && !record.started_at;
+  const cached = record.cached === true;
   return h(
     "li",
     { class: "call " + (record.is_success ? "succeeded" : "failed"), dataset: { call: asked.id, tool: name } },

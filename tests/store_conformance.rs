@@ -64,6 +64,7 @@ fn append(session_id: &str, from: u64, texts: &[&str]) -> WriteOp {
 /// Record ids sort as they are made (like UUID v7): `r0001` < `r0002`.
 fn call(n: u32, tenant: &str, tool: &str, conv: Option<&str>, wf: Option<&str>) -> ToolCallRecord {
     ToolCallRecord {
+        cached: false,
         record_id: format!("r{n:04}"),
         tool_name: tool.into(),
         tool_call_id: Some(format!("call_{n}")),

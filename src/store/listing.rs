@@ -356,6 +356,7 @@ mod tests {
 
     fn call(tenant: &str) -> ToolCallRecord {
         ToolCallRecord {
+            cached: false,
             record_id: uuid::Uuid::now_v7().to_string(),
             tool_name: "echo".into(),
             tool_call_id: None,

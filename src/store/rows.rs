@@ -84,6 +84,10 @@ pub struct ToolCallRecord {
     /// The conversation turn that made the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,
+    /// Answered from the tool's result cache (the tool did not run).
+    /// Records from before it existed read `false`.
+    #[serde(default)]
+    pub cached: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]

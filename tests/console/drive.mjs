@@ -21,6 +21,8 @@ const require = createRequire(join(s.node_modules, "package.json"));
 const { chromium } = require("playwright-core");
 
 const TIMEOUT = 20_000;
+// The conversation as stored (redrawn from the API), not the live turn.
+const STORED = "ol.messages[aria-label=Messages]";
 mkdirSync(s.screenshots, { recursive: true });
 
 const browser = await chromium.launchPersistentContext(s.user_data_dir, {
@@ -130,12 +132,12 @@ try {
   });
   await page.getByRole("textbox", { name: /^Message/ }).fill("What is AAPL trading at?");
   await page.getByRole("textbox", { name: /^Message/ }).press("Control+Enter");
-  const answer = page.locator(".messages .msg.assistant .content", { hasText: "AAPL closed at 205.87" });
+  const answer = page.locator(STORED + " .msg.assistant .content", { hasText: "AAPL closed at 205.87" });
   await answer.waitFor();
   const seen = await page.evaluate(() => window.__seen);
   check(seen.calls.includes("get_price: running succeeded"), "get_price was not seen start then succeed: " + JSON.stringify(seen.calls));
   check(seen.deltas >= 2, "the answer did not stream in pieces: " + seen.deltas + " delta(s)");
-  const inline = page.locator(".messages .msg.assistant .call.succeeded[data-tool=get_price]");
+  const inline = page.locator(STORED + " .msg.assistant .call.succeeded[data-tool=get_price]");
   await inline.waitFor();
   check((await inline.innerText()).includes("tool:price:v1"), "the call's source id is not shown");
   await page.locator("aside.side", { hasText: "get_price" }).waitFor();
@@ -151,8 +153,8 @@ try {
   check((await page.locator(".confirmation h3").innerText()).includes("create_paper_order"), "the confirmation is not the order's");
   await shot("04-paused-turn");
   await approve.click();
-  await page.locator(".messages .msg.assistant .content", { hasText: "Your order filled" }).waitFor();
-  await page.locator(".messages .call.succeeded[data-tool=create_paper_order]").waitFor();
+  await page.locator(STORED + " .msg.assistant .content", { hasText: "Your order filled" }).waitFor();
+  await page.locator(STORED + " .call.succeeded[data-tool=create_paper_order]").waitFor();
   check((await page.locator(".confirmation").count()) === 0, "the confirmation is still shown");
   await shot("05-approved");
   ok(step);
