@@ -317,6 +317,10 @@ function renderSide(el, s) {
       h("dt", {}, "Model calls"),
       h("dd", {}, String(t.model_calls || 0))
     ),
-    h("p", { class: "muted" }, `${s.message_count} messages, ${s.turns} turns; last activity ${time(s.last_activity_at)}`)
+    h("p", { class: "muted" }, `${plural(s.message_count, "message")}, ${plural(s.turns, "turn")}; last activity ${time(s.last_activity_at)}`)
   );
+}
+
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
 }
