@@ -242,6 +242,12 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
             r#"{"symbol":"AAPL","side":"buy","quantity":1,"order_type":"market"}"#,
         ),
         Reply::text("Your order filled: one AAPL share, bought at market."),
+        Reply::tool_call(
+            "call_order_2",
+            "create_paper_order",
+            r#"{"symbol":"AAPL","side":"buy","quantity":2,"order_type":"market"}"#,
+        ),
+        Reply::text("The order was not placed: you declined it."),
         Reply::text("AAPL trades at 205.87 [tool:price:v1]; momentum is neutral."),
     ]);
 
@@ -282,6 +288,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         "ok sign in with acme's key; acme's session is listed, globex's is not",
         "ok send a message: the tool call and the streamed answer appear",
         "ok a paused turn shows its confirmation; Approve resumes it",
+        "ok Decline refuses a held call; the turn goes on without it",
         "ok start a workflow run; every node reaches its final state",
         "ok globex's key does not see acme's sessions",
         "ok no errors in the page",

@@ -159,6 +159,15 @@ try {
   await shot("05-approved");
   ok(step);
 
+  step = "Decline refuses a held call; the turn goes on without it";
+  await page.getByRole("textbox", { name: /^Message/ }).fill("Buy two AAPL at market.");
+  await page.getByRole("button", { name: "Send" }).click();
+  await page.getByRole("button", { name: "Decline" }).click();
+  await page.locator(STORED + " .msg.assistant .content", { hasText: "The order was not placed" }).waitFor();
+  check((await page.locator(".confirmation").count()) === 0, "the declined confirmation is still shown");
+  check((await page.locator(STORED + " .call.succeeded[data-tool=create_paper_order]").count()) === 1, "a declined order shows as run");
+  ok(step);
+
   step = "start a workflow run; every node reaches its final state";
   await page.getByRole("link", { name: "Workflows", exact: true }).click();
   await page.getByRole("link", { name: "market-brief", exact: true }).click();
