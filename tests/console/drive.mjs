@@ -12,7 +12,7 @@
 // that failed, saying why (with the page's console errors).
 
 import { createRequire } from "node:module";
-import { mkdirSync, readFileSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 
 const [base, scenarioFile] = process.argv.slice(2);
@@ -23,6 +23,8 @@ const { chromium } = require("playwright-core");
 const TIMEOUT = 20_000;
 // The conversation as stored (redrawn from the API), not the live turn.
 const STORED = "ol.messages[aria-label=Messages]";
+// A fresh set: no screenshot of an earlier run is left to mislead.
+rmSync(s.screenshots, { recursive: true, force: true });
 mkdirSync(s.screenshots, { recursive: true });
 
 const browser = await chromium.launchPersistentContext(s.user_data_dir, {
