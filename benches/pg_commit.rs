@@ -47,6 +47,7 @@ fn turn_ops(id: &str, epoch: u64, turn: u64) -> Vec<WriteOp> {
         rolled_back: false,
     };
     let record = ToolCallRecord {
+        cached: false,
         record_id: format!("{id}-{turn:08}"),
         tool_name: "calculator".into(),
         tool_call_id: Some(format!("call_{turn}")),

@@ -47,6 +47,7 @@ async fn hold(store: &Store, tenant: &str, n: usize) -> Held {
             created_at: Timestamp::now(),
         };
         let record = ToolCallRecord {
+            cached: false,
             record_id: uuid::Uuid::now_v7().to_string(),
             tool_name: if i % 2 == 0 { "calculator" } else { "echo" }.into(),
             tool_call_id: None,
@@ -327,4 +328,93 @@ async fn a_cursor_that_is_not_printable_ascii_is_refused_on_every_listing() {
             assert_eq!(body["error"]["code"], "VALIDATION_ERROR", "{path}: {body}");
         }
     }
+}
+
+/// The ids of every page of `path` (a query string included), in order.
+async fn session_ids(client: &Client, path: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let url = match &cursor {
+            Some(c) => format!("{path}&cursor={c}"),
+            None => path.to_string(),
+        };
+        let (status, body) = client.get(&url).await;
+        assert_eq!(status, StatusCode::OK, "{url}: {body}");
+        for s in body["sessions"].as_array().expect("sessions") {
+            ids.push(s["id"].as_str().expect("id").to_string());
+        }
+        match body["next"].as_str() {
+            Some(next) => cursor = Some(next.to_string()),
+            None => return ids,
+        }
+    }
+}
+
+#[tokio::test]
+async fn sessions_are_listed_newest_first_and_filtered_by_agent_and_user() {
+    let app = spawn_app(AppOptions::offline());
+    let mut made = Vec::new();
+    for (agent, user) in [
+        ("assistant", Some("alice")),
+        ("brokerage", Some("alice")),
+        ("assistant", Some("bob")),
+        ("assistant", None),
+        ("assistant", Some("alice")),
+    ] {
+        let mut body = json!({ "agent": agent });
+        if let Some(user) = user {
+            body["user_id"] = json!(user);
+        }
+        let (status, session) = app.post("/v1/sessions", &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{session}");
+        made.push((session["id"].as_str().unwrap().to_string(), agent, user));
+    }
+    let all: Vec<String> = made.iter().map(|(id, ..)| id.clone()).collect();
+    let newest: Vec<String> = all.iter().rev().cloned().collect();
+
+    assert_eq!(session_ids(&app.client, "/v1/sessions?limit=2").await, all);
+    assert_eq!(
+        session_ids(&app.client, "/v1/sessions?order=newest&limit=2").await,
+        newest
+    );
+    let alices_assistant: Vec<String> = made
+        .iter()
+        .filter(|(_, agent, user)| *agent == "assistant" && *user == Some("alice"))
+        .map(|(id, ..)| id.clone())
+        .collect();
+    assert_eq!(alices_assistant.len(), 2);
+    assert_eq!(
+        session_ids(
+            &app.client,
+            "/v1/sessions?agent=assistant&user_id=alice&order=newest&limit=1"
+        )
+        .await,
+        alices_assistant.iter().rev().cloned().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        session_ids(&app.client, "/v1/sessions?user_id=bob&order=oldest").await,
+        [made[2].0.clone()]
+    );
+    assert_eq!(
+        session_ids(&app.client, "/v1/sessions?agent=brokerage").await,
+        [made[1].0.clone()]
+    );
+    assert!(
+        session_ids(&app.client, "/v1/sessions?agent=nobody")
+            .await
+            .is_empty()
+    );
+
+    for bad in [
+        "/v1/sessions?order=sideways",
+        "/v1/sessions?user_id=not%20a%20user",
+    ] {
+        let (status, body) = app.get(bad).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {body}");
+        assert_eq!(body["error"]["code"], "VALIDATION_ERROR", "{bad}: {body}");
+    }
+    let long = "a".repeat(129);
+    let (status, body) = app.get(&format!("/v1/sessions?agent={long}")).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }

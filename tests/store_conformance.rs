@@ -19,8 +19,8 @@ use cadre::store::tables::OWN_TABLES;
 use cadre::store::turns::TurnWrite;
 use cadre::store::usage::day_of;
 use cadre::store::{
-    CallFilter, Session, StoredMessage, StoredSummary, TokenUsage, ToolCallRecord, UsageDelta,
-    WriteOp,
+    CallFilter, Session, SessionFilter, StoredMessage, StoredSummary, TokenUsage, ToolCallRecord,
+    UsageDelta, WriteOp,
 };
 use jiff::Timestamp;
 use serde_json::{Value, json};
@@ -64,6 +64,7 @@ fn append(session_id: &str, from: u64, texts: &[&str]) -> WriteOp {
 /// Record ids sort as they are made (like UUID v7): `r0001` < `r0002`.
 fn call(n: u32, tenant: &str, tool: &str, conv: Option<&str>, wf: Option<&str>) -> ToolCallRecord {
     ToolCallRecord {
+        cached: false,
         record_id: format!("r{n:04}"),
         tool_name: tool.into(),
         tool_call_id: Some(format!("call_{n}")),
@@ -126,6 +127,57 @@ fn turn(session: &str, turn: &str, open: bool, key: Option<&str>) -> WriteOp {
 macro_rules! suite {
     ($open:expr) => {
         use super::*;
+
+        #[tokio::test]
+        async fn sessions_are_filtered_by_agent_and_user_and_listed_newest_first() {
+            let (store, _guard) = $open;
+            let held = [
+                ("s01", "acme", "assistant", Some("alice")),
+                ("s02", "acme", "brokerage", Some("alice")),
+                ("s03", "acme", "assistant", Some("bob")),
+                ("s04", "other", "assistant", Some("alice")),
+                ("s05", "acme", "assistant", None),
+                ("s06", "acme", "assistant", Some("alice")),
+            ];
+            let ops = held
+                .iter()
+                .map(|(id, tenant, agent, user)| {
+                    WriteOp::PutSession(Session {
+                        agent: (*agent).into(),
+                        user_id: user.map(str::to_string),
+                        ..session(id, tenant)
+                    })
+                })
+                .collect();
+            store.write(ops, true).await.unwrap();
+            let page = |filter: SessionFilter, cursor: Option<&str>, limit| {
+                let store = store.clone();
+                let cursor = cursor.map(str::to_string);
+                async move {
+                    let p = store.sessions_matching("acme", filter, cursor, limit).await.unwrap();
+                    let ids: Vec<String> = p.items.into_iter().map(|s| s.id).collect();
+                    (ids, p.next)
+                }
+            };
+            let newest = SessionFilter { newest_first: true, ..SessionFilter::default() };
+            assert_eq!(page(newest.clone(), None, 2).await, (vec!["s06".into(), "s05".into()], Some("s05".into())));
+            assert_eq!(page(newest.clone(), Some("s05"), 2).await, (vec!["s03".into(), "s02".into()], Some("s02".into())));
+            assert_eq!(page(newest, Some("s02"), 2).await, (vec!["s01".into()], None));
+
+            let alices_assistant = SessionFilter {
+                agent: Some("assistant".into()),
+                user_id: Some("alice".into()),
+                newest_first: true,
+            };
+            assert_eq!(page(alices_assistant.clone(), None, 1).await, (vec!["s06".into()], Some("s06".into())));
+            assert_eq!(page(alices_assistant.clone(), Some("s06"), 1).await, (vec!["s01".into()], None));
+            let oldest = SessionFilter { newest_first: false, ..alices_assistant };
+            assert_eq!(page(oldest, None, 10).await, (vec!["s01".into(), "s06".into()], None));
+            let bob = SessionFilter { user_id: Some("bob".into()), ..SessionFilter::default() };
+            assert_eq!(page(bob, None, 10).await, (vec!["s03".into()], None));
+            let brokerage = SessionFilter { agent: Some("brokerage".into()), ..SessionFilter::default() };
+            assert_eq!(page(brokerage, None, 10).await, (vec!["s02".into()], None));
+        }
 
         #[tokio::test]
         async fn sessions_are_read_back_and_listed_per_tenant_in_id_order() {

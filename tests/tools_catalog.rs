@@ -1284,3 +1284,26 @@ async fn get_events_streams_an_execution_completed_event_for_an_invoked_tool() {
     assert_eq!(data["cached"], false);
     assert!(data["at"].is_string(), "{data}");
 }
+
+/// A call answered from the result cache is recorded as such (`cached`),
+/// so a reader of `/v1/calls` or a session's export can tell it from a run.
+#[tokio::test]
+async fn a_call_answered_from_the_cache_is_recorded_cached() {
+    let app = spawn_app(AppOptions::offline());
+    let invoke = json!({"params": {"symbol": "AAPL"}});
+    for expect_cached in [false, true] {
+        let (status, body) = app.post("/v1/tools/get_price/invoke", &invoke).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["metadata"]["cached"], expect_cached, "{body}");
+    }
+    let (status, page) = app.get("/v1/calls?tool=get_price").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let cached: Vec<&Value> = page["calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .map(|c| &c["cached"])
+        .collect();
+    // Newest first: the second call came from the cache.
+    assert_eq!(cached, [&json!(true), &json!(false)], "{page}");
+}

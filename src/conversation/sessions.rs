@@ -72,7 +72,8 @@ use crate::metrics::Metrics;
 use crate::model::ChatMessage;
 use crate::store::usage::day_of;
 use crate::store::{
-    Erased, Page, Session, Store, StoreError, StoredMessage, TokenUsage, UsageDelta, WriteOp,
+    Erased, Page, Session, SessionFilter, Store, StoreError, StoredMessage, TokenUsage, UsageDelta,
+    WriteOp,
 };
 use crate::tenants::TenantConfig;
 use crate::tenants::config::TenantConfigError;
@@ -508,15 +509,21 @@ impl Sessions {
         export(&self.inner.store, id).await
     }
 
-    /// A page of the sessions `tenant` owns after the session id `after`,
-    /// oldest first; reads only that tenant's sessions.
+    /// A page of the sessions `tenant` owns that `filter` keeps, past the
+    /// session id `cursor` in the filter's order; reads only that tenant's
+    /// sessions.
     pub async fn list_as(
         &self,
         tenant: &str,
-        after: Option<String>,
+        filter: SessionFilter,
+        cursor: Option<String>,
         limit: usize,
     ) -> Result<Page<Session>, SessionError> {
-        Ok(self.inner.store.sessions_of(tenant, after, limit).await?)
+        Ok(self
+            .inner
+            .store
+            .sessions_matching(tenant, filter, cursor, limit)
+            .await?)
     }
 
     pub async fn summary_as(&self, tenant: &str, id: &str) -> Result<SessionSummary, SessionError> {

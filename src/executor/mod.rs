@@ -898,6 +898,7 @@ async fn record(
         started_at: result.metadata.started_at,
         source_id: result.metadata.source_id.clone(),
         turn_id: msg.ctx.turn_id.clone(),
+        cached: result.metadata.cached,
     };
     let op = WriteOp::RecordToolCall(Box::new(rec));
     // A conversation's call is recorded behind its turn: the turn's own

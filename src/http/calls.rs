@@ -87,7 +87,8 @@ struct CallsQuery {
 #[allow(dead_code)]
 struct CallList {
     /// Newest first: `{record_id, tool_name, tool_call_id, params, output, is_success, error, error_type,
-    /// execution_time_ms, attempts, caller_id, caller_type, conversation_id, workflow_id, user_id, ...}`.
+    /// execution_time_ms, attempts, cached, caller_id, caller_type, conversation_id, workflow_id, user_id, ...}`;
+    /// `cached`: answered from the tool's result cache (the tool did not run).
     #[schema(value_type = Vec<Object>)]
     calls: Vec<Value>,
     /// How many calls this page holds.

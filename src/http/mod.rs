@@ -4,6 +4,7 @@
 //! client ──HTTP──▶ [`host`] (open mode: loopback names only) ──▶ auth (key ring; failed keys per address) ──▶ rate limit (per API key) ──▶ router ──▶ one file per resource
 //!                                                          ──▶ Sessions, ToolRegistry, ExecutorHandle
 //! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
+//! browser ──▶ `/console/` (static files compiled in, public; [`console`]) ──fetch with the key──▶ the same API
 //! keyed POSTs (`Idempotency-Key`, five routes) ──▶ [`idempotency`] (replay, wait, or run and store) ──▶ their handler
 //!
 //! Bodies are capped at [`MAX_BODY_BYTES`] (413); every error, including
@@ -28,6 +29,7 @@ pub mod caller;
 pub mod calls;
 pub mod confirmations;
 pub mod connections;
+pub mod console;
 pub mod error;
 pub mod events;
 pub mod extract;
@@ -181,6 +183,7 @@ pub fn router(
     }
     let app = routes
         .merge(openapi::routes(doc))
+        .merge(console::routes())
         .route_service("/mcp", streams::count_get_streams(mcp))
         .route_layer(from_fn(access_log::tag))
         .route_layer(from_fn_with_state(

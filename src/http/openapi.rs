@@ -67,9 +67,11 @@ pub const SPEC_PATH: &str = "/openapi.json";
 /// Where Swagger UI is served (and everything under it).
 pub const DOCS_PATH: &str = "/docs";
 
-/// Paths served without an API key: probes and the API's own description.
+/// Paths served without an API key: probes, the API's own description and
+/// the console's static files ([`super::console`]).
 pub fn is_public(path: &str) -> bool {
-    path == "/healthz"
+    super::console::is_console(path)
+        || path == "/healthz"
         || path == "/readyz"
         || path == SPEC_PATH
         || path == DOCS_PATH

@@ -32,7 +32,7 @@ use crate::conversation::machine::TurnStatus;
 use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionError};
 use crate::error_code::ErrorCode;
 use crate::identity::UserId;
-use crate::store::Session;
+use crate::store::{Session, SessionFilter};
 use crate::tenants::Principal;
 use crate::tenants::config::entitled_plan;
 
@@ -428,33 +428,73 @@ struct SessionList {
 
 error_responses!(
     ListErrors:
-    ValidationError = "limit out of range, or a cursor too long or not printable ASCII",
+    ValidationError = "limit out of range, a cursor too long or not printable ASCII, an unknown order, a bad user id or an agent over 128 bytes",
     StorageUnavailable
 );
 
-/// A page of the caller's sessions, oldest first, as the store holds them.
+/// The order of a session listing (session ids are time-ordered).
+#[derive(Deserialize, ToSchema, Clone, Copy, PartialEq)]
+#[serde(rename_all = "lowercase")]
+enum SessionOrder {
+    Oldest,
+    Newest,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    /// 1 to 1,000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<usize>,
+    /// The `next` of the previous page (opaque), with the same filters and order.
+    #[param(max_length = 128, pattern = "^[!-~]*$")]
+    cursor: Option<String>,
+    /// Only sessions of this agent.
+    #[param(max_length = 128)]
+    agent: Option<String>,
+    /// Only sessions of this user.
+    #[param(value_type = Option<String>, max_length = 128, pattern = "^[A-Za-z0-9_.@:+-]+$")]
+    user_id: Option<UserId>,
+    /// `oldest` (default) or `newest` first.
+    #[param(inline)]
+    order: Option<SessionOrder>,
+}
+
+/// A page of the caller's sessions, oldest first unless `order=newest`,
+/// optionally only one agent's or one user's. The filters are read within
+/// the tenant's own index range: a page may take longer to fill when few
+/// sessions match.
 #[utoipa::path(
     get,
     path = "/v1/sessions",
     operation_id = "list_sessions",
     summary = "The caller's sessions",
     tag = "sessions",
-    params(PageQuery),
+    params(ListQuery),
     responses(
-        (status = 200, description = "A page of the caller's tenant's sessions, oldest first", body = SessionList),
+        (status = 200, description = "A page of the caller's tenant's sessions that match, oldest first (`order=newest`: newest first)", body = SessionList),
         ListErrors,
     )
 )]
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-    ApiQuery(q): ApiQuery<PageQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let (limit, cursor) =
         super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;
+    if q.agent.as_ref().is_some_and(|a| a.len() > 128) {
+        return Err(ApiError::validation("agent is longer than 128 bytes"));
+    }
+    let filter = SessionFilter {
+        agent: q.agent,
+        user_id: q.user_id.map(UserId::into_string),
+        newest_first: q.order == Some(SessionOrder::Newest),
+    };
     let page = state
         .sessions
-        .list_as(&caller.tenant, cursor, limit)
+        .list_as(&caller.tenant, filter, cursor, limit)
         .await?;
     Ok(Json(
         json!({ "sessions": page.items, "count": page.items.len(), "next": page.next }),

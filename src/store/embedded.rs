@@ -239,16 +239,17 @@ impl RedbStore {
         .await
     }
 
-    /// A page of `tenant`'s sessions after the session id `after`, oldest
-    /// first: reads only that tenant's index range.
+    /// A page of `tenant`'s sessions `filter` keeps, past the session id
+    /// `cursor` in its order: reads only that tenant's index range.
     pub async fn sessions_of(
         &self,
         tenant: &str,
-        after: Option<String>,
+        filter: SessionFilter,
+        cursor: Option<String>,
         limit: usize,
     ) -> Result<Page<Session>, StoreError> {
         let tenant = tenant.to_string();
-        self.read(move |db| listing::sessions_page(db, &tenant, after.as_deref(), limit))
+        self.read(move |db| listing::sessions_page(db, &tenant, &filter, cursor.as_deref(), limit))
             .await
     }
 
@@ -905,6 +906,7 @@ mod tests {
         // What a late writer sends (an approved call, an operator's
         // assignment, a turn's step) stores nothing under the id.
         let record = ToolCallRecord {
+            cached: false,
             record_id: "r".into(),
             tool_name: "echo".into(),
             tool_call_id: None,

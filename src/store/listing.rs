@@ -31,7 +31,7 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use serde_json::Value;
 
 use super::tables::*;
-use super::{CallFilter, Session, StoreError, ToolCallRecord};
+use super::{CallFilter, Session, SessionFilter, StoreError, ToolCallRecord};
 
 /// One page of a listing and the cursor of the next (`None`: it was the last).
 #[derive(Debug, Clone, PartialEq)]
@@ -197,11 +197,13 @@ pub(super) fn index_namespace(
     Ok(Some(found.len() as u64))
 }
 
-/// A page of `tenant`'s sessions after `after`, oldest first.
+/// A page of `tenant`'s sessions `filter` keeps, past `cursor` in the
+/// filter's order (oldest first unless `newest_first`).
 pub(super) fn sessions_page(
     db: &redb::Database,
     tenant: &str,
-    after: Option<&str>,
+    filter: &SessionFilter,
+    cursor: Option<&str>,
     limit: usize,
 ) -> Result<Page<Session>, StoreError> {
     use redb::ReadableDatabase;
@@ -209,17 +211,28 @@ pub(super) fn sessions_page(
     let index = txn.open_table(SESSIONS_BY_TENANT)?;
     let sessions = txn.open_table(SESSIONS)?;
     let end = after_all(tenant);
-    let lower = match after {
-        Some(a) => Bound::Excluded((tenant, a)),
-        None => Bound::Included((tenant, "")),
+    let first = Bound::Included((tenant, ""));
+    let last = Bound::Excluded((end.as_str(), ""));
+    let range = match (cursor, filter.newest_first) {
+        (None, _) => index.range::<(&str, &str)>((first, last))?,
+        (Some(c), false) => index.range::<(&str, &str)>((Bound::Excluded((tenant, c)), last))?,
+        (Some(c), true) => index.range::<(&str, &str)>((first, Bound::Excluded((tenant, c))))?,
+    };
+    let rows: Box<dyn Iterator<Item = _>> = if filter.newest_first {
+        Box::new(range.rev())
+    } else {
+        Box::new(range)
     };
     let mut items = Vec::new();
-    for row in index.range::<(&str, &str)>((lower, Bound::Excluded((end.as_str(), ""))))? {
+    for row in rows {
         let (k, _) = row?;
         if let Some(v) = sessions.get(k.value().1)? {
-            items.push(serde_json::from_slice::<Session>(v.value())?);
-            if items.len() > limit {
-                break;
+            let session = serde_json::from_slice::<Session>(v.value())?;
+            if filter.keeps(&session) {
+                items.push(session);
+                if items.len() > limit {
+                    break;
+                }
             }
         }
     }
@@ -343,6 +356,7 @@ mod tests {
 
     fn call(tenant: &str) -> ToolCallRecord {
         ToolCallRecord {
+            cached: false,
             record_id: uuid::Uuid::now_v7().to_string(),
             tool_name: "echo".into(),
             tool_call_id: None,
@@ -419,10 +433,20 @@ mod tests {
         }
         let db = store.db.current();
         let ids = |p: Page<Session>| p.items.into_iter().map(|s| s.id).collect::<Vec<_>>();
-        assert_eq!(ids(sessions_page(&db, "acme", None, 10).unwrap()), sessions);
-        let first = sessions_page(&db, "acme", None, 3).unwrap();
+        assert_eq!(
+            ids(sessions_page(&db, "acme", &SessionFilter::default(), None, 10).unwrap()),
+            sessions
+        );
+        let first = sessions_page(&db, "acme", &SessionFilter::default(), None, 3).unwrap();
         assert_eq!(first.next.as_deref(), Some(sessions[2].as_str()));
-        let rest = sessions_page(&db, "acme", first.next.as_deref(), 3).unwrap();
+        let rest = sessions_page(
+            &db,
+            "acme",
+            &SessionFilter::default(),
+            first.next.as_deref(),
+            3,
+        )
+        .unwrap();
         assert_eq!(
             (ids(rest.clone()), rest.next),
             (sessions[3..].to_vec(), None)
@@ -446,7 +470,7 @@ mod tests {
         }
 
         for t in neighbours {
-            assert!(sessions_page(&db, t, None, 10).is_err());
+            assert!(sessions_page(&db, t, &SessionFilter::default(), None, 10).is_err());
             assert!(calls_page(&db, t, &filter, None, 10).is_err());
             assert!(docs_page(&db, "ns", t, None, 10, false).is_err());
         }

@@ -231,7 +231,21 @@ impl Store {
         after: Option<String>,
         limit: usize,
     ) -> Result<Page<Session>, StoreError> {
-        on_backend!(self, s => s.sessions_of(tenant, after, limit).await)
+        self.sessions_matching(tenant, SessionFilter::default(), after, limit)
+            .await
+    }
+
+    /// A page of `tenant`'s sessions that `filter` keeps, past the session
+    /// id `cursor` in the filter's order: reads only that tenant's index
+    /// range (the agent and user are checked within it).
+    pub async fn sessions_matching(
+        &self,
+        tenant: &str,
+        filter: SessionFilter,
+        cursor: Option<String>,
+        limit: usize,
+    ) -> Result<Page<Session>, StoreError> {
+        on_backend!(self, s => s.sessions_of(tenant, filter, cursor, limit).await)
     }
 
     /// A page of `tenant`'s call records matching `filter` (its `tenant`

@@ -84,6 +84,10 @@ pub struct ToolCallRecord {
     /// The conversation turn that made the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,
+    /// Answered from the tool's result cache (the tool did not run).
+    /// Records from before it existed read `false`.
+    #[serde(default)]
+    pub cached: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -91,6 +95,28 @@ pub struct MessageStats {
     pub count: u64,
     pub user_messages: u64,
     pub last_at: Option<Timestamp>,
+}
+
+/// Which of a tenant's sessions to list, and in which order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionFilter {
+    /// Only sessions of this agent.
+    pub agent: Option<String>,
+    /// Only sessions of this user.
+    pub user_id: Option<String>,
+    /// Newest first (session ids are time-ordered): the cursor then pages
+    /// towards older sessions. Default: oldest first.
+    pub newest_first: bool,
+}
+
+impl SessionFilter {
+    pub fn keeps(&self, s: &Session) -> bool {
+        self.agent.as_ref().is_none_or(|a| &s.agent == a)
+            && self
+                .user_id
+                .as_ref()
+                .is_none_or(|u| s.user_id.as_ref() == Some(u))
+    }
 }
 
 /// Which call records to list.

@@ -25,8 +25,8 @@ use super::{PgStore, column};
 use crate::store::idempotency::{IdempotencyRecord, SWEEP_BATCH};
 use crate::store::usage::{TokenUsage, UsageRow};
 use crate::store::{
-    CallFilter, MessageStats, Page, Session, StoreError, StoredMessage, StoredSummary,
-    ToolCallRecord, ToolStats, WriteOp,
+    CallFilter, MessageStats, Page, Session, SessionFilter, StoreError, StoredMessage,
+    StoredSummary, ToolCallRecord, ToolStats, WriteOp,
 };
 
 fn n(v: usize) -> i64 {
@@ -101,21 +101,35 @@ impl PgStore {
         .await
     }
 
-    /// A page of `tenant`'s sessions after the id `after`, oldest first.
+    /// A page of `tenant`'s sessions `filter` keeps, past the id `cursor`
+    /// in its order (oldest first unless `newest_first`).
     pub async fn sessions_of(
         &self,
         tenant: &str,
-        after: Option<String>,
+        filter: SessionFilter,
+        cursor: Option<String>,
         limit: usize,
     ) -> Result<Page<Session>, StoreError> {
         let tenant = tenant.to_string();
         self.run(move |c, _| async move {
+            let query = if filter.newest_first {
+                "SELECT body FROM sessions WHERE tenant = $1 AND ($2::text IS NULL OR id < $2)
+                 AND ($3::text IS NULL OR body->>'agent' = $3)
+                 AND ($4::text IS NULL OR body->>'user_id' = $4)
+                 ORDER BY id DESC LIMIT $5"
+            } else {
+                "SELECT body FROM sessions WHERE tenant = $1 AND ($2::text IS NULL OR id > $2)
+                 AND ($3::text IS NULL OR body->>'agent' = $3)
+                 AND ($4::text IS NULL OR body->>'user_id' = $4)
+                 ORDER BY id LIMIT $5"
+            };
             let rows = sql!(
                 c,
-                "SELECT body FROM sessions WHERE tenant = $1 AND ($2::text IS NULL OR id > $2)
-                 ORDER BY id LIMIT $3",
+                query,
                 &tenant,
-                &after,
+                &cursor,
+                &filter.agent,
+                &filter.user_id,
                 &n(limit.saturating_add(1))
             );
             Ok(into_page(bodies(&rows)?, limit, |s: &Session| s.id.clone()))

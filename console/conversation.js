@@ -1,0 +1,326 @@
+// A conversation: the session's messages in order with each tool call under
+// the assistant message that asked for it, its summary, tool usage and token
+// usage, paused turns' confirmations (Approve / Decline), and a box that
+// sends a message as the session with the reply streaming in.
+//
+// GET /v1/sessions/{id}/export ──▶ messages + call records (matched by tool_call_id)
+// GET /v1/sessions/{id}/summary ──▶ rolling summary, tool usage, tokens
+// POST /v1/sessions/{id}/messages (Accept: text/event-stream) ──▶ live turn
+// POST /v1/confirmations/{id} ──▶ the paused turn resumes; its record is polled
+
+import * as api from "./api.js";
+import { h, put, clear, errorBox, field, json, time } from "./dom.js";
+
+/// Phases of a turn's record after which it does not move by itself.
+const FINAL = new Set(["completed", "failed", "interrupted"]);
+
+export async function conversationView(main, id) {
+  document.title = `Session ${id} · cadre console`;
+  const base = "/v1/sessions/" + encodeURIComponent(id);
+  const controller = new AbortController();
+  let timer = null;
+
+  const header = h("div", { class: "session-head" });
+  const log = h("ol", { class: "messages", "aria-label": "Messages" });
+  const side = h("aside", { class: "side", "aria-label": "Session summary" });
+  const pending = h("section", { class: "pending", "aria-label": "Waiting for a decision", "aria-live": "polite" });
+  const live = h("div", { class: "live-turn", "aria-live": "polite" });
+
+  async function refresh() {
+    const [doc, summary, confirmations] = await Promise.all([
+      api.get(base + "/export"),
+      api.get(base + "/summary"),
+      api.get("/v1/confirmations?limit=200").catch(() => ({ confirmations: [] })),
+    ]);
+    renderHeader(header, doc.session);
+    renderMessages(log, doc.messages || [], doc.calls || []);
+    renderSide(side, summary);
+    const asked = new Set();
+    for (const m of doc.messages || []) for (const c of m.tool_calls || []) asked.add(c.id);
+    const mine = (confirmations.confirmations || []).filter(
+      (c) => asked.has(c.tool_call_id) || (c.context && c.context.conversation_id === id)
+    );
+    renderPending(mine);
+  }
+
+  function renderPending(list) {
+    clear(pending);
+    if (!list.length) return;
+    put(pending, h("h2", {}, "Waiting for your decision"));
+    for (const c of list) put(pending, confirmationCard(c));
+  }
+
+  function confirmationCard(c) {
+    const status = h("div", { "aria-live": "polite" });
+    const decide = (approve) => async () => {
+      for (const b of card.querySelectorAll("button")) b.disabled = true;
+      try {
+        const { body } = await api.post("/v1/confirmations/" + encodeURIComponent(c.confirmation_id), { approve });
+        put(status, h("p", { class: "ok" }, `${approve ? "Approved" : "Declined"}: ${body.status}`));
+        await followTurn(c.confirmation_id);
+      } catch (e) {
+        put(status, errorBox(e));
+      }
+    };
+    const card = h(
+      "article",
+      { class: "confirmation card", dataset: { confirmation: c.confirmation_id } },
+      h("h3", {}, c.tool_name),
+      c.summary ? h("p", {}, c.summary) : null,
+      c.params ? json(c.params) : null,
+      c.expires_at ? h("p", { class: "muted" }, "Expires " + time(c.expires_at)) : null,
+      h(
+        "div",
+        { class: "buttons" },
+        h("button", { type: "button", class: "approve", onclick: decide(true) }, "Approve"),
+        h("button", { type: "button", class: "decline", onclick: decide(false) }, "Decline")
+      ),
+      status
+    );
+    return card;
+  }
+
+  /// After a decision the turn resumes on the server: read the newest
+  /// turn's record until it is final or paused on another confirmation,
+  /// then redraw.
+  async function followTurn(decided) {
+    for (let i = 0; i < 600 && !controller.signal.aborted; i++) {
+      const turns = await api.get(base + "/turns?limit=1000");
+      const last = (turns.turns || []).at(-1);
+      if (!last || FINAL.has(last.phase)) break;
+      const waitsOn = (last.confirmations || []).map((c) => c.confirmation_id);
+      if (last.phase === "awaiting_approval" && !waitsOn.includes(decided)) break;
+      await new Promise((r) => (timer = setTimeout(r, 250)));
+    }
+    clear(live);
+    await refresh();
+  }
+
+  const input = h("textarea", { id: "message", rows: 3, required: true, placeholder: "Write as this session's user…" });
+  const send = h("button", { type: "submit" }, "Send");
+  const form = h(
+    "form",
+    {
+      class: "send card",
+      onsubmit: async (ev) => {
+        ev.preventDefault();
+        const content = input.value.trim();
+        if (!content) return;
+        send.disabled = true;
+        try {
+          await streamTurn(content);
+          input.value = "";
+        } finally {
+          send.disabled = false;
+          input.focus();
+        }
+      },
+    },
+    field("Message", input, "Ctrl+Enter sends. The reply streams in below."),
+    send
+  );
+  input.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) form.requestSubmit();
+  });
+
+  async function streamTurn(content) {
+    clear(live);
+    const you = h("li", { class: "msg user" }, h("span", { class: "role" }, "user"), h("div", { class: "content" }, content));
+    const answer = h("div", { class: "content streaming" });
+    const calls = h("ul", { class: "calls", "aria-label": "Tool calls of this turn" });
+    const state = h("p", { class: "muted turn-state" }, "Waiting for the model…");
+    const reply = h("li", { class: "msg assistant" }, h("span", { class: "role" }, "assistant"), calls, answer, state);
+    put(live, h("ol", { class: "messages" }, you, reply));
+    const byId = new Map();
+    let ended = null;
+    try {
+      await api.stream(
+        "POST",
+        base + "/messages",
+        { content },
+        (name, data) => {
+          if (name === "turn_started") state.textContent = "Turn " + data.turn_id + " running…";
+          else if (name === "model_delta") put(answer, data.text);
+          else if (name === "tool_call_started") {
+            const li = h(
+              "li",
+              { class: "call running", dataset: { call: data.id, tool: data.name, phases: "running" } },
+              h("strong", {}, data.name),
+              " ",
+              h("span", { class: "badge" }, "running"),
+              json(data.arguments)
+            );
+            byId.set(data.id, li);
+            put(calls, li);
+          } else if (name === "tool_call_completed") {
+            const li = byId.get(data.id) || calls.appendChild(h("li", { class: "call" }, h("strong", {}, data.name)));
+            li.className = "call " + (data.is_success ? "succeeded" : "failed");
+            // What the call went through, in order (the element is reused).
+            li.dataset.phases = (li.dataset.phases ? li.dataset.phases + " " : "") + (data.is_success ? "succeeded" : "failed");
+            const badge = li.querySelector(".badge");
+            if (badge) badge.textContent = data.is_success ? "succeeded" : "failed " + (data.error_type || "");
+            if (data.error) put(li, h("p", { class: "error" }, data.error));
+          } else if (name === "turn_completed") {
+            ended = "completed";
+            state.textContent = "Turn completed.";
+          } else if (name === "turn_paused") {
+            ended = "paused";
+            state.textContent = "Turn paused: a call waits for a decision.";
+            renderPending(
+              (data.confirmations || []).map((c) => ({ ...c, params: null }))
+            );
+          } else if (name === "turn_interrupted") {
+            ended = "interrupted";
+            state.textContent = "Turn interrupted by a newer message.";
+          } else if (name === "turn_failed") {
+            ended = "failed";
+            state.replaceWith(errorBox(data.error || data));
+          }
+        },
+        controller.signal
+      );
+    } catch (e) {
+      state.replaceWith(errorBox(e));
+      return;
+    }
+    if (ended === "completed") {
+      clear(live);
+      await refresh();
+    } else if (ended === "paused") {
+      await refresh();
+      clear(live);
+    }
+  }
+
+  put(main, 
+    h("p", {}, h("a", { href: "#/sessions" }, "← Sessions")),
+    header,
+    h("div", { class: "conversation" }, h("div", { class: "thread" }, log, live, pending, form), side)
+  );
+  await refresh();
+  return () => {
+    controller.abort();
+    clearTimeout(timer);
+  };
+}
+
+function renderHeader(el, s) {
+  clear(el);
+  put(el, 
+    h("h1", {}, "Session ", h("code", {}, s.id)),
+    h(
+      "dl",
+      { class: "facts" },
+      h("dt", {}, "Agent"),
+      h("dd", {}, s.agent),
+      h("dt", {}, "User"),
+      h("dd", {}, s.user_id || "—"),
+      h("dt", {}, "Plan"),
+      h("dd", {}, s.plan),
+      h("dt", {}, "Created"),
+      h("dd", {}, time(s.created_at))
+    )
+  );
+}
+
+function renderMessages(el, messages, records) {
+  clear(el);
+  const byCall = new Map(records.filter((r) => r.tool_call_id).map((r) => [r.tool_call_id, r]));
+  for (const m of messages) {
+    if (m.role === "tool" || m.role === "system") continue;
+    const asked = m.tool_calls || [];
+    const li = h(
+      "li",
+      { class: "msg " + m.role + (m.rolled_back ? " rolled-back" : ""), dataset: { seq: m.seq } },
+      h("span", { class: "role" }, m.role, " ", h("small", {}, "#" + m.seq + " · " + time(m.created_at))),
+      asked.length
+        ? h("ul", { class: "calls", "aria-label": "Tool calls" }, asked.map((c) => callItem(c, byCall.get(c.id))))
+        : null,
+      m.content ? h("div", { class: "content" }, typeof m.content === "string" ? m.content : JSON.stringify(m.content)) : null
+    );
+    put(el, li);
+  }
+  if (!el.children.length) put(el, h("li", { class: "muted" }, "No messages yet: send the first one below."));
+}
+
+function callItem(asked, record) {
+  const fn = asked.function || asked;
+  const name = fn.name || (record && record.tool_name);
+  let args = fn.arguments;
+  try {
+    args = typeof args === "string" ? JSON.parse(args) : args;
+  } catch {
+    /* shown as sent */
+  }
+  if (!record) {
+    return h(
+      "li",
+      { class: "call pending", dataset: { call: asked.id, tool: name } },
+      h("strong", {}, name),
+      " ",
+      h("span", { class: "badge" }, "no outcome (waiting or not run)"),
+      json(args)
+    );
+  }
+  const cached = record.cached === true;
+  return h(
+    "li",
+    { class: "call " + (record.is_success ? "succeeded" : "failed"), dataset: { call: asked.id, tool: name } },
+    h("strong", {}, name),
+    " ",
+    h("span", { class: "badge" }, record.is_success ? "succeeded" : "failed"),
+    h(
+      "dl",
+      { class: "facts small" },
+      record.error_type ? [h("dt", {}, "Error type"), h("dd", {}, record.error_type)] : null,
+      h("dt", {}, "Time"),
+      h("dd", {}, record.execution_time_ms + " ms"),
+      h("dt", {}, "Attempts"),
+      h("dd", {}, String(record.attempts)),
+      h("dt", {}, "Cached"),
+      h("dd", {}, cached ? "yes" : "no"),
+      record.source_id ? [h("dt", {}, "Source"), h("dd", {}, h("code", {}, record.source_id))] : null
+    ),
+    h("details", {}, h("summary", {}, "Arguments"), json(args)),
+    record.error ? h("p", { class: "error" }, record.error) : null,
+    record.output !== null && record.output !== undefined
+      ? h("details", {}, h("summary", {}, "Outcome"), json(record.output))
+      : null
+  );
+}
+
+function renderSide(el, s) {
+  clear(el);
+  const u = s.tool_usage_summary || {};
+  const t = s.token_usage || {};
+  put(el, 
+    h("h2", {}, "Summary"),
+    s.conversation_summary
+      ? [h("p", {}, s.conversation_summary), h("p", { class: "muted" }, "Covers messages up to #" + s.covers_until_seq)]
+      : h("p", { class: "muted" }, "No rolling summary yet."),
+    h("h2", {}, "Tool usage"),
+    h(
+      "dl",
+      { class: "facts" },
+      h("dt", {}, "Calls"),
+      h("dd", {}, `${u.total_calls || 0} (${u.successful_calls || 0} ok, ${u.failed_calls || 0} failed)`),
+      Object.entries(u.tool_usage || {}).map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))])
+    ),
+    h("h2", {}, "Tokens"),
+    h(
+      "dl",
+      { class: "facts" },
+      h("dt", {}, "Prompt"),
+      h("dd", {}, String(t.prompt_tokens || 0)),
+      h("dt", {}, "Completion"),
+      h("dd", {}, String(t.completion_tokens || 0)),
+      h("dt", {}, "Model calls"),
+      h("dd", {}, String(t.model_calls || 0))
+    ),
+    h("p", { class: "muted" }, `${plural(s.message_count, "message")}, ${plural(s.turns, "turn")}; last activity ${time(s.last_activity_at)}`)
+  );
+}
+
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
