@@ -36,6 +36,10 @@ SYSTEM = "You are a helpful assistant. Use the calculator for any arithmetic and
 EXPECT = "5"
 TOOL_DESCRIPTION = "Evaluate an arithmetic expression: + - * / % ^ and parentheses."
 
+# Every client's model-call timeout (connect included): the SDKs' 5 s connect
+# timeout fails sessions when 200 connect at once on a busy 2-core machine.
+TIMEOUT_S = 120.0
+
 TOOL_CALLS = [0]
 
 _OPS = {

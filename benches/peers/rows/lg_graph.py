@@ -32,6 +32,7 @@ def build(checkpointer=None, base_url=None):
         base_url=base_url or os.environ["OPENAI_BASE_URL"],
         api_key="peers",
         max_retries=0,
+        timeout=driver.TIMEOUT_S,
     )
     return create_react_agent(model, [calculator], prompt=driver.SYSTEM, checkpointer=checkpointer)
 

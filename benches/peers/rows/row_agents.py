@@ -28,7 +28,7 @@ def calculator(expression: str) -> str:
 
 def setup(a):
     set_tracing_disabled(True)
-    client = AsyncOpenAI(base_url=a.base_url, api_key="peers", max_retries=0)
+    client = AsyncOpenAI(base_url=a.base_url, api_key="peers", max_retries=0, timeout=driver.TIMEOUT_S)
     model = OpenAIChatCompletionsModel(model="mock-model", openai_client=client)
     STATE["agent"] = Agent(name="assistant", instructions=driver.SYSTEM, model=model, tools=[calculator])
 

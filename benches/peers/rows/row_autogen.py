@@ -29,6 +29,7 @@ def setup(a):
         base_url=a.base_url,
         api_key="peers",
         max_retries=0,
+        timeout=driver.TIMEOUT_S,
         model_info={
             "vision": False,
             "function_calling": True,

@@ -22,7 +22,7 @@ TOOLS = [
 
 
 def setup(a):
-    CLIENT.append(AsyncOpenAI(base_url=a.base_url, api_key="peers", max_retries=0))
+    CLIENT.append(AsyncOpenAI(base_url=a.base_url, api_key="peers", max_retries=0, timeout=driver.TIMEOUT_S))
 
 
 async def session(sid):
