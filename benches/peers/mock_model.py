@@ -117,9 +117,7 @@ def json_reply(request):
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-        ],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": usage,
     }
     return "application/json", json.dumps(body).encode()

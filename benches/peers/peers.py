@@ -208,7 +208,7 @@ def wait_http(port, path, proc, timeout, what):
             raise RowFailed(f"{what} exited with {proc.returncode} before it answered {path}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode())
+                s.sendall(f"GET {path} HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\nconnection: close\r\n\r\n".encode())
                 if s.recv(64).startswith(b"HTTP/1.1 200"):
                     return
         except OSError:
@@ -656,7 +656,7 @@ def report(ctx, results):
         f"- date: {ctx.started} → {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')}",
         f"- machine: {m['nproc']} CPUs, {m['cpu']}, {m['memory']}, Linux {m['kernel']}; {m['rustc']}; Python {m['python']}",
         f"- load average before the run: {ctx.load_before}; after: {open('/proc/loadavg').read().split()[:3]}",
-        f"- workload: 1 session = user asks, model asks for `calculator` {{\"expression\": \"2+3\"}}, tool runs, model answers (2 model calls + 1 tool call); one mock model (stdlib Python, own process) for every row",
+        '- workload: 1 session = user asks, model asks for `calculator` {"expression": "2+3"}, tool runs, model answers (2 model calls + 1 tool call); one mock model (stdlib Python, own process) for every row',
         f"- N: {ctx.warmup} warm-up sessions, then up to {ctx.seq} sessions one at a time (stops after {ctx.seq_cap_s:.0f} s), then up to {ctx.total} sessions with {ctx.conc} in flight (none started after {ctx.conc_cap_s:.0f} s); the N each row reached is in the second table"
         + (" — **--quick run**" if ctx.quick else ""),
         f"- command: `benches/peers/run.sh{(' ' + ' '.join(ctx.argv)) if ctx.argv else ''}`",
@@ -707,7 +707,7 @@ def report(ctx, results):
         lines.append(
             f"| {name} | {s['n']} | {fmt_ms(s['overhead_ms_p50'])} / {fmt_ms(s['overhead_ms_mean'])} | "
             f"{fmt_ms(s['mock_ms_per_session'])} | {c['n']} | {c['sessions_per_s']:.0f} | {fmt_ms(c['wall_ms_p50'])} | {f['streamed_model_requests']} | "
-            f"{others:.2f} cores over {r['row_elapsed_s']:.0f} s | {'; '.join(problems) or 'none'} |"
+            f"{others:.2f} cores over {r['row_elapsed_s']:.1f} s | {'; '.join(problems) or 'none'} |"
         )
     failed = [n for n in results if "error" in results[n]]
     if failed:
@@ -717,7 +717,10 @@ def report(ctx, results):
     if "cadre-disk" in results and "data_dir" in results["cadre-disk"]:
         d1 = results["cadre-disk"]["data_dir"]
         d2 = results.get("cadre-tmpfs", {}).get("data_dir", {})
-        lines += ["", f"cadre's data dirs: disk `{d1['path']}` ({d1['fs']}); tmpfs `{d2.get('path', '–')}` ({d2.get('fs', '–')})."]
+        lines += [
+            "",
+            f"cadre's data dirs: disk `{d1['path']}` ({d1['fs']}); tmpfs `{d2.get('path', '–')}` ({d2.get('fs', '–')}).",
+        ]
     return "\n".join(lines) + "\n", m
 
 
@@ -730,7 +733,9 @@ class Ctx:
 
 def main():
     ap = argparse.ArgumentParser(description="benches/peers: one tool-calling session, side by side")
-    ap.add_argument("--only", help="comma-separated rows (" + ",".join(r[0] for r in ROWS) + "; `cadre` = both cadre rows)")
+    ap.add_argument(
+        "--only", help="comma-separated rows (" + ",".join(r[0] for r in ROWS) + "; `cadre` = both cadre rows)"
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: 5 warm-up, 50 one at a time, 400 at 200")
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--seq", type=int, help="sessions one at a time (default 500)")
@@ -784,7 +789,10 @@ def main():
                 prepared[name] = ensure_cadre(ctx)
         except Exception as e:  # noqa: BLE001 - reported in the table, the other rows go on
             msg = str(e) if isinstance(e, RowFailed) else traceback.format_exc()
-            results[name] = {"error": "setup failed: " + msg.strip(), "error_line": "setup failed: " + msg.strip().splitlines()[0][:200]}
+            results[name] = {
+                "error": "setup failed: " + msg.strip(),
+                "error_line": "setup failed: " + msg.strip().splitlines()[0][:200],
+            }
             log(f"{name}: SETUP FAILED: {msg.strip().splitlines()[0]}")
 
     ctx.mock = Mock(ctx)
@@ -836,8 +844,12 @@ def main():
                 "started": ctx.started,
                 "argv": ctx.argv,
                 "settings": {
-                    "warmup": ctx.warmup, "seq": ctx.seq, "seq_cap_s": ctx.seq_cap_s, "conc": ctx.conc,
-                    "total": ctx.total, "conc_cap_s": ctx.conc_cap_s,
+                    "warmup": ctx.warmup,
+                    "seq": ctx.seq,
+                    "seq_cap_s": ctx.seq_cap_s,
+                    "conc": ctx.conc,
+                    "total": ctx.total,
+                    "conc_cap_s": ctx.conc_cap_s,
                 },  # fmt: skip
                 "rows": slim,
             },

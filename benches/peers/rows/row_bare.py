@@ -16,7 +16,11 @@ CLIENT = []
 TOOLS = [
     {
         "type": "function",
-        "function": {"name": "calculator", "description": driver.TOOL_DESCRIPTION, "parameters": driver.CALCULATOR_SCHEMA},
+        "function": {
+            "name": "calculator",
+            "description": driver.TOOL_DESCRIPTION,
+            "parameters": driver.CALCULATOR_SCHEMA,
+        },
     }
 ]
 
