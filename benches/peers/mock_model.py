@@ -15,8 +15,8 @@ chunk, `[DONE]`), for a client that insists on it.
 
 The mock's own time: every request is timed from the moment its whole body
 has been read to the moment its reply has been handed to the socket (JSON
-parse, reply built, write + drain). Each user message carries its session's
-id as a tag `[s:ID]`; the time and the count of calls are charged to that
+parse, reply built, `write`; not the drain). Each user message carries its
+session's id as a tag `[s:ID]`; the time and the count of calls are charged to that
 session. `GET /stats` returns `{"sessions": {ID: [calls, seconds]}, ...}`,
 `POST /reset` forgets everything. The harness subtracts a session's mock
 time from the wall time its client saw: what is left is what the framework
@@ -202,8 +202,12 @@ async def handle(reader, writer):
                 else:
                     ctype, out = json_reply(request)
                 writer.write(response("200 OK", ctype, out, keep_alive))
-                await writer.drain()
+                # Stop the clock once the reply is handed to the kernel (write
+                # sends at once while the socket has room): past this point the
+                # client may already hold it, and a preemption of this process
+                # would charge the session time it did not wait.
                 STATS.charge(sid, time.perf_counter() - t0)
+                await writer.drain()
             elif path == b"/stats":
                 out = json.dumps(
                     {

@@ -470,8 +470,10 @@ def serve_and_measure(ctx, name, cmd, env, cwd, port, ready_path, session, start
         wait_http(port, ready_path, proc, startup_s, name)
         result = asyncio.run(http_phases(ctx, name, port, proc.pid, session))
         if proc.poll() is not None:
-            raise RowFailed(f"{name} exited with {proc.returncode} during the run; see {logfile}")
+            raise RowFailed(f"{name} exited with {proc.returncode} during the run")
         return result
+    except RowFailed as e:
+        raise RowFailed(f"{e}; see {logfile}") from None
     finally:
         stop(proc)
 
