@@ -779,7 +779,6 @@ def main():
     rows = [r for r in ROWS if wanted is None or r[0] in wanted]
 
     log(f"rows: {', '.join(r[0] for r in rows)}; outputs under {ctx.work}")
-    ctx.mock = Mock(ctx)
     results, prepared = {}, {}
     for name, label, kind, venv in rows:
         try:
