@@ -289,7 +289,7 @@ pub fn ensure_installed(command: &str, package: &str) {
     let root = unsafe { libc::geteuid() } == 0;
     assert!(
         root,
-        "the cluster tests need `{command}`: install Debian's `{package}` package \
+        "these tests need `{command}`: install Debian's `{package}` package \
          (apt-get install {package}), or run them as root to have it installed"
     );
     let script = format!(
@@ -302,7 +302,7 @@ pub fn ensure_installed(command: &str, package: &str) {
         .expect("sh runs");
     assert!(
         has(),
-        "the cluster tests need `{command}`, and installing `{package}` failed: {}",
+        "these tests need `{command}`, and installing `{package}` failed: {}",
         String::from_utf8_lossy(&out.stdout)
     );
 }
