@@ -17,8 +17,8 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::tables::*;
-use super::write_queue;
-use super::writer::{Slot, WriteRequest, Writer};
+use super::write_queue::{self, WriteRequest};
+use super::writer::{Slot, Writer};
 use super::*;
 
 /// Cheap to clone; every clone talks to the same file and writer thread.

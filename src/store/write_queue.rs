@@ -21,7 +21,20 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::writer::WriteRequest;
+use tokio::sync::oneshot;
+
+use super::{StoreError, WriteOp};
+
+/// One caller's write, on its way to the writer.
+pub(super) struct WriteRequest {
+    pub(super) ops: Vec<WriteOp>,
+    pub(super) durable: bool,
+    /// Refuse unless the store is still at this generation.
+    pub(super) generation: Option<u64>,
+    /// Sent behind: nobody waits for it, so it may wait for the next commit.
+    pub(super) behind: bool,
+    pub(super) done: oneshot::Sender<Result<(), Arc<StoreError>>>,
+}
 
 struct State {
     queue: VecDeque<WriteRequest>,
@@ -154,7 +167,6 @@ impl Drop for Receiver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::sync::oneshot;
 
     fn request(behind: bool) -> WriteRequest {
         WriteRequest {

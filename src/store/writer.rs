@@ -12,21 +12,10 @@ use std::time::Instant;
 use jiff::Timestamp;
 use redb::{Database, Durability, ReadableTable};
 use serde_json::Value;
-use tokio::sync::oneshot;
 
 use super::tables::*;
-use super::write_queue;
+use super::write_queue::{self, WriteRequest};
 use super::*;
-
-pub(super) struct WriteRequest {
-    pub(super) ops: Vec<WriteOp>,
-    pub(super) durable: bool,
-    /// Refuse unless the store is still at this generation.
-    pub(super) generation: Option<u64>,
-    /// Sent behind: nobody waits for it, so it may wait for the next commit.
-    pub(super) behind: bool,
-    pub(super) done: oneshot::Sender<Result<(), Arc<StoreError>>>,
-}
 
 /// The database readers and the writer use now, swapped on a failure and
 /// on recovery.
