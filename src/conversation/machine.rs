@@ -51,6 +51,11 @@
 //! that does not fit the phase (a model reply with no turn, tool results
 //! for calls the turn did not ask for) is a [`MachineError`], never a
 //! panic: the caller fails that turn and the conversation goes on.
+//!
+//! Memory: the running turn is boxed (an idle machine carries a pointer,
+//! not the turn), and [`ConversationMachine::shed`] gives back the
+//! history's and the queue's slack once the session is quiet (the actor
+//! calls it; see "Memory of an idle conversation" in [`super::actor`]).
 
 use std::collections::BTreeSet;
 
@@ -332,7 +337,9 @@ pub struct ConversationMachine {
     known_sources: BTreeSet<String>,
     /// What a summary request in flight will cover.
     summarising_until: Option<u64>,
-    turn: Option<Turn>,
+    /// Boxed: an idle conversation (most resident ones) pays a pointer,
+    /// not the turn's full size.
+    turn: Option<Box<Turn>>,
     /// What waits, and the multitask rule ([`super::queue`]).
     queue: TurnQueue,
 }
@@ -461,6 +468,14 @@ impl ConversationMachine {
         }
     }
 
+    /// Gives back what a quiet conversation does not use: the slack of
+    /// the history and the queue's buffer (the actor calls it when the
+    /// session goes quiet; see the module doc).
+    pub fn shed(&mut self) {
+        self.history.shrink_to_fit();
+        self.queue.shed();
+    }
+
     /// Numbers a message that is not part of a turn (an operator's reply).
     pub fn record(&mut self, message: ChatMessage) -> (u64, ChatMessage) {
         let entry = (self.take_seq(), message);
@@ -480,7 +495,7 @@ impl ConversationMachine {
             return Err(self.out_of_phase("start_turn"));
         }
         let user = (self.take_seq(), ChatMessage::user(text));
-        self.turn = Some(Turn {
+        self.turn = Some(Box::new(Turn {
             id,
             key,
             started_at: Timestamp::now(),
@@ -492,7 +507,7 @@ impl ConversationMachine {
             model_calls: 0,
             calls: Vec::new(),
             fallback: false,
-        });
+        }));
         let request = self.request();
         Ok(Step {
             persist: vec![user],
@@ -697,7 +712,7 @@ impl ConversationMachine {
         turn.messages.extend(persist.iter().cloned());
         turn.phase = phase.clone();
         let mut record = snapshot(turn, phase, Timestamp::now());
-        let turn = self.turn.take().expect("checked above");
+        let turn = *self.turn.take().expect("checked above");
         let rolled_back = if rollback {
             record.rolled_back = true;
             turn.messages.iter().map(|(seq, _)| *seq).collect()
@@ -742,18 +757,18 @@ impl ConversationMachine {
             Phase::AwaitingModel => {
                 // The call the crash cut is asked again, not counted twice.
                 turn.model_calls = turn.model_calls.saturating_sub(1);
-                self.turn = Some(turn);
+                self.turn = Some(Box::new(turn));
                 Resume::CallModel(self.request())
             }
             Phase::AwaitingTools { calls } => {
-                self.turn = Some(turn);
+                self.turn = Some(Box::new(turn));
                 Resume::Tools(calls)
             }
             Phase::AwaitingApproval {
                 calls,
                 confirmations,
             } => {
-                self.turn = Some(turn);
+                self.turn = Some(Box::new(turn));
                 Resume::Approval {
                     calls,
                     confirmations,
@@ -856,7 +871,7 @@ impl ConversationMachine {
     }
 
     fn finish(&mut self, answer: String) -> (TurnOutcome, TurnRecord) {
-        let turn = self.turn.take().expect("a turn: callers check the phase");
+        let turn = *self.turn.take().expect("a turn: callers check the phase");
         let record = snapshot(&turn, Phase::Completed, Timestamp::now());
         let summary = ToolUsageSummary::from_calls(
             turn.calls.iter().map(|c| (c.name.as_str(), c.is_success)),

@@ -19,6 +19,10 @@
 //!   not counted (their sender waits for each);
 //! - entries whose callers left are forgotten ([`TurnQueue::forget`]); the
 //!   actor keeps each caller's channels under the entry's ticket.
+//! - an entry carries its turn's settings inline (a few hundred bytes), so
+//!   an emptied queue's buffer is freed when the session goes quiet
+//!   ([`TurnQueue::shed`]) instead of being kept by every idle
+//!   conversation.
 
 use std::collections::VecDeque;
 
@@ -184,6 +188,12 @@ impl TurnQueue {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Frees the buffer an emptied queue keeps (a few entries of a few
+    /// hundred bytes each: [`Queued`] carries the turn's settings inline).
+    pub fn shed(&mut self) {
+        self.entries.shrink_to_fit();
     }
 
     /// Whether turn `turn_id` waits here.
