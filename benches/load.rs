@@ -1224,20 +1224,26 @@ impl Bench {
         );
         let ids = self.client_rt.block_on(async {
             let ids = create_sessions(&api, n).await;
-            let failed: usize = futures::stream::iter(ids.iter().enumerate())
+            let failures: Vec<String> = futures::stream::iter(ids.iter().enumerate())
                 .map(|(i, id)| {
                     let (api, mock) = (api.clone(), mock.clone());
                     async move {
                         let content = tagged(id, &format!("idle/{i}"));
                         let r = api.turn(id, &content).await;
                         mock.take(id);
-                        usize::from(r.is_err())
+                        r.err().map(|e| format!("session {id}: {e}"))
                     }
                 })
                 .buffer_unordered(SETUP_CONCURRENCY)
-                .fold(0, |a, b| async move { a + b })
+                .filter_map(|failure| async move { failure })
+                .collect()
                 .await;
-            assert_eq!(failed, 0, "idle-phase turns failed");
+            assert!(
+                failures.is_empty(),
+                "{} idle-phase turns failed; the first: {}",
+                failures.len(),
+                failures[0]
+            );
             ids
         });
         self.turns_done += ids.len() as u64;
