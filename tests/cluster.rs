@@ -26,6 +26,8 @@
 //!    [`two_nodes_driving_one_session_commit_one_history`]).
 //! 3. **Tenants** ([`another_tenants_request_neither_moves_a_session_nor_reaches_its_owner`]):
 //!    forwarding and takeover happen only for the session's own tenant.
+//!    A new session has no owner until a node runs it
+//!    ([`a_new_session_is_run_by_the_node_its_first_message_reaches`]).
 //! 4. **Keys across nodes** ([`a_keyed_request_running_on_one_node_is_not_run_again_by_another`],
 //!    [`a_keyed_request_cut_by_its_nodes_death_runs_again_elsewhere_once_it_is_stale`],
 //!    [`a_keyed_request_cut_by_a_quick_restart_runs_again_elsewhere`]):
@@ -561,6 +563,41 @@ async fn two_nodes_driving_one_session_commit_one_history() {
     }
     let book = ledger(&agents);
     assert!(book.values().all(|n| *n == 1), "{book:?}");
+}
+
+/// A new session belongs to no node until one runs it: the node its first
+/// message reaches claims it, whichever node created it. Every `POST
+/// /v1/sessions` hashes to one node behind HAProxy; when the creator owned
+/// what it created, that node ran every conversation of the cluster and
+/// the others only forwarded to it (`benches/cluster.sh`: three nodes
+/// served what one does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_is_run_by_the_node_its_first_message_reaches() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let pg = Postgres::shared();
+    let url = pg.database("first_claim");
+    let cluster = start(options(2, url.clone(), agents)).await;
+    let owner = |session: &str| {
+        pg.sql(
+            &url,
+            &format!("SELECT coalesce(owner, '-') FROM sessions WHERE id = '{session}'"),
+        )
+    };
+    for (creator, runner) in [(0, 1), (1, 0)] {
+        let session = cluster.node_client(creator).session("clerk").await;
+        assert_eq!(owner(&session).trim(), "-", "created without an owner");
+        let (status, body) = cluster
+            .node_client(runner)
+            .say(&session, "pay the invoice")
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            owner(&session).trim(),
+            format!("n{runner}"),
+            "run where its message arrived, not forwarded to n{creator}"
+        );
+    }
 }
 
 /// Another tenant's request for a session (a guess, a probe) is answered

@@ -1055,18 +1055,30 @@ mod cluster {
         let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
         a.heartbeat().await.unwrap();
         b.heartbeat().await.unwrap();
-        a.write(vec![WriteOp::PutSession(session("s", "acme"))], true)
-            .await
-            .unwrap();
+        // A new session has no owner: whichever node first runs it claims
+        // it, not the node that created it (every create reaches one node).
+        for id in ["s", "t"] {
+            a.write(vec![WriteOp::PutSession(session(id, "acme"))], true)
+                .await
+                .unwrap();
+        }
+        let first = b.claim_session("t").await.unwrap();
+        assert_eq!(
+            (first.epoch, first.took_over_from),
+            (2, None),
+            "created by a, run by b"
+        );
 
+        let mine = a.claim_session("s").await.unwrap();
+        assert_eq!((mine.epoch, mine.took_over_from), (2, None));
+        let again = a.claim_session("s").await.unwrap();
+        assert_eq!(again.epoch, 2, "not bumped by its own owner");
         let owned = b.claim_session("s").await;
         assert!(
             matches!(&owned, Err(StoreError::OwnedElsewhere { owner, addr: Some(addr), .. })
                 if owner == "node-a" && addr == "10.0.0.1:8080"),
             "{owned:?}"
         );
-        let mine = a.claim_session("s").await.unwrap();
-        assert_eq!((mine.epoch, mine.took_over_from), (1, None), "not bumped");
         let unknown = b.claim_session("nope").await.unwrap();
         assert_eq!(unknown.epoch, 0);
 
@@ -1089,13 +1101,13 @@ mod cluster {
         let taken = b.claim_session("s").await.unwrap();
         assert_eq!(
             (taken.epoch, taken.took_over_from.as_deref()),
-            (2, Some("node-a"))
+            (3, Some("node-a"))
         );
         let late = a
-            .write(vec![fence(1), append("s", 1, &["late"])], true)
+            .write(vec![fence(2), append("s", 1, &["late"])], true)
             .await;
         assert!(matches!(late, Err(StoreError::Fenced { .. })), "{late:?}");
-        b.write(vec![fence(2), append("s", 1, &["b"])], true)
+        b.write(vec![fence(3), append("s", 1, &["b"])], true)
             .await
             .unwrap();
         assert_eq!(texts(&a.messages("s").await.unwrap()), ["b"]);
@@ -1103,15 +1115,15 @@ mod cluster {
         // An idle release lets any node claim, with a new epoch; a release
         // with a stale epoch changes nothing.
         a.heartbeat().await.unwrap();
-        a.release_session("s", 1).await.unwrap();
+        a.release_session("s", 2).await.unwrap();
         assert!(matches!(
             a.claim_session("s").await,
             Err(StoreError::OwnedElsewhere { .. })
         ));
-        b.release_session("s", 2).await.unwrap();
+        b.release_session("s", 3).await.unwrap();
         let back = a.claim_session("s").await.unwrap();
-        assert_eq!((back.epoch, back.took_over_from), (3, None));
-        let fenced = b.write(vec![fence(2), append("s", 2, &["b2"])], true).await;
+        assert_eq!((back.epoch, back.took_over_from), (4, None));
+        let fenced = b.write(vec![fence(3), append("s", 2, &["b2"])], true).await;
         assert!(
             matches!(fenced, Err(StoreError::Fenced { .. })),
             "{fenced:?}"
@@ -1126,15 +1138,16 @@ mod cluster {
         let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
         a.heartbeat().await.unwrap();
         b.heartbeat().await.unwrap();
+        // Each node runs a turn of its own session (claimed first, as a
+        // conversation does: a new session has no owner).
         for (store, id) in [(&a, "sa"), (&b, "sb")] {
             store
-                .write(
-                    vec![
-                        WriteOp::PutSession(session(id, "acme")),
-                        turn(id, "t1", true, None),
-                    ],
-                    true,
-                )
+                .write(vec![WriteOp::PutSession(session(id, "acme"))], true)
+                .await
+                .unwrap();
+            store.claim_session(id).await.unwrap();
+            store
+                .write(vec![turn(id, "t1", true, None)], true)
                 .await
                 .unwrap();
         }

@@ -13,8 +13,13 @@
 //! locks: they belong to one pooled connection and run out of lock table
 //! space near 13k sessions on default settings.
 //! A claim of a session that does not exist (yet) returns epoch 0 and
-//! changes nothing: the `PutSession` that creates it makes this node the
-//! owner at epoch 1.
+//! changes nothing. The `PutSession` that creates a session leaves it
+//! without an owner (epoch 1): the first node to run its conversation
+//! claims it, the one the balancer hashes its path to. Decision found by
+//! the scaling benchmark (`benches/cluster.sh`): every `POST /v1/sessions`
+//! hashes to one node, and when the creator owned what it created, that
+//! node ran every conversation and the others only forwarded to it (three
+//! nodes served what one does).
 //!
 //! Workflow runs follow the same rule keyed by run id (`workflow_runs`'
 //! `owner`, `epoch`; `cadre_fence_run`), with one more case a claim wins:

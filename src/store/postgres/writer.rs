@@ -394,13 +394,16 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
             "SELECT cadre_fence_run($1, $2)",
             vec![Box::new(run_id.as_str()), Box::new(seq(*epoch))],
         )],
+        // A new session has no owner: the node that first runs its
+        // conversation claims it (the one its path hashes to), not the
+        // node that created it — every `POST /v1/sessions` hashes to one
+        // node, which would otherwise own every new session.
         WriteOp::PutSession(s) => vec![stmt(
-            "INSERT INTO sessions (id, tenant, owner, epoch, body) VALUES ($1, $2, $3, 1, $4)
+            "INSERT INTO sessions (id, tenant, owner, epoch, body) VALUES ($1, $2, NULL, 1, $3)
              ON CONFLICT (id) DO UPDATE SET tenant = EXCLUDED.tenant, body = EXCLUDED.body",
             vec![
                 Box::new(s.id.as_str()),
                 Box::new(s.tenant.as_str()),
-                Box::new(node),
                 Box::new(Json(s)),
             ],
         )],
