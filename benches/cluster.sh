@@ -129,17 +129,28 @@ EOF
 
 # ---- the load client ------------------------------------------------------
 cat >"$WORK/load.py" <<'EOF'
-import json, sys, threading, time, http.client, urllib.parse
+import json, socket, sys, threading, time, http.client, urllib.parse
 base, sessions, turns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 u = urllib.parse.urlparse(base)
+def connect():
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
+    conn.connect()
+    # http.client sends a request's head and body in two writes: under
+    # Nagle the body waits for the server's delayed ACK of the head (40 ms
+    # once the connection leaves quick-ACK mode, after a dozen requests).
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
 def call(conn, method, path, body):
     conn.request(method, path, json.dumps(body), {"content-type": "application/json"})
     r = conn.getresponse()
     return r.status, r.read()
 lat, errors, lock = [], [], threading.Lock()
 def run():
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=300)
-    status, data = call(conn, "POST", "/v1/sessions", {"agent": "scaling"})
+    conn = connect()
+    try:
+        status, data = call(conn, "POST", "/v1/sessions", {"agent": "scaling"})
+    except (OSError, http.client.HTTPException) as e:
+        status, data = 0, repr(e).encode()
     if status != 201:
         with lock: errors.append(f"create {status} {data[:200]!r}")
         return
@@ -147,7 +158,12 @@ def run():
     start.wait()
     for _ in range(turns):
         t = time.perf_counter()
-        status, data = call(conn, "POST", f"/v1/sessions/{sid}/messages", {"content": "what is 2+2?"})
+        try:
+            status, data = call(conn, "POST", f"/v1/sessions/{sid}/messages", {"content": "what is 2+2?"})
+        except (OSError, http.client.HTTPException) as e:
+            status, data = 0, repr(e).encode()
+            conn.close()
+            conn = connect()
         with lock:
             if status == 200: lat.append(time.perf_counter() - t)
             else: errors.append(f"{status} {data[:200]!r}")
@@ -229,7 +245,9 @@ description = "One upstream call per turn (benches/cluster.sh)."
 system_prompt = "Use the upstream tool, then answer."
 tools = ["upstream"]
 max_iterations = 3
-history_window = 20
+# Larger than a run's history: no rolling-summary model call between turns
+# (the next turn of the session would wait for it).
+history_window = 1000
 EOF
 cat >"$WORK/agents/tools/upstream.yaml" <<EOF
 name: upstream
