@@ -48,7 +48,8 @@
 //! tables on stdout. `CADRE_BENCH_QUICK=1` is a smoke run (N = 1, 10, 100,
 //! 500 idle sessions, fewer turns); `CADRE_BENCH_SESSIONS=1,100`,
 //! `CADRE_BENCH_IDLE=2000` and `CADRE_BENCH_DELAYS_MS=0` choose what runs;
-//! `CADRE_BENCH_DIR` the data dir (default: under `target/tmp`). Only
+//! `CADRE_BENCH_DIR` the data dir (default: under `target/tmp`),
+//! `CADRE_BENCH_CACHE_MB` redb's page cache (`[store] cache_mb`). Only
 //! loopback is used; the run stops by itself.
 //!
 //! Decisions:
@@ -1444,6 +1445,15 @@ fn main() {
     config.api_limit.per_second = 1_000_000_000;
     config.api_limit.burst = 1_000_000_000;
     config.concurrency.queue_size = most * 2;
+    // `[store] cache_mb` as shipped unless `CADRE_BENCH_CACHE_MB` says (to
+    // weigh redb's page cache against RSS and cold reads).
+    if let Some(mb) = std::env::var("CADRE_BENCH_CACHE_MB")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+    {
+        config.store.cache_mb = mb;
+    }
+    println!("redb page cache: {} MiB", config.store.cache_mb);
     // Every bench session is one client address: the per-address cap
     // (256, a guard against one hostile peer) would refuse its connections.
     config.server.max_connections = 1_000_000;

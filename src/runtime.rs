@@ -455,7 +455,10 @@ fn setup(
                 stale_after: Duration::from_secs_f64(config.cluster.owner_stale_s),
             },
         )?,
-        None => Store::open(&builder.data_dir)?,
+        None => Store::open_with_cache(
+            &builder.data_dir,
+            usize::try_from(config.store.cache_mb << 20).unwrap_or(usize::MAX),
+        )?,
     };
     let events = EventBus::new();
     let registry = ToolRegistry::with_events(events.clone(), config.tools.strict_validation);

@@ -48,18 +48,22 @@ impl Drop for Inner {
 }
 
 impl RedbStore {
-    /// Opens (or creates) `<data_dir>/cadre.redb` and starts its writer thread.
-    pub fn open(data_dir: &Path) -> Result<RedbStore, StoreError> {
+    /// Opens (or creates) `<data_dir>/cadre.redb` with a page cache of
+    /// `cache_bytes` and starts its writer thread.
+    pub fn open(data_dir: &Path, cache_bytes: usize) -> Result<RedbStore, StoreError> {
         std::fs::create_dir_all(data_dir).map_err(|source| StoreError::DataDir {
             path: data_dir.to_path_buf(),
             source,
         })?;
         let path = data_dir.join("cadre.redb");
-        let db = Database::create(&path).map_err(|source| StoreError::Open {
-            path: path.clone(),
-            source,
-        })?;
-        Self::start(db, path, true)
+        let db = Database::builder()
+            .set_cache_size(cache_bytes)
+            .create(&path)
+            .map_err(|source| StoreError::Open {
+                path: path.clone(),
+                source,
+            })?;
+        Self::start(db, path, Some(cache_bytes))
     }
 
     /// A store in memory, gone when dropped: for listings and tests where a
@@ -71,10 +75,16 @@ impl RedbStore {
                 path: PathBuf::from(":memory:"),
                 source,
             })?;
-        Self::start(db, PathBuf::from(":memory:"), false)
+        Self::start(db, PathBuf::from(":memory:"), None)
     }
 
-    fn start(db: Database, path: PathBuf, is_file: bool) -> Result<RedbStore, StoreError> {
+    /// `file_cache`: the page cache of a store on a file (its writer
+    /// reopens the file with it after an outage); `None` in memory.
+    fn start(
+        db: Database,
+        path: PathBuf,
+        file_cache: Option<usize>,
+    ) -> Result<RedbStore, StoreError> {
         init_schema(&db)?;
         let db = Arc::new(Slot {
             db: RwLock::new(Arc::new(db)),
@@ -86,7 +96,7 @@ impl RedbStore {
         let cache = Arc::new(cache::ReadCache::new());
         let writer = Writer {
             slot: db.clone(),
-            path: is_file.then(|| path.clone()),
+            path: file_cache.map(|bytes| (path.clone(), bytes)),
             last_attempt: None,
             cache: cache.clone(),
             erased: erase::ErasedIds::default(),

@@ -129,11 +129,20 @@ macro_rules! on_backend {
     };
 }
 
+/// MiB of redb's page cache unless `[store] cache_mb` says otherwise.
+pub const DEFAULT_CACHE_MB: u64 = 64;
+
 impl Store {
-    /// Opens (or creates) `<data_dir>/cadre.redb` and starts its writer thread.
+    /// Opens (or creates) `<data_dir>/cadre.redb` and starts its writer
+    /// thread, with the default page cache ([`DEFAULT_CACHE_MB`]).
     pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        Self::open_with_cache(data_dir, DEFAULT_CACHE_MB as usize * 1024 * 1024)
+    }
+
+    /// [`Self::open`] with a page cache of `cache_bytes` (`[store] cache_mb`).
+    pub fn open_with_cache(data_dir: &Path, cache_bytes: usize) -> Result<Store, StoreError> {
         Ok(Store {
-            backend: Backend::Redb(RedbStore::open(data_dir)?),
+            backend: Backend::Redb(RedbStore::open(data_dir, cache_bytes)?),
         })
     }
 

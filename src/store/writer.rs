@@ -53,8 +53,9 @@ impl Slot {
 /// The writer thread's state: the slot it swaps and the file it reopens.
 pub(super) struct Writer {
     pub(super) slot: Arc<Slot>,
-    /// `None` for an in-memory store (nothing to reopen).
-    pub(super) path: Option<PathBuf>,
+    /// The file and its page cache size; `None` for an in-memory store
+    /// (nothing to reopen).
+    pub(super) path: Option<(PathBuf, usize)>,
     pub(super) last_attempt: Option<Instant>,
     /// Told what every batch wrote, and emptied when the file is reopened.
     pub(super) cache: Arc<cache::ReadCache>,
@@ -175,7 +176,7 @@ impl Writer {
             since,
             reason: reason.clone(),
         });
-        let Some(path) = &self.path else {
+        let Some((path, _)) = &self.path else {
             return refusal;
         };
         tracing::error!(error = %cause, "storage is not writable; serving reads only until it is");
@@ -206,7 +207,9 @@ impl Writer {
 
     /// Reopens the file for writing, at most every [`REOPEN_EVERY`].
     fn try_reopen(&mut self) {
-        let Some(path) = &self.path else { return };
+        let Some((path, cache_bytes)) = &self.path else {
+            return;
+        };
         if self
             .last_attempt
             .is_some_and(|t| t.elapsed() < REOPEN_EVERY)
@@ -214,7 +217,10 @@ impl Writer {
             return;
         }
         self.last_attempt = Some(Instant::now());
-        match Database::create(path) {
+        match Database::builder()
+            .set_cache_size(*cache_bytes)
+            .create(path)
+        {
             Ok(db) => {
                 drop(self.slot.replace(db));
                 self.slot.set_outage(None);
