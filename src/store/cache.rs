@@ -22,7 +22,10 @@ use serde_json::Value;
 
 use super::{Session, WriteOp};
 
-const MAX_SESSIONS: u64 = 100_000;
+/// The sessions turns are running on: a resident conversation keeps its
+/// own copy, so a larger cache only doubled what 100,000 idle sessions
+/// hold (0.8 KB each).
+const MAX_SESSIONS: u64 = 16_384;
 const MAX_DOCS: u64 = 10_000;
 
 pub(super) struct ReadCache {
