@@ -170,7 +170,9 @@ impl AgentFile {
 pub struct Agent {
     pub name: String,
     pub description: String,
-    pub system_prompt: String,
+    /// Shared by the agent's conversations (each holds it in its turn
+    /// settings; a copy each was the prompt's length per resident one).
+    pub system_prompt: std::sync::Arc<str>,
     pub tools: Vec<String>,
     pub max_iterations: u32,
     pub history_window: usize,
@@ -232,7 +234,7 @@ impl Agent {
         Ok(Agent {
             name: file.name,
             description: file.description,
-            system_prompt: file.system_prompt,
+            system_prompt: file.system_prompt.into(),
             tools: file.tools,
             max_iterations: file.max_iterations,
             history_window: file.history_window,

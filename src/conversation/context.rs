@@ -44,7 +44,7 @@ pub const SUMMARY_PREFIX: &str = "Summary of the earlier conversation (notes wri
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PromptLayers {
     /// Layer 1: the tenant's custom prompt when set, else the agent's.
-    pub base_prompt: String,
+    pub base_prompt: std::sync::Arc<str>,
     /// Layer 2.
     pub brevity: bool,
     /// Layer 3, already rendered from the session metadata.

@@ -1102,7 +1102,7 @@ mod tests {
         .unwrap();
         let mut s = tenant_settings();
         s.apply_tenant(&c);
-        assert_eq!(s.layers.base_prompt, "You are Acme's assistant.");
+        assert_eq!(&*s.layers.base_prompt, "You are Acme's assistant.");
         assert_eq!(s.model, "llama-3.3-70b");
         assert_eq!(
             (s.temperature, s.max_tokens, s.max_iterations),

@@ -43,7 +43,7 @@ impl TurnSettings {
             .as_ref()
             .filter(|p| !p.trim().is_empty())
         {
-            self.layers.base_prompt = p.clone();
+            self.layers.base_prompt = p.as_str().into();
         }
         if let Some(m) = &tenant.preferred_model {
             self.model = m.clone();
