@@ -458,35 +458,8 @@ impl Actor for Conversation {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        // Idle conversations leave memory; the store has everything. A
-        // paused turn stays resident (at most the confirmation's lifetime):
-        // its expiry timer lives here.
-        let every = (self.idle_timeout / 4).max(Duration::from_millis(10));
-        ctx.run_interval(every, |act, ctx| {
-            if act.machine.is_quiet()
-                && !act.machine.in_turn()
-                && act.watchers.is_empty()
-                && act.last_active.elapsed() >= act.idle_timeout
-            {
-                // Cluster mode: give the session up once everything written
-                // is in, so any node takes it without waiting for this
-                // node's heartbeat to go stale.
-                if let Some(epoch) = act.epoch {
-                    let store = act.store.clone();
-                    let id = act.session.id.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = store.flush().await {
-                            tracing::debug!(session = %id, error = %e, "kept the session claimed");
-                            return;
-                        }
-                        if let Err(e) = store.release_session(&id, epoch).await {
-                            tracing::debug!(session = %id, error = %e, "session not released");
-                        }
-                    });
-                }
-                ctx.stop();
-            }
-        });
+        // Idle conversations leave memory when the sessions' sweeper asks
+        // ([`IdleCheck`]); no timer of their own.
         if let Some(cut) = self.cut.take() {
             let (record, what) = *cut;
             self.take_up(record, what, ctx);
@@ -1605,6 +1578,49 @@ impl Handler<UserTurn> for Conversation {
     }
 }
 
+/// The sessions' sweeper asks every resident conversation, a few times per
+/// idle timeout, whether it has been idle long enough to leave memory.
+/// Decision: one sweeper for all instead of a timer per conversation (each
+/// was a boxed interval and a timer entry, about 250 bytes of every idle
+/// resident conversation, and a wake-up each per period either way).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(super) struct IdleCheck;
+
+impl Handler<IdleCheck> for Conversation {
+    type Result = ();
+
+    fn handle(&mut self, _: IdleCheck, ctx: &mut Context<Self>) {
+        // Idle conversations leave memory; the store has everything. A
+        // paused turn stays resident (at most the confirmation's lifetime):
+        // its expiry timer lives here.
+        if !(self.machine.is_quiet()
+            && !self.machine.in_turn()
+            && self.watchers.is_empty()
+            && self.last_active.elapsed() >= self.idle_timeout)
+        {
+            return;
+        }
+        // Cluster mode: give the session up once everything written is in,
+        // so any node takes it without waiting for this node's heartbeat to
+        // go stale.
+        if let Some(epoch) = self.epoch {
+            let store = self.store.clone();
+            let id = self.session.id.clone();
+            tokio::spawn(async move {
+                if let Err(e) = store.flush().await {
+                    tracing::debug!(session = %id, error = %e, "kept the session claimed");
+                    return;
+                }
+                if let Err(e) = store.release_session(&id, epoch).await {
+                    tracing::debug!(session = %id, error = %e, "session not released");
+                }
+            });
+        }
+        ctx.stop();
+    }
+}
+
 impl Handler<CheckApprovals> for Conversation {
     type Result = ();
 
@@ -1793,6 +1809,12 @@ impl ConversationHandle {
     pub fn is_alive(&self) -> bool {
         self.addr.connected()
     }
+
+    /// Asks the conversation to leave memory if it has been idle long
+    /// enough ([`IdleCheck`]); nothing waits for the answer.
+    pub(super) fn check_idle(&self) {
+        self.addr.do_send(IdleCheck);
+    }
 }
 
 /// What the history says of a turn a restart cut and that was too old to
@@ -1833,4 +1855,19 @@ async fn within<T, E: From<ModelError>>(
         Err(_) => Err(ModelError::Timeout { after: of }.into()),
     };
     (result, started.elapsed())
+}
+
+#[cfg(test)]
+mod size {
+    /// Every resident conversation is one actor task holding this struct
+    /// inline, so its size is paid 100,000 times by 100,000 idle sessions
+    /// (issue #18's target: a resident idle conversation within 4 KB). The
+    /// executor handle was 368 bytes of it before its shared parts went
+    /// behind one `Arc`; this fails when something that large comes back.
+    #[test]
+    fn a_resident_conversation_stays_small() {
+        let size = std::mem::size_of::<super::Conversation>();
+        assert!(size <= 1024, "Conversation is {size} bytes");
+        assert!(std::mem::size_of::<crate::executor::ExecutorHandle>() <= 64);
+    }
 }
