@@ -457,7 +457,8 @@ fn setup(
         )?,
         None => Store::open_with_cache(
             &builder.data_dir,
-            usize::try_from(config.store.cache_mb << 20).unwrap_or(usize::MAX),
+            // Saturating: a config built in code skips `validate`'s bound.
+            usize::try_from(config.store.cache_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
         )?,
     };
     let events = EventBus::new();
