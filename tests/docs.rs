@@ -696,27 +696,7 @@ fn every_offline_command_of_the_docs_exits_0() {
 /// as the suite installs what else it needs; if that fails the test fails,
 /// it is never skipped.
 fn ensure_curl() {
-    let has = |c: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", &format!("command -v {c}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if has("curl") {
-        return;
-    }
-    let out = std::process::Command::new("sh")
-        .args([
-            "-c",
-            "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl) 2>&1",
-        ])
-        .output()
-        .expect("sh runs");
-    assert!(
-        has("curl"),
-        "the docs' curl commands need curl, and installing it failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    support::packages::ensure_installed("curl", "curl");
 }
 
 #[test]

@@ -124,7 +124,7 @@ async fn setup(multitask: &str) -> Setup {
     // The paper orders fill at the sample data's prices.
     std::fs::create_dir_all(agents.path().join("data")).unwrap();
     std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/data/trading.json"),
+        support::repo_agents().join("data/trading.json"),
         agents.path().join("data/trading.json"),
     )
     .unwrap();

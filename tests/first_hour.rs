@@ -414,3 +414,44 @@ async fn over_mcp_stdio_a_held_call_is_listed_and_confirmed_once() {
     );
     client.cancel().await.unwrap();
 }
+
+/// Issue #38: the suite loads a copy of the shipped agent files, never the
+/// live `agents/` folder where a team adds its own (docs/agents.md): a
+/// team's file in `agents/` is not in the copy, and every shipped file is.
+#[test]
+fn the_tests_load_a_copy_of_the_shipped_agents_not_the_live_folder() {
+    let live = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("agents");
+    let copy = repo_agents();
+    assert_ne!(copy, live, "the tests read the live agents folder");
+    let listed = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/shipped-agents.txt"),
+    )
+    .unwrap();
+    let mut names: Vec<String> = listed
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+    names.sort();
+    let mut found = Vec::new();
+    let mut stack = vec![copy.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                found.push(path.strip_prefix(&copy).unwrap().display().to_string());
+            }
+        }
+    }
+    found.sort();
+    assert_eq!(found, names, "the copy holds exactly the shipped files");
+    for name in &names {
+        assert_eq!(
+            std::fs::read(live.join(name)).unwrap(),
+            std::fs::read(copy.join(name)).unwrap(),
+            "{name} differs from the shipped file"
+        );
+    }
+}

@@ -271,38 +271,4 @@ backend nodes
 
 pub use super::ports::free_port;
 
-/// Makes sure `command` runs: when it is missing and we are root (CI), it
-/// installs Debian's `package`; otherwise it panics saying what to install.
-/// Waits for the dpkg lock, which another test installing its own package
-/// may hold.
-pub fn ensure_installed(command: &str, package: &str) {
-    let has = || {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {command}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if has() {
-        return;
-    }
-    // SAFETY: a plain syscall.
-    let root = unsafe { libc::geteuid() } == 0;
-    assert!(
-        root,
-        "these tests need `{command}`: install Debian's `{package}` package \
-         (apt-get install {package}), or run them as root to have it installed"
-    );
-    let script = format!(
-        "(apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive \
-         apt-get -o DPkg::Lock::Timeout=300 install -y -qq {package}) 2>&1"
-    );
-    let out = Command::new("sh")
-        .args(["-c", &script])
-        .output()
-        .expect("sh runs");
-    assert!(
-        has(),
-        "these tests need `{command}`, and installing `{package}` failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
+pub use super::packages::ensure_installed;

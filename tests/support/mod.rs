@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod gate;
 pub mod haproxy;
 pub mod mock_model;
+pub mod packages;
 pub mod ports;
 pub mod postgres;
 pub mod redis;
@@ -43,9 +44,58 @@ pub use mock_model::{MockModel, Reply};
 #[allow(unused_imports)]
 pub use store::redb_only;
 
-/// The repository's own agents folder (ships `assistant`).
+/// The agents cadre ships (`assistant`, `trading-copilot`, ...): a copy of
+/// the files `tests/fixtures/shipped-agents.txt` lists, never the live
+/// `agents/` folder, where a team adds its own agent files, tools and
+/// `mcp.toml` (docs/agents.md) and the suite must not load them. The copy
+/// is made once per content (its folder under cargo's test temp dir is
+/// named by a hash of the files), shared by the tests of a process, and
+/// read-only by convention: a test that changes agent files copies it
+/// into a folder of its own first.
 pub fn repo_agents() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("agents")
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(copy_shipped_agents).clone()
+}
+
+fn copy_shipped_agents() -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = repo.join("tests/fixtures/shipped-agents.txt");
+    let listed = std::fs::read_to_string(&manifest).expect("tests/fixtures/shipped-agents.txt");
+    let files: Vec<(&str, Vec<u8>)> = listed
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|name| {
+            let bytes = std::fs::read(repo.join("agents").join(name))
+                .unwrap_or_else(|e| panic!("shipped agent file agents/{name}: {e}"));
+            (name, bytes)
+        })
+        .collect();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    files.hash(&mut hasher);
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dest = root.join(format!("shipped-agents-{:016x}", hasher.finish()));
+    if dest.is_dir() {
+        return dest;
+    }
+    let staging = root.join(format!("shipped-agents-staging-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    for (name, bytes) in &files {
+        let path = staging.join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).expect("create the agents copy");
+        std::fs::write(&path, bytes).expect("write the agents copy");
+        let mode = std::fs::metadata(repo.join("agents").join(name))
+            .expect("stat")
+            .permissions();
+        std::fs::set_permissions(&path, mode).expect("chmod the agents copy");
+    }
+    // Another test process may have made the same copy meanwhile.
+    if std::fs::rename(&staging, &dest).is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+        assert!(dest.is_dir(), "could not make {}", dest.display());
+    }
+    dest
 }
 
 pub struct TestApp {

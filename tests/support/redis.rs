@@ -10,7 +10,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -25,7 +24,7 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
-        ensure_installed();
+        super::packages::ensure_installed("redis-server", "redis-server");
         let port = super::haproxy::free_port();
         let mut server = RedisServer {
             port,
@@ -104,38 +103,3 @@ impl Drop for RedisServer {
     }
 }
 
-/// redis-server is on the PATH, installed now if we can (root, Debian).
-fn ensure_installed() {
-    static INSTALLED: OnceLock<()> = OnceLock::new();
-    INSTALLED.get_or_init(|| {
-        let has = || {
-            Command::new("sh")
-                .args(["-c", "command -v redis-server"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
-        if has() {
-            return;
-        }
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-        assert!(
-            root,
-            "the cluster tests need a real redis-server: install it (Debian: `apt-get install redis-server`)"
-        );
-        let out = Command::new("sh")
-            .args([
-                "-c",
-                "(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) 2>&1",
-            ])
-            .output()
-            .expect("sh runs");
-        assert!(
-            has(),
-            "the cluster tests need redis-server, and installing it failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-    });
-}
