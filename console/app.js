@@ -28,10 +28,15 @@ const routes = [
   [/^#\/live$/, liveView],
 ];
 
+/// Whether this tab was let in (with its key, or with none in open mode):
+/// the header says "open mode" only when the server let a keyless tab in.
+let admitted = false;
+
 /// Whether the stored key (or none, in open mode) is let in.
 async function signedIn() {
   const status = await api.probe();
-  if (status === 401 || status === 403) return false;
+  admitted = !(status === 401 || status === 403);
+  if (!admitted) return false;
   if (status >= 400) throw new api.ApiError(status, null);
   return true;
 }
@@ -125,17 +130,19 @@ function showWho() {
   const who = document.getElementById("who");
   const out = document.getElementById("signout");
   const k = api.key();
-  who.textContent = k ? "key " + k.slice(0, 14) + "…" : "no key (open mode)";
+  who.textContent = !admitted ? "not signed in" : k ? "key " + k.slice(0, 14) + "…" : "no key (open mode)";
   out.hidden = !k;
 }
 
 window.addEventListener("cadre:unauthorized", () => {
+  admitted = false;
   api.setKey("");
   showWho();
   signInView("Sign in with an API key: this server asks for one.");
 });
 
 document.getElementById("signout").addEventListener("click", () => {
+  admitted = false;
   api.setKey("");
   showWho();
   signInView();
@@ -155,7 +162,9 @@ window.addEventListener("hashchange", () => {
 (async () => {
   showWho();
   try {
-    if (await signedIn()) route();
+    const inside = await signedIn();
+    showWho();
+    if (inside) route();
     else signInView();
   } catch (e) {
     put(main, errorBox(e));

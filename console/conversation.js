@@ -192,12 +192,14 @@ export async function conversationView(main, id) {
     }
   }
 
+  // Read first: a session this key may not see (SESSION_NOT_FOUND) shows
+  // its error alone, not under an empty conversation and a message box.
+  await refresh();
   put(main, 
     h("p", {}, h("a", { href: "#/sessions" }, "← Sessions")),
     header,
     h("div", { class: "conversation" }, h("div", { class: "thread" }, log, live, pending, form), side)
   );
-  await refresh();
   return () => {
     controller.abort();
     clearTimeout(timer);

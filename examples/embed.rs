@@ -3,7 +3,7 @@
 //! implementing `ChatModel` works, e.g. a client for a provider cadre does
 //! not speak), one turn, no HTTP server.
 //!
-//! Run: `cargo run --example embed`
+//! Run: `cargo run --release --example embed`
 
 use std::sync::Arc;
 

@@ -816,3 +816,64 @@ fn the_rule_decides_as_documented() {
         "serverjson-ctrl-c-and-config-check"
     );
 }
+
+/// Issue #38: one cargo profile throughout the docs, so trying the CLI
+/// after the quick start (`cargo run --release -- serve`) does not pay a
+/// second full build of another profile.
+#[test]
+fn the_docs_run_the_binary_with_one_cargo_profile() {
+    let mut wrong = Vec::new();
+    for page in pages() {
+        for (n, line) in read(&page).lines().enumerate() {
+            let mut rest = line;
+            while let Some(at) = rest.find("cargo run") {
+                let after = &rest[at + "cargo run".len()..];
+                if !after.trim_start().starts_with("--release") {
+                    wrong.push(format!("{}:{}: {line}", page.display(), n + 1));
+                }
+                rest = after;
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "`cargo run` without --release (the quick start's profile):\n{}",
+        wrong.join("\n")
+    );
+}
+
+/// Issue #38: the reply the README shows for "What is (2+3)*4?" is what
+/// cadre answers, field for field (its `…` stands for a generated id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_example_reply_is_what_cadre_answers() {
+    let readme = read(Path::new("README.md"));
+    let start = readme
+        .find("# {\"turn_id\"")
+        .expect("the README shows the reply of its first turn");
+    let shown: String = readme[start..]
+        .lines()
+        .take_while(|l| l.starts_with("# {") || l.starts_with("#  "))
+        .map(|l| l.trim_start_matches('#').trim())
+        .collect();
+    let mut shown: serde_json::Value =
+        serde_json::from_str(&shown).unwrap_or_else(|e| panic!("{e}: {shown}"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_offline(&dir.path().join("data"), &repo_agents());
+    let client = server.client();
+    let (status, session) = client
+        .post("/v1/sessions", &serde_json::json!({"agent": "assistant"}))
+        .await;
+    assert!(status.is_success(), "{session}");
+    let id = session["id"].as_str().unwrap();
+    let (status, reply) = client
+        .post(
+            &format!("/v1/sessions/{id}/messages"),
+            &serde_json::json!({"content": "What is (2+3)*4?"}),
+        )
+        .await;
+    assert!(status.is_success(), "{reply}");
+    assert_eq!(shown["turn_id"], "…");
+    shown["turn_id"] = reply["turn_id"].clone();
+    assert_eq!(shown, reply, "README.md's reply drifted from cadre's");
+}

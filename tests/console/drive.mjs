@@ -82,6 +82,10 @@ try {
   step = "sign-in page";
   await page.goto(base + "/console");
   await page.getByRole("heading", { name: "Sign in" }).waitFor();
+  // A keyed server: the header does not claim open mode before sign-in.
+  const who = await page.locator("#who").innerText();
+  check(!who.includes("open mode"), `the sign-in page's header says "${who}"`);
+  check(who.includes("not signed in"), `the sign-in page's header says "${who}"`);
   await shot("01-sign-in");
   ok(step);
 
@@ -211,6 +215,9 @@ try {
   await page.goto(base + "/console/#/sessions/" + s.acme_session);
   await page.getByRole("alert").waitFor();
   check((await page.getByRole("alert").innerText()).includes("SESSION_NOT_FOUND"), "acme's session opened for globex");
+  // Only the error: no message box to type into, no empty conversation.
+  check((await page.locator("textarea").count()) === 0, "a message box under another tenant's session");
+  check((await page.locator("ol.messages").count()) === 0, "a conversation shell under another tenant's session");
   await shot("09-other-tenant");
   ok(step);
 
