@@ -340,3 +340,114 @@ async fn a_stored_answer_outlives_a_restart() {
     let (_, list) = app.get("/v1/sessions").await;
     assert_eq!(list["count"], 1, "{list}");
 }
+
+/// Issue #29 (1): a retry waiting for the first request with its key is
+/// woken when the first ends with nothing to share (here its client gave
+/// up while the turn held a tool): it runs in the first one's place, finds
+/// the turn by its key, and answers with the turn's answer; the turn ran
+/// once. Before the fix the waiters held the channel's sender, so it never
+/// closed and the retry waited forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waiting_for_a_first_request_whose_client_gave_up_gets_the_answer() {
+    let (def, handler, mut gate) = gate_tool("gate", "custom");
+    let agents = agents_dir(&[("g.toml", &agent_toml("gated", &["gate"], 3))]);
+    let model = MockModel::start().await;
+    model.push_all([
+        Reply::tool_call("call_1", "gate", r#"{"label":"first"}"#),
+        Reply::text("after the gate"),
+    ]);
+    let app = spawn_app(
+        AppOptions::with_model(&model)
+            .agents(agents.path())
+            .tool(def, handler),
+    );
+    let session = app.session("gated").await;
+    let path = format!("/v1/sessions/{session}/messages");
+    let body = json!({"content": "go"});
+    let impatient = app.client.clone().with_timeout(Duration::from_millis(1500));
+    let first = {
+        let (path, body) = (path.clone(), body.clone());
+        tokio::spawn(async move {
+            impatient
+                .request(Method::POST, &path)
+                .header("Idempotency-Key", "gave-up")
+                .json(&body)
+                .send()
+                .await
+        })
+    };
+    assert_eq!(gate.started().await, "first");
+    let retry = spawn_keyed(&app.client, &path, "gave-up", body.clone());
+    let gave_up = joined(first).await;
+    assert!(
+        gave_up.as_ref().is_err_and(reqwest::Error::is_timeout),
+        "the first client gives up while the gate holds: {gave_up:?}"
+    );
+    gate.open_one();
+    let (status, answer, _) = joined(retry).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["answer"], "after the gate");
+    assert_eq!(model.request_count(), 2, "the turn ran once");
+    let roles = roles(&app.client, &session).await;
+    assert_eq!(
+        roles.iter().filter(|r| *r == "user").count(),
+        1,
+        "{roles:?}"
+    );
+}
+
+/// Issue #29 (1): no retry waits without a bound. While the first request
+/// runs (a tool holds its turn), a retry with its key answers 409
+/// `IDEMPOTENCY_KEY_IN_USE` with `Retry-After` after `MAX_WAIT` (30 s)
+/// instead of holding its connection for as long as the turn takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_waits_for_the_first_request_at_most_max_wait() {
+    let (def, handler, mut gate) = gate_tool("gate", "custom");
+    let agents = agents_dir(&[("g.toml", &agent_toml("gated", &["gate"], 3))]);
+    let model = MockModel::start().await;
+    model.push_all([
+        Reply::tool_call("call_1", "gate", r#"{"label":"first"}"#),
+        Reply::text("after the gate"),
+    ]);
+    let app = spawn_app(
+        AppOptions::with_model(&model)
+            .agents(agents.path())
+            .tool(def, handler)
+            // The gate holds longer than the wait bound.
+            .config_toml("[executor]\ndefault_timeout_s = 90.0\n"),
+    );
+    let session = app.session("gated").await;
+    let path = format!("/v1/sessions/{session}/messages");
+    let body = json!({"content": "go"});
+    let first = spawn_keyed(&app.client, &path, "held", body.clone());
+    assert_eq!(gate.started().await, "first");
+    let started = std::time::Instant::now();
+    let response = app
+        .client
+        .clone()
+        .with_timeout(Duration::from_secs(120))
+        .request(Method::POST, &path)
+        .header("Idempotency-Key", "held")
+        .json(&body)
+        .send()
+        .await
+        .expect("the retry is answered");
+    let waited = started.elapsed();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        response.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    let (_, refused, _) = answer(response).await;
+    assert_eq!(
+        refused["error"]["code"], "IDEMPOTENCY_KEY_IN_USE",
+        "{refused}"
+    );
+    assert!(
+        waited >= Duration::from_secs(29) && waited < Duration::from_secs(100),
+        "the retry waited {waited:?}"
+    );
+    gate.open_one();
+    let (status, answered, _) = joined(first).await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+}

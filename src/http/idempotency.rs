@@ -26,8 +26,13 @@
 //! - A retry that arrives while the first request with its key runs on
 //!   this node waits for its outcome, at most [`MAX_WAITERS`] per key: the
 //!   next is 429 `RATE_LIMITED` (`Retry-After: 1`). If the first ends
-//!   without an outcome to share (a 5xx, 409, 429, or the client hung up
-//!   and the handler was dropped), one waiter runs in its place. After a
+//!   without an outcome to share (a 5xx, 409, 429, the client hung up and
+//!   the handler was dropped, or its SSE stream ended), the waiters are
+//!   woken and one runs in its place (a message's turn is found again by
+//!   its key, so it is not run twice). A retry waits at most [`MAX_WAIT`]
+//!   (30 s): then it answers 409 `IDEMPOTENCY_KEY_IN_USE` with
+//!   `Retry-After: 1`, not stored, so no request waits without a bound
+//!   and retries cannot pin every connection slot of an address. After a
 //!   crash nothing runs any more: a retry runs again, and a message's
 //!   turn is recognised by its key in the conversation (the handler hands
 //!   [`IdempotencyKey`] down).
@@ -92,6 +97,10 @@ pub const MAX_KEY_LEN: usize = 255;
 pub const MAX_STORED_BODY: usize = 1 << 20;
 /// Retries one key's running request may have waiting for it.
 pub const MAX_WAITERS: usize = 8;
+/// The longest a retry waits for the running request before it answers
+/// 409 `IDEMPOTENCY_KEY_IN_USE` (`Retry-After: 1`): no request waits
+/// without a bound, so retries cannot pin connection slots.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
 /// How often [`spawn_sweep`] deletes expired records.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);
 /// The shortest `[server] idempotency_keep_h`, and its default.
@@ -169,12 +178,23 @@ struct Outcome {
     body: Bytes,
 }
 
+/// What the waiters of a running request see.
+#[derive(Clone)]
+enum RunState {
+    Running,
+    /// It answered something to share.
+    Shared(Outcome),
+    /// It ended with nothing to share (its client hung up, or it answered
+    /// 409, 429 or 5xx, or its stream ended): a waiter runs in its place.
+    /// Set by the [`RunGuard`]'s drop: the waiters hold the [`Running`]
+    /// (and so the sender), so the channel's closing cannot say it.
+    Ended,
+}
+
 /// The first request with a key, while it runs on this node.
 struct Running {
     fingerprint: String,
-    /// `Some` once it answered something to share; closed (dropped with
-    /// the [`RunGuard`]) without, and the waiters try again.
-    outcome: watch::Sender<Option<Outcome>>,
+    outcome: watch::Sender<RunState>,
     waiters: AtomicUsize,
     slot: TurnSlot,
 }
@@ -210,6 +230,15 @@ struct RunGuard {
 
 impl Drop for RunGuard {
     fn drop(&mut self) {
+        // Wake the waiters: one of them runs in this one's place.
+        self.running.outcome.send_if_modified(|state| {
+            if matches!(state, RunState::Running) {
+                *state = RunState::Ended;
+                true
+            } else {
+                false
+            }
+        });
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         if map
             .get(&self.id)
@@ -286,7 +315,7 @@ pub async fn idempotent(
                 None => {
                     let r = Arc::new(Running {
                         fingerprint: fingerprint.clone(),
-                        outcome: watch::Sender::new(None),
+                        outcome: watch::Sender::new(RunState::Running),
                         waiters: AtomicUsize::new(0),
                         slot: TurnSlot::default(),
                     });
@@ -342,7 +371,10 @@ pub async fn idempotent(
                         .and_then(|c| HeaderValue::from_str(c).ok()),
                     body: Bytes::from(record.body),
                 };
-                guard.running.outcome.send_replace(Some(outcome.clone()));
+                guard
+                    .running
+                    .outcome
+                    .send_replace(RunState::Shared(outcome.clone()));
                 return replay(&outcome);
             }
             Ok(IdempotencyClaim::Mine) => {
@@ -426,11 +458,14 @@ async fn finish(
                 "a keyed request's answer is too large (or not UTF-8) to store"
             ),
         }
-        guard.running.outcome.send_replace(Some(Outcome {
-            status,
-            content_type,
-            body: bytes.clone(),
-        }));
+        guard
+            .running
+            .outcome
+            .send_replace(RunState::Shared(Outcome {
+                status,
+                content_type,
+                body: bytes.clone(),
+            }));
     }
     drop(guard);
     Response::from_parts(parts, Body::from(bytes))
@@ -466,10 +501,24 @@ async fn wait(
         }
     };
     tokio::select! {
-        shared = outcome.wait_for(Option::is_some) => match shared {
-            Ok(o) => o.as_ref().map(replay),
+        shared = outcome.wait_for(|s| !matches!(s, RunState::Running)) => match shared {
+            Ok(state) => match &*state {
+                RunState::Shared(o) => Some(replay(o)),
+                RunState::Running | RunState::Ended => None,
+            },
             Err(_) => None,
         },
+        () = tokio::time::sleep(MAX_WAIT) => {
+            let mut e = ApiError::new(
+                ErrorCode::IdempotencyKeyInUse,
+                format!(
+                    "the first request with this Idempotency-Key still runs after {} s; retry later to get its answer",
+                    MAX_WAIT.as_secs()
+                ),
+            );
+            e.retry_after_secs = Some(1);
+            Some(e.into_response())
+        }
         turn_id = turn => {
             let session = uri
                 .path()

@@ -102,4 +102,3 @@ impl Drop for RedisServer {
         self.stop();
     }
 }
-
