@@ -373,3 +373,40 @@ async fn session_metadata_ids_and_operator_ids_are_bounded_before_any_work() {
     let (_, shown) = app.get(&format!("/v1/sessions/{session}")).await;
     assert!(shown["metadata"].get("operator_id").is_none(), "{shown}");
 }
+
+/// Issue #29 (2): a made-up bearer token is not a rate-limit bucket of its
+/// own. Public routes take any `Authorization`, and a bucket per raw token
+/// let a caller skip the limit (and grow memory with huge tokens) by
+/// sending a new one each time; now such a caller counts by its address,
+/// on public routes as on the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn made_up_bearer_tokens_share_their_addresss_bucket_on_public_routes() {
+    let app =
+        spawn_app(AppOptions::offline().config_toml("[api_limit]\nper_second = 1\nburst = 5\n"));
+    let mut statuses = Vec::new();
+    for i in 0..12 {
+        let token = format!("junk-{i}-{}", "x".repeat(16 * 1024));
+        for path in ["/openapi.json", "/console/", "/docs"] {
+            let response = app
+                .client
+                .request(Method::GET, path)
+                .header("authorization", format!("Bearer {token}"))
+                .send()
+                .await
+                .expect("answered");
+            statuses.push(response.status());
+        }
+    }
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    // A burst of 5 and 1 a second: of 36 requests in well under the
+    // seconds they would need, most are refused.
+    assert!(
+        refused >= 20,
+        "made-up tokens bought fresh buckets: {refused} of 36 refused ({statuses:?})"
+    );
+    let ok = statuses.iter().filter(|s| s.is_success()).count();
+    assert!(ok >= 3, "the address's burst passes: {statuses:?}");
+}

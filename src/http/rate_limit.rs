@@ -11,12 +11,13 @@
 //! ([`ApiLimitConfig`], default 50/s, burst 100).
 //!
 //! Decisions:
-//! - **Who the caller is.** The `Authorization: Bearer <key>` value when there
-//!   is one; else the client's IP from `ConnectInfo<SocketAddr>` (serve with
+//! - **Who the caller is** ([`Caller`]): a verified key by its id (the
+//!   authentication layer runs first); any other request, on any route,
+//!   public ones (`/console`, `/openapi.json`, `/docs`) included, by the
+//!   client's IP from `ConnectInfo<SocketAddr>` (serve with
 //!   `into_make_service_with_connect_info::<SocketAddr>()`); else one shared
-//!   "anonymous" bucket. The key is not verified here: a caller sending a new
-//!   made-up key per request gets a fresh bucket each time, so whatever checks
-//!   keys must refuse unknown ones.
+//!   "anonymous" bucket. A made-up bearer token is never a bucket of its
+//!   own, so it neither buys a fresh bucket nor costs memory.
 //! - **The key stays secret.** It is kept in memory as the limiter's map key
 //!   but its `Debug` is redacted, and neither logs nor the 429 body mention
 //!   it; logs name only the kind of caller.
@@ -306,12 +307,40 @@ mod tests {
         (router, clock, limits)
     }
 
+    /// A request whose key the authentication layer verified (its id is
+    /// `key`), as the limiter sees it behind that layer.
     fn with_key(key: &str) -> Request {
-        Request::builder()
+        let mut request = Request::builder()
             .uri("/ping")
             .header(AUTHORIZATION, format!("Bearer {key}"))
             .body(Body::empty())
-            .unwrap()
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(crate::identity::Principal {
+                key_id: Some(key.to_string()),
+                ..crate::identity::Principal::open()
+            });
+        request
+    }
+
+    #[tokio::test]
+    async fn made_up_bearer_tokens_are_not_buckets() {
+        let (router, _clock, limits) = app(1, 1);
+        for i in 0..3 {
+            let mut request = from_ip([10, 0, 0, 9]);
+            request.headers_mut().insert(
+                AUTHORIZATION,
+                format!("Bearer made-up-{i}").parse().unwrap(),
+            );
+            let expected = if i == 0 {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            assert_eq!(send(&router, request).await.0, expected);
+        }
+        assert_eq!(limits.tracked_callers(), 1);
     }
 
     fn from_ip(ip: [u8; 4]) -> Request {
