@@ -397,3 +397,93 @@ async fn a_client_that_does_not_read_is_cut_off_and_the_turn_completes() {
     );
     assert!(received < piece.len() * count, "{received} bytes");
 }
+
+/// Issue #29 (11): a tool call id over 256 bytes, or one id twice in a
+/// reply, makes the reply `MODEL_BAD_RESPONSE`: nothing of it runs or is
+/// stored (a 3 MB id was stored with every message and record of the call;
+/// two held orders under one id were both filled by one approval).
+#[tokio::test]
+async fn long_or_repeated_tool_call_ids_are_a_bad_response_and_nothing_runs() {
+    let (model, app, _agents) = app_with("").await;
+    let session = app.session("echoer").await;
+    let long = "i".repeat(257);
+    model.push(Reply::tool_call(&long, "echo", r#"{"message":"long"}"#));
+    let (status, body) = app.say(&session, "one").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["error"]["code"], "MODEL_BAD_RESPONSE", "{body}");
+
+    model.push(Reply::tool_calls(&[
+        ("dup", "echo", r#"{"message":"first"}"#),
+        ("dup", "echo", r#"{"message":"second"}"#),
+    ]));
+    let (status, body) = app.say(&session, "two").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["error"]["code"], "MODEL_BAD_RESPONSE", "{body}");
+
+    let (status, calls) = app
+        .client
+        .get(&format!("/v1/calls?conversation_id={session}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{calls}");
+    assert_eq!(calls["calls"].as_array().map(Vec::len), Some(0), "{calls}");
+    let stored = history(&app, &session).await.to_vec();
+    let text = serde_json::to_string(&stored).unwrap();
+    assert!(!text.contains(&long) && !text.contains("\"dup\""), "{text}");
+
+    // An id of 256 bytes is fine.
+    let fits = "f".repeat(256);
+    model.push(Reply::tool_call(&fits, "echo", r#"{"message":"fits"}"#));
+    model.push(Reply::text("done"));
+    let (status, body) = app.say(&session, "three").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// Issue #29 (10): a model endpoint's redirect is not followed: a 307 to
+/// another origin would re-send the whole prompt there, a 303 would make
+/// cadre GET what the endpoint names. The turn fails `MODEL_REJECTED`
+/// naming the redirect, and the other origin gets nothing.
+#[tokio::test]
+async fn a_model_endpoints_redirect_is_not_followed() {
+    let elsewhere = MockModel::start().await;
+    elsewhere.set_default(Some(Reply::text("you were redirected")));
+    for status in [307u16, 303, 301] {
+        let target = format!("{}/chat/completions", elsewhere.base_url());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let redirector = tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let target = target.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut buf = vec![0u8; 1 << 16];
+                    let _ = socket.read(&mut buf).await;
+                    let answer = format!(
+                        "HTTP/1.1 {status} Moved\r\nLocation: {target}\r\n\
+                         Content-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
+                    let _ = socket.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        let agents = agents_dir(&[("echoer.toml", &agent_toml("echoer", &["echo"], 3))]);
+        let app = spawn_app(AppOptions {
+            model_url: Some(format!("http://{addr}/v1")),
+            ..AppOptions::offline().agents(agents.path())
+        });
+        let session = app.session("echoer").await;
+        let (code, body) = app.say(&session, "hi").await;
+        assert_eq!(code, StatusCode::BAD_GATEWAY, "{status}: {body}");
+        assert_eq!(body["error"]["code"], "MODEL_REJECTED", "{status}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("redirect")),
+            "{body}"
+        );
+        redirector.abort();
+    }
+    assert_eq!(elsewhere.request_count(), 0, "a redirect was followed");
+}

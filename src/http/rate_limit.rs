@@ -315,12 +315,10 @@ mod tests {
             .header(AUTHORIZATION, format!("Bearer {key}"))
             .body(Body::empty())
             .unwrap();
-        request
-            .extensions_mut()
-            .insert(crate::identity::Principal {
-                key_id: Some(key.to_string()),
-                ..crate::identity::Principal::open()
-            });
+        request.extensions_mut().insert(crate::identity::Principal {
+            key_id: Some(key.to_string()),
+            ..crate::identity::Principal::open()
+        });
         request
     }
 

@@ -19,6 +19,17 @@
 //!   conversation sees them (neither run nor stored) and a warning says how
 //!   many. 32 is twice the batch cap, so the batch still answers "not run"
 //!   for the calls between the two caps, which the model sees.
+//! - **Tool call ids**: at most [`MAX_TOOL_CALL_ID`] (256) bytes and
+//!   unique within a reply, or the reply is `InvalidResponse`
+//!   (`MODEL_BAD_RESPONSE`), not retried and nothing of it stored: an id is
+//!   stored with every message and call record of the call (six replies
+//!   with a 3 MB id grew a store by 546 MB), and two calls under one id
+//!   would share one approval and one result.
+//! - **Redirects**: never followed. A 3xx is `Rejected` with its status and
+//!   `Location`: a followed 303 made cadre GET whatever the endpoint named
+//!   (a loopback service), and a 307 re-sent the whole prompt, key
+//!   included, to another origin. Set `base_url` to the address that
+//!   answers.
 //! - **Error text**: an endpoint's error body is read up to 64 KiB and at
 //!   most [`MAX_ERROR_TEXT`] bytes of its message are passed on (logs, API
 //!   errors).
@@ -100,6 +111,10 @@ impl Default for ClientOptions {
     }
 }
 
+/// The longest tool call id a reply may carry, in bytes (OpenAI's are
+/// about 30; the Bedrock and Gemini proxies' under 100).
+pub const MAX_TOOL_CALL_ID: usize = 256;
+
 pub struct OpenAiModel {
     http: reqwest::Client,
     /// `{base_url}/chat/completions`.
@@ -118,6 +133,8 @@ impl OpenAiModel {
             .unwrap_or_else(|| "https://api.openai.com/v1".into());
         let http = reqwest::Client::builder()
             .timeout(options.request_timeout)
+            // A model endpoint's redirect is never followed (module doc).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .expect("build the HTTP client");
         OpenAiModel {
@@ -151,6 +168,20 @@ impl OpenAiModel {
         let status = response.status();
         if status.is_success() {
             return Ok(response);
+        }
+        if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .map(|l| truncated(l, 200))
+                .unwrap_or_default();
+            return Err(Failure::Fatal(ModelError::Rejected {
+                status: status.as_u16(),
+                message: format!(
+                    "the endpoint redirected (to {location:?}); cadre follows no redirect from a model endpoint: set [model] base_url to the address that answers"
+                ),
+            }));
         }
         let retry_after = response
             .headers()
@@ -226,7 +257,9 @@ impl OpenAiModel {
         })
     }
 
-    /// Refuses calls without an id or name; logs the calls dropped over the cap.
+    /// Refuses calls without an id or name, with an id over
+    /// [`MAX_TOOL_CALL_ID`] bytes or an id twice in the reply; logs the
+    /// calls dropped over the cap.
     fn check_calls(&self, calls: &[ToolCall], dropped: usize) -> Result<(), Failure> {
         if dropped > 0 {
             tracing::warn!(
@@ -239,6 +272,23 @@ impl OpenAiModel {
         if calls.iter().any(|c| c.id.is_empty() || c.name.is_empty()) {
             return Err(Failure::Fatal(ModelError::InvalidResponse {
                 detail: "a tool call came without its id or name".into(),
+            }));
+        }
+        if let Some(long) = calls.iter().find(|c| c.id.len() > MAX_TOOL_CALL_ID) {
+            return Err(Failure::Fatal(ModelError::InvalidResponse {
+                detail: format!(
+                    "a tool call id is {} bytes long (at most {MAX_TOOL_CALL_ID})",
+                    long.id.len()
+                ),
+            }));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(calls.len());
+        if let Some(twice) = calls.iter().find(|c| !seen.insert(c.id.as_str())) {
+            return Err(Failure::Fatal(ModelError::InvalidResponse {
+                detail: format!(
+                    "the tool call id {:?} came twice in one reply",
+                    truncated(&twice.id, 64)
+                ),
             }));
         }
         Ok(())
