@@ -55,6 +55,11 @@ impl Drop for Cadre {
 
 impl Cadre {
     fn start(mcp_toml: &str) -> Cadre {
+        Self::start_with_env(mcp_toml, &[])
+    }
+
+    /// [`Cadre::start`] with these variables in cadre's environment.
+    fn start_with_env(mcp_toml: &str, env: &[(&str, &str)]) -> Cadre {
         let dir = tempfile::tempdir().unwrap();
         let agents = dir.path().join("agents");
         std::fs::create_dir(&agents).unwrap();
@@ -66,7 +71,7 @@ impl Cadre {
         )
         .unwrap();
         let data = dir.path().join("data");
-        let server = Server::start_offline_with(&data, &agents, &[]);
+        let server = Server::start_offline_with(&data, &agents, env);
         Cadre {
             server,
             log: data.with_extension("log"),
@@ -551,4 +556,52 @@ async fn a_server_whose_first_listing_fails_is_asked_again() {
     assert!(lists.lines().count() >= 2, "{lists}");
     let (status, body) = cadre.invoke("starting.ok", json!({"text": "hi"})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// Issue #29 (5): a stdio MCP server starts with a clean environment:
+/// `PATH`, `HOME`, `LANG` and its `env` table in `mcp.toml` (`K =
+/// "${K}"` passes one of cadre's through), nothing else of cadre's: a
+/// reference server's `get-env` tool returned the model's API key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_mcp_server_sees_only_the_environment_mcp_toml_gives_it() {
+    let toml = server(
+        "envy",
+        "env",
+        &[],
+        "env = { GIVEN = \"set-by-mcp-toml\", PASSED = \"${CADRE_TEST_PASSED}\" }",
+    );
+    let cadre = Cadre::start_with_env(
+        &toml,
+        &[
+            ("CADRE_MODEL_API_KEY", "sk-must-not-leak"),
+            ("CADRE_TEST_PASSED", "passed-through"),
+            ("CADRE_TEST_SECRET", "hidden"),
+        ],
+    );
+    cadre.until_served("envy.ok").await;
+    let (status, body) = cadre.invoke("envy.env", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let env = body["output"].as_object().expect("an object").clone();
+    let names: Vec<&str> = env.keys().map(String::as_str).collect();
+    assert_eq!(env["GIVEN"], "set-by-mcp-toml", "{names:?}");
+    assert_eq!(env["PASSED"], "passed-through", "{names:?}");
+    for name in &names {
+        assert!(
+            ["PATH", "HOME", "LANG", "GIVEN", "PASSED"].contains(name)
+                || set_by_the_interpreter(name),
+            "the server saw {name} of cadre's environment: {names:?}"
+        );
+    }
+    let text = body.to_string();
+    assert!(!text.contains("sk-must-not-leak") && !text.contains("hidden"));
+}
+
+/// Variables a child's interpreter or its launcher sets itself (a pyenv
+/// shim is a shell script that sets `PYENV_*`; shells set `PWD`, `SHLVL`,
+/// `_`): not inherited from cadre.
+fn set_by_the_interpreter(name: &str) -> bool {
+    name.starts_with("PYENV")
+        || name.starts_with("_PYENV")
+        || name.starts_with("LC_")
+        || ["PWD", "OLDPWD", "SHLVL", "_"].contains(&name)
 }

@@ -793,3 +793,55 @@ async fn until(done: impl Fn() -> bool, what: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Issue #29 (5): a command tool starts with a clean environment: `PATH`,
+/// `HOME`, `LANG`, the variables its tool file names (`env`) and sets
+/// (`env_set`), and nothing else of cadre's, the model's key least of all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_tool_sees_only_the_environment_its_file_names() {
+    let setup = Setup::new(&[]);
+    setup.put(
+        "envdump.yaml",
+        "name: envdump\ndescription: Answers its environment\ncategory: custom\n\
+         parameters: { type: object, properties: {} }\n\
+         entry:\n  type: external\n  command: [\"python3\", \"-c\", \"import json, os; print(json.dumps(dict(os.environ)))\"]\n\
+         \x20 env: [CADRE_TEST_PASSED]\n  env_set: { GIVEN: set-by-the-file }\n",
+    );
+    let server = setup.start(&[
+        ("CADRE_MODEL_API_KEY", "sk-must-not-leak"),
+        ("OPENAI_API_KEY", "sk-must-not-leak-either"),
+        ("CADRE_TEST_PASSED", "passed-through"),
+        ("CADRE_TEST_SECRET", "hidden"),
+    ]);
+    let (status, body) = invoke(&server, "envdump", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let env = body["output"].as_object().expect("an object").clone();
+    let mut names: Vec<&str> = env.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(env["CADRE_TEST_PASSED"], "passed-through", "{names:?}");
+    assert_eq!(env["GIVEN"], "set-by-the-file", "{names:?}");
+    assert!(env.contains_key("PATH"), "{names:?}");
+    for name in &names {
+        assert!(
+            ["PATH", "HOME", "LANG", "CADRE_TEST_PASSED", "GIVEN"].contains(name)
+                // Set by the interpreter or its launcher (a pyenv shim is a
+                // shell script), not inherited from cadre.
+                || name.starts_with("PYENV")
+                || name.starts_with("_PYENV")
+                || name.starts_with("LC_")
+                || ["PWD", "OLDPWD", "SHLVL", "_"].contains(name),
+            "the command saw {name} of cadre's environment: {names:?}"
+        );
+    }
+    let text = body.to_string();
+    assert!(!text.contains("sk-must-not-leak") && !text.contains("hidden"));
+
+    // A name that is no variable name is refused at load.
+    setup.put(
+        "badenv.yaml",
+        "name: badenv\ndescription: d\nparameters: { type: object, properties: {} }\n\
+         entry: { type: external, command: [\"true\"], env: [\"A=B\"] }\n",
+    );
+    let (status, body) = invoke(&server, "badenv", json!({})).await;
+    assert_ne!(status, StatusCode::OK, "{body}");
+}

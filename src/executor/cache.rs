@@ -186,6 +186,8 @@ mod tests {
             max_output_bytes: None,
             allowlist: Vec::new(),
             redirects: Default::default(),
+            env: Vec::new(),
+            env_set: Default::default(),
         };
         let mcp = ToolEntry::Mcp {
             server: "s".into(),

@@ -233,7 +233,10 @@ async fn connect_now(link: &Arc<Link>) -> Result<Running, String> {
     match &link.config.transport {
         McpTransport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
-            cmd.args(args).envs(env);
+            // A clean environment: PATH, HOME, LANG and its `env` table
+            // (`K = "${K}"` passes one of cadre's), nothing else of cadre's.
+            crate::tools::process::clean_env(&mut cmd, &[], env);
+            cmd.args(args);
             let transport = ChildTransport::spawn(
                 &link.config.name,
                 cmd,

@@ -111,6 +111,14 @@ pub enum Entry {
         /// `url` entries: which redirects are followed.
         #[serde(default, skip_serializing_if = "Redirects::is_default")]
         redirects: Redirects,
+        /// `command` entries: variables of cadre's environment the command
+        /// gets by name (beside `PATH`, `HOME`, `LANG`; nothing else of
+        /// cadre's reaches it, [`super::process::clean_env`]).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        env: Vec<String>,
+        /// `command` entries: variables set to these values.
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        env_set: std::collections::BTreeMap<String, String>,
     },
     /// A Rust handler registered through the library API, by name.
     Custom {

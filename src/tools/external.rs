@@ -3,7 +3,9 @@
 //! executor ──params (JSON)──▶ ExternalHandler ──stdin──▶ command ──stdout (JSON)──▶ output
 //!                                            └─POST──▶ GuardedClient ──▶ url ──JSON body──▶ output
 //!
-//! Commands run without a shell (argv as written), in their tool file's
+//! Commands run with a clean environment (`PATH`, `HOME`, `LANG`, and
+//! what the tool file names: `env` by name, `env_set` by value;
+//! [`super::process`]), without a shell (argv as written), in their tool file's
 //! folder (so `["python3", "count.py"]` finds the script beside the file
 //! wherever the server was started; a program written as a relative path,
 //! `./count.sh`, is taken from that folder too, since the standard library
@@ -73,6 +75,10 @@ enum Target {
         argv: Vec<String>,
         /// The working directory: the tool file's folder.
         dir: PathBuf,
+        /// Variables of cadre's passed by name (`env`).
+        pass: Vec<String>,
+        /// Variables set (`env_set`).
+        set: std::collections::BTreeMap<String, String>,
     },
     Http {
         url: Url,
@@ -92,9 +98,29 @@ impl ExternalHandler {
     /// file's folder).
     pub fn command(argv: Vec<String>, dir: PathBuf, max_output: usize) -> Self {
         ExternalHandler {
-            target: Target::Command { argv, dir },
+            target: Target::Command {
+                argv,
+                dir,
+                pass: Vec::new(),
+                set: Default::default(),
+            },
             max_output,
         }
+    }
+
+    /// A command entry's environment beyond `PATH`, `HOME` and `LANG`:
+    /// the variables of cadre's it names and the values it sets
+    /// ([`super::process::clean_env`]). No effect on an HTTP entry.
+    pub fn with_env(
+        mut self,
+        names: Vec<String>,
+        values: std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        if let Target::Command { pass, set, .. } = &mut self.target {
+            *pass = names;
+            *set = values;
+        }
+        self
     }
 
     /// An HTTP entry: `url` may reach private addresses only when listed
@@ -124,6 +150,7 @@ impl ExternalHandler {
         &self,
         argv: &[String],
         dir: &Path,
+        (pass, set): (&[String], &std::collections::BTreeMap<String, String>),
         input: Vec<u8>,
     ) -> Result<Value, ToolError> {
         let (program, args) = argv
@@ -137,6 +164,7 @@ impl ExternalHandler {
             path.to_path_buf()
         };
         let mut command = tokio::process::Command::new(executable);
+        super::process::clean_env(&mut command, pass, set);
         command
             .args(args)
             .current_dir(dir)
@@ -309,8 +337,13 @@ impl ExternalHandler {
 impl ToolHandler for ExternalHandler {
     async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
         match &self.target {
-            Target::Command { argv, dir } => {
-                self.run_command(argv, dir, command_input(&params, ctx))
+            Target::Command {
+                argv,
+                dir,
+                pass,
+                set,
+            } => {
+                self.run_command(argv, dir, (pass, set), command_input(&params, ctx))
                     .await
             }
             Target::Http {

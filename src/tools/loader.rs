@@ -170,9 +170,22 @@ fn check(path: &Path, file: &ToolFile) -> Result<(), LoadError> {
         url,
         allowlist,
         redirects,
+        env,
+        env_set,
         ..
     } = &file.entry
     {
+        if let Some(bad) = env
+            .iter()
+            .chain(env_set.keys())
+            .find(|n| !super::process::is_env_name(n))
+        {
+            return Err(LoadError::new(
+                path,
+                None,
+                format!("`{bad}` is not an environment variable name (letters, digits and _)"),
+            ));
+        }
         match (command, url) {
             (Some(c), None) if !c.is_empty() => {
                 if !allowlist.is_empty() || *redirects != Redirects::default() {
@@ -182,6 +195,13 @@ fn check(path: &Path, file: &ToolFile) -> Result<(), LoadError> {
                         "`allowlist` and `redirects` apply to `url` entries only",
                     ));
                 }
+            }
+            (None, Some(_)) if !env.is_empty() || !env_set.is_empty() => {
+                return Err(LoadError::new(
+                    path,
+                    None,
+                    "`env` and `env_set` apply to `command` entries only",
+                ));
             }
             (None, Some(u)) => {
                 let parsed = url::Url::parse(u)
@@ -342,14 +362,15 @@ pub fn resolve(
             max_output_bytes,
             allowlist,
             redirects,
+            env,
+            env_set,
         } => {
             let cap = max_output_bytes.unwrap_or(external::DEFAULT_MAX_OUTPUT);
             match (command, url) {
-                (Some(argv), _) => Arc::new(external::ExternalHandler::command(
-                    argv.clone(),
-                    command_dir(path),
-                    cap,
-                )),
+                (Some(argv), _) => Arc::new(
+                    external::ExternalHandler::command(argv.clone(), command_dir(path), cap)
+                        .with_env(env.clone(), env_set.clone()),
+                ),
                 (None, Some(url)) => {
                     let url = url::Url::parse(url)
                         .map_err(|e| LoadError::new(path, None, format!("invalid url: {e}")))?;

@@ -8,6 +8,8 @@ Every mode answers `initialize` (unless it is `silent`) and serves a tool
 hostile part from the rest. Modes:
 
   good          nothing hostile
+  env           good, and tool `env` answers the server's environment
+                (a JSON object) as text
   endless       tools/list always has another page (a new cursor each time)
   fat           endless, each page's tool with a COUNT-byte description
   repeat        tools/list always answers with the same next cursor
@@ -102,6 +104,8 @@ def tools_page(params):
         tools += [dict(OK, name="big"), dict(OK, name="big_tail")]
     if MODE == "crash":
         tools.append(dict(OK, name="crash"))
+    if MODE == "env":
+        tools.append(dict(OK, name="env"))
     if MODE == "names":
         tools += [dict(OK, name=n) for n in ["", "a.b", "a__b"]]
     if MODE == "many":
@@ -119,6 +123,9 @@ def call(mid, params):
             send({"jsonrpc": "2.0", "id": mid, "result": result})
         else:
             send({"jsonrpc": "2.0", "result": result, "id": mid})
+        return
+    if name == "env":
+        answer(mid, {"content": [{"type": "text", "text": json.dumps(dict(os.environ))}]})
         return
     if name == "crash":
         fork_holding_stdout()
