@@ -223,3 +223,68 @@ async fn a_tenant_quota_holds_whatever_user_ids_the_calls_carry() {
     let (status, body) = k.globex.post(path, &news("someone".into())).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
 }
+
+/// Issue #29 (7): a workflow does not lift its caller's plan. A run's plan
+/// is the lower of the workflow's `plan` and the caller's entitlement: a
+/// free key runs a premium workflow, but its premium-only call is refused
+/// as it would be called directly; a key entitled to premium gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_runs_at_the_lower_of_its_plan_and_the_callers() {
+    let agents = support::workflow::agents_with(
+        &[("plain.toml", &support::agent_toml("plain", &[], 1))],
+        &[(
+            "ml.toml",
+            "name = \"ml\"\ndescription = \"Premium features.\"\nplan = \"premium\"\n\
+             [[nodes]]\nid = \"features\"\ntool = \"get_ml_features\"\n\
+             params = { symbol = \"NVDA\" }\n",
+        )],
+    );
+    std::fs::create_dir(agents.path().join("data")).unwrap();
+    std::fs::copy(
+        support::repo_agents().join("data/trading.json"),
+        agents.path().join("data/trading.json"),
+    )
+    .unwrap();
+    let app = spawn_app(AppOptions::offline().agents(agents.path()));
+    let admin_key = key(&app.client, json!({"tenant": "ops", "admin": true})).await;
+    let admin = app.client.with_key(&admin_key);
+    let free = app
+        .client
+        .with_key(&key(&admin, json!({"tenant": "acme", "plan": "free"})).await);
+    let premium = app
+        .client
+        .with_key(&key(&admin, json!({"tenant": "acme"})).await);
+
+    // Called directly, the free key is refused.
+    let (status, body) = free
+        .post(
+            "/v1/tools/get_ml_features/invoke",
+            &json!({"params": {"symbol": "NVDA"}, "plan": "premium"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+
+    let run = |client: Client| async move {
+        let (status, run) = client
+            .post("/v1/workflows/ml/runs", &json!({"input": {}, "wait": true}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{run}");
+        run
+    };
+    let lifted = run(free).await;
+    assert_eq!(lifted["status"], "failed", "{lifted}");
+    assert_eq!(lifted["plan"], "free", "{lifted}");
+    assert!(
+        lifted["nodes"]["features"]["output"].is_null(),
+        "a free key got premium output through a workflow: {lifted}"
+    );
+    assert!(
+        lifted["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("premium")),
+        "refused for its plan: {lifted}"
+    );
+    let entitled = run(premium).await;
+    assert_eq!(entitled["status"], "succeeded", "{entitled}");
+    assert_eq!(entitled["plan"], "premium", "{entitled}");
+}

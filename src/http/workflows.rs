@@ -74,7 +74,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(start))
 }
 
-/// A run: `{id, workflow, status, input, tenant, user_id, nodes: {name: {status, output, error, attempts, started_at, finished_at, ...}}, output, error, created_at, finished_at, resumes}`.
+/// A run: `{id, workflow, status, input, tenant, user_id, plan, nodes: {name: {status, output, error, attempts, started_at, finished_at, ...}}, output, error, created_at, finished_at, resumes}`.
 #[derive(ToSchema)]
 #[schema(value_type = Object)]
 #[allow(dead_code)]
@@ -270,6 +270,9 @@ async fn start(
         .get(PARENT_RUN_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    // A run's plan is the lower of the workflow's and the caller's
+    // entitlement: a free key runs a premium workflow's calls as free.
+    let ceiling = crate::tenants::config::plan_ceiling(&state.store, &caller).await?;
     let run = state
         .workflows
         .start(
@@ -279,6 +282,7 @@ async fn start(
                 tenant: caller.tenant,
                 user_id: body.user_id.map(UserId::into_string),
                 parent_run,
+                plan_ceiling: Some(ceiling),
             },
         )
         .await?;

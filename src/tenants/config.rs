@@ -292,6 +292,16 @@ impl PublicError for EntitlementError {
 /// can only narrow what its key and tenant give, never widen it: asking
 /// for more is refused, not quietly lowered, so a caller never gets less
 /// than it believes it has.
+/// The highest plan `caller` may use: the lower of its tenant's plan and
+/// its key's (a tenant config that no longer reads allows only free).
+pub async fn plan_ceiling(store: &Store, caller: &Principal) -> Result<Plan, EntitlementError> {
+    match TenantConfig::load(store, &caller.tenant).await {
+        Ok(tenant) => Ok(tenant.plan.min(caller.plan)),
+        Err(TenantConfigError::Store(s)) => Err(EntitlementError::Store(s)),
+        Err(TenantConfigError::Invalid { .. }) => Ok(Plan::Free),
+    }
+}
+
 pub async fn entitled_plan(
     store: &Store,
     caller: &Principal,

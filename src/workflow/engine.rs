@@ -228,6 +228,10 @@ pub struct StartRun {
     pub user_id: Option<String>,
     /// The run whose tool call starts this one (see the module doc).
     pub parent_run: Option<String>,
+    /// The starting caller's entitlement (the lower of its tenant's and
+    /// its key's plan): the run's plan is the lower of it and the
+    /// workflow's. `None`: no ceiling (the local operator's CLI).
+    pub plan_ceiling: Option<crate::identity::Plan>,
 }
 
 /// Which runs to list.
@@ -688,6 +692,7 @@ impl Workflows {
         run.depth = depth;
         run.parent_run = start.parent_run.filter(|_| depth > 0);
         run.node = self.inner.deps.store.node_id().map(str::to_string);
+        run.plan = start.plan_ceiling.map(|c| c.min(workflow.plan));
         let cache_ttl = self.cache_policy(&run.tenant).await;
         let live = self.claim(&run)?;
         // Stored, then claimed: the write that creates the run makes this

@@ -195,6 +195,13 @@ pub struct WorkflowRun {
     /// this field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The plan the run's calls and agent sessions run with: the lower of
+    /// the workflow's `plan` and the starting caller's entitlement (a free
+    /// key never runs a premium workflow's calls as premium). `None`: a run
+    /// stored before this field, or started with no ceiling (the local
+    /// CLI), which runs with the workflow's plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::identity::Plan>,
 }
 
 fn default_tenant() -> String {

@@ -138,7 +138,11 @@ impl WorkflowRunner {
         cache_ttl: Option<u64>,
         epoch: u64,
     ) {
-        let plan = scheduler.workflow().plan;
+        // The run's own plan (the lower of the workflow's and its
+        // starter's entitlement), never above the workflow's.
+        let plan = scheduler.run().plan.map_or(scheduler.workflow().plan, |p| {
+            p.min(scheduler.workflow().plan)
+        });
         WorkflowRunner::start_in_arbiter(arbiter, move |_| WorkflowRunner {
             scheduler,
             deps,

@@ -179,6 +179,7 @@ pub fn new_run(
         parent_run: None,
         depth: 0,
         node: None,
+        plan: None,
     }
 }
 
