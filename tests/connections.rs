@@ -407,3 +407,38 @@ async fn accepted_connections_send_without_nagle() {
         "the server's end of the connection has TCP_NODELAY"
     );
 }
+
+/// Issue #29 (low): an open server answers a balancer's plain health probe,
+/// HTTP/1.0 with no `Host` (HAProxy's `option httpchk GET /readyz`), which
+/// marked every node down; every other route still needs a loopback name,
+/// and the refusal says how to fix it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_server_answers_health_probes_without_a_host() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_offline(&dir.path().join("data"), &repo_agents());
+    let addr = addr_of(&server);
+    let raw = |request: &'static str| {
+        let addr = addr.clone();
+        async move {
+            let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            socket.write_all(request.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            socket.read_to_end(&mut answer).await.unwrap();
+            String::from_utf8_lossy(&answer).into_owned()
+        }
+    };
+    for probe in [
+        "GET /readyz HTTP/1.0\r\n\r\n",
+        "GET /healthz HTTP/1.0\r\n\r\n",
+    ] {
+        let answer = raw(probe).await;
+        assert!(answer.starts_with("HTTP/1.0 200"), "{probe:?}: {answer}");
+    }
+    let answer = raw("GET /v1/sessions HTTP/1.0\r\n\r\n").await;
+    assert!(answer.starts_with("HTTP/1.0 403"), "{answer}");
+    assert!(
+        answer.contains("FORBIDDEN_HOST") && answer.contains("create an API key"),
+        "{answer}"
+    );
+}

@@ -18,7 +18,13 @@
 //!   are not checked (a keyed server behind a proxy answers any `Host`).
 //! - **A request without a `Host`** (HTTP/1.0) is refused in open mode:
 //!   nothing says whom it was meant for. HTTP/2 carries it as `:authority`,
-//!   read from the URI.
+//!   read from the URI. Except the health probes: `GET`/`HEAD` `/healthz`
+//!   and `/readyz` without any `Host` pass (issue #29): a balancer's plain
+//!   `option httpchk GET /readyz` is HTTP/1.0 with no `Host`, and refusing
+//!   it marked every node down. They carry no data, and a browser (the
+//!   DNS-rebinding attacker) always sends a `Host`, which is still checked.
+//! - **The refusal names the fix**: send a loopback `Host`, or create an
+//!   API key (a keyed server answers any name).
 //! - **Origin only on WebSocket upgrades**: other cross-site requests are
 //!   already refused by the `Host` check (the browser sends the page's
 //!   name), and a WebSocket is the one a browser opens to any host without
@@ -46,10 +52,13 @@ pub async fn loopback_only(State(keys): State<KeyRing>, request: Request, next: 
         .get(HOST)
         .and_then(|v| v.to_str().ok())
         .or_else(|| request.uri().authority().map(|a| a.as_str()));
+    if host.is_none() && is_probe(&request) {
+        return next.run(request).await;
+    }
     if !host.is_some_and(is_loopback_authority) {
         return ApiError::new(
             ErrorCode::ForbiddenHost,
-            "this server runs without API keys and answers only loopback host names (localhost, 127.0.0.1, [::1])",
+            "this server runs without API keys and answers only loopback host names (localhost, 127.0.0.1, [::1]): send `Host: localhost`, or create an API key (`cadre keys create`) so that keys guard it and any name is answered",
         )
         .into_response();
     }
@@ -67,6 +76,13 @@ pub async fn loopback_only(State(keys): State<KeyRing>, request: Request, next: 
         }
     }
     next.run(request).await
+}
+
+/// A health or readiness probe: `GET`/`HEAD` `/healthz` or `/readyz`.
+fn is_probe(request: &Request) -> bool {
+    use axum::http::Method;
+    matches!(*request.method(), Method::GET | Method::HEAD)
+        && matches!(request.uri().path(), "/healthz" | "/readyz")
 }
 
 /// `localhost`, `127.0.0.1` or `[::1]`, with or without a port.
