@@ -288,3 +288,35 @@ async fn a_workflow_runs_at_the_lower_of_its_plan_and_the_callers() {
     assert_eq!(entitled["status"], "succeeded", "{entitled}");
     assert_eq!(entitled["plan"], "premium", "{entitled}");
 }
+
+/// Issue #29 (low): a workflow listing shows a non-admin key its files'
+/// names, not where they live on the server, and no load errors (they
+/// name server paths); an admin sees both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workflow_listings_show_server_paths_to_admins_only() {
+    let k = keys().await;
+    let dir = support::repo_agents();
+    let dir = dir.to_str().unwrap();
+    for (client, admin) in [(&k.acme, false), (&k.admin, true)] {
+        let (status, body) = client.get("/v1/workflows").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let files: Vec<&str> = body["workflows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["file"].as_str().unwrap())
+            .collect();
+        assert!(!files.is_empty(), "{body}");
+        assert_eq!(
+            files.iter().all(|f| f.contains(dir)),
+            admin,
+            "admin {admin}: {files:?}"
+        );
+        let (status, one) = client.get("/v1/workflows/market-brief").await;
+        assert_eq!(status, StatusCode::OK, "{one}");
+        assert_eq!(one["file"].as_str().unwrap().contains(dir), admin, "{one}");
+        if !admin {
+            assert_eq!(one["file"], "market-brief.toml");
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! Workflows over HTTP: definitions, runs, resume, node events.
 //!
 //! - `GET /v1/workflows`: the live definitions and the files that did not
-//!   load (`errors`, with file and reason);
+//!   load (`errors`, with file and reason; admins only, and only an admin
+//!   sees a definition's `file` as a server path, others its name);
 //! - `GET /v1/workflows/{name}`: one definition;
 //! - `POST /v1/workflows/{name}/runs` `{input, wait?, user_id?}`: 201 with
 //!   the run; with `wait: true` the answer comes when the run is over (its
@@ -171,17 +172,42 @@ super::openapi::event_stream! {
     tag = "workflows",
     responses((status = 200, description = "The live definitions and the files that did not load", body = Definitions))
 )]
-async fn list_definitions(State(state): State<AppState>) -> Json<Value> {
+async fn list_definitions(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> Json<Value> {
     let workflows: Vec<Value> = state
         .workflows
         .definitions()
         .iter()
-        .map(|w| w.to_json())
+        .map(|w| shown(w.to_json(), &caller))
         .collect();
+    // Load errors name server paths and say what is wrong with the
+    // operator's files: an admin's business only.
+    let errors = if caller.admin {
+        json!(state.workflows.load_errors())
+    } else {
+        json!([])
+    };
     Json(json!({
         "workflows": workflows,
-        "errors": state.workflows.load_errors(),
+        "errors": errors,
     }))
+}
+
+/// A definition as `caller` may see it: a non-admin key sees its file's
+/// name, not where it lives on the server (issue #29).
+fn shown(mut definition: Value, caller: &Principal) -> Value {
+    if !caller.admin
+        && let Some(file) = definition["file"].as_str()
+    {
+        let name = std::path::Path::new(file)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        definition["file"] = json!(name);
+    }
+    definition
 }
 
 error_responses!(
@@ -203,13 +229,14 @@ error_responses!(
 )]
 async fn show_definition(
     State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let w = state
         .workflows
         .definition(&name)
         .ok_or(WorkflowError::NotFound { name })?;
-    Ok(Json(w.to_json()))
+    Ok(Json(shown(w.to_json(), &caller)))
 }
 
 #[derive(Deserialize, ToSchema)]
