@@ -361,3 +361,91 @@ fn completions_are_printed_for_bash_zsh_and_fish() {
     let bad = cadre(&["completions", "tcsh"]);
     assert!(!bad.status.success());
 }
+
+/// Issue #29 (6): revoking a key ends what it already opened, within about
+/// a second: its `/v1/events` stream (an admin's sees every tenant's
+/// events), its visitor WebSocket, and its `GET /mcp` stream. Another
+/// key's stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_key_ends_its_open_streams_and_sockets() {
+    use futures::StreamExt;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_offline(&dir.path().join("data"), &repo_agents());
+    let open = server.client();
+    let (_, body) = open
+        .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
+        .await;
+    let root = open.with_key(body["key"].as_str().unwrap());
+    let (_, body) = root
+        .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
+        .await;
+    let (doomed_key, doomed_id) = (
+        body["key"].as_str().unwrap().to_string(),
+        body["key_id"].as_str().unwrap().to_string(),
+    );
+    let doomed = open.with_key(&doomed_key);
+
+    let events = |client: support::Client| async move {
+        let response = client
+            .request(reqwest::Method::GET, "/v1/events")
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response.bytes_stream()
+    };
+    let mut doomed_events = events(doomed.clone()).await;
+    let mut other_events = events(root.clone()).await;
+
+    let session = doomed.session("assistant").await;
+    let (_, token) = doomed
+        .post(&format!("/v1/sessions/{session}/ws-token"), &json!({}))
+        .await;
+    let mut socket = ws_with_token(&server.base, &session, token["token"].as_str().unwrap())
+        .await
+        .expect("the socket opens");
+
+    let (status, _) = root.delete(&format!("/v1/keys/{doomed_id}")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let revoked = Instant::now();
+
+    // The stream ends (it may still carry what was queued before).
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(chunk) = doomed_events.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the revoked key's /v1/events stream went on");
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(message)) = socket.next().await {
+            if message.is_close() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the revoked key's WebSocket stayed open");
+    println!(
+        "streams of a revoked key ended {:?} after the revoke",
+        revoked.elapsed()
+    );
+
+    // Another key's stream is untouched: it has not ended (a tool call's
+    // events may or may not have reached it yet).
+    root.post(
+        "/v1/tools/calculator/invoke",
+        &json!({"params": {"expression": "1+1"}}),
+    )
+    .await;
+    let more = tokio::time::timeout(Duration::from_secs(2), other_events.next()).await;
+    assert!(
+        matches!(more, Err(_) | Ok(Some(Ok(_)))),
+        "the other key's stream ended: {more:?}"
+    );
+}

@@ -177,6 +177,7 @@ pub fn router(
         api_limit.streams().max(),
         state.mcp_shutdown.clone(),
     );
+    api_limit.streams().end_with_keys(keys.clone());
     let (routes, mut doc) = api_routes();
     if keys.is_open() {
         openapi::open_mode(&mut doc);

@@ -21,6 +21,14 @@
 //! 429 `TOO_MANY_STREAMS`) and its response body holds it. A `POST /mcp`
 //! answered with an event stream carries one reply and ends: not counted.
 //!
+//! Revocation: a stream a key opened ends within a second of the key's
+//! revocation or expiry (issue #29: an admin's `/v1/events` kept
+//! streaming every tenant's events after a revoke). A slot of a verified
+//! key holds its stream only until [`KeyRing::until_key_ends`]
+//! ([`StreamLimit::end_with_keys`] gives it the ring; SSE turns, event
+//! subscriptions and `GET /mcp`), and the visitor WebSocket closes on the
+//! same signal ([`StreamSlot::key_ended`]).
+//!
 //! Shutdown: subscriptions (`/v1/events`, a workflow run's events) never
 //! end by themselves, so they are held with [`StreamSlot::hold_until_shutdown`]
 //! and end when the server starts shutting down
@@ -58,6 +66,7 @@ use super::caller::Caller;
 use super::error::ApiError;
 use crate::conversation::actor::TurnEvent;
 use crate::error_code::ErrorCode;
+use crate::tenants::KeyRing;
 
 /// Events of a streamed turn held for a client that reads slowly.
 pub const TURN_STREAM_BUFFER: usize = 64;
@@ -135,6 +144,22 @@ pub struct StreamLimit {
     open: Arc<Mutex<HashMap<Caller, usize>>>,
     /// Becomes true when the server starts shutting down.
     closing: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The key ring a key's streams end with (set once by the router).
+    keys: EndingKeys,
+}
+
+/// [`StreamLimit`]'s key ring, once the router gave it one.
+#[derive(Clone, Default)]
+struct EndingKeys(Arc<std::sync::OnceLock<KeyRing>>);
+
+impl std::fmt::Debug for EndingKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "EndingKeys(set)"
+        } else {
+            "EndingKeys(unset)"
+        })
+    }
 }
 
 impl StreamLimit {
@@ -143,7 +168,14 @@ impl StreamLimit {
             max,
             open: Arc::default(),
             closing: Arc::new(tokio::sync::watch::Sender::new(false)),
+            keys: EndingKeys::default(),
         }
+    }
+
+    /// From now on a verified key's streams end when `keys` says the key
+    /// ended (revoked or expired).
+    pub fn end_with_keys(&self, keys: KeyRing) {
+        let _ = self.keys.0.set(keys);
     }
 
     /// Streams one caller may hold at once (`[api_limit] max_streams`).
@@ -211,12 +243,29 @@ pub struct StreamSlot {
 }
 
 impl StreamSlot {
-    /// `stream`, holding this slot until it is dropped.
+    /// `stream`, holding this slot until it is dropped; it ends when the
+    /// key that opened it ends ([`Self::key_ended`]).
     pub fn hold<S: Stream>(self, stream: S) -> impl Stream<Item = S::Item> {
-        stream.map(move |item| {
+        let ended = self.key_ended();
+        stream.take_until(ended).map(move |item| {
             let _held = &self;
             item
         })
+    }
+
+    /// Resolves when the verified key this slot counts against is revoked
+    /// or expires; never for a caller without one (an address).
+    pub fn key_ended(&self) -> impl std::future::Future<Output = ()> + Send + use<> {
+        let watch = match (&self.caller, self.limit.keys.0.get()) {
+            (Caller::ApiKey(id), Some(keys)) => Some((keys.clone(), id.clone())),
+            _ => None,
+        };
+        async move {
+            match watch {
+                Some((keys, id)) => keys.until_key_ends(id).await,
+                None => std::future::pending().await,
+            }
+        }
     }
 }
 

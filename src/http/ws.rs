@@ -212,7 +212,10 @@ async fn send(socket: &mut WebSocket, value: Value) -> bool {
         .is_ok()
 }
 
-/// Serves frames until the socket closes; `_slot` is freed then.
+/// Serves frames until the socket closes, or the key that opened it is
+/// revoked or expires (then within a second, even mid-turn: the turn goes
+/// on and is stored, the socket gets one `UNAUTHORIZED` error frame and a
+/// close); `_slot` is freed then.
 async fn serve(
     mut socket: WebSocket,
     state: AppState,
@@ -221,31 +224,64 @@ async fn serve(
     _slot: StreamSlot,
     budget: RequestBudget,
 ) {
-    while let Some(Ok(message)) = socket.recv().await {
-        let text = match message {
-            Message::Text(t) => t,
-            Message::Close(_) => break,
-            _ => continue,
-        };
-        let result = match budget.take() {
-            Ok(()) => match serde_json::from_str::<Frame>(&text) {
-                Ok(frame) => handle(&mut socket, &state, &caller, &id, frame).await,
-                Err(e) => Err(ApiError::validation(format!("bad frame: {e}"))),
-            },
-            Err(limited) => Err(limited),
-        };
-        if let Err(e) = result {
-            let body = e.body();
-            if !send(
-                &mut socket,
-                json!({"type": "error", "error": body["error"]}),
-            )
-            .await
-            {
-                break;
+    let keys = state.keys.clone();
+    let key = caller.key_id.clone();
+    let ended = async move {
+        match key {
+            Some(key) => keys.until_key_ends(key).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(ended);
+    loop {
+        let step = serve_one(&mut socket, &state, &caller, &id, &budget);
+        let go_on = tokio::select! {
+            go_on = step => go_on,
+            () = &mut ended => {
+                let body = ApiError::new(
+                    ErrorCode::Unauthorized,
+                    "the key that opened this socket was revoked or expired",
+                )
+                .body();
+                send(&mut socket, json!({"type": "error", "error": body["error"]})).await;
+                let _ = socket.send(Message::Close(None)).await;
+                false
             }
+        };
+        if !go_on {
+            break;
         }
     }
+}
+
+/// Reads and answers one frame; `false` once the socket closed.
+async fn serve_one(
+    socket: &mut WebSocket,
+    state: &AppState,
+    caller: &Principal,
+    id: &str,
+    budget: &RequestBudget,
+) -> bool {
+    let Some(Ok(message)) = socket.recv().await else {
+        return false;
+    };
+    let text = match message {
+        Message::Text(t) => t,
+        Message::Close(_) => return false,
+        _ => return true,
+    };
+    let result = match budget.take() {
+        Ok(()) => match serde_json::from_str::<Frame>(&text) {
+            Ok(frame) => handle(socket, state, caller, id, frame).await,
+            Err(e) => Err(ApiError::validation(format!("bad frame: {e}"))),
+        },
+        Err(limited) => Err(limited),
+    };
+    if let Err(e) = result {
+        let body = e.body();
+        return send(socket, json!({"type": "error", "error": body["error"]})).await;
+    }
+    true
 }
 
 async fn handle(

@@ -350,6 +350,9 @@ pub async fn open_mode_notice(
 #[derive(Clone)]
 pub struct KeyRing {
     inner: Arc<RwLock<Ring>>,
+    /// Bumped whenever the ring changes (a key created, revoked, or read
+    /// again from the store): [`KeyRing::until_key_ends`] waits on it.
+    changed: Arc<tokio::sync::watch::Sender<u64>>,
     /// The WebSocket tokens its keys asked for ([`tokens`]).
     ws_tokens: Arc<tokens::SessionTokens>,
 }
@@ -369,6 +372,7 @@ impl KeyRing {
             .collect();
         Ok(KeyRing {
             inner: Arc::new(RwLock::new(Ring { by_id })),
+            changed: Arc::new(tokio::sync::watch::Sender::new(0)),
             ws_tokens: Arc::default(),
         })
     }
@@ -386,7 +390,32 @@ impl KeyRing {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .by_id = by_id;
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
         Ok(())
+    }
+
+    /// Resolves once key `key_id` is no longer active: revoked (here, or
+    /// on another node and read at the next [`KeyRing::refresh`]), past
+    /// its `expires_at`, or unknown. What a key opened (its event streams,
+    /// WebSockets, `GET /mcp`) ends with it (issue #29).
+    pub async fn until_key_ends(&self, key_id: String) {
+        /// Looked at again at least this often, whatever happens.
+        const RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
+        let mut changed = self.changed.subscribe();
+        loop {
+            let now = Timestamp::now();
+            let expires_at = match self.read().by_id.get(&key_id) {
+                Some(key) if key.status(now) == KeyStatus::Active => key.expires_at,
+                _ => return,
+            };
+            let wait = expires_at
+                .and_then(|at| std::time::Duration::try_from(at.duration_since(now)).ok())
+                .map_or(RECHECK, |d| d.min(RECHECK));
+            tokio::select! {
+                _ = changed.changed() => {}
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
@@ -397,6 +426,8 @@ impl KeyRing {
     fn remember(&self, record: ApiKeyRecord) {
         let mut ring = self.inner.write().unwrap_or_else(PoisonError::into_inner);
         ring.by_id.insert(record.key_id.clone(), record);
+        drop(ring);
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// No key was ever created: the server runs open.
