@@ -605,3 +605,37 @@ fn set_by_the_interpreter(name: &str) -> bool {
         || name.starts_with("LC_")
         || ["PWD", "OLDPWD", "SHLVL", "_"].contains(&name)
 }
+
+/// Issue #29 (4): a stdio server that floods cadre with its own requests
+/// (`ping`s) and never reads the answers cannot grow cadre: past
+/// `MAX_SERVER_REQUESTS` waiting answers the connection ends, the server's
+/// process group is killed, and the log says why (it then restarts with
+/// backoff like any server that went down). Before, cadre queued every
+/// answer (147 -> 943 MB for 1,000,000 pings) and the server stayed up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_flooding_cadre_with_requests_is_cut_off_and_its_group_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pids").display().to_string();
+    let toml = server(
+        "pingflood",
+        "pingflood",
+        &["--count", "100000", "--pids", &pidfile],
+        "",
+    ) + &server("good", "good", &[], "");
+    let cadre = Cadre::start(&toml);
+    cadre
+        .until_logged(&["server=pingflood", "more requests than cadre may answer"])
+        .await;
+    let first = pids(&pidfile, "server")[0];
+    let deadline = Instant::now() + PATIENCE;
+    while alive(first) {
+        assert!(
+            Instant::now() < deadline,
+            "the flooding server {first} still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Other servers are unharmed.
+    let body = cadre.until_served("good.ok").await;
+    assert_eq!(body["output"], json!({"text": "hi"}), "{body}");
+}

@@ -21,6 +21,8 @@ hostile part from the rest. Modes:
   crash         tool `crash` forks a child that keeps stdout open, then exits
   fork          good, after forking a child that keeps stdout open
   crashloop     fork, and exits COUNT ms after answering tools/list
+  pingflood     after initialized, sends COUNT ping requests and never
+                reads stdin again (it sleeps)
   flood         after initialized, sends COUNT tools/list_changed at once;
                 each tools/list is appended to --log
   names         tools named "", "a.b", "a__b" beside `ok`
@@ -154,6 +156,13 @@ def main():
                 "serverInfo": {"name": "hostile-" + MODE, "version": "0"},
             })
         elif method == "notifications/initialized":
+            if MODE == "pingflood":
+                data = b"".join(
+                    (json.dumps({"jsonrpc": "2.0", "id": "p%d" % i, "method": "ping"}) + "\n").encode()
+                    for i in range(COUNT))
+                out.write(data)
+                out.flush()
+                time.sleep(3600)
             if MODE == "flood":
                 note = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
                 data = (json.dumps(note) + "\n").encode() * COUNT
