@@ -341,6 +341,32 @@ async fn a_stored_answer_outlives_a_restart() {
     assert_eq!(list["count"], 1, "{list}");
 }
 
+/// An app whose agent `gated` calls the gate tool once (the model asks
+/// for it, then answers "after the gate"), with server settings `config`.
+async fn gated(
+    config: &str,
+) -> (
+    support::TestApp,
+    MockModel,
+    support::gate::Gate,
+    tempfile::TempDir,
+) {
+    let (def, handler, gate) = gate_tool("gate", "custom");
+    let agents = agents_dir(&[("g.toml", &agent_toml("gated", &["gate"], 3))]);
+    let model = MockModel::start().await;
+    model.push_all([
+        Reply::tool_call("call_1", "gate", r#"{"label":"first"}"#),
+        Reply::text("after the gate"),
+    ]);
+    let mut options = AppOptions::with_model(&model)
+        .agents(agents.path())
+        .tool(def, handler);
+    if !config.is_empty() {
+        options = options.config_toml(config);
+    }
+    (spawn_app(options), model, gate, agents)
+}
+
 /// Issue #29 (1): a retry waiting for the first request with its key is
 /// woken when the first ends with nothing to share (here its client gave
 /// up while the turn held a tool): it runs in the first one's place, finds
@@ -349,18 +375,7 @@ async fn a_stored_answer_outlives_a_restart() {
 /// closed and the retry waited forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_waiting_for_a_first_request_whose_client_gave_up_gets_the_answer() {
-    let (def, handler, mut gate) = gate_tool("gate", "custom");
-    let agents = agents_dir(&[("g.toml", &agent_toml("gated", &["gate"], 3))]);
-    let model = MockModel::start().await;
-    model.push_all([
-        Reply::tool_call("call_1", "gate", r#"{"label":"first"}"#),
-        Reply::text("after the gate"),
-    ]);
-    let app = spawn_app(
-        AppOptions::with_model(&model)
-            .agents(agents.path())
-            .tool(def, handler),
-    );
+    let (app, model, mut gate, _agents) = gated("").await;
     let session = app.session("gated").await;
     let path = format!("/v1/sessions/{session}/messages");
     let body = json!({"content": "go"});
@@ -402,20 +417,8 @@ async fn a_retry_waiting_for_a_first_request_whose_client_gave_up_gets_the_answe
 /// instead of holding its connection for as long as the turn takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_waits_for_the_first_request_at_most_max_wait() {
-    let (def, handler, mut gate) = gate_tool("gate", "custom");
-    let agents = agents_dir(&[("g.toml", &agent_toml("gated", &["gate"], 3))]);
-    let model = MockModel::start().await;
-    model.push_all([
-        Reply::tool_call("call_1", "gate", r#"{"label":"first"}"#),
-        Reply::text("after the gate"),
-    ]);
-    let app = spawn_app(
-        AppOptions::with_model(&model)
-            .agents(agents.path())
-            .tool(def, handler)
-            // The gate holds longer than the wait bound.
-            .config_toml("[executor]\ndefault_timeout_s = 90.0\n"),
-    );
+    // The gate holds longer than the wait bound.
+    let (app, _model, mut gate, _agents) = gated("[executor]\ndefault_timeout_s = 90.0\n").await;
     let session = app.session("gated").await;
     let path = format!("/v1/sessions/{session}/messages");
     let body = json!({"content": "go"});
