@@ -15,8 +15,25 @@
 //!    whose parameters the message fills best) and fills the parameters it
 //!    can: the expression, enum values the message names (`buy`, `RSI`),
 //!    a ticker, numbers by the word next to them ("10 shares" is the
-//!    `quantity` described as "Number of shares"), else the message text;
-//!    a required enum the message does not name gets its default;
+//!    `quantity` described as "Number of shares", else the message's
+//!    numbers in order); a required enum the message does not name gets
+//!    its default. A required string takes, by what its schema says:
+//!    - `pattern`: the first word of the message that matches it (compiled
+//!      as the executor's validation does, size and backtracking bounded;
+//!      a pattern that does not compile is ignored);
+//!    - `format` (email, uri/url, date `YYYY-MM-DD`, date-time, uuid): the
+//!      first word of that shape;
+//!    - `examples`: an example the message names, else a word of an
+//!      example's shape (`TCK-88` for `TCK-5`);
+//!    - named `id`, `*_id`, `*Id`, or described as an identifier or a
+//!      number: the first id-like word (letters, digits, `-`, `_`, with a
+//!      digit: `A1001`, `ORD-17`, a UUID);
+//!    - otherwise (free text: `query`, `message`, `text` ...): a quoted
+//!      string ("..." or '...'), else the message text.
+//!
+//!    A parameter whose schema names a shape the message does not hold is
+//!    left out, never given the message text: the executor's validation
+//!    then names it, and the answer says the tool failed and why.
 //! 3. with no tools offered: restates the facts the message carries (each
 //!    JSON value in it, described like a tool result, under the label
 //!    before it), so a tool-less agent, such as a workflow's analyst given
@@ -24,6 +41,12 @@
 //! 4. otherwise: says what it is and which tools it could use.
 //!
 //! Same input, same output: tool call ids derive from the message count.
+//!
+//! What it cannot do: understand a sentence. It calls one tool per turn,
+//! never chains calls (one result, then an answer), fills optional text
+//! parameters only with a ticker, nested objects and arrays only from enum
+//! values, and picks a tool by shared words, so a question that uses none
+//! of a tool's words (and no value only that tool takes) gets no call.
 //!
 //! Usage: every reply reports zero tokens. No language model runs, so none
 //! are spent; an estimate (characters / 4) would make budgets bind on calls
@@ -629,9 +652,11 @@ fn has_param(tool: &ToolSpec, name: &str) -> bool {
 /// Fills parameters from the message: an enum value the message names, a
 /// ticker for a `symbol`, a number for a numeric parameter (the one next
 /// to a word of the parameter's name or description: "10 shares" is a
-/// `quantity` of "Number of shares"), a path for a `path`, a URL for a
-/// `url`; other required strings get the message with the tool's name
-/// stripped ("echo hello" -> "hello"). A required enum the message does
+/// `quantity` of "Number of shares"), a word matching a string's `pattern`,
+/// `format` or `examples`, an id-like word for an identifier, a path for a
+/// `path`, a URL for a `url`; other required strings get a quoted string,
+/// else the message with the tool's name stripped ("echo hello" ->
+/// "hello"). A required enum the message does
 /// not name takes its default, else the value its description quotes
 /// ("only '1d' and '1w'"), else its first. What is missing, the executor's
 /// validation reports.
@@ -878,6 +903,38 @@ fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option
     if !required {
         return None;
     }
+    // What the schema says the value looks like, most specific first. A
+    // parameter that says (a pattern, a format, an identifier) and finds
+    // nothing of that shape is left out: the executor's validation then
+    // names it, where the message text would only be a wrong value.
+    let tokens = tokens(question);
+    if let Some(pattern) = schema["pattern"].as_str()
+        && let Some(matches) = pattern_matcher(pattern)
+    {
+        let quoted = quoted(question);
+        return tokens
+            .iter()
+            .copied()
+            .chain(quoted.iter().map(String::as_str))
+            .chain([question.trim()])
+            .find(|t| matches(t))
+            .map(|t| (Value::String(t.to_string()), Source::Specific));
+    }
+    if let Some(shape) = schema["format"].as_str().and_then(Format::parse) {
+        return tokens
+            .iter()
+            .find(|t| shape.fits(t))
+            .map(|t| (Value::String((*t).to_string()), Source::Specific));
+    }
+    if let Some(found) = by_examples(schema, &tokens) {
+        return Some((Value::String(found), Source::Specific));
+    }
+    if is_identifier(name, schema["description"].as_str().unwrap_or_default()) {
+        return tokens
+            .iter()
+            .find(|t| id_like(t))
+            .map(|t| (Value::String((*t).to_string()), Source::Message));
+    }
     let value = if lower == "path" {
         let path = question
             .split_whitespace()
@@ -894,7 +951,12 @@ fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option
             .split_whitespace()
             .find(|w| w.starts_with("http://") || w.starts_with("https://"))
             .map(|w| w.trim_end_matches(['?', ',']).to_string())
+    } else if let Some(first) = quoted(question).into_iter().next() {
+        // A quoted string is what the user means the text to be.
+        Some(first)
     } else {
+        // The last resort, free text or not: the message, less the tool's
+        // name ("echo hello" -> "hello").
         Some(strip_leading_word(question, tool))
     };
     // A path not in the message is the site's root, a default.
@@ -904,6 +966,208 @@ fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option
         Source::Default
     };
     value.map(|v| (Value::String(v), source))
+}
+
+/// The words of a message as values: split at whitespace, the punctuation
+/// around them removed ("A1001?" is `A1001`, "(ORD-17)," is `ORD-17`).
+fn tokens(question: &str) -> Vec<&str> {
+    question
+        .split_whitespace()
+        .map(|w| {
+            w.trim_matches(|c: char| "\"'`“”‘’()[]{}<>,;!?".contains(c))
+                .trim_end_matches(['.', ':'])
+        })
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// The quoted strings of a message, in order: "…", “…”, and '…' when the
+/// quotes stand at word boundaries (the apostrophe of "what's" is not one).
+fn quoted(question: &str) -> Vec<String> {
+    let chars: Vec<char> = question.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let close = match chars[i] {
+            '"' => Some('"'),
+            '“' => Some('”'),
+            '\'' if i == 0 || !chars[i - 1].is_alphanumeric() => Some('\''),
+            _ => None,
+        };
+        let Some(close) = close else {
+            i += 1;
+            continue;
+        };
+        let end = (i + 1..chars.len()).find(|&j| {
+            chars[j] == close
+                && (close != '\'' || chars.get(j + 1).is_none_or(|c| !c.is_alphanumeric()))
+        });
+        match end {
+            Some(j) => {
+                let inner: String = chars[i + 1..j].iter().collect();
+                if !inner.trim().is_empty() {
+                    out.push(inner.trim().to_string());
+                }
+                i = j + 1;
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+/// A schema's `pattern` as a test of a token, compiled as the executor's
+/// validation compiles it (ECMA-style, unanchored) with a bound on its
+/// size and backtracking; `None` when it does not compile (then it guides
+/// nothing).
+fn pattern_matcher(pattern: &str) -> Option<impl Fn(&str) -> bool> {
+    let validator = jsonschema::options()
+        .with_pattern_options(
+            jsonschema::PatternOptions::fancy_regex()
+                .size_limit(1 << 20)
+                .backtrack_limit(100_000),
+        )
+        .build(&json!({"type": "string", "pattern": pattern}))
+        .ok()?;
+    Some(move |token: &str| validator.is_valid(&json!(token)))
+}
+
+/// The string formats whose shape the offline model knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Email,
+    Uri,
+    Date,
+    DateTime,
+    Uuid,
+}
+
+impl Format {
+    fn parse(format: &str) -> Option<Format> {
+        Some(match format {
+            "email" | "idn-email" => Format::Email,
+            "uri" | "url" | "iri" | "uri-reference" | "iri-reference" => Format::Uri,
+            "date" => Format::Date,
+            "date-time" => Format::DateTime,
+            "uuid" => Format::Uuid,
+            _ => return None,
+        })
+    }
+
+    fn fits(self, t: &str) -> bool {
+        let date = |d: &str| {
+            let b = d.as_bytes();
+            b.len() == 10
+                && b.iter().enumerate().all(|(i, c)| {
+                    if i == 4 || i == 7 {
+                        *c == b'-'
+                    } else {
+                        c.is_ascii_digit()
+                    }
+                })
+        };
+        match self {
+            Format::Email => t.split_once('@').is_some_and(|(user, host)| {
+                !user.is_empty() && host.contains('.') && !host.contains('@')
+            }),
+            Format::Uri => t.split_once("://").is_some_and(|(scheme, rest)| {
+                !rest.is_empty()
+                    && scheme
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+            }),
+            Format::Date => date(t),
+            Format::DateTime => t.get(..10).is_some_and(date) && t[10..].starts_with(['T', 't']),
+            Format::Uuid => {
+                let groups: Vec<&str> = t.split('-').collect();
+                groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+                    && groups
+                        .iter()
+                        .all(|g| g.chars().all(|c| c.is_ascii_hexdigit()))
+            }
+        }
+    }
+}
+
+/// A value the schema's `examples` point at: one of them the message names
+/// (as the example spells it), else the first word of an example's shape
+/// ("A1001" for the example "B2002", "ORD-17" for "ORD-5").
+fn by_examples(schema: &Value, tokens: &[&str]) -> Option<String> {
+    let examples: Vec<&str> = schema["examples"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(schema.get("example"))
+        .filter_map(Value::as_str)
+        .collect();
+    if examples.is_empty() {
+        return None;
+    }
+    let exact = tokens.iter().find_map(|t| {
+        examples
+            .iter()
+            .find(|e| e.eq_ignore_ascii_case(t))
+            .map(|e| (*e).to_string())
+    });
+    let shapes: Vec<String> = examples.iter().map(|e| shape(e)).collect();
+    exact.or_else(|| {
+        tokens
+            .iter()
+            .find(|t| shapes.contains(&shape(t)))
+            .map(|t| (*t).to_string())
+    })
+}
+
+/// A word's shape: runs of capitals, small letters and digits, each as
+/// one class (`A1001` → `A9`, `ord-17` → `a-9`); other characters as they are.
+fn shape(token: &str) -> String {
+    let mut out = String::new();
+    for c in token.chars() {
+        let class = if c.is_ascii_uppercase() {
+            'A'
+        } else if c.is_ascii_lowercase() {
+            'a'
+        } else if c.is_ascii_digit() {
+            '9'
+        } else {
+            c
+        };
+        if !out.ends_with(class) || !"Aa9".contains(class) {
+            out.push(class);
+        }
+    }
+    out
+}
+
+/// Whether a string parameter holds an identifier: named `id`, `*_id` or
+/// `*Id`, or (when its name is not one of free text) described as an
+/// identifier or a number ("The order number").
+fn is_identifier(name: &str, description: &str) -> bool {
+    let lower = name.to_lowercase();
+    if lower == "id" || lower.ends_with("_id") || lower.ends_with("-id") || name.ends_with("Id") {
+        return true;
+    }
+    !FREE_TEXT.contains(&lower.as_str())
+        && description
+            .to_lowercase()
+            .split(|c: char| !c.is_alphanumeric())
+            .any(|w| matches!(w, "id" | "identifier" | "number" | "reference"))
+}
+
+/// Names of parameters that hold free text: they take a quoted string, else
+/// the message itself.
+const FREE_TEXT: [&str; 12] = [
+    "query", "q", "message", "text", "question", "prompt", "content", "input", "body", "search",
+    "note", "comment",
+];
+
+/// An identifier: letters, digits, `-` and `_`, with at least one digit
+/// (`A1001`, `ORD-17`, `1001`, a UUID); one character is not enough.
+fn id_like(t: &str) -> bool {
+    t.chars().count() > 1
+        && t.chars().any(|c| c.is_ascii_digit())
+        && t.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 /// The first all-capitals word of 1-5 letters that is not an everyday word
@@ -1080,6 +1344,169 @@ mod tests {
         assert_eq!(answer_fields(&json!(42), "What is the value?"), None);
         // Naming only the list: no field is asked for; the caller lists it.
         assert_eq!(answer_fields(&data, "Show my positions"), None);
+    }
+
+    fn one_tool(name: &str, description: &str, properties: Value, required: &[&str]) -> ToolSpec {
+        trading_tool(
+            name,
+            description,
+            json!({"type": "object", "properties": properties, "required": required}),
+        )
+    }
+
+    /// The arguments the offline model sends to `tool` for `q`.
+    fn filled(tool: &ToolSpec, q: &str) -> Value {
+        fill_arguments(tool, q).args
+    }
+
+    #[test]
+    fn an_id_parameter_gets_the_id_like_token_not_the_message() {
+        let tool = one_tool(
+            "lookup_order",
+            "Look up an order",
+            json!({"order_id": {"type": "string"}}),
+            &["order_id"],
+        );
+        assert_eq!(
+            filled(&tool, "Where is my order A1001?"),
+            json!({"order_id": "A1001"})
+        );
+        assert_eq!(
+            filled(&tool, "status of (ORD-17), please"),
+            json!({"order_id": "ORD-17"})
+        );
+        assert_eq!(
+            filled(&tool, "find 0190f1a2-7b3c-7def-8a9b-0123456789ab now"),
+            json!({"order_id": "0190f1a2-7b3c-7def-8a9b-0123456789ab"})
+        );
+        // Described, not named: "the parcel number".
+        let by_description = one_tool(
+            "track",
+            "Track a parcel",
+            json!({"parcel": {"type": "string", "description": "The parcel number"}}),
+            &["parcel"],
+        );
+        assert_eq!(
+            filled(&by_description, "track parcel 77123 please"),
+            json!({"parcel": "77123"})
+        );
+        // Nothing id-like: left out (the executor names it), never the message.
+        assert_eq!(filled(&tool, "Where is my order?"), json!({}));
+        let offered = [tool];
+        let (picked, args) = pick_tool("Where is my order A1001?", &offered).unwrap();
+        assert_eq!(picked.name, "lookup_order");
+        assert_eq!(args, json!({"order_id": "A1001"}));
+    }
+
+    #[test]
+    fn a_pattern_takes_the_first_token_that_matches_it() {
+        let tool = one_tool(
+            "cancel_order",
+            "Cancel an order",
+            json!({"ref": {"type": "string", "pattern": "^ord_[0-9a-f]{4}$"}}),
+            &["ref"],
+        );
+        assert_eq!(
+            filled(&tool, "cancel ord_zzzz no, ord_beef please"),
+            json!({"ref": "ord_beef"})
+        );
+        assert_eq!(filled(&tool, "cancel my last order"), json!({}));
+        // A pattern that does not compile guides nothing: the other rules fill.
+        let broken = one_tool(
+            "cancel_order",
+            "Cancel an order",
+            json!({"order_id": {"type": "string", "pattern": "(unclosed"}}),
+            &["order_id"],
+        );
+        assert_eq!(
+            filled(&broken, "cancel B-2002 now"),
+            json!({"order_id": "B-2002"})
+        );
+    }
+
+    #[test]
+    fn a_format_takes_a_token_of_its_shape() {
+        let tool = one_tool(
+            "book",
+            "Book a visit",
+            json!({"email": {"type": "string", "format": "email"},
+                   "day": {"type": "string", "format": "date"},
+                   "site": {"type": "string", "format": "uri"},
+                   "ref": {"type": "string", "format": "uuid"}}),
+            &["email", "day", "site", "ref"],
+        );
+        assert_eq!(
+            filled(
+                &tool,
+                "Book 2025-03-14 for ann@example.org at https://example.org/x, \
+                 ref 0190F1A2-7B3C-7DEF-8A9B-0123456789AB."
+            ),
+            json!({"email": "ann@example.org", "day": "2025-03-14",
+                   "site": "https://example.org/x",
+                   "ref": "0190F1A2-7B3C-7DEF-8A9B-0123456789AB"})
+        );
+        assert_eq!(filled(&tool, "Book a visit"), json!({}));
+    }
+
+    #[test]
+    fn examples_pick_the_token_of_their_shape() {
+        let tool = one_tool(
+            "get_ticket",
+            "Show a support ticket",
+            json!({"ticket": {"type": "string", "examples": ["TCK-5", "TCK-1234"]}}),
+            &["ticket"],
+        );
+        assert_eq!(
+            filled(&tool, "show me ticket TCK-88 from 2024"),
+            json!({"ticket": "TCK-88"})
+        );
+        let named = one_tool(
+            "set_plan",
+            "Change the plan",
+            json!({"plan": {"type": "string", "examples": ["starter", "team"]}}),
+            &["plan"],
+        );
+        assert_eq!(
+            filled(&named, "move us to the Team plan"),
+            json!({"plan": "team"})
+        );
+    }
+
+    #[test]
+    fn a_quoted_string_fills_a_text_parameter_else_the_message_does() {
+        let tool = one_tool(
+            "search_docs",
+            "Search the documentation",
+            json!({"query": {"type": "string"}}),
+            &["query"],
+        );
+        assert_eq!(
+            filled(&tool, "search the docs for \"rate limit\" please"),
+            json!({"query": "rate limit"})
+        );
+        assert_eq!(
+            filled(&tool, "what's the docs' word for 'hot reload'?"),
+            json!({"query": "hot reload"})
+        );
+        assert_eq!(
+            filled(&tool, "what's new in the docs"),
+            json!({"query": "what's new in the docs"})
+        );
+    }
+
+    #[test]
+    fn numbers_fill_numeric_parameters_from_the_message() {
+        let tool = one_tool(
+            "refund",
+            "Refund part of an order",
+            json!({"order_id": {"type": "string"}, "amount": {"type": "number"},
+                   "count": {"type": "integer"}}),
+            &["order_id", "amount", "count"],
+        );
+        assert_eq!(
+            filled(&tool, "refund 12.5 on A1001 for 3 items"),
+            json!({"order_id": "A1001", "amount": 12.5, "count": 3})
+        );
     }
 
     #[test]
