@@ -579,6 +579,33 @@ fn setup(
     })
 }
 
+/// One rescan of the agents folder, whichever watcher (or the periodic
+/// rescan) started it: the tool files first, then the agent files (which
+/// name tools), then the workflows (which name both), so an agent file and
+/// the tool file it names, dropped in together, load in one pass without a
+/// `load_error`. `agents/mcp.toml` is read at startup only: a pass that
+/// finds it changed logs that a restart applies it (once per change).
+fn reload_pass(
+    registry: ToolRegistry,
+    agents_dir: PathBuf,
+    reload_agents: Arc<dyn Fn() + Send + Sync>,
+    workflows: Workflows,
+) -> impl Fn() + Send + Sync + 'static {
+    let mcp_file = agents_dir.join(crate::config::MCP_FILE_NAME);
+    let mcp_seen = std::sync::Mutex::new(std::fs::read(&mcp_file).ok());
+    move || {
+        registry.reload_dir(&agents_dir.join("tools"));
+        reload_agents();
+        workflows.reload();
+        let now = std::fs::read(&mcp_file).ok();
+        let mut seen = mcp_seen.lock().unwrap_or_else(|e| e.into_inner());
+        if *seen != now {
+            tracing::info!(file = %mcp_file.display(), "MCP server list changed: it is read at startup only; restart cadre to apply it");
+            *seen = now;
+        }
+    }
+}
+
 /// One reload of the agent files: what changed is logged, and a file that
 /// no longer loads is logged and published as a `load_error` event (as a
 /// tool file's is), its last good version staying live.
@@ -734,25 +761,20 @@ async fn serve(
             &builder.config.cluster,
         );
     }
-    watch::spawn(
-        registry.clone(),
-        builder.agents_dir.join("tools"),
+    watch::spawn_over(
+        vec![
+            builder.agents_dir.join("tools"),
+            builder.agents_dir.clone(),
+            workflows.dir().to_path_buf(),
+        ],
         builder.config.reload_interval(),
-    );
-    watch::spawn_with(
-        builder.agents_dir.clone(),
-        builder.config.reload_interval(),
-        "agent",
-        move || reload_agents(),
-    );
-    let reloading = workflows.clone();
-    watch::spawn_with(
-        workflows.dir().to_path_buf(),
-        builder.config.reload_interval(),
-        "workflow",
-        move || {
-            reloading.reload();
-        },
+        "agent, tool and workflow",
+        reload_pass(
+            registry.clone(),
+            builder.agents_dir.clone(),
+            reload_agents,
+            workflows.clone(),
+        ),
     );
     let connection_limits = builder.config.connection_limits();
     let connection_limits = match builder.listen {

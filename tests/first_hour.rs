@@ -455,3 +455,58 @@ fn the_tests_load_a_copy_of_the_shipped_agents_not_the_live_folder() {
         );
     }
 }
+
+/// An agent file and the tool file it names, copied in together (the agent
+/// file first, the tool file 40 ms later, inside the watchers' 150 ms quiet
+/// period, as a copy of a folder writes them): one rescan pass registers
+/// the tool before it reads the agent, so the agent loads at once and no
+/// `load_error` is ever published for it. (Two watchers, before: the
+/// agent's reload ran before the tool's and failed until the next rescan.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_and_its_tool_dropped_in_together_load_without_a_load_error() {
+    use cadre::events::EventKind;
+    use support::{AppOptions, spawn_app};
+    let agents = support::agents_dir(&[("base.toml", &support::agent_toml("base", &[], 2))]);
+    std::fs::create_dir(agents.path().join("tools")).unwrap();
+    // Rescans an hour apart: the agent must arrive by the watchers' pass.
+    let app = spawn_app(
+        AppOptions::offline()
+            .agents(agents.path())
+            .config_toml("[tools]\nreload_interval_s = 3600\n"),
+    );
+    let mut events = app.runtime.as_ref().unwrap().events().subscribe();
+    std::fs::write(
+        agents.path().join("orders.toml"),
+        support::agent_toml("orders", &["lookup_order"], 2),
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    std::fs::write(
+        agents.path().join("tools/lookup_order.yaml"),
+        "name: lookup_order\ndescription: Look up an order\nparameters:\n  - {name: order_id, type: string, required: true}\nentry: {type: builtin, handler: echo}\n",
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    loop {
+        let event = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("the agent never loaded; events: {seen:?}"))
+            .expect("event bus open");
+        match event.kind {
+            EventKind::LoadError { file, message, .. } => {
+                panic!("load_error for {file}: {message}; events before: {seen:?}")
+            }
+            EventKind::AgentAdded { agent, .. } if agent == "orders" => break,
+            other => seen.push(format!("{other:?}")),
+        }
+    }
+    let (_, listed) = app.get("/v1/agents").await;
+    let names: Vec<&str> = listed["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["name"].as_str())
+        .collect();
+    assert!(names.contains(&"orders"), "{listed}");
+}

@@ -2,7 +2,7 @@
 //! fallback (some filesystems and editors defeat watchers).
 //!
 //! notify (changes only) ─▶ pending paths ─┐ 150 ms quiet
-//! interval tick ─────────────────────────┴─▶ registry.reload_dir(dir) on a blocking thread ──▶ events
+//! interval tick ─────────────────────────┴─▶ reload() on a blocking thread (the runtime's pass) ──▶ events
 //!
 //! Only create, modify (data, rename) and remove events start a reload
 //! ([`is_change`]): a reload reads every file, and inotify reports those
@@ -14,7 +14,9 @@
 //!
 //! A reload that finds nothing changed costs one read of each file (up to
 //! `[tools] max_file_bytes`) and publishes nothing. [`spawn_with`] runs any
-//! reload the same way (the workflow definitions use it).
+//! reload the same way; the runtime runs one pass over several folders
+//! ([`spawn_over`]: tool files, then agents, then workflows), so a change
+//! in any of them never reloads an agent before the tools it names.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -25,19 +27,9 @@ use notify::event::{EventKind, ModifyKind};
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
-use super::ToolRegistry;
-
 /// How long a burst of events (an editor's save) has to be quiet before
 /// the reload runs.
 const DEBOUNCE: Duration = Duration::from_millis(150);
-
-/// Starts watching `dir`; runs until the tokio runtime shuts down.
-pub fn spawn(registry: ToolRegistry, dir: PathBuf, interval: Duration) {
-    let watched = dir.clone();
-    spawn_with(watched, interval, "tool", move || {
-        registry.reload_dir(&dir);
-    });
-}
 
 /// Whether an event can change what a file holds: created, written,
 /// renamed or removed. Opens, reads and closes (a reload's own reads) and
@@ -58,6 +50,18 @@ pub fn spawn_with(
     what: &'static str,
     reload: impl Fn() + Send + Sync + 'static,
 ) {
+    spawn_over(vec![dir], interval, what, reload);
+}
+
+/// [`spawn_with`] over several folders: one watcher, one rescan tick, and
+/// one `reload` at a time for a change in any of them (the runtime's pass
+/// over tools, agents and workflows, in that order).
+pub fn spawn_over(
+    dirs: Vec<PathBuf>,
+    interval: Duration,
+    what: &'static str,
+    reload: impl Fn() + Send + Sync + 'static,
+) {
     let reload = Arc::new(reload);
     let pending: Arc<Mutex<BTreeSet<PathBuf>>> = Arc::default();
     let (tx, mut rx) = mpsc::channel::<()>(1);
@@ -74,13 +78,14 @@ pub fn spawn_with(
         }
     });
     let watcher = match watcher {
-        Ok(mut w) => match w.watch(&dir, RecursiveMode::NonRecursive) {
-            Ok(()) => Some(w),
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot watch {what} files; rescanning every {interval:?}");
-                None
+        Ok(mut w) => {
+            for dir in &dirs {
+                if let Err(e) = w.watch(dir, RecursiveMode::NonRecursive) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot watch {what} files; rescanning every {interval:?}");
+                }
             }
-        },
+            Some(w)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "no file watcher; rescanning every {interval:?}");
             None
