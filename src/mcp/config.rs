@@ -1,5 +1,11 @@
 //! `agents/mcp.toml`: the MCP servers whose tools cadre offers.
 //!
+//! Read once, at startup ([`load`]). Decision: no hot reload of this file
+//! (servers added, removed or changed would start, stop or reconnect child
+//! processes under running turns); the runtime's rescan pass logs an info
+//! line when the file changed, saying a restart applies it, and
+//! `docs/mcp.md` says so.
+//!
 //! file ──parse (deny unknown keys; file and line on error)──▶ [`McpServerSpec`] per server
 //!      ──check (one transport, valid names, `${VAR}` expanded)──▶ [`McpServerConfig`]
 //!
