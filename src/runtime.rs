@@ -90,6 +90,12 @@ pub enum RuntimeError {
     Start(#[from] std::io::Error),
     #[error("the runtime thread stopped during startup")]
     Died,
+    #[error("cannot create the data dir {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
 }
@@ -435,6 +441,12 @@ fn setup(
     builder: &mut RuntimeBuilder,
     arbiters: &[actix::dev::ArbiterHandle],
 ) -> Result<Parts, RuntimeError> {
+    // Created with its parents when missing, in every mode: a cluster
+    // node's store is PostgreSQL, yet it records `server.json` here.
+    std::fs::create_dir_all(&builder.data_dir).map_err(|source| RuntimeError::DataDir {
+        path: builder.data_dir.clone(),
+        source,
+    })?;
     let config = &builder.config;
     let store = match &config.cluster.store {
         // Cluster mode: the shared PostgreSQL store, as this node.

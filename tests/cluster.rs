@@ -876,3 +876,38 @@ async fn a_keyed_request_cut_by_a_quick_restart_runs_again_elsewhere() {
     assert_eq!(answer.status(), StatusCode::OK);
     assert_eq!(holds(), 2, "run again once, on node1");
 }
+
+/// A node whose `--data-dir` does not exist creates it and records `server.json` there: its store is
+/// PostgreSQL, so nothing else would create it, and it used to warn that it
+/// could not record the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_creates_its_missing_data_dir() {
+    let pg = Postgres::shared();
+    let database = pg.database("missing_data_dir");
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("not/there/yet");
+    // The test's server log goes beside the data dir (`yet.log`): its
+    // folder only is made here.
+    std::fs::create_dir_all(data_dir.parent().unwrap()).unwrap();
+    let server = support::server::Server::start_with_args(
+        &data_dir,
+        &support::repo_agents(),
+        None,
+        "127.0.0.1:0",
+        &["--store".into(), database, "--node-id".into(), "n0".into()],
+        &[],
+    );
+    let (status, body) = server.client().get("/healthz").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(data_dir.is_dir(), "{}", server.log_text());
+    assert!(
+        data_dir.join("server.json").is_file(),
+        "{}",
+        server.log_text()
+    );
+    assert!(
+        !server.log_text().contains("could not record the server"),
+        "{}",
+        server.log_text()
+    );
+}
