@@ -227,9 +227,22 @@ impl Agent {
             Some(site) => serde_json::json!({ "site": site }),
             None => serde_json::Value::Null,
         };
-        let model = match shared_model {
-            Some(m) if !has_override => m.clone(),
-            _ => model_for(&endpoint, options),
+        // A key variable that is not set: warned at every load and reload
+        // (the variable named, never a value), and every turn refused.
+        let key_not_set = over
+            .api_key_env
+            .as_deref()
+            .filter(|k| std::env::var(k).ok().is_none_or(|v| v.trim().is_empty()));
+        let model: SharedModel = match (key_not_set, shared_model) {
+            (Some(variable), _) => {
+                tracing::warn!(agent = %file.name, variable, "[model] api_key_env names {variable}, which is not set (or empty): this agent's turns fail with MODEL_KEY_NOT_SET until it is set and cadre restarted");
+                Arc::new(crate::model::KeyNotSet {
+                    agent: file.name.clone(),
+                    variable: variable.to_string(),
+                })
+            }
+            (None, Some(m)) if !has_override => m.clone(),
+            (None, _) => model_for(&endpoint, options),
         };
         Ok(Agent {
             name: file.name,

@@ -156,6 +156,8 @@ error_codes! {
         "the model endpoint answered something that is not a chat completion";
     ModelRejected = "MODEL_REJECTED", BAD_GATEWAY, false,
         "the model endpoint refused the request (4xx other than 429)";
+    ModelKeyNotSet = "MODEL_KEY_NOT_SET", SERVICE_UNAVAILABLE, false,
+        "the agent's `[model] api_key_env` names an environment variable that is not set (or empty) on the server; no model request was sent: set it and restart";
     StorageUnavailable = "STORAGE_UNAVAILABLE", SERVICE_UNAVAILABLE, false,
         "storage refuses writes; nothing was acknowledged, retry when `/readyz` is ready";
     SessionMoved = "SESSION_MOVED", SERVICE_UNAVAILABLE, true,

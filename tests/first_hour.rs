@@ -510,3 +510,61 @@ async fn an_agent_and_its_tool_dropped_in_together_load_without_a_load_error() {
         .collect();
     assert!(names.contains(&"orders"), "{listed}");
 }
+
+/// An agent whose `[model] api_key_env` names a variable that is not set:
+/// the startup log names the agent and the variable, and its turns answer
+/// 503 `MODEL_KEY_NOT_SET` without a request to the model (they used to
+/// send an empty bearer). A server started with the variable set sends it
+/// as the bearer, and never logs its value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unset_api_key_env_is_named_at_startup_and_refuses_the_turn() {
+    const VAR: &str = "CADRE_TEST_NO_SUCH_KEY_VAR";
+    let model = support::MockModel::start().await;
+    model.set_default(Some(support::Reply::text("hello from the model")));
+    let agents = support::agents_dir(&[(
+        "keyed.toml",
+        &format!(
+            "{}\n[model]\nbase_url = \"{}\"\napi_key_env = \"{VAR}\"\n",
+            support::agent_toml("keyed", &[], 2),
+            model.base_url()
+        ),
+    )]);
+    let data = tempfile::tempdir().unwrap();
+    let unset = Server::start(
+        &data.path().join("a"),
+        agents.path(),
+        &model.base_url(),
+        &[],
+    );
+    let log = unset.log_text();
+    assert!(
+        log.contains(VAR) && log.contains("keyed") && log.contains("api_key_env"),
+        "{log}"
+    );
+    let client = unset.client();
+    let session = client.session("keyed").await;
+    let (status, body) = client.say(&session, "hello").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["code"], "MODEL_KEY_NOT_SET", "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains(VAR),
+        "{body}"
+    );
+    assert_eq!(model.request_count(), 0, "{:?}", model.requests());
+    drop(unset);
+
+    let set = Server::start(
+        &data.path().join("b"),
+        agents.path(),
+        &model.base_url(),
+        &[(VAR, "sk-test-value-123")],
+    );
+    let client = set.client();
+    let session = client.session("keyed").await;
+    let (status, body) = client.say(&session, "hello").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(model.authorizations(), ["Bearer sk-test-value-123"]);
+    let log = set.log_text();
+    assert!(!log.contains(&format!("{VAR}, which is not set")), "{log}");
+    assert!(!log.contains("sk-test-value-123"), "{log}");
+}

@@ -57,6 +57,7 @@ error_responses!(
     ModelUnavailable,
     ModelBadResponse,
     ModelRejected,
+    ModelKeyNotSet,
     StorageUnavailable,
     ModelTimeout
 );
@@ -118,6 +119,7 @@ error_responses!(
     ModelUnavailable,
     ModelBadResponse,
     ModelRejected,
+    ModelKeyNotSet,
     StorageUnavailable,
     ModelTimeout
 );

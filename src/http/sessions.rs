@@ -552,6 +552,7 @@ error_responses!(
     ModelUnavailable,
     ModelBadResponse,
     ModelRejected,
+    ModelKeyNotSet,
     StorageUnavailable,
     ConversationUnavailable,
     ModelTimeout

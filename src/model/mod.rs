@@ -247,6 +247,13 @@ pub enum ModelError {
     /// The endpoint refused the request (4xx other than 429): retrying will not help.
     #[error("model endpoint refused the request (HTTP {status}): {message}")]
     Rejected { status: u16, message: String },
+    /// The agent's `[model] api_key_env` names a variable that is unset
+    /// (or empty) in cadre's environment: no request was sent.
+    #[error(
+        "agent {agent}: [model] api_key_env names {variable}, which is not set (or empty) in \
+         cadre's environment; no request was sent. Set it and restart cadre"
+    )]
+    KeyNotSet { agent: String, variable: String },
 }
 
 impl ModelError {
@@ -286,6 +293,7 @@ impl PublicError for ModelError {
             ModelError::Timeout { .. } => ErrorCode::ModelTimeout,
             ModelError::InvalidResponse { .. } => ErrorCode::ModelBadResponse,
             ModelError::Rejected { .. } => ErrorCode::ModelRejected,
+            ModelError::KeyNotSet { .. } => ErrorCode::ModelKeyNotSet,
         }
     }
 }
@@ -317,6 +325,30 @@ pub trait ChatModel: Send + Sync + 'static {
 }
 
 pub type SharedModel = Arc<dyn ChatModel>;
+
+/// The model of an agent whose `[model] api_key_env` names a variable that
+/// is not set: every request fails at once with [`ModelError::KeyNotSet`],
+/// before anything is sent (an empty bearer would only earn a 401 from the
+/// endpoint, or worse, an answer from an endpoint that needs no key).
+#[derive(Debug)]
+pub struct KeyNotSet {
+    pub agent: String,
+    pub variable: String,
+}
+
+#[async_trait::async_trait]
+impl ChatModel for KeyNotSet {
+    async fn complete(&self, _request: ChatRequest) -> Result<ChatResponse, ModelError> {
+        Err(ModelError::KeyNotSet {
+            agent: self.agent.clone(),
+            variable: self.variable.clone(),
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("none: api_key_env {} is not set", self.variable)
+    }
+}
 
 /// Where the model lives; resolved from `CADRE_MODEL_*` (or `OPENAI_API_KEY`)
 /// and optionally overridden per agent.

@@ -355,6 +355,8 @@ struct Script {
     count: usize,
     /// Their bodies, while `keep_bodies` is on.
     requests: Vec<Value>,
+    /// Their `Authorization` headers ("" when absent), in arrival order.
+    authorizations: Vec<String>,
     keep_bodies: bool,
     overruns: usize,
     refusals: Vec<String>,
@@ -372,6 +374,7 @@ impl Default for Script {
             fallback: Fallback::Overrun,
             count: 0,
             requests: Vec::new(),
+            authorizations: Vec::new(),
             keep_bodies: true,
             overruns: 0,
             refusals: Vec::new(),
@@ -481,6 +484,13 @@ impl MockModel {
         self.shared.lock().requests.clone()
     }
 
+    /// The `Authorization` header of every request ("" when it had none),
+    /// in arrival order.
+    #[allow(dead_code)]
+    pub fn authorizations(&self) -> Vec<String> {
+        self.shared.lock().authorizations.clone()
+    }
+
     /// How many requests have arrived so far.
     pub fn request_count(&self) -> usize {
         self.shared.lock().count
@@ -568,7 +578,11 @@ impl MockModel {
 // Server side
 // ---------------------------------------------------------------------------
 
-async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     let started = Instant::now();
     let parsed = serde_json::from_slice::<Value>(&body);
     let not_json = parsed
@@ -581,6 +595,11 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
     let (number, taken, latency, observer) = {
         let mut script = shared.lock();
         script.count += 1;
+        let authorization = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        script.authorizations.push(authorization.to_string());
         if script.keep_bodies {
             script.requests.push(request.clone());
         }
