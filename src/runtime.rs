@@ -780,7 +780,7 @@ async fn serve(
             workflows.dir().to_path_buf(),
         ],
         builder.config.reload_interval(),
-        "agent, tool and workflow",
+        "tool, agent and workflow",
         reload_pass(
             registry.clone(),
             builder.agents_dir.clone(),

@@ -539,10 +539,10 @@ async fn an_mcp_tool_whose_wire_name_a_tool_file_holds_is_not_served_and_calls_g
 const STAMP_V1: &str = "name: stamp\ndescription: Version one.\nparameters:\n  - {name: message, type: string, required: true}\nentry: {type: builtin, handler: echo}\n";
 const STAMP_V2: &str = "name: stamp\ndescription: Version two.\nparameters:\n  - {name: message, type: string, required: true}\nentry: {type: builtin, handler: echo}\n";
 
-/// The watcher's `reloading tool files` lines in `log`.
+/// The watcher's `reloading tool, agent and workflow files` lines in `log`.
 fn watcher_reloads(log: &str) -> Vec<&str> {
     log.lines()
-        .filter(|l| l.contains("reloading tool files") && l.contains("watcher"))
+        .filter(|l| l.contains("reloading tool, agent and workflow files") && l.contains("watcher"))
         .collect()
 }
 
@@ -574,7 +574,7 @@ async fn a_reload_reading_the_tool_files_does_not_start_another_reload() {
     std::fs::write(setup.tools().join("fence.txt"), "fence").unwrap();
     let fenced = setup
         .until_logged("fence reload", |l| {
-            l.contains("reloading tool files") && l.contains("fence.txt")
+            l.contains("reloading tool, agent and workflow files") && l.contains("fence.txt")
         })
         .await;
     let after_edit = watcher_reloads(&fenced[edited.len()..]);
