@@ -14,6 +14,18 @@ import { h, put, clear, errorBox, field, json, time } from "./dom.js";
 /// Phases of a turn's record after which it does not move by itself.
 const FINAL = new Set(["completed", "failed", "interrupted"]);
 
+// Where a call stands: a call held for a person's confirmation is pending
+// approval (a neutral badge, never the red "failed"), a declined one declined.
+function callState(r) {
+  if (r.status) return r.status;
+  if (r.is_success) return "succeeded";
+  if (r.error_type === "pending_confirmation") return "pending_approval";
+  if (r.error_type === "declined") return "declined";
+  return "failed";
+}
+const CALL_CLASS = { succeeded: "succeeded", failed: "failed", pending_approval: "pending", declined: "declined" };
+const CALL_BADGE = { succeeded: "succeeded", failed: "failed", pending_approval: "pending approval", declined: "declined" };
+
 export async function conversationView(main, id) {
   document.title = `Session ${id} · cadre console`;
   const base = "/v1/sessions/" + encodeURIComponent(id);
@@ -154,11 +166,12 @@ export async function conversationView(main, id) {
             put(calls, li);
           } else if (name === "tool_call_completed") {
             const li = byId.get(data.id) || calls.appendChild(h("li", { class: "call" }, h("strong", {}, data.name)));
-            li.className = "call " + (data.is_success ? "succeeded" : "failed");
+            const st = callState(data);
+            li.className = "call " + CALL_CLASS[st];
             // What the call went through, in order (the element is reused).
-            li.dataset.phases = (li.dataset.phases ? li.dataset.phases + " " : "") + (data.is_success ? "succeeded" : "failed");
+            li.dataset.phases = (li.dataset.phases ? li.dataset.phases + " " : "") + st;
             const badge = li.querySelector(".badge");
-            if (badge) badge.textContent = data.is_success ? "succeeded" : "failed " + (data.error_type || "");
+            if (badge) badge.textContent = st === "failed" ? "failed " + (data.error_type || "") : CALL_BADGE[st];
             if (data.error) put(li, h("p", { class: "error" }, data.error));
           } else if (name === "turn_completed") {
             ended = "completed";
@@ -265,12 +278,13 @@ function callItem(asked, record) {
     );
   }
   const cached = record.cached === true;
+  const st = callState(record);
   return h(
     "li",
-    { class: "call " + (record.is_success ? "succeeded" : "failed"), dataset: { call: asked.id, tool: name } },
+    { class: "call " + CALL_CLASS[st], dataset: { call: asked.id, tool: name } },
     h("strong", {}, name),
     " ",
-    h("span", { class: "badge" }, record.is_success ? "succeeded" : "failed"),
+    h("span", { class: "badge" }, CALL_BADGE[st]),
     h(
       "dl",
       { class: "facts small" },
@@ -305,7 +319,14 @@ function renderSide(el, s) {
       "dl",
       { class: "facts" },
       h("dt", {}, "Calls"),
-      h("dd", {}, `${u.total_calls || 0} (${u.successful_calls || 0} ok, ${u.failed_calls || 0} failed)`),
+      h(
+        "dd",
+        {},
+        `${u.total_calls || 0} (${u.successful_calls || 0} ok, ${u.failed_calls || 0} failed` +
+          (u.pending_calls ? `, ${u.pending_calls} pending approval` : "") +
+          (u.declined_calls ? `, ${u.declined_calls} declined` : "") +
+          ")"
+      ),
       Object.entries(u.tool_usage || {}).map(([k, v]) => [h("dt", {}, k), h("dd", {}, String(v))])
     ),
     h("h2", {}, "Tokens"),

@@ -109,6 +109,13 @@ pub struct CallReport {
     pub source_id: Option<String>,
 }
 
+impl CallReport {
+    /// Where the call stands: a held one is `pending_approval`, not failed.
+    pub fn status(&self) -> crate::store::CallStatus {
+        crate::store::CallStatus::of(self.is_success, self.error_type.map(ErrorType::as_str))
+    }
+}
+
 /// The result of a finished turn (or of one paused for a confirmation).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnOutcome {
@@ -623,7 +630,7 @@ impl ConversationMachine {
                 confirmations: held,
                 answer: String::new(),
                 tool_usage_summary: ToolUsageSummary::from_calls(
-                    shown.iter().map(|c| (c.name.as_str(), c.is_success)),
+                    shown.iter().map(|c| (c.name.as_str(), c.status())),
                 ),
                 tool_calls: shown,
                 citations: Vec::new(),
@@ -873,9 +880,8 @@ impl ConversationMachine {
     fn finish(&mut self, answer: String) -> (TurnOutcome, TurnRecord) {
         let turn = *self.turn.take().expect("a turn: callers check the phase");
         let record = snapshot(&turn, Phase::Completed, Timestamp::now());
-        let summary = ToolUsageSummary::from_calls(
-            turn.calls.iter().map(|c| (c.name.as_str(), c.is_success)),
-        );
+        let summary =
+            ToolUsageSummary::from_calls(turn.calls.iter().map(|c| (c.name.as_str(), c.status())));
         let mut citations: Vec<String> = Vec::new();
         for s in turn.calls.iter().filter_map(|c| c.source_id.clone()) {
             if !citations.contains(&s) {

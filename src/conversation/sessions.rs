@@ -257,7 +257,7 @@ pub async fn summarize(store: &Store, id: &str) -> Result<SessionSummary, Sessio
         conversation_summary: summary.as_ref().map(|s| s.text.clone()),
         covers_until_seq: summary.map_or(0, |s| s.covers_until_seq),
         tool_usage_summary: ToolUsageSummary::from_calls(
-            calls.iter().map(|c| (c.tool_name.as_str(), c.is_success)),
+            calls.iter().map(|c| (c.tool_name.as_str(), c.status())),
         ),
         message_count: stats.count,
         turns: stats.user_messages,
@@ -278,7 +278,12 @@ pub async fn export(store: &Store, id: &str) -> Result<Value, SessionError> {
         "session": session,
         "messages": store.messages(id).await?,
         "summary": store.get_summary(id).await?,
-        "calls": store.calls_for_conversation(id).await?,
+        "calls": store
+            .calls_for_conversation(id)
+            .await?
+            .iter()
+            .map(|c| c.shown())
+            .collect::<Vec<_>>(),
     }))
 }
 
@@ -862,7 +867,7 @@ impl Sessions {
                     record
                         .tool_calls
                         .iter()
-                        .map(|c| (c.name.as_str(), c.is_success)),
+                        .map(|c| (c.name.as_str(), c.status())),
                 ),
                 tool_calls: record.tool_calls,
                 citations: Vec::new(),

@@ -18,6 +18,17 @@
 //! (small; one per confirmation ever decided) so a late request learns
 //! what happened instead of a bare 404. A confirmation made in a session
 //! is linked to it and erased with it, pending or decided.
+//!
+//! Call records: the held call writes one record, `pending_confirmation`
+//! (status `pending_approval`), under an id kept here
+//! ([`PendingConfirmation::record_id`]). The decision rewrites that same
+//! record rather than adding one: an approved call's run is recorded under
+//! it (so the call is one record, counted once, as what the run gave), a
+//! denied one becomes `declined`. Held and declined records count neither
+//! as succeeded nor as failed, nor in the per-tool counters (`/v1/stats`):
+//! they did not run ([`crate::store::CallStatus`]). A confirmation that
+//! expires without anyone deciding (nor a turn resuming over it) keeps its
+//! pending record.
 
 use std::time::Duration;
 
@@ -27,7 +38,7 @@ use serde_json::Value;
 
 use crate::error_code::{ErrorCode, PublicError};
 use crate::identity::DEFAULT_TENANT;
-use crate::store::{Page, Store, StoreError};
+use crate::store::{Page, Store, StoreError, ToolCallRecord, WriteOp};
 use crate::tools::ExecutionContext;
 
 /// Pending confirmations: the `confirmations` table
@@ -73,6 +84,11 @@ pub struct PendingConfirmation {
     pub summary: String,
     pub created_at: Timestamp,
     pub expires_at: Timestamp,
+    /// The id of the call record the held call wrote (`pending_confirmation`);
+    /// the decision rewrites it. `None` for confirmations stored before it
+    /// existed: their approved run gets a record of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_id: Option<String>,
 }
 
 impl PendingConfirmation {
@@ -143,6 +159,7 @@ impl Confirmations {
         params: Value,
         tool_call_id: Option<String>,
         context: ExecutionContext,
+        record_id: &str,
     ) -> Result<PendingConfirmation, StoreError> {
         let now = Timestamp::now();
         let ttl = jiff::SignedDuration::try_from(self.ttl).unwrap_or(jiff::SignedDuration::MAX);
@@ -155,6 +172,7 @@ impl Confirmations {
             context,
             created_at: now,
             expires_at: now.checked_add(ttl).unwrap_or(Timestamp::MAX),
+            record_id: Some(record_id.to_string()),
         };
         let value = serde_json::to_value(&pending).expect("confirmations serialize");
         let (id, tenant) = (&pending.confirmation_id, pending.tenant());
@@ -231,8 +249,55 @@ impl Confirmations {
             .move_doc(NAMESPACE, id, DECIDED, record, true)
             .await?
         {
-            Some(_) => Ok(pending),
+            Some(_) => {
+                if decision == Decision::Denied {
+                    self.record_declined(&pending).await;
+                }
+                Ok(pending)
+            }
             None => Err(self.why_not_pending(id, tenant).await),
+        }
+    }
+
+    /// Rewrites a denied call's `pending_confirmation` record as `declined`
+    /// (it did not run; counted neither as failed nor per tool). Every
+    /// denial passes here: a person's, an interrupt's, an expiry found
+    /// on resume. A record that cannot be written leaves the pending one
+    /// (logged): the decision itself is already made.
+    async fn record_declined(&self, p: &PendingConfirmation) {
+        let Some(record_id) = p.record_id.clone() else {
+            return;
+        };
+        let ctx = &p.context;
+        let rec = ToolCallRecord {
+            record_id,
+            tool_name: p.tool_name.clone(),
+            tool_call_id: p.tool_call_id.clone(),
+            params: p.params.clone(),
+            output: None,
+            is_success: false,
+            error: Some(format!("{} was declined; it did not run", p.tool_name)),
+            error_type: Some(crate::store::DECLINED.to_string()),
+            execution_time_ms: 0,
+            attempts: 0,
+            caller_id: ctx.caller_id.clone(),
+            caller_type: ctx.caller_type.as_str().to_string(),
+            conversation_id: ctx.conversation_id.clone(),
+            workflow_id: ctx.workflow_id.clone(),
+            user_id: ctx.user_id.clone(),
+            tenant: ctx.tenant.clone(),
+            created_at: Timestamp::now(),
+            started_at: None,
+            source_id: None,
+            turn_id: ctx.turn_id.clone(),
+            cached: false,
+        };
+        if let Err(e) = self
+            .store
+            .write(vec![WriteOp::RecordToolCall(Box::new(rec))], true)
+            .await
+        {
+            tracing::error!(error = %e, tool = %p.tool_name, "declined call's record not written");
         }
     }
 
@@ -333,7 +398,10 @@ mod tests {
         let id = {
             let c = Confirmations::new(Store::open(dir.path()).unwrap(), Duration::from_secs(600));
             let ctx = ExecutionContext::new(CallerType::Direct, "u");
-            let p = c.create("order", json!({"q": 1}), None, ctx).await.unwrap();
+            let p = c
+                .create("order", json!({"q": 1}), None, ctx, "rec_1")
+                .await
+                .unwrap();
             assert!(p.summary.contains("order"));
             p.confirmation_id
         };
@@ -359,7 +427,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let c = Confirmations::new(Store::open(dir.path()).unwrap(), Duration::ZERO);
         let ctx = ExecutionContext::new(CallerType::Direct, "u");
-        let p = c.create("order", json!({}), None, ctx).await.unwrap();
+        let p = c
+            .create("order", json!({}), None, ctx, "rec_1")
+            .await
+            .unwrap();
         assert!(matches!(
             c.decide(&p.confirmation_id, DEFAULT_TENANT, Decision::Approved)
                 .await,
@@ -373,7 +444,10 @@ mod tests {
         let c = Confirmations::new(Store::open(dir.path()).unwrap(), Duration::from_secs(600));
         for _ in 0..20 {
             let ctx = ExecutionContext::new(CallerType::Direct, "u");
-            let p = c.create("order", json!({}), None, ctx).await.unwrap();
+            let p = c
+                .create("order", json!({}), None, ctx, "rec_1")
+                .await
+                .unwrap();
             let racers = (0..8).map(|i| {
                 let (c, id) = (c.clone(), p.confirmation_id.clone());
                 let decision = if i % 2 == 0 {
@@ -399,7 +473,10 @@ mod tests {
         let c = Confirmations::new(Store::open(dir.path()).unwrap(), Duration::from_secs(600));
         let mut ctx = ExecutionContext::new(CallerType::Direct, "u");
         ctx.tenant = Some("acme".into());
-        let p = c.create("order", json!({}), None, ctx).await.unwrap();
+        let p = c
+            .create("order", json!({}), None, ctx, "rec_1")
+            .await
+            .unwrap();
         let id = &p.confirmation_id;
         assert!(matches!(
             c.decide(id, "globex", Decision::Approved).await,

@@ -221,6 +221,11 @@ pub struct ExecuteTool {
     /// [`ExecutorHandle::execute`] before admission (admission itself
     /// stays synchronous in the actor).
     tenant_quota: Option<RateLimit>,
+    /// The id its call record is written under, when it is not new: the
+    /// held call's for an approved one (its outcome rewrites the
+    /// `pending_confirmation` record, so the call is one record, counted
+    /// once). `None`: a new time-ordered id when the record is written.
+    record_id: Option<String>,
 }
 
 impl ExecuteTool {
@@ -234,6 +239,7 @@ impl ExecuteTool {
             offered: None,
             span: tracing::Span::current(),
             tenant_quota: None,
+            record_id: None,
         }
     }
 }
@@ -684,6 +690,9 @@ async fn execute(
         return hit;
     }
     if def.requires_confirmation() && !msg.confirmed {
+        // The held call's record is written under this id, and so is its
+        // outcome once a person decides.
+        let record_id = uuid::Uuid::now_v7().to_string();
         return match s
             .confirmations
             .create(
@@ -691,6 +700,7 @@ async fn execute(
                 params.clone(),
                 msg.tool_call_id.clone(),
                 msg.ctx.clone(),
+                &record_id,
             )
             .await
         {
@@ -709,6 +719,7 @@ async fn execute(
                     "expires_at": p.expires_at,
                 }));
                 r.metadata.confirmation_id = Some(p.confirmation_id);
+                r.metadata.record_id = Some(record_id);
                 r
             }
             Err(e) => ToolExecutionResult::failure(
@@ -878,7 +889,11 @@ async fn record(
         msg.tool_name.clone()
     };
     let rec = ToolCallRecord {
-        record_id: uuid::Uuid::now_v7().to_string(),
+        record_id: msg
+            .record_id
+            .clone()
+            .or_else(|| result.metadata.record_id.clone())
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
         tool_name,
         tool_call_id: msg.tool_call_id.clone(),
         params,
@@ -998,6 +1013,7 @@ impl ExecutorHandle {
         );
         call.tool_call_id = pending.tool_call_id;
         call.confirmed = true;
+        call.record_id = pending.record_id;
         let result = self.execute(call).await;
         Ok(DecisionOutcome {
             confirmation_id: id.to_string(),

@@ -1,7 +1,10 @@
 //! Call records over HTTP: `GET /v1/calls` (filter by conversation, tool or
 //! workflow run; newest first; `limit` default 100, at most 1,000; `cursor`
 //! the `next` of the previous page) and `GET /v1/stats` (per-tool counters
-//! kept with the records). Every listing of the API pages the same way
+//! kept with the records). Each listed record carries its `status`
+//! ([`crate::store::CallStatus`]): a call held for confirmation is
+//! `pending_approval`, never `failed`, and `/v1/stats` counts it nowhere
+//! until its decision rewrites its record. Every listing of the API pages the same way
 //! ([`page_params`]) and reads only the caller's tenant's rows
 //! ([`crate::store::listing`]).
 
@@ -87,8 +90,11 @@ struct CallsQuery {
 #[allow(dead_code)]
 struct CallList {
     /// Newest first: `{record_id, tool_name, tool_call_id, params, output, is_success, error, error_type,
-    /// execution_time_ms, attempts, cached, caller_id, caller_type, conversation_id, workflow_id, user_id, ...}`;
-    /// `cached`: answered from the tool's result cache (the tool did not run).
+    /// status, execution_time_ms, attempts, cached, caller_id, caller_type, conversation_id, workflow_id,
+    /// user_id, ...}`; `cached`: answered from the tool's result cache (the tool did not run);
+    /// `status`: `succeeded`, `failed`, `pending_approval` (held for a person's confirmation: not
+    /// failed; its decision rewrites this record) or `declined` (a person declined it, or it expired:
+    /// it did not run).
     #[schema(value_type = Vec<Object>)]
     calls: Vec<Value>,
     /// How many calls this page holds.
@@ -104,7 +110,8 @@ struct Stats {
     successful_calls: u64,
     failed_calls: u64,
     success_rate: f64,
-    /// Per tool: `{total_calls, successful_calls, failed_calls, avg_execution_time_ms}`.
+    /// Per tool: `{total_calls, successful_calls, failed_calls, avg_execution_time_ms}`. Calls held
+    /// for confirmation or declined are not counted (they did not run); an approved one counts once.
     #[schema(value_type = Object)]
     tools: Value,
 }
@@ -143,9 +150,11 @@ async fn calls(
         .store
         .calls_of(&caller.tenant, filter, cursor, limit)
         .await?;
-    Ok(Json(
-        json!({ "calls": page.items, "count": page.items.len(), "next": page.next }),
-    ))
+    Ok(Json(json!({
+        "calls": page.items.iter().map(|c| c.shown()).collect::<Vec<_>>(),
+        "count": page.items.len(),
+        "next": page.next,
+    })))
 }
 
 error_responses!(

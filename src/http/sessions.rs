@@ -106,7 +106,9 @@ struct TurnReply {
     /// Each tool call of the turn: `{id, name, arguments, is_success, output?, error?, error_type?, source_id?}`.
     #[schema(value_type = Vec<Object>)]
     tool_calls: Vec<Value>,
-    /// `{total_calls, successful_calls, failed_calls, success_rate, tool_usage, has_errors}`.
+    /// `{total_calls, successful_calls, failed_calls, pending_calls, declined_calls, success_rate, tool_usage, has_errors}`:
+    /// a call held for confirmation is pending (not failed), a declined one declined; `success_rate` is
+    /// successful / (successful + failed).
     #[schema(value_type = Object)]
     tool_usage_summary: Value,
     /// Source ids of the data this turn's tools returned.

@@ -90,6 +90,79 @@ pub struct ToolCallRecord {
     pub cached: bool,
 }
 
+/// Where a call stands, from its record's `is_success` and `error_type`:
+/// what listings show as `status` and what every count derives from.
+///
+/// A call held for a person's confirmation (`pending_confirmation`) is
+/// `PendingApproval`, not failed; one the person declined (or that
+/// expired undecided: `declined`) is `Declined`. Neither counts as failed,
+/// nor in the per-tool counters ([`ToolStats`], `/v1/stats`): they did not
+/// run. The decision rewrites the held call's record under its
+/// `record_id` (the executor writes the outcome under the id it held), so
+/// an approved call is one record, counted once, as what its run gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    Succeeded,
+    Failed,
+    PendingApproval,
+    Declined,
+}
+
+/// The `error_type` of a call held for confirmation.
+pub const PENDING_CONFIRMATION: &str = "pending_confirmation";
+/// The `error_type` of a held call a person declined (or that expired).
+pub const DECLINED: &str = "declined";
+
+impl CallStatus {
+    pub fn of(is_success: bool, error_type: Option<&str>) -> Self {
+        match (is_success, error_type) {
+            (true, _) => CallStatus::Succeeded,
+            (false, Some(PENDING_CONFIRMATION)) => CallStatus::PendingApproval,
+            (false, Some(DECLINED)) => CallStatus::Declined,
+            (false, _) => CallStatus::Failed,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::Succeeded => "succeeded",
+            CallStatus::Failed => "failed",
+            CallStatus::PendingApproval => "pending_approval",
+            CallStatus::Declined => "declined",
+        }
+    }
+
+    /// Whether the per-tool counters count it: only calls that were run
+    /// or refused by the gate (succeeded or failed).
+    pub fn is_counted(self) -> bool {
+        matches!(self, CallStatus::Succeeded | CallStatus::Failed)
+    }
+}
+
+impl ToolCallRecord {
+    pub fn status(&self) -> CallStatus {
+        CallStatus::of(self.is_success, self.error_type.as_deref())
+    }
+
+    /// The record as listings show it: its fields and its `status`.
+    pub fn shown(&self) -> ShownCall<'_> {
+        ShownCall {
+            record: self,
+            status: self.status(),
+        }
+    }
+}
+
+/// A call record with its [`CallStatus`], as the API lists it
+/// (`GET /v1/calls`, a session's export).
+#[derive(Debug, Serialize)]
+pub struct ShownCall<'a> {
+    #[serde(flatten)]
+    pub record: &'a ToolCallRecord,
+    pub status: CallStatus,
+}
+
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MessageStats {
     pub count: u64,

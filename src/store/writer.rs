@@ -343,7 +343,12 @@ fn commit_batch(
                     }
                     // Calls to tools that do not exist are recorded but not
                     // counted per tool: their names are anyone's text.
-                    if rec.error_type.as_deref() == Some("tool_not_found") {
+                    // Nor are held and declined calls: they did not run
+                    // (`CallStatus::is_counted`); an approved one counts
+                    // when its outcome rewrites its record.
+                    if rec.error_type.as_deref() == Some("tool_not_found")
+                        || !rec.status().is_counted()
+                    {
                         continue;
                     }
                     let mut s: ToolStats = match stats.open()?.get(rec.tool_name.as_str())? {

@@ -242,6 +242,11 @@ pub struct ResultMetadata {
     /// record's `started_at`. Not part of the answer.
     #[serde(skip)]
     pub started_at: Option<jiff::Timestamp>,
+    /// For `pending_confirmation`: the id the held call's record is
+    /// written under (its decision rewrites that record). Not part of the
+    /// answer.
+    #[serde(skip)]
+    pub record_id: Option<String>,
 }
 
 /// The deepest nesting of a tool's output that is kept. Every output is

@@ -157,6 +157,9 @@ try {
   await approve.waitFor();
   check(await page.getByRole("button", { name: "Decline" }).isVisible(), "no Decline button");
   check((await page.locator(".confirmation h3").innerText()).includes("create_paper_order"), "the confirmation is not the order's");
+  // The held call waits: a neutral "pending approval", never a red "failed".
+  await page.locator(".call.pending[data-tool=create_paper_order] .badge", { hasText: "pending approval" }).first().waitFor();
+  check((await page.locator(".call.failed[data-tool=create_paper_order]").count()) === 0, "the held order is shown as failed");
   await shot("04-paused-turn");
   await approve.click();
   await page.locator(STORED + " .msg.assistant .content", { hasText: "Your order filled" }).waitFor();
