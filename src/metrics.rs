@@ -7,8 +7,20 @@
 //!
 //! One `Metrics` per runtime rather than a process-global recorder: tests
 //! run several runtimes in one process and each must see its own numbers.
-//! Recording is a few relaxed atomic adds (tool counters take a short
-//! mutex); rendering reads them without stopping anyone.
+//! Recording is a few relaxed atomic adds (tool counters and the per-agent
+//! counters take a short mutex); rendering reads them without stopping
+//! anyone.
+//!
+//! Per tenant and agent (what a team puts on a dashboard):
+//! `cadre_agent_turns_total{tenant,agent,outcome}` (`completed`, `failed`,
+//! `interrupted`) and `cadre_agent_tokens_total{tenant,agent,kind}`
+//! (`prompt`, `completion`; summaries' model calls included, as in
+//! `/v1/usage`). Both label sets are bounded: tenants and agents are
+//! created by admins (keys, agent files), and past [`MAX_AGENT_SERIES`]
+//! distinct (tenant, agent) pairs a new pair counts under
+//! `tenant="_other",agent="_other"`, so a runaway set of tenants cannot grow
+//! the scrape without bound. The unlabelled `cadre_turns_*_total` counters
+//! stay (the sums over every pair).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -69,9 +81,79 @@ pub struct Metrics {
     pub rate_limited: AtomicU64,
     /// (tool, outcome) -> calls; outcome is `ok` or the error type.
     tool_calls: Mutex<BTreeMap<(String, String), u64>>,
+    /// (tenant, agent) -> turns and tokens; at most [`MAX_AGENT_SERIES`]
+    /// pairs, the rest under [`OVERFLOW`].
+    per_agent: Mutex<BTreeMap<(String, String), AgentCounters>>,
+}
+
+/// How many distinct (tenant, agent) pairs get series of their own.
+pub const MAX_AGENT_SERIES: usize = 1000;
+/// The tenant and agent label of the pairs past [`MAX_AGENT_SERIES`].
+pub const OVERFLOW: &str = "_other";
+
+/// How a turn ended, for the turn counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnEnd {
+    Completed,
+    Failed,
+    Interrupted,
+}
+
+impl TurnEnd {
+    const ALL: [TurnEnd; 3] = [TurnEnd::Completed, TurnEnd::Failed, TurnEnd::Interrupted];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            TurnEnd::Completed => "completed",
+            TurnEnd::Failed => "failed",
+            TurnEnd::Interrupted => "interrupted",
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct AgentCounters {
+    /// By [`TurnEnd`], in its order.
+    turns: [u64; 3],
+    prompt_tokens: u64,
+    completion_tokens: u64,
 }
 
 impl Metrics {
+    /// A turn of `agent` in `tenant` ended: the unlabelled counter and the
+    /// pair's.
+    pub fn turn_ended(&self, tenant: &str, agent: &str, end: TurnEnd) {
+        let total = match end {
+            TurnEnd::Completed => &self.turns_completed,
+            TurnEnd::Failed => &self.turns_failed,
+            TurnEnd::Interrupted => &self.turns_interrupted,
+        };
+        total.fetch_add(1, Ordering::Relaxed);
+        self.for_agent(tenant, agent, |c| c.turns[end as usize] += 1);
+    }
+
+    /// Model tokens `agent`'s session in `tenant` spent.
+    pub fn tokens(&self, tenant: &str, agent: &str, prompt: u64, completion: u64) {
+        if prompt == 0 && completion == 0 {
+            return;
+        }
+        self.for_agent(tenant, agent, |c| {
+            c.prompt_tokens = c.prompt_tokens.saturating_add(prompt);
+            c.completion_tokens = c.completion_tokens.saturating_add(completion);
+        });
+    }
+
+    fn for_agent(&self, tenant: &str, agent: &str, f: impl FnOnce(&mut AgentCounters)) {
+        let mut pairs = self.per_agent.lock().expect("metrics lock");
+        let key = (tenant.to_string(), agent.to_string());
+        let key = if pairs.contains_key(&key) || pairs.len() < MAX_AGENT_SERIES {
+            key
+        } else {
+            (OVERFLOW.to_string(), OVERFLOW.to_string())
+        };
+        f(pairs.entry(key).or_default());
+    }
+
     pub fn tool_call(&self, tool: &str, outcome: &str) {
         let mut calls = self.tool_calls.lock().expect("metrics lock");
         *calls
@@ -153,6 +235,40 @@ impl Metrics {
                 escape(outcome)
             );
         }
+        let pairs = self.per_agent.lock().expect("metrics lock").clone();
+        let _ = writeln!(
+            out,
+            "# HELP cadre_agent_turns_total Turns by tenant, agent and how they ended.\n# TYPE cadre_agent_turns_total counter"
+        );
+        for ((tenant, agent), c) in &pairs {
+            for end in TurnEnd::ALL {
+                let _ = writeln!(
+                    out,
+                    "cadre_agent_turns_total{{tenant=\"{}\",agent=\"{}\",outcome=\"{}\"}} {}",
+                    escape(tenant),
+                    escape(agent),
+                    end.as_str(),
+                    c.turns[end as usize]
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP cadre_agent_tokens_total Model tokens by tenant, agent and kind (prompt, completion).\n# TYPE cadre_agent_tokens_total counter"
+        );
+        for ((tenant, agent), c) in &pairs {
+            for (kind, n) in [
+                ("prompt", c.prompt_tokens),
+                ("completion", c.completion_tokens),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "cadre_agent_tokens_total{{tenant=\"{}\",agent=\"{}\",kind=\"{kind}\"}} {n}",
+                    escape(tenant),
+                    escape(agent),
+                );
+            }
+        }
     }
 }
 
@@ -184,5 +300,53 @@ mod tests {
         assert!(
             out.contains("cadre_tool_calls_total{tool=\"echo\",outcome=\"validation_error\"} 1")
         );
+    }
+
+    #[test]
+    fn turns_and_tokens_count_per_tenant_and_agent() {
+        let m = Metrics::default();
+        m.turn_ended("acme", "support", TurnEnd::Completed);
+        m.turn_ended("acme", "support", TurnEnd::Completed);
+        m.turn_ended("acme", "support", TurnEnd::Failed);
+        m.turn_ended("globex", "trader", TurnEnd::Interrupted);
+        m.tokens("acme", "support", 120, 30);
+        m.tokens("acme", "support", 5, 0);
+        let mut out = String::new();
+        m.render(&mut out);
+        for line in [
+            "cadre_turns_completed_total 2",
+            "cadre_turns_failed_total 1",
+            "cadre_turns_interrupted_total 1",
+            "cadre_agent_turns_total{tenant=\"acme\",agent=\"support\",outcome=\"completed\"} 2",
+            "cadre_agent_turns_total{tenant=\"acme\",agent=\"support\",outcome=\"failed\"} 1",
+            "cadre_agent_turns_total{tenant=\"globex\",agent=\"trader\",outcome=\"interrupted\"} 1",
+            "cadre_agent_tokens_total{tenant=\"acme\",agent=\"support\",kind=\"prompt\"} 125",
+            "cadre_agent_tokens_total{tenant=\"acme\",agent=\"support\",kind=\"completion\"} 30",
+        ] {
+            assert!(out.contains(line), "no {line} in\n{out}");
+        }
+    }
+
+    #[test]
+    fn pairs_past_the_bound_count_under_other() {
+        let m = Metrics::default();
+        for i in 0..MAX_AGENT_SERIES + 50 {
+            m.turn_ended(&format!("t{i}"), "a", TurnEnd::Completed);
+        }
+        // A pair that has its series keeps it past the bound.
+        m.turn_ended("t0", "a", TurnEnd::Completed);
+        let mut out = String::new();
+        m.render(&mut out);
+        let series = out
+            .lines()
+            .filter(|l| l.starts_with("cadre_agent_turns_total{") && l.contains("completed"))
+            .count();
+        assert_eq!(series, MAX_AGENT_SERIES + 1);
+        assert!(out.contains(
+            "cadre_agent_turns_total{tenant=\"_other\",agent=\"_other\",outcome=\"completed\"} 50"
+        ));
+        assert!(out.contains(
+            "cadre_agent_turns_total{tenant=\"t0\",agent=\"a\",outcome=\"completed\"} 2"
+        ));
     }
 }

@@ -246,6 +246,78 @@ fn rows(report: &Value) -> Vec<(String, String, u64)> {
 // Counting
 // ---------------------------------------------------------------------------
 
+/// The value of `/metrics`' series `line` (name and labels), 0 when absent.
+fn series(metrics: &str, line: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_turns_and_tokens_per_tenant_and_agent() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    let acme = t.acme.session().await;
+    two_call_turn(&model);
+    assert_eq!(
+        t.acme.say(&acme, "What is 6*7?").await.status,
+        StatusCode::OK
+    );
+    let globex = t.globex.session_of(BRIEF).await;
+    model.push(Reply::with_usage(7, 3, Reply::text("Hello.")));
+    assert_eq!(t.globex.say(&globex, "Hi").await.status, StatusCode::OK);
+    // A model that fails: the turn counts as failed for its pair.
+    model.push(Reply::error(400, "invalid_request_error", "no"));
+    let failed = t.acme.say(&acme, "Again?").await;
+    assert!(failed.status.is_server_error(), "{}", failed.body);
+
+    let (status, metrics) = t.admin.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    let metrics = metrics.as_str().expect("text");
+    let turns = |tenant: &str, agent: &str, outcome: &str| {
+        series(
+            metrics,
+            &format!(
+                "cadre_agent_turns_total{{tenant=\"{tenant}\",agent=\"{agent}\",outcome=\"{outcome}\"}}"
+            ),
+        )
+    };
+    let tokens = |tenant: &str, agent: &str, kind: &str| {
+        series(
+            metrics,
+            &format!(
+                "cadre_agent_tokens_total{{tenant=\"{tenant}\",agent=\"{agent}\",kind=\"{kind}\"}}"
+            ),
+        )
+    };
+    assert_eq!(turns("acme", AGENT, "completed"), 1, "{metrics}");
+    assert_eq!(turns("acme", AGENT, "failed"), 1, "{metrics}");
+    assert_eq!(turns("globex", BRIEF, "completed"), 1, "{metrics}");
+    assert_eq!(turns("globex", AGENT, "completed"), 0, "{metrics}");
+    assert_eq!(
+        (
+            tokens("acme", AGENT, "prompt"),
+            tokens("acme", AGENT, "completion")
+        ),
+        (250, 30),
+        "{metrics}"
+    );
+    assert_eq!(
+        (
+            tokens("globex", BRIEF, "prompt"),
+            tokens("globex", BRIEF, "completion")
+        ),
+        (7, 3),
+        "{metrics}"
+    );
+    assert_eq!(
+        series(metrics, "cadre_turns_completed_total"),
+        2,
+        "{metrics}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_model_calls_of_a_turn_add_up_in_the_session_summary_and_the_tenants_usage() {
     let model = MockModel::start().await;

@@ -138,7 +138,7 @@ use super::resume::{self, Resolution};
 use crate::config::Agent;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, TurnEnd};
 use crate::model::{ChatMessage, ModelError};
 use crate::store::turns::TurnWrite;
 use crate::store::usage::day_of;
@@ -695,9 +695,16 @@ impl Conversation {
         ops
     }
 
-    /// The write that adds `usage` to this session's and its tenant's counters.
+    /// The write that adds `usage` to this session's and its tenant's
+    /// counters; `/metrics`' per-agent token counters count it here too.
     fn usage_op(&self, usage: TokenUsage) -> Option<WriteOp> {
         (!usage.is_empty()).then(|| {
+            self.metrics.tokens(
+                &self.session.tenant,
+                &self.agent.name,
+                usage.prompt_tokens,
+                usage.completion_tokens,
+            );
             WriteOp::RecordUsage(UsageDelta {
                 session_id: Some(self.session.id.clone()),
                 tenant: self.session.tenant.clone(),
@@ -1008,11 +1015,16 @@ impl Conversation {
                     .span
                     .record("latency_ms", current.started.elapsed().as_millis() as u64);
                 if result.is_ok() {
-                    act.metrics.turns_completed.fetch_add(1, Ordering::Relaxed);
+                    act.metrics.turn_ended(
+                        &act.session.tenant,
+                        &act.agent.name,
+                        TurnEnd::Completed,
+                    );
                     act.metrics.turn_latency.observe(current.started.elapsed());
                     current.emit(TurnEvent::TurnCompleted(Box::new(outcome.clone())));
                 } else {
-                    act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
+                    act.metrics
+                        .turn_ended(&act.session.tenant, &act.agent.name, TurnEnd::Failed);
                 }
                 if let Some(reply) = current.reply {
                     let _ = reply.send(result.map(|()| outcome).map_err(TurnError::from));
@@ -1262,8 +1274,7 @@ impl Conversation {
         if what == CutTurn::Close {
             tracing::warn!(session = %self.session.id, turn = %turn_id, "a turn cut by a restart is closed as interrupted (older than the resume window, or a workflow node's: its run reruns the node)");
             self.metrics
-                .turns_interrupted
-                .fetch_add(1, Ordering::Relaxed);
+                .turn_ended(&self.session.tenant, &self.agent.name, TurnEnd::Interrupted);
             if let Some(closed) = self.machine.interrupt_turn(false, Some(INTERRUPTED_NOTE)) {
                 self.write_closed(closed, true, ctx);
             }
@@ -1353,8 +1364,7 @@ impl Conversation {
         tracing::info!(session = %self.session.id, turn = %turn_id, rollback, "turn interrupted by a newer message");
         self.write_closed(closed, false, ctx);
         self.metrics
-            .turns_interrupted
-            .fetch_add(1, Ordering::Relaxed);
+            .turn_ended(&self.session.tenant, &self.agent.name, TurnEnd::Interrupted);
         let interrupted: Result<TurnOutcome, TurnError> = Err(TurnError::Interrupted);
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watchers)
             .into_iter()
@@ -1492,7 +1502,8 @@ impl Conversation {
         let store_failed = matches!(error, TurnError::Store(_));
         self.commit_turn(extra, ctx, move |act, result, ctx| {
             if let Some(current) = act.current.take() {
-                act.metrics.turns_failed.fetch_add(1, Ordering::Relaxed);
+                act.metrics
+                    .turn_ended(&act.session.tenant, &act.agent.name, TurnEnd::Failed);
                 current.span.record("error.type", error.code().as_str());
                 current
                     .span
