@@ -877,3 +877,74 @@ async fn the_readmes_example_reply_is_what_cadre_answers() {
     shown["turn_id"] = reply["turn_id"].clone();
     assert_eq!(shown, reply, "README.md's reply drifted from cadre's");
 }
+
+#[test]
+fn the_shipped_assistant_is_the_one_docs_agents_md_shows() {
+    let page = Path::new("docs/agents.md");
+    let block = blocks(page)
+        .into_iter()
+        .find(|b| b.tag == "toml" && b.body.contains("name = \"assistant\""))
+        .expect("docs/agents.md shows the shipped assistant's file");
+    let file = root().join("agents/assistant.toml");
+    let shown = cadre::config::AgentFile::parse(&file, &block.body).expect("the block loads");
+    let shipped = cadre::config::AgentFile::parse(&file, &read(Path::new("agents/assistant.toml")))
+        .expect("the shipped file loads");
+    assert_eq!(
+        (
+            &shown.name,
+            &shown.description,
+            &shown.tools,
+            shown.max_iterations,
+            shown.history_window
+        ),
+        (
+            &shipped.name,
+            &shipped.description,
+            &shipped.tools,
+            shipped.max_iterations,
+            shipped.history_window
+        ),
+        "{}: the block drifted from agents/assistant.toml",
+        block.place()
+    );
+    let intro: String = read(page).lines().take(4).collect::<Vec<_>>().join(" ");
+    for tool in &shipped.tools {
+        assert!(
+            intro.contains(&format!("`{tool}`")),
+            "docs/agents.md's first lines do not name the assistant's tool {tool}: {intro}"
+        );
+    }
+}
+
+#[test]
+fn docs_layout_md_names_every_module_of_src() {
+    let layout = read(Path::new("docs/layout.md"));
+    let named: BTreeSet<&str> = layout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.starts_with("src/"))
+        .collect();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(root().join("src")).expect("read src/") {
+        let path = entry.expect("a src/ entry").path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let shown = if path.is_dir() {
+            format!("src/{name}/")
+        } else {
+            format!("src/{name}")
+        };
+        if !named.contains(shown.as_str()) {
+            missing.push(shown);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/layout.md does not name {missing:?}"
+    );
+    for path in &named {
+        assert!(
+            root().join(path).exists(),
+            "docs/layout.md names {path}, which does not exist"
+        );
+    }
+}

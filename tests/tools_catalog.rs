@@ -1307,3 +1307,35 @@ async fn a_call_answered_from_the_cache_is_recorded_cached() {
     // Newest first: the second call came from the cache.
     assert_eq!(cached, [&json!(true), &json!(false)], "{page}");
 }
+
+/// As docs/tools.md says: the default listing is the OpenAI functions
+/// alone (to hand to a model as is); `view=definitions` carries each
+/// tool's `side_effects`.
+#[tokio::test]
+async fn side_effects_are_listed_with_view_definitions_not_in_the_openai_view() {
+    let app = spawn_app(AppOptions::offline());
+    let (status, openai) = app.get("/v1/tools").await;
+    assert_eq!(status, StatusCode::OK, "{openai}");
+    let tools = openai["tools"].as_array().expect("tools");
+    assert!(!tools.is_empty());
+    for t in tools {
+        assert_eq!(t["type"], "function", "{t}");
+        assert!(t.get("side_effects").is_none(), "{t}");
+    }
+    let (status, defs) = app.get("/v1/tools?view=definitions").await;
+    assert_eq!(status, StatusCode::OK, "{defs}");
+    let defs = defs["tools"].as_array().expect("tools");
+    assert_eq!(defs.len(), tools.len());
+    for d in defs {
+        let side = d["side_effects"].as_str().unwrap_or_default();
+        assert!(
+            ["none", "idempotent", "at_most_once"].contains(&side),
+            "{d}"
+        );
+    }
+    let calc = defs
+        .iter()
+        .find(|d| d["name"] == "calculator")
+        .expect("calculator");
+    assert_eq!(calc["side_effects"], "none");
+}
