@@ -85,7 +85,7 @@ async fn hold(store: &Store, tenant: &str, n: usize) -> Held {
         let mut ctx = ExecutionContext::new(CallerType::Direct, "u");
         ctx.tenant = Some(tenant.into());
         let pending = confirmations
-            .create("order", json!({"i": i}), None, ctx)
+            .create("order", json!({"i": i}), None, ctx, &format!("rec_{i}"))
             .await
             .expect("confirmation stored");
         held.confirmations.insert(pending.confirmation_id);
