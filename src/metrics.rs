@@ -79,12 +79,17 @@ pub struct Metrics {
     pub model_latency: Histogram,
     pub turn_latency: Histogram,
     pub rate_limited: AtomicU64,
-    /// (tool, outcome) -> calls; outcome is `ok` or the error type.
+    /// (tool, outcome) -> calls; outcome is `ok` or the error type; tool
+    /// is a registered tool's name or [`UNREGISTERED`].
     tool_calls: Mutex<BTreeMap<(String, String), u64>>,
     /// (tenant, agent) -> turns and tokens; at most [`MAX_AGENT_SERIES`]
     /// pairs, the rest under [`OVERFLOW`].
     per_agent: Mutex<BTreeMap<(String, String), AgentCounters>>,
 }
+
+/// The `tool` label of calls naming no registered tool (invented names
+/// would each be a new series).
+pub const UNREGISTERED: &str = "_unregistered";
 
 /// How many distinct (tenant, agent) pairs get series of their own.
 pub const MAX_AGENT_SERIES: usize = 1000;

@@ -214,3 +214,75 @@ async fn a_client_cannot_open_a_session_as_a_workflow_node() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
 }
+
+/// Invented tool names (a model can make a new one per call, up to 20,000
+/// characters) never become a `/metrics` series or a `/v1/stats` key: they
+/// count under `tool="_unregistered"`, and their records keep 64
+/// characters of the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invented_tool_names_make_no_series_and_no_stats_keys() {
+    let model = MockModel::start().await;
+    let (app, _dir, runs) = app(&model);
+    let long = format!("invented_{}", "x".repeat(20_000));
+    let names = [long.as_str(), "invented_a", "invented_b", "secret"];
+    let calls: Vec<(String, &str, &str)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (format!("i{i}"), *n, "{}"))
+        .collect();
+    let calls: Vec<(&str, &str, &str)> = calls
+        .iter()
+        .map(|(id, n, a)| (id.as_str(), *n, *a))
+        .collect();
+    model.push(Reply::tool_calls(&calls));
+    model.push(Reply::text("done"));
+    let session = app.session("mini").await;
+    let (status, body) = app.say(&session, "hello").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "secret must not run");
+
+    let (status, metrics) = app.get("/metrics").await;
+    assert_eq!(status, StatusCode::OK, "{metrics}");
+    let metrics = metrics.as_str().expect("text");
+    assert!(
+        !metrics.contains("invented_"),
+        "an invented name is a series"
+    );
+    assert!(
+        metrics.contains(
+            "cadre_tool_calls_total{tool=\"_unregistered\",outcome=\"tool_not_offered\"} 3"
+        ),
+        "{metrics}"
+    );
+    // A registered tool the turn did not offer keeps its own label.
+    assert!(
+        metrics.contains("cadre_tool_calls_total{tool=\"secret\",outcome=\"tool_not_offered\"} 1"),
+        "{metrics}"
+    );
+
+    let (status, stats) = app.get("/v1/stats").await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    let tools = stats["tools"].as_object().expect("per-tool stats");
+    assert!(
+        tools
+            .keys()
+            .all(|k| !k.starts_with("invented_") && k != "secret"),
+        "refused-by-name calls are keys of the per-tool stats: {:?}",
+        tools.keys().collect::<Vec<_>>()
+    );
+
+    let (status, page) = app
+        .get(&format!("/v1/calls?conversation_id={session}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let recorded = page["calls"].as_array().expect("calls");
+    assert_eq!(recorded.len(), names.len(), "{page}");
+    for r in recorded {
+        let name = r["tool_name"].as_str().expect("a name");
+        assert!(
+            name.chars().count() <= 64,
+            "a record keeps {} characters",
+            name.len()
+        );
+    }
+}

@@ -541,11 +541,18 @@ impl Handler<ExecuteTool> for Executor {
                 if let Some(t) = result.error_type {
                     record_to.record("error.type", t.as_str());
                 }
+                // Only registered tools get a label value of their own: a
+                // model (or a caller) can invent a new name per call.
+                let registered = shared.registry.contains(&msg.tool_name);
                 shared.metrics.tool_call(
-                    &msg.tool_name,
+                    if registered {
+                        &msg.tool_name
+                    } else {
+                        crate::metrics::UNREGISTERED
+                    },
                     result.error_type.map_or("ok", ErrorType::as_str),
                 );
-                record(&shared.store, &msg, params, &result, intended).await;
+                record(&shared.store, &msg, params, &result, intended, registered).await;
                 shared
                     .events
                     .publish(match (result.is_success, result.error_type) {
@@ -880,10 +887,12 @@ async fn record(
     params: Value,
     result: &ToolExecutionResult,
     intended: bool,
+    registered: bool,
 ) {
     // The name of a tool that does not exist is the caller's text: kept
-    // short in the record, and never a key of the per-tool counters.
-    let tool_name = if result.error_type == Some(ErrorType::ToolNotFound) {
+    // short in the record, and never a key of the per-tool counters
+    // (`ToolCallRecord::counted_per_tool`).
+    let tool_name = if !registered || result.error_type == Some(ErrorType::ToolNotFound) {
         msg.tool_name.chars().take(64).collect()
     } else {
         msg.tool_name.clone()

@@ -145,6 +145,20 @@ impl ToolCallRecord {
         CallStatus::of(self.is_success, self.error_type.as_deref())
     }
 
+    /// Whether the per-tool counters (`/v1/stats`) count this call: a call
+    /// that ran or that the gate refused after finding its tool. Not held
+    /// or declined calls (they did not run), nor calls refused by name
+    /// (`tool_not_found`, `tool_not_offered`): their names are anyone's
+    /// text (a model can invent a new one per call), and the counters are
+    /// keyed by name.
+    pub fn counted_per_tool(&self) -> bool {
+        self.status().is_counted()
+            && !matches!(
+                self.error_type.as_deref(),
+                Some("tool_not_found" | "tool_not_offered")
+            )
+    }
+
     /// The record as listings show it: its fields and its `status`.
     pub fn shown(&self) -> ShownCall<'_> {
         ShownCall {

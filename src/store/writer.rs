@@ -341,14 +341,11 @@ fn commit_batch(
                     if let Some(wf) = &rec.workflow_id {
                         by_workflow.open()?.insert((wf.as_str(), id), ())?;
                     }
-                    // Calls to tools that do not exist are recorded but not
-                    // counted per tool: their names are anyone's text.
-                    // Nor are held and declined calls: they did not run
-                    // (`CallStatus::is_counted`); an approved one counts
-                    // when its outcome rewrites its record.
-                    if rec.error_type.as_deref() == Some("tool_not_found")
-                        || !rec.status().is_counted()
-                    {
+                    // Calls refused by name are recorded but not counted
+                    // per tool (their names are anyone's text), nor are held
+                    // and declined ones (an approved one counts when its
+                    // outcome rewrites its record): `counted_per_tool`.
+                    if !rec.counted_per_tool() {
                         continue;
                     }
                     let mut s: ToolStats = match stats.open()?.get(rec.tool_name.as_str())? {

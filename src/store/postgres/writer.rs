@@ -445,10 +445,9 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
                     Box::new(Json(&**rec)),
                 ],
             )];
-            // Calls to tools that do not exist are recorded but not counted
-            // per tool: their names are anyone's text. Nor are held and
-            // declined calls: they did not run (`CallStatus::is_counted`).
-            if rec.error_type.as_deref() != Some("tool_not_found") && rec.status().is_counted() {
+            // Calls refused by name, held and declined calls are recorded
+            // but not counted per tool (`counted_per_tool`).
+            if rec.counted_per_tool() {
                 out.push(stmt(
                     "INSERT INTO tool_stats (tool, node, total_calls, successful_calls, failed_calls,
                                              total_execution_time_ms)
