@@ -487,3 +487,67 @@ async fn a_model_endpoints_redirect_is_not_followed() {
     }
     assert_eq!(elsewhere.request_count(), 0, "a redirect was followed");
 }
+
+/// Tool-call arguments nested 126 deep (valid JSON under serde_json's
+/// limit of 128): the call fails as a validation error, and nothing of it
+/// poisons the session's or the tenant's reads, before and after a
+/// restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deeply_nested_tool_arguments_fail_the_call_and_every_read_still_answers() {
+    let model = MockModel::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let agents = agents_dir(&[("echoer.toml", &agent_toml("echoer", &["echo"], 3))]);
+    let deep = format!("{}1{}", "[".repeat(126), "]".repeat(126));
+    let args = format!(r#"{{"message":"hi","x":{deep}}}"#);
+    let server = Server::start(data.path(), agents.path(), &model.base_url(), &[]);
+    let client = server.client();
+    let (status, session) = client
+        .post("/v1/sessions", &json!({"agent": "echoer"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{session}");
+    let id = session["id"].as_str().unwrap().to_owned();
+    model.push(Reply::tool_call("d1", "echo", &args));
+    model.push(Reply::text("done"));
+    let (status, turn) = client
+        .post(
+            &format!("/v1/sessions/{id}/messages"),
+            &json!({"content": "go"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{turn}");
+    assert_eq!(
+        turn["tool_calls"][0]["error_type"], "validation_error",
+        "{turn}"
+    );
+
+    let reads = |client: support::Client, id: String| async move {
+        for path in [
+            format!("/v1/sessions/{id}/messages"),
+            format!("/v1/sessions/{id}/turns"),
+            format!("/v1/sessions/{id}/summary"),
+            format!("/v1/sessions/{id}/export"),
+            "/v1/calls".to_owned(),
+            format!("/v1/calls?conversation_id={id}"),
+        ] {
+            let (status, body) = client.get(&path).await;
+            assert_eq!(status, StatusCode::OK, "{path}: {body}");
+        }
+    };
+    reads(client.clone(), id.clone()).await;
+    drop(server);
+
+    // After a restart the session still takes turns and answers its reads.
+    let server = Server::start(data.path(), agents.path(), &model.base_url(), &[]);
+    let client = server.client();
+    reads(client.clone(), id.clone()).await;
+    model.push(Reply::text("still here"));
+    let (status, turn) = client
+        .post(
+            &format!("/v1/sessions/{id}/messages"),
+            &json!({"content": "again"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{turn}");
+    let (status, body) = client.delete(&format!("/v1/sessions/{id}")).await;
+    assert!(status.is_success(), "{status} {body}");
+}

@@ -273,6 +273,26 @@ macro_rules! suite {
             assert_eq!(store.get_summary("t").await.unwrap(), None);
         }
 
+        /// A row that cannot be read back (nested deeper than serde_json
+        /// reads, as an older cadre could store) never fails a listing: the
+        /// listing answers without it.
+        #[tokio::test]
+        async fn a_call_record_that_does_not_decode_is_left_out_of_listings() {
+            let (store, _guard) = $open;
+            let mut poisoned = call(2, "acme", "calc", Some("c1"), None);
+            let deep: Value = serde_json::from_str(&format!("{}1{}", "[".repeat(126), "]".repeat(126))).unwrap();
+            poisoned.params = json!({"x": deep});
+            store
+                .write(vec![record(call(1, "acme", "calc", Some("c1"), None)), record(poisoned), record(call(3, "acme", "calc", Some("c1"), None))], false)
+                .await
+                .unwrap();
+            assert_eq!(ids(&store.calls_for_conversation("c1").await.unwrap()), ["r0001", "r0003"]);
+            let page = store.calls_of("acme", CallFilter::default(), None, 10).await.unwrap();
+            assert_eq!(ids(&page.items), ["r0003", "r0001"]);
+            let all = store.calls(CallFilter::default()).await.unwrap();
+            assert_eq!(ids(&all), ["r0003", "r0001"]);
+        }
+
         #[tokio::test]
         async fn call_records_are_listed_by_every_filter_newest_first_and_paged() {
             let (store, _guard) = $open;

@@ -952,8 +952,8 @@ impl ConversationMachine {
 /// from a call that succeeded).
 fn report(call: &ToolCall, result: &ToolExecutionResult) -> CallReport {
     CallReport {
-        arguments: serde_json::from_str(&call.arguments)
-            .unwrap_or(Value::String(call.arguments.clone())),
+        // Too-deep arguments are kept as their text (the call failed).
+        arguments: crate::tools::outcome::read_arguments(&call.arguments).0,
         id: call.id.clone(),
         name: call.name.clone(),
         is_success: result.is_success,

@@ -82,7 +82,8 @@ use crate::retry::Backoff;
 use crate::store::{Store, StoreError, ToolCallRecord, WriteOp};
 use crate::tenants::TenantConfig;
 use crate::tools::outcome::{
-    MAX_ERROR_CHARS, MAX_OUTPUT_DEPTH, MAX_UPSTREAM_OUTPUT_BYTES, cut_chars, json_depth,
+    MAX_ARGUMENT_DEPTH, MAX_ERROR_CHARS, MAX_OUTPUT_DEPTH, MAX_UPSTREAM_OUTPUT_BYTES, cut_chars,
+    json_depth, kept_arguments, read_arguments,
 };
 use crate::tools::{
     CallerType, ErrorType, ExecutionContext, RateLimit, RegisteredTool, SideEffects, ToolError,
@@ -332,11 +333,11 @@ impl Executor {
 
     fn admit(&self, msg: &ExecuteTool) -> Admission {
         let s = &self.shared;
-        let raw_params = match &msg.arguments {
-            Arguments::Json(v) => v.clone(),
-            Arguments::Raw(s) => {
-                serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone()))
-            }
+        // Too-deep arguments are kept as text (`parse_arguments`): the
+        // record of the refusal below must read back.
+        let (raw_params, too_deep) = match &msg.arguments {
+            Arguments::Json(v) => kept_arguments(v),
+            Arguments::Raw(s) => read_arguments(s),
         };
         let name = msg.tool_name.as_str();
         if !msg.confirmed
@@ -408,6 +409,16 @@ impl Executor {
                 result.metadata.retry_after_ms = Some(limited.retry_after_ms());
                 return Admission::Refused(Box::new(result), raw_params);
             }
+        }
+        if too_deep {
+            let result = ToolExecutionResult::failure(
+                name,
+                ErrorType::ValidationError,
+                format!(
+                    "invalid arguments for {name}: nested more than {MAX_ARGUMENT_DEPTH} levels deep"
+                ),
+            );
+            return Admission::Refused(Box::new(result), raw_params);
         }
         let validated = match &msg.arguments {
             Arguments::Raw(s) => tool.validator.validate_raw(s),

@@ -16,6 +16,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use super::rows::listed;
 use super::tables::*;
 use super::write_queue::{self, WriteRequest};
 use super::writer::{Slot, Writer};
@@ -241,8 +242,8 @@ impl RedbStore {
             let table = txn.open_table(SESSIONS)?;
             let mut out = Vec::new();
             for row in table.iter()? {
-                let (_, v) = row?;
-                out.push(serde_json::from_slice(v.value())?);
+                let (k, v) = row?;
+                out.extend(listed(v.value(), "sessions", k.value()));
             }
             Ok(out)
         })
@@ -499,8 +500,10 @@ impl RedbStore {
                         .rev()
                     {
                         let (k, _) = row?;
-                        if let Some(v) = records.get(k.value().1)? {
-                            let r: ToolCallRecord = serde_json::from_slice(v.value())?;
+                        if let Some(v) = records.get(k.value().1)?
+                            && let Some(r) =
+                                listed::<ToolCallRecord>(v.value(), "tool_calls", k.value().1)
+                        {
                             if keep(&r) {
                                 out.push(r);
                                 if out.len() >= limit {
@@ -512,8 +515,11 @@ impl RedbStore {
                 }
                 None => {
                     for row in records.iter()?.rev() {
-                        let (_, v) = row?;
-                        let r: ToolCallRecord = serde_json::from_slice(v.value())?;
+                        let (k, v) = row?;
+                        let Some(r) = listed::<ToolCallRecord>(v.value(), "tool_calls", k.value())
+                        else {
+                            continue;
+                        };
                         if keep(&r) {
                             out.push(r);
                             if out.len() >= limit {
@@ -590,7 +596,9 @@ impl RedbStore {
             let table = docs::DocsRead::open(&txn, &ns)?;
             let mut out = Vec::new();
             for (key, v) in table.with_prefix(&ns, &prefix)? {
-                out.push((key, serde_json::from_slice(&v)?));
+                if let Some(value) = listed(&v, &ns, &key) {
+                    out.push((key, value));
+                }
             }
             Ok(out)
         })

@@ -30,6 +30,7 @@ use std::ops::Bound;
 use redb::{ReadableTable, Table, WriteTransaction};
 use serde_json::Value;
 
+use super::rows::listed;
 use super::tables::*;
 use super::{CallFilter, Session, SessionFilter, StoreError, ToolCallRecord};
 
@@ -226,8 +227,9 @@ pub(super) fn sessions_page(
     let mut items = Vec::new();
     for row in rows {
         let (k, _) = row?;
-        if let Some(v) = sessions.get(k.value().1)? {
-            let session = serde_json::from_slice::<Session>(v.value())?;
+        if let Some(v) = sessions.get(k.value().1)?
+            && let Some(session) = listed::<Session>(v.value(), "sessions", k.value().1)
+        {
             if filter.keeps(&session) {
                 items.push(session);
                 if items.len() > limit {
@@ -279,8 +281,9 @@ pub(super) fn calls_page(
     let mut items = Vec::new();
     for row in index.range::<(&str, &str, &str)>((lower, upper))?.rev() {
         let (k, _) = row?;
-        if let Some(v) = records.get(k.value().2)? {
-            let r: ToolCallRecord = serde_json::from_slice(v.value())?;
+        if let Some(v) = records.get(k.value().2)?
+            && let Some(r) = listed::<ToolCallRecord>(v.value(), "tool_calls", k.value().2)
+        {
             if keep(&r) {
                 items.push(r);
                 if items.len() > limit {
@@ -326,8 +329,10 @@ pub(super) fn docs_page(
     for row in rows {
         let (k, _) = row?;
         let key = k.value().2;
-        if let Some(v) = docs.get(namespace, key)? {
-            items.push((key.to_string(), serde_json::from_slice(&v)?));
+        if let Some(v) = docs.get(namespace, key)?
+            && let Some(value) = listed(&v, namespace, key)
+        {
+            items.push((key.to_string(), value));
             if items.len() > limit {
                 break;
             }

@@ -331,3 +331,22 @@ pub struct StoredSummary {
     pub covers_until_seq: u64,
     pub updated_at: Timestamp,
 }
+
+/// A listed row, decoded; `None` (logged with its table and key) when it
+/// cannot be. One row that does not decode (written by an older version,
+/// or nested deeper than serde_json reads) never fails a listing: the
+/// listing answers without it rather than 503 for every row. Single reads
+/// (one session, one record) still fail with the row's error.
+pub(crate) fn listed<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    table: &str,
+    key: &str,
+) -> Option<T> {
+    match serde_json::from_slice(bytes) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(table, key = %key.chars().take(128).collect::<String>(), error = %e, "a stored row does not decode; listed without it");
+            None
+        }
+    }
+}

@@ -257,6 +257,38 @@ pub struct ResultMetadata {
 /// instead (`execution_error`).
 pub const MAX_OUTPUT_DEPTH: usize = 64;
 
+/// The deepest nesting of a tool call's arguments that is accepted, the
+/// same as an output's: deeper arguments fail the call as a
+/// `validation_error`, and are kept (in records, turn replies and
+/// histories) as their raw text, a JSON string, which reads back.
+pub const MAX_ARGUMENT_DEPTH: usize = MAX_OUTPUT_DEPTH;
+
+/// The longest raw text of refused too-deep arguments that is kept.
+const MAX_KEPT_ARGUMENT_CHARS: usize = 4096;
+
+/// A tool call's raw arguments as a value: the parsed JSON; the raw text
+/// as a string when it is not JSON, or when it nests deeper than
+/// [`MAX_ARGUMENT_DEPTH`] (then cut to 4,096 characters: nothing that deep
+/// is stored, so every read of it answers). `true` with it: too deep.
+pub fn read_arguments(raw: &str) -> (Value, bool) {
+    match serde_json::from_str::<Value>(raw) {
+        Ok(v) if json_depth(&v, MAX_ARGUMENT_DEPTH) <= MAX_ARGUMENT_DEPTH => (v, false),
+        Ok(_) => (Value::String(cut_chars(raw, MAX_KEPT_ARGUMENT_CHARS)), true),
+        Err(_) => (Value::String(raw.to_string()), false),
+    }
+}
+
+/// `value`, or its JSON text (cut to 4,096 characters) as a string when it
+/// nests deeper than [`MAX_ARGUMENT_DEPTH`]. `true` with it: too deep.
+pub fn kept_arguments(value: &Value) -> (Value, bool) {
+    if json_depth(value, MAX_ARGUMENT_DEPTH) <= MAX_ARGUMENT_DEPTH {
+        (value.clone(), false)
+    } else {
+        let text = cut_chars(&value.to_string(), MAX_KEPT_ARGUMENT_CHARS);
+        (Value::String(text), true)
+    }
+}
+
 /// The largest output (as JSON) an upstream tool (a tool file's command or
 /// URL, an MCP server) may answer: every later model call of the
 /// conversation carries it. Tool files' own `max_output_bytes` is read

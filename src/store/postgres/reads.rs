@@ -42,8 +42,19 @@ fn body<T: serde::de::DeserializeOwned>(row: &Row, i: usize) -> Result<T, StoreE
     Ok(v)
 }
 
+/// The rows' bodies; one that does not decode is left out (logged), as the
+/// embedded store's listings do (`rows::listed`).
 fn bodies<T: serde::de::DeserializeOwned>(rows: &[Row]) -> Result<Vec<T>, StoreError> {
-    rows.iter().map(|r| body(r, 0)).collect()
+    Ok(rows
+        .iter()
+        .filter_map(|r| match body(r, 0) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "a stored row does not decode; listed without it");
+                None
+            }
+        })
+        .collect())
 }
 
 /// Keeps `limit` items; the cursor of the next page when there was one more.
