@@ -28,9 +28,11 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Upper bounds (seconds) of the latency buckets.
-const BOUNDS: [f64; 12] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+/// Upper bounds (seconds) of the latency buckets: from a store commit's
+/// half millisecond to a model call's minutes.
+const BOUNDS: [f64; 17] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0,
 ];
 
 #[derive(Default)]
@@ -78,6 +80,8 @@ pub struct Metrics {
     pub model_errors: AtomicU64,
     pub model_latency: Histogram,
     pub turn_latency: Histogram,
+    /// How long tool calls took (admission to outcome), every tool.
+    pub tool_latency: Histogram,
     pub rate_limited: AtomicU64,
     /// (tool, outcome) -> calls; outcome is `ok` or the error type; tool
     /// is a registered tool's name or [`UNREGISTERED`].
@@ -228,6 +232,11 @@ impl Metrics {
             "Tool calls refused by a rate limit.",
             &self.rate_limited,
         );
+        self.tool_latency.render(
+            out,
+            "cadre_tool_call_duration_seconds",
+            "Duration of tool calls, from admission to outcome.",
+        );
         let _ = writeln!(
             out,
             "# HELP cadre_tool_calls_total Tool calls by tool and outcome.\n# TYPE cadre_tool_calls_total counter"
@@ -277,6 +286,118 @@ impl Metrics {
     }
 }
 
+/// `cadre_build_info` and the standard `process_*` metrics (Linux's
+/// `/proc/self`; elsewhere only the build info), so a dashboard sees
+/// memory, CPU and file descriptors without a node exporter. Read by hand
+/// from three small files rather than through a crate: it is what the
+/// Prometheus client libraries' process collectors read.
+pub fn render_process(out: &mut String) {
+    let _ = writeln!(
+        out,
+        "# HELP cadre_build_info cadre's version (the value is always 1).\n# TYPE cadre_build_info gauge\ncadre_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    let Some(p) = process::read() else {
+        return;
+    };
+    let mut metric = |name: &str, help: &str, kind: &str, value: f64| {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    };
+    metric(
+        "process_cpu_seconds_total",
+        "Total user and system CPU time spent in seconds.",
+        "counter",
+        p.cpu_seconds,
+    );
+    metric(
+        "process_resident_memory_bytes",
+        "Resident memory size in bytes.",
+        "gauge",
+        p.resident_bytes as f64,
+    );
+    metric(
+        "process_virtual_memory_bytes",
+        "Virtual memory size in bytes.",
+        "gauge",
+        p.virtual_bytes as f64,
+    );
+    metric(
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds.",
+        "gauge",
+        p.start_time_seconds,
+    );
+    metric(
+        "process_open_fds",
+        "Number of open file descriptors.",
+        "gauge",
+        p.open_fds as f64,
+    );
+    if let Some(max) = p.max_fds {
+        metric(
+            "process_max_fds",
+            "Maximum number of open file descriptors.",
+            "gauge",
+            max as f64,
+        );
+    }
+}
+
+mod process {
+    //! This process's figures from `/proc/self` (Linux).
+
+    pub struct Figures {
+        pub cpu_seconds: f64,
+        pub resident_bytes: u64,
+        pub virtual_bytes: u64,
+        pub start_time_seconds: f64,
+        pub open_fds: usize,
+        pub max_fds: Option<u64>,
+    }
+
+    pub fn read() -> Option<Figures> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // The command name (field 2) may hold spaces: count after its ')'.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        // Fields 14, 15 (utime, stime), 22 (starttime), 23 (vsize), 24
+        // (rss pages); `fields[0]` is field 3.
+        let at = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+        // SAFETY: sysconf only reads a configuration value.
+        let (ticks, page) = unsafe {
+            (
+                libc::sysconf(libc::_SC_CLK_TCK),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        let (ticks, page) = (u64::try_from(ticks).ok()?.max(1), u64::try_from(page).ok()?);
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())?;
+        let max_fds = std::fs::read_to_string("/proc/self/limits")
+            .ok()
+            .and_then(|l| {
+                l.lines()
+                    .find(|l| l.starts_with("Max open files"))?
+                    .split_whitespace()
+                    .nth(3)?
+                    .parse()
+                    .ok()
+            });
+        Some(Figures {
+            cpu_seconds: (at(14)? + at(15)?) as f64 / ticks as f64,
+            resident_bytes: at(24)? * page,
+            virtual_bytes: at(23)?,
+            start_time_seconds: boot as f64 + at(22)? as f64 / ticks as f64,
+            open_fds: std::fs::read_dir("/proc/self/fd").ok()?.count(),
+            max_fds,
+        })
+    }
+}
+
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -297,6 +418,10 @@ mod tests {
         m.tool_call("echo", "validation_error");
         let mut out = String::new();
         m.render(&mut out);
+        render_process(&mut out);
+        assert!(out.contains("cadre_build_info{version=\""), "{out}");
+        assert!(out.contains("\nprocess_resident_memory_bytes "), "{out}");
+        assert!(out.contains("\nprocess_open_fds "), "{out}");
         assert!(out.contains("cadre_turns_completed_total 2"));
         assert!(out.contains("cadre_model_call_duration_seconds_bucket{le=\"0.0025\"} 0"));
         assert!(out.contains("cadre_model_call_duration_seconds_bucket{le=\"0.005\"} 1"));

@@ -316,6 +316,49 @@ async fn metrics_count_turns_and_tokens_per_tenant_and_agent() {
         2,
         "{metrics}"
     );
+    promtool_accepts(metrics);
+}
+
+/// `promtool check metrics` (Prometheus' own linter: counter names end in
+/// `_total`, base units, help on every metric...) finds nothing to say.
+fn promtool_accepts(metrics: &str) {
+    use std::io::Write;
+    support::packages::ensure_installed("promtool", "prometheus");
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().expect("promtool ends");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {said}"
+    );
+    for name in [
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "cadre_build_info",
+        "cadre_tool_call_duration_seconds_bucket",
+    ] {
+        assert!(metrics.contains(name), "no {name} in /metrics");
+    }
+    assert!(
+        metrics.contains("cadre_model_call_duration_seconds_bucket{le=\"60\"}"),
+        "model call latency buckets reach a minute"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

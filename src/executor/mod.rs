@@ -555,6 +555,7 @@ impl Handler<ExecuteTool> for Executor {
                 // Only registered tools get a label value of their own: a
                 // model (or a caller) can invent a new name per call.
                 let registered = shared.registry.contains(&msg.tool_name);
+                shared.metrics.tool_latency.observe(started.elapsed());
                 shared.metrics.tool_call(
                     if registered {
                         &msg.tool_name

@@ -197,12 +197,6 @@ async fn metrics(
         m.total_timeout.to_string(),
     );
     gauge(
-        "cadre_tool_execution_avg_ms",
-        "Average time a call held its slot.",
-        "gauge",
-        format!("{}", m.avg_execution_time_ms),
-    );
-    gauge(
         "cadre_sessions_resident",
         "Conversations in memory.",
         "gauge",
@@ -235,6 +229,7 @@ async fn metrics(
         ));
     }
     state.executor.shared().metrics.render(&mut out);
+    crate::metrics::render_process(&mut out);
     state.store.commit_latency().render(
         &mut out,
         "cadre_store_commit_duration_seconds",
