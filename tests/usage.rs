@@ -660,3 +660,47 @@ async fn the_usage_that_spent_a_budget_survives_kill_9_and_a_restart() {
     assert_eq!(model.request_count(), 1, "{:?}", model.requests());
     assert_eq!(model.overruns(), 0);
 }
+
+/// `GET /v1/limits` shows a tenant's key the limits that apply to it, not
+/// the runtime-wide live counters (every tenant's load); an admin sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_show_a_tenant_its_limits_and_only_an_admin_the_pools_load() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    let session = t.acme.session().await;
+    two_call_turn(&model);
+    assert_eq!(
+        t.acme.say(&session, "What is 6*7?").await.status,
+        StatusCode::OK
+    );
+
+    let (status, mine) = t.globex.get("/v1/limits").await;
+    assert_eq!(status, StatusCode::OK, "{mine}");
+    let pool = mine["concurrency"].as_object().expect("concurrency");
+    for live in [
+        "current_concurrent",
+        "queue_length",
+        "total_acquired",
+        "total_rejected",
+        "total_timeout",
+        "tenants_running",
+        "tenants_waiting",
+    ] {
+        assert!(!pool.contains_key(live), "a tenant sees {live}: {mine}");
+    }
+    assert!(pool["max_per_tenant"].as_u64().is_some(), "{mine}");
+    for (_, b) in pool["buckets"].as_object().expect("buckets") {
+        assert_eq!(
+            b.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["limit"],
+            "{mine}"
+        );
+    }
+
+    let (status, all) = t.admin.get("/v1/limits").await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert!(
+        all["concurrency"]["total_acquired"].as_u64().unwrap() >= 1,
+        "the admin sees acme's call: {all}"
+    );
+}

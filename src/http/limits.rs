@@ -41,8 +41,12 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct Limits {
-    /// The pool: `{current_concurrent, queue_length, total_acquired, total_rejected, total_timeout,
-    /// avg_execution_time_ms, buckets}`.
+    /// The pool. An admin key (or a server running open) sees it whole:
+    /// `{current_concurrent, queue_length, total_acquired, total_rejected, total_timeout,
+    /// total_bypassed, avg_execution_time_ms, buckets: {name: {current, limit, queue}},
+    /// max_per_tenant, max_queued_per_tenant, tenants_running, tenants_waiting}`. Any other key sees
+    /// the limits that apply to its tenant and none of the runtime-wide live counters (they are
+    /// every tenant's load): `{max_per_tenant, max_queued_per_tenant, buckets: {name: {limit}}}`.
     #[schema(value_type = Object)]
     concurrency: Value,
 }
@@ -65,9 +69,26 @@ struct QuotaView {
     tag = "limits",
     responses((status = 200, description = "The concurrency pool and its buckets", body = Limits))
 )]
-async fn limits(State(state): State<AppState>) -> Json<Value> {
+async fn limits(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+) -> Json<Value> {
     let m = state.executor.shared().concurrency.metrics();
-    Json(json!({ "concurrency": m }))
+    if caller.admin {
+        return Json(json!({ "concurrency": m }));
+    }
+    let buckets: serde_json::Map<String, Value> = m
+        .buckets
+        .iter()
+        .map(|(name, b)| (name.clone(), json!({ "limit": b.limit })))
+        .collect();
+    Json(json!({
+        "concurrency": {
+            "max_per_tenant": m.max_per_tenant,
+            "max_queued_per_tenant": m.max_queued_per_tenant,
+            "buckets": buckets,
+        }
+    }))
 }
 
 #[derive(Deserialize, IntoParams)]
