@@ -817,13 +817,14 @@ async fn serve(
         None => None,
     };
     let addr = listener.as_ref().and_then(|l| l.local_addr().ok());
+    // The lock of `server.lock` is held as long as `server_file` lives.
     let server_file = addr.and_then(|addr| {
         let file = ServerFile {
             url: ServerFile::local_url(addr),
             pid: std::process::id(),
         };
         match file.write(&builder.data_dir) {
-            Ok(()) => Some(ServerFile::path(&builder.data_dir)),
+            Ok(lock) => Some((ServerFile::path(&builder.data_dir), lock)),
             Err(e) => {
                 tracing::warn!(error = %e, "could not record the server in the data dir");
                 None
@@ -920,7 +921,7 @@ async fn serve(
                     // acknowledged. redb's commits are atomic, so the file is
                     // consistent whenever the process ends.
                     store.close_writes();
-                    if let Some(path) = &server_file {
+                    if let Some((path, _)) = &server_file {
                         let _ = std::fs::remove_file(path);
                     }
                     tracing::warn!("second interrupt: exiting now; turns in progress are not acknowledged");
@@ -943,7 +944,7 @@ async fn serve(
     if let Err(e) = store.flush().await {
         tracing::error!(error = %e, "final flush failed");
     }
-    if let Some(path) = &server_file {
+    if let Some((path, _)) = &server_file {
         let _ = std::fs::remove_file(path);
     }
 }
@@ -992,25 +993,60 @@ impl ServerFile {
         data_dir.join("server.json")
     }
 
-    fn write(&self, data_dir: &std::path::Path) -> std::io::Result<()> {
+    /// `server.lock` beside it: a running server holds an exclusive
+    /// `flock` on it for as long as it serves, and the kernel lets go when
+    /// the process ends however it ends. So a `server.json` left by a
+    /// killed server is told from a live one by the lock, not by its pid,
+    /// which the system may have given to another process since.
+    fn lock_path(data_dir: &std::path::Path) -> PathBuf {
+        data_dir.join("server.lock")
+    }
+
+    /// Records this server; the returned file holds the lock (keep it for
+    /// as long as the server serves).
+    fn write(&self, data_dir: &std::path::Path) -> std::io::Result<std::fs::File> {
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(Self::lock_path(data_dir))?;
+        lock.try_lock().map_err(|e| match e {
+            std::fs::TryLockError::WouldBlock => {
+                std::io::Error::other("another server holds this data dir's server.lock")
+            }
+            std::fs::TryLockError::Error(e) => e,
+        })?;
         let path = Self::path(data_dir);
         let tmp = path.with_extension("json.tmp");
         std::fs::write(
             &tmp,
             serde_json::to_vec(self).map_err(std::io::Error::other)?,
         )?;
-        std::fs::rename(tmp, path)
+        std::fs::rename(tmp, path)?;
+        Ok(lock)
     }
 
-    /// The server recorded in `data_dir`, if its process is alive (a file
-    /// left by a killed server names a dead pid and is ignored).
+    /// Whether a live server holds `data_dir`'s `server.lock`.
+    fn is_held(data_dir: &std::path::Path) -> bool {
+        let Ok(lock) = std::fs::File::open(Self::lock_path(data_dir)) else {
+            return false;
+        };
+        matches!(
+            lock.try_lock_shared(),
+            Err(std::fs::TryLockError::WouldBlock)
+        )
+    }
+
+    /// The server recorded in `data_dir`, if it is alive: its process
+    /// holds the data dir's `server.lock` (a file left by a killed server is
+    /// ignored, even when its pid now names another process).
     ///
     /// Only a loopback URL is believed: the CLI sends `CADRE_API_KEY` to it,
     /// and a file naming another host is not one this server wrote.
     pub fn read_live(data_dir: &std::path::Path) -> Option<ServerFile> {
         let text = std::fs::read(Self::path(data_dir)).ok()?;
         let file: ServerFile = serde_json::from_slice(&text).ok()?;
-        (file.is_loopback() && file.is_alive()).then_some(file)
+        (file.is_loopback() && file.is_alive() && Self::is_held(data_dir)).then_some(file)
     }
 
     /// The URL this machine reaches a listener at: its own address, or
@@ -1152,12 +1188,32 @@ mod server_file_tests {
                 url: url.into(),
                 pid: me,
             };
-            file.write(dir.path()).unwrap();
+            let held = file.write(dir.path()).unwrap();
             assert_eq!(
                 ServerFile::read_live(dir.path()).is_some(),
                 believed,
                 "{url}"
             );
+            drop(held);
         }
+    }
+
+    #[test]
+    fn a_file_whose_server_let_go_of_the_lock_is_stale_whatever_its_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        // A pid that is alive (this process), as a reused one would be.
+        let file = ServerFile {
+            url: "http://127.0.0.1:8080".into(),
+            pid: std::process::id(),
+        };
+        let held = file.write(dir.path()).unwrap();
+        assert!(ServerFile::read_live(dir.path()).is_some());
+        // A second server cannot take the lock while the first holds it.
+        assert!(file.write(dir.path()).is_err());
+        // The server is gone (killed: the kernel released its lock), its
+        // file stays behind.
+        drop(held);
+        assert!(ServerFile::path(dir.path()).exists());
+        assert_eq!(ServerFile::read_live(dir.path()), None);
     }
 }

@@ -568,3 +568,29 @@ async fn an_unset_api_key_env_is_named_at_startup_and_refuses_the_turn() {
     assert!(!log.contains(&format!("{VAR}, which is not set")), "{log}");
     assert!(!log.contains("sk-test-value-123"), "{log}");
 }
+
+/// A `server.json` left by a killed server whose pid the system has since
+/// given to another process (here a `sleep`): commands and `serve` use the
+/// data dir themselves, they do not believe the file (the live server's
+/// lock on `server.lock` is what counts).
+#[test]
+fn a_leftover_server_json_naming_a_reused_pid_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let mut other = Command::new("sleep").arg("60").spawn().expect("sleep");
+    std::fs::write(
+        data.join("server.json"),
+        format!(r#"{{"url":"http://127.0.0.1:9","pid":{}}}"#, other.id()),
+    )
+    .unwrap();
+    let out = cadre(
+        &["sessions", "list", "--data-dir", data.to_str().unwrap()],
+        &[],
+    );
+    let _ = other.kill();
+    let _ = other.wait();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("held by the server"), "{err}");
+}
