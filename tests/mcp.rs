@@ -438,6 +438,19 @@ async fn mcp_over_http_uses_the_callers_key_tenant_and_plan() {
     );
     assert!(().serve(no_key).await.is_err());
 
+    // An unknown plan is refused at `initialize`, not on every request after.
+    let mut headers = HashMap::new();
+    headers.insert(
+        axum::http::HeaderName::from_static("x-cadre-plan"),
+        axum::http::HeaderValue::from_static("platinum"),
+    );
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base))
+        .auth_header(keys[0].clone())
+        .custom_headers(headers);
+    let refused = ().serve(StreamableHttpClientTransport::from_config(config)).await;
+    let why = format!("{:?}", refused.err().expect("initialize refused"));
+    assert!(why.contains("unknown plan 'platinum'"), "{why}");
+
     let acme = http_client(&app, &keys[0], None).await;
     let names = tool_names(&acme).await;
     assert!(names.contains(&"calculator".to_string()), "{names:?}");

@@ -63,7 +63,8 @@ use axum::http::{Method, StatusCode};
 use futures::future::BoxFuture;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    InitializeRequestParams, InitializeResult, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -436,6 +437,19 @@ impl ServerHandler for CadreMcp {
             "cadre's tools (each call runs through cadre's executor: plans, limits, validation, records) \
              and its agents as agent_<name> tools taking `message` and an optional `session_id`.",
         )
+    }
+
+    /// Over HTTP the caller's headers are checked at `initialize` too: an
+    /// unknown `X-Cadre-Plan` (or a bad `X-Cadre-User`) is refused there,
+    /// not accepted and then refused on every later request.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        self.caller(&context).await?;
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 
     async fn list_tools(
