@@ -135,7 +135,7 @@ error_codes! {
     IdempotencyKeyInUse = "IDEMPOTENCY_KEY_IN_USE", CONFLICT, true,
         "cluster mode: a request with this `Idempotency-Key` is running on another node; retry after `Retry-After` (it then gets that request's answer)";
     IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED", UNPROCESSABLE_ENTITY, false,
-        "the `Idempotency-Key` was used (within `[server] idempotency_keep_h`) for a request with another method, path or body";
+        "the `Idempotency-Key` was used (within `[server] idempotency_keep_h`) for a request with another method, path, body or API key";
     RateLimited = "RATE_LIMITED", TOO_MANY_REQUESTS, true,
         "over the API's per-caller request rate, or too many failed authentications from this address; see `Retry-After`";
     TooManyStreams = "TOO_MANY_STREAMS", TOO_MANY_REQUESTS, true,

@@ -136,7 +136,7 @@ async fn a_key_used_again_for_another_request_is_422() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_are_per_tenant() {
+async fn keys_are_per_tenant_and_an_answer_replays_to_its_own_api_key_only() {
     let app = spawn_app(AppOptions::offline());
     let (status, made) = app
         .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
@@ -160,6 +160,21 @@ async fn keys_are_per_tenant() {
     let (_, again, replayed) = keyed(&tenants[1], "/v1/sessions", "same", &body).await;
     assert!(replayed);
     assert_eq!(again, globex);
+
+    // Another key of acme's (a free one) does not replay the first key's
+    // answer: the stored answer is that key's.
+    let (status, made) = admin
+        .post("/v1/keys", &json!({"tenant": "acme", "plan": "free"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let free = app.client.with_key(made["key"].as_str().unwrap());
+    let (status, body, replayed) = keyed(&free, "/v1/sessions", "same", &body).await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::UNPROCESSABLE_ENTITY, false),
+        "{body}"
+    );
+    assert_eq!(body["error"]["code"], "IDEMPOTENCY_KEY_REUSED", "{body}");
 }
 
 /// The first request holds its turn in a gate tool; nine retries come in

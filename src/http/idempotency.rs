@@ -9,7 +9,12 @@
 //!
 //! Decisions:
 //! - Keys are per tenant (the caller's key's tenant; open mode: `default`):
-//!   two tenants may use the same key. A key is 1 to [`MAX_KEY_LEN`]
+//!   two tenants may use the same key. A stored answer replays only to
+//!   the API key that made it: the key's id is part of the fingerprint, so
+//!   another key of the tenant (a free one replaying a premium key's
+//!   answer) sending the same `Idempotency-Key` gets 422
+//!   `IDEMPOTENCY_KEY_REUSED`; a client whose key was rotated uses a new
+//!   `Idempotency-Key`. A key is 1 to [`MAX_KEY_LEN`]
 //!   printable ASCII characters (space inside only), sent once; anything
 //!   else is 400 `IDEMPOTENCY_KEY_INVALID`. Without the header nothing
 //!   changes.
@@ -288,10 +293,10 @@ pub async fn idempotent(
         Ok(key) => key,
         Err(e) => return e.into_response(),
     };
-    let tenant = request
-        .extensions()
-        .get::<Principal>()
-        .map_or_else(|| Principal::open().tenant, |p| p.tenant.clone());
+    let (tenant, api_key) = request.extensions().get::<Principal>().map_or_else(
+        || (Principal::open().tenant, None),
+        |p| (p.tenant.clone(), p.key_id.clone()),
+    );
     let is_messages = route.as_deref() == Some(MESSAGES_ROUTE);
     let respond_async = is_messages && prefers_async(&request);
     let (parts, body) = request.into_parts();
@@ -305,7 +310,7 @@ pub async fn idempotent(
             .into_response();
         }
     };
-    let fingerprint = fingerprint(&parts.method, &parts.uri, &body);
+    let fingerprint = fingerprint(&parts.method, &parts.uri, &body, api_key.as_deref());
     let id = (tenant, key);
     loop {
         let (running, guard) = {
@@ -555,7 +560,7 @@ fn replay(outcome: &Outcome) -> Response {
 fn reused() -> Response {
     ApiError::new(
         ErrorCode::IdempotencyKeyReused,
-        "this Idempotency-Key was already used for a request with another method, path or body; use a new key for a new request",
+        "this Idempotency-Key was already used for a request with another method, path, body or API key; use a new key for a new request",
     )
     .into_response()
 }
@@ -599,8 +604,21 @@ fn prefers_async(request: &Request) -> bool {
 }
 
 /// sha256 (hex) of the method, the path with its query and the body.
-fn fingerprint(method: &Method, uri: &axum::http::Uri, body: &[u8]) -> String {
+/// The request's fingerprint: method, path with query, body and the API
+/// key that sent it (its id; none when the server runs open), so a stored
+/// answer replays only to the key that made it.
+fn fingerprint(
+    method: &Method,
+    uri: &axum::http::Uri,
+    body: &[u8],
+    api_key: Option<&str>,
+) -> String {
     let mut hash = Sha256::new();
+    if let Some(id) = api_key {
+        hash.update(b"key:");
+        hash.update(id.as_bytes());
+        hash.update(b"\n");
+    }
     hash.update(method.as_str().as_bytes());
     hash.update(b"\n");
     hash.update(
@@ -660,7 +678,7 @@ fn document_operation(op: &mut Operation) {
         .parameter_in(ParameterIn::Header)
         .required(utoipa::openapi::Required::False)
         .description(Some(
-            "Makes a retry safe: the first request with a key runs; a retry with the same key, method, path and body (within `[server] idempotency_keep_h`, at least 24 h) gets the stored answer with `Idempotent-Replayed: true`, or waits while the first still runs. Keys are per tenant. Answers 5xx, 409 and 429 are not stored.",
+            "Makes a retry safe: the first request with a key runs; a retry with the same key, method, path and body (within `[server] idempotency_keep_h`, at least 24 h) gets the stored answer with `Idempotent-Replayed: true`, or waits while the first still runs. Keys are per tenant, and a stored answer replays only to the API key that made it (another key of the tenant gets 422). Answers 5xx, 409 and 429 are not stored.",
         ))
         .schema(Some(schema))
         .example(Some(json!("5f0c8b8e-6d1e-4b8a-9c3e-2a7d1f4e9b10")))
@@ -938,10 +956,14 @@ mod tests {
         assert!(parse_key(&with(b"\xc3\xa9")).is_err());
         let uri: axum::http::Uri = "/v1/sessions?x=1".parse().unwrap();
         let plain: axum::http::Uri = "/v1/sessions".parse().unwrap();
-        let a = fingerprint(&Method::POST, &uri, b"{}");
-        assert_eq!(a, fingerprint(&Method::POST, &uri, b"{}"));
-        assert_ne!(a, fingerprint(&Method::POST, &plain, b"{}"));
-        assert_ne!(a, fingerprint(&Method::POST, &uri, b"{ }"));
-        assert_ne!(a, fingerprint(&Method::PUT, &uri, b"{}"));
+        let a = fingerprint(&Method::POST, &uri, b"{}", None);
+        assert_eq!(a, fingerprint(&Method::POST, &uri, b"{}", None));
+        assert_ne!(a, fingerprint(&Method::POST, &plain, b"{}", None));
+        assert_ne!(a, fingerprint(&Method::POST, &uri, b"{ }", None));
+        assert_ne!(a, fingerprint(&Method::PUT, &uri, b"{}", None));
+        // Another API key of the tenant: another request.
+        let k1 = fingerprint(&Method::POST, &uri, b"{}", Some("k1"));
+        assert_ne!(a, k1);
+        assert_ne!(k1, fingerprint(&Method::POST, &uri, b"{}", Some("k2")));
     }
 }
