@@ -403,29 +403,34 @@ async fn a_message_sent_during_a_pause_waits_for_it_under_enqueue_and_is_refused
     let client = server.client();
     let session = pro_session(&client).await;
     let (turn_id, confirmation) = paused_turn(&s, &client, &session).await;
-    let waiting = client.spawn_post(
-        &format!("/v1/sessions/{session}/messages"),
-        json!({"content": "anything else?"}),
-    );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        !waiting.is_finished(),
-        "the next message waits for the pause"
-    );
+    // Queued behind the pause: answered at once, 202 `queued`, not held
+    // until someone decides.
+    let (status, queued) = tokio::time::timeout(PATIENCE, client.say(&session, "anything else?"))
+        .await
+        .expect("answered at once");
+    assert_eq!(status, StatusCode::ACCEPTED, "{queued}");
+    assert_eq!(queued["status"], "queued", "{queued}");
+    assert_eq!(queued["waiting_for"], turn_id.as_str(), "{queued}");
+    let next = queued["turn_id"].as_str().expect("its turn id").to_owned();
+    // A stream queued behind it says so first.
+    let stream = client.post_streaming(&session, "and a third?").await;
+    assert_eq!(stream.status(), StatusCode::OK);
     s.model.push(Reply::text("Placed."));
     s.model.push(Reply::text("Nothing else."));
+    s.model.push(Reply::text("A third."));
     client
         .post(
             &format!("/v1/confirmations/{confirmation}"),
             &json!({"approve": true}),
         )
         .await;
-    let (status, body) = tokio::time::timeout(PATIENCE, waiting)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["answer"], "Nothing else.", "{body}");
+    let events = stream_events(stream).await;
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"turn_queued"), "{names:?}");
+    assert_eq!(events[0].1["waiting_for"], turn_id.as_str(), "{events:?}");
+    assert_eq!(names.last(), Some(&"turn_completed"), "{names:?}");
+    let (_, record) = turn(&client, &session, &next).await;
+    assert_eq!(record["outcome"]["answer"], "Nothing else.", "{record}");
     let (_, record) = turn(&client, &session, &turn_id).await;
     assert_eq!(record["outcome"]["answer"], "Placed.", "{record}");
 

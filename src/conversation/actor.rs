@@ -237,6 +237,13 @@ pub enum TurnEvent {
     TurnInterrupted {
         turn_id: String,
     },
+    /// The turn was queued behind turn `waiting_for`, paused for a
+    /// person's decision: it starts once that turn ends (sent at once, so
+    /// a stream shows it is waiting rather than nothing).
+    TurnQueued {
+        turn_id: String,
+        waiting_for: String,
+    },
 }
 
 impl TurnEvent {
@@ -249,6 +256,7 @@ impl TurnEvent {
             TurnEvent::TurnCompleted(_) => "turn_completed",
             TurnEvent::TurnPaused(_) => "turn_paused",
             TurnEvent::TurnInterrupted { .. } => "turn_interrupted",
+            TurnEvent::TurnQueued { .. } => "turn_queued",
         }
     }
 }
@@ -322,6 +330,8 @@ pub const DEFAULT_MODEL_TURN_TIMEOUT: Duration = Duration::from_secs(120);
 /// A turn the conversation took on; its outcome follows.
 pub struct AcceptedTurn {
     turn_id: String,
+    /// The paused turn it was queued behind, if it was.
+    waiting_for: Option<String>,
     rx: oneshot::Receiver<Result<TurnOutcome, TurnError>>,
 }
 
@@ -329,6 +339,12 @@ impl AcceptedTurn {
     /// The turn's id (known as soon as it is accepted).
     pub fn turn_id(&self) -> &str {
         &self.turn_id
+    }
+
+    /// The turn paused for an approval that this one was queued behind
+    /// (it starts when that one ends), if it was.
+    pub fn waiting_for(&self) -> Option<&str> {
+        self.waiting_for.as_deref()
     }
 
     /// Waits for the turn to end (or pause for an approval).
@@ -1577,6 +1593,7 @@ impl Handler<UserTurn> for Conversation {
             Ok(Admission::InterruptFirst { rollback }) => self.interrupt(rollback, ctx),
             Ok(Admission::Queued) => {}
         }
+        let events = msg.events.clone();
         self.waiters.insert(
             ticket,
             Waiter::Turn {
@@ -1585,7 +1602,26 @@ impl Handler<UserTurn> for Conversation {
             },
         );
         self.start_next(ctx);
-        Ok(AcceptedTurn { turn_id, rx })
+        // Still queued behind a turn that waits for a person: say so now
+        // (the caller answers 202 `queued`, a stream gets `turn_queued`),
+        // rather than nothing until someone decides.
+        let waiting_for = match self.machine.phase() {
+            Phase::AwaitingApproval { .. } if self.machine.turn_id() != Some(&turn_id) => {
+                self.machine.turn_id().map(str::to_string)
+            }
+            _ => None,
+        };
+        if let (Some(paused), Some(events)) = (&waiting_for, &events) {
+            let _ = events.send(TurnEvent::TurnQueued {
+                turn_id: turn_id.clone(),
+                waiting_for: paused.clone(),
+            });
+        }
+        Ok(AcceptedTurn {
+            turn_id,
+            waiting_for,
+            rx,
+        })
     }
 }
 
@@ -1669,6 +1705,7 @@ impl Handler<WatchTurn> for Conversation {
         self.watchers.push((msg.turn_id.clone(), tx));
         Some(AcceptedTurn {
             turn_id: msg.turn_id,
+            waiting_for: None,
             rx,
         })
     }

@@ -169,6 +169,9 @@ pub fn check_content(content: &str) -> Result<(), SessionError> {
 /// A turn handed to a session: its id at once, its outcome later.
 pub struct StartedTurn {
     pub turn_id: String,
+    /// The turn paused for an approval that this one was queued behind
+    /// (it starts when that one ends; `enqueue` only), if it was.
+    pub waiting_for: Option<String>,
     /// Resolves when the turn ends (or pauses for an approval).
     pub outcome:
         std::pin::Pin<Box<dyn Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static>>,
@@ -815,6 +818,9 @@ impl Sessions {
             .as_ref()
             .map(|a| a.turn_id().to_string())
             .unwrap_or_default();
+        let waiting_for = accepted
+            .as_ref()
+            .and_then(|a| a.waiting_for().map(str::to_string));
         let sessions = self.clone();
         let id = id.to_string();
         let outcome = async move {
@@ -841,6 +847,7 @@ impl Sessions {
         };
         Ok(StartedTurn {
             turn_id,
+            waiting_for,
             outcome: Box::pin(outcome),
         })
     }
@@ -854,6 +861,7 @@ impl Sessions {
         if record.is_final() {
             return Ok(record.outcome.map(|outcome| StartedTurn {
                 turn_id,
+                waiting_for: None,
                 outcome: Box::pin(async move { Ok(outcome) }),
             }));
         }
@@ -878,6 +886,7 @@ impl Sessions {
             };
             return Ok(Some(StartedTurn {
                 turn_id,
+                waiting_for: None,
                 outcome: Box::pin(async move { Ok(outcome) }),
             }));
         }
@@ -887,6 +896,7 @@ impl Sessions {
         let (sid, tid) = (id.to_string(), turn_id.clone());
         Ok(Some(StartedTurn {
             turn_id,
+            waiting_for: None,
             outcome: Box::pin(async move {
                 if let Some(w) = watch {
                     return Ok(w.outcome().await?);

@@ -569,6 +569,10 @@ error_responses!(
 /// awaiting_approval`; deciding it resumes the turn. With `Prefer:
 /// respond-async` the reply is 202 `{turn_id, status: accepted}` as soon as
 /// the turn is accepted; read it at `/v1/sessions/{id}/turns/{turn_id}`.
+/// A message queued behind a turn paused for a confirmation (`multitask =
+/// "enqueue"`) is answered at once: 202 `{session_id, turn_id, status:
+/// queued, waiting_for}` (`waiting_for`: the paused turn), or a stream that
+/// opens with `turn_queued` (the same fields) and goes on when it runs.
 /// With `Idempotency-Key`, a retry gets the first request's turn. Comments (`:`) keep an
 /// idle stream alive every 15 s. A client that reads slower than the model
 /// writes gets consecutive `model_delta`s merged; once more than 1 MiB of
@@ -587,9 +591,9 @@ error_responses!(
     ),
     request_body = MessageBody,
     responses(
-        (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply), `turn_paused`, `turn_interrupted` or `turn_failed` (data: the JSON error body)",
+        (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply), `turn_paused`, `turn_interrupted` or `turn_failed` (data: the JSON error body); `turn_queued` first when it waits behind a paused turn",
             content((TurnReply = "application/json"), (TurnStream = "text/event-stream"))),
-        (status = 202, description = "The turn paused for a confirmation (`status: awaiting_approval`), or with `Prefer: respond-async` was accepted (`{turn_id, status: accepted}`)", body = Object),
+        (status = 202, description = "The turn paused for a confirmation (`status: awaiting_approval`), or with `Prefer: respond-async` was accepted (`{session_id, turn_id, status: accepted}`), or was queued behind a turn paused for a confirmation (`{session_id, turn_id, status: queued, waiting_for}`)", body = Object),
         SendErrors,
     )
 )]
@@ -630,6 +634,24 @@ async fn send(
             return Ok((
                 StatusCode::ACCEPTED,
                 Json(json!({"session_id": id, "turn_id": turn_id, "status": "accepted"})),
+            )
+                .into_response());
+        }
+        // Queued behind a turn that waits for a person: it may wait as
+        // long as the confirmation lives, so the caller learns at once
+        // that it is queued, and reads the turn (`GET .../turns/{turn_id}`)
+        // or the session's stream for its outcome.
+        if let Some(waiting_for) = started.waiting_for.clone() {
+            let turn_id = started.turn_id.clone();
+            tokio::spawn(started.outcome);
+            return Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({
+                    "session_id": id,
+                    "turn_id": turn_id,
+                    "status": "queued",
+                    "waiting_for": waiting_for,
+                })),
             )
                 .into_response());
         }
