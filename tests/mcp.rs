@@ -448,7 +448,10 @@ async fn mcp_over_http_uses_the_callers_key_tenant_and_plan() {
         .auth_header(keys[0].clone())
         .custom_headers(headers);
     let refused = ().serve(StreamableHttpClientTransport::from_config(config)).await;
-    let why = format!("{:?}", refused.err().expect("initialize refused"));
+    let Err(why) = refused else {
+        panic!("initialize accepted an unknown plan");
+    };
+    let why = format!("{why:?}");
     assert!(why.contains("unknown plan 'platinum'"), "{why}");
 
     let acme = http_client(&app, &keys[0], None).await;

@@ -503,12 +503,11 @@ impl RedbStore {
                         if let Some(v) = records.get(k.value().1)?
                             && let Some(r) =
                                 listed::<ToolCallRecord>(v.value(), "tool_calls", k.value().1)
+                            && keep(&r)
                         {
-                            if keep(&r) {
-                                out.push(r);
-                                if out.len() >= limit {
-                                    break;
-                                }
+                            out.push(r);
+                            if out.len() >= limit {
+                                break;
                             }
                         }
                     }

@@ -229,12 +229,11 @@ pub(super) fn sessions_page(
         let (k, _) = row?;
         if let Some(v) = sessions.get(k.value().1)?
             && let Some(session) = listed::<Session>(v.value(), "sessions", k.value().1)
+            && filter.keeps(&session)
         {
-            if filter.keeps(&session) {
-                items.push(session);
-                if items.len() > limit {
-                    break;
-                }
+            items.push(session);
+            if items.len() > limit {
+                break;
             }
         }
     }
@@ -283,12 +282,11 @@ pub(super) fn calls_page(
         let (k, _) = row?;
         if let Some(v) = records.get(k.value().2)?
             && let Some(r) = listed::<ToolCallRecord>(v.value(), "tool_calls", k.value().2)
+            && keep(&r)
         {
-            if keep(&r) {
-                items.push(r);
-                if items.len() > limit {
-                    break;
-                }
+            items.push(r);
+            if items.len() > limit {
+                break;
             }
         }
     }
