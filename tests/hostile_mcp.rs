@@ -639,3 +639,43 @@ async fn a_server_flooding_cadre_with_requests_is_cut_off_and_its_group_killed()
     let body = cadre.until_served("good.ok").await;
     assert_eq!(body["output"], json!({"text": "hi"}), "{body}");
 }
+
+/// Issue #29 (low): a server that sends request after request of a method
+/// cadre does not serve (reading each answer, so it stays under the cap of
+/// waiting requests) made rmcp log one WARN line per request, with its
+/// 2 KiB id: 20,000 requests, 20,001 lines, 63 MB. rmcp's lines are now
+/// rate limited (a burst of 50, then 10 a second) and every log line is cut
+/// at 8 KiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_flooding_rmcps_log_gets_a_bounded_number_of_short_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done").display().to_string();
+    let toml = server(
+        "chatty",
+        "reqflood",
+        &["--count", "5000", "--log", &done],
+        "",
+    );
+    let started = Instant::now();
+    let cadre = Cadre::start(&toml);
+    let deadline = Instant::now() + PATIENCE * 3;
+    while !std::fs::read_to_string(&done).is_ok_and(|t| t.contains("answered 5000")) {
+        assert!(
+            Instant::now() < deadline,
+            "the server's requests were never all answered; log:\n{}",
+            cadre.server.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A burst of 50, then 10 a second, over the time the flood took.
+    let allowed = 60 + 10 * started.elapsed().as_secs() as usize;
+    let rmcp = cadre.log_lines(&["rmcp"]);
+    assert!(
+        rmcp.len() <= allowed && allowed < 5000,
+        "{} rmcp lines for 5,000 requests (allowed {allowed})",
+        rmcp.len()
+    );
+    let text = std::fs::read_to_string(&cadre.log).unwrap();
+    let longest = text.lines().map(str::len).max().unwrap_or(0);
+    assert!(longest <= 8 * 1024 + 64, "a log line of {longest} bytes");
+}

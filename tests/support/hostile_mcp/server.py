@@ -23,6 +23,11 @@ hostile part from the rest. Modes:
   crashloop     fork, and exits COUNT ms after answering tools/list
   pingflood     after initialized, sends COUNT ping requests and never
                 reads stdin again (it sleeps)
+  reqflood      after initialized, sends COUNT requests of a method cadre
+                does not serve, each with a 2 KiB id, one after another
+                (the next when the last is answered: never over the cap of
+                waiting requests); cadre answers each with an error, which
+                rmcp logs; --log FILE gets "answered COUNT" at the end
   flood         after initialized, sends COUNT tools/list_changed at once;
                 each tools/list is appended to --log
   names         tools named "", "a.b", "a__b" beside `ok`
@@ -135,6 +140,11 @@ def call(mid, params):
     answer(mid, {"content": [{"type": "text", "text": json.dumps(arguments)}]})
 
 
+def send_request(n):
+    send({"jsonrpc": "2.0", "id": "r" + "x" * 2048 + "-%d" % n,
+          "method": "cadre/unknown", "params": {}})
+
+
 def main():
     record("server", os.getpid())
     if MODE in ("fork", "crashloop"):
@@ -147,6 +157,14 @@ def main():
         method = msg.get("method")
         mid = msg.get("id")
         if MODE == "silent":
+            continue
+        if MODE == "reqflood" and method is None and str(mid).startswith("r"):
+            n = int(str(mid).rsplit("-", 1)[1]) + 1
+            if n < COUNT:
+                send_request(n)
+            elif LOG:
+                with open(LOG, "a") as f:
+                    f.write("answered %d\n" % COUNT)
             continue
         if method == "initialize":
             version = msg["params"].get("protocolVersion", "2025-06-18")
@@ -163,6 +181,8 @@ def main():
                 out.write(data)
                 out.flush()
                 time.sleep(3600)
+            if MODE == "reqflood" and COUNT > 0:
+                send_request(0)
             if MODE == "flood":
                 note = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}
                 data = (json.dumps(note) + "\n").encode() * COUNT
