@@ -22,7 +22,8 @@
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`cluster`]: cluster mode's Redis: shared rate-limit windows, leased
 //!   concurrency permits, event fan-out between nodes.
-//! - [`config`]: agent definitions; [`server_config`]: the server's config file.
+//! - [`agents`]: agent definitions (agent files); [`server_config`]: the
+//!   server's config file.
 //!
 //! # Layers
 //!
@@ -36,7 +37,7 @@
 //! http                            the API, one file per resource
 //! workflow, mcp                   multi-agent DAGs; MCP in and out
 //! conversation                    session actors and their tool sub-agents
-//! config                          agent definitions
+//! agents                          agent definitions
 //! executor                        the one gate of every tool call
 //! tenants                         API keys, per-tenant config
 //! tools                           definitions, registry, builtin handlers
@@ -49,8 +50,8 @@
 //! `tests/layers.rs` reads this table and fails on any import that points
 //! up it, or on two modules that import each other.
 
+pub mod agents;
 pub mod cluster;
-pub mod config;
 pub mod conversation;
 pub mod error_code;
 pub mod events;

@@ -45,7 +45,7 @@ use std::time::Duration;
 use actix::Arbiter;
 use tokio::sync::oneshot;
 
-use crate::config::{Agent, AgentFile, AgentFiles, Agents, ConfigError};
+use crate::agents::{Agent, AgentFile, AgentFiles, Agents, ConfigError};
 use crate::conversation::Sessions;
 use crate::events::EventBus;
 use crate::executor::cache::ResultCache;
@@ -603,7 +603,7 @@ fn reload_pass(
     reload_agents: Arc<dyn Fn() + Send + Sync>,
     workflows: Workflows,
 ) -> impl Fn() + Send + Sync + 'static {
-    let mcp_file = agents_dir.join(crate::config::MCP_FILE_NAME);
+    let mcp_file = agents_dir.join(crate::agents::MCP_FILE_NAME);
     let mcp_seen = std::sync::Mutex::new(std::fs::read(&mcp_file).ok());
     move || {
         registry.reload_dir(&agents_dir.join("tools"));
@@ -953,7 +953,7 @@ async fn serve(
 /// newcomer with `OPENAI_API_KEY` in the shell learns that the quick start
 /// is calling a paid API, and which variable made it so.
 fn endpoint_chosen_by(
-    file: &crate::config::AgentFile,
+    file: &crate::agents::AgentFile,
     shared_model: bool,
     from_env: bool,
 ) -> String {

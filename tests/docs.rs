@@ -371,7 +371,7 @@ fn every_toml_block_loads_as_what_it_shows() {
                         .map(drop)
                         .map_err(|e| e.to_string())
                 }
-                TomlKind::Agent => cadre::config::AgentFile::parse(&file, &block.body)
+                TomlKind::Agent => cadre::agents::AgentFile::parse(&file, &block.body)
                     .map(drop)
                     .map_err(|e| e.to_string()),
                 TomlKind::Unknown => Err("neither a server config, an mcp.toml nor an agent \
@@ -886,8 +886,8 @@ fn the_shipped_assistant_is_the_one_docs_agents_md_shows() {
         .find(|b| b.tag == "toml" && b.body.contains("name = \"assistant\""))
         .expect("docs/agents.md shows the shipped assistant's file");
     let file = root().join("agents/assistant.toml");
-    let shown = cadre::config::AgentFile::parse(&file, &block.body).expect("the block loads");
-    let shipped = cadre::config::AgentFile::parse(&file, &read(Path::new("agents/assistant.toml")))
+    let shown = cadre::agents::AgentFile::parse(&file, &block.body).expect("the block loads");
+    let shipped = cadre::agents::AgentFile::parse(&file, &read(Path::new("agents/assistant.toml")))
         .expect("the shipped file loads");
     assert_eq!(
         (

@@ -155,9 +155,9 @@ fn the_check_sees_an_import_that_points_up() {
         found,
         BTreeSet::from(["http".to_string(), "store".to_string()])
     );
-    let grouped = imports("use crate::{config::Agent, tools};\nlet r: &crate::Runtime;");
+    let grouped = imports("use crate::{agents::Agent, tools};\nlet r: &crate::Runtime;");
     assert_eq!(
         grouped,
-        BTreeSet::from(["config".into(), "tools".into(), "runtime".into()])
+        BTreeSet::from(["agents".into(), "tools".into(), "runtime".into()])
     );
 }

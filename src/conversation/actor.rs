@@ -135,7 +135,7 @@ use super::machine::{
 };
 use super::queue::{Activity, Admission, Queued, Refusal};
 use super::resume::{self, Resolution};
-use crate::config::Agent;
+use crate::agents::Agent;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::{Metrics, TurnEnd};

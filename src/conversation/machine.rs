@@ -369,14 +369,14 @@ impl ConversationMachine {
             summarising_until: None,
             turn: None,
             queue: TurnQueue::new(
-                crate::config::Multitask::default(),
+                crate::agents::Multitask::default(),
                 super::queue::DEFAULT_MAX_QUEUED_TURNS,
             ),
         }
     }
 
     /// The agent's multitask rule and how many turns may wait.
-    pub fn with_queue_rules(mut self, multitask: crate::config::Multitask, max: usize) -> Self {
+    pub fn with_queue_rules(mut self, multitask: crate::agents::Multitask, max: usize) -> Self {
         self.queue = TurnQueue::new(multitask, max);
         self
     }

@@ -26,7 +26,7 @@
 
 use std::collections::VecDeque;
 
-use crate::config::Multitask;
+use crate::agents::Multitask;
 use crate::model::ChatMessage;
 
 use super::settings::TurnSettings;

@@ -65,7 +65,7 @@ use super::budget::{self, BudgetExceeded, Month};
 use super::context::{self, PromptLayers};
 use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnRecord, TurnSettings};
 use super::summary::ToolUsageSummary;
-use crate::config::{Agent, Agents};
+use crate::agents::{Agent, Agents};
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
 use crate::metrics::Metrics;

@@ -56,7 +56,7 @@ use serde::Deserialize;
 
 use crate::tools::{Plan, RateLimit, SideEffects};
 
-pub use crate::config::MCP_FILE_NAME as FILE_NAME;
+pub use crate::agents::MCP_FILE_NAME as FILE_NAME;
 pub const DEFAULT_CATEGORY: &str = "mcp";
 
 #[derive(Debug, Deserialize, Default)]

@@ -110,7 +110,7 @@ use super::record;
 use super::run::{RUNS_NAMESPACE, RunStatus, WorkflowEvent, WorkflowEventKind, WorkflowRun};
 use super::runner::{Live, LiveRun, RunnerDeps, WorkflowRunner, run_started};
 use super::scheduler::{Owner, Scheduler, new_run};
-use crate::config::Agents;
+use crate::agents::Agents;
 use crate::conversation::Sessions;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;

@@ -1,4 +1,4 @@
-//! Configuration: agent definitions (`agents/*.toml`) in two stages.
+//! Agent definitions (`agents/*.toml`) in two stages.
 //!
 //! file ──parse (deny unknown keys)──▶ [`AgentFile`] ──resolve (tools exist, model built)──▶ [`Agent`]
 //!
