@@ -39,6 +39,8 @@ const ENV: [(&str, &str); 5] = [
 ];
 
 /// Creates one key per tenant in `dir`'s database, before the server opens it.
+/// The last key is an admin's of tenant `ops`: it reads the pool's live
+/// counters (`GET /v1/limits` shows a tenant's key its limits only).
 async fn create_keys(dir: &Path, tenants: &[&str]) -> Vec<String> {
     let store = cadre::store::Store::open(dir).expect("open the data dir");
     let mut keys = Vec::new();
@@ -48,6 +50,10 @@ async fn create_keys(dir: &Path, tenants: &[&str]) -> Vec<String> {
             .expect("key created");
         keys.push(key);
     }
+    let (admin, _) = cadre::tenants::create_key(&store, "ops", true)
+        .await
+        .expect("admin key created");
+    keys.push(admin);
     drop(store);
     keys
 }
@@ -79,15 +85,16 @@ struct TwoTenants {
     server: Server,
     a: Client,
     b: Client,
+    admin: Client,
     _dir: tempfile::TempDir,
 }
 
 async fn two_tenants() -> TwoTenants {
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().join("data");
-    let [a_key, b_key] =
-        <[String; 2]>::try_from(create_keys(&data, &["tenant-a", "tenant-b"]).await)
-            .expect("two keys");
+    let [a_key, b_key, admin_key] =
+        <[String; 3]>::try_from(create_keys(&data, &["tenant-a", "tenant-b"]).await)
+            .expect("three keys");
     let server = tokio::task::spawn_blocking(move || {
         Server::start_offline_with(&data, &repo_agents(), &ENV)
     })
@@ -95,24 +102,32 @@ async fn two_tenants() -> TwoTenants {
     .expect("server started");
     let a = server.client().with_key(&a_key).with_timeout(PATIENCE);
     let b = server.client().with_key(&b_key);
+    let admin = server.client().with_key(&admin_key);
     TwoTenants {
         server,
         a,
         b,
+        admin,
         _dir: dir,
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_flooding_the_pool_with_sleeps_leaves_the_other_tenant_its_share() {
-    let TwoTenants { server, a, b, _dir } = two_tenants().await;
+    let TwoTenants {
+        server,
+        a,
+        b,
+        admin,
+        _dir,
+    } = two_tenants().await;
 
     // B's flood: 12 sleeps of a minute at once, three times the pool.
     let flood = json!({"params": {"ms": 60_000}});
     let sleeping: Vec<_> = (0..12)
         .map(|_| b.spawn_post("/v1/tools/sleep/invoke", flood.clone()))
         .collect();
-    let pool = pool_when(&a, "all of B's 12 calls placed or refused", |c| {
+    let pool = pool_when(&admin, "all of B's 12 calls placed or refused", |c| {
         n(&c["current_concurrent"]) + n(&c["queue_length"]) + n(&c["total_rejected"]) == 12
     })
     .await;
@@ -181,7 +196,7 @@ async fn a_tenant_flooding_the_pool_with_sleeps_leaves_the_other_tenant_its_shar
     }
 
     // B's flood is untouched by A's calls: same share, same queue.
-    let pool = pool_when(&a, "A's calls all released", |c| {
+    let pool = pool_when(&admin, "A's calls all released", |c| {
         c["current_concurrent"] == 2
     })
     .await;
@@ -242,14 +257,20 @@ fn percentiles(mut v: Vec<f64>) -> String {
 #[ignore = "a measurement, run by hand: --ignored --nocapture"]
 async fn a_p99_under_b_flood() {
     const CALLS: usize = 400;
-    let TwoTenants { server, a, b, _dir } = two_tenants().await;
+    let TwoTenants {
+        server,
+        a,
+        b,
+        admin,
+        _dir,
+    } = two_tenants().await;
     let (alone, alone_in_executor) = a_calls(&a, CALLS).await;
 
     let flood = json!({"params": {"ms": 60_000}});
     let sleeping: Vec<_> = (0..12)
         .map(|_| b.spawn_post("/v1/tools/sleep/invoke", flood.clone()))
         .collect();
-    pool_when(&a, "B's flood in place", |c| c["queue_length"] == 4).await;
+    pool_when(&admin, "B's flood in place", |c| c["queue_length"] == 4).await;
     let hammering: Vec<_> = (0..4)
         .map(|_| {
             let (b, flood) = (b.clone(), flood.clone());
@@ -262,7 +283,7 @@ async fn a_p99_under_b_flood() {
         })
         .collect();
     let (flooded, flooded_in_executor) = a_calls(&a, CALLS).await;
-    let pool = pool_when(&a, "the pool", |_| true).await;
+    let pool = pool_when(&admin, "the pool", |_| true).await;
     for task in hammering.iter().chain(&sleeping) {
         task.abort();
     }
