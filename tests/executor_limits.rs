@@ -639,6 +639,8 @@ async fn a_conversation_holding_the_only_slot_queues_another_but_not_a_workflow_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repeated_call_is_answered_from_the_cache_for_the_same_user_only() {
     let (def, handler, calls) = counting_tool("quote", "market");
+    // A read-only quote: cached by its category (a tool that acts is not).
+    let def = def.with_side_effects(cadre::tools::SideEffects::None);
     let app = spawn_app(AppOptions::offline().tool(def, handler));
     let call = |user: &str| json!({"user_id": user, "params": {"n": 7}});
 
@@ -1053,6 +1055,8 @@ async fn a_panicking_tool_is_a_502_execution_error_and_does_not_restart_the_exec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_leaves_one_record_successes_and_refusals_alike() {
     let (def, handler, calls) = counting_tool("tally", "custom");
+    // Read-only, so its answers are cached (the third call is a hit).
+    let def = def.with_side_effects(cadre::tools::SideEffects::None);
     let app = spawn_app(AppOptions::offline().tool(def.per_minute(3), handler));
     let call = |user: &str, n: Value| json!({"user_id": user, "params": {"n": n}});
 

@@ -11,10 +11,12 @@
 //! carry per-agent settings (e.g. `fetch_page`'s site), so two agents never
 //! share an answer meant for the other. TTL: the tool
 //! definition's `cache.ttl_seconds` when set (0 = never cache), else by
-//! category: market 5 s, news 300 s, ml 60 s, portfolio 10 s, calculate
-//! never, trading and alerts never, http never (requests may have side
-//! effects; a tool opts in through its definition, as `fetch_page` does),
-//! anything else 30 s. The category defaults are for handlers cadre knows
+//! category, for tools that declare `side_effects = none` only (a tool
+//! that acts runs on every call unless its definition sets a TTL): market
+//! 5 s, news 300 s, ml 60 s, portfolio 10 s, calculate never, trading and
+//! alerts never, http never (requests may have side effects; a tool opts
+//! in through its definition, as `fetch_page` does), anything else 30 s.
+//! (The category defaults leave with the sample domain, issue #30.) The category defaults are for handlers cadre knows
 //! (builtins, including a tool file naming one, and the embedder's custom
 //! handlers): an `external` entry (command or URL) or an MCP tool is cached
 //! only when its definition sets `cache.ttl_seconds`, since cadre cannot
@@ -30,7 +32,7 @@ use moka::Expiry;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::tools::{ToolDefinition, ToolExecutionResult};
+use crate::tools::{SideEffects, ToolDefinition, ToolExecutionResult};
 
 /// Entries kept at most.
 const CAPACITY: u64 = 100_000;
@@ -86,6 +88,10 @@ impl ResultCache {
         let seconds = match def.cache {
             Some(c) => c.ttl_seconds,
             None if def.is_upstream() => 0,
+            // A tool that acts (`idempotent`, `at_most_once`: an embedder's
+            // handler unless it says otherwise) must run on every call: an
+            // answer from the cache would report an action that never ran.
+            None if def.side_effects != SideEffects::None => 0,
             None => match def.category.as_str() {
                 "market" => 5,
                 "news" => 300,
@@ -141,8 +147,26 @@ mod tests {
     use crate::tools::definition::Entry as ToolEntry;
     use serde_json::json;
 
+    /// A read-only tool of `category`.
     fn def(category: &str) -> ToolDefinition {
-        ToolDefinition::new("t", "d", json!({"type": "object"})).with_category(category)
+        ToolDefinition::new("t", "d", json!({"type": "object"}))
+            .with_category(category)
+            .with_side_effects(SideEffects::None)
+    }
+
+    #[test]
+    fn a_tool_that_acts_is_cached_only_when_its_definition_asks() {
+        for side in [SideEffects::AtMostOnce, SideEffects::Idempotent] {
+            for category in ["custom", "market", "news"] {
+                let d = def(category).with_side_effects(side);
+                assert_eq!(ResultCache::ttl(&d), None, "{category} {side:?}");
+            }
+            let d = def("custom").with_side_effects(side).with_cache_ttl(9);
+            assert_eq!(ResultCache::ttl(&d), Some(Duration::from_secs(9)));
+        }
+        // An embedder's tool says nothing: at_most_once, never cached.
+        let plain = ToolDefinition::new("t", "d", json!({"type": "object"}));
+        assert_eq!(ResultCache::ttl(&plain), None);
     }
 
     #[test]
