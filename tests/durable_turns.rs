@@ -554,6 +554,100 @@ async fn rollback_leaves_the_cut_turn_out_of_every_later_prompt_but_keeps_it_sto
     );
 }
 
+/// An approval that wins the race with an interrupting message: the call it
+/// approved runs, so the cut turn and the next prompt carry its real
+/// outcome, not `outcome_unknown` (the interrupt waits for it).
+#[tokio::test]
+async fn an_approval_that_beats_an_interrupt_gives_the_model_the_real_outcome() {
+    let s = batch_setup().await;
+    let tools = s.agents.path().join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::write(
+        tools.join("order.sh"),
+        "#!/bin/sh
+cat >/dev/null
+echo started >> runs.log
+         while [ ! -e release ]; do sleep 0.02; done
+echo '{\"filled\": true}'
+",
+    )
+    .unwrap();
+    std::fs::write(
+        tools.join("order.yaml"),
+        "name: order\ndescription: places an order\ncategory: custom\nparameters: []\n\
+         side_effects: at_most_once\npost_processor: require_confirmation\n\
+         entry: { type: external, command: [\"sh\", \"order.sh\"] }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        s.agents.path().join("worker.toml"),
+        format!(
+            "{}multitask = \"interrupt\"\n",
+            agent_toml("worker", &["order"], 3)
+        ),
+    )
+    .unwrap();
+    let server = start(&s, &[]);
+    let client = server.client();
+    let session = client.session("worker").await;
+    s.model.push(Reply::tool_call("o1", "order", "{}"));
+    let (status, paused) = client.say(&session, "place it").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{paused}");
+    let first = paused["turn_id"].as_str().unwrap().to_string();
+    let confirmation = paused["confirmations"][0]["confirmation_id"]
+        .as_str()
+        .expect("held")
+        .to_string();
+
+    // Approved: the order runs (and waits for `release`).
+    let approver = client.clone();
+    let approve = tokio::spawn(async move {
+        approver
+            .post(
+                &format!("/v1/confirmations/{confirmation}"),
+                &json!({"approve": true}),
+            )
+            .await
+    });
+    wait_for_run(s.agents.path(), "started").await;
+    // The interrupting message, while the approved call runs: accepted
+    // (202 once the conversation took it, the interrupt begun).
+    s.model.push(Reply::text("Second answer."));
+    let response = client
+        .request(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{session}/messages"),
+        )
+        .header("prefer", "respond-async")
+        .json(&json!({"content": "never mind"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let second: Value = response.json().await.unwrap();
+    let second = second["turn_id"].as_str().expect("turn id").to_string();
+    // It waits for the approved call; let that end.
+    std::fs::write(tools.join("release"), "").unwrap();
+    let (status, decided) = approve.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    let done = turn_reaches(&client, &session, &second, "completed").await;
+    assert_eq!(done["outcome"]["answer"], "Second answer.", "{done}");
+
+    let (_, record) = turn(&client, &session, &first).await;
+    assert_eq!(record["phase"], "interrupted", "{record}");
+    assert_eq!(record["tool_calls"][0]["is_success"], true, "{record}");
+    let last = s.model.requests().last().cloned().unwrap();
+    let content = tool_message(&last, "o1")["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        content.contains("filled") && !content.contains("outcome_unknown"),
+        "the model got the order's real outcome: {content}"
+    );
+    assert_eq!(runs(s.agents.path()), ["started"], "it ran once");
+}
+
 /// A tool-file command that appends `<name> <idempotency key>` to
 /// `runs.log` in its folder, and (the `slow` one) waits for `release` there.
 fn counting_tools(agents: &Path, side_effects_quick: &str) {

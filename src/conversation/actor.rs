@@ -327,6 +327,11 @@ pub use super::queue::DEFAULT_MAX_QUEUED_TURNS;
 /// Model time a turn may use, unless configured (`[model] turn_timeout_s`).
 pub const DEFAULT_MODEL_TURN_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long a paused turn being interrupted waits for the outcome of a call
+/// a person approved just before (it runs under its own timeout and
+/// retries); past it the call is `outcome_unknown`, as before.
+pub const INTERRUPT_WAIT: Duration = Duration::from_secs(60);
+
 /// A turn the conversation took on; its outcome follows.
 pub struct AcceptedTurn {
     turn_id: String,
@@ -442,6 +447,9 @@ pub struct Conversation {
     model_call: Option<SpawnHandle>,
     /// Bumped when a turn is cut, so callbacks of the cut turn do nothing.
     turn_gen: u64,
+    /// A paused turn being cut (`rollback`): its confirmations are being
+    /// settled before it closes ([`Conversation::interrupt_paused`]).
+    interrupting: Option<bool>,
     /// The batch being assembled: each call of the last reply, with its
     /// outcome once known (from the store on a resume, from the sub-agent,
     /// or from a person's decision).
@@ -524,6 +532,7 @@ impl Conversation {
             retired: None,
             model_call: None,
             turn_gen: 0,
+            interrupting: None,
             held: Vec::new(),
             watchers: Vec::new(),
             closing: None,
@@ -1166,6 +1175,17 @@ impl Conversation {
                             _ => None,
                         }))
                         .collect();
+                    if let Some(rollback) = act.interrupting {
+                        // Cut while paused: every outcome there is, then closed
+                        // (an approved call still running brings its own).
+                        if found.iter().any(|r| matches!(r, Resolution::Waiting)) {
+                            return;
+                        }
+                        let known = act.known_outcomes();
+                        act.close_interrupted(rollback, known, ctx);
+                        act.start_next(ctx);
+                        return;
+                    }
                     if found.iter().any(|r| matches!(r, Resolution::Waiting)) {
                         // Still paused; a decision or an expiry looks again.
                         act.machine.set_activity(Activity::Idle);
@@ -1355,25 +1375,95 @@ impl Conversation {
 
     /// Cuts the running (or paused) turn for a newer message: its model
     /// call is dropped, its batch's report will be ignored (calls already
-    /// running finish and are recorded, their outcomes unused), calls held
-    /// for confirmation are declined, and the turn is closed as
-    /// `interrupted` (with `rollback`, its messages leave every later
-    /// prompt).
+    /// running finish and are recorded, their outcomes unused), and the
+    /// turn is closed as `interrupted` (with `rollback`, its messages leave
+    /// every later prompt). A paused turn's confirmations are declined
+    /// first ([`Self::interrupt_paused`]).
     fn interrupt(&mut self, rollback: bool, ctx: &mut Context<Self>) {
-        if !self.machine.in_turn() {
+        if !self.machine.in_turn() || self.interrupting.is_some() {
             return;
         }
         if let Some(h) = self.model_call.take() {
             ctx.cancel_future(h);
         }
+        if let Phase::AwaitingApproval { confirmations, .. } = self.machine.phase()
+            && !confirmations.is_empty()
+        {
+            return self.interrupt_paused(rollback, confirmations, ctx);
+        }
+        self.close_interrupted(rollback, Vec::new(), ctx);
+    }
+
+    /// Cuts a turn paused for approvals. A person's decision can win the
+    /// race with the interrupting message: the call it approved runs (or
+    /// ran), and the model must get its real outcome, not
+    /// `outcome_unknown`. So every confirmation still pending is declined
+    /// first (exactly once: a decision already made stays), then the batch
+    /// is resolved as after a decision: declined calls say so, an approved
+    /// one's outcome is awaited (its [`CheckApprovals`] brings it) for at
+    /// most [`INTERRUPT_WAIT`], and only then is the turn closed. The
+    /// interrupting message waits in the queue meanwhile (the turn is still
+    /// open).
+    fn interrupt_paused(&mut self, rollback: bool, held: Vec<Approval>, ctx: &mut Context<Self>) {
+        self.interrupting = Some(rollback);
+        // Not idle: a decision's `CheckApprovals` must not take the turn on.
+        self.machine.set_activity(Activity::Turn);
+        let confirmations = self.executor.shared().confirmations.clone();
+        let tenant = self.session.tenant.clone();
+        let turn_gen = self.turn_gen;
+        ctx.spawn(
+            async move {
+                for a in held {
+                    let _ = confirmations
+                        .decide(
+                            &a.confirmation_id,
+                            &tenant,
+                            crate::executor::confirmations::Decision::Denied,
+                        )
+                        .await;
+                }
+            }
+            .into_actor(self)
+            .map(move |(), act, ctx| {
+                if act.turn_gen == turn_gen {
+                    act.check_approvals(false, ctx);
+                }
+            }),
+        );
+        ctx.run_later(INTERRUPT_WAIT, move |act, ctx| {
+            if act.turn_gen == turn_gen
+                && let Some(rollback) = act.interrupting
+            {
+                tracing::warn!(session = %act.session.id, "an approved call had no outcome when its turn was interrupted; closed as outcome_unknown");
+                let known = act.known_outcomes();
+                act.close_interrupted(rollback, known, ctx);
+                act.start_next(ctx);
+            }
+        });
+    }
+
+    /// The outcomes held for the paused batch so far.
+    fn known_outcomes(&mut self) -> Vec<(crate::model::ToolCall, ToolExecutionResult)> {
+        std::mem::take(&mut self.held)
+            .into_iter()
+            .filter_map(|(c, r)| r.map(|r| (c, r)))
+            .filter(|(_, r)| r.error_type != Some(crate::tools::ErrorType::PendingConfirmation))
+            .collect()
+    }
+
+    /// Closes the open turn as interrupted, `known` giving the outcomes of
+    /// calls of its batch that have one.
+    fn close_interrupted(
+        &mut self,
+        rollback: bool,
+        known: Vec<(crate::model::ToolCall, ToolExecutionResult)>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.interrupting = None;
         self.batch_id += 1;
         self.turn_gen += 1;
         self.held.clear();
-        let held = match self.machine.phase() {
-            Phase::AwaitingApproval { confirmations, .. } => confirmations,
-            _ => Vec::new(),
-        };
-        let Some(closed) = self.machine.interrupt_turn(rollback, None) else {
+        let Some(closed) = self.machine.interrupt_turn_with(rollback, known) else {
             return;
         };
         let turn_id = closed.record.turn_id.clone();
@@ -1397,24 +1487,6 @@ impl Conversation {
             if let Some(reply) = current.reply {
                 let _ = reply.send(interrupted);
             }
-        }
-        let confirmations = self.executor.shared().confirmations.clone();
-        let tenant = self.session.tenant.clone();
-        if !held.is_empty() {
-            ctx.spawn(
-                async move {
-                    for a in held {
-                        let _ = confirmations
-                            .decide(
-                                &a.confirmation_id,
-                                &tenant,
-                                crate::executor::confirmations::Decision::Denied,
-                            )
-                            .await;
-                    }
-                }
-                .into_actor(self),
-            );
         }
         self.machine.set_activity(Activity::Idle);
     }
@@ -1606,7 +1678,9 @@ impl Handler<UserTurn> for Conversation {
         // (the caller answers 202 `queued`, a stream gets `turn_queued`),
         // rather than nothing until someone decides.
         let waiting_for = match self.machine.phase() {
-            Phase::AwaitingApproval { .. } if self.machine.turn_id() != Some(&turn_id) => {
+            Phase::AwaitingApproval { .. }
+                if self.machine.turn_id() != Some(&turn_id) && self.interrupting.is_none() =>
+            {
                 self.machine.turn_id().map(str::to_string)
             }
             _ => None,
@@ -1684,7 +1758,7 @@ impl Handler<CheckApprovals> for Conversation {
                 slot.1 = Some(result);
             }
         }
-        if self.machine.activity() == Activity::Idle {
+        if self.machine.activity() == Activity::Idle || self.interrupting.is_some() {
             self.check_approvals(false, ctx);
         }
     }

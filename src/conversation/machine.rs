@@ -681,7 +681,7 @@ impl ConversationMachine {
     /// history, so memory matches the store (a batch without outcomes gets
     /// them, as in [`Self::interrupt_turn`]). The record says why.
     pub fn abort_turn(&mut self, error: TurnFailure) -> Option<Closed> {
-        let mut closed = self.close_turn(Phase::Failed, false, None)?;
+        let mut closed = self.close_turn(Phase::Failed, false, None, Vec::new())?;
         closed.record.error = Some(error);
         Some(closed)
     }
@@ -694,10 +694,28 @@ impl ConversationMachine {
     /// `interrupted`. With `rollback` its messages are marked rolled back
     /// and leave every later prompt.
     pub fn interrupt_turn(&mut self, rollback: bool, note: Option<&str>) -> Option<Closed> {
-        self.close_turn(Phase::Interrupted, rollback, note)
+        self.close_turn(Phase::Interrupted, rollback, note, Vec::new())
     }
 
-    fn close_turn(&mut self, phase: Phase, rollback: bool, note: Option<&str>) -> Option<Closed> {
+    /// [`Self::interrupt_turn`] for a paused turn whose calls' outcomes are
+    /// (partly) known once its confirmations were settled: a call approved
+    /// just before the interrupt ran, and its real outcome (not
+    /// `outcome_unknown`) goes into the history and the turn's calls.
+    pub fn interrupt_turn_with(
+        &mut self,
+        rollback: bool,
+        known: Vec<(ToolCall, ToolExecutionResult)>,
+    ) -> Option<Closed> {
+        self.close_turn(Phase::Interrupted, rollback, None, known)
+    }
+
+    fn close_turn(
+        &mut self,
+        phase: Phase,
+        rollback: bool,
+        note: Option<&str>,
+        mut known: Vec<(ToolCall, ToolExecutionResult)>,
+    ) -> Option<Closed> {
         let waiting: Vec<ToolCall> = match &self.turn.as_ref()?.phase {
             Phase::AwaitingTools { calls } | Phase::AwaitingApproval { calls, .. } => calls.clone(),
             _ => Vec::new(),
@@ -705,6 +723,13 @@ impl ConversationMachine {
         let mut persist = Vec::new();
         for call in waiting {
             let seq = self.take_seq();
+            if let Some(at) = known.iter().position(|(c, _)| c.id == call.id) {
+                let (_, result) = known.swap_remove(at);
+                persist.push((seq, ChatMessage::tool_result(&call, result.model_content())));
+                let turn = self.turn.as_mut().expect("checked above");
+                turn.calls.push(report(&call, &result));
+                continue;
+            }
             let content = format!(
                 "{{\"error\":\"the turn ended before this call had an outcome ({}); it may or may not have run\",\"error_type\":\"outcome_unknown\"}}",
                 phase.as_str()
