@@ -603,6 +603,56 @@ async fn past_its_budget_a_tenants_turns_are_refused_before_any_model_call() {
     assert_eq!(model.overruns(), 0);
 }
 
+/// 40 turns at once against a 1,000-token budget: each used to see "under
+/// budget" and spend its 1,000 tokens (40,000 in all). Each admitted turn
+/// now sets aside an estimate until it ends, so the others are refused
+/// (429, retry in a second: the budget is only set aside) and the spend
+/// stays within one turn of the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_turns_cannot_overspend_a_budget_many_times_over() {
+    let model = MockModel::start().await;
+    model.set_default(Some(Reply::with_usage(900, 100, Reply::text("Done."))));
+    model.set_latency(Duration::from_millis(300));
+    let t = keyed(&model).await;
+    t.admin.set_budget("acme", 1_000).await;
+    let mut sessions = Vec::new();
+    for _ in 0..40 {
+        sessions.push(t.acme.session().await);
+    }
+    let turns = sessions.iter().map(|s| t.acme.say(s, "Go."));
+    let answers = futures::future::join_all(turns).await;
+    let ok = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::OK)
+        .count();
+    let refused: Vec<&Answer> = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::TOO_MANY_REQUESTS)
+        .collect();
+    assert_eq!(ok + refused.len(), 40, "every turn answered or refused");
+    assert!(ok >= 1, "one turn runs");
+    let set_aside = refused
+        .iter()
+        .find(|a| a.body["error"]["details"]["used_tokens"] == 0)
+        .expect("a refusal while the first turn ran");
+    assert_eq!(set_aside.body["error"]["code"], "BUDGET_EXCEEDED");
+    assert_eq!(set_aside.retry_after, Some(1), "{}", set_aside.body);
+    assert!(
+        set_aside.body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("set aside"),
+        "{}",
+        set_aside.body
+    );
+    let (_, report) = t.acme.usage("").await;
+    let used = report["budget"]["used_tokens"].as_u64().expect("used");
+    assert!(
+        used <= 2_000,
+        "{ok} turns ran, {used} tokens of a 1,000 budget spent"
+    );
+}
+
 async fn next_frame(ws: &mut support::ws::Ws) -> Value {
     loop {
         let message = tokio::time::timeout(PATIENCE, ws.next())

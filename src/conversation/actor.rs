@@ -129,6 +129,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use super::batch::{ToolBatchReport, ToolSubAgent};
+use super::budget::Reservation;
 use super::machine::{
     Action, Approval, CallReport, Closed, ConversationMachine, Phase, Resume, Step, TurnFailure,
     TurnOutcome, TurnRecord, TurnSettings,
@@ -286,6 +287,9 @@ pub struct UserTurn {
     /// The request's `Idempotency-Key`: kept in the turn's record, so a
     /// retry finds the turn instead of starting another.
     pub idempotency_key: Option<String>,
+    /// Tokens set aside for the turn under its tenant's budget, given back
+    /// when it ends or pauses ([`super::budget`]).
+    pub reservation: Option<Reservation>,
 }
 
 /// Look at a turn after a person decided one of its held calls (or
@@ -364,6 +368,7 @@ enum Waiter {
     Turn {
         events: Option<TurnSink>,
         reply: TurnReply,
+        reservation: Option<Reservation>,
     },
     Record {
         reply: oneshot::Sender<Result<u64, TurnError>>,
@@ -375,7 +380,7 @@ impl Waiter {
     /// dropped, or its event sink closed (the streaming client left).
     fn abandoned(&self) -> bool {
         match self {
-            Waiter::Turn { reply, events } => {
+            Waiter::Turn { reply, events, .. } => {
                 reply.is_closed() || events.as_ref().is_some_and(|e| e.is_closed())
             }
             Waiter::Record { .. } => false,
@@ -406,6 +411,9 @@ struct Current {
     model_spent: Duration,
     /// The history was folded into the summary after a too-large refusal.
     compacted: bool,
+    /// The turn's tokens set aside under its tenant's budget; given back
+    /// with this (the turn ended or paused: its usage is stored).
+    _reservation: Option<Reservation>,
 }
 
 impl Current {
@@ -647,7 +655,11 @@ impl Conversation {
                     key,
                     ..
                 },
-                Some(Waiter::Turn { events, reply }),
+                Some(Waiter::Turn {
+                    events,
+                    reply,
+                    reservation,
+                }),
             ) => {
                 if let Some(s) = settings {
                     self.machine.set_settings(s);
@@ -660,6 +672,7 @@ impl Conversation {
                     span,
                     model_spent: Duration::ZERO,
                     compacted: false,
+                    _reservation: reservation,
                 };
                 current.emit(TurnEvent::TurnStarted {
                     session_id: self.session.id.clone(),
@@ -1276,6 +1289,7 @@ impl Conversation {
             span,
             model_spent: Duration::ZERO,
             compacted: false,
+            _reservation: None,
         });
     }
 
@@ -1671,6 +1685,7 @@ impl Handler<UserTurn> for Conversation {
             Waiter::Turn {
                 events: msg.events,
                 reply: tx,
+                reservation: msg.reservation,
             },
         );
         self.start_next(ctx);
@@ -1876,16 +1891,19 @@ impl ConversationHandle {
         settings: Option<TurnSettings>,
         events: Option<TurnSink>,
     ) -> Result<AcceptedTurn, TurnError> {
-        self.submit_keyed(content, settings, events, None).await
+        self.submit_keyed(content, settings, events, None, None)
+            .await
     }
 
-    /// [`Self::submit`] with the request's `Idempotency-Key`.
+    /// [`Self::submit`] with the request's `Idempotency-Key` and the
+    /// tokens its budget set aside.
     pub async fn submit_keyed(
         &self,
         content: String,
         settings: Option<TurnSettings>,
         events: Option<TurnSink>,
         idempotency_key: Option<String>,
+        reservation: Option<Reservation>,
     ) -> Result<AcceptedTurn, TurnError> {
         self.addr
             .send(UserTurn {
@@ -1893,6 +1911,7 @@ impl ConversationHandle {
                 settings,
                 events,
                 idempotency_key,
+                reservation,
             })
             .await
             .unwrap_or(Err(TurnError::Unavailable))

@@ -61,7 +61,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::actor::{Conversation, ConversationHandle, CutTurn, TurnError, TurnSink};
-use super::budget::{self, BudgetExceeded, Month};
+use super::budget::{BudgetExceeded, Month, Reservation, Reservations};
 use super::context::{self, PromptLayers};
 use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnRecord, TurnSettings};
 use super::summary::ToolUsageSummary;
@@ -121,6 +121,7 @@ impl PublicError for SessionError {
             SessionError::BudgetExceeded(b) => Some(serde_json::json!({
                 "monthly_token_budget": b.budget,
                 "used_tokens": b.used,
+                "reserved_tokens": b.reserved,
                 "resets_at": b.resets_at,
             })),
             _ => None,
@@ -396,6 +397,8 @@ struct Inner {
     next_arbiter: AtomicUsize,
     limits: SessionLimits,
     metrics: Arc<Metrics>,
+    /// Tokens set aside for the turns running here ([`super::budget`]).
+    reservations: Reservations,
 }
 
 impl Sessions {
@@ -424,6 +427,7 @@ impl Sessions {
             next_arbiter: AtomicUsize::new(0),
             limits,
             metrics,
+            reservations: Reservations::default(),
         });
         if let Some(every) = limits.sweep_every() {
             let weak = Arc::downgrade(&inner);
@@ -588,7 +592,7 @@ impl Sessions {
     /// messages. A model call of its own, outside the conversation's turns.
     pub async fn suggestions(&self, tenant: &str, id: &str) -> Result<Vec<String>, SessionError> {
         let session = self.get_as(tenant, id).await?;
-        self.admit(tenant).await?;
+        let _reserved = self.admit(tenant).await?;
         let agent = self.agent_of(&session)?;
         // The tenant's prompt and model, as in its turns.
         let mut settings = turn_settings(&agent, &session, &self.inner.registry);
@@ -644,7 +648,7 @@ impl Sessions {
         text: &str,
         agent: Option<&str>,
     ) -> Result<String, SessionError> {
-        self.admit(tenant).await?;
+        let _reserved = self.admit(tenant).await?;
         let agent = match agent {
             Some(name) => self
                 .inner
@@ -681,11 +685,13 @@ impl Sessions {
         Ok(reply.content.unwrap_or_default().trim().to_string())
     }
 
-    /// The token budget gate: `Ok` while `tenant` has tokens left this
-    /// month (or no budget), else [`SessionError::BudgetExceeded`].
-    pub async fn admit(&self, tenant: &str) -> Result<(), SessionError> {
+    /// The token budget gate: while `tenant` has tokens left this month
+    /// and not all of them are set aside for its running turns, the tokens
+    /// this piece of work sets aside (none without a budget); else
+    /// [`SessionError::BudgetExceeded`].
+    pub async fn admit(&self, tenant: &str) -> Result<Option<Reservation>, SessionError> {
         let Some(limit) = self.tenant_config(tenant).await?.monthly_token_budget else {
-            return Ok(());
+            return Ok(None);
         };
         let now = Timestamp::now();
         let month = Month::of(now);
@@ -694,8 +700,11 @@ impl Sessions {
             .store
             .tenant_usage(tenant, month.first, month.last)
             .await?;
-        budget::check(Some(limit), &used, &month, now)?;
-        Ok(())
+        Ok(Some(
+            self.inner
+                .reservations
+                .reserve(tenant, limit, &used, &month, now)?,
+        ))
     }
 
     /// Counts a model call made outside a turn, with the next commit.
@@ -799,7 +808,7 @@ impl Sessions {
         {
             return Ok(started);
         }
-        self.admit(&session.tenant).await?;
+        let reservation = self.admit(&session.tenant).await?;
         let settings = self.settings_of(&session).await?;
         let handle = self.handle(id).await?;
         let accepted = match handle
@@ -808,6 +817,7 @@ impl Sessions {
                 Some(settings.clone()),
                 events.clone(),
                 key.clone(),
+                reservation,
             )
             .await
         {
@@ -840,7 +850,7 @@ impl Sessions {
                 .remove(&id);
             let handle = sessions.handle(&id).await?;
             Ok(handle
-                .submit_keyed(content, Some(settings), events, key)
+                .submit_keyed(content, Some(settings), events, key, None)
                 .await?
                 .outcome()
                 .await?)
