@@ -640,6 +640,89 @@ async fn a_server_flooding_cadre_with_requests_is_cut_off_and_its_group_killed()
     assert_eq!(body["output"], json!({"text": "hi"}), "{body}");
 }
 
+/// The streamable HTTP hostile server (`http_server.py`): started on a free
+/// loopback port, killed when dropped.
+struct HttpServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HttpServer {
+    async fn start(dir: &std::path::Path, count: usize) -> HttpServer {
+        let portfile = dir.join("port");
+        let child = std::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/support/hostile_mcp/http_server.py"
+            ))
+            .arg(&portfile)
+            .args(["--count", &count.to_string()])
+            .spawn()
+            .expect("python3 runs the hostile HTTP server");
+        let deadline = Instant::now() + PATIENCE;
+        let port = loop {
+            if let Ok(port) = std::fs::read_to_string(&portfile) {
+                break port;
+            }
+            assert!(Instant::now() < deadline, "the HTTP server never listened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        HttpServer {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue #29 (4) over streamable HTTP: a server whose tool call answers with
+/// a stream of 100,000 `ping` requests and which never takes cadre's
+/// answers cannot grow cadre (before: 200,000 pings took it from 105 to
+/// 911 MB in 8 s while the server stayed "available"). Past
+/// `MAX_SERVER_REQUESTS` waiting answers the connection ends, the call
+/// fails instead of hanging, the server is marked down with the reason
+/// (logged, and the `mcp_server_down` event), and other servers are
+/// unharmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_flooding_cadre_with_requests_over_http_is_cut_off_and_marked_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = HttpServer::start(dir.path(), 100_000).await;
+    let toml = format!("[servers.httpflood]\nurl = \"{}\"\n", hostile.url)
+        + &server("good", "good", &[], "");
+    let cadre = Cadre::start(&toml);
+    cadre.until_served("httpflood.ok").await;
+    let (status, body) = tokio::time::timeout(PATIENCE, cadre.invoke("httpflood.flood", json!({})))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the flooding call is answered, not left hanging; log:\n{}",
+                cadre.server.log_tail()
+            )
+        });
+    assert_ne!(status, StatusCode::OK, "{body}");
+    let line = cadre
+        .until_logged(&["server=httpflood", "connection ended", "did not take"])
+        .await;
+    assert!(line.contains("more than 64 requests"), "{line}");
+    assert_eq!(
+        cadre
+            .log_lines(&["server=httpflood", "more requests than cadre may answer"])
+            .len(),
+        1,
+        "said once"
+    );
+    let body = cadre.until_served("good.ok").await;
+    assert_eq!(body["output"], json!({"text": "hi"}), "{body}");
+    // It reconnects like any server whose connection ended.
+    cadre.until_served("httpflood.ok").await;
+}
+
 /// Issue #29 (low): a server that sends request after request of a method
 /// cadre does not serve (reading each answer, so it stays under the cap of
 /// waiting requests) made rmcp log one WARN line per request, with its

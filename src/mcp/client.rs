@@ -80,6 +80,8 @@ use rmcp::model::{
 };
 use rmcp::service::{NotificationContext, Peer, RoleClient, ServiceError};
 use rmcp::transport::StreamableHttpClientTransport;
+
+use super::bounded::{Bounded, Why};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, ServiceExt};
 use serde_json::Value;
@@ -218,7 +220,7 @@ enum Failure {
 }
 
 /// Connects and initializes within `init_timeout`.
-async fn connect(link: &Arc<Link>) -> Result<Running, Failure> {
+async fn connect(link: &Arc<Link>) -> Result<(Running, Why), Failure> {
     let deadline = link.config.limits.init_timeout;
     match tokio::time::timeout(deadline, connect_now(link)).await {
         Ok(r) => r.map_err(Failure::Unreachable),
@@ -228,8 +230,11 @@ async fn connect(link: &Arc<Link>) -> Result<Running, Failure> {
     }
 }
 
-async fn connect_now(link: &Arc<Link>) -> Result<Running, String> {
+/// The connection, under [`Bounded`], and where the reason a bound ended
+/// it will be.
+async fn connect_now(link: &Arc<Link>) -> Result<(Running, Why), String> {
     let notifier = Notifier { link: link.clone() };
+    let server = link.config.name.as_str();
     match &link.config.transport {
         McpTransport::Stdio { command, args, env } => {
             let mut cmd = tokio::process::Command::new(command);
@@ -244,7 +249,10 @@ async fn connect_now(link: &Arc<Link>) -> Result<Running, String> {
                 &link.groups,
             )
             .map_err(|e| format!("cannot start '{command}': {e}"))?;
-            notifier.serve(transport).await.map_err(|e| e.to_string())
+            let transport = Bounded::new(server, transport);
+            let why = transport.why();
+            let running = notifier.serve(transport).await.map_err(|e| e.to_string())?;
+            Ok((running, why))
         }
         McpTransport::Http { url, headers } => {
             let mut custom = HashMap::new();
@@ -260,8 +268,11 @@ async fn connect_now(link: &Arc<Link>) -> Result<Running, String> {
                 .custom_headers(custom)
                 .max_json_response_size(link.config.limits.max_message_bytes)
                 .max_sse_event_size(link.config.limits.max_message_bytes);
-            let transport = StreamableHttpClientTransport::from_config(config);
-            notifier.serve(transport).await.map_err(|e| e.to_string())
+            let transport =
+                Bounded::new(server, StreamableHttpClientTransport::from_config(config));
+            let why = transport.why();
+            let running = notifier.serve(transport).await.map_err(|e| e.to_string())?;
+            Ok((running, why))
         }
     }
 }
@@ -284,7 +295,7 @@ async fn supervise(
             _ = stop.changed() => return,
         };
         match attempt {
-            Ok(running) => {
+            Ok((running, why)) => {
                 let since = Instant::now();
                 let peer = running.peer().clone();
                 *link.peer.write().expect("mcp link lock") = Some((connection, peer.clone()));
@@ -346,8 +357,13 @@ async fn supervise(
                     Ok(true) => return,
                     _ if *stop.borrow() => return,
                     Ok(false) => {
-                        down(&registry, &server, "the connection ended".into());
-                        tracing::warn!(%server, "MCP server connection ended; reconnecting");
+                        let reason = why
+                            .lock()
+                            .expect("mcp why lock")
+                            .take()
+                            .unwrap_or_else(|| "the connection ended".into());
+                        tracing::warn!(%server, %reason, "MCP server connection ended; reconnecting");
+                        down(&registry, &server, reason);
                     }
                     Err(Failure::Unreachable(e)) => {
                         down(&registry, &server, e.clone());

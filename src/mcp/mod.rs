@@ -1,6 +1,7 @@
 //! MCP (Model Context Protocol), both ways, on rmcp.
 //!
 //! agents/mcp.toml ──[`config`]──▶ [`client`]: each server's tools as `server.tool` in the ToolRegistry
+//!                                  ├─ every connection under [`bounded`] (server requests, send deadlines)
 //!                                  └─ stdio servers: a child process group behind [`stdio`]
 //! MCP clients ──stdio (`cadre mcp`) | `/mcp` (streamable HTTP)──▶ [`server`]: cadre's tools and agents
 //!
@@ -25,6 +26,7 @@
 //! dynamic), no OAuth; its build script only configures git hooks inside
 //! its own repository and fetches nothing.
 
+pub mod bounded;
 pub mod client;
 pub mod config;
 pub mod content;

@@ -26,16 +26,12 @@
 //!   them synchronously even if no task runs again. A process that leaves the
 //!   group (`setsid`, `setpgid`) escapes this; and a cadre killed with
 //!   SIGKILL kills nothing.
-//! - **A server cannot grow cadre by sending it requests** (issue #29: a
-//!   server that sent 1,000,000 `ping`s and stopped reading took cadre
-//!   from 147 to 943 MB, never freed, and was never refused). At most
-//!   [`MAX_SERVER_REQUESTS`] of the server's own requests may wait for
-//!   their answers; one more ends the connection (the server is marked
-//!   down with that reason and restarted with backoff). Every write to its
-//!   stdin has a deadline ([`SEND_DEADLINE`]): a server that stops reading
-//!   fails the write instead of holding the stdin lock forever, and
-//!   `close` kills the process group when it cannot take that lock within
-//!   [`CLOSE_GRACE`], so a blocked write never blocks the supervisor.
+//! - **A blocked write never blocks the supervisor.** The bounds on the
+//!   server's own requests and on every send are the transport-independent
+//!   [`super::bounded`] wrapper's (a write to a server that stopped reading
+//!   fails at its deadline, which releases the stdin lock); `close` kills
+//!   the process group when it cannot take that lock within
+//!   [`CLOSE_GRACE`].
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
@@ -58,11 +54,6 @@ pub const UNREADABLE: i32 = -32_091;
 pub const EXIT_GRACE: Duration = Duration::from_millis(500);
 /// How long a closed server gets to exit on its own before its group is killed.
 pub const CLOSE_GRACE: Duration = Duration::from_millis(500);
-/// The server's own requests (`ping`, sampling, roots...) that may wait
-/// for cadre's answers at once; one more ends the connection.
-pub const MAX_SERVER_REQUESTS: usize = 64;
-/// The longest a write to the server's stdin may take.
-pub const SEND_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Bytes of an oversized line's head and tail kept to find its `id`.
 const KEEP: usize = 64 * 1024;
@@ -103,8 +94,6 @@ pub struct ChildTransport {
     closed: bool,
     /// The group was killed (at most once).
     killed: bool,
-    /// The server's requests not answered yet (see the module doc).
-    server_requests: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ChildTransport {
@@ -136,7 +125,6 @@ impl ChildTransport {
             exited: None,
             closed: false,
             killed: false,
-            server_requests: Arc::default(),
         })
     }
 
@@ -172,37 +160,15 @@ impl Transport<RoleClient> for ChildTransport {
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         let stdin = self.stdin.clone();
-        let answers = matches!(
-            item,
-            rmcp::model::JsonRpcMessage::Response(_) | rmcp::model::JsonRpcMessage::Error(_)
-        );
-        let server_requests = self.server_requests.clone();
         async move {
             let mut line = serde_json::to_vec(&item).map_err(std::io::Error::other)?;
             line.push(b'\n');
-            let write = async {
-                let mut stdin = stdin.lock().await;
-                let pipe = stdin.as_mut().ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::NotConnected, "transport closed")
-                })?;
-                pipe.write_all(&line).await?;
-                pipe.flush().await
-            };
-            let written = match tokio::time::timeout(SEND_DEADLINE, write).await {
-                Ok(written) => written,
-                Err(_) => Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("the MCP server did not read its stdin within {SEND_DEADLINE:?}"),
-                )),
-            };
-            if answers {
-                let _ = server_requests.fetch_update(
-                    std::sync::atomic::Ordering::AcqRel,
-                    std::sync::atomic::Ordering::Acquire,
-                    |n| Some(n.saturating_sub(1)),
-                );
-            }
-            written
+            let mut stdin = stdin.lock().await;
+            let pipe = stdin.as_mut().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotConnected, "transport closed")
+            })?;
+            pipe.write_all(&line).await?;
+            pipe.flush().await
         }
     }
 
@@ -239,17 +205,6 @@ impl Transport<RoleClient> for ChildTransport {
             match read {
                 Read::Line(line) => {
                     if let Some(message) = self.message(&line) {
-                        if matches!(message, rmcp::model::JsonRpcMessage::Request(_)) {
-                            let waiting = self
-                                .server_requests
-                                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-                            if waiting >= MAX_SERVER_REQUESTS {
-                                tracing::warn!(server = %self.server, max = MAX_SERVER_REQUESTS,
-                                    "MCP server sent more requests than cadre may answer at once (it does not read the answers); closing the connection");
-                                self.kill();
-                                return None;
-                            }
-                        }
                         return Some(message);
                     }
                 }
