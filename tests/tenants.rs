@@ -527,6 +527,66 @@ async fn another_tenants_user_account_is_not_reachable_by_naming_its_user_id() {
 // Tenant config reaches the model request
 // ---------------------------------------------------------------------------
 
+/// A stored tenant config that no longer reads (one another cadre version
+/// wrote) fails closed, with one policy: the tenant's turns are refused
+/// with the fix named (its budget and overrides are not silently
+/// skipped: before, the turn ran with the defaults and no budget), other
+/// tenants go on, and an admin's replacement lets it run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_tenant_config_refuses_its_turns_and_names_the_fix() {
+    let model = MockModel::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let keys = create_keys(
+        dir.path(),
+        &[("acme", false), ("globex", false), ("ops", true)],
+    )
+    .await;
+    {
+        let store = support::store::open_store(dir.path());
+        store
+            .put_doc(
+                "tenant_config",
+                "acme",
+                json!({"monthly_token_budget": 0, "temperature": "hot"}),
+                true,
+            )
+            .await
+            .expect("written");
+    }
+    let app = spawn_app(AppOptions::with_model(&model).data_dir(dir.path()));
+    let acme = bearer(&app, &keys[0]);
+    let globex = bearer(&app, &keys[1]);
+    let admin = bearer(&app, &keys[2]);
+
+    // Its plan allows only free meanwhile.
+    let (status, body) = acme
+        .post("/v1/sessions", &json!({"agent": "assistant"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let session = body["id"].as_str().unwrap().to_string();
+    let (status, body) = acme.say(&session, "hello").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(error_code(&body), "STORAGE_UNAVAILABLE", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("tenant 'acme'") && message.contains("POST /v1/tenants/acme/config"),
+        "{message}"
+    );
+    assert_eq!(model.request_count(), 0, "no model call for acme");
+
+    model.push(Reply::text("Hi."));
+    let other = pro_session(&globex, "assistant").await;
+    say_ok(&globex, &other, "hello").await;
+
+    let (status, body) = admin
+        .post("/v1/tenants/acme/config", &json!({"temperature": 0.5}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    model.push(Reply::text("Hello again."));
+    let answer = say_ok(&acme, &session, "hello").await;
+    assert_eq!(answer["answer"], "Hello again.", "{answer}");
+}
+
 fn system_prompt(request: &Value) -> &str {
     let first = &request["messages"][0];
     assert_eq!(first["role"], "system", "{request}");

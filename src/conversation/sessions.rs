@@ -99,6 +99,11 @@ pub enum SessionError {
     ContentTooLarge { max: usize },
     #[error("no turn '{turn}' in session '{session}'")]
     TurnNotFound { session: String, turn: String },
+    #[error(
+        "the stored config of tenant '{tenant}' cannot be read ({message}); nothing that depends on it \
+         runs until an admin replaces it (POST /v1/tenants/{tenant}/config)"
+    )]
+    TenantConfigUnreadable { tenant: String, message: String },
 }
 
 impl PublicError for SessionError {
@@ -113,6 +118,7 @@ impl PublicError for SessionError {
             SessionError::EmptyContent => ErrorCode::ValidationError,
             SessionError::ContentTooLarge { .. } => ErrorCode::PayloadTooLarge,
             SessionError::TurnNotFound { .. } => ErrorCode::TurnNotFound,
+            SessionError::TenantConfigUnreadable { .. } => ErrorCode::StorageUnavailable,
         }
     }
 
@@ -578,13 +584,27 @@ impl Sessions {
         Ok(session)
     }
 
-    /// The tenant's config (defaults when none is stored, or when the stored
-    /// one no longer parses).
+    /// The tenant's config (the defaults when none is stored).
+    ///
+    /// One policy for a stored config that no longer parses (one an older
+    /// or newer cadre wrote; every write is checked): it fails closed.
+    /// Nothing that depends on it runs, neither the tenant's turns (its
+    /// budget, prompt and model overrides would be skipped), its
+    /// suggestions and rewordings, nor its tool calls (the executor refuses
+    /// them the same way), and the refusal (503 `STORAGE_UNAVAILABLE`)
+    /// names the fix: an admin replaces the config. Its plan allows only
+    /// free meanwhile ([`crate::tenants::config::plan_ceiling`]).
     pub async fn tenant_config(&self, tenant: &str) -> Result<TenantConfig, SessionError> {
         match TenantConfig::load(&self.inner.store, tenant).await {
             Ok(c) => Ok(c),
             Err(TenantConfigError::Store(s)) => Err(s.into()),
-            Err(TenantConfigError::Invalid { .. }) => Ok(TenantConfig::default()),
+            Err(TenantConfigError::Invalid { message }) => {
+                tracing::error!(%tenant, %message, "stored tenant config cannot be read; its turns and tool calls are refused until it is replaced");
+                Err(SessionError::TenantConfigUnreadable {
+                    tenant: tenant.to_string(),
+                    message,
+                })
+            }
         }
     }
 
@@ -690,7 +710,17 @@ impl Sessions {
     /// this piece of work sets aside (none without a budget); else
     /// [`SessionError::BudgetExceeded`].
     pub async fn admit(&self, tenant: &str) -> Result<Option<Reservation>, SessionError> {
-        let Some(limit) = self.tenant_config(tenant).await?.monthly_token_budget else {
+        let config = self.tenant_config(tenant).await?;
+        self.admit_under(tenant, &config).await
+    }
+
+    /// [`Self::admit`] with the tenant's config already read.
+    async fn admit_under(
+        &self,
+        tenant: &str,
+        config: &TenantConfig,
+    ) -> Result<Option<Reservation>, SessionError> {
+        let Some(limit) = config.monthly_token_budget else {
             return Ok(None);
         };
         let now = Timestamp::now();
@@ -808,8 +838,11 @@ impl Sessions {
         {
             return Ok(started);
         }
-        let reservation = self.admit(&session.tenant).await?;
-        let settings = self.settings_of(&session).await?;
+        // The tenant's config, read once for the turn: its budget and its
+        // overrides of the agent's settings.
+        let config = self.tenant_config(&session.tenant).await?;
+        let reservation = self.admit_under(&session.tenant, &config).await?;
+        let settings = self.settings_under(&session, &config)?;
         let handle = self.handle(id).await?;
         let accepted = match handle
             .submit_keyed(
@@ -1028,16 +1061,14 @@ impl Sessions {
     }
 
     /// The settings of the session's next turn: agent, tenant, session.
-    async fn settings_of(&self, session: &Session) -> Result<TurnSettings, SessionError> {
+    fn settings_under(
+        &self,
+        session: &Session,
+        config: &TenantConfig,
+    ) -> Result<TurnSettings, SessionError> {
         let agent = self.agent_of(session)?;
         let mut settings = turn_settings(&agent, session, &self.inner.registry);
-        match TenantConfig::load(&self.inner.store, &session.tenant).await {
-            Ok(config) => settings.apply_tenant(&config),
-            Err(TenantConfigError::Store(s)) => return Err(s.into()),
-            Err(TenantConfigError::Invalid { message }) => {
-                tracing::error!(tenant = %session.tenant, %message, "stored tenant config is invalid; using the agent's settings");
-            }
-        }
+        settings.apply_tenant(config);
         Ok(settings)
     }
 
