@@ -874,10 +874,21 @@ async fn serve(
             let open = connections.clone();
             let grace = builder.config.shutdown_grace();
             let signals = builder.handle_signals;
+            // The listener for a second interrupt is made once the first
+            // was taken and before the line that invites it: one made later
+            // missed an interrupt sent right after that line.
+            let (armed, second) = tokio::sync::oneshot::channel();
             let server = crate::http::connections::serve(listener, app, connections, {
                 let stopping = stopping.clone();
                 async move {
                     shutdown.await;
+                    if signals
+                        && let Ok(listener) = tokio::signal::unix::signal(
+                            tokio::signal::unix::SignalKind::interrupt(),
+                        )
+                    {
+                        let _ = armed.send(listener);
+                    }
                     // Open MCP sessions hold SSE streams: end them, or the
                     // graceful shutdown would wait out its grace period.
                     mcp_shutdown.cancel();
@@ -906,11 +917,11 @@ async fn serve(
                 }
             };
             let again = async move {
-                stopping.cancelled().await;
-                if signals {
-                    let _ = tokio::signal::ctrl_c().await;
-                } else {
-                    std::future::pending::<()>().await;
+                match second.await {
+                    Ok(mut listener) => {
+                        listener.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
                 }
             };
             tokio::select! {
