@@ -2,7 +2,7 @@
 //! dir) and PostgreSQL (a real server, [`support::postgres`], a database
 //! per test).
 //!
-//! suite!(open) ──▶ mod redb { every check on Store::open(tempdir) }
+//! suite!(open) ──▶ mod redb { every check on dyn StoreBackend = RedbStore::open(tempdir) }
 //!              └─▶ mod postgres { every check on a fresh PostgreSQL database }
 //!
 //! Each check is written once; the backends must agree on what it reads
@@ -19,11 +19,12 @@ use cadre::store::tables::OWN_TABLES;
 use cadre::store::turns::TurnWrite;
 use cadre::store::usage::day_of;
 use cadre::store::{
-    CallFilter, Session, SessionFilter, StoredMessage, StoredSummary, TokenUsage, ToolCallRecord,
-    UsageDelta, WriteOp,
+    CallFilter, Session, SessionFilter, StoreBackend, StoredMessage, StoredSummary, TokenUsage,
+    ToolCallRecord, UsageDelta, WriteOp,
 };
 use jiff::Timestamp;
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 fn session(id: &str, tenant: &str) -> Session {
     Session {
@@ -122,8 +123,10 @@ fn turn(session: &str, turn: &str, open: bool, key: Option<&str>) -> WriteOp {
     }))
 }
 
-/// Writes the checks once for a backend: `$open` is an async block giving
-/// `(store, guard)`; the guard keeps the backend alive for the test.
+/// Writes the checks once for a backend: `$open` is a block giving
+/// `(Arc<dyn StoreBackend>, guard)`; the guard keeps the backend alive for
+/// the test. The checks see only the trait (`cadre::store::backend`), so a
+/// new backend is checked by one more `mod` with its own `$open`.
 macro_rules! suite {
     ($open:expr) => {
         use super::*;
@@ -665,7 +668,8 @@ macro_rules! suite {
 mod redb {
     suite!({
         let dir = tempfile::tempdir().unwrap();
-        (cadre::store::Store::open(dir.path()).unwrap(), dir)
+        let backend = cadre::store::RedbStore::open(dir.path(), 64 << 20).unwrap();
+        (std::sync::Arc::new(backend) as Arc<dyn StoreBackend>, dir)
     });
 }
 
@@ -801,7 +805,8 @@ mod postgres {
             addr: None,
             stale_after: cadre::store::postgres::NODE_STALE_AFTER,
         };
-        (cadre::store::Store::open_postgres(&url, node).unwrap(), pg)
+        let backend = cadre::store::PgStore::open(&url, node).unwrap();
+        (std::sync::Arc::new(backend) as Arc<dyn StoreBackend>, pg)
     });
 }
 

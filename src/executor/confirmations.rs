@@ -11,7 +11,7 @@
 //!
 //! Exactly once: [`Confirmations::decide`] moves the pending record to
 //! `confirmations_decided` (with the decision, the tenant and the time) in
-//! one store operation ([`Store::move_doc`]). Of any number of approvals
+//! one store operation ([`crate::store::DocReads::move_doc`]). Of any number of approvals
 //! and denials racing for one confirmation exactly one finds it pending
 //! and wins; every other gets `CONFIRMATION_ALREADY_DECIDED` (409) with the
 //! winning decision, and nothing runs for it. The decided records stay
@@ -379,7 +379,7 @@ impl Confirmations {
     }
 }
 
-/// The tenant of a stored pending confirmation (for [`Store::index_docs`]).
+/// The tenant of a stored pending confirmation (for [`crate::store::DocReads::index_docs`]).
 fn pending_tenant(doc: &Value) -> Option<String> {
     serde_json::from_value::<PendingConfirmation>(doc.clone())
         .ok()

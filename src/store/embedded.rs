@@ -120,54 +120,6 @@ impl RedbStore {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    /// How long the writer's commits take (each may carry many callers' writes).
-    pub fn commit_latency(&self) -> &crate::metrics::Histogram {
-        &self.inner.commit_latency
-    }
-
-    /// Whether writes are accepted now.
-    pub fn health(&self) -> StoreHealth {
-        match self.db.outage() {
-            None => StoreHealth::Ok,
-            Some((since, reason)) => StoreHealth::Degraded {
-                since,
-                reason: reason.to_string(),
-            },
-        }
-    }
-
-    /// Refuses every later write with [`StoreError::Closed`]; flushes still
-    /// pass. For shutdown: work cut off by the deadline stores nothing more.
-    pub fn close_writes(&self) {
-        self.db.closed.store(true, Ordering::Release);
-    }
-
-    /// How many times the file was reopened after a failure.
-    pub fn generation(&self) -> u64 {
-        self.db.generation.load(Ordering::Acquire)
-    }
-
-    /// Applies `ops` in one transaction (possibly shared with other callers').
-    /// With `durable`, returns only after the data is on disk.
-    pub async fn write(&self, ops: Vec<WriteOp>, durable: bool) -> Result<(), StoreError> {
-        self.send(ops, durable, None).await
-    }
-
-    /// [`Self::write`], refused with [`StoreError::Reopened`] unless the
-    /// store is still at `generation` (what the caller's state was loaded at).
-    pub async fn write_at(
-        &self,
-        generation: u64,
-        ops: Vec<WriteOp>,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        self.send(ops, durable, Some(generation)).await
-    }
-
     async fn send(
         &self,
         ops: Vec<WriteOp>,
@@ -203,22 +155,6 @@ impl RedbStore {
         }
     }
 
-    /// Queues `ops` for the next commit, not durable, without waiting for
-    /// it: writes are applied in the order they were sent, so a later
-    /// [`Self::write`] that succeeds has them in the store too (short of a
-    /// failure, which the writer logs; an I/O failure makes the later write
-    /// fail as well).
-    pub fn write_behind(&self, ops: Vec<WriteOp>) {
-        self.send_behind(ops, None);
-    }
-
-    /// [`Self::write_behind`], refused unless the store is still at
-    /// `generation` (see [`Self::write_at`]); so is the caller's later
-    /// `write_at`, which is how it learns.
-    pub fn write_behind_at(&self, generation: u64, ops: Vec<WriteOp>) {
-        self.send_behind(ops, Some(generation));
-    }
-
     fn send_behind(&self, ops: Vec<WriteOp>, generation: Option<u64>) {
         if ops.is_empty() {
             return;
@@ -235,8 +171,93 @@ impl RedbStore {
         }
     }
 
+    pub(super) async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    {
+        let db = self.db.current();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(|_| StoreError::WriterGone)?
+    }
+}
+
+#[async_trait::async_trait]
+impl Writes for RedbStore {
+    fn backend_name(&self) -> &'static str {
+        "redb"
+    }
+
+    fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// How long the writer's commits take (each may carry many callers' writes).
+    fn commit_latency(&self) -> &crate::metrics::Histogram {
+        &self.inner.commit_latency
+    }
+
+    /// Whether writes are accepted now.
+    fn health(&self) -> StoreHealth {
+        match self.db.outage() {
+            None => StoreHealth::Ok,
+            Some((since, reason)) => StoreHealth::Degraded {
+                since,
+                reason: reason.to_string(),
+            },
+        }
+    }
+
+    /// Refuses every later write with [`StoreError::Closed`]; flushes still
+    /// pass. For shutdown: work cut off by the deadline stores nothing more.
+    fn close_writes(&self) {
+        self.db.closed.store(true, Ordering::Release);
+    }
+
+    /// How many times the file was reopened after a failure.
+    fn generation(&self) -> u64 {
+        self.db.generation.load(Ordering::Acquire)
+    }
+
+    /// Applies `ops` in one transaction (possibly shared with other callers').
+    /// With `durable`, returns only after the data is on disk.
+    async fn write(&self, ops: Vec<WriteOp>, durable: bool) -> Result<(), StoreError> {
+        self.send(ops, durable, None).await
+    }
+
+    /// [`Self::write`], refused with [`StoreError::Reopened`] unless the
+    /// store is still at `generation` (what the caller's state was loaded at).
+    async fn write_at(
+        &self,
+        generation: u64,
+        ops: Vec<WriteOp>,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        self.send(ops, durable, Some(generation)).await
+    }
+
+    /// Queues `ops` for the next commit, not durable, without waiting for
+    /// it: writes are applied in the order they were sent, so a later
+    /// [`Self::write`] that succeeds has them in the store too (short of a
+    /// failure, which the writer logs; an I/O failure makes the later write
+    /// fail as well).
+    fn write_behind(&self, ops: Vec<WriteOp>) {
+        self.send_behind(ops, None);
+    }
+
+    /// [`Self::write_behind`], refused unless the store is still at
+    /// `generation` (see [`Self::write_at`]); so is the caller's later
+    /// `write_at`, which is how it learns.
+    fn write_behind_at(&self, generation: u64, ops: Vec<WriteOp>) {
+        self.send_behind(ops, Some(generation));
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionReads for RedbStore {
     /// Every session (ids are time-ordered, so oldest first).
-    pub async fn list_sessions(&self) -> Result<Vec<Session>, StoreError> {
+    async fn list_sessions(&self) -> Result<Vec<Session>, StoreError> {
         self.read(|db| {
             let txn = db.begin_read()?;
             let table = txn.open_table(SESSIONS)?;
@@ -252,7 +273,7 @@ impl RedbStore {
 
     /// A page of `tenant`'s sessions `filter` keeps, past the session id
     /// `cursor` in its order: reads only that tenant's index range.
-    pub async fn sessions_of(
+    async fn sessions_matching(
         &self,
         tenant: &str,
         filter: SessionFilter,
@@ -264,22 +285,7 @@ impl RedbStore {
             .await
     }
 
-    /// A page of `tenant`'s call records matching `filter` (its `tenant`
-    /// and `limit` are ignored) before the record id `before`, newest first:
-    /// reads only that tenant's index range.
-    pub async fn calls_of(
-        &self,
-        tenant: &str,
-        filter: CallFilter,
-        before: Option<String>,
-        limit: usize,
-    ) -> Result<Page<ToolCallRecord>, StoreError> {
-        let tenant = tenant.to_string();
-        self.read(move |db| listing::calls_page(db, &tenant, &filter, before.as_deref(), limit))
-            .await
-    }
-
-    pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+    async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
         let cache = &self.inner.cache;
         let seen = cache.generation();
         if let Some(s) = cache.session(id) {
@@ -302,7 +308,7 @@ impl RedbStore {
         Ok(found)
     }
 
-    pub async fn get_summary(&self, session_id: &str) -> Result<Option<StoredSummary>, StoreError> {
+    async fn get_summary(&self, session_id: &str) -> Result<Option<StoredSummary>, StoreError> {
         let id = session_id.to_string();
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -318,7 +324,7 @@ impl RedbStore {
     /// The messages a conversation needs in memory: those after `after`
     /// (what the summary covers), at most the last `max`, oldest first;
     /// and the session's last seq.
-    pub async fn unsummarised_messages(
+    async fn unsummarised_messages(
         &self,
         session_id: &str,
         after: u64,
@@ -349,7 +355,7 @@ impl RedbStore {
     }
 
     /// At most `limit` messages with seq > `after`, oldest first.
-    pub async fn messages_page(
+    async fn messages_page(
         &self,
         session_id: &str,
         after: u64,
@@ -373,7 +379,7 @@ impl RedbStore {
     }
 
     /// Messages with seq > `after`, oldest first.
-    pub async fn messages_after(
+    async fn messages_after(
         &self,
         session_id: &str,
         after: u64,
@@ -393,7 +399,7 @@ impl RedbStore {
     }
 
     /// The last `n` messages of a session (oldest first) and the session's last seq.
-    pub async fn recent_messages(
+    async fn recent_messages(
         &self,
         session_id: &str,
         n: usize,
@@ -422,7 +428,7 @@ impl RedbStore {
     }
 
     /// How many messages a session has, how many from the user, and when the last was written.
-    pub async fn message_stats(&self, session_id: &str) -> Result<MessageStats, StoreError> {
+    async fn message_stats(&self, session_id: &str) -> Result<MessageStats, StoreError> {
         let id = session_id.to_string();
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -442,7 +448,7 @@ impl RedbStore {
         .await
     }
 
-    pub async fn message_count(&self, session_id: &str) -> Result<u64, StoreError> {
+    async fn message_count(&self, session_id: &str) -> Result<u64, StoreError> {
         let id = session_id.to_string();
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -457,10 +463,67 @@ impl RedbStore {
         .await
     }
 
+    /// Up to `limit` sessions of every tenant after the id `after` (by id:
+    /// oldest first for UUID v7 ids), each with when it was last active
+    /// (its last message, else its creation): what the retention sweep
+    /// reads, one bounded page per sweep.
+    async fn sessions_with_activity(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<(Session, Timestamp)>, StoreError> {
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let sessions = txn.open_table(SESSIONS)?;
+            let messages = txn.open_table(MESSAGES)?;
+            let lower = match &after {
+                Some(a) => std::ops::Bound::Excluded(a.as_str()),
+                None => std::ops::Bound::Unbounded,
+            };
+            let mut out = Vec::new();
+            for row in sessions
+                .range::<&str>((lower, std::ops::Bound::Unbounded))?
+                .take(limit)
+            {
+                let (_, v) = row?;
+                let s: Session = serde_json::from_slice(v.value())?;
+                let last = messages
+                    .range((s.id.as_str(), 0)..=(s.id.as_str(), u64::MAX))?
+                    .next_back()
+                    .transpose()?;
+                let at = match last {
+                    Some((_, m)) => serde_json::from_slice::<StoredMessage>(m.value())?.created_at,
+                    None => s.created_at,
+                };
+                out.push((s, at));
+            }
+            Ok(out)
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl CallReads for RedbStore {
+    /// A page of `tenant`'s call records matching `filter` (its `tenant`
+    /// and `limit` are ignored) before the record id `before`, newest first:
+    /// reads only that tenant's index range.
+    async fn calls_of(
+        &self,
+        tenant: &str,
+        filter: CallFilter,
+        before: Option<String>,
+        limit: usize,
+    ) -> Result<Page<ToolCallRecord>, StoreError> {
+        let tenant = tenant.to_string();
+        self.read(move |db| listing::calls_page(db, &tenant, &filter, before.as_deref(), limit))
+            .await
+    }
+
     /// Call records matching the filter, newest first, at most `limit`
     /// (all when 0). With several fields set, a record must match them all;
     /// the most selective index is scanned (workflow, conversation, tool).
-    pub async fn calls(&self, filter: CallFilter) -> Result<Vec<ToolCallRecord>, StoreError> {
+    async fn calls(&self, filter: CallFilter) -> Result<Vec<ToolCallRecord>, StoreError> {
         self.read(move |db| {
             let txn = db.begin_read()?;
             let records = txn.open_table(TOOL_CALLS)?;
@@ -534,7 +597,7 @@ impl RedbStore {
     }
 
     /// Counters of every tool, by name.
-    pub async fn all_tool_stats(&self) -> Result<Vec<(String, ToolStats)>, StoreError> {
+    async fn all_tool_stats(&self) -> Result<Vec<(String, ToolStats)>, StoreError> {
         self.read(|db| {
             let txn = db.begin_read()?;
             let table = txn.open_table(TOOL_STATS)?;
@@ -548,7 +611,7 @@ impl RedbStore {
         .await
     }
 
-    pub async fn tool_stats(&self, tool: &str) -> Result<ToolStats, StoreError> {
+    async fn tool_stats(&self, tool: &str) -> Result<ToolStats, StoreError> {
         let tool = tool.to_string();
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -561,8 +624,16 @@ impl RedbStore {
         .await
     }
 
+    async fn record_count(&self) -> Result<u64, StoreError> {
+        self.read(|db| Ok(db.begin_read()?.open_table(TOOL_CALLS)?.len()?))
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl DocReads for RedbStore {
     /// A document of a namespace, if present.
-    pub async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
+    async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
         let cache = &self.inner.cache;
         let seen = cache.generation();
         if let Some(doc) = cache.doc(namespace, key) {
@@ -584,7 +655,7 @@ impl RedbStore {
     }
 
     /// Every document of a namespace whose key starts with `prefix`, by key.
-    pub async fn list_docs(
+    async fn list_docs(
         &self,
         namespace: &str,
         prefix: &str,
@@ -604,53 +675,14 @@ impl RedbStore {
         .await
     }
 
-    /// Up to `limit` sessions of every tenant after the id `after` (by id:
-    /// oldest first for UUID v7 ids), each with when it was last active
-    /// (its last message, else its creation): what the retention sweep
-    /// reads, one bounded page per sweep.
-    pub async fn sessions_with_activity(
-        &self,
-        after: Option<String>,
-        limit: usize,
-    ) -> Result<Vec<(Session, Timestamp)>, StoreError> {
-        self.read(move |db| {
-            let txn = db.begin_read()?;
-            let sessions = txn.open_table(SESSIONS)?;
-            let messages = txn.open_table(MESSAGES)?;
-            let lower = match &after {
-                Some(a) => std::ops::Bound::Excluded(a.as_str()),
-                None => std::ops::Bound::Unbounded,
-            };
-            let mut out = Vec::new();
-            for row in sessions
-                .range::<&str>((lower, std::ops::Bound::Unbounded))?
-                .take(limit)
-            {
-                let (_, v) = row?;
-                let s: Session = serde_json::from_slice(v.value())?;
-                let last = messages
-                    .range((s.id.as_str(), 0)..=(s.id.as_str(), u64::MAX))?
-                    .next_back()
-                    .transpose()?;
-                let at = match last {
-                    Some((_, m)) => serde_json::from_slice::<StoredMessage>(m.value())?.created_at,
-                    None => s.created_at,
-                };
-                out.push((s, at));
-            }
-            Ok(out)
-        })
-        .await
-    }
-
     /// Indexes by tenant the documents of `namespace` written before
     /// [`tables::DOCS_BY_TENANT`] existed, reading each one's tenant with
     /// `tenant_of`. Once per namespace (later calls return `None`), durably;
     /// call it at startup, before serving listings of the namespace.
-    pub async fn index_docs(
+    async fn index_docs(
         &self,
         namespace: &str,
-        tenant_of: fn(&Value) -> Option<String>,
+        tenant_of: TenantOf,
     ) -> Result<Option<u64>, StoreError> {
         let indexed = Arc::new(Mutex::new(None));
         let op = WriteOp::IndexDocs {
@@ -674,7 +706,7 @@ impl RedbStore {
 
     /// A page of `tenant`'s documents of `namespace` past `cursor` (a key
     /// of the previous page), by key, descending with `newest_first`.
-    pub async fn docs_of(
+    async fn docs_of(
         &self,
         namespace: &str,
         tenant: &str,
@@ -687,22 +719,6 @@ impl RedbStore {
             listing::docs_page(db, &ns, &tenant, cursor.as_deref(), limit, newest_first)
         })
         .await
-    }
-
-    pub async fn record_count(&self) -> Result<u64, StoreError> {
-        self.read(|db| Ok(db.begin_read()?.open_table(TOOL_CALLS)?.len()?))
-            .await
-    }
-
-    pub(super) async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
-    {
-        let db = self.db.current();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(|_| StoreError::WriterGone)?
     }
 }
 

@@ -20,7 +20,7 @@
 //!   holds a session id or anything the session said.
 //! - One session is one transaction: its rows are ranges of keys that begin
 //!   with its id, so the work is proportional to what the session holds.
-//!   Erasing many sessions is many such operations ([`super::Store::erase_session`]
+//!   Erasing many sessions is many such operations ([`super::SessionReads::erase_session`]
 //!   per session), never one transaction.
 //! - A document linked before the link existed (confirmations created by an
 //!   older version) is not found here; pending ones expire.

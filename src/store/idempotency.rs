@@ -29,8 +29,9 @@
 
 use jiff::Timestamp;
 use redb::{ReadableDatabase, ReadableTable, Table};
-use serde::{Deserialize, Serialize};
 
+use super::backend::{IdempotencyRecords, Writes};
+pub use super::rows::{IdempotencyClaim, IdempotencyRecord};
 use super::tables::IDEMPOTENCY;
 use super::{RedbStore, StoreError, WriteOp};
 
@@ -40,45 +41,14 @@ pub const SWEEP_BATCH: usize = 1_000;
 /// Age past which another node takes over a key still marked running.
 pub const RUNNING_LEASE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
-/// What [`crate::store::Store::claim_idempotency`] found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum IdempotencyClaim {
-    /// Nothing stored (or a mark this node may take over): run it here.
-    Mine,
-    /// The stored outcome of an earlier request with the key.
-    Done(IdempotencyRecord),
-    /// Another live node runs a request with the key (its fingerprint).
-    Running { fingerprint: String },
-}
-
-/// The outcome of a keyed request, as it is replayed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct IdempotencyRecord {
-    /// sha256 (hex) of method, path with query and body.
-    pub fingerprint: String,
-    pub status: u16,
-    pub content_type: Option<String>,
-    /// The response body (the API answers UTF-8 JSON).
-    pub body: String,
-    /// When it was stored (the key's age for the sweep).
-    #[serde(skip, default = "epoch")]
-    pub stored_at: Timestamp,
-    /// Cluster mode: the node that runs the request (no answer yet).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub running_node: Option<String>,
-}
-
-fn epoch() -> Timestamp {
-    Timestamp::UNIX_EPOCH
-}
-
 fn millis(at: Timestamp) -> u64 {
     u64::try_from(at.as_millisecond()).unwrap_or(0)
 }
 
-impl RedbStore {
+#[async_trait::async_trait]
+impl IdempotencyRecords for RedbStore {
     /// The stored outcome of `key` of `tenant`, if any.
-    pub async fn idempotency_record(
+    async fn idempotency_record(
         &self,
         tenant: &str,
         key: &str,
@@ -100,7 +70,7 @@ impl RedbStore {
 
     /// One process: its in-memory map already holds the running requests,
     /// so this only reads what is stored.
-    pub async fn claim_idempotency(
+    async fn claim_idempotency(
         &self,
         tenant: &str,
         key: &str,
@@ -112,8 +82,13 @@ impl RedbStore {
         })
     }
 
+    /// Nothing to give up: the claim marked nothing in the file.
+    async fn release_idempotency(&self, _tenant: &str, _key: &str) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Deletes every record stored before `before`; returns how many went.
-    pub async fn sweep_idempotency(&self, before: Timestamp) -> Result<u64, StoreError> {
+    async fn sweep_idempotency(&self, before: Timestamp) -> Result<u64, StoreError> {
         let before_ms = millis(before);
         let mut removed = 0u64;
         loop {

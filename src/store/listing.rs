@@ -19,9 +19,9 @@
 //! - Range bounds are exact: every key of tenant `t` sorts before
 //!   `(t + "\0", ..)`, so no sentinel character can cut a listing short.
 //! - Documents carry no schema the store knows: the writer of a namespace
-//!   names the tenant ([`super::Store::put_doc_of`]) and, for documents
+//!   names the tenant ([`super::DocReads::put_doc_of`]) and, for documents
 //!   written before the index, gives a function that reads it
-//!   ([`super::Store::index_docs`]), run once per namespace at startup.
+//!   ([`super::DocReads::index_docs`]), run once per namespace at startup.
 //!   [`DOC_TENANTS`] remembers each indexed document's tenant so a delete
 //!   or a move drops its index row without parsing the document.
 
@@ -342,6 +342,7 @@ pub(super) fn docs_page(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::prelude::*;
     use crate::store::{RedbStore as Store, WriteOp};
     use serde_json::json;
 

@@ -30,7 +30,7 @@
 //!   of owner). A run that is not `running` may be claimed by any node:
 //!   nobody runs it.
 //! - Runs still `running` whose owner's heartbeat is stale are found by
-//!   the runtime's periodic sweep ([`super::Store::cut_runs`]) and taken
+//!   the runtime's periodic sweep ([`super::Ownership::cut_runs`]) and taken
 //!   up through the engine's recover path (resumed within the resume
 //!   window, what finished not run again). A runner whose write is refused
 //!   ([`super::StoreError::RunFenced`]) stops without writing or starting
@@ -41,6 +41,7 @@
 use jiff::Timestamp;
 use serde::Serialize;
 
+use super::backend::{DocReads, Ownership, TurnReads};
 use super::{RedbStore, StoreError};
 
 /// The namespace of workflow run documents ([`super::tables::WORKFLOW_RUNS`]).
@@ -90,20 +91,22 @@ pub struct NodeRow {
     pub alive: bool,
 }
 
-/// One node owns everything: claims succeed at epoch 0, fences pass.
-impl RedbStore {
-    pub async fn claim_session(&self, _id: &str) -> Result<Claim, StoreError> {
+/// One node owns everything: claims succeed at epoch 0, fences pass, there
+/// are no other nodes to ask or forward to.
+#[async_trait::async_trait]
+impl Ownership for RedbStore {
+    async fn claim_session(&self, _id: &str) -> Result<Claim, StoreError> {
         Ok(Claim {
             epoch: 0,
             took_over_from: None,
         })
     }
 
-    pub async fn release_session(&self, _id: &str, _epoch: u64) -> Result<(), StoreError> {
+    async fn release_session(&self, _id: &str, _epoch: u64) -> Result<(), StoreError> {
         Ok(())
     }
 
-    pub async fn claim_run(&self, _id: &str) -> Result<Claim, StoreError> {
+    async fn claim_run(&self, _id: &str) -> Result<Claim, StoreError> {
         Ok(Claim {
             epoch: 0,
             took_over_from: None,
@@ -111,7 +114,7 @@ impl RedbStore {
     }
 
     /// Every run still `running` (after a restart: the runs the stop cut).
-    pub async fn cut_runs(&self) -> Result<Vec<String>, StoreError> {
+    async fn cut_runs(&self) -> Result<Vec<String>, StoreError> {
         let runs = self.list_docs(RUNS, "").await?;
         Ok(runs
             .into_iter()
@@ -120,15 +123,33 @@ impl RedbStore {
             .collect())
     }
 
-    pub async fn heartbeat(&self) -> Result<(), StoreError> {
+    /// Nobody else runs anything.
+    async fn run_owner(&self, _id: &str) -> Result<Option<RunOwner>, StoreError> {
+        Ok(None)
+    }
+
+    /// Every session with an open turn: one process, so a turn still open
+    /// when it starts was cut by the stop before.
+    async fn orphaned_turn_sessions(&self) -> Result<Vec<String>, StoreError> {
+        let mut ids: Vec<String> = self
+            .open_turns()
+            .await?
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    async fn heartbeat(&self) -> Result<(), StoreError> {
         Ok(())
     }
 
-    pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+    async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         Ok(Vec::new())
     }
 
-    pub fn node_id(&self) -> Option<&str> {
+    fn node_id(&self) -> Option<&str> {
         None
     }
 }

@@ -252,7 +252,7 @@ pub enum WriteOp {
         messages: Vec<StoredMessage>,
     },
     RecordToolCall(Box<ToolCallRecord>),
-    /// With `tenant`, the document is listed under it ([`Store::docs_of`]);
+    /// With `tenant`, the document is listed under it ([`crate::store::DocReads::docs_of`]);
     /// without, its index row (if any) stays as it is.
     PutDoc {
         namespace: String,
@@ -268,7 +268,7 @@ pub enum WriteOp {
     /// removed, `to_value` is written at `(to_namespace, key)` and the old
     /// value lands in `moved`; if it does not exist nothing is written and
     /// `moved` is `None`. All writes go through the one writer, so of two
-    /// moves of one key exactly one finds it ([`Store::move_doc`]).
+    /// moves of one key exactly one finds it ([`crate::store::DocReads::move_doc`]).
     MoveDoc {
         namespace: String,
         key: String,
@@ -349,4 +349,36 @@ pub(crate) fn listed<T: serde::de::DeserializeOwned>(
             None
         }
     }
+}
+
+/// What [`crate::store::IdempotencyRecords::claim_idempotency`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdempotencyClaim {
+    /// Nothing stored (or a mark this node may take over): run it here.
+    Mine,
+    /// The stored outcome of an earlier request with the key.
+    Done(IdempotencyRecord),
+    /// Another live node runs a request with the key (its fingerprint).
+    Running { fingerprint: String },
+}
+
+/// The outcome of a keyed request, as it is replayed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdempotencyRecord {
+    /// sha256 (hex) of method, path with query and body.
+    pub fingerprint: String,
+    pub status: u16,
+    pub content_type: Option<String>,
+    /// The response body (the API answers UTF-8 JSON).
+    pub body: String,
+    /// When it was stored (the key's age for the sweep).
+    #[serde(skip, default = "epoch")]
+    pub stored_at: Timestamp,
+    /// Cluster mode: the node that runs the request (no answer yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_node: Option<String>,
+}
+
+fn epoch() -> Timestamp {
+    Timestamp::UNIX_EPOCH
 }

@@ -194,7 +194,7 @@ pub const DOC_SESSIONS: TableDefinition<(&str, &str), &str> = TableDefinition::n
 pub const TURNS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("turns");
 
 /// (session_id, turn_id) -> (): the turns whose phase is not final; what
-/// a start scans to resume cut turns ([`super::Store::open_turns`]).
+/// a start scans to resume cut turns ([`crate::store::TurnReads::open_turns`]).
 pub const OPEN_TURNS: TableDefinition<(&str, &str), ()> = TableDefinition::new("open_turns");
 
 /// (session_id, idempotency key) -> turn_id: the turn a keyed message

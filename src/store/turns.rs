@@ -11,6 +11,7 @@
 //! reached its phase, so the phase and the messages never disagree; it
 //! costs no commit of its own. Erased with its session ([`super::erase`]).
 
+use super::backend::TurnReads;
 use redb::{ReadableDatabase, ReadableTable, Table};
 use serde_json::Value;
 
@@ -22,9 +23,9 @@ use super::{RedbStore, StoreError};
 pub struct TurnWrite {
     pub session_id: String,
     pub turn_id: String,
-    /// Not final yet: listed by [`Store::open_turns`].
+    /// Not final yet: listed by [`crate::store::TurnReads::open_turns`].
     pub open: bool,
-    /// The message's `Idempotency-Key`, indexed for [`Store::turn_by_key`].
+    /// The message's `Idempotency-Key`, indexed for [`crate::store::TurnReads::turn_by_key`].
     pub idempotency_key: Option<String>,
     pub record: Value,
 }
@@ -66,9 +67,10 @@ pub(super) fn erase(t: &mut TurnTables<'_, '_>, id: &str) -> Result<u64, StoreEr
     Ok(n)
 }
 
-impl RedbStore {
+#[async_trait::async_trait]
+impl TurnReads for RedbStore {
     /// The record of turn `turn_id` of session `session_id`.
-    pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Option<Value>, StoreError> {
+    async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Option<Value>, StoreError> {
         let (s, t) = (session_id.to_string(), turn_id.to_string());
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -82,11 +84,7 @@ impl RedbStore {
     }
 
     /// The turn a message with `key` started in the session, if any.
-    pub async fn turn_by_key(
-        &self,
-        session_id: &str,
-        key: &str,
-    ) -> Result<Option<String>, StoreError> {
+    async fn turn_by_key(&self, session_id: &str, key: &str) -> Result<Option<String>, StoreError> {
         let (s, k) = (session_id.to_string(), key.to_string());
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -99,7 +97,7 @@ impl RedbStore {
     }
 
     /// The last turn of a session that is not final (at most one runs).
-    pub async fn open_turn_of(&self, session_id: &str) -> Result<Option<Value>, StoreError> {
+    async fn open_turn_of(&self, session_id: &str) -> Result<Option<Value>, StoreError> {
         let s = session_id.to_string();
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -121,7 +119,7 @@ impl RedbStore {
 
     /// A page of a session's turn records after turn id `after`, oldest
     /// first; `next` is the last id of a full page.
-    pub async fn turns_of(
+    async fn turns_of(
         &self,
         session_id: &str,
         after: Option<String>,
@@ -153,7 +151,7 @@ impl RedbStore {
 
     /// Every `(session, turn)` whose record is not final, oldest session
     /// first: the turns a crash cut.
-    pub async fn open_turns(&self) -> Result<Vec<(String, String)>, StoreError> {
+    async fn open_turns(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.read(move |db| {
             let txn = db.begin_read()?;
             let open = txn.open_table(OPEN_TURNS)?;

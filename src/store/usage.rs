@@ -11,6 +11,7 @@
 //! which sort as they read, so a tenant's days are one key range and a
 //! month is at most 31 days of rows per agent.
 
+use super::backend::UsageReads;
 use jiff::Timestamp;
 use jiff::civil::Date;
 use jiff::tz::TimeZone;
@@ -113,9 +114,10 @@ pub(super) fn apply(
     Ok(())
 }
 
-impl RedbStore {
+#[async_trait::async_trait]
+impl UsageReads for RedbStore {
     /// Every model call of a session, added up.
-    pub async fn session_usage(&self, session_id: &str) -> Result<TokenUsage, StoreError> {
+    async fn session_usage(&self, session_id: &str) -> Result<TokenUsage, StoreError> {
         let id = session_id.to_string();
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -128,7 +130,7 @@ impl RedbStore {
     /// tenant, by tenant, day and agent. Every tenant's rows are read by
     /// seeking from one tenant's range to the next, so rows outside the
     /// days are never scanned.
-    pub async fn usage_rows(
+    async fn usage_rows(
         &self,
         tenant: Option<&str>,
         from: Date,
@@ -172,7 +174,7 @@ impl RedbStore {
     }
 
     /// One tenant's usage over days `from..=to`, added up.
-    pub async fn tenant_usage(
+    async fn tenant_usage(
         &self,
         tenant: &str,
         from: Date,

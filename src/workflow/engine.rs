@@ -23,10 +23,10 @@
 //! workflow's current definition, keeping what succeeded.
 //!
 //! Restart ([`Workflows::recover`], once at start): a run still `running`
-//! in the store that this node may take up ([`Store::cut_runs`]: every one
+//! in the store that this node may take up ([`crate::store::Ownership::cut_runs`]: every one
 //! on redb; in cluster mode its own and those of dead nodes) was cut by the
 //! stop (a crash, or a shutdown: runners stop without writing). It is
-//! claimed ([`Store::claim_run`]: from then on its old owner cannot write
+//! claimed ([`crate::store::Ownership::claim_run`]: from then on its old owner cannot write
 //! it), its running nodes and elements become failed as interrupted, then:
 //! - when its last progress ([`WorkflowRun::last_progress`]: the latest
 //!   start or end of a node or element, its last resume, its creation) is
@@ -482,7 +482,7 @@ impl Workflows {
 
     /// Takes up the runs left `running` by a node that stopped: this
     /// node's own after a restart, and (cluster mode) those of nodes whose
-    /// heartbeat is stale, each claimed first ([`Store::claim_run`]) so
+    /// heartbeat is stale, each claimed first ([`crate::store::Ownership::claim_run`]) so
     /// its old owner can no longer write it. What [`Self::recover`] does at
     /// start, and the runtime's takeover sweep every so often.
     pub async fn take_up_cut_runs(&self) -> Result<Recovery, WorkflowError> {
@@ -1065,7 +1065,7 @@ fn recorded_at(call: &ToolCallRecord) -> Option<Timestamp> {
     t.checked_add(jiff::SignedDuration::from_millis(1)).ok()
 }
 
-/// The tenant of a stored run (for [`Store::index_docs`]).
+/// The tenant of a stored run (for [`crate::store::DocReads::index_docs`]).
 fn run_tenant(doc: &Value) -> Option<String> {
     serde_json::from_value::<WorkflowRun>(doc.clone())
         .ok()

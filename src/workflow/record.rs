@@ -88,7 +88,7 @@ pub fn all_items(run: &WorkflowRun) -> Vec<(String, usize)> {
 }
 
 /// `ops` of a run as written by the node that claimed it at `epoch`
-/// ([`Store::claim_run`]): refused whole once another node took it over.
+/// ([`crate::store::Ownership::claim_run`]): refused whole once another node took it over.
 pub fn fenced(run_id: &str, epoch: u64, mut ops: Vec<WriteOp>) -> Vec<WriteOp> {
     ops.insert(
         0,

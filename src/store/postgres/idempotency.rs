@@ -18,15 +18,18 @@
 use jiff::Timestamp;
 
 use super::PgStore;
+use super::reads::{n, seq, sql};
 use crate::store::StoreError;
-use crate::store::idempotency::{IdempotencyClaim, IdempotencyRecord, RUNNING_LEASE};
+use crate::store::WriteOp;
+use crate::store::backend::{IdempotencyRecords, Writes};
+use crate::store::idempotency::{IdempotencyClaim, IdempotencyRecord, RUNNING_LEASE, SWEEP_BATCH};
 
 /// The mark's `running_node`, read from the stored JSON bytes.
 const MARK: &str = "(convert_from(idempotency.record, 'UTF8')::json ->> 'running_node')";
 
-impl PgStore {
-    /// See [`crate::store::Store::claim_idempotency`].
-    pub async fn claim_idempotency(
+#[async_trait::async_trait]
+impl IdempotencyRecords for PgStore {
+    async fn claim_idempotency(
         &self,
         tenant: &str,
         key: &str,
@@ -102,8 +105,7 @@ impl PgStore {
         .await
     }
 
-    /// See [`crate::store::Store::release_idempotency`].
-    pub async fn release_idempotency(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+    async fn release_idempotency(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
         let (tenant, key) = (tenant.to_string(), key.to_string());
         self.run(move |c, shared| async move {
             let stmt = c
@@ -115,6 +117,61 @@ impl PgStore {
             Ok(())
         })
         .await
+    }
+    /// The stored outcome of `key` of `tenant`, if any.
+    async fn idempotency_record(
+        &self,
+        tenant: &str,
+        key: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let (tenant, key) = (tenant.to_string(), key.to_string());
+        self.run(move |c, _| async move {
+            let rows = sql!(
+                c,
+                "SELECT stored_at_ms, record FROM idempotency WHERE tenant = $1 AND key = $2",
+                &tenant,
+                &key
+            );
+            let Some(row) = rows.first() else {
+                return Ok(None);
+            };
+            let at: i64 = row.try_get(0)?;
+            let json: Vec<u8> = row.try_get(1)?;
+            let mut record: IdempotencyRecord = serde_json::from_slice(&json)?;
+            record.stored_at = Timestamp::from_millisecond(at).unwrap_or(Timestamp::UNIX_EPOCH);
+            Ok(Some(record))
+        })
+        .await
+    }
+
+    /// Deletes every record stored before `before`; how many went.
+    async fn sweep_idempotency(&self, before: Timestamp) -> Result<u64, StoreError> {
+        let before_ms = u64::try_from(before.as_millisecond()).unwrap_or(0);
+        let mut removed = 0u64;
+        loop {
+            let keys: Vec<(String, String)> = self
+                .run(move |c, _| async move {
+                    let rows = sql!(
+                        c,
+                        "SELECT tenant, key FROM idempotency WHERE stored_at_ms < $1 LIMIT $2",
+                        &seq(before_ms),
+                        &n(SWEEP_BATCH)
+                    );
+                    rows.iter()
+                        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+                        .collect::<Result<Vec<_>, StoreError>>()
+                })
+                .await?;
+            let full = keys.len() == SWEEP_BATCH;
+            removed += keys.len() as u64;
+            if !keys.is_empty() {
+                let op = WriteOp::DeleteIdempotency { keys, before_ms };
+                self.write(vec![op], false).await?;
+            }
+            if !full {
+                return Ok(removed);
+            }
+        }
     }
 }
 

@@ -53,13 +53,13 @@
 mod docs;
 mod idempotency;
 mod import;
-mod orphans;
 mod ownership;
 mod reads;
 mod schema;
 mod tls;
 mod writer;
 
+use super::backend::Writes;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -265,60 +265,6 @@ impl PgStore {
         &self.shared.node
     }
 
-    /// This node's id.
-    pub fn node_id(&self) -> Option<&str> {
-        Some(&self.shared.node.id)
-    }
-
-    /// No file: an empty path (what the facade's `path` gives for PostgreSQL).
-    pub fn path(&self) -> &std::path::Path {
-        std::path::Path::new("")
-    }
-
-    /// How long the writer's commits take (each may carry many callers' writes).
-    pub fn commit_latency(&self) -> &crate::metrics::Histogram {
-        &self.shared.commit_latency
-    }
-
-    /// Whether the database was reachable at the last attempt (a write, a
-    /// read, a heartbeat).
-    pub fn health(&self) -> StoreHealth {
-        match self.shared.outage() {
-            None => StoreHealth::Ok,
-            Some((since, reason)) => StoreHealth::Degraded {
-                since,
-                reason: reason.to_string(),
-            },
-        }
-    }
-
-    /// Refuses every later write with [`StoreError::Closed`]; flushes still pass.
-    pub fn close_writes(&self) {
-        self.shared.closed.store(true, Ordering::Release);
-    }
-
-    /// Always 0: PostgreSQL is never reopened under the store.
-    pub fn generation(&self) -> u64 {
-        0
-    }
-
-    /// Applies `ops` in one transaction (possibly shared with other
-    /// callers'); with `durable`, returns once the commit is flushed.
-    pub async fn write(&self, ops: Vec<WriteOp>, durable: bool) -> Result<(), StoreError> {
-        self.send(ops, durable, None).await
-    }
-
-    /// [`Self::write`], refused with [`StoreError::Reopened`] unless
-    /// `generation` is 0 (see [`Self::generation`]).
-    pub async fn write_at(
-        &self,
-        generation: u64,
-        ops: Vec<WriteOp>,
-        durable: bool,
-    ) -> Result<(), StoreError> {
-        self.send(ops, durable, Some(generation)).await
-    }
-
     async fn send(
         &self,
         ops: Vec<WriteOp>,
@@ -337,17 +283,6 @@ impl PgStore {
             })
             .map_err(|_| StoreError::WriterGone)?;
         rx.await.map_err(|_| StoreError::WriterGone)?
-    }
-
-    /// Queues `ops` for the next commit without waiting (see
-    /// [`super::Store::write_behind`]): applied in the order sent.
-    pub fn write_behind(&self, ops: Vec<WriteOp>) {
-        self.send_behind(ops, None);
-    }
-
-    /// [`Self::write_behind`], refused unless `generation` is 0.
-    pub fn write_behind_at(&self, generation: u64, ops: Vec<WriteOp>) {
-        self.send_behind(ops, Some(generation));
     }
 
     fn send_behind(&self, ops: Vec<WriteOp>, generation: Option<u64>) {
@@ -381,6 +316,73 @@ impl PgStore {
             })
             .await
             .map_err(|_| StoreError::WriterGone)?
+    }
+}
+
+#[async_trait::async_trait]
+impl Writes for PgStore {
+    fn backend_name(&self) -> &'static str {
+        "postgres"
+    }
+
+    /// No file: an empty path (what the facade's `path` gives for PostgreSQL).
+    fn path(&self) -> &std::path::Path {
+        std::path::Path::new("")
+    }
+
+    /// How long the writer's commits take (each may carry many callers' writes).
+    fn commit_latency(&self) -> &crate::metrics::Histogram {
+        &self.shared.commit_latency
+    }
+
+    /// Whether the database was reachable at the last attempt (a write, a
+    /// read, a heartbeat).
+    fn health(&self) -> StoreHealth {
+        match self.shared.outage() {
+            None => StoreHealth::Ok,
+            Some((since, reason)) => StoreHealth::Degraded {
+                since,
+                reason: reason.to_string(),
+            },
+        }
+    }
+
+    /// Refuses every later write with [`StoreError::Closed`]; flushes still pass.
+    fn close_writes(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+    }
+
+    /// Always 0: PostgreSQL is never reopened under the store.
+    fn generation(&self) -> u64 {
+        0
+    }
+
+    /// Applies `ops` in one transaction (possibly shared with other
+    /// callers'); with `durable`, returns once the commit is flushed.
+    async fn write(&self, ops: Vec<WriteOp>, durable: bool) -> Result<(), StoreError> {
+        self.send(ops, durable, None).await
+    }
+
+    /// [`Self::write`], refused with [`StoreError::Reopened`] unless
+    /// `generation` is 0 (see [`Self::generation`]).
+    async fn write_at(
+        &self,
+        generation: u64,
+        ops: Vec<WriteOp>,
+        durable: bool,
+    ) -> Result<(), StoreError> {
+        self.send(ops, durable, Some(generation)).await
+    }
+
+    /// Queues `ops` for the next commit without waiting (see
+    /// [`super::Writes::write_behind`]): applied in the order sent.
+    fn write_behind(&self, ops: Vec<WriteOp>) {
+        self.send_behind(ops, None);
+    }
+
+    /// [`Self::write_behind`], refused unless `generation` is 0.
+    fn write_behind_at(&self, generation: u64, ops: Vec<WriteOp>) {
+        self.send_behind(ops, Some(generation));
     }
 }
 

@@ -27,6 +27,7 @@
 //! whoever resumes or cancels it. The takeover sweep reads the running
 //! runs of dead owners ([`PgStore::cut_runs`], a partial index).
 
+use crate::store::backend::Ownership;
 use jiff::Timestamp;
 
 use super::PgStore;
@@ -36,9 +37,15 @@ fn stale_secs(store: &PgStore) -> f64 {
     store.shared.node.stale_after.as_secs_f64()
 }
 
-impl PgStore {
+#[async_trait::async_trait]
+impl Ownership for PgStore {
+    /// This node's id.
+    fn node_id(&self) -> Option<&str> {
+        Some(&self.shared.node.id)
+    }
+
     /// Upserts this node's row with `heartbeat_at = now()`.
-    pub async fn heartbeat(&self) -> Result<(), StoreError> {
+    async fn heartbeat(&self) -> Result<(), StoreError> {
         self.run(|c, shared| async move {
             let stmt = c
                 .prepare_cached(
@@ -54,7 +61,7 @@ impl PgStore {
     }
 
     /// Every node that ever heartbeat, by id.
-    pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
+    async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         let stale = stale_secs(self);
         self.run(move |c, _| async move {
             let rows = c
@@ -81,7 +88,7 @@ impl PgStore {
 
     /// Makes this node the session's owner (see the module doc), or says
     /// who owns it ([`StoreError::OwnedElsewhere`]).
-    pub async fn claim_session(&self, id: &str) -> Result<Claim, StoreError> {
+    async fn claim_session(&self, id: &str) -> Result<Claim, StoreError> {
         let id = id.to_string();
         let stale = stale_secs(self);
         self.run(move |c, shared| async move {
@@ -148,7 +155,7 @@ impl PgStore {
     /// heartbeat is stale; else [`StoreError::RunOwnedElsewhere`]. A run
     /// not stored (yet) is [`StoreError::RunFenced`] at epoch 0: the
     /// `PutDoc` that creates a run makes its writer the owner.
-    pub async fn claim_run(&self, id: &str) -> Result<Claim, StoreError> {
+    async fn claim_run(&self, id: &str) -> Result<Claim, StoreError> {
         let id = id.to_string();
         let stale = stale_secs(self);
         self.run(move |c, shared| async move {
@@ -192,8 +199,7 @@ impl PgStore {
         .await
     }
 
-    /// See [`crate::store::Store::run_owner`].
-    pub async fn run_owner(&self, id: &str) -> Result<Option<RunOwner>, StoreError> {
+    async fn run_owner(&self, id: &str) -> Result<Option<RunOwner>, StoreError> {
         let id = id.to_string();
         let stale = stale_secs(self);
         self.run(move |c, _| async move {
@@ -218,7 +224,7 @@ impl PgStore {
 
     /// The runs still `running` that this node may take up: its own, and
     /// those with no owner or a dead one (by the database's clock).
-    pub async fn cut_runs(&self) -> Result<Vec<String>, StoreError> {
+    async fn cut_runs(&self) -> Result<Vec<String>, StoreError> {
         let stale = stale_secs(self);
         self.run(move |c, shared| async move {
             let rows = c
@@ -239,7 +245,7 @@ impl PgStore {
 
     /// Gives the session up (its actor went idle) if this node still owns
     /// it at `epoch`; the next claim, by any node, bumps the epoch.
-    pub async fn release_session(&self, id: &str, epoch: u64) -> Result<(), StoreError> {
+    async fn release_session(&self, id: &str, epoch: u64) -> Result<(), StoreError> {
         let id = id.to_string();
         self.run(move |c, shared| async move {
             let stmt = c
@@ -250,6 +256,36 @@ impl PgStore {
             c.execute(&stmt, &[&id, &(epoch as i64), &shared.node.id])
                 .await?;
             Ok(())
+        })
+        .await
+    }
+    /// The takeover sweep's question: which sessions have a cut turn this
+    /// node may take up?
+    ///
+    /// runtime (every `[cluster] owner_stale_s`) ──▶ Sessions::resume_cut_turns ──▶ orphaned_turn_sessions
+    ///
+    /// A session whose turn is open and whose owner is alive is in a turn
+    /// right now, on its owner: trying to claim it would only fail (and take
+    /// the row's lock against the owner's fenced commits). So the database
+    /// answers with the sessions whose open turns have no live owner: no
+    /// owner, this node (an earlier process of it died mid-turn), or an owner
+    /// whose heartbeat is stale by the database's clock.
+    async fn orphaned_turn_sessions(&self) -> Result<Vec<String>, StoreError> {
+        let stale = self.shared.node.stale_after.as_secs_f64();
+        self.run(move |c, shared| async move {
+            let stmt = c
+                .prepare_cached(
+                    "SELECT DISTINCT t.session_id FROM turns t
+                     JOIN sessions s ON s.id = t.session_id
+                     WHERE t.open
+                       AND (s.owner IS NULL OR s.owner = $1 OR NOT EXISTS (
+                             SELECT 1 FROM nodes n WHERE n.id = s.owner
+                             AND n.heartbeat_at > now() - make_interval(secs => $2)))
+                     ORDER BY t.session_id",
+                )
+                .await?;
+            let rows = c.query(&stmt, &[&shared.node.id, &stale]).await?;
+            rows.iter().map(|r| Ok(r.try_get(0)?)).collect()
         })
         .await
     }

@@ -12,6 +12,9 @@
 //! filter) pass through [`column`] as written keys do: one with NUL names
 //! no row (redb's "not found"), instead of a query PostgreSQL refuses.
 
+use crate::store::backend::{
+    CallReads, DocReads, SessionReads, TenantOf, TurnReads, UsageReads, Writes,
+};
 use std::sync::{Arc, Mutex};
 
 use jiff::Timestamp;
@@ -22,18 +25,17 @@ use tokio_postgres::types::{Json, ToSql};
 
 use super::docs::DocHome;
 use super::{PgStore, column};
-use crate::store::idempotency::{IdempotencyRecord, SWEEP_BATCH};
 use crate::store::usage::{TokenUsage, UsageRow};
 use crate::store::{
     CallFilter, MessageStats, Page, Session, SessionFilter, StoreError, StoredMessage,
     StoredSummary, ToolCallRecord, ToolStats, WriteOp,
 };
 
-fn n(v: usize) -> i64 {
+pub(super) fn n(v: usize) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn seq(v: u64) -> i64 {
+pub(super) fn seq(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
@@ -101,10 +103,46 @@ macro_rules! sql {
         $c.query(&stmt, &[$($p),*]).await?
     }};
 }
+pub(super) use sql;
 
 impl PgStore {
+    async fn calls_before(
+        &self,
+        filter: CallFilter,
+        before: Option<String>,
+    ) -> Result<Vec<ToolCallRecord>, StoreError> {
+        self.run(move |c, _| async move {
+            let mut sql = String::from("SELECT body FROM tool_calls WHERE true");
+            let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+            let mut add = |col: &str, op: &str, v: &Option<String>| {
+                if let Some(v) = v {
+                    params.push(Box::new(column(v)));
+                    sql.push_str(&format!(" AND {col} {op} ${}", params.len()));
+                }
+            };
+            add("tenant", "=", &filter.tenant);
+            add("conversation_id", "=", &filter.conversation_id);
+            add("workflow_id", "=", &filter.workflow_id);
+            add("tool_name", "=", &filter.tool);
+            add("record_id", "<", &before);
+            sql.push_str(" ORDER BY record_id DESC");
+            if filter.limit > 0 {
+                sql.push_str(&format!(" LIMIT {}", filter.limit));
+            }
+            let refs: Vec<&(dyn ToSql + Sync)> =
+                params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+            let stmt = c.prepare_cached(&sql).await?;
+            let rows = c.query(&stmt, &refs).await?;
+            bodies(&rows)
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl SessionReads for PgStore {
     /// Every session, by id.
-    pub async fn list_sessions(&self) -> Result<Vec<Session>, StoreError> {
+    async fn list_sessions(&self) -> Result<Vec<Session>, StoreError> {
         self.run(|c, _| async move {
             let rows = sql!(c, "SELECT body FROM sessions ORDER BY id",);
             bodies(&rows)
@@ -114,7 +152,7 @@ impl PgStore {
 
     /// A page of `tenant`'s sessions `filter` keeps, past the id `cursor`
     /// in its order (oldest first unless `newest_first`).
-    pub async fn sessions_of(
+    async fn sessions_matching(
         &self,
         tenant: &str,
         filter: SessionFilter,
@@ -148,73 +186,7 @@ impl PgStore {
         .await
     }
 
-    /// A page of `tenant`'s call records matching `filter` (its `tenant`
-    /// and `limit` ignored) before the record id `before`, newest first.
-    pub async fn calls_of(
-        &self,
-        tenant: &str,
-        filter: CallFilter,
-        before: Option<String>,
-        limit: usize,
-    ) -> Result<Page<ToolCallRecord>, StoreError> {
-        let filter = CallFilter {
-            tenant: Some(tenant.to_string()),
-            limit: limit.saturating_add(1),
-            ..filter
-        };
-        let items = self.calls_before(filter, before).await?;
-        Ok(into_page(items, limit, |r: &ToolCallRecord| {
-            r.record_id.clone()
-        }))
-    }
-
-    /// Call records matching the filter, newest first, at most `limit`
-    /// (all when 0).
-    pub async fn calls(&self, filter: CallFilter) -> Result<Vec<ToolCallRecord>, StoreError> {
-        self.calls_before(filter, None).await
-    }
-
-    async fn calls_before(
-        &self,
-        filter: CallFilter,
-        before: Option<String>,
-    ) -> Result<Vec<ToolCallRecord>, StoreError> {
-        self.run(move |c, _| async move {
-            let mut sql = String::from("SELECT body FROM tool_calls WHERE true");
-            let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-            let mut add = |col: &str, op: &str, v: &Option<String>| {
-                if let Some(v) = v {
-                    params.push(Box::new(column(v)));
-                    sql.push_str(&format!(" AND {col} {op} ${}", params.len()));
-                }
-            };
-            add("tenant", "=", &filter.tenant);
-            add("conversation_id", "=", &filter.conversation_id);
-            add("workflow_id", "=", &filter.workflow_id);
-            add("tool_name", "=", &filter.tool);
-            add("record_id", "<", &before);
-            sql.push_str(" ORDER BY record_id DESC");
-            if filter.limit > 0 {
-                sql.push_str(&format!(" LIMIT {}", filter.limit));
-            }
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
-            let stmt = c.prepare_cached(&sql).await?;
-            let rows = c.query(&stmt, &refs).await?;
-            bodies(&rows)
-        })
-        .await
-    }
-
-    pub async fn record_count(&self) -> Result<u64, StoreError> {
-        self.run(|c, _| async move {
-            let rows = sql!(c, "SELECT count(*) FROM tool_calls",);
-            Ok(rows[0].try_get::<_, i64>(0)? as u64)
-        })
-        .await
-    }
-
-    pub async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+    async fn get_session(&self, id: &str) -> Result<Option<Session>, StoreError> {
         let id = column(id);
         self.run(move |c, _| async move {
             let rows = sql!(c, "SELECT body FROM sessions WHERE id = $1", &id);
@@ -223,7 +195,7 @@ impl PgStore {
         .await
     }
 
-    pub async fn get_summary(&self, session_id: &str) -> Result<Option<StoredSummary>, StoreError> {
+    async fn get_summary(&self, session_id: &str) -> Result<Option<StoredSummary>, StoreError> {
         let id = session_id.to_string();
         self.run(move |c, _| async move {
             let rows = sql!(c, "SELECT body FROM summaries WHERE session_id = $1", &id);
@@ -234,7 +206,7 @@ impl PgStore {
 
     /// The messages after `after`, at most the last `max`, oldest first;
     /// and the session's last seq.
-    pub async fn unsummarised_messages(
+    async fn unsummarised_messages(
         &self,
         session_id: &str,
         after: u64,
@@ -263,7 +235,7 @@ impl PgStore {
     }
 
     /// At most `limit` messages with seq > `after`, oldest first.
-    pub async fn messages_page(
+    async fn messages_page(
         &self,
         session_id: &str,
         after: u64,
@@ -285,7 +257,7 @@ impl PgStore {
     }
 
     /// Messages with seq > `after`, oldest first.
-    pub async fn messages_after(
+    async fn messages_after(
         &self,
         session_id: &str,
         after: u64,
@@ -294,7 +266,7 @@ impl PgStore {
     }
 
     /// The last `n` messages (oldest first) and the session's last seq.
-    pub async fn recent_messages(
+    async fn recent_messages(
         &self,
         session_id: &str,
         count: usize,
@@ -303,7 +275,7 @@ impl PgStore {
     }
 
     /// How many messages, how many from the user, when the last was written.
-    pub async fn message_stats(&self, session_id: &str) -> Result<MessageStats, StoreError> {
+    async fn message_stats(&self, session_id: &str) -> Result<MessageStats, StoreError> {
         let id = session_id.to_string();
         self.run(move |c, _| async move {
             let rows = sql!(
@@ -324,7 +296,7 @@ impl PgStore {
         .await
     }
 
-    pub async fn message_count(&self, session_id: &str) -> Result<u64, StoreError> {
+    async fn message_count(&self, session_id: &str) -> Result<u64, StoreError> {
         let id = session_id.to_string();
         self.run(move |c, _| async move {
             let rows = sql!(
@@ -337,8 +309,73 @@ impl PgStore {
         .await
     }
 
+    /// Up to `limit` sessions after the id `after`, each with when it was
+    /// last active (its last message, else its creation).
+    async fn sessions_with_activity(
+        &self,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<Vec<(Session, Timestamp)>, StoreError> {
+        self.run(move |c, _| async move {
+            let rows = sql!(
+                c,
+                "SELECT s.body, (SELECT m.body FROM messages m WHERE m.session_id = s.id
+                                 ORDER BY m.seq DESC LIMIT 1)
+                 FROM sessions s WHERE ($1::text IS NULL OR s.id > $1) ORDER BY s.id LIMIT $2",
+                &after,
+                &n(limit)
+            );
+            rows.iter()
+                .map(|r| {
+                    let s: Session = body(r, 0)?;
+                    let last: Option<Json<StoredMessage>> = r.try_get(1)?;
+                    let at = last.map_or(s.created_at, |m| m.0.created_at);
+                    Ok((s, at))
+                })
+                .collect()
+        })
+        .await
+    }
+}
+
+#[async_trait::async_trait]
+impl CallReads for PgStore {
+    /// A page of `tenant`'s call records matching `filter` (its `tenant`
+    /// and `limit` ignored) before the record id `before`, newest first.
+    async fn calls_of(
+        &self,
+        tenant: &str,
+        filter: CallFilter,
+        before: Option<String>,
+        limit: usize,
+    ) -> Result<Page<ToolCallRecord>, StoreError> {
+        let filter = CallFilter {
+            tenant: Some(tenant.to_string()),
+            limit: limit.saturating_add(1),
+            ..filter
+        };
+        let items = self.calls_before(filter, before).await?;
+        Ok(into_page(items, limit, |r: &ToolCallRecord| {
+            r.record_id.clone()
+        }))
+    }
+
+    /// Call records matching the filter, newest first, at most `limit`
+    /// (all when 0).
+    async fn calls(&self, filter: CallFilter) -> Result<Vec<ToolCallRecord>, StoreError> {
+        self.calls_before(filter, None).await
+    }
+
+    async fn record_count(&self) -> Result<u64, StoreError> {
+        self.run(|c, _| async move {
+            let rows = sql!(c, "SELECT count(*) FROM tool_calls",);
+            Ok(rows[0].try_get::<_, i64>(0)? as u64)
+        })
+        .await
+    }
+
     /// Counters of every tool, by name, summed over the nodes.
-    pub async fn all_tool_stats(&self) -> Result<Vec<(String, ToolStats)>, StoreError> {
+    async fn all_tool_stats(&self) -> Result<Vec<(String, ToolStats)>, StoreError> {
         self.run(|c, _| async move {
             let rows = sql!(
                 c,
@@ -353,7 +390,7 @@ impl PgStore {
         .await
     }
 
-    pub async fn tool_stats(&self, tool: &str) -> Result<ToolStats, StoreError> {
+    async fn tool_stats(&self, tool: &str) -> Result<ToolStats, StoreError> {
         let tool = column(tool);
         self.run(move |c, _| async move {
             let rows = sql!(
@@ -370,9 +407,12 @@ impl PgStore {
         })
         .await
     }
+}
 
+#[async_trait::async_trait]
+impl DocReads for PgStore {
     /// A document of a namespace, if present.
-    pub async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
+    async fn get_doc(&self, namespace: &str, key: &str) -> Result<Option<Value>, StoreError> {
         let (ns, k) = (namespace.to_string(), column(key));
         self.run(move |c, _| async move {
             let home = DocHome::of(&ns);
@@ -391,7 +431,7 @@ impl PgStore {
     }
 
     /// Every document of a namespace whose key starts with `prefix`, by key.
-    pub async fn list_docs(
+    async fn list_docs(
         &self,
         namespace: &str,
         prefix: &str,
@@ -419,7 +459,7 @@ impl PgStore {
 
     /// A page of `tenant`'s documents of `namespace` past `cursor`, by key
     /// (`newest_first`: descending).
-    pub async fn docs_of(
+    async fn docs_of(
         &self,
         namespace: &str,
         tenant: &str,
@@ -455,40 +495,12 @@ impl PgStore {
         .await
     }
 
-    /// Up to `limit` sessions after the id `after`, each with when it was
-    /// last active (its last message, else its creation).
-    pub async fn sessions_with_activity(
-        &self,
-        after: Option<String>,
-        limit: usize,
-    ) -> Result<Vec<(Session, Timestamp)>, StoreError> {
-        self.run(move |c, _| async move {
-            let rows = sql!(
-                c,
-                "SELECT s.body, (SELECT m.body FROM messages m WHERE m.session_id = s.id
-                                 ORDER BY m.seq DESC LIMIT 1)
-                 FROM sessions s WHERE ($1::text IS NULL OR s.id > $1) ORDER BY s.id LIMIT $2",
-                &after,
-                &n(limit)
-            );
-            rows.iter()
-                .map(|r| {
-                    let s: Session = body(r, 0)?;
-                    let last: Option<Json<StoredMessage>> = r.try_get(1)?;
-                    let at = last.map_or(s.created_at, |m| m.0.created_at);
-                    Ok((s, at))
-                })
-                .collect()
-        })
-        .await
-    }
-
     /// Indexes by tenant the documents of `namespace` written without one,
     /// once per namespace (later calls return `None`).
-    pub async fn index_docs(
+    async fn index_docs(
         &self,
         namespace: &str,
-        tenant_of: fn(&Value) -> Option<String>,
+        tenant_of: TenantOf,
     ) -> Result<Option<u64>, StoreError> {
         let indexed = Arc::new(Mutex::new(None));
         let op = WriteOp::IndexDocs {
@@ -500,9 +512,12 @@ impl PgStore {
         let found = indexed.lock().expect("index slot").take();
         Ok(found)
     }
+}
 
+#[async_trait::async_trait]
+impl TurnReads for PgStore {
     /// The record of turn `turn_id` of session `session_id`.
-    pub async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Option<Value>, StoreError> {
+    async fn turn(&self, session_id: &str, turn_id: &str) -> Result<Option<Value>, StoreError> {
         let (s, t) = (column(session_id), column(turn_id));
         self.run(move |c, _| async move {
             let rows = sql!(
@@ -517,11 +532,7 @@ impl PgStore {
     }
 
     /// The turn a message with `key` started in the session, if any.
-    pub async fn turn_by_key(
-        &self,
-        session_id: &str,
-        key: &str,
-    ) -> Result<Option<String>, StoreError> {
+    async fn turn_by_key(&self, session_id: &str, key: &str) -> Result<Option<String>, StoreError> {
         let (s, k) = (session_id.to_string(), key.to_string());
         self.run(move |c, _| async move {
             let rows = sql!(
@@ -536,7 +547,7 @@ impl PgStore {
     }
 
     /// The last turn of a session that is not final.
-    pub async fn open_turn_of(&self, session_id: &str) -> Result<Option<Value>, StoreError> {
+    async fn open_turn_of(&self, session_id: &str) -> Result<Option<Value>, StoreError> {
         let s = session_id.to_string();
         self.run(move |c, _| async move {
             let rows = sql!(
@@ -551,7 +562,7 @@ impl PgStore {
     }
 
     /// A page of a session's turn records after turn id `after`, oldest first.
-    pub async fn turns_of(
+    async fn turns_of(
         &self,
         session_id: &str,
         after: Option<String>,
@@ -581,7 +592,7 @@ impl PgStore {
     }
 
     /// Every `(session, turn)` whose record is not final, by session.
-    pub async fn open_turns(&self) -> Result<Vec<(String, String)>, StoreError> {
+    async fn open_turns(&self) -> Result<Vec<(String, String)>, StoreError> {
         self.run(|c, _| async move {
             let rows = sql!(
                 c,
@@ -593,9 +604,12 @@ impl PgStore {
         })
         .await
     }
+}
 
+#[async_trait::async_trait]
+impl UsageReads for PgStore {
     /// Every model call of a session, added up.
-    pub async fn session_usage(&self, session_id: &str) -> Result<TokenUsage, StoreError> {
+    async fn session_usage(&self, session_id: &str) -> Result<TokenUsage, StoreError> {
         let id = session_id.to_string();
         self.run(move |c, _| async move {
             let rows = sql!(
@@ -614,7 +628,7 @@ impl PgStore {
 
     /// The rows of days `from..=to`, of one tenant or of every tenant, by
     /// tenant, day and agent (the nodes' rows summed).
-    pub async fn usage_rows(
+    async fn usage_rows(
         &self,
         tenant: Option<&str>,
         from: Date,
@@ -655,7 +669,7 @@ impl PgStore {
     }
 
     /// One tenant's usage over days `from..=to`, added up.
-    pub async fn tenant_usage(
+    async fn tenant_usage(
         &self,
         tenant: &str,
         from: Date,
@@ -666,62 +680,6 @@ impl PgStore {
             total.add(&row.usage);
         }
         Ok(total)
-    }
-
-    /// The stored outcome of `key` of `tenant`, if any.
-    pub async fn idempotency_record(
-        &self,
-        tenant: &str,
-        key: &str,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let (tenant, key) = (tenant.to_string(), key.to_string());
-        self.run(move |c, _| async move {
-            let rows = sql!(
-                c,
-                "SELECT stored_at_ms, record FROM idempotency WHERE tenant = $1 AND key = $2",
-                &tenant,
-                &key
-            );
-            let Some(row) = rows.first() else {
-                return Ok(None);
-            };
-            let at: i64 = row.try_get(0)?;
-            let json: Vec<u8> = row.try_get(1)?;
-            let mut record: IdempotencyRecord = serde_json::from_slice(&json)?;
-            record.stored_at = Timestamp::from_millisecond(at).unwrap_or(Timestamp::UNIX_EPOCH);
-            Ok(Some(record))
-        })
-        .await
-    }
-
-    /// Deletes every record stored before `before`; how many went.
-    pub async fn sweep_idempotency(&self, before: Timestamp) -> Result<u64, StoreError> {
-        let before_ms = u64::try_from(before.as_millisecond()).unwrap_or(0);
-        let mut removed = 0u64;
-        loop {
-            let keys: Vec<(String, String)> = self
-                .run(move |c, _| async move {
-                    let rows = sql!(
-                        c,
-                        "SELECT tenant, key FROM idempotency WHERE stored_at_ms < $1 LIMIT $2",
-                        &seq(before_ms),
-                        &n(SWEEP_BATCH)
-                    );
-                    rows.iter()
-                        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-                        .collect::<Result<Vec<_>, StoreError>>()
-                })
-                .await?;
-            let full = keys.len() == SWEEP_BATCH;
-            removed += keys.len() as u64;
-            if !keys.is_empty() {
-                let op = WriteOp::DeleteIdempotency { keys, before_ms };
-                self.write(vec![op], false).await?;
-            }
-            if !full {
-                return Ok(removed);
-            }
-        }
     }
 }
 

@@ -5,7 +5,7 @@
 //!     for each request: SAVEPOINT · its ops (Fence first refuses a stale epoch) · RELEASE or ROLLBACK TO
 //! COMMIT (synchronous_commit off unless a request is durable) ──▶ each request's own answer
 //!
-//! The redb writer's contract ([`crate::store::Store::write`]), on
+//! The redb writer's contract ([`crate::store::Writes::write`]), on
 //! PostgreSQL: what is queued goes into one transaction; write-behind
 //! requests are held up to [`HOLD_BEHIND`] and ride the next commit, in the
 //! order sent. A request fails alone: a stale epoch or a seq written
