@@ -128,6 +128,8 @@ error_codes! {
         "the connection cannot be upgraded to a WebSocket";
     PayloadTooLarge = "PAYLOAD_TOO_LARGE", PAYLOAD_TOO_LARGE, false,
         "the body or one of its fields is over its limit";
+    StorageQuotaExceeded = "STORAGE_QUOTA_EXCEEDED", PAYLOAD_TOO_LARGE, false,
+        "the tenant stores as many bytes of messages as its quota allows (`[tenants] max_storage_mb`, or its config's `max_storage_mb`): no new message is stored until it erases sessions or the quota is raised (`details.stored_bytes`, `details.max_storage_mb`)";
     UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE", UNSUPPORTED_MEDIA_TYPE, false,
         "the body is not `application/json`";
     ValidationError = "VALIDATION_ERROR", UNPROCESSABLE_ENTITY, false,

@@ -750,16 +750,18 @@ async fn serve(
             return;
         }
     };
-    // The API limiter keeps one entry per caller seen: forget the callers
-    // whose bucket is whole again, so made-up keys and addresses cannot
-    // grow it without bound.
+    // The API limiter keeps one entry per caller seen, the store's gate
+    // one per tenant: forget those whose bucket is whole again, so made-up
+    // keys and addresses cannot grow them without bound.
     {
         let api_limit = api_limit.clone();
+        let sessions = sessions.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(60));
             loop {
                 tick.tick().await;
                 api_limit.retain_recent();
+                sessions.retain_recent_shares();
             }
         });
     }

@@ -12,7 +12,8 @@
 //! endpoint itself comes from `CADRE_MODEL_BASE_URL` / `CADRE_MODEL_API_KEY`
 //! / `CADRE_MODEL`, which are not overrides of this section),
 //! `[workflows]` (map elements, run depth), `[store]` (the redb page
-//! cache), `[cluster]` (cluster mode:
+//! cache), `[tenants]` (each tenant's share of the store: message bytes
+//! per second, stored bytes), `[cluster]` (cluster mode:
 //! `redis`, `redis_failure`, `permit_lease_s`). An override's value is
 //! read as a TOML value when it parses as one (`10`, `true`, `["a"]`,
 //! `{http = 5}`) and as a string otherwise, so
@@ -33,7 +34,8 @@ use crate::http::rate_limit::ApiLimitConfig;
 use crate::workflow::WorkflowLimits;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 11] = [
+    "tenants",
     "workflows",
     "store",
     "cluster",
@@ -62,7 +64,30 @@ pub struct ServerConfig {
     pub model: ModelSection,
     pub workflows: WorkflowLimits,
     pub store: StoreSection,
+    pub tenants: TenantsSection,
     pub cluster: ClusterSection,
+}
+
+/// Each tenant's share of the store (`[tenants]`;
+/// [`crate::conversation::storage`] has the rules).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantsSection {
+    /// KiB of message content a tenant may send per second, per node
+    /// (a burst of four seconds' worth); over it: 429 `RATE_LIMITED`. 0: no limit.
+    pub write_kib_per_s: u32,
+    /// MiB of stored messages a tenant may keep (a tenant config's
+    /// `max_storage_mb` overrides it); at it: 413 `STORAGE_QUOTA_EXCEEDED`. 0: no limit.
+    pub max_storage_mb: u64,
+}
+
+impl Default for TenantsSection {
+    fn default() -> Self {
+        TenantsSection {
+            write_kib_per_s: crate::conversation::storage::DEFAULT_WRITE_KIB_PER_S,
+            max_storage_mb: crate::conversation::storage::DEFAULT_MAX_STORAGE_MB,
+        }
+    }
 }
 
 /// The embedded store (`[store]`; the redb file of a single node).
@@ -534,10 +559,15 @@ impl ServerConfig {
         }
     }
 
-    /// `[sessions]` with `[model] turn_timeout_s`.
+    /// `[sessions]` with `[model] turn_timeout_s` and `[tenants]`.
     pub fn session_limits(&self) -> SessionLimits {
         SessionLimits {
             model_turn_timeout: Duration::from_secs_f64(self.model.turn_timeout_s),
+            storage: crate::conversation::storage::StorageLimits {
+                write_kib_per_s: std::num::NonZeroU32::new(self.tenants.write_kib_per_s),
+                max_storage_mb: (self.tenants.max_storage_mb > 0)
+                    .then_some(self.tenants.max_storage_mb),
+            },
             ..self.sessions.limits()
         }
     }

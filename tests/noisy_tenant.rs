@@ -5,6 +5,10 @@
 //!
 //! cargo build --release && cargo test --release --test noisy_tenant -- --ignored --nocapture
 //!
+//! The server inherits the environment: `CADRE_TENANTS_WRITE_KIB_PER_S=0`
+//! turns the tenants' write share off, for the figure without it
+//! (`src/conversation/storage.rs`).
+//!
 //! The quiet tenant runs turns one after another, alone and then while the
 //! noisy tenant's sessions send 256 KiB messages without pause. Printed:
 //! the quiet turns' latency (p50, p95, max), and per phase the mean of the

@@ -15,7 +15,7 @@ mod support;
 use cadre::identity::Plan;
 use cadre::model::ChatMessage;
 use cadre::store::idempotency::IdempotencyRecord;
-use cadre::store::tables::OWN_TABLES;
+use cadre::store::tables::{OWN_TABLES, SCHEMA_VERSION};
 use cadre::store::turns::TurnWrite;
 use cadre::store::usage::day_of;
 use cadre::store::{
@@ -525,6 +525,46 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        async fn stored_bytes_count_each_tenants_messages_until_their_session_is_erased() {
+            let (store, _guard) = $open;
+            let ops = vec![
+                WriteOp::PutSession(session("sb1", "acme")),
+                WriteOp::PutSession(session("sb2", "acme")),
+                WriteOp::PutSession(session("sb3", "other")),
+            ];
+            store.write(ops, false).await.unwrap();
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), 0);
+            let ops = vec![
+                append("sb1", 1, &["one", "two two"]),
+                append("sb2", 1, &["three three three"]),
+                append("sb3", 1, &["four"]),
+            ];
+            store.write(ops, false).await.unwrap();
+            store.write(vec![append("sb1", 3, &["five, and \u{e9}"])], true).await.unwrap();
+            // Each message's stored JSON, as written.
+            let bytes = |id: &'static str| {
+                let store = store.clone();
+                async move {
+                    store.messages(id).await.unwrap().iter()
+                        .map(|m| serde_json::to_vec(m).unwrap().len() as u64)
+                        .sum::<u64>()
+                }
+            };
+            let (b1, b2, b3) = (bytes("sb1").await, bytes("sb2").await, bytes("sb3").await);
+            assert!(b1 > 0 && b2 > 0 && b3 > 0);
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), b1 + b2);
+            assert_eq!(store.stored_bytes("other").await.unwrap(), b3);
+            assert_eq!(store.stored_bytes("nobody").await.unwrap(), 0);
+
+            store.erase_session("sb1").await.unwrap().unwrap();
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), b2);
+            // A late write under the erased id counts for nobody.
+            store.write(vec![append("sb1", 4, &["late"])], true).await.unwrap();
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), b2);
+            assert_eq!(store.stored_bytes("other").await.unwrap(), b3);
+        }
+
+        #[tokio::test]
         async fn turns_keys_and_open_turns_follow_their_records() {
             let (store, _guard) = $open;
             store
@@ -695,6 +735,12 @@ fn schema_2_data_dir(dir: &std::path::Path) {
             .unwrap()
             .insert(("acme", "s2"), ())
             .unwrap();
+        let mut messages = txn.open_table(MESSAGES).unwrap();
+        for seq in [1, 2] {
+            let m = serde_json::to_vec(&msg(seq, "from before the count")).unwrap();
+            messages.insert(("s2", seq), m.as_slice()).unwrap();
+        }
+        drop(messages);
         let mut docs = txn.open_table(DOCS).unwrap();
         for t in &OWN_TABLES {
             let body = json!({"ns": t.namespace, "tenant": "acme"}).to_string();
@@ -727,7 +773,20 @@ fn schema_2_data_dir(dir: &std::path::Path) {
     txn.commit().unwrap();
 }
 
-/// Redb schema 2 -> 3: the documents move to their tables at open, once.
+/// What the messages of [`schema_2_data_dir`] weigh.
+fn schema_2_message_bytes() -> u64 {
+    [1, 2]
+        .map(|seq| {
+            serde_json::to_vec(&msg(seq, "from before the count"))
+                .unwrap()
+                .len() as u64
+        })
+        .iter()
+        .sum()
+}
+
+/// Redb schema 2 -> 3 -> 4: the documents move to their tables at open,
+/// once, and the stored messages are counted.
 mod redb_upgrade {
     use super::*;
     use cadre::store::Store;
@@ -784,8 +843,15 @@ mod redb_upgrade {
                 .into_iter()
                 .find(|r| r.table == "meta" && r.key.contains("schema_version"))
                 .unwrap();
-            assert_eq!(version.value, "3");
+            assert_eq!(version.value, SCHEMA_VERSION.to_string());
         }
+        // The messages already there were counted at open (schema 4).
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(
+            store.stored_bytes("acme").await.unwrap(),
+            schema_2_message_bytes()
+        );
+        drop(store);
         // The erase link came along: the session takes its confirmation.
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(
@@ -893,6 +959,11 @@ mod postgres_tables {
             assert_eq!(counts(&pg, &url), expected("1"));
         }
         let store = Store::open_postgres(&url, node()).unwrap();
+        // Imported twice, counted once: the import recounts.
+        assert_eq!(
+            store.stored_bytes("acme").await.unwrap(),
+            schema_2_message_bytes()
+        );
         let page = store
             .docs_of("confirmations", "acme", None, 10, false)
             .await

@@ -67,6 +67,11 @@ struct Keyed {
 }
 
 async fn keyed(model: &MockModel) -> Keyed {
+    keyed_with(model, "").await
+}
+
+/// [`keyed`] with `config` (server config TOML) on top of the defaults.
+async fn keyed_with(model: &MockModel, config: &str) -> Keyed {
     let data = tempfile::tempdir().expect("temp dir");
     let store = support::store::open_store(data.path());
     let mut keys = Vec::new();
@@ -78,11 +83,13 @@ async fn keyed(model: &MockModel) -> Keyed {
     }
     drop(store);
     let agents = agents();
-    let app = spawn_app(
-        AppOptions::with_model(model)
-            .agents(agents.path())
-            .data_dir(data.path()),
-    );
+    let mut options = AppOptions::with_model(model)
+        .agents(agents.path())
+        .data_dir(data.path());
+    if !config.is_empty() {
+        options = options.config_toml(config);
+    }
+    let app = spawn_app(options);
     let caller = |key: &str| Caller {
         base: app.base.clone(),
         client: reqwest::Client::new(),
@@ -600,6 +607,161 @@ async fn past_its_budget_a_tenants_turns_are_refused_before_any_model_call() {
         t.acme.say(&session, "And 7*8?").await.status,
         StatusCode::OK
     );
+    assert_eq!(model.overruns(), 0);
+}
+
+// ---------------------------------------------------------------------------
+// A tenant's share of the store
+// ---------------------------------------------------------------------------
+
+/// One tenant sending large messages as fast as it can used to slow every
+/// tenant's turns (one store writer, every byte read back into later model
+/// requests). Its message bytes per second are now its own: past its share
+/// it is refused (429, `Retry-After`) before anything is read or stored,
+/// and the other tenant's message of the same size goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_write_share_is_refused_and_the_others_are_not() {
+    let model = MockModel::start().await;
+    let t = keyed_with(&model, "[tenants]\nwrite_kib_per_s = 64\n").await;
+    let (acme, globex) = (t.acme.session().await, t.globex.session().await);
+    let large = "x".repeat(200 * 1024);
+
+    // The burst (256 KiB: one largest message) takes one of 200 KiB.
+    model.push(Reply::text("Noted."));
+    let first = t.acme.say(&acme, &large).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    let refused = t.acme.say(&acme, &large).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        refused.body["error"]["code"], "RATE_LIMITED",
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        refused.body["error"]["details"]["write_kib_per_s"], 64,
+        "{}",
+        refused.body
+    );
+    let message = refused.body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("write_kib_per_s"), "{message}");
+    let wait = refused.retry_after.expect("Retry-After");
+    assert!((1..=4).contains(&wait), "{wait}");
+    assert_eq!(
+        model.request_count(),
+        1,
+        "the refused message reached the model"
+    );
+    // Nothing of it was stored.
+    let (_, history) = t.acme.get(&format!("/v1/sessions/{acme}/messages")).await;
+    assert_eq!(
+        history["messages"].as_array().map(Vec::len),
+        Some(2),
+        "{history}"
+    );
+
+    // The rest of the burst still takes a small message; the other tenant
+    // has a share of its own.
+    model.push(Reply::text("Yes."));
+    assert_eq!(
+        t.acme.say(&acme, "and a short one").await.status,
+        StatusCode::OK
+    );
+    model.push(Reply::text("Noted too."));
+    let other = t.globex.say(&globex, &large).await;
+    assert_eq!(other.status, StatusCode::OK, "{}", other.body);
+    assert_eq!(model.overruns(), 0);
+}
+
+/// A tenant at its storage quota gets no new message stored (413
+/// `STORAGE_QUOTA_EXCEEDED`, naming how to free space), another tenant
+/// is not touched, and erasing a session frees what it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    let a = t
+        .admin
+        .send(
+            t.admin
+                .request(reqwest::Method::PATCH, "/v1/tenants/acme/config")
+                .json(&json!({ "max_storage_mb": 1 })),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    assert_eq!(a.body["config"]["max_storage_mb"], 1, "{}", a.body);
+
+    let session = t.acme.session().await;
+    let large = "y".repeat(250 * 1024);
+    let mut stored = 0;
+    let refused = loop {
+        model.push(Reply::text("Stored."));
+        let answer = t.acme.say(&session, &large).await;
+        if answer.status != StatusCode::OK {
+            break answer;
+        }
+        stored += 1;
+        assert!(stored <= 5, "1 MiB holds at most 5 messages of 250 KiB");
+    };
+    assert!(stored >= 4, "{stored} messages stored before the quota");
+    assert_eq!(
+        refused.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        refused.body
+    );
+    let error = &refused.body["error"];
+    assert_eq!(error["code"], "STORAGE_QUOTA_EXCEEDED", "{error}");
+    assert_eq!(error["details"]["max_storage_mb"], 1, "{error}");
+    assert!(
+        error["details"]["stored_bytes"].as_u64().unwrap() >= 1024 * 1024,
+        "{error}"
+    );
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("DELETE /v1/sessions/") && message.contains("max_storage_mb"),
+        "{message}"
+    );
+    // A small message too: the quota is full.
+    let small = t.acme.say(&session, "hello?").await;
+    assert_eq!(
+        small.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        small.body
+    );
+    let (_, history) = t
+        .acme
+        .get(&format!("/v1/sessions/{session}/messages"))
+        .await;
+    assert_eq!(
+        history["messages"].as_array().map(Vec::len),
+        Some(stored * 2),
+        "nothing of the refused messages is stored: {history}"
+    );
+
+    // Another tenant stores on.
+    let globex = t.globex.session().await;
+    model.push(Reply::text("Fine."));
+    assert_eq!(t.globex.say(&globex, &large).await.status, StatusCode::OK);
+
+    // Erasing the session frees its bytes.
+    let erased = t
+        .acme
+        .send(
+            t.acme
+                .request(reqwest::Method::DELETE, &format!("/v1/sessions/{session}")),
+        )
+        .await;
+    assert!(erased.status.is_success(), "{}", erased.body);
+    let fresh = t.acme.session().await;
+    model.push(Reply::text("Room again."));
+    let again = t.acme.say(&fresh, "hello again").await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
     assert_eq!(model.overruns(), 0);
 }
 

@@ -12,7 +12,9 @@
 //! - [`sessions`]: the registry of live conversations and the session API;
 //!   [`visitor`]: the visitor/operator protocol on it (auto-response, operator messages).
 //! - [`summary`]: tool usage summaries.
-//! - [`budget`]: the monthly token budget gate every turn passes first.
+//! - [`budget`]: the monthly token budget gate every turn passes first;
+//!   [`storage`]: a tenant's share of the store (write rate, storage quota),
+//!   checked before a message is stored.
 
 pub mod actor;
 pub mod auto_respond;
@@ -24,6 +26,7 @@ pub mod queue;
 pub mod resume;
 pub mod sessions;
 pub mod settings;
+pub mod storage;
 pub mod summary;
 pub mod visitor;
 

@@ -64,6 +64,7 @@ use super::actor::{Conversation, ConversationHandle, CutTurn, TurnError, TurnSin
 use super::budget::{BudgetExceeded, Month, Reservation, Reservations};
 use super::context::{self, PromptLayers};
 use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnRecord, TurnSettings};
+use super::storage::{StorageGate, StorageQuotaExceeded, StorageRefusal, WriteShareExceeded};
 use super::summary::ToolUsageSummary;
 use crate::agents::{Agent, Agents};
 use crate::error_code::{ErrorCode, PublicError};
@@ -91,6 +92,10 @@ pub enum SessionError {
     Store(#[from] StoreError),
     #[error(transparent)]
     BudgetExceeded(#[from] BudgetExceeded),
+    #[error(transparent)]
+    WriteShare(#[from] WriteShareExceeded),
+    #[error(transparent)]
+    StorageQuota(#[from] StorageQuotaExceeded),
     #[error("a turn is running in session '{id}'; delete it once the turn has finished")]
     Busy { id: String },
     #[error("content must not be empty")]
@@ -114,6 +119,8 @@ impl PublicError for SessionError {
             SessionError::Turn(t) => t.code(),
             SessionError::Store(s) => s.code(),
             SessionError::BudgetExceeded(_) => ErrorCode::BudgetExceeded,
+            SessionError::WriteShare(_) => ErrorCode::RateLimited,
+            SessionError::StorageQuota(_) => ErrorCode::StorageQuotaExceeded,
             SessionError::Busy { .. } => ErrorCode::ConversationBusy,
             SessionError::EmptyContent => ErrorCode::ValidationError,
             SessionError::ContentTooLarge { .. } => ErrorCode::PayloadTooLarge,
@@ -130,6 +137,13 @@ impl PublicError for SessionError {
                 "reserved_tokens": b.reserved,
                 "resets_at": b.resets_at,
             })),
+            SessionError::WriteShare(s) => Some(serde_json::json!({
+                "write_kib_per_s": s.kib_per_s,
+            })),
+            SessionError::StorageQuota(q) => Some(serde_json::json!({
+                "stored_bytes": q.used_bytes,
+                "max_storage_mb": q.limit_mb,
+            })),
             _ => None,
         }
     }
@@ -137,6 +151,7 @@ impl PublicError for SessionError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             SessionError::BudgetExceeded(b) => Some(b.retry_after),
+            SessionError::WriteShare(s) => Some(s.retry_after),
             _ => None,
         }
     }
@@ -342,6 +357,8 @@ pub struct SessionLimits {
     /// younger than this; older ones are closed as `interrupted`
     /// (`[sessions] resume_window_s`, default 600 s).
     pub resume_window: Duration,
+    /// Each tenant's write share and storage quota (`[tenants]`).
+    pub storage: super::storage::StorageLimits,
 }
 
 impl SessionLimits {
@@ -382,6 +399,7 @@ impl Default for SessionLimits {
             model_turn_timeout: super::actor::DEFAULT_MODEL_TURN_TIMEOUT,
             retain: None,
             resume_window: Duration::from_secs(600),
+            storage: super::storage::StorageLimits::default(),
         }
     }
 }
@@ -405,6 +423,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     /// Tokens set aside for the turns running here ([`super::budget`]).
     reservations: Reservations,
+    /// Each tenant's share of the store ([`super::storage`]).
+    storage: StorageGate,
 }
 
 impl Sessions {
@@ -431,6 +451,7 @@ impl Sessions {
             executor,
             arbiters,
             next_arbiter: AtomicUsize::new(0),
+            storage: StorageGate::new(limits.storage),
             limits,
             metrics,
             reservations: Reservations::default(),
@@ -737,6 +758,35 @@ impl Sessions {
         ))
     }
 
+    /// The store's gate of a message of `bytes` (its content) about to be
+    /// stored for `tenant`: its write share, then its storage quota
+    /// ([`super::storage`]).
+    async fn admit_content(
+        &self,
+        tenant: &str,
+        config: &TenantConfig,
+        bytes: usize,
+    ) -> Result<(), SessionError> {
+        let quota = config.max_storage_mb;
+        match self
+            .inner
+            .storage
+            .admit(&self.inner.store, tenant, bytes, quota)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(StorageRefusal::Share(s)) => Err(s.into()),
+            Err(StorageRefusal::Quota(q)) => Err(q.into()),
+            Err(StorageRefusal::Store(e)) => Err(e.into()),
+        }
+    }
+
+    /// Forgets the write shares of tenants that sent nothing lately (the
+    /// runtime calls it periodically).
+    pub fn retain_recent_shares(&self) {
+        self.inner.storage.retain_recent();
+    }
+
     /// Counts a model call made outside a turn, with the next commit.
     fn record_usage(
         &self,
@@ -841,6 +891,8 @@ impl Sessions {
         // The tenant's config, read once for the turn: its budget and its
         // overrides of the agent's settings.
         let config = self.tenant_config(&session.tenant).await?;
+        self.admit_content(&session.tenant, &config, content.len())
+            .await?;
         let reservation = self.admit_under(&session.tenant, &config).await?;
         let settings = self.settings_under(&session, &config)?;
         let handle = self.handle(id).await?;
@@ -1089,6 +1141,10 @@ impl Sessions {
         id: &str,
         message: ChatMessage,
     ) -> Result<u64, SessionError> {
+        let session = self.get(id).await?;
+        let config = self.tenant_config(&session.tenant).await?;
+        let bytes = message.content.as_deref().map_or(0, str::len);
+        self.admit_content(&session.tenant, &config, bytes).await?;
         let handle = self.handle(id).await?;
         Ok(handle.record(message).await?)
     }

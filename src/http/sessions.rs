@@ -549,6 +549,8 @@ error_responses!(
     ConversationQueueFull = "`[sessions] max_queued_turns` turns already wait in the session",
     TurnInterrupted = "a newer message cut this turn (`multitask` `interrupt` or `rollback`)",
     BudgetExceeded,
+    RateLimited = "over the API's request rate, or the tenant's share of the store (`[tenants] write_kib_per_s`)",
+    StorageQuotaExceeded,
     PayloadTooLarge = "the body is over 1 MiB or content over 256 KiB",
     ValidationError = "empty content or unknown field",
     ModelUnavailable,

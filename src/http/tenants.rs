@@ -89,6 +89,8 @@ struct TenantConfigPatch {
     #[schema(schema_with = crate::tenants::config::tool_quotas_schema, nullable)]
     tool_quotas: Option<std::collections::BTreeMap<String, crate::tools::RateLimit>>,
     #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
+    max_storage_mb: Option<u64>,
+    #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     monthly_token_budget: Option<u64>,
 }
 

@@ -422,6 +422,10 @@ pub trait UsageReads: Writes {
         from: Date,
         to: Date,
     ) -> Result<TokenUsage, StoreError>;
+
+    /// Bytes of the messages `tenant`'s sessions store now (erased
+    /// sessions not counted; [`super::storage`] says what counts).
+    async fn stored_bytes(&self, tenant: &str) -> Result<u64, StoreError>;
 }
 
 /// Stored outcomes of requests sent with an `Idempotency-Key`

@@ -728,7 +728,7 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         let mut meta = txn.open_table(META)?;
         let found = meta.get("schema_version")?.map(|v| v.value());
         match found {
-            Some(v @ (1 | 2)) => {
+            Some(v @ (1..=3)) => {
                 let started = Instant::now();
                 if v == 1 {
                     let (sessions, calls) = listing::migrate_v1(&txn)?;
@@ -738,12 +738,19 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
                         "store migrated to schema 2: sessions and calls indexed by tenant"
                     );
                 }
-                let documents = docs::migrate_v2(&txn)?;
+                if v <= 2 {
+                    let documents = docs::migrate_v2(&txn)?;
+                    tracing::info!(
+                        documents,
+                        "store migrated to schema 3: confirmations, tenant configs, API keys and workflow runs in tables of their own"
+                    );
+                }
+                let bytes = storage::migrate_v3(&txn)?;
                 meta.insert("schema_version", SCHEMA_VERSION)?;
                 tracing::info!(
-                    documents,
+                    bytes,
                     elapsed_ms = started.elapsed().as_millis() as u64,
-                    "store migrated to schema 3: confirmations, tenant configs, API keys and workflow runs in tables of their own"
+                    "store migrated to schema 4: stored message bytes counted per session and tenant"
                 );
             }
             Some(v) if v != SCHEMA_VERSION => {
@@ -772,6 +779,8 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         }
         txn.open_table(SESSION_USAGE)?;
         txn.open_table(TENANT_USAGE)?;
+        txn.open_table(SESSION_BYTES)?;
+        txn.open_table(TENANT_BYTES)?;
         txn.open_table(SESSIONS_BY_TENANT)?;
         txn.open_table(TOOL_CALLS_BY_TENANT)?;
         txn.open_table(DOCS_BY_TENANT)?;

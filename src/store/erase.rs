@@ -291,6 +291,8 @@ pub fn dump_file(path: &Path) -> Result<Vec<DumpedRow>, StoreError> {
         OPEN_TURNS,
         TURN_KEYS,
         IDEMPOTENCY,
+        SESSION_BYTES,
+        TENANT_BYTES,
     );
     Ok(out)
 }

@@ -73,6 +73,7 @@ pub mod owners;
 pub mod postgres;
 mod read_view;
 pub mod rows;
+mod storage;
 pub mod tables;
 pub mod turns;
 pub mod usage;

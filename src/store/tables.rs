@@ -26,8 +26,11 @@ use redb::{TableDefinition, TableHandle};
 /// 2 added the tenant-first indexes below; a version 1 file is migrated
 /// at open ([`super::listing::migrate_v1`]). 3 moved the namespaces of
 /// [`OWN_TABLES`] out of [`DOCS`] into their tables, at open, in the
-/// opening transaction ([`super::docs::migrate_v2`]).
-pub const SCHEMA_VERSION: u64 = 3;
+/// opening transaction ([`super::docs::migrate_v2`]). 4 counts the bytes
+/// of every stored message per session and tenant ([`SESSION_BYTES`],
+/// [`TENANT_BYTES`]), counted at open for the messages already there
+/// ([`super::storage::migrate_v3`]).
+pub const SCHEMA_VERSION: u64 = 4;
 
 /// "schema_version" -> u64; "docs_indexed:<namespace>" -> 1 once that
 /// namespace's documents written before [`DOCS_BY_TENANT`] are indexed.
@@ -206,3 +209,12 @@ pub const TURN_KEYS: TableDefinition<(&str, &str), &str> = TableDefinition::new(
 /// Added without a schema bump: an older file gets the table empty.
 pub const IDEMPOTENCY: TableDefinition<(&str, &str), (u64, &[u8])> =
     TableDefinition::new("idempotency");
+
+/// session_id -> bytes of its stored messages (their JSON rows in
+/// [`MESSAGES`]), added in the transaction that appends them; erased with
+/// the session ([`super::storage`]).
+pub const SESSION_BYTES: TableDefinition<&str, u64> = TableDefinition::new("session_bytes");
+
+/// tenant -> the sum of its sessions' [`SESSION_BYTES`], kept in the same
+/// transactions: what a tenant's storage quota is checked against.
+pub const TENANT_BYTES: TableDefinition<&str, u64> = TableDefinition::new("tenant_bytes");

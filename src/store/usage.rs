@@ -18,7 +18,7 @@ use jiff::tz::TimeZone;
 use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
-use super::tables::{SESSION_USAGE, TENANT_USAGE};
+use super::tables::{SESSION_USAGE, TENANT_BYTES, TENANT_USAGE};
 use super::{RedbStore, StoreError};
 
 /// Counters of model calls. `total_tokens` is always prompt + completion.
@@ -185,6 +185,15 @@ impl UsageReads for RedbStore {
             total.add(&row.usage);
         }
         Ok(total)
+    }
+
+    async fn stored_bytes(&self, tenant: &str) -> Result<u64, StoreError> {
+        let tenant = tenant.to_string();
+        self.read(move |db| {
+            let table = db.begin_read()?.open_table(TENANT_BYTES)?;
+            Ok(table.get(tenant.as_str())?.map(|v| v.value()).unwrap_or(0))
+        })
+        .await
     }
 }
 

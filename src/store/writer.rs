@@ -301,6 +301,8 @@ fn commit_batch(
         let mut turn_keys = Lazy::new(&txn, TURN_KEYS);
         let mut meta = Lazy::new(&txn, META);
         let mut idempotency = Lazy::new(&txn, IDEMPOTENCY);
+        let mut session_bytes = Lazy::new(&txn, SESSION_BYTES);
+        let mut tenant_bytes = Lazy::new(&txn, TENANT_BYTES);
         // Erased by this batch: a later op of the batch is late too.
         let mut erased_now = erase::ErasedIds::default();
         for op in batch.iter().flat_map(|r| r.ops.iter()) {
@@ -321,12 +323,21 @@ fn commit_batch(
                     session_id,
                     messages: msgs,
                 } => {
+                    let mut bytes = 0u64;
                     for m in msgs {
-                        messages.open()?.insert(
-                            (session_id.as_str(), m.seq),
-                            serde_json::to_vec(m)?.as_slice(),
-                        )?;
+                        let row = serde_json::to_vec(m)?;
+                        bytes += row.len() as u64;
+                        messages
+                            .open()?
+                            .insert((session_id.as_str(), m.seq), row.as_slice())?;
                     }
+                    storage::add(
+                        sessions.open()?,
+                        session_bytes.open()?,
+                        tenant_bytes.open()?,
+                        session_id,
+                        bytes,
+                    )?;
                 }
                 WriteOp::RecordToolCall(rec) => {
                     let id = rec.record_id.as_str();
@@ -486,7 +497,13 @@ fn commit_batch(
                         },
                     };
                     let found = erase::delete_session(&mut tables, session_id)?;
-                    if found.is_some() {
+                    if let Some(found) = &found {
+                        storage::erase(
+                            session_bytes.open()?,
+                            tenant_bytes.open()?,
+                            session_id,
+                            &found.tenant,
+                        )?;
                         erased_now.remember(session_id.clone());
                     }
                     // Assigned, not set once (see MoveDoc).

@@ -71,6 +71,10 @@ pub struct TenantConfig {
     /// still hold within it). A window of 0 refuses the tool outright.
     #[schema(schema_with = tool_quotas_schema)]
     pub tool_quotas: BTreeMap<String, RateLimit>,
+    /// Bytes of stored messages the tenant may keep, in MiB, instead of
+    /// `[tenants] max_storage_mb`; 0: unlimited.
+    #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
+    pub max_storage_mb: Option<u64>,
     /// Tokens per calendar month (UTC); `None`: unlimited.
     #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     pub monthly_token_budget: Option<u64>,
@@ -107,6 +111,7 @@ impl Default for TenantConfig {
             tool_config: ToolConfig::default(),
             plan: Plan::Premium,
             tool_quotas: BTreeMap::new(),
+            max_storage_mb: None,
             monthly_token_budget: None,
         }
     }

@@ -394,6 +394,14 @@ impl PgStore {
                 // `docs`: to their tables, as migration 002 moves them.
                 let txn = c.transaction().await?;
                 super::docs::move_own_docs(&txn).await?;
+                // What the sessions store, counted from the rows now here
+                // (`store::storage`; the file's own counters are not copied).
+                txn.batch_execute(
+                    "UPDATE sessions s SET stored_bytes = coalesce(
+                         (SELECT sum(octet_length(m.body::text)) FROM messages m
+                          WHERE m.session_id = s.id), 0)",
+                )
+                .await?;
                 txn.commit().await?;
                 Ok(Imported { tables: counts })
             })

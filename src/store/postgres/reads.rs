@@ -681,6 +681,20 @@ impl UsageReads for PgStore {
         }
         Ok(total)
     }
+
+    async fn stored_bytes(&self, tenant: &str) -> Result<u64, StoreError> {
+        let tenant = tenant.to_string();
+        self.run(move |c, _| async move {
+            let rows = sql!(
+                c,
+                "SELECT coalesce(sum(stored_bytes), 0)::bigint FROM sessions WHERE tenant = $1",
+                &tenant
+            );
+            let n: i64 = rows.first().map(|r| r.try_get(0)).transpose()?.unwrap_or(0);
+            Ok(n.max(0) as u64)
+        })
+        .await
+    }
 }
 
 fn usage(row: &Row, at: usize) -> Result<TokenUsage, StoreError> {

@@ -25,6 +25,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("migrations/002_own_tables.sql"),
     ),
     (3, "run_fence", include_str!("migrations/003_run_fence.sql")),
+    (
+        4,
+        "stored_bytes",
+        include_str!("migrations/004_stored_bytes.sql"),
+    ),
 ];
 
 /// Any constant: the advisory lock's key for migrations ("cadre" in ASCII).

@@ -418,8 +418,12 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
                 .collect();
             let bodies: Vec<Json<&StoredMessage>> = messages.iter().map(Json).collect();
             vec![stmt(
-                "INSERT INTO messages (session_id, seq, is_user, body)
-                 SELECT $1, * FROM unnest($2::bigint[], $3::boolean[], $4::json[])",
+                "WITH added AS (
+                     INSERT INTO messages (session_id, seq, is_user, body)
+                     SELECT $1, * FROM unnest($2::bigint[], $3::boolean[], $4::json[])
+                     RETURNING octet_length(body::text) AS bytes)
+                 UPDATE sessions SET stored_bytes = stored_bytes + (SELECT sum(bytes) FROM added)
+                 WHERE id = $1",
                 vec![
                     Box::new(session_id.as_str()),
                     Box::new(seqs),

@@ -1,0 +1,97 @@
+//! How many bytes each tenant stores: the count a storage quota is held
+//! against (`[tenants] max_storage_mb`, a tenant config's `max_storage_mb`).
+//!
+//! writer: WriteOp::AppendMessages ──▶ MESSAGES rows ──(their bytes)──▶ SESSION_BYTES[session] += n
+//!                                                                   └─▶ TENANT_BYTES[tenant]  += n
+//! writer: WriteOp::DeleteSession  ──▶ TENANT_BYTES[tenant] -= SESSION_BYTES[session]; the row goes
+//! conversation::storage (admission) ──UsageReads::stored_bytes(tenant)──▶ TENANT_BYTES[tenant]
+//!
+//! What counts: the JSON of every stored message (user, assistant, tool
+//! results, operator and visitor messages), the bulk of what a tenant
+//! makes the store hold and the only part that grows with what callers
+//! send. Tool-call records, turn records and documents are bounded by the
+//! messages that caused them and are not counted. A rolled-back message
+//! stays stored and counted until its session is erased.
+//!
+//! The counters are kept by the writer in the transaction that appends
+//! or erases, so they are exact after a crash. PostgreSQL keeps the
+//! session's count on its row (`sessions.stored_bytes`, updated in the
+//! statement that inserts the messages, under the session's fence) and sums
+//! a tenant's rows when asked: no hot per-tenant row that every node's
+//! commits would queue on.
+
+use redb::{ReadableTable, Table, WriteTransaction};
+
+use super::tables::{MESSAGES, SESSION_BYTES, SESSIONS, TENANT_BYTES};
+use super::{Session, StoreError};
+
+/// Adds `bytes` appended to `session`'s messages to its count and its
+/// tenant's (nothing when the session row is gone: its writes are dropped).
+pub(super) fn add(
+    sessions: &Table<&str, &[u8]>,
+    session_bytes: &mut Table<&str, u64>,
+    tenant_bytes: &mut Table<&str, u64>,
+    session: &str,
+    bytes: u64,
+) -> Result<(), StoreError> {
+    let Some(row) = sessions.get(session)? else {
+        return Ok(());
+    };
+    let tenant = serde_json::from_slice::<Session>(row.value())?.tenant;
+    bump(session_bytes, session, bytes as i128)?;
+    bump(tenant_bytes, &tenant, bytes as i128)?;
+    Ok(())
+}
+
+/// Takes an erased session's count off its tenant's.
+pub(super) fn erase(
+    session_bytes: &mut Table<&str, u64>,
+    tenant_bytes: &mut Table<&str, u64>,
+    session: &str,
+    tenant: &str,
+) -> Result<(), StoreError> {
+    let Some(n) = session_bytes.remove(session)?.map(|v| v.value()) else {
+        return Ok(());
+    };
+    bump(tenant_bytes, tenant, -(n as i128))
+}
+
+fn bump(table: &mut Table<&str, u64>, key: &str, by: i128) -> Result<(), StoreError> {
+    let now = table.get(key)?.map(|v| v.value()).unwrap_or(0) as i128;
+    let next = (now + by).clamp(0, u64::MAX as i128) as u64;
+    if next == 0 {
+        table.remove(key)?;
+    } else {
+        table.insert(key, next)?;
+    }
+    Ok(())
+}
+
+/// Schema 3 -> 4: counts the messages already stored, per session and
+/// tenant. Returns the bytes counted.
+pub(super) fn migrate_v3(txn: &WriteTransaction) -> Result<u64, StoreError> {
+    let sessions = txn.open_table(SESSIONS)?;
+    let messages = txn.open_table(MESSAGES)?;
+    let mut session_bytes = txn.open_table(SESSION_BYTES)?;
+    let mut tenant_bytes = txn.open_table(TENANT_BYTES)?;
+    let mut total = 0u64;
+    let mut current: Option<(String, u64)> = None;
+    let mut flush = |current: Option<(String, u64)>| -> Result<(), StoreError> {
+        if let Some((id, n)) = current {
+            add(&sessions, &mut session_bytes, &mut tenant_bytes, &id, n)?;
+        }
+        Ok(())
+    };
+    for row in messages.iter()? {
+        let (k, v) = row?;
+        let (id, _) = k.value();
+        let n = v.value().len() as u64;
+        total += n;
+        match &mut current {
+            Some((cur, sum)) if cur == id => *sum += n,
+            _ => flush(current.replace((id.to_string(), n)))?,
+        }
+    }
+    flush(current)?;
+    Ok(total)
+}
