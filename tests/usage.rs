@@ -616,64 +616,70 @@ async fn past_its_budget_a_tenants_turns_are_refused_before_any_model_call() {
 
 /// One tenant sending large messages as fast as it can used to slow every
 /// tenant's turns (one store writer, every byte read back into later model
-/// requests). Its message bytes per second are now its own: past its share
-/// it is refused (429, `Retry-After`) before anything is read or stored,
-/// and the other tenant's message of the same size goes through.
+/// requests). Each tenant now has a share of what the store writes: a
+/// request is admitted while its bucket is not empty and pays what it will
+/// store (a message's content as the store writes it, JSON-escaped; a tool
+/// call's arguments), what the turn writes back (the model's reply) is
+/// charged when committed, and past the share the tenant is refused (429,
+/// `Retry-After`) before anything is read or stored. Another tenant is not
+/// touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_write_share_is_refused_and_the_others_are_not() {
     let model = MockModel::start().await;
+    // 64 KiB/s: a bucket of 256 KiB (one largest message).
     let t = keyed_with(&model, "[tenants]\nwrite_kib_per_s = 64\n").await;
     let (acme, globex) = (t.acme.session().await, t.globex.session().await);
     let large = "x".repeat(200 * 1024);
 
-    // The burst (256 KiB: one largest message) takes one of 200 KiB.
-    model.push(Reply::text("Noted."));
-    let first = t.acme.say(&acme, &large).await;
-    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
-    let refused = t.acme.say(&acme, &large).await;
-    assert_eq!(
-        refused.status,
-        StatusCode::TOO_MANY_REQUESTS,
-        "{}",
-        refused.body
-    );
-    assert_eq!(
-        refused.body["error"]["code"], "RATE_LIMITED",
-        "{}",
-        refused.body
-    );
-    assert_eq!(
-        refused.body["error"]["details"]["write_kib_per_s"], 64,
-        "{}",
-        refused.body
-    );
+    // 256 KiB, then 56 KiB left: both admitted, the second into debt.
+    for _ in 0..2 {
+        model.push(Reply::text("Noted."));
+        let sent = t.acme.say(&acme, &large).await;
+        assert_eq!(sent.status, StatusCode::OK, "{}", sent.body);
+    }
+    let refused = t.acme.say(&acme, "and a short one").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "RATE_LIMITED", "{}", refused.body);
+    assert_eq!(refused.body["error"]["details"]["write_kib_per_s"], 64, "{}", refused.body);
     let message = refused.body["error"]["message"].as_str().unwrap();
     assert!(message.contains("write_kib_per_s"), "{message}");
+    // 144 KiB of debt at 64 KiB/s.
     let wait = refused.retry_after.expect("Retry-After");
-    assert!((1..=4).contains(&wait), "{wait}");
-    assert_eq!(
-        model.request_count(),
-        1,
-        "the refused message reached the model"
-    );
-    // Nothing of it was stored.
+    assert!((2..=4).contains(&wait), "{wait}");
+    assert_eq!(model.request_count(), 2, "the refused message reached the model");
     let (_, history) = t.acme.get(&format!("/v1/sessions/{acme}/messages")).await;
-    assert_eq!(
-        history["messages"].as_array().map(Vec::len),
-        Some(2),
-        "{history}"
-    );
+    assert_eq!(history["messages"].as_array().map(Vec::len), Some(4), "{history}");
+    // A direct tool call pays from the same share.
+    let invoke = t
+        .acme
+        .send(
+            t.acme
+                .request(reqwest::Method::POST, "/v1/tools/calculator/invoke")
+                .json(&json!({"params": {"expression": "1+1"}})),
+        )
+        .await;
+    assert_eq!(invoke.status, StatusCode::TOO_MANY_REQUESTS, "{}", invoke.body);
+    assert_eq!(invoke.body["error"]["code"], "RATE_LIMITED", "{}", invoke.body);
 
-    // The rest of the burst still takes a small message; the other tenant
-    // has a share of its own.
-    model.push(Reply::text("Yes."));
-    assert_eq!(
-        t.acme.say(&acme, "and a short one").await.status,
-        StatusCode::OK
-    );
+    // The other tenant has a share of its own. Its content is paid as the
+    // store writes it: 40,000 control characters are 240,000 bytes of
+    // JSON, so after 200 KiB its 56 KiB go into debt (paid as 40,000
+    // bytes, they would have left room for another message).
     model.push(Reply::text("Noted too."));
-    let other = t.globex.say(&globex, &large).await;
-    assert_eq!(other.status, StatusCode::OK, "{}", other.body);
+    assert_eq!(t.globex.say(&globex, &large).await.status, StatusCode::OK);
+    model.push(Reply::text("Odd."));
+    let controls = "\u{1}".repeat(40_000);
+    assert_eq!(t.globex.say(&globex, &controls).await.status, StatusCode::OK);
+    let refused = t.globex.say(&globex, "hello?").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.body);
+
+    // What the model writes back is charged too: a 300 KiB reply to a
+    // short message leaves the tenant in debt.
+    let ops = t.admin.session().await;
+    model.push(Reply::text("z".repeat(300 * 1024)));
+    assert_eq!(t.admin.say(&ops, "tell me everything").await.status, StatusCode::OK);
+    let refused = t.admin.say(&ops, "thanks").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.body);
     assert_eq!(model.overruns(), 0);
 }
 
@@ -726,14 +732,31 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
         message.contains("DELETE /v1/sessions/") && message.contains("max_storage_mb"),
         "{message}"
     );
-    // A small message too: the quota is full.
+    // A small message too: the quota is full; so is a direct tool call's
+    // record, and a keyed message's refusal is not its key's answer.
     let small = t.acme.say(&session, "hello?").await;
-    assert_eq!(
-        small.status,
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "{}",
-        small.body
-    );
+    assert_eq!(small.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", small.body);
+    let invoke = t
+        .acme
+        .send(
+            t.acme
+                .request(reqwest::Method::POST, "/v1/tools/calculator/invoke")
+                .json(&json!({"params": {"expression": "1+1"}})),
+        )
+        .await;
+    assert_eq!(invoke.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", invoke.body);
+    assert_eq!(invoke.body["error"]["code"], "STORAGE_QUOTA_EXCEEDED", "{}", invoke.body);
+    let keyed = |session: &str| {
+        t.acme
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/messages"),
+            )
+            .header("Idempotency-Key", "after-the-quota")
+            .json(&json!({ "content": "once there is room" }))
+    };
+    let first = t.acme.send(keyed(&session)).await;
+    assert_eq!(first.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", first.body);
     let (_, history) = t
         .acme
         .get(&format!("/v1/sessions/{session}/messages"))
@@ -762,6 +785,10 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
     model.push(Reply::text("Room again."));
     let again = t.acme.say(&fresh, "hello again").await;
     assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    // The keyed message is not answered from its key: retried, it runs
+    // (its session is gone now, so it is not found, not a replayed 413).
+    let retried = t.acme.send(keyed(&session)).await;
+    assert_eq!(retried.status, StatusCode::NOT_FOUND, "{}", retried.body);
     assert_eq!(model.overruns(), 0);
 }
 

@@ -441,6 +441,9 @@ pub struct Conversation {
     unsaved: Vec<StoredMessage>,
     /// Tokens of the model calls not yet handed to the writer.
     unsaved_usage: TokenUsage,
+    /// The tenants' write shares: what this conversation stores beyond
+    /// the user's messages (paid at admission) is charged here.
+    share: Option<Arc<super::storage::StorageGate>>,
     idle_timeout: Duration,
     last_active: Instant,
     metrics: Arc<Metrics>,
@@ -531,6 +534,7 @@ impl Conversation {
             batch_id: 0,
             unsaved: Vec::new(),
             unsaved_usage: TokenUsage::default(),
+            share: None,
             idle_timeout,
             last_active: Instant::now(),
             metrics,
@@ -552,6 +556,13 @@ impl Conversation {
     /// the actor starts.
     pub fn with_cut_turn(mut self, record: TurnRecord, what: CutTurn) -> Self {
         self.cut = Some(Box::new((record, what)));
+        self
+    }
+
+    /// What this conversation stores is charged to its tenant's write
+    /// share ([`super::storage`]).
+    pub fn storage_share(mut self, share: Arc<super::storage::StorageGate>) -> Self {
+        self.share = Some(share);
         self
     }
 
@@ -722,6 +733,16 @@ impl Conversation {
     /// The writes of everything staged, usage included (nothing when nothing is).
     fn take_unsaved(&mut self) -> Vec<WriteOp> {
         let mut ops = Vec::new();
+        if let Some(share) = &self.share {
+            // The user's messages were paid when they were sent.
+            let bytes: usize = self
+                .unsaved
+                .iter()
+                .filter(|m| m.message.role != crate::model::Role::User)
+                .map(stored_len)
+                .sum();
+            share.charge(&self.session.tenant, bytes);
+        }
         if !self.unsaved.is_empty() {
             ops.push(WriteOp::AppendMessages {
                 session_id: self.session.id.clone(),
@@ -1996,6 +2017,25 @@ async fn within<T, E: From<ModelError>>(
         Err(_) => Err(ModelError::Timeout { after: of }.into()),
     };
     (result, started.elapsed())
+}
+
+
+/// Bytes a message's row takes in the store (its JSON), counted without
+/// building it.
+fn stored_len(m: &StoredMessage) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, m);
+    count.0
 }
 
 #[cfg(test)]

@@ -64,7 +64,9 @@ use super::actor::{Conversation, ConversationHandle, CutTurn, TurnError, TurnSin
 use super::budget::{BudgetExceeded, Month, Reservation, Reservations};
 use super::context::{self, PromptLayers};
 use super::machine::{ConversationMachine, RollingSummary, TurnOutcome, TurnRecord, TurnSettings};
-use super::storage::{StorageGate, StorageQuotaExceeded, StorageRefusal, WriteShareExceeded};
+use super::storage::{
+    StorageGate, StorageQuotaExceeded, StorageRefusal, WriteShareExceeded, escaped_len,
+};
 use super::summary::ToolUsageSummary;
 use crate::agents::{Agent, Agents};
 use crate::error_code::{ErrorCode, PublicError};
@@ -424,7 +426,7 @@ struct Inner {
     /// Tokens set aside for the turns running here ([`super::budget`]).
     reservations: Reservations,
     /// Each tenant's share of the store ([`super::storage`]).
-    storage: StorageGate,
+    storage: Arc<StorageGate>,
 }
 
 impl Sessions {
@@ -451,7 +453,7 @@ impl Sessions {
             executor,
             arbiters,
             next_arbiter: AtomicUsize::new(0),
-            storage: StorageGate::new(limits.storage),
+            storage: Arc::new(StorageGate::new(limits.storage)),
             limits,
             metrics,
             reservations: Reservations::default(),
@@ -758,9 +760,17 @@ impl Sessions {
         ))
     }
 
-    /// The store's gate of a message of `bytes` (its content) about to be
-    /// stored for `tenant`: its write share, then its storage quota
-    /// ([`super::storage`]).
+    /// The store's gate of `bytes` about to be stored for `tenant` outside
+    /// a conversation (a direct tool call's arguments, which its record
+    /// keeps): its write share, then its storage quota ([`super::storage`]).
+    pub async fn admit_bytes(&self, tenant: &str, bytes: usize) -> Result<(), SessionError> {
+        let config = self.tenant_config(tenant).await?;
+        self.admit_content(tenant, &config, bytes).await
+    }
+
+    /// The store's gate of a message of `bytes` (its content as stored)
+    /// about to be stored for `tenant`: its write share, then its storage
+    /// quota ([`super::storage`]).
     async fn admit_content(
         &self,
         tenant: &str,
@@ -891,7 +901,7 @@ impl Sessions {
         // The tenant's config, read once for the turn: its budget and its
         // overrides of the agent's settings.
         let config = self.tenant_config(&session.tenant).await?;
-        self.admit_content(&session.tenant, &config, content.len())
+        self.admit_content(&session.tenant, &config, escaped_len(&content))
             .await?;
         let reservation = self.admit_under(&session.tenant, &config).await?;
         let settings = self.settings_under(&session, &config)?;
@@ -1143,7 +1153,7 @@ impl Sessions {
     ) -> Result<u64, SessionError> {
         let session = self.get(id).await?;
         let config = self.tenant_config(&session.tenant).await?;
-        let bytes = message.content.as_deref().map_or(0, str::len);
+        let bytes = message.content.as_deref().map_or(0, escaped_len);
         self.admit_content(&session.tenant, &config, bytes).await?;
         let handle = self.handle(id).await?;
         Ok(handle.record(message).await?)
@@ -1381,7 +1391,8 @@ impl Sessions {
         )
         .loaded_at(generation)
         .max_queued_turns(self.inner.limits.max_queued_turns)
-        .model_turn_timeout(self.inner.limits.model_turn_timeout);
+        .model_turn_timeout(self.inner.limits.model_turn_timeout)
+        .storage_share(self.inner.storage.clone());
         let conversation = match &claim {
             Some(c) => conversation.claimed_at(c.epoch),
             None => conversation,

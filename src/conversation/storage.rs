@@ -1,9 +1,11 @@
-//! A tenant's share of the store: how fast it may send message content,
+//! A tenant's share of the store: how fast it may make cadre store bytes,
 //! and how much it may keep.
 //!
-//! Sessions::start_turn / record_message ──StorageGate::admit(tenant, bytes, quota)──▶ ok
-//!     ├─ over its write share  ──▶ 429 RATE_LIMITED, Retry-After (no store read)
-//!     └─ over its storage quota ──▶ 413 STORAGE_QUOTA_EXCEEDED (one read of the tenant's count)
+//! Sessions::start_turn / record_message, POST /v1/tools/{name}/invoke, MCP tools/call
+//!     ──StorageGate::admit(tenant, bytes, quota)──▶ ok
+//!         ├─ its write share is spent ──▶ 429 RATE_LIMITED, Retry-After (no store read)
+//!         └─ at its storage quota     ──▶ 413 STORAGE_QUOTA_EXCEEDED (one read of its count)
+//! Conversation (each commit) ──StorageGate::charge(tenant, bytes of the replies and tool results it stores)
 //!
 //! Why: one store writer commits every tenant's messages, and every
 //! stored byte is read back into later model requests, serialised and
@@ -11,33 +13,41 @@
 //! made other tenants' turns wait on its commits and its CPU (issue #29
 //! item 8: their p50 went from a few ms to over a second). So each tenant
 //! gets:
-//! - **a write share**: message content bytes per second, a GCRA bucket
-//!   per tenant (`[tenants] write_kib_per_s`, default 1024 KiB/s, a burst
-//!   of four seconds' worth and never less than one largest message).
-//!   Checked first, in memory, before anything is read: a refused flood
-//!   costs the store nothing. Per node, like the API's request rate: in
-//!   cluster mode a tenant's share is this times the nodes its sessions
-//!   land on.
+//! - **a write share**: bytes per second it may make the store write, per
+//!   node (`[tenants] write_kib_per_s`, default 1024 KiB/s; a burst of four
+//!   seconds' worth, never less than one largest message). A bucket per
+//!   tenant that may go into debt: a request is admitted while the bucket
+//!   is not empty and pays, up front, what it will certainly store (a
+//!   message's content as the store writes it, JSON-escaped: a control
+//!   character is six bytes there; a tool call's arguments); what a turn
+//!   stores beyond that (the model's replies, tool results) is charged when
+//!   it is committed, and the debt is waited off (`Retry-After`) before the
+//!   next request. So the share holds for what is written, whatever the
+//!   content makes the model or the tools write back. Checked in memory,
+//!   before anything is read: a refused flood costs the store nothing.
+//!   Per node, like the API's request rate.
 //! - **a storage quota**: bytes of stored messages (`[tenants]
 //!   max_storage_mb`, default 1024 MiB; a tenant config's `max_storage_mb`
 //!   overrides it for that tenant; 0 means unlimited). A tenant at or over
-//!   it gets no new message stored until it erases sessions (or the
-//!   retention sweep does, or an admin raises its quota); what is already
-//!   stored stays readable. The count is the store's (`store::storage`),
-//!   exact across crashes and shared by every node. The check is before
-//!   the message is stored, so a tenant may go over by what its turns in
-//!   flight store (their replies and tool results): bounded by its write
-//!   share and its turns, not by anything it sends.
+//!   it gets nothing new stored (no message, no direct tool call) until it
+//!   erases sessions (or the retention sweep does, or an admin raises its
+//!   quota); what is already stored stays readable. The count is the
+//!   store's (`store::storage`), exact across crashes and shared by every
+//!   node. It is checked before a request runs, so requests admitted at
+//!   once can together go over it by what they store: at most the write
+//!   share's burst plus what their turns write back.
 //!
 //! Decided: 413 for a full quota (the request is refused for its size
-//! against what is left, and waiting does not help), 429 with
-//! `Retry-After` for the write share (waiting does).
+//! against what is left, and waiting does not help; it is not stored as an
+//! `Idempotency-Key`'s answer, so a retry after the quota is raised runs),
+//! 429 with `Retry-After` for the write share (waiting does). A bucket of
+//! our own rather than governor's GCRA: governor has no debt, and the
+//! share must charge what is known only after the model answered.
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::time::Duration;
-
-use governor::clock::Clock;
-use governor::{DefaultKeyedRateLimiter, Quota};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::sessions::MAX_CONTENT_BYTES;
 use crate::store::Store;
@@ -104,21 +114,47 @@ pub enum StorageRefusal {
     Store(#[from] crate::store::StoreError),
 }
 
+/// Bytes `text` takes as a JSON string's body, as serde_json writes it
+/// (`"` and `\\` and the short escapes take two bytes, other control
+/// characters six).
+pub fn escaped_len(text: &str) -> usize {
+    text.len()
+        + text
+            .bytes()
+            .map(|b| match b {
+                b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 1,
+                0..=0x1f => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
+}
+
+/// One tenant's bucket: bytes it may still write now (below zero: its
+/// debt), as of `at`.
+struct Bucket {
+    balance: f64,
+    at: Instant,
+}
+
 /// The write shares of every tenant seen, and the quota rule.
 pub struct StorageGate {
     limits: StorageLimits,
-    shares: Option<DefaultKeyedRateLimiter<String>>,
+    /// Bytes per second and the bucket's size, when there is a share.
+    rate: Option<(f64, f64)>,
+    buckets: Mutex<HashMap<String, Bucket>>,
 }
 
 impl StorageGate {
     pub fn new(limits: StorageLimits) -> Self {
-        let shares = limits.write_kib_per_s.map(|rate| {
-            let largest = (MAX_CONTENT_BYTES / 1024) as u32;
-            let burst = rate.saturating_mul(NonZeroU32::new(4).expect("4 > 0"));
-            let burst = burst.max(NonZeroU32::new(largest).expect("256 > 0"));
-            governor::RateLimiter::dashmap(Quota::per_second(rate).allow_burst(burst))
+        let rate = limits.write_kib_per_s.map(|kib| {
+            let per_s = f64::from(kib.get()) * 1024.0;
+            (per_s, (per_s * 4.0).max(MAX_CONTENT_BYTES as f64))
         });
-        StorageGate { limits, shares }
+        StorageGate {
+            limits,
+            rate,
+            buckets: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Takes `bytes` of `tenant`'s write share, then checks its stored
@@ -147,35 +183,69 @@ impl StorageGate {
         Ok(())
     }
 
-    fn take_share(&self, tenant: &str, bytes: usize) -> Result<(), WriteShareExceeded> {
-        let (Some(shares), Some(rate)) = (&self.shares, self.limits.write_kib_per_s) else {
-            return Ok(());
-        };
-        let kib = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
-        let Some(kib) = NonZeroU32::new(kib) else {
-            return Ok(());
-        };
-        let refused = |retry_after| WriteShareExceeded {
-            tenant: tenant.to_string(),
-            kib_per_s: rate.get(),
-            retry_after,
-        };
-        match shares.check_key_n(&tenant.to_string(), kib) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(not_until)) => Err(refused(not_until.wait_time_from(shares.clock().now()))),
-            // More than the burst: never the case for one message (the
-            // burst holds the largest), kept for a caller that asks more.
-            Err(_) => Err(refused(Duration::from_secs(1))),
+    /// Charges `bytes` the store wrote for `tenant` beyond what was paid
+    /// at admission: its bucket may go into debt, which its next request
+    /// waits off.
+    pub fn charge(&self, tenant: &str, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        if let Some((per_s, burst)) = self.rate {
+            let mut buckets = self.buckets.lock().expect("storage buckets");
+            let bucket = refilled(&mut buckets, tenant, per_s, burst);
+            bucket.balance -= bytes as f64;
         }
     }
 
-    /// Forgets tenants whose share is whole again (call periodically).
+    fn take_share(&self, tenant: &str, bytes: usize) -> Result<(), WriteShareExceeded> {
+        let (Some((per_s, burst)), Some(kib)) = (self.rate, self.limits.write_kib_per_s) else {
+            return Ok(());
+        };
+        let mut buckets = self.buckets.lock().expect("storage buckets");
+        let bucket = refilled(&mut buckets, tenant, per_s, burst);
+        if bucket.balance <= 0.0 {
+            // The debt, and a first byte, at the share's rate.
+            let wait = Duration::from_secs_f64((1.0 - bucket.balance) / per_s);
+            return Err(WriteShareExceeded {
+                tenant: tenant.to_string(),
+                kib_per_s: kib.get(),
+                retry_after: wait,
+            });
+        }
+        bucket.balance -= bytes as f64;
+        Ok(())
+    }
+
+    /// Forgets tenants whose bucket is full again (call periodically):
+    /// the map holds only tenants that wrote lately.
     pub fn retain_recent(&self) {
-        if let Some(shares) = &self.shares {
-            shares.retain_recent();
-            shares.shrink_to_fit();
+        if let Some((per_s, burst)) = self.rate {
+            let now = Instant::now();
+            let mut buckets = self.buckets.lock().expect("storage buckets");
+            buckets.retain(|_, b| {
+                b.balance + now.duration_since(b.at).as_secs_f64() * per_s < burst
+            });
+            buckets.shrink_to_fit();
         }
     }
+}
+
+/// `tenant`'s bucket, refilled up to now (a new one is full).
+fn refilled<'a>(
+    buckets: &'a mut HashMap<String, Bucket>,
+    tenant: &str,
+    per_s: f64,
+    burst: f64,
+) -> &'a mut Bucket {
+    let now = Instant::now();
+    let bucket = buckets.entry(tenant.to_string()).or_insert(Bucket {
+        balance: burst,
+        at: now,
+    });
+    bucket.balance =
+        (bucket.balance + now.duration_since(bucket.at).as_secs_f64() * per_s).min(burst);
+    bucket.at = now;
+    bucket
 }
 
 #[cfg(test)]
@@ -183,23 +253,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_share_admits_its_burst_then_refuses_with_a_wait_and_other_tenants_are_untouched() {
+    fn a_share_admits_while_not_empty_then_refuses_until_its_debt_is_waited_off() {
         let gate = StorageGate::new(StorageLimits {
             write_kib_per_s: NonZeroU32::new(256),
             max_storage_mb: None,
         });
-        // Burst: four seconds' worth, 1024 KiB: four largest messages.
+        // The bucket: four seconds' worth, 1024 KiB, four largest messages.
         for _ in 0..4 {
             gate.take_share("loud", MAX_CONTENT_BYTES).unwrap();
         }
         let refused = gate.take_share("loud", MAX_CONTENT_BYTES).unwrap_err();
-        assert!(
-            refused.retry_after > Duration::from_millis(500),
-            "{refused:?}"
-        );
-        assert!(refused.retry_after <= Duration::from_secs(1), "{refused:?}");
+        assert!(refused.retry_after <= Duration::from_millis(10), "{refused:?}");
+        // Bytes a turn wrote back go on the bill: two seconds of debt.
+        gate.charge("loud", 512 * 1024);
+        let refused = gate.take_share("loud", 1).unwrap_err();
+        assert!(refused.retry_after > Duration::from_millis(1900), "{refused:?}");
+        assert!(refused.retry_after <= Duration::from_secs(2), "{refused:?}");
+        // Other tenants have buckets of their own.
         gate.take_share("quiet", MAX_CONTENT_BYTES).unwrap();
-        gate.take_share("loud", 0).unwrap();
     }
 
     #[test]
@@ -210,6 +281,14 @@ mod tests {
         });
         gate.take_share("t", MAX_CONTENT_BYTES).unwrap();
         assert!(gate.take_share("t", 1).is_err());
+    }
+
+    #[test]
+    fn the_escaped_length_is_what_serde_json_writes() {
+        for text in ["plain", "\"quoted\" \\ back", "tab\tline\nfeed\u{1}\u{1f}\u{8}\u{c}", "é ü 世界"] {
+            let written = serde_json::to_string(text).unwrap().len() - 2;
+            assert_eq!(escaped_len(text), written, "{text:?}");
+        }
     }
 
     #[tokio::test]

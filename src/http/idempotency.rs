@@ -431,9 +431,12 @@ async fn finish(
         }
     };
     let status = parts.status;
+    // A refusal that waiting or an admin can lift is not the key's answer:
+    // a retry runs (a full storage quota is 413, see conversation::storage).
     let shared = !(status.is_server_error()
         || status == StatusCode::CONFLICT
-        || status == StatusCode::TOO_MANY_REQUESTS);
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::PAYLOAD_TOO_LARGE);
     if shared {
         let text = std::str::from_utf8(&bytes).ok();
         match text.filter(|_| bytes.len() <= MAX_STORED_BODY) {

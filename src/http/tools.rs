@@ -328,7 +328,8 @@ impl utoipa::IntoResponses for InvokeForbidden {
         (status = 404, description = "`tool_not_found` (tool outcome)", body = ToolResult),
         InvokeForbidden,
         (status = 422, description = "`validation_error` (tool outcome)", body = ToolResultOrError),
-        (status = 429, description = "`rate_limited` / `queue_full` (tool outcome); see `Retry-After`",
+        (status = 413, description = "`STORAGE_QUOTA_EXCEEDED`: the tenant stores as much as its quota allows, and the call's record would add to it (`[tenants] max_storage_mb`); or `PAYLOAD_TOO_LARGE`: the body is over 1 MiB", body = ToolResultOrError),
+        (status = 429, description = "`rate_limited` / `queue_full` (tool outcome), or `RATE_LIMITED`: over the API's request rate or the tenant's share of the store (`[tenants] write_kib_per_s`); see `Retry-After`",
             body = ToolResultOrError, headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "`execution_error` (tool outcome)", body = ToolResult),
         (status = 503, description = "`tool_unavailable` (tool outcome): the tool's MCP server is down; its tools come back when it does. `limits_unavailable` (tool outcome, cluster mode): Redis is unreachable and `[cluster] redis_failure` is `closed`; retry shortly", body = ToolResult),
@@ -352,12 +353,16 @@ async fn invoke(
     let asked = parse_plan(body.plan.as_deref())?;
     ctx.plan = entitled_plan(&state.store, &caller, Some(asked)).await?;
     ctx.priority = body.priority;
-    ctx.tenant = Some(caller.tenant);
     let params = if body.params.is_null() {
         json!({})
     } else {
         body.params
     };
+    // The call's record keeps its arguments: the tenant's share of the
+    // store pays for them, and a tenant at its quota stores no more.
+    let bytes = serde_json::to_vec(&params).map_or(0, |v| v.len());
+    state.sessions.admit_bytes(&caller.tenant, bytes).await?;
+    ctx.tenant = Some(caller.tenant);
     let result = state
         .executor
         .execute(ExecuteTool::new(&name, Arguments::Json(params), ctx))

@@ -481,6 +481,21 @@ impl ServerHandler for CadreMcp {
         {
             return Ok(self.call_confirmations(&name, &caller, &args).await.into());
         }
+        // The call's record keeps its arguments: the tenant's share of the
+        // store pays for them, and a tenant at its quota stores no more.
+        let bytes = serde_json::to_vec(&args).map_or(0, |v| v.len());
+        if let Err(e) = self.deps.sessions.admit_bytes(&caller.tenant, bytes).await {
+            let error_type = match e.code() {
+                crate::error_code::ErrorCode::RateLimited => "rate_limited",
+                _ => "execution_error",
+            };
+            return Ok(failure(json!({
+                "error": e.public_message(),
+                "error_type": error_type,
+                "code": e.code(),
+            }))
+            .into());
+        }
         let mut ctx = ExecutionContext::new(
             CallerType::Direct,
             caller.user_id.clone().unwrap_or_else(|| "mcp".into()),
