@@ -143,7 +143,7 @@ error_codes! {
     TooManyStreams = "TOO_MANY_STREAMS", TOO_MANY_REQUESTS, true,
         "the caller has as many event streams and WebSockets open as allowed";
     TooManyWsTokens = "TOO_MANY_WS_TOKENS", TOO_MANY_REQUESTS, true,
-        "as many WebSocket tokens wait to be used as one process keeps (10,000); retry once some are used or expire";
+        "as many WebSocket tokens wait to be used as one process keeps (10,000, of them 1,000 per tenant); retry once some are used or expire";
     StreamLagged = "STREAM_LAGGED", TOO_MANY_REQUESTS, false,
         "(a WebSocket `error` frame, never a response) the socket fell more than 1 MiB behind a turn's events: the rest of them are not sent; the turn goes on and is stored (`GET /v1/sessions/{id}/turns/{turn_id}`)";
     ConversationQueueFull = "CONVERSATION_QUEUE_FULL", TOO_MANY_REQUESTS, true,

@@ -20,7 +20,10 @@
 //!   a token that a proxy's access log keeps is already spent or expires
 //!   within a minute. Only its SHA-256 is kept here.
 //! - **In memory, bounded.** At most [`MAX_WS_TOKENS`] outstanding tokens
-//!   per process (expired ones are dropped when the map is full); over it
+//!   per process, and at most [`MAX_WS_TOKENS_PER_TENANT`] of one tenant
+//!   (so one tenant, with many keys each under its own rate limit, cannot
+//!   take every token and lock the others' browsers out: an attack did,
+//!   in 50 s); expired ones are dropped when a cap is reached; over it
 //!   issuing is refused (429 `TOO_MANY_WS_TOKENS`), never an older token
 //!   evicted. Tokens are not shared between processes (a restart forgets
 //!   them). In cluster mode the node a `POST …/ws-token` reaches issues
@@ -42,6 +45,8 @@ use crate::identity::Principal;
 pub const WS_TOKEN_TTL: Duration = Duration::from_secs(60);
 /// Outstanding (issued, not yet used or expired) tokens per process.
 pub const MAX_WS_TOKENS: usize = 10_000;
+/// Outstanding tokens of one tenant per process: a tenth of the whole.
+pub const MAX_WS_TOKENS_PER_TENANT: usize = MAX_WS_TOKENS / 10;
 const PREFIX: &str = "cadt_";
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +55,10 @@ pub enum TokenError {
         "{MAX_WS_TOKENS} WebSocket tokens are waiting to be used: retry once some are used or expire"
     )]
     TooMany,
+    #[error(
+        "{MAX_WS_TOKENS_PER_TENANT} WebSocket tokens of this tenant are waiting to be used: retry once some are used or expire"
+    )]
+    TooManyForTenant,
 }
 
 impl PublicError for TokenError {
@@ -100,10 +109,18 @@ impl SessionTokens {
         now: Instant,
     ) -> Result<String, TokenError> {
         let mut map = self.map();
-        if map.len() >= MAX_WS_TOKENS {
+        let of_tenant = |map: &HashMap<String, Grant>| {
+            map.values()
+                .filter(|g| g.principal.tenant == principal.tenant)
+                .count()
+        };
+        if map.len() >= MAX_WS_TOKENS || of_tenant(&map) >= MAX_WS_TOKENS_PER_TENANT {
             map.retain(|_, g| g.expires > now);
             if map.len() >= MAX_WS_TOKENS {
                 return Err(TokenError::TooMany);
+            }
+            if of_tenant(&map) >= MAX_WS_TOKENS_PER_TENANT {
+                return Err(TokenError::TooManyForTenant);
             }
         }
         let token = format!("{PREFIX}{}", super::random_hex(32));
@@ -198,13 +215,43 @@ mod tests {
     }
 
     #[test]
+    fn one_tenant_cannot_take_every_token() {
+        let tokens = SessionTokens::default();
+        let now = Instant::now();
+        let loud = Principal {
+            tenant: "loud".into(),
+            ..Principal::open()
+        };
+        for _ in 0..MAX_WS_TOKENS_PER_TENANT {
+            tokens.issue_at(&loud, "s", now).unwrap();
+        }
+        assert!(matches!(
+            tokens.issue_at(&loud, "s", now),
+            Err(TokenError::TooManyForTenant)
+        ));
+        let quiet = Principal {
+            tenant: "quiet".into(),
+            ..Principal::open()
+        };
+        assert!(tokens.issue_at(&quiet, "s", now).is_ok());
+        assert!(tokens.issue_at(&loud, "s", now + WS_TOKEN_TTL).is_ok());
+    }
+
+    #[test]
     fn outstanding_tokens_are_capped_and_expired_ones_make_room() {
         let tokens = SessionTokens::default();
         let now = Instant::now();
-        let principal = Principal::open();
-        for _ in 0..MAX_WS_TOKENS {
-            tokens.issue_at(&principal, "s", now).unwrap();
+        // Ten tenants' worth: no one of them over its own cap.
+        let principals: Vec<Principal> = (0..10)
+            .map(|i| Principal {
+                tenant: format!("t{i}"),
+                ..Principal::open()
+            })
+            .collect();
+        for i in 0..MAX_WS_TOKENS {
+            tokens.issue_at(&principals[i % 10], "s", now).unwrap();
         }
+        let principal = Principal::open();
         assert!(matches!(
             tokens.issue_at(&principal, "s", now),
             Err(TokenError::TooMany)
