@@ -638,17 +638,38 @@ async fn a_tenant_over_its_write_share_is_refused_and_the_others_are_not() {
         assert_eq!(sent.status, StatusCode::OK, "{}", sent.body);
     }
     let refused = t.acme.say(&acme, "and a short one").await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.body);
-    assert_eq!(refused.body["error"]["code"], "RATE_LIMITED", "{}", refused.body);
-    assert_eq!(refused.body["error"]["details"]["write_kib_per_s"], 64, "{}", refused.body);
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        refused.body["error"]["code"], "RATE_LIMITED",
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        refused.body["error"]["details"]["write_kib_per_s"], 64,
+        "{}",
+        refused.body
+    );
     let message = refused.body["error"]["message"].as_str().unwrap();
     assert!(message.contains("write_kib_per_s"), "{message}");
     // 144 KiB of debt at 64 KiB/s.
     let wait = refused.retry_after.expect("Retry-After");
     assert!((2..=4).contains(&wait), "{wait}");
-    assert_eq!(model.request_count(), 2, "the refused message reached the model");
+    assert_eq!(
+        model.request_count(),
+        2,
+        "the refused message reached the model"
+    );
     let (_, history) = t.acme.get(&format!("/v1/sessions/{acme}/messages")).await;
-    assert_eq!(history["messages"].as_array().map(Vec::len), Some(4), "{history}");
+    assert_eq!(
+        history["messages"].as_array().map(Vec::len),
+        Some(4),
+        "{history}"
+    );
     // A direct tool call pays from the same share.
     let invoke = t
         .acme
@@ -658,8 +679,17 @@ async fn a_tenant_over_its_write_share_is_refused_and_the_others_are_not() {
                 .json(&json!({"params": {"expression": "1+1"}})),
         )
         .await;
-    assert_eq!(invoke.status, StatusCode::TOO_MANY_REQUESTS, "{}", invoke.body);
-    assert_eq!(invoke.body["error"]["code"], "RATE_LIMITED", "{}", invoke.body);
+    assert_eq!(
+        invoke.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        invoke.body
+    );
+    assert_eq!(
+        invoke.body["error"]["code"], "RATE_LIMITED",
+        "{}",
+        invoke.body
+    );
 
     // The other tenant has a share of its own. Its content is paid as the
     // store writes it: 40,000 control characters are 240,000 bytes of
@@ -669,17 +699,33 @@ async fn a_tenant_over_its_write_share_is_refused_and_the_others_are_not() {
     assert_eq!(t.globex.say(&globex, &large).await.status, StatusCode::OK);
     model.push(Reply::text("Odd."));
     let controls = "\u{1}".repeat(40_000);
-    assert_eq!(t.globex.say(&globex, &controls).await.status, StatusCode::OK);
+    assert_eq!(
+        t.globex.say(&globex, &controls).await.status,
+        StatusCode::OK
+    );
     let refused = t.globex.say(&globex, "hello?").await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.body);
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        refused.body
+    );
 
     // What the model writes back is charged too: a 300 KiB reply to a
     // short message leaves the tenant in debt.
     let ops = t.admin.session().await;
-    model.push(Reply::text("z".repeat(300 * 1024)));
-    assert_eq!(t.admin.say(&ops, "tell me everything").await.status, StatusCode::OK);
+    model.push(Reply::text(&"z".repeat(300 * 1024)));
+    assert_eq!(
+        t.admin.say(&ops, "tell me everything").await.status,
+        StatusCode::OK
+    );
     let refused = t.admin.say(&ops, "thanks").await;
-    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{}", refused.body);
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        refused.body
+    );
     assert_eq!(model.overruns(), 0);
 }
 
@@ -735,7 +781,12 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
     // A small message too: the quota is full; so is a direct tool call's
     // record, and a keyed message's refusal is not its key's answer.
     let small = t.acme.say(&session, "hello?").await;
-    assert_eq!(small.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", small.body);
+    assert_eq!(
+        small.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        small.body
+    );
     let invoke = t
         .acme
         .send(
@@ -744,8 +795,17 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
                 .json(&json!({"params": {"expression": "1+1"}})),
         )
         .await;
-    assert_eq!(invoke.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", invoke.body);
-    assert_eq!(invoke.body["error"]["code"], "STORAGE_QUOTA_EXCEEDED", "{}", invoke.body);
+    assert_eq!(
+        invoke.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        invoke.body
+    );
+    assert_eq!(
+        invoke.body["error"]["code"], "STORAGE_QUOTA_EXCEEDED",
+        "{}",
+        invoke.body
+    );
     let keyed = |session: &str| {
         t.acme
             .request(
@@ -756,7 +816,12 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
             .json(&json!({ "content": "once there is room" }))
     };
     let first = t.acme.send(keyed(&session)).await;
-    assert_eq!(first.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", first.body);
+    assert_eq!(
+        first.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        first.body
+    );
     let (_, history) = t
         .acme
         .get(&format!("/v1/sessions/{session}/messages"))

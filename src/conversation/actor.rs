@@ -2019,7 +2019,6 @@ async fn within<T, E: From<ModelError>>(
     (result, started.elapsed())
 }
 
-
 /// Bytes a message's row takes in the store (its JSON), counted without
 /// building it.
 fn stored_len(m: &StoredMessage) -> usize {
