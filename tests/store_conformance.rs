@@ -737,7 +737,7 @@ fn schema_2_data_dir(dir: &std::path::Path) {
             .unwrap();
         let mut messages = txn.open_table(MESSAGES).unwrap();
         for seq in [1, 2] {
-            let m = serde_json::to_vec(&msg(seq, "from before the count")).unwrap();
+            let m = serde_json::to_vec(&schema_2_message(seq)).unwrap();
             messages.insert(("s2", seq), m.as_slice()).unwrap();
         }
         drop(messages);
@@ -773,14 +773,19 @@ fn schema_2_data_dir(dir: &std::path::Path) {
     txn.commit().unwrap();
 }
 
+/// A message of [`schema_2_data_dir`], at a fixed time (the length of
+/// its JSON depends on the time's digits).
+fn schema_2_message(seq: u64) -> StoredMessage {
+    StoredMessage {
+        created_at: "2025-01-02T03:04:05.5Z".parse().unwrap(),
+        ..msg(seq, "from before the count")
+    }
+}
+
 /// What the messages of [`schema_2_data_dir`] weigh.
 fn schema_2_message_bytes() -> u64 {
     [1, 2]
-        .map(|seq| {
-            serde_json::to_vec(&msg(seq, "from before the count"))
-                .unwrap()
-                .len() as u64
-        })
+        .map(|seq| serde_json::to_vec(&schema_2_message(seq)).unwrap().len() as u64)
         .iter()
         .sum()
 }

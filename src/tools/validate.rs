@@ -6,7 +6,10 @@
 //! when the tool is registered. Validation reports every error found, not
 //! just the first, as `{field, code, message}`; `field` is the parameter's
 //! dotted path and `code` the schema keyword that failed. Defaults declared
-//! on top-level properties are filled in before validation.
+//! on top-level properties are filled in before validation. At most
+//! [`MAX_FIELD_ERRORS`] errors are kept, each message cut at
+//! [`MAX_MESSAGE_BYTES`]: the messages quote the offending value, and they
+//! are stored in the call's record.
 
 use serde_json::Value;
 
@@ -92,9 +95,10 @@ impl ParamValidator {
                 FieldError {
                     field,
                     code: e.kind().keyword().to_string(),
-                    message: e.to_string(),
+                    message: clipped(e.to_string()),
                 }
             })
+            .take(MAX_FIELD_ERRORS)
             .collect();
         if errors.is_empty() {
             Ok(params)
@@ -102,6 +106,26 @@ impl ParamValidator {
             Err(errors)
         }
     }
+}
+
+/// Errors kept per validation: an array of thousands of bad items is
+/// reported by its first ones.
+pub const MAX_FIELD_ERRORS: usize = 32;
+/// Bytes of one error's message: the schema crate quotes the offending
+/// value whole, and a call's record keeps the messages (a 1 MiB argument
+/// made a 2.2 MB record, issue #29).
+pub const MAX_MESSAGE_BYTES: usize = 512;
+
+fn clipped(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str("… (cut)");
+    }
+    message
 }
 
 fn pointer_to_dotted(pointer: &str) -> String {
@@ -180,6 +204,33 @@ mod tests {
         let strict = ParamValidator::new(&schema, true).unwrap();
         let errs = strict.validate(json!({"a": "x", "b": 1})).unwrap_err();
         assert_eq!(errs[0].code, "additionalProperties");
+    }
+
+    #[test]
+    fn a_huge_bad_value_is_not_quoted_whole_and_errors_are_capped() {
+        let v = ParamValidator::new(
+            &json!({
+                "type": "object",
+                "properties": {
+                    "s": {"type": "string", "maxLength": 4},
+                    "a": {"type": "array", "items": {"type": "integer"}}
+                }
+            }),
+            false,
+        )
+        .unwrap();
+        let errs = v
+            .validate(json!({"s": "\u{1}".repeat(100_000)}))
+            .unwrap_err();
+        assert_eq!(errs.len(), 1);
+        assert!(
+            errs[0].message.len() <= MAX_MESSAGE_BYTES + 16,
+            "{}",
+            errs[0].message.len()
+        );
+        assert!(errs[0].message.ends_with("(cut)"), "{}", errs[0].message);
+        let errs = v.validate(json!({"a": vec!["x"; 1000]})).unwrap_err();
+        assert_eq!(errs.len(), MAX_FIELD_ERRORS);
     }
 
     #[test]
