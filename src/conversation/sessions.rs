@@ -171,10 +171,7 @@ impl PublicError for SessionError {
 /// path, a WebSocket URL, an MCP agent tool's `session_id`) is unknown.
 pub const MAX_SESSION_ID_BYTES: usize = crate::identity::MAX_ID_BYTES;
 
-/// Most bytes one message's content may take, whichever transport brings
-/// it (HTTP, SSE, the visitor WebSocket, MCP's `agent_*` tools): checked
-/// where every turn starts ([`Sessions::start_turn`]).
-pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
+pub use super::storage::MAX_CONTENT_BYTES;
 
 /// The rule of every message's content: not blank, at most
 /// [`MAX_CONTENT_BYTES`].

@@ -49,8 +49,14 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::sessions::MAX_CONTENT_BYTES;
 use crate::store::Store;
+
+/// Most bytes one message's content may take, whichever transport brings
+/// it (HTTP, SSE, the visitor WebSocket, MCP's `agent_*` tools): checked
+/// where every turn starts (`Sessions::start_turn`). Defined here, below
+/// the sessions, because the write share's burst is sized to admit one
+/// such message.
+pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
 
 /// Default `[tenants] write_kib_per_s`.
 pub const DEFAULT_WRITE_KIB_PER_S: u32 = 1024;
