@@ -32,7 +32,7 @@
 //! own, as [`identity`] did for the store, the tools and the key ring):
 //!
 //! ```text
-//! main / cli                      the binary: serve, chat, keys, tools, mcp ...
+//! main / cli                      the binary (cli/, its own package): serve, chat ...
 //! runtime, server_config          wiring; the server's config file
 //! http                            the API, one file per resource
 //! workflow, mcp                   multi-agent DAGs; MCP in and out

@@ -100,6 +100,9 @@ pub enum RuntimeError {
     Cluster(#[from] crate::cluster::ClusterError),
 }
 
+/// What [`RuntimeBuilder::tool_family`] takes.
+type ToolFamily = Box<dyn FnOnce(&builtin::BuiltinContext) -> Vec<builtin::ToolEntry> + Send>;
+
 pub struct RuntimeBuilder {
     data_dir: PathBuf,
     agents_dir: PathBuf,
@@ -108,6 +111,7 @@ pub struct RuntimeBuilder {
     model: Option<SharedModel>,
     tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
     handlers: Vec<(String, Arc<dyn ToolHandler>)>,
+    families: Vec<ToolFamily>,
     client_options: ClientOptions,
     config: ServerConfig,
     workers: usize,
@@ -126,6 +130,7 @@ impl Default for RuntimeBuilder {
             model: None,
             tools: Vec::new(),
             handlers: Vec::new(),
+            families: Vec::new(),
             client_options: ClientOptions::default(),
             config: ServerConfig::default(),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
@@ -179,6 +184,21 @@ impl RuntimeBuilder {
     /// Registers a tool of the embedding program.
     pub fn tool(mut self, definition: ToolDefinition, handler: Arc<dyn ToolHandler>) -> Self {
         self.tools.push((definition, handler));
+        self
+    }
+    /// Registers a family of tools built into the program (the `cadre`
+    /// binary's sample domain, `cadre_sample::tools`): called once at
+    /// start with what the runtime's own builtins get (the store for
+    /// per-user state, the agents folder's `data/`, the HTTP allowlist).
+    /// They register as builtins do: tool files name them with
+    /// `entry.type = builtin`, and their definitions are taken as declared
+    /// (`side_effects`, `cache`), where [`RuntimeBuilder::tool`] treats an
+    /// undeclared tool as one that acts.
+    pub fn tool_family(
+        mut self,
+        family: impl FnOnce(&builtin::BuiltinContext) -> Vec<builtin::ToolEntry> + Send + 'static,
+    ) -> Self {
+        self.families.push(Box::new(family));
         self
     }
     /// Registers a handler that tool files name with `entry: {type: custom, handler: NAME}`.
@@ -487,6 +507,14 @@ fn setup(
         }
     };
     builtin::register_all(&registry, &builtin_ctx).map_err(tool_error("builtin".into()))?;
+    for family in builder.families.drain(..) {
+        for (definition, handler) in family(&builtin_ctx) {
+            let name = definition.name.clone();
+            registry
+                .register(definition, handler)
+                .map_err(tool_error(name))?;
+        }
+    }
     for (definition, handler) in builder.tools.drain(..) {
         let name = definition.name.clone();
         registry

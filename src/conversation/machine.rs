@@ -1570,28 +1570,28 @@ mod tests {
     #[test]
     fn citations_list_tool_sources_and_flag_ungrounded_ones() {
         let mut m = machine(3, 20);
-        m.start_turn("positions?".into(), "t".into(), None).unwrap();
+        m.start_turn("stock?".into(), "t".into(), None).unwrap();
         m.on_model_reply(tools_reply(&["a"])).unwrap();
         let result = ToolExecutionResult::success(
-            "get_positions",
-            json!({"source_id": "tool:positions:v1", "data": {}}),
+            "lookup_stock",
+            json!({"source_id": "tool:stock:v1", "data": {}}),
             Duration::ZERO,
             1,
         );
         m.on_tool_results(vec![(call("a"), result)]).unwrap();
         let step = m
             .on_model_reply(text(
-                "You hold 42 AAPL [tool:positions:v1] worth $8k [tool:quotes:v1].",
+                "You hold 42 BOLT [tool:stock:v1] worth $8k [tool:prices:v1].",
             ))
             .unwrap();
         let Action::Finish(outcome) = step.action else {
             panic!("expected the turn to finish");
         };
-        assert_eq!(outcome.citations, ["tool:positions:v1"]);
-        assert_eq!(outcome.ungrounded_citations, ["tool:quotes:v1"]);
+        assert_eq!(outcome.citations, ["tool:stock:v1"]);
+        assert_eq!(outcome.ungrounded_citations, ["tool:prices:v1"]);
         assert_eq!(
             outcome.tool_calls[0].source_id.as_deref(),
-            Some("tool:positions:v1")
+            Some("tool:stock:v1")
         );
     }
 

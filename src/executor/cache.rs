@@ -7,21 +7,22 @@
 //! serialize with sorted keys, so equal parameters give equal keys. The
 //! tenant keeps one tenant's answers from another (they may come from
 //! per-tenant data, and carry the first caller's `executed_at`); the user
-//! keeps per-user data (portfolios, watchlists) per user; the variables
+//! keeps per-user data (a user's own records) per user; the variables
 //! carry per-agent settings (e.g. `fetch_page`'s site), so two agents never
-//! share an answer meant for the other. TTL: the tool
-//! definition's `cache.ttl_seconds` when set (0 = never cache), else by
-//! category, for tools that declare `side_effects = none` only (a tool
-//! that acts runs on every call unless its definition sets a TTL): market
-//! 5 s, news 300 s, ml 60 s, portfolio 10 s, calculate never, trading and
-//! alerts never, http never (requests may have side effects; a tool opts
-//! in through its definition, as `fetch_page` does), anything else 30 s.
-//! (The category defaults leave with the sample domain, issue #30.) The category defaults are for handlers cadre knows
-//! (builtins, including a tool file naming one, and the embedder's custom
-//! handlers): an `external` entry (command or URL) or an MCP tool is cached
-//! only when its definition sets `cache.ttl_seconds`, since cadre cannot
-//! tell a `create_ticket` POST from a lookup. Tools that need confirmation
-//! are never cached. Only successes are cached.
+//! share an answer meant for the other.
+//!
+//! TTL, from the tool's own declaration only (never from its category,
+//! which is a label for humans and listings): the definition's
+//! `cache.ttl_seconds` when set (0 = never cache); else
+//! [`DEFAULT_TTL_S`] for a tool that declares `side_effects = none`; else
+//! never (a tool that acts runs on every call unless its definition sets
+//! a TTL: an answer from the cache would report an action that never
+//! ran). An embedder's tool that declares nothing is `at_most_once`, so it
+//! is not cached. An `external` entry (command or URL) or an MCP tool is
+//! cached only when its definition sets `cache.ttl_seconds`, since cadre
+//! cannot tell a `create_ticket` POST from a lookup whatever it declares.
+//! Tools that need confirmation are never cached. Only successes are
+//! cached.
 //!
 //! Expiry is decided on tokio's clock (so tests can pause and advance
 //! time); moka's own TTL only bounds memory.
@@ -33,6 +34,10 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::tools::{SideEffects, ToolDefinition, ToolExecutionResult};
+
+/// Seconds a read-only tool's answers are kept when its definition does
+/// not say.
+pub const DEFAULT_TTL_S: u64 = 30;
 
 /// Entries kept at most.
 const CAPACITY: u64 = 100_000;
@@ -92,14 +97,7 @@ impl ResultCache {
             // handler unless it says otherwise) must run on every call: an
             // answer from the cache would report an action that never ran.
             None if def.side_effects != SideEffects::None => 0,
-            None => match def.category.as_str() {
-                "market" => 5,
-                "news" => 300,
-                "ml" => 60,
-                "portfolio" => 10,
-                "calculate" | "trading" | "alerts" | "http" => 0,
-                _ => 30,
-            },
+            None => DEFAULT_TTL_S,
         };
         (seconds > 0).then(|| Duration::from_secs(seconds))
     }
@@ -154,10 +152,14 @@ mod tests {
             .with_side_effects(SideEffects::None)
     }
 
+    /// Categories an embedder might use, including ones the sample domain
+    /// once had defaults for: none of them changes the TTL.
+    const CATEGORIES: [&str; 5] = ["custom", "market", "news", "calculate", "http"];
+
     #[test]
     fn a_tool_that_acts_is_cached_only_when_its_definition_asks() {
         for side in [SideEffects::AtMostOnce, SideEffects::Idempotent] {
-            for category in ["custom", "market", "news"] {
+            for category in CATEGORIES {
                 let d = def(category).with_side_effects(side);
                 assert_eq!(ResultCache::ttl(&d), None, "{category} {side:?}");
             }
@@ -170,32 +172,19 @@ mod tests {
     }
 
     #[test]
-    fn ttl_follows_the_definition_then_the_category() {
-        assert_eq!(
-            ResultCache::ttl(&def("market")),
-            Some(Duration::from_secs(5))
-        );
-        assert_eq!(
-            ResultCache::ttl(&def("news")),
-            Some(Duration::from_secs(300))
-        );
-        assert_eq!(ResultCache::ttl(&def("ml")), Some(Duration::from_secs(60)));
-        assert_eq!(
-            ResultCache::ttl(&def("portfolio")),
-            Some(Duration::from_secs(10))
-        );
-        assert_eq!(
-            ResultCache::ttl(&def("custom")),
-            Some(Duration::from_secs(30))
-        );
-        for never in ["calculate", "trading", "alerts", "http"] {
-            assert_eq!(ResultCache::ttl(&def(never)), None, "{never}");
+    fn ttl_follows_the_definition_never_the_category() {
+        for category in CATEGORIES {
+            assert_eq!(
+                ResultCache::ttl(&def(category)),
+                Some(Duration::from_secs(DEFAULT_TTL_S)),
+                "{category}"
+            );
+            assert_eq!(
+                ResultCache::ttl(&def(category).with_cache_ttl(7)),
+                Some(Duration::from_secs(7))
+            );
+            assert_eq!(ResultCache::ttl(&def(category).with_cache_ttl(0)), None);
         }
-        assert_eq!(
-            ResultCache::ttl(&def("trading").with_cache_ttl(7)),
-            Some(Duration::from_secs(7))
-        );
-        assert_eq!(ResultCache::ttl(&def("market").with_cache_ttl(0)), None);
         let confirmed = def("custom")
             .with_cache_ttl(60)
             .with_post_processor("require_confirmation");
@@ -218,7 +207,7 @@ mod tests {
             tool: "t".into(),
         };
         for entry in [external, mcp] {
-            for category in ["custom", "market", "news"] {
+            for category in CATEGORIES {
                 let d = def(category).with_entry(entry.clone());
                 assert_eq!(ResultCache::ttl(&d), None, "{category} {entry:?}");
             }

@@ -694,13 +694,13 @@ mod tests {
 
     fn pass(l: &RateLimiter<FakeRelativeClock>, limit: &RateLimit, user: &str, times: u32) {
         for i in 0..times {
-            l.check("get_ohlcv", limit, user)
+            l.check("lookup_stock", limit, user)
                 .unwrap_or_else(|e| panic!("call {} of {times} refused: {e}", i + 1));
         }
     }
 
     fn remaining(l: &RateLimiter<FakeRelativeClock>, limit: &RateLimit, user: &str) -> Vec<u32> {
-        l.quota("get_ohlcv", limit, user)
+        l.quota("lookup_stock", limit, user)
             .iter()
             .map(|q| q.remaining)
             .collect()
@@ -712,25 +712,25 @@ mod tests {
         let limit = per_minute(30);
         pass(&l, &limit, "alice", 30);
 
-        let refused = l.check("get_ohlcv", &limit, "alice").unwrap_err();
-        assert_eq!(refused.tool, "get_ohlcv");
+        let refused = l.check("lookup_stock", &limit, "alice").unwrap_err();
+        assert_eq!(refused.tool, "lookup_stock");
         assert_eq!(refused.window, Window::Minute);
         assert_eq!(refused.limit, 30);
         assert_eq!(refused.retry_after, Duration::from_secs(2));
         assert_eq!(refused.retry_after_ms(), 2_000);
         assert_eq!(
             refused.to_string(),
-            "rate limit of 30 calls per minute for get_ohlcv reached; retry in 2.0 s"
+            "rate limit of 30 calls per minute for lookup_stock reached; retry in 2.0 s"
         );
 
         pass(&l, &limit, "bob", 1);
 
         clock.advance(Duration::from_millis(1_900));
-        let refused = l.check("get_ohlcv", &limit, "alice").unwrap_err();
+        let refused = l.check("lookup_stock", &limit, "alice").unwrap_err();
         assert_eq!(refused.retry_after, Duration::from_millis(100));
         clock.advance(Duration::from_millis(100));
         pass(&l, &limit, "alice", 1);
-        assert!(l.check("get_ohlcv", &limit, "alice").is_err());
+        assert!(l.check("lookup_stock", &limit, "alice").is_err());
     }
 
     #[test]
@@ -747,12 +747,12 @@ mod tests {
         let (l, clock) = limiter();
         let limit = per_hour(10);
         pass(&l, &limit, "alice", 10);
-        let refused = l.check("get_ohlcv", &limit, "alice").unwrap_err();
+        let refused = l.check("lookup_stock", &limit, "alice").unwrap_err();
         assert_eq!(refused.window, Window::Hour);
         assert_eq!(refused.retry_after, Duration::from_secs(360));
         clock.advance(Duration::from_secs(360));
         pass(&l, &limit, "alice", 1);
-        assert!(l.check("get_ohlcv", &limit, "alice").is_err());
+        assert!(l.check("lookup_stock", &limit, "alice").is_err());
     }
 
     #[test]
@@ -760,12 +760,12 @@ mod tests {
         let (l, clock) = limiter();
         let limit = per_day(4);
         pass(&l, &limit, "alice", 4);
-        let refused = l.check("get_ohlcv", &limit, "alice").unwrap_err();
+        let refused = l.check("lookup_stock", &limit, "alice").unwrap_err();
         assert_eq!(refused.window, Window::Day);
         assert_eq!(refused.retry_after, Duration::from_secs(6 * 3_600));
         assert_eq!(
             refused.to_string(),
-            "rate limit of 4 calls per day for get_ohlcv reached; retry in 21600.0 s"
+            "rate limit of 4 calls per day for lookup_stock reached; retry in 21600.0 s"
         );
         clock.advance(Duration::from_secs(6 * 3_600));
         pass(&l, &limit, "alice", 1);
@@ -784,7 +784,7 @@ mod tests {
         pass(&l, &limit, "alice", 1);
         assert_eq!(remaining(&l, &limit, "alice"), vec![4, 0]);
 
-        let refused = l.check("get_ohlcv", &limit, "alice").unwrap_err();
+        let refused = l.check("lookup_stock", &limit, "alice").unwrap_err();
         assert_eq!(refused.window, Window::Hour);
         assert_eq!(refused.limit, 6);
         // Hour cells come back one per 10 min; the first was taken at 0 s.
@@ -801,12 +801,12 @@ mod tests {
             per_day: Some(1),
         };
         pass(&l, &limit, "alice", 1);
-        let refused = l.check("get_ohlcv", &limit, "alice").unwrap_err();
+        let refused = l.check("lookup_stock", &limit, "alice").unwrap_err();
         assert_eq!(refused.window, Window::Day);
         assert_eq!(refused.retry_after, Duration::from_secs(86_400));
         assert_eq!(
             refused.to_string(),
-            "rate limit of 1 call per day for get_ohlcv reached; retry in 86400.0 s"
+            "rate limit of 1 call per day for lookup_stock reached; retry in 86400.0 s"
         );
     }
 
@@ -818,7 +818,7 @@ mod tests {
             per_hour: Some(100),
             per_day: Some(1_000),
         };
-        let fresh = l.quota("get_ohlcv", &limit, "alice");
+        let fresh = l.quota("lookup_stock", &limit, "alice");
         assert_eq!(
             fresh
                 .iter()
@@ -843,7 +843,7 @@ mod tests {
         // window is full 17 s later.
         clock.advance(Duration::from_secs(3));
         assert_eq!(remaining(&l, &limit, "alice"), vec![21, 90, 990]);
-        let gates = l.gates("get_ohlcv", &limit);
+        let gates = l.gates("lookup_stock", &limit);
         let minute = gates[Window::Minute.index()].as_ref().unwrap();
         assert_eq!(minute.remaining("alice"), (21, Duration::from_secs(17)));
         let day = gates[Window::Day.index()].as_ref().unwrap();
@@ -853,7 +853,7 @@ mod tests {
         );
 
         pass(&l, &limit, "alice", 21);
-        assert!(l.check("get_ohlcv", &limit, "alice").is_err());
+        assert!(l.check("lookup_stock", &limit, "alice").is_err());
         assert_eq!(remaining(&l, &limit, "alice"), vec![0, 69, 969]);
     }
 
@@ -862,12 +862,12 @@ mod tests {
         let (l, _clock) = limiter();
         let limit = per_minute(30);
         let before = jiff::Timestamp::now();
-        let fresh = &l.quota("get_ohlcv", &limit, "alice")[0];
+        let fresh = &l.quota("lookup_stock", &limit, "alice")[0];
         assert!(fresh.reset_at >= before && fresh.reset_at <= jiff::Timestamp::now());
 
         pass(&l, &limit, "alice", 30);
         let before = jiff::Timestamp::now();
-        let spent = &l.quota("get_ohlcv", &limit, "alice")[0];
+        let spent = &l.quota("lookup_stock", &limit, "alice")[0];
         let after = jiff::Timestamp::now();
         assert_eq!(spent.remaining, 0);
         let minute = jiff::SignedDuration::from_secs(60);
@@ -884,16 +884,18 @@ mod tests {
     fn a_changed_limit_rebuilds_the_window() {
         let (l, _clock) = limiter();
         pass(&l, &per_minute(2), "alice", 2);
-        assert!(l.check("get_ohlcv", &per_minute(2), "alice").is_err());
+        assert!(l.check("lookup_stock", &per_minute(2), "alice").is_err());
 
         // Hot reload raised the limit: the window starts afresh.
         pass(&l, &per_minute(5), "alice", 5);
-        let refused = l.check("get_ohlcv", &per_minute(5), "alice").unwrap_err();
+        let refused = l
+            .check("lookup_stock", &per_minute(5), "alice")
+            .unwrap_err();
         assert_eq!(refused.limit, 5);
         assert_eq!(refused.retry_after, Duration::from_secs(12));
 
         // The same value again keeps the state.
-        assert!(l.check("get_ohlcv", &per_minute(5), "alice").is_err());
+        assert!(l.check("lookup_stock", &per_minute(5), "alice").is_err());
 
         // Adding a window keeps the windows that did not change.
         let both = RateLimit {
@@ -902,7 +904,7 @@ mod tests {
             per_day: None,
         };
         assert_eq!(
-            l.check("get_ohlcv", &both, "alice").unwrap_err().window,
+            l.check("lookup_stock", &both, "alice").unwrap_err().window,
             Window::Minute
         );
         assert_eq!(remaining(&l, &both, "alice"), vec![0, 100]);
@@ -913,7 +915,7 @@ mod tests {
         let (l, _clock) = limiter();
         pass(&l, &RateLimit::default(), "alice", 10_000);
         assert!(
-            l.quota("get_ohlcv", &RateLimit::default(), "alice")
+            l.quota("lookup_stock", &RateLimit::default(), "alice")
                 .is_empty()
         );
         assert_eq!(l.tracked_users(), 0);
@@ -922,7 +924,7 @@ mod tests {
     #[test]
     fn a_zero_limit_refuses_every_call() {
         let (l, _clock) = limiter();
-        let refused = l.check("get_ohlcv", &per_hour(0), "alice").unwrap_err();
+        let refused = l.check("lookup_stock", &per_hour(0), "alice").unwrap_err();
         assert_eq!(refused.window, Window::Hour);
         assert_eq!(refused.retry_after, Duration::from_secs(3_600));
         assert_eq!(remaining(&l, &per_hour(0), "alice"), vec![0]);

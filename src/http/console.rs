@@ -63,7 +63,7 @@ macro_rules! asset {
         Asset {
             name: $name,
             content_type: $type,
-            bytes: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/console/", $name)),
+            bytes: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../console/", $name)),
         }
     };
 }

@@ -6,18 +6,25 @@
 //!    `expression = result`, an echo's message, a pending confirmation with
 //!    its id, or the tool's error); from a data tool's `data`, the fields
 //!    the question names ("RSI" → `indicators.RSI.value`, "cash" → every
-//!    `*cash*` field, "shares" → `quantity`) with the record's symbol and
-//!    the `source_id`, else a summary of every field;
+//!    `*cash*` field, "worth" → `value`) with what the record is about
+//!    (its symbol or name) and the `source_id`, else a summary of every
+//!    field;
 //! 2. after a user message, when tools are offered with `tool_choice = auto`:
 //!    picks one tool by keywords (an arithmetic expression in the message
 //!    picks a tool with an `expression` parameter; otherwise the tool whose
 //!    name and description share the most words with the message, and
 //!    whose parameters the message fills best) and fills the parameters it
 //!    can: the expression, enum values the message names (`buy`, `RSI`),
-//!    a ticker, numbers by the word next to them ("10 shares" is the
-//!    `quantity` described as "Number of shares", else the message's
+//!    a code, numbers by the word next to them ("10 units" is the
+//!    `quantity` described as "Number of units", else the message's
 //!    numbers in order); a required enum the message does not name gets
-//!    its default. A required string takes, by what its schema says:
+//!    its default. A string whose `examples` are codes (capitals and
+//!    digits: `BOLT`, `SKU42`), required or not, takes the first word of
+//!    that shape that is not an everyday word (`I`, `OK`) and not one the
+//!    tool uses for something else: its enum values, its name's words and
+//!    the capitalised words of its descriptions (a tool that says "cash in
+//!    USD" never takes USD for a code). A required string takes, by what
+//!    its schema says:
 //!    - `pattern`: the first word of the message that matches it (compiled
 //!      as the executor's validation does, size and backtracking bounded;
 //!      a pattern that does not compile is ignored);
@@ -42,9 +49,15 @@
 //!
 //! Same input, same output: tool call ids derive from the message count.
 //!
+//! Decided (issue #30): it knows no domain. Every word it matches on comes
+//! from the tool definitions it is given (names, descriptions, parameter
+//! schemas) or is everyday English; the sample domain's tools teach it
+//! their symbols through their schemas' `examples`, as any team's tools
+//! can.
+//!
 //! What it cannot do: understand a sentence. It calls one tool per turn,
 //! never chains calls (one result, then an answer), fills optional text
-//! parameters only with a ticker, nested objects and arrays only from enum
+//! parameters only with a code, nested objects and arrays only from enum
 //! values, and picks a tool by shared words, so a question that uses none
 //! of a tool's words (and no value only that tool takes) gets no call.
 //!
@@ -273,14 +286,15 @@ struct Leaf<'a> {
 const IDENTIFIERS: [&str; 5] = ["symbol", "name", "id", "title", "currency"];
 
 /// Words of the question as field names spell them: lower case, plurals
-/// singular, and the everyday word for a field ("shares" is a `quantity`).
+/// singular, and the everyday word for a field ("worth" is a `value`).
+/// Only everyday English: a domain's own words (a trade's "shares" for
+/// its `quantity`) are not known here; a question that names no field
+/// gets the whole record described, which states them all.
 fn question_terms(question: &str) -> HashSet<String> {
-    const SYNONYMS: [(&str, &str); 5] = [
-        ("share", "quantity"),
+    const SYNONYMS: [(&str, &str); 3] = [
         ("worth", "value"),
         ("own", "quantity"),
-        ("balance", "cash"),
-        ("headline", "title"),
+        ("hold", "quantity"),
     ];
     let mut terms: HashSet<String> = words(question).iter().map(|w| singular(w)).collect();
     for (word, field) in SYNONYMS {
@@ -403,7 +417,7 @@ fn answer_fields(data: &Value, question: &str) -> Option<String> {
 }
 
 /// A leaf's name in an answer: its key, after the key that holds it when
-/// that one says what it is (`RSI` for `indicators.RSI.value`, `AAPL
+/// that one says what it is (`RSI` for `indicators.RSI.value`, `BOLT
 /// quantity` for an array item's).
 fn label(path: &[String]) -> String {
     let human = |k: &str| k.replace('_', " ");
@@ -615,7 +629,7 @@ fn pick_tool<'a>(question: &str, tools: &'a [ToolSpec]) -> Option<(&'a ToolSpec,
     }
     let asked: HashSet<String> = words(question).iter().map(|w| singular(w)).collect();
     // Words of the tool's name count double; each required parameter the
-    // message fills (a ticker, an enum value, a number) counts as much as a
+    // message fills (a code, an enum value, a number) counts as much as a
     // name word, an optional one (a filter) half a description word; a tool
     // whose required parameters are all filled wins a tie, and of equals
     // the first offered.
@@ -630,7 +644,7 @@ fn pick_tool<'a>(question: &str, tools: &'a [ToolSpec]) -> Option<(&'a ToolSpec,
                 2 * asked.intersection(&name).count() + asked.intersection(&vocab).count();
             let filled = fill_arguments(t, question);
             // A tool is a candidate when the message uses its words or
-            // names one of its specific values ("buy", "10 shares").
+            // names one of its specific values ("buy", "10 units").
             if matched + filled.specific == 0 {
                 return (i, t, Value::Null, 0);
             }
@@ -650,9 +664,9 @@ fn has_param(tool: &ToolSpec, name: &str) -> bool {
 }
 
 /// Fills parameters from the message: an enum value the message names, a
-/// ticker for a `symbol`, a number for a numeric parameter (the one next
-/// to a word of the parameter's name or description: "10 shares" is a
-/// `quantity` of "Number of shares"), a word matching a string's `pattern`,
+/// code for a string whose examples are codes, a number for a numeric
+/// parameter (the one next to a word of the parameter's name or
+/// description: "10 units" is a `quantity` of "Number of units"), a word matching a string's `pattern`,
 /// `format` or `examples`, an id-like word for an identifier, a path for a
 /// `path`, a URL for a `url`; other required strings get a quoted string,
 /// else the message with the tool's name stripped ("echo hello" ->
@@ -679,18 +693,7 @@ fn fill_arguments(tool: &ToolSpec, question: &str) -> Filled {
         .split(|c: char| !c.is_alphanumeric() && c != '_')
         .map(str::to_lowercase)
         .collect();
-    // Enum values (e.g. indicator names) and the words of the tool's name
-    // (ML in get_ml_signals) are never taken for tickers.
-    let mut not_tickers: HashSet<String> = props
-        .values()
-        .flat_map(|s| {
-            let direct = s["enum"].as_array().into_iter().flatten();
-            let items = s["items"]["enum"].as_array().into_iter().flatten();
-            direct.chain(items)
-        })
-        .filter_map(|v| v.as_str().map(str::to_uppercase))
-        .collect();
-    not_tickers.extend(words(&tool.name).iter().map(|w| w.to_uppercase()));
+    let not_codes = not_codes(tool, props);
     let mut numbers = assign_numbers(props, &required, question);
     let mut named = 0;
     let mut optional = 0;
@@ -702,7 +705,7 @@ fn fill_arguments(tool: &ToolSpec, question: &str) -> Filled {
             question,
             asked: &asked,
             tool: &tool.name,
-            not_tickers: &not_tickers,
+            not_codes: &not_codes,
         };
         let value = match numbers.remove(name) {
             Some((n, by_context)) => Some((n, Source::of(by_context))),
@@ -750,7 +753,7 @@ struct Filled {
 enum Source {
     /// An enum value or a number by its word.
     Specific,
-    /// Taken from the message, but any tool could have taken it (a ticker,
+    /// Taken from the message, but any tool could have taken it (a code,
     /// the message text, a number left over).
     Message,
     /// Not in the message: the schema's default or first value.
@@ -850,7 +853,7 @@ struct Hints<'a> {
     question: &'a str,
     asked: &'a HashSet<String>,
     tool: &'a str,
-    not_tickers: &'a HashSet<String>,
+    not_codes: &'a HashSet<String>,
 }
 
 /// One parameter's value, and where it came from.
@@ -859,7 +862,7 @@ fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option
         question,
         asked,
         tool,
-        not_tickers,
+        not_codes,
     } = *hints;
     let named = |options: &Vec<Value>| -> Vec<Value> {
         options
@@ -896,10 +899,10 @@ fn fill_one(name: &str, schema: &Value, hints: &Hints, required: bool) -> Option
     if schema["type"] != "string" {
         return None;
     }
-    let lower = name.to_lowercase();
-    if lower.contains("symbol") || lower.contains("ticker") {
-        return ticker(question, not_tickers).map(|t| (Value::String(t), Source::Message));
+    if let Some(longest) = code_examples(schema) {
+        return code(question, longest, not_codes).map(|t| (Value::String(t), Source::Message));
     }
+    let lower = name.to_lowercase();
     if !required {
         return None;
     }
@@ -1170,17 +1173,68 @@ fn id_like(t: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
-/// The first all-capitals word of 1-5 letters that is not an everyday word
-/// or one the tool uses (its enum values, its name's words).
-fn ticker(question: &str, not_tickers: &HashSet<String>) -> Option<String> {
-    const NOT_TICKERS: [&str; 8] = ["I", "A", "OK", "US", "USD", "ETF", "IRA", "AND"];
+/// A code: capitals and digits, at least one capital (`BOLT`, `SKU42`).
+fn is_code(w: &str) -> bool {
+    w.chars().any(|c| c.is_ascii_uppercase())
+        && w.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+}
+
+/// When a string's `examples` are all codes: the longest one's length.
+fn code_examples(schema: &Value) -> Option<usize> {
+    let examples = schema["examples"].as_array()?;
+    let lengths: Option<Vec<usize>> = examples
+        .iter()
+        .map(|e| e.as_str().filter(|e| is_code(e)).map(str::len))
+        .collect();
+    lengths?.into_iter().max()
+}
+
+/// Words a tool uses for something other than a code: its enum values
+/// (e.g. indicator names), the words of its name (ML in a `get_ml_…`) and
+/// the capitalised words of its descriptions (USD in "cash in USD"), its
+/// codes' own examples excepted.
+fn not_codes(tool: &ToolSpec, props: &Map<String, Value>) -> HashSet<String> {
+    let enums = props.values().flat_map(|s| {
+        let direct = s["enum"].as_array().into_iter().flatten();
+        let items = s["items"]["enum"].as_array().into_iter().flatten();
+        direct.chain(items)
+    });
+    let mut not: HashSet<String> = enums
+        .filter_map(|v| v.as_str().map(str::to_uppercase))
+        .collect();
+    not.extend(words(&tool.name).iter().map(|w| w.to_uppercase()));
+    let descriptions = std::iter::once(tool.description.as_str())
+        .chain(props.values().filter_map(|s| s["description"].as_str()));
+    for text in descriptions {
+        not.extend(
+            text.split(|c: char| !c.is_ascii_alphanumeric())
+                .filter(|w| is_code(w))
+                .map(str::to_string),
+        );
+    }
+    for schema in props.values() {
+        for example in schema["examples"].as_array().into_iter().flatten() {
+            if let Some(e) = example.as_str() {
+                not.remove(e);
+            }
+        }
+    }
+    not
+}
+
+/// The first code of the message, at most two characters longer than the
+/// longest example, that is not an everyday word and not one the tool
+/// uses for something else.
+fn code(question: &str, longest: usize, not_codes: &HashSet<String>) -> Option<String> {
+    const EVERYDAY: [&str; 5] = ["I", "A", "OK", "AND", "OR"];
     question
         .split(|c: char| !c.is_ascii_alphanumeric())
         .find(|w| {
-            (1..=5).contains(&w.len())
-                && w.chars().all(|c| c.is_ascii_uppercase())
-                && !NOT_TICKERS.contains(w)
-                && !not_tickers.contains(*w)
+            (1..=longest + 2).contains(&w.len())
+                && is_code(w)
+                && !EVERYDAY.contains(w)
+                && !not_codes.contains(*w)
         })
         .map(str::to_string)
 }
@@ -1255,7 +1309,7 @@ mod tests {
         let r = route(&ChatRequest {
             model: String::new(),
             messages: vec![ChatMessage::user(
-                "Write a brief on AAPL.\nPrice: {\"source_id\":\"tool:price:v1\",\"data\":{\"symbol\":\"AAPL\",\"price\":189.5},\"as_of\":\"2024-01-02\"}\nNews: [{\"title\":\"Up\"}]",
+                "Write a brief on BOLT.\nPrice: {\"source_id\":\"tool:price:v1\",\"data\":{\"symbol\":\"BOLT\",\"price\":189.5},\"as_of\":\"2024-01-02\"}\nNews: [{\"title\":\"Up\"}]",
             )],
             tools: Vec::new().into(),
             tool_choice: ToolChoice::Auto,
@@ -1264,9 +1318,9 @@ mod tests {
             purpose: Purpose::Turn,
         });
         let answer = r.content.unwrap();
-        assert!(answer.starts_with("Write a brief on AAPL.\n"), "{answer}");
+        assert!(answer.starts_with("Write a brief on BOLT.\n"), "{answer}");
         assert!(
-            answer.contains("- Price: price 189.5; symbol AAPL [tool:price:v1]"),
+            answer.contains("- Price: price 189.5; symbol BOLT [tool:price:v1]"),
             "{answer}"
         );
         assert!(answer.contains("- News: 1 items"), "{answer}");
@@ -1282,7 +1336,7 @@ mod tests {
         assert!(plain.content.unwrap().contains("no tools for this agent"));
     }
 
-    fn trading_tool(name: &str, description: &str, parameters: Value) -> ToolSpec {
+    fn spec(name: &str, description: &str, parameters: Value) -> ToolSpec {
         ToolSpec {
             name: name.into(),
             description: description.into(),
@@ -1290,64 +1344,77 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_order_is_filled_from_the_question_and_beats_a_calculator_of_shares() {
-        let symbol = json!({"type": "string"});
-        let tools = vec![
-            trading_tool(
-                "calculate_position_size",
-                "Number of shares to buy or sell so that hitting the stop loses risk_percent.",
-                json!({"type": "object", "required": ["account_size", "entry_price"],
-                       "properties": {"account_size": {"type": "number"},
-                                      "entry_price": {"type": "number"}}}),
+    /// Two tools of a warehouse: the order wins on its values, the
+    /// calculator of units loses although it shares a word.
+    fn warehouse() -> Vec<ToolSpec> {
+        let sku = json!({"type": "string", "examples": ["BOLT", "NUT8"],
+                         "description": "Stock keeping unit, e.g. BOLT (not SKU)"});
+        vec![
+            spec(
+                "calculate_reorder_size",
+                "Number of units to reorder so that stock covers the lead time.",
+                json!({"type": "object", "required": ["daily_demand", "lead_days"],
+                       "properties": {"daily_demand": {"type": "number"},
+                                      "lead_days": {"type": "number"}}}),
             ),
-            trading_tool(
-                "create_paper_order",
-                "Place a paper-trading order.",
-                json!({"type": "object", "required": ["symbol", "side", "quantity", "order_type"],
-                       "properties": {"symbol": symbol,
-                                      "side": {"type": "string", "enum": ["buy", "sell"]},
+            spec(
+                "create_purchase_order",
+                "Place a purchase order with the supplier.",
+                json!({"type": "object", "required": ["sku", "action", "quantity", "shipping"],
+                       "properties": {"sku": sku,
+                                      "action": {"type": "string", "enum": ["order", "return"]},
                                       "quantity": {"type": "number",
-                                                   "description": "Number of shares"},
-                                      "order_type": {"type": "string",
-                                                     "enum": ["market", "limit"]},
-                                      "limit_price": {"type": "number"}}}),
+                                                   "description": "Number of units"},
+                                      "shipping": {"type": "string",
+                                                   "enum": ["ground", "air"]},
+                                      "max_price": {"type": "number"}}}),
             ),
-        ];
-        let (tool, args) = pick_tool("Buy 10 shares of AAPL", &tools).unwrap();
-        assert_eq!(tool.name, "create_paper_order");
+        ]
+    }
+
+    #[test]
+    fn an_order_is_filled_from_the_question_and_beats_a_calculator_of_units() {
+        let tools = warehouse();
+        let (tool, args) = pick_tool("Order 10 units of SCREW", &tools).unwrap();
+        assert_eq!(tool.name, "create_purchase_order");
         assert_eq!(
             args,
-            json!({"symbol": "AAPL", "side": "buy", "quantity": 10, "order_type": "market"})
+            json!({"sku": "SCREW", "action": "order", "quantity": 10, "shipping": "ground"})
         );
+        // A capitalised word of the tool's own descriptions is not a code.
+        let (_, args) = pick_tool("Order 10 units of SKU", &tools).unwrap();
+        assert_eq!(args.get("sku"), None, "{args}");
     }
 
     #[test]
     fn a_data_answer_states_the_fields_the_question_names() {
-        let data = json!({"symbol": "MSFT", "bars_used": 320, "last_close": 506.24,
-                          "indicators": {"RSI": {"period": 14, "value": 47.9063}}});
+        let data = json!({"name": "north", "bins_used": 320, "last_count": 506.24,
+                          "metrics": {"FILL": {"period": 14, "value": 47.9063}}});
         assert_eq!(
-            answer_fields(&data, "Show the RSI for MSFT").as_deref(),
-            Some("MSFT: RSI 47.9063")
+            answer_fields(&data, "Show the FILL for north").as_deref(),
+            Some("north: FILL 47.9063")
         );
-        let data = json!({"cash": 100000.0, "equity": 140323.0, "positions": [
-            {"symbol": "AAPL", "quantity": 50}, {"symbol": "MSFT", "quantity": 20}]});
+        let data = json!({"cash": 100000.0, "equity": 140323.0, "stock": [
+            {"name": "BOLT", "quantity": 50}, {"name": "NUT8", "quantity": 20}]});
         assert_eq!(
             answer_fields(&data, "How much cash do I have?").as_deref(),
             Some("cash 100000")
         );
         assert_eq!(
-            answer_fields(&data, "How many MSFT shares do I hold?").as_deref(),
-            Some("MSFT quantity 20")
+            answer_fields(&data, "How many NUT8 do I hold?").as_deref(),
+            Some("NUT8 quantity 20")
         );
+        // A domain's word for a field is not known: the caller describes
+        // the whole record.
+        assert_eq!(answer_fields(&data, "How many NUT8 units are left?"), None);
         assert_eq!(answer_fields(&data, "Tell me everything"), None);
         assert_eq!(answer_fields(&json!(42), "What is the value?"), None);
         // Naming only the list: no field is asked for; the caller lists it.
-        assert_eq!(answer_fields(&data, "Show my positions"), None);
+        assert_eq!(answer_fields(&data, "Show my stock"), None);
     }
 
     fn one_tool(name: &str, description: &str, properties: Value, required: &[&str]) -> ToolSpec {
-        trading_tool(
+        spec(
             name,
             description,
             json!({"type": "object", "properties": properties, "required": required}),

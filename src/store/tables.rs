@@ -4,8 +4,8 @@
 //! cheap enough next to an fsync (see benches). Bump [`SCHEMA_VERSION`] when a
 //! key or value shape changes.
 //!
-//! Documents: [`DOCS`] holds the tools' small per-user documents
-//! (`trading.orders`, alerts, watchlists, call intents), keyed by
+//! Documents: [`DOCS`] holds the tools' small per-user documents (a tool
+//! family's per-user records in its own namespace, call intents), keyed by
 //! (namespace, key). The store's own kinds of documents (confirmations,
 //! tenant configs, API keys, workflow runs and their map elements) each
 //! have a table of their own ([`OWN_TABLES`]), keyed by the document's key
@@ -65,7 +65,7 @@ pub const TOOL_CALLS_BY_WORKFLOW: TableDefinition<(&str, &str), ()> =
 pub const TOOL_STATS: TableDefinition<&str, &[u8]> = TableDefinition::new("tool_stats");
 
 /// (namespace, key) -> json document: small per-user state of tools
-/// (paper orders, alerts, watchlists, call intents), written by the tools
+/// (a tool family's records, call intents), written by the tools
 /// and the executor. Not the namespaces of [`OWN_TABLES`].
 pub const DOCS: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("docs");
 

@@ -75,8 +75,8 @@ impl ToolSource {
     /// namespace and keeps its ids; an upstream's (`upstream`: an external
     /// command or URL, an MCP server, see `ToolDefinition::is_upstream`) is
     /// namespaced by its source (`file:<tool>:<id>`, `mcp:<server>:<id>`),
-    /// so it can never make an answer look grounded in data no brokerage
-    /// tool returned.
+    /// so it can never make an answer look grounded in data no tool of
+    /// that domain returned.
     pub fn citable_source_id(&self, tool: &str, upstream: bool, id: &str) -> String {
         match self {
             _ if !upstream => id.to_string(),

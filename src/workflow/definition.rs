@@ -11,26 +11,26 @@
 //! output = { brief = "{{nodes.brief.output}}" }
 //! [input]                           # a JSON Schema for the run's input
 //! type = "object"
-//! required = ["symbol"]
-//! properties.symbol = { type = "string" }
+//! required = ["sku"]
+//! properties.sku = { type = "string" }
 //!
 //! [[nodes]]                         # a tool node
-//! id = "price"
-//! tool = "get_price"
-//! params = { symbol = "{{input.symbol}}" }
+//! id = "stock"
+//! tool = "lookup_stock"
+//! params = { sku = "{{input.sku}}" }
 //!
 //! [[nodes]]                         # an agent node: one turn of a named agent
 //! id = "brief"
 //! agent = "analyst"
-//! prompt = "Write a brief from {{nodes.price.output}}"
+//! prompt = "Write a brief from {{nodes.stock.output}}"
 //! session = "new"                   # or the id of another agent node to continue its session
 //!
 //! [[nodes]]                         # a map node: the body once per element
-//! id = "quotes"
-//! map = "nodes.list.output.data.positions"
+//! id = "bins"
+//! map = "nodes.list.output.data.items"
 //! max_parallel = 2
-//! tool = "get_quotes"
-//! params = { symbol = "{{item.symbol}}" }
+//! tool = "lookup_bin"
+//! params = { sku = "{{item.sku}}" }
 //! ```
 //! Every node may also set `depends_on`, `when`, `timeout_s` (per attempt)
 //! and `retries`.

@@ -9,7 +9,7 @@
 //!   a map node is running for (map nodes only).
 //!
 //! `<path>` is dot-separated; a segment that is a number indexes an array
-//! (`nodes.list.output.data.items.0.symbol`). Decisions:
+//! (`nodes.list.output.data.items.0.sku`). Decisions:
 //! - a string that is exactly one placeholder keeps the JSON type of the
 //!   value (`"{{nodes.a.output.count}}"` renders the number `3`, and
 //!   `"{{nodes.a.output}}"` the whole object); a placeholder inside a longer
@@ -354,13 +354,13 @@ mod tests {
     fn outputs() -> BTreeMap<String, Value> {
         BTreeMap::from([(
             "a".to_string(),
-            json!({"count": 3, "name": "Apple", "items": [{"symbol": "AAPL"}, {"symbol": "MSFT"}]}),
+            json!({"count": 3, "name": "Acme", "items": [{"sku": "BOLT"}, {"sku": "NUT8"}]}),
         )])
     }
 
     fn render(text: &str) -> Result<Value, RenderError> {
         let outputs = outputs();
-        let input = json!({"symbol": "AAPL", "n": 2});
+        let input = json!({"sku": "BOLT", "n": 2});
         let scope = Scope {
             input: &input,
             outputs: &outputs,
@@ -377,7 +377,7 @@ mod tests {
         assert_eq!(render("{{ input.n }}").unwrap(), json!(2));
         assert_eq!(
             render("{{nodes.a.output.items.1}}").unwrap(),
-            json!({"symbol": "MSFT"})
+            json!({"sku": "NUT8"})
         );
         assert_eq!(render("{{index}}").unwrap(), json!(4));
         assert_eq!(render("{{item.x}}").unwrap(), json!(1));
@@ -386,11 +386,9 @@ mod tests {
     #[test]
     fn placeholders_inside_text_are_stringified() {
         assert_eq!(
-            render(
-                "{{input.symbol}} has {{nodes.a.output.count}} items: {{nodes.a.output.items.0}}"
-            )
-            .unwrap(),
-            json!(r#"AAPL has 3 items: {"symbol":"AAPL"}"#)
+            render("{{input.sku}} has {{nodes.a.output.count}} items: {{nodes.a.output.items.0}}")
+                .unwrap(),
+            json!(r#"BOLT has 3 items: {"sku":"BOLT"}"#)
         );
         assert_eq!(render("plain").unwrap(), json!("plain"));
     }
@@ -436,7 +434,7 @@ mod tests {
     #[test]
     fn params_trees_render_every_string_and_list_their_paths() {
         let tv = TemplateValue::parse(&json!({
-            "symbol": "{{input.symbol}}",
+            "sku": "{{input.sku}}",
             "n": "{{nodes.a.output.count}}",
             "fixed": [1, "two", {"deep": "{{nodes.a.output.name}}!"}]
         }))
@@ -444,7 +442,7 @@ mod tests {
         let nodes: Vec<_> = tv.paths().iter().filter_map(|p| p.node()).collect();
         assert_eq!(nodes, ["a", "a"]);
         let outputs = outputs();
-        let input = json!({"symbol": "AAPL"});
+        let input = json!({"sku": "BOLT"});
         let scope = Scope {
             input: &input,
             outputs: &outputs,
@@ -452,7 +450,7 @@ mod tests {
         };
         assert_eq!(
             tv.render(&scope, Missing::Error).unwrap(),
-            json!({"symbol": "AAPL", "n": 3, "fixed": [1, "two", {"deep": "Apple!"}]})
+            json!({"sku": "BOLT", "n": 3, "fixed": [1, "two", {"deep": "Acme!"}]})
         );
     }
 }

@@ -203,6 +203,7 @@ pub fn spawn_app(options: AppOptions) -> TestApp {
         .agents_dir(&options.agents_dir)
         .listen("127.0.0.1:0".parse().unwrap())
         .model_endpoint(endpoint)
+        .tool_family(cadre_sample::tools)
         .config(config)
         .workers(2)
         .client_options(ClientOptions {

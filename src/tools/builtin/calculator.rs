@@ -28,6 +28,9 @@ pub fn definition() -> ToolDefinition {
         }),
     )
     .with_category("calculate")
+    // Cheaper to compute than to look up; a cached answer would only add
+    // `cached: true` to a result that costs nothing.
+    .with_cache_ttl(0)
     .with_tags(&[
         "math",
         "calculate",

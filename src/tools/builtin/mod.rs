@@ -6,14 +6,12 @@
 //! Arc<dyn ToolHandler>)>`; what a handler needs (the store for per-user
 //! state, the data folder, the network policy) comes in the context.
 
-pub mod brokerage;
 pub mod calc_eval;
 pub mod calculator;
 pub mod echo;
 pub mod http;
 pub mod net_guard;
 pub mod sleep;
-pub mod trading;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,8 +41,6 @@ pub fn all(ctx: &BuiltinContext) -> Vec<ToolEntry> {
         (sleep::definition(), Arc::new(sleep::Sleep)),
     ];
     tools.extend(http::tools(ctx));
-    tools.extend(brokerage::tools(ctx));
-    tools.extend(trading::tools(ctx));
     tools
 }
 

@@ -1,18 +1,5 @@
-//! The CLI's own pieces (bin-private: declared from `main.rs` only, never
-//! from `lib.rs`).
-//!
-//! - [`render`]: how each read command prints what it got. The local path
-//!   (redb file, in-process runtime) and the remote path (`--url`, the HTTP
-//!   API) hand it the same data, so both print the same thing.
-//! - [`remote`]: the client side of `--url`/`--api-key`: one request (or
-//!   an SSE stream) per command, JSON errors printed as `CODE (HTTP n):
-//!   message` with a non-zero exit.
-//! - [`telemetry`]: the tracing subscriber, and OTLP export of the spans
-//!   (feature `otlp`).
-
-pub mod remote;
-pub mod render;
-pub mod telemetry;
+//! The interactive chat loop (`cadre chat`), shared by the local path
+//! (in-process runtime) and the remote one (`--url`).
 
 use std::io::{BufRead, Write};
 
@@ -39,7 +26,7 @@ pub fn repl(
         let result = match line.trim() {
             "" => continue,
             "/quit" | "/exit" => break,
-            "/summary" => summary().and_then(|s| render::json(&s)),
+            "/summary" => summary().and_then(|s| crate::render::json(&s)),
             "/tools" => tools().map(|tools| {
                 for (name, description) in tools {
                     println!("{name:<24} {description}");

@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use super::data::TradingData;
 use super::user_docs::{self, ALERTS, lock_user, user_key};
 use super::{NO_CACHE, Op, Shared, envelope, opt_str, req_f64, req_str, symbol_schema};
-use crate::tools::definition::Plan;
-use crate::tools::{SideEffects, ToolDefinition, ToolError};
+use cadre::tools::definition::Plan;
+use cadre::tools::{SideEffects, ToolDefinition, ToolError};
 
 const MAX_ALERTS: usize = 50;
 const WHAT: &str = "price alerts";

@@ -29,7 +29,7 @@ use jiff::civil::Date;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::tools::ToolError;
+use cadre::tools::ToolError;
 
 /// Why the sample data could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -293,7 +293,7 @@ pub(crate) mod tests {
 
     /// The shipped sample data.
     pub(crate) fn shipped_path() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("agents/data/trading.json")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../agents/data/trading.json")
     }
 
     #[test]

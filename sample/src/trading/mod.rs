@@ -35,7 +35,7 @@
 //! | remove_from_watchlist   | free    | 30   | portfolio | –     | idempotent   |
 //!
 //! `create_paper_order` carries the post-processor `require_confirmation`.
-//! Side effects ([`crate::tools::SideEffects`]): what reads is `none`;
+//! Side effects ([`cadre::tools::SideEffects`]): what reads is `none`;
 //! what sets a state whatever it was (cancel an order, delete an alert,
 //! add or remove a watched symbol) is `idempotent`; what creates something
 //! new on each run (an order, an alert) is `at_most_once`, so a call that
@@ -82,9 +82,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::{BuiltinContext, ToolEntry};
-use crate::store::Store;
-use crate::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler};
+use cadre::store::Store;
+use cadre::tools::builtin::{BuiltinContext, ToolEntry};
+use cadre::tools::{ExecutionContext, ToolDefinition, ToolError, ToolHandler};
 use data::DataSource;
 
 /// File name of the sample data inside the builtin data folder.
@@ -215,7 +215,10 @@ fn symbol_schema() -> Value {
         "minLength": 1,
         "maxLength": 15,
         "pattern": "^[A-Za-z0-9.^/_-]+$",
-        "description": "Ticker symbol, e.g. AAPL"
+        "description": "Ticker symbol, e.g. AAPL",
+        // What a symbol looks like: the offline model takes the message's
+        // word of this shape (and a model sees them as examples).
+        "examples": ["AAPL", "MSFT", "SPY"]
     })
 }
 
@@ -274,9 +277,9 @@ pub(crate) mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::tools::CallerType;
-    use crate::tools::SideEffects;
-    use crate::tools::definition::{Plan, REQUIRE_CONFIRMATION};
+    use cadre::tools::CallerType;
+    use cadre::tools::SideEffects;
+    use cadre::tools::definition::{Plan, REQUIRE_CONFIRMATION};
 
     /// A temp folder with a copy of the shipped sample data and a store.
     pub(crate) struct Fixture {

@@ -29,8 +29,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::OwnedMutexGuard;
 
-use crate::store::{Store, StoreError};
-use crate::tools::{ExecutionContext, ToolError};
+use cadre::store::{Store, StoreError};
+use cadre::tools::{ExecutionContext, ToolError};
 
 pub const ORDERS: &str = "trading.orders";
 pub const ALERTS: &str = "trading.alerts";
@@ -57,7 +57,7 @@ pub fn user_of(ctx: &ExecutionContext) -> String {
     let tenant = ctx
         .tenant
         .as_deref()
-        .unwrap_or(crate::identity::DEFAULT_TENANT);
+        .unwrap_or(cadre::identity::DEFAULT_TENANT);
     format!("{tenant}/{user}")
 }
 
@@ -160,7 +160,7 @@ pub async fn save<T: Serialize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::CallerType;
+    use cadre::tools::CallerType;
 
     #[test]
     fn user_keys_cannot_collide_through_slashes() {

@@ -11,7 +11,7 @@
 use serde_json::{Value, json};
 
 use super::master::{ActivityKind, AssetClass, Master, Position, Quote, Timeframe, ValuePoint};
-use crate::tools::ToolError;
+use cadre::tools::ToolError;
 
 /// One tool's result before it is wrapped as `{source_id, data, as_of}`.
 #[derive(Debug)]
@@ -367,7 +367,7 @@ fn pct(part: f64, whole: f64) -> Option<f64> {
 mod tests {
     use super::*;
 
-    const SAMPLE: &str = include_str!("../../../../agents/data/brokerage.json");
+    const SAMPLE: &str = include_str!("../../../agents/data/brokerage.json");
 
     fn sample() -> Master {
         Master::parse(SAMPLE).unwrap()

@@ -29,7 +29,7 @@ use anyhow::{Context, bail};
 use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{Value, json};
 
-use super::render;
+use crate::render;
 use crate::{Command, KeysCommand, SessionsCommand, ToolsCommand, WorkflowCommand};
 use cadre::store::{Session, ToolCallRecord};
 use cadre::tenants::KeyInfo;
@@ -387,7 +387,7 @@ impl Client {
         if let Some(message) = message {
             return turn(message, false);
         }
-        super::repl(
+        crate::repl::repl(
             &id,
             session["agent"].as_str().unwrap_or(agent),
             turn,

@@ -2,9 +2,18 @@
 //! turn in-process, `tools` lists and checks tool definitions, `workflow`
 //! lists workflows and runs one in-process with a line per node event.
 //! Thin: everything it does is the library's. With `--url` the read and run
-//! commands ask a running server instead (see `cli::remote`).
+//! commands ask a running server instead (see `remote`).
 
-mod cli;
+// The binary's own pieces (never declared from the runtime's lib.rs):
+// `render`: how each read command prints what it got (the local path and
+// the remote one hand it the same data, so both print the same thing);
+// `remote`: the client side of `--url`/`--api-key`; `repl`: the chat
+// loop; `telemetry`: the tracing subscriber and OTLP export (feature
+// `otlp`).
+mod remote;
+mod render;
+mod repl;
+mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -352,10 +361,9 @@ fn main() -> anyhow::Result<()> {
         | Command::Completions { .. } => "warn",
         _ => "info,tower_http=warn",
     };
-    let _telemetry =
-        cli::telemetry::init(matches!(cli.log_format, LogFormat::Json), default_filter)?;
+    let _telemetry = telemetry::init(matches!(cli.log_format, LogFormat::Json), default_filter)?;
     if let Some(url) = &cli.url
-        && let Some(result) = cli::remote::run(url, cli.api_key.as_deref(), &cli.command)
+        && let Some(result) = remote::run(url, cli.api_key.as_deref(), &cli.command)
     {
         return result;
     }
@@ -539,7 +547,7 @@ fn held_by_server(
         ),
         _ => {}
     }
-    match cli::remote::run(url, api_key, command) {
+    match remote::run(url, api_key, command) {
         Some(result) => {
             eprintln!(
                 "cadre: {dir} is held by the server at {url} (pid {pid}); using it over HTTP"
@@ -557,6 +565,7 @@ fn runtime(common: &Common) -> anyhow::Result<cadre::RuntimeBuilder> {
     Ok(Runtime::builder()
         .data_dir(&common.data_dir)
         .agents_dir(&common.agents)
+        .tool_family(cadre_sample::tools)
         .config(config))
 }
 
@@ -582,6 +591,7 @@ fn serve(
     let mut builder = Runtime::builder()
         .data_dir(&common.data_dir)
         .agents_dir(&common.agents)
+        .tool_family(cadre_sample::tools)
         .config(config);
     if let Some(url) = redis {
         builder = builder.redis(url);
@@ -640,7 +650,7 @@ fn chat(
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<TurnEvent>();
             let work = sessions.send_message_with(&id, text, Some(tx));
             tokio::pin!(work);
-            let mut printer = cli::render::TurnPrinter::new(live);
+            let mut printer = render::TurnPrinter::new(live);
             let outcome = loop {
                 tokio::select! {
                     result = &mut work => break result,
@@ -661,7 +671,7 @@ fn chat(
     if let Some(message) = message {
         return turn(message, false);
     }
-    cli::repl(
+    repl::repl(
         &id,
         &agent,
         turn,
@@ -688,7 +698,7 @@ fn workflow_list(common: Common) -> anyhow::Result<()> {
         .iter()
         .map(|w| w.to_json())
         .collect();
-    cli::render::workflows(&serde_json::json!({
+    render::workflows(&serde_json::json!({
         "workflows": defs,
         "errors": workflows.load_errors(),
     }))
@@ -728,13 +738,13 @@ fn workflow_run(
             };
             let at = format!("[{:>7.2}s]", started.elapsed().as_secs_f64());
             let event = serde_json::to_value(&event.kind).unwrap_or_default();
-            if cli::render::workflow_event(&at, &event) {
+            if render::workflow_event(&at, &event) {
                 break;
             }
         }
         workflows.wait(&run.id).await
     })?;
-    cli::render::workflow_result(&run)
+    render::workflow_result(&run)
 }
 
 fn tools_list(plan: Option<String>, agents: PathBuf) -> anyhow::Result<()> {
@@ -746,6 +756,9 @@ fn tools_list(plan: Option<String>, agents: PathBuf) -> anyhow::Result<()> {
         http_allowlist: Vec::new(),
     };
     builtin::register_all(&registry, &ctx)?;
+    for (definition, handler) in cadre_sample::tools(&ctx) {
+        registry.register(definition, handler)?;
+    }
     let report = registry.reload_dir(&agents.join("tools"));
     for e in &report.errors {
         eprintln!("warning: {e}");
@@ -756,7 +769,7 @@ fn tools_list(plan: Option<String>, agents: PathBuf) -> anyhow::Result<()> {
         None => registry.definitions(),
     };
     for d in defs {
-        println!("{}", cli::render::tool_line(&d));
+        println!("{}", render::tool_line(&d));
     }
     Ok(())
 }
@@ -840,7 +853,7 @@ fn keys(command: KeysCommand) -> anyhow::Result<()> {
                 }
                 let before = cadre::tenants::list_keys(&store).await?;
                 let (key, record) = cadre::tenants::issue_key(&store, &new, now).await?;
-                cli::render::created_key(&key, &record.info(now));
+                render::created_key(&key, &record.info(now));
                 if let Some(notice) =
                     cadre::tenants::open_mode_notice(&store, &before, &record).await?
                 {
@@ -850,7 +863,7 @@ fn keys(command: KeysCommand) -> anyhow::Result<()> {
             KeysCommand::List { data_dir } => {
                 let store = open_store(&data_dir)?;
                 for k in cadre::tenants::list_keys(&store).await? {
-                    println!("{}", cli::render::key_line(&k.info(now)));
+                    println!("{}", render::key_line(&k.info(now)));
                 }
             }
             KeysCommand::Revoke { key_id, data_dir } => {
@@ -876,21 +889,21 @@ fn sessions(command: SessionsCommand) -> anyhow::Result<()> {
             SessionsCommand::List { data_dir } => {
                 let store = open_store(&data_dir)?;
                 for s in store.list_sessions().await? {
-                    println!("{}", cli::render::session_line(&s));
+                    println!("{}", render::session_line(&s));
                 }
             }
             SessionsCommand::Show { id, data_dir } => {
                 let store = open_store(&data_dir)?;
-                cli::render::show(&cadre::conversation::sessions::export(&store, &id).await?)?;
+                render::show(&cadre::conversation::sessions::export(&store, &id).await?)?;
             }
             SessionsCommand::Export { id, data_dir } => {
                 let store = open_store(&data_dir)?;
-                cli::render::json(&cadre::conversation::sessions::export(&store, &id).await?)?;
+                render::json(&cadre::conversation::sessions::export(&store, &id).await?)?;
             }
             SessionsCommand::Summary { id, data_dir } => {
                 let store = open_store(&data_dir)?;
                 let summary = cadre::conversation::sessions::summarize(&store, &id).await?;
-                cli::render::json(&serde_json::to_value(&summary)?)?;
+                render::json(&serde_json::to_value(&summary)?)?;
             }
         }
         Ok(())
@@ -901,7 +914,7 @@ fn calls(filter: cadre::store::CallFilter, data_dir: PathBuf) -> anyhow::Result<
     block_on(async {
         let store = open_store(&data_dir)?;
         for c in store.calls(filter).await? {
-            println!("{}", cli::render::call_line(&c));
+            println!("{}", render::call_line(&c));
         }
         Ok(())
     })
@@ -910,7 +923,7 @@ fn calls(filter: cadre::store::CallFilter, data_dir: PathBuf) -> anyhow::Result<
 fn stats(data_dir: PathBuf) -> anyhow::Result<()> {
     block_on(async {
         let store = open_store(&data_dir)?;
-        cli::render::stats(&cadre::http::calls::stats_document(&store).await?);
+        render::stats(&cadre::http::calls::stats_document(&store).await?);
         Ok(())
     })
 }
@@ -944,7 +957,7 @@ fn tools_invoke(
             .execute(ExecuteTool::new(&name, Arguments::Json(params), ctx))
             .await)
     })?;
-    cli::render::invoke_result(&serde_json::to_value(&result)?)
+    render::invoke_result(&serde_json::to_value(&result)?)
 }
 
 /// The same loading path as `serve`: the file, then the `CADRE_*`

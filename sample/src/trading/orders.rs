@@ -29,8 +29,8 @@ use super::order_book::{Order, OrderState, OrderType, Side, WHAT, load_orders, o
 use super::portfolio::{self, Reservations};
 use super::user_docs::{self, ORDERS, lock_user};
 use super::{NO_CACHE, Op, Shared, envelope, opt_f64, req_f64, req_str, round, symbol_schema};
-use crate::tools::definition::{Plan, REQUIRE_CONFIRMATION};
-use crate::tools::{SideEffects, ToolDefinition, ToolError};
+use cadre::tools::definition::{Plan, REQUIRE_CONFIRMATION};
+use cadre::tools::{SideEffects, ToolDefinition, ToolError};
 
 /// Largest quantity of one order.
 const MAX_QUANTITY: f64 = 1_000_000.0;

@@ -13,8 +13,8 @@
 use serde_json::{Value, json};
 
 use super::{Op, Shared, envelope, opt_str, req_str, symbol_schema};
-use crate::tools::definition::Plan;
-use crate::tools::{SideEffects, ToolDefinition, ToolError};
+use cadre::tools::definition::Plan;
+use cadre::tools::{SideEffects, ToolDefinition, ToolError};
 
 pub(super) fn definitions() -> Vec<(ToolDefinition, Op)> {
     vec![

@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use super::data::{Bar, SymbolData};
 use super::indicators::{self, IndicatorError};
 use super::{Op, Shared, envelope, opt_str, opt_u64, req_str, round, symbol_schema};
-use crate::tools::definition::Plan;
-use crate::tools::{SideEffects, ToolDefinition, ToolError};
+use cadre::tools::definition::Plan;
+use cadre::tools::{SideEffects, ToolDefinition, ToolError};
 
 /// Largest `limit` of `get_ohlcv`, and the most bars indicators look at.
 pub const MAX_BARS: usize = 500;

@@ -20,8 +20,8 @@
 use serde_json::{Value, json};
 
 use super::{NO_CACHE, Op, req_f64, round};
-use crate::tools::definition::Plan;
-use crate::tools::{SideEffects, ToolDefinition, ToolError};
+use cadre::tools::definition::Plan;
+use cadre::tools::{SideEffects, ToolDefinition, ToolError};
 
 fn price_schema(description: &str) -> Value {
     json!({"type": "number", "exclusiveMinimum": 0, "maximum": 1.0e9, "description": description})

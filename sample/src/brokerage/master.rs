@@ -442,7 +442,7 @@ mod tests {
 
     use super::*;
 
-    const SAMPLE: &str = include_str!("../../../../agents/data/brokerage.json");
+    const SAMPLE: &str = include_str!("../../../agents/data/brokerage.json");
 
     fn write(path: &std::path::Path, text: &str, modified: SystemTime) {
         std::fs::write(path, text).unwrap();

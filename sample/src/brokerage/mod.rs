@@ -61,8 +61,8 @@ use serde_json::{Value, json};
 
 use self::master::{ActivityKind, AssetClass, FILE_NAME, MasterFile, Timeframe};
 use self::query::Answer;
-use super::{BuiltinContext, ToolEntry};
-use crate::tools::{ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler};
+use cadre::tools::builtin::{BuiltinContext, ToolEntry};
+use cadre::tools::{ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler};
 
 /// Default and largest `limit` of `get_activity` and `get_transfers`.
 const DEFAULT_LIMIT: u64 = 10;
@@ -248,6 +248,7 @@ impl Op {
         .with_tags(tags)
         // Every brokerage tool reads the account; none changes it.
         .with_side_effects(SideEffects::None)
+        .with_cache_ttl(cache_ttl(category))
     }
 
     fn source_id(self) -> &'static str {
@@ -332,7 +333,10 @@ fn symbol_schema() -> Value {
         "type": "string",
         "minLength": 1,
         "maxLength": MAX_SYMBOL_LEN,
-        "description": "Ticker symbol, any case, e.g. 'AAPL' or 'btc'"
+        "description": "Ticker symbol, any case, e.g. 'AAPL' or 'btc'",
+        // What a symbol looks like: the offline model takes the message's
+        // word of this shape (and a model sees them as examples).
+        "examples": ["AAPL", "BTC"]
     })
 }
 
@@ -394,6 +398,18 @@ fn whole_numbers_as_integers(value: Value) -> Value {
     }
 }
 
+/// Seconds a brokerage answer is cached, declared by each tool (the
+/// runtime's default for a read-only tool is 30 s): quotes move, so 5 s;
+/// the account changes with every trade the user makes elsewhere, 10 s;
+/// facts (fees, rules) 30 s.
+fn cache_ttl(category: &str) -> u64 {
+    match category {
+        "market" => 5,
+        "portfolio" => 10,
+        _ => 30,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs::File;
@@ -401,12 +417,12 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use super::*;
-    use crate::store::Store;
-    use crate::tools::CallerType;
-    use crate::tools::definition::Plan;
-    use crate::tools::validate::ParamValidator;
+    use cadre::store::Store;
+    use cadre::tools::CallerType;
+    use cadre::tools::definition::Plan;
+    use cadre::tools::validate::ParamValidator;
 
-    const SAMPLE: &str = include_str!("../../../../agents/data/brokerage.json");
+    const SAMPLE: &str = include_str!("../../../agents/data/brokerage.json");
 
     struct Fixture {
         _dir: tempfile::TempDir,

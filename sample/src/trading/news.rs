@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 
 use super::data::NewsItem;
 use super::{Op, Shared, envelope, opt_str, opt_u64, req_str, round, symbol_schema};
-use crate::tools::definition::Plan;
-use crate::tools::{SideEffects, ToolDefinition, ToolError};
+use cadre::tools::definition::Plan;
+use cadre::tools::{SideEffects, ToolDefinition, ToolError};
 
 const MAX_NEWS: u64 = 20;
 

@@ -19,8 +19,8 @@ use serde_json::{Value, json};
 use super::data::TradingData;
 use super::user_docs::{self, WATCHLIST, lock_user, user_key};
 use super::{NO_CACHE, Op, Shared, envelope, req_str, round, symbol_schema};
-use crate::tools::definition::Plan;
-use crate::tools::{SideEffects, ToolDefinition, ToolError};
+use cadre::tools::definition::Plan;
+use cadre::tools::{SideEffects, ToolDefinition, ToolError};
 
 const MAX_SYMBOLS: usize = 50;
 const WHAT: &str = "watchlist";

@@ -10,8 +10,8 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::user_docs::{self, ORDERS, user_key};
-use crate::store::Store;
-use crate::tools::ToolError;
+use cadre::store::Store;
+use cadre::tools::ToolError;
 
 pub(super) const WHAT: &str = "paper orders";
 

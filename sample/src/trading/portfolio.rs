@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 use super::data::StartingPortfolio;
 use super::order_book::{self, Order, OrderState, OrderType, Side};
 use super::{NO_CACHE, Op, Shared, envelope, opt_str, opt_u64, round, symbol_schema};
-use crate::tools::definition::Plan;
-use crate::tools::{SideEffects, ToolDefinition, ToolError};
+use cadre::tools::definition::Plan;
+use cadre::tools::{SideEffects, ToolDefinition, ToolError};
 
 const MAX_HISTORY: u64 = 100;
 /// Quantities closer to zero than this are a closed position.
