@@ -900,7 +900,8 @@ async fn serve(
                 builder.config.server.request_log,
             );
             let stopping = tokio_util::sync::CancellationToken::new();
-            let connections = Connections::new(connection_limits);
+            let connections =
+                Connections::new(connection_limits).trusting(builder.config.trusted_proxies());
             let open = connections.clone();
             let grace = builder.config.shutdown_grace();
             let signals = builder.handle_signals;

@@ -29,6 +29,7 @@ use serde::Deserialize;
 use crate::conversation::SessionLimits;
 use crate::executor::ExecutorConfig;
 use crate::executor::concurrency::ConcurrencyConfig;
+use crate::http::client_addr::TrustedProxies;
 use crate::http::connections::ConnectionLimits;
 use crate::http::rate_limit::ApiLimitConfig;
 use crate::workflow::WorkflowLimits;
@@ -271,6 +272,9 @@ pub struct ServerSection {
     /// Hours an `Idempotency-Key`'s stored answer is kept (at least 24):
     /// `crate::http::idempotency`.
     pub idempotency_keep_h: u64,
+    /// Reverse proxies (addresses or CIDR blocks) whose `X-Forwarded-For`
+    /// names the client for per-address limits: `crate::http::client_addr`.
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for ServerSection {
@@ -283,6 +287,7 @@ impl Default for ServerSection {
             max_connections_per_address: 256,
             request_log: true,
             idempotency_keep_h: crate::http::idempotency::MIN_KEEP_H,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -526,6 +531,7 @@ impl ServerConfig {
                     .into(),
             );
         }
+        TrustedProxies::parse(&server.trusted_proxies)?;
         let keep = server.idempotency_keep_h;
         if !(crate::http::idempotency::MIN_KEEP_H..=87_600).contains(&keep) {
             return Err("server.idempotency_keep_h must be between 24 and 87600".into());
@@ -585,6 +591,11 @@ impl ServerConfig {
             max_connections: self.server.max_connections,
             max_per_address: self.server.max_connections_per_address,
         }
+    }
+
+    /// `[server] trusted_proxies`, parsed (checked at load).
+    pub fn trusted_proxies(&self) -> TrustedProxies {
+        TrustedProxies::parse(&self.server.trusted_proxies).unwrap_or_default()
     }
 
     /// How long `Idempotency-Key` answers are kept.

@@ -90,7 +90,31 @@ impl Client {
         key: Option<&str>,
         body: Option<Value>,
     ) -> Answer {
+        self.send_full(method, path, key, body, &[]).await
+    }
+
+    async fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        self.send_full(method, path, key, None, headers).await
+    }
+
+    async fn send_full(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
         let mut request = self.http.request(method, format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
         if let Some(key) = key {
             request = request.bearer_auth(key);
         }
@@ -405,6 +429,69 @@ async fn wrong_keys_from_one_address_get_429_past_the_budget_and_other_addresses
             StatusCode::UNAUTHORIZED
         );
     }
+}
+
+/// Issue #29 (fresh attack F7): behind a balancer every client shares
+/// the balancer's address, so one client's wrong keys locked every other
+/// client out. With `[server] trusted_proxies` a request from the proxy
+/// counts as the client its `X-Forwarded-For` names; a client that is not
+/// a trusted proxy cannot choose its address by sending the header.
+#[tokio::test]
+async fn behind_a_trusted_proxy_wrong_keys_block_the_forwarded_client_only() {
+    let (_tmp, data) = data_dir();
+    let [key] =
+        <[String; 1]>::try_from(seed(&data, &[(NewKey::tenant("acme"), Timestamp::now())]).await)
+            .unwrap();
+    let server = Server::start_offline_with(
+        &data,
+        &repo_agents(),
+        &[("CADRE_SERVER_TRUSTED_PROXIES", r#"["127.0.0.5"]"#)],
+    );
+    let proxy = Client::from(&server, "127.0.0.5");
+    let (id, _) = key.strip_prefix("cadre_").unwrap().split_once('_').unwrap();
+    let via = |client: &'static str| {
+        let proxy = &proxy;
+        move |key: String| async move {
+            proxy
+                .send_with(
+                    Method::GET,
+                    "/v1/sessions",
+                    Some(&key),
+                    &[("x-forwarded-for", client)],
+                )
+                .await
+                .status
+        }
+    };
+    let attacker = via("198.51.100.1, 203.0.113.66");
+    let mut statuses = Vec::new();
+    for n in 0..12 {
+        statuses.push(attacker(format!("cadre_{id}_{n:048x}")).await.as_u16());
+    }
+    assert_eq!(statuses[..10], [401; 10], "{statuses:?}");
+    assert_eq!(statuses[10..], [429; 2], "{statuses:?}");
+    // The attacker's forwarded address is blocked, the key not even checked.
+    assert_eq!(attacker(key.clone()).await, StatusCode::TOO_MANY_REQUESTS);
+    // Another client behind the same proxy is not.
+    assert_eq!(via("203.0.113.77")(key.clone()).await, StatusCode::OK);
+
+    // A client that is not a trusted proxy is counted by its own address,
+    // whatever it writes in the header.
+    let direct = Client::from(&server, "127.0.0.6");
+    let mut statuses = Vec::new();
+    for n in 0..12 {
+        let forged = format!("203.0.113.{n}");
+        let a = direct
+            .send_with(
+                Method::GET,
+                "/v1/sessions",
+                Some(&format!("cadre_{id}_{n:048x}")),
+                &[("x-forwarded-for", forged.as_str())],
+            )
+            .await;
+        statuses.push(a.status.as_u16());
+    }
+    assert_eq!(statuses[10..], [429; 2], "{statuses:?}");
 }
 
 #[tokio::test]

@@ -16,7 +16,9 @@
 //! - **Per address, not per key.** The presented keys are the attacker's
 //!   choice; the peer address (`ConnectInfo<SocketAddr>`) is not. IPv6 counts
 //!   by /64 (one host usually holds one), IPv4-mapped addresses as IPv4.
-//!   Behind a reverse proxy every client shares the proxy's address.
+//!   Behind a reverse proxy every client shares the proxy's address, unless
+//!   the proxy is listed in `[server] trusted_proxies`: then the address its
+//!   `X-Forwarded-For` names ([`super::client_addr`]).
 //! - **Only presented keys count.** A request with no key is 401 but spends
 //!   nothing: it guesses nothing. Requests with a valid key spend nothing
 //!   either, so a busy, correctly configured client is never slowed; while

@@ -66,6 +66,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+
+use super::client_addr::TrustedProxies;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -158,6 +160,8 @@ pub fn raise_open_files_limit() -> Option<u64> {
 #[derive(Clone)]
 pub struct Connections {
     limits: ConnectionLimits,
+    /// Whose `X-Forwarded-For` names the client ([`super::client_addr`]).
+    trusted: TrustedProxies,
     // A std mutex: held for a few map operations, never across an await.
     table: Arc<Mutex<Table>>,
 }
@@ -200,8 +204,16 @@ impl Connections {
     pub fn new(limits: ConnectionLimits) -> Connections {
         Connections {
             limits,
+            trusted: TrustedProxies::default(),
             table: Arc::default(),
         }
+    }
+
+    /// Requests from these proxies count as the client their
+    /// `X-Forwarded-For` names (`[server] trusted_proxies`).
+    pub fn trusting(mut self, proxies: TrustedProxies) -> Connections {
+        self.trusted = proxies;
+        self
     }
 
     /// Open connections now.
@@ -420,7 +432,8 @@ async fn serve_connection(
     let tracking = connections.clone();
     let service = tower::service_fn(move |mut request: hyper::Request<Incoming>| {
         let in_flight = tracking.begin(id);
-        request.extensions_mut().insert(ConnectInfo(peer));
+        let client = tracking.trusted.client(peer, request.headers());
+        request.extensions_mut().insert(ConnectInfo(client));
         let app = app.clone();
         async move {
             let response = app.oneshot(request.map(Body::new)).await?;

@@ -27,6 +27,7 @@ pub mod auth;
 pub mod auth_limit;
 pub mod caller;
 pub mod calls;
+pub mod client_addr;
 pub mod confirmations;
 pub mod connections;
 pub mod console;
