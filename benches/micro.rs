@@ -243,6 +243,7 @@ fn settings() -> TurnSettings {
         max_tokens: None,
         tool_variables: Value::Null,
         cache_ttl: None,
+        max_tool_calls: cadre::conversation::machine::DEFAULT_MAX_TOOL_CALLS,
         pause_for_approval: true,
     }
 }

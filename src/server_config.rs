@@ -231,7 +231,7 @@ impl Default for ModelSection {
     fn default() -> Self {
         ModelSection {
             max_reply_bytes: crate::model::openai::DEFAULT_MAX_REPLY_BYTES,
-            max_tool_calls: crate::model::openai::DEFAULT_MAX_TOOL_CALLS,
+            max_tool_calls: crate::conversation::machine::DEFAULT_MAX_TOOL_CALLS,
             turn_timeout_s: SessionLimits::default().model_turn_timeout.as_secs_f64(),
         }
     }
@@ -245,7 +245,6 @@ impl ModelSection {
     ) -> crate::model::openai::ClientOptions {
         crate::model::openai::ClientOptions {
             max_reply_bytes: self.max_reply_bytes,
-            max_tool_calls: self.max_tool_calls,
             ..base.clone()
         }
     }
@@ -569,6 +568,7 @@ impl ServerConfig {
     pub fn session_limits(&self) -> SessionLimits {
         SessionLimits {
             model_turn_timeout: Duration::from_secs_f64(self.model.turn_timeout_s),
+            max_tool_calls: self.model.max_tool_calls,
             storage: crate::conversation::storage::StorageLimits {
                 write_kib_per_s: std::num::NonZeroU32::new(self.tenants.write_kib_per_s),
                 max_storage_mb: (self.tenants.max_storage_mb > 0)
@@ -762,7 +762,7 @@ mod tests {
         assert_eq!(c.sessions.max_queued_turns, 8);
         assert_eq!(c.sessions.idle_timeout_s, 300.0);
         assert_eq!(c.model.max_reply_bytes, 4 * 1024 * 1024);
-        assert_eq!(c.model.max_tool_calls, 32);
+        assert_eq!(c.model.max_tool_calls, 16);
         assert_eq!(
             c.session_limits().model_turn_timeout,
             Duration::from_secs(120)

@@ -7,9 +7,10 @@
 //! Isolation: the batch runs in its own mailbox, so a conversation never
 //! awaits a tool itself. The report holds one outcome per call, in the order
 //! the model asked for them; calls still open at the deadline are reported
-//! as `timeout` (the executor still finishes and records them). A reply
-//! asking for more than [`MAX_CALLS_PER_BATCH`] calls gets the extra ones
-//! refused (a model stuck in a loop cannot flood the executor).
+//! as `timeout` (the executor still finishes and records them). A batch
+//! holds at most `[model] max_tool_calls` calls: the conversation machine
+//! keeps no more of a reply (a model stuck in a loop cannot flood the
+//! executor).
 //!
 //! Every call carries the names the turn offered the model: the executor
 //! refuses any other (`tool_not_offered`), so a reply naming another agent's
@@ -23,9 +24,6 @@ use actix::prelude::*;
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
 use crate::model::ToolCall;
 use crate::tools::{ErrorType, ExecutionContext, ToolExecutionResult};
-
-/// Tool calls of one model reply that run; the rest are refused.
-pub const MAX_CALLS_PER_BATCH: usize = 16;
 
 /// The outcomes of one batch, sent to the conversation that started it.
 #[derive(Message, Debug)]
@@ -150,18 +148,6 @@ impl Actor for ToolSubAgent {
             return;
         }
         for (i, call) in self.calls.iter().enumerate() {
-            if i >= MAX_CALLS_PER_BATCH {
-                // The model asked for more than a reply may carry: these are
-                // answered, not run, so every call id still gets its result.
-                self.results[i] = Some(ToolExecutionResult::failure(
-                    &call.name,
-                    ErrorType::ExecutionError,
-                    format!(
-                        "not run: one reply may ask for at most {MAX_CALLS_PER_BATCH} tool calls"
-                    ),
-                ));
-                continue;
-            }
             let executor = self.executor.clone();
             let mut request = ExecuteTool::new(
                 &call.name,

@@ -71,6 +71,10 @@ use crate::tools::{ErrorType, ToolExecutionResult};
 use super::context::{self, FALLBACK_INSTRUCTION, PromptLayers};
 use super::queue::{Activity, Admission, Queued, Refusal, TurnQueue};
 pub use super::settings::TurnSettings;
+
+/// `[model] max_tool_calls` unless configured: tool calls of one reply
+/// that are kept and run.
+pub const DEFAULT_MAX_TOOL_CALLS: usize = 16;
 use super::summary::ToolUsageSummary;
 
 pub const SUMMARY_INSTRUCTIONS: &str = "This is a summary request, not a message from the user. \
@@ -535,12 +539,25 @@ impl ConversationMachine {
             .map(|t| snapshot(t, t.phase.clone(), Timestamp::now()))
     }
 
-    pub fn on_model_reply(&mut self, reply: ChatResponse) -> Result<Step, MachineError> {
+    pub fn on_model_reply(&mut self, mut reply: ChatResponse) -> Result<Step, MachineError> {
         if !matches!(
             self.turn.as_ref().map(|t| &t.phase),
             Some(Phase::AwaitingModel)
         ) {
             return Err(self.out_of_phase("on_model_reply"));
+        }
+        // The one cap on calls per reply, whichever model answered: the
+        // others are neither stored nor run (nor answered: the stored
+        // request carries only the kept ones, so no call id goes without
+        // its result).
+        let max = self.settings.max_tool_calls;
+        if reply.tool_calls.len() > max {
+            tracing::warn!(
+                kept = max,
+                dropped = reply.tool_calls.len() - max,
+                "the model asked for more tool calls than [model] max_tool_calls; the others are neither run nor stored"
+            );
+            reply.tool_calls.truncate(max);
         }
         let seq = self.take_seq();
         let turn = self.turn.as_mut().expect("checked above");
@@ -1117,6 +1134,7 @@ mod tests {
             max_tokens: None,
             tool_variables: json!({"site": {"base_url": "https://x", "allowed_paths": ["/"]}}),
             cache_ttl: None,
+            max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
             pause_for_approval: true,
         }
     }
@@ -1167,6 +1185,7 @@ mod tests {
             max_tokens: None,
             tool_variables: Value::Null,
             cache_ttl: None,
+            max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
             pause_for_approval: true,
         }
     }

@@ -312,7 +312,12 @@ pub async fn export(store: &Store, id: &str) -> Result<Value, SessionError> {
 }
 
 /// The settings of one turn: the agent's, for this session.
-pub fn turn_settings(agent: &Agent, session: &Session, registry: &ToolRegistry) -> TurnSettings {
+pub fn turn_settings(
+    agent: &Agent,
+    session: &Session,
+    registry: &ToolRegistry,
+    limits: &SessionLimits,
+) -> TurnSettings {
     TurnSettings {
         layers: PromptLayers {
             base_prompt: agent.system_prompt.clone(),
@@ -333,6 +338,7 @@ pub fn turn_settings(agent: &Agent, session: &Session, registry: &ToolRegistry) 
         max_tokens: agent.max_tokens,
         tool_variables: agent.variables.clone(),
         cache_ttl: None,
+        max_tool_calls: limits.max_tool_calls,
         // A workflow's agent node has no person to wait for.
         pause_for_approval: !session.metadata["workflow_id"].is_string(),
     }
@@ -358,6 +364,9 @@ pub struct SessionLimits {
     pub resume_window: Duration,
     /// Each tenant's write share and storage quota (`[tenants]`).
     pub storage: super::storage::StorageLimits,
+    /// Tool calls of one model reply that are kept (`[model]
+    /// max_tool_calls`).
+    pub max_tool_calls: usize,
 }
 
 impl SessionLimits {
@@ -399,6 +408,7 @@ impl Default for SessionLimits {
             retain: None,
             resume_window: Duration::from_secs(600),
             storage: super::storage::StorageLimits::default(),
+            max_tool_calls: super::machine::DEFAULT_MAX_TOOL_CALLS,
         }
     }
 }
@@ -635,7 +645,8 @@ impl Sessions {
         let _reserved = self.admit(tenant).await?;
         let agent = self.agent_of(&session)?;
         // The tenant's prompt and model, as in its turns.
-        let mut settings = turn_settings(&agent, &session, &self.inner.registry);
+        let mut settings =
+            turn_settings(&agent, &session, &self.inner.registry, &self.inner.limits);
         settings.apply_tenant(&self.tenant_config(tenant).await?);
         let (recent, _) = self.inner.store.recent_messages(id, 10).await?;
         let transcript: Vec<String> = recent
@@ -1126,7 +1137,7 @@ impl Sessions {
         config: &TenantConfig,
     ) -> Result<TurnSettings, SessionError> {
         let agent = self.agent_of(session)?;
-        let mut settings = turn_settings(&agent, session, &self.inner.registry);
+        let mut settings = turn_settings(&agent, session, &self.inner.registry, &self.inner.limits);
         settings.apply_tenant(config);
         Ok(settings)
     }
@@ -1344,7 +1355,7 @@ impl Sessions {
             .filter(|c| c.is_success)
             .filter_map(|c| c.source_id);
         let machine = ConversationMachine::new(
-            turn_settings(&agent, &session, &self.inner.registry),
+            turn_settings(&agent, &session, &self.inner.registry, &self.inner.limits),
             unsummarised
                 .into_iter()
                 .map(|m| (m.seq, m.message))

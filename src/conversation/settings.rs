@@ -27,6 +27,10 @@ pub struct TurnSettings {
     pub tool_variables: Value,
     /// Result-cache TTL for this turn's calls (`Some(0)`: no cache; `None`: the tools').
     pub cache_ttl: Option<u64>,
+    /// Tool calls of one model reply that are kept (`[model]
+    /// max_tool_calls`); the machine drops the others before anything is
+    /// stored or run.
+    pub max_tool_calls: usize,
     /// A call held for a person's confirmation pauses the turn
     /// (`awaiting_approval`) instead of handing the model the
     /// `pending_confirmation` error. Off for sessions a workflow's agent

@@ -14,11 +14,10 @@
 //!   over it is refused before reading, a body that grows past it is
 //!   dropped at once. Such a reply is `InvalidResponse` (`MODEL_BAD_RESPONSE`),
 //!   not retried, and nothing of it is stored.
-//! - **Count**: at most `max_tool_calls` (`[model] max_tool_calls`, default
-//!   32) tool calls are kept per reply; the others are dropped before the
-//!   conversation sees them (neither run nor stored) and a warning says how
-//!   many. 32 is twice the batch cap, so the batch still answers "not run"
-//!   for the calls between the two caps, which the model sees.
+//! - **Count**: not capped here. The one cap on tool calls per reply
+//!   (`[model] max_tool_calls`) is the conversation machine's, so it holds
+//!   for every model (this client, the offline one, an embedder's); what a
+//!   reply can make this client hold meanwhile is bounded by its size.
 //! - **Tool call ids**: at most [`MAX_TOOL_CALL_ID`] (256) bytes and
 //!   unique within a reply, or the reply is `InvalidResponse`
 //!   (`MODEL_BAD_RESPONSE`), not retried and nothing of it stored: an id is
@@ -89,14 +88,10 @@ pub struct ClientOptions {
     pub max_retry_after: Duration,
     /// Bytes read per reply, streamed or not; more is `InvalidResponse`.
     pub max_reply_bytes: usize,
-    /// Tool calls kept per reply; the others are dropped.
-    pub max_tool_calls: usize,
 }
 
 /// `[model] max_reply_bytes` unless configured.
 pub const DEFAULT_MAX_REPLY_BYTES: usize = 4 * 1024 * 1024;
-/// `[model] max_tool_calls` unless configured.
-pub const DEFAULT_MAX_TOOL_CALLS: usize = 32;
 
 impl Default for ClientOptions {
     fn default() -> Self {
@@ -106,7 +101,6 @@ impl Default for ClientOptions {
             retry_base_delay: Duration::from_millis(250),
             max_retry_after: Duration::from_secs(30),
             max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
-            max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
         }
     }
 }
@@ -235,12 +229,7 @@ impl OpenAiModel {
             })?;
         let message = choice.message.unwrap_or_default();
         let mut tool_calls = Vec::new();
-        let mut dropped = 0;
         for call in message.tool_calls.unwrap_or_default() {
-            if tool_calls.len() >= self.options.max_tool_calls {
-                dropped += 1;
-                continue;
-            }
             let function = call.function.unwrap_or_default();
             tool_calls.push(ToolCall {
                 id: call.id.unwrap_or_default(),
@@ -248,7 +237,7 @@ impl OpenAiModel {
                 arguments: wire::arguments(function.arguments),
             });
         }
-        self.check_calls(&tool_calls, dropped)?;
+        check_calls(&tool_calls)?;
         Ok(ChatResponse {
             content: message.content,
             tool_calls,
@@ -256,43 +245,34 @@ impl OpenAiModel {
             finish_reason: wire::finish_reason(&choice.finish_reason),
         })
     }
+}
 
-    /// Refuses calls without an id or name, with an id over
-    /// [`MAX_TOOL_CALL_ID`] bytes or an id twice in the reply; logs the
-    /// calls dropped over the cap.
-    fn check_calls(&self, calls: &[ToolCall], dropped: usize) -> Result<(), Failure> {
-        if dropped > 0 {
-            tracing::warn!(
-                kept = calls.len(),
-                dropped,
-                max_tool_calls = self.options.max_tool_calls,
-                "the model asked for more tool calls than [model] max_tool_calls; the others are neither run nor stored"
-            );
-        }
-        if calls.iter().any(|c| c.id.is_empty() || c.name.is_empty()) {
-            return Err(Failure::Fatal(ModelError::InvalidResponse {
-                detail: "a tool call came without its id or name".into(),
-            }));
-        }
-        if let Some(long) = calls.iter().find(|c| c.id.len() > MAX_TOOL_CALL_ID) {
-            return Err(Failure::Fatal(ModelError::InvalidResponse {
-                detail: format!(
-                    "a tool call id is {} bytes long (at most {MAX_TOOL_CALL_ID})",
-                    long.id.len()
-                ),
-            }));
-        }
-        let mut seen = std::collections::HashSet::with_capacity(calls.len());
-        if let Some(twice) = calls.iter().find(|c| !seen.insert(c.id.as_str())) {
-            return Err(Failure::Fatal(ModelError::InvalidResponse {
-                detail: format!(
-                    "the tool call id {:?} came twice in one reply",
-                    truncated(&twice.id, 64)
-                ),
-            }));
-        }
-        Ok(())
+/// Refuses calls without an id or name, with an id over
+/// [`MAX_TOOL_CALL_ID`] bytes or an id twice in the reply.
+fn check_calls(calls: &[ToolCall]) -> Result<(), Failure> {
+    if calls.iter().any(|c| c.id.is_empty() || c.name.is_empty()) {
+        return Err(Failure::Fatal(ModelError::InvalidResponse {
+            detail: "a tool call came without its id or name".into(),
+        }));
     }
+    if let Some(long) = calls.iter().find(|c| c.id.len() > MAX_TOOL_CALL_ID) {
+        return Err(Failure::Fatal(ModelError::InvalidResponse {
+            detail: format!(
+                "a tool call id is {} bytes long (at most {MAX_TOOL_CALL_ID})",
+                long.id.len()
+            ),
+        }));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(calls.len());
+    if let Some(twice) = calls.iter().find(|c| !seen.insert(c.id.as_str())) {
+        return Err(Failure::Fatal(ModelError::InvalidResponse {
+            detail: format!(
+                "the tool call id {:?} came twice in one reply",
+                truncated(&twice.id, 64)
+            ),
+        }));
+    }
+    Ok(())
 }
 
 impl OpenAiModel {
@@ -371,7 +351,6 @@ impl OpenAiModel {
         let mut events = std::pin::pin!(capped(response.bytes_stream(), cap).eventsource());
         let mut content = String::new();
         let mut calls: BTreeMap<u64, ToolCall> = BTreeMap::new();
-        let mut dropped = 0;
         let mut usage = None;
         let mut finish_reason = None;
         let mut done = false;
@@ -422,10 +401,6 @@ impl OpenAiModel {
                         (None, Some(_), Some(l)) => l.saturating_add(1),
                         (None, _, l) => l.unwrap_or(0),
                     };
-                    if !calls.contains_key(&index) && calls.len() >= self.options.max_tool_calls {
-                        dropped += usize::from(piece.id.is_some());
-                        continue;
-                    }
                     let call = calls.entry(index).or_insert_with(|| ToolCall {
                         id: String::new(),
                         name: String::new(),
@@ -452,7 +427,7 @@ impl OpenAiModel {
             ));
         }
         let tool_calls: Vec<ToolCall> = calls.into_values().collect();
-        self.check_calls(&tool_calls, dropped)?;
+        check_calls(&tool_calls)?;
         Ok(ChatResponse {
             content: (!content.is_empty()).then_some(content),
             tool_calls,
