@@ -510,7 +510,14 @@ mod tests {
         );
         for (def, _) in &fx.tools {
             assert_eq!(def.required_plan, Plan::Free, "{}", def.name);
-            assert_eq!(def.cache, None, "{}", def.name);
+            // Each declares its cache: the runtime no longer reads a
+            // category for one.
+            let ttl = match def.category.as_str() {
+                "market" => 5,
+                "portfolio" => 10,
+                _ => 30,
+            };
+            assert_eq!(def.cache.map(|c| c.ttl_seconds), Some(ttl), "{}", def.name);
             assert_eq!(
                 def.parameters["additionalProperties"], false,
                 "{}",
