@@ -18,10 +18,13 @@
 //! - [`identity`]: who a call is for (tenant, plan, principal).
 //! - [`error_code`]: the table of public error codes; [`retry`]: backoff.
 //! - [`mcp`]: MCP servers as tool sources, and cadre as an MCP server.
-//! - [`runtime`]: wires the pieces on one tokio runtime shared with actix.
+//! - [`runtime`]: wires the pieces on one tokio runtime shared with actix,
+//!   and picks the adapters (in process, or cluster mode's).
+//! - [`cluster`]: cluster mode's adapters, plugged into the seams of the
+//!   layers below: Redis behind the executor's `WindowStore` (shared
+//!   rate-limit windows) and `PermitPool` (leased concurrency permits),
+//!   behind `/readyz`'s `Dependency`, and the event fan-out between nodes.
 //! - [`events`]: the broadcast bus of runtime events.
-//! - [`cluster`]: cluster mode's Redis: shared rate-limit windows, leased
-//!   concurrency permits, event fan-out between nodes.
 //! - [`agents`]: agent definitions (agent files); [`server_config`]: the
 //!   server's config file.
 //!
@@ -34,6 +37,7 @@
 //! ```text
 //! main / cli                      the binary (cli/, its own package): serve, chat ...
 //! runtime, server_config          wiring; the server's config file
+//! cluster                         cluster mode's adapters (Redis)
 //! http                            the API, one file per resource
 //! workflow, mcp                   multi-agent DAGs; MCP in and out
 //! conversation                    session actors and their tool sub-agents
@@ -44,7 +48,7 @@
 //! store                           redb
 //! model                           the model clients and chat types
 //! identity, error_code, retry     who calls; the public error codes; backoff
-//! events, metrics, cluster        the shared sinks; Redis for cluster mode
+//! events, metrics                 the shared sinks
 //! ```
 //!
 //! `tests/layers.rs` reads this table and fails on any import that points

@@ -51,7 +51,7 @@ use crate::events::EventBus;
 use crate::executor::cache::ResultCache;
 use crate::executor::concurrency::ConcurrencyController;
 use crate::executor::confirmations::Confirmations;
-use crate::executor::limits::RateLimiter;
+use crate::executor::limits::{RateLimiter, WindowStore};
 use crate::executor::{ExecutorHandle, ExecutorShared};
 use crate::http::connections::{Connections, raise_open_files_limit};
 use crate::http::rate_limit::ApiRateLimit;
@@ -411,8 +411,8 @@ fn limits(
     config: &ServerConfig,
     redis: Option<&crate::cluster::Redis>,
 ) -> (
-    Arc<RateLimiter>,
-    Arc<RateLimiter>,
+    Arc<dyn WindowStore>,
+    Arc<dyn WindowStore>,
     Arc<ConcurrencyController>,
 ) {
     let Some(redis) = redis else {
@@ -426,13 +426,17 @@ fn limits(
     let gcra = crate::cluster::gcra::Gcra::new(redis.clone());
     let permits =
         crate::cluster::permits::Permits::new(redis.clone(), config.cluster.permit_lease());
+    let windows = |scope| crate::cluster::gcra::SharedWindows::new(gcra.clone(), scope, policy);
     (
-        Arc::new(RateLimiter::clustered(gcra.clone(), "user", policy)),
-        Arc::new(RateLimiter::clustered(gcra, "tenant", policy)),
-        Arc::new(ConcurrencyController::clustered(
+        Arc::new(windows("user")),
+        Arc::new(windows("tenant")),
+        Arc::new(ConcurrencyController::with_pool(
             config.concurrency.clone(),
-            permits,
-            policy,
+            Arc::new(crate::cluster::permits::SharedPool::new(
+                permits,
+                &config.concurrency,
+                policy,
+            )),
         )),
     )
 }
@@ -578,7 +582,6 @@ fn setup(
         limiter,
         tenant_limiter,
         concurrency,
-        redis: builder.cluster.clone(),
         cache: ResultCache::new(),
         confirmations: Confirmations::new(store.clone(), executor_config.confirmation_ttl),
         events,
@@ -894,6 +897,11 @@ async fn serve(
                     keys,
                     mcp_shutdown: mcp_shutdown.clone(),
                     forward,
+                    dependencies: builder
+                        .cluster
+                        .iter()
+                        .map(|redis| Arc::new(redis.clone()) as Arc<dyn crate::http::Dependency>)
+                        .collect(),
                 }),
                 api_limit,
                 failed_auths,

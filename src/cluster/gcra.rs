@@ -1,7 +1,13 @@
 //! Rate-limit windows shared by every node: GCRA in one Lua script.
 //!
-//! executor::limits (cluster backend) ──take / look [windows]──▶ EVALSHA gcra.lua ──▶ Redis
-//!                                    ◀── allowed · (window i, wait) · per-window TATs
+//! executor ──WindowStore::take / look──▶ [`SharedWindows`] ──[windows]──▶ EVALSHA gcra.lua ──▶ Redis
+//!          ◀── ok · RateLimited · Unavailable ◀── allowed · (window i, wait) · per-window TATs
+//!
+//! [`SharedWindows`] is the executor's [`WindowStore`] in cluster mode: it
+//! turns a tool's [`RateLimit`] into the call's Redis windows, asks
+//! [`Gcra`], and applies the `[cluster] redis_failure` policy when Redis
+//! cannot be reached (`closed`: [`LimitRefusal::Unavailable`]; `local`: a
+//! [`RateLimiter`] of this node's own).
 //!
 //! The algorithm is governor's, so a window behaves the same on one node
 //! and on N: per key a theoretical arrival time (TAT), one cell back every
@@ -29,7 +35,11 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::{ClusterError, Redis};
+use super::{ClusterError, FailurePolicy, Redis};
+use crate::executor::limits::{
+    self, LimitRefusal, LimitsUnavailable, RateLimited, RateLimiter, WindowQuota, WindowStore,
+};
+use crate::tools::definition::RateLimit;
 
 const SCRIPT: &str = r#"
 -- KEYS[i]: one window's TAT key; ARGV[2i-1]: t (µs), ARGV[2i]: n.
@@ -165,5 +175,158 @@ impl Gcra {
         invocation.arg(mode);
         let mut conn = self.redis.conn();
         Ok(invocation.invoke_async(&mut conn).await?)
+    }
+}
+
+/// Windows kept in Redis for every node: the executor's [`WindowStore`] in
+/// cluster mode (module doc).
+pub struct SharedWindows {
+    gcra: Gcra,
+    /// Tells this store's keys apart from another's (`user`, `tenant`).
+    scope: &'static str,
+    policy: FailurePolicy,
+    /// This node's windows, used under the `local` policy while Redis
+    /// cannot be reached.
+    local: RateLimiter,
+}
+
+impl std::fmt::Debug for SharedWindows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWindows")
+            .field("redis", &self.gcra.redis)
+            .field("scope", &self.scope)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SharedWindows {
+    /// `scope` keeps this store's keys apart from another's.
+    pub fn new(gcra: Gcra, scope: &'static str, policy: FailurePolicy) -> Self {
+        SharedWindows {
+            gcra,
+            scope,
+            policy,
+            local: RateLimiter::new(),
+        }
+    }
+
+    /// The Redis windows `limit` sets (those of at least one call), and
+    /// the longest window set to 0 calls, if any: that one refuses at once.
+    #[allow(clippy::type_complexity)]
+    fn windows(
+        &self,
+        tool: &str,
+        limit: &RateLimit,
+        user: &str,
+    ) -> (Vec<(limits::Window, Window)>, Option<limits::Window>) {
+        let mut windows = Vec::new();
+        let mut zero = None;
+        for window in limits::Window::ALL {
+            match window.limit_in(limit) {
+                None => {}
+                Some(0) => zero = Some(window),
+                Some(n) => windows.push((
+                    window,
+                    Window {
+                        key: format!(
+                            "cadre:gcra:{}:{}:{n}:{}:{tool}:{user}",
+                            self.scope,
+                            window.as_str(),
+                            tool.len()
+                        ),
+                        length: window.length(),
+                        n,
+                    },
+                )),
+            }
+        }
+        (windows, zero)
+    }
+}
+
+fn unavailable(e: ClusterError) -> LimitsUnavailable {
+    LimitsUnavailable {
+        reason: e.to_string(),
+    }
+}
+
+#[async_trait::async_trait]
+impl WindowStore for SharedWindows {
+    async fn take(&self, tool: &str, limit: &RateLimit, user: &str) -> Result<(), LimitRefusal> {
+        if limit.is_unlimited() {
+            return Ok(());
+        }
+        let (windows, zero) = self.windows(tool, limit, user);
+        if let Some(window) = zero {
+            return Err(RateLimited {
+                tool: tool.to_owned(),
+                window,
+                limit: 0,
+                retry_after: window.length(),
+            }
+            .into());
+        }
+        let cells: Vec<Window> = windows.iter().map(|(_, w)| w.clone()).collect();
+        match self.gcra.take(&cells).await {
+            Ok(Taken::Allowed) => Ok(()),
+            Ok(Taken::Limited { index, wait }) => {
+                let (window, cell) = &windows[index];
+                Err(RateLimited {
+                    tool: tool.to_owned(),
+                    window: *window,
+                    limit: cell.n,
+                    retry_after: wait,
+                }
+                .into())
+            }
+            Err(e) => match self.policy {
+                FailurePolicy::Local => Ok(self.local.check(tool, limit, user)?),
+                FailurePolicy::Closed => Err(LimitRefusal::Unavailable(unavailable(e))),
+            },
+        }
+    }
+
+    async fn look(
+        &self,
+        tool: &str,
+        limit: &RateLimit,
+        user: &str,
+    ) -> Result<Vec<WindowQuota>, LimitsUnavailable> {
+        if limit.is_unlimited() {
+            return Ok(Vec::new());
+        }
+        let (windows, _) = self.windows(tool, limit, user);
+        let cells: Vec<Window> = windows.into_iter().map(|(_, w)| w).collect();
+        let left = match (self.gcra.look(&cells).await, self.policy) {
+            (Ok(left), _) => left,
+            (Err(_), FailurePolicy::Local) => return Ok(self.local.quota(tool, limit, user)),
+            (Err(e), FailurePolicy::Closed) => return Err(unavailable(e)),
+        };
+        let now = jiff::Timestamp::now();
+        let mut out = Vec::new();
+        let mut left = left.into_iter();
+        for window in limits::Window::ALL {
+            let Some(n) = window.limit_in(limit) else {
+                continue;
+            };
+            let (remaining, full_in) = if n == 0 {
+                (0, window.length())
+            } else {
+                left.next()
+                    .map_or((n, Duration::ZERO), |l| (l.remaining, l.full_in))
+            };
+            out.push(WindowQuota {
+                window,
+                limit: n,
+                remaining,
+                reset_at: now.saturating_add(full_in).unwrap_or(now),
+            });
+        }
+        Ok(out)
+    }
+
+    fn retain_recent(&self) {
+        self.local.retain_recent();
     }
 }

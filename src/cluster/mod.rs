@@ -154,6 +154,18 @@ impl Redis {
     }
 }
 
+/// `/readyz` reports Redis beside the store.
+#[async_trait::async_trait]
+impl crate::http::Dependency for Redis {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn ping(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        Ok(Redis::ping(self).await?)
+    }
+}
+
 /// `url` with its password (if any) replaced by `***`.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {

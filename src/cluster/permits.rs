@@ -1,6 +1,7 @@
 //! Concurrency permits shared by every node: leases in a ZSET per pool.
 //!
-//! executor::concurrency (local slot granted) ──acquire [pool, bucket]──▶ acquire.lua ──▶ Redis
+//! executor::concurrency (local slot granted) ──PermitPool::acquire──▶ [`SharedPool`]
+//!        ──[pool, bucket]──▶ acquire.lua ──▶ Redis
 //!        ◀── Lease (renewed every lease/3 while held) · Full · Unavailable
 //! Lease dropped ──▶ release.lua (spawned)      dead node ──▶ its leases expire
 //!
@@ -9,6 +10,12 @@
 //! drops the expired members of every pool the call needs and adds the
 //! permit to all of them only when all have room (`ZCARD < cap`): like the
 //! rate limit, a call never holds half its slots.
+//!
+//! [`SharedPool`] is the concurrency controller's [`PermitPool`] in
+//! cluster mode: it names the pools a call's category needs, asks
+//! [`Permits`], and applies the `[cluster] redis_failure` policy when Redis
+//! cannot be reached (`closed`: an error, refused as `limits_unavailable`;
+//! `local`: room with nothing held, so the call runs on this node's slot).
 //!
 //! Decisions:
 //! - **Leases, renewed.** A node that dies (kill -9, partition) cannot give
@@ -31,7 +38,9 @@ use std::time::Duration;
 use redis::Script;
 use tokio::task::JoinHandle;
 
-use super::{ClusterError, Redis};
+use super::{ClusterError, FailurePolicy, Redis};
+use crate::executor::concurrency::{ConcurrencyConfig, PermitPool, PoolLease, Pooled};
+use crate::executor::limits::LimitsUnavailable;
 
 /// The default lease of a permit.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -263,5 +272,64 @@ impl Drop for Lease {
                 tracing::warn!(error = %e, "cannot give a concurrency permit back; its lease will run out");
             }
         });
+    }
+}
+
+impl PoolLease for Lease {}
+
+/// The global pool and the category buckets of every node, in Redis: the
+/// concurrency controller's [`PermitPool`] in cluster mode (module doc).
+#[derive(Clone)]
+pub struct SharedPool {
+    permits: Permits,
+    policy: FailurePolicy,
+    max_concurrent: usize,
+    bucket_limits: std::collections::BTreeMap<String, usize>,
+}
+
+impl std::fmt::Debug for SharedPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPool")
+            .field("redis", &self.permits.redis)
+            .field("lease", &self.permits.lease)
+            .field("policy", &self.policy)
+            .field("max_concurrent", &self.max_concurrent)
+            .field("bucket_limits", &self.bucket_limits)
+            .finish()
+    }
+}
+
+impl SharedPool {
+    /// The caps of `config`'s pool and buckets, held in `permits`.
+    pub fn new(permits: Permits, config: &ConcurrencyConfig, policy: FailurePolicy) -> Self {
+        SharedPool {
+            permits,
+            policy,
+            max_concurrent: config.max_concurrent,
+            bucket_limits: config.bucket_limits.clone(),
+        }
+    }
+
+    /// The pools a call of `category` needs a slot of.
+    fn pools(&self, category: &str) -> Vec<Pool> {
+        let mut pools = vec![Pool::global(self.max_concurrent)];
+        if let Some(&cap) = self.bucket_limits.get(category) {
+            pools.push(Pool::bucket(category, cap));
+        }
+        pools
+    }
+}
+
+#[async_trait::async_trait]
+impl PermitPool for SharedPool {
+    async fn acquire(&self, category: &str) -> Result<Pooled, LimitsUnavailable> {
+        match self.permits.acquire(&self.pools(category)).await {
+            Ok(Acquired::Held(lease)) => Ok(Pooled::Room(Some(Box::new(lease)))),
+            Ok(Acquired::Full { .. }) => Ok(Pooled::Full),
+            Err(_) if self.policy == FailurePolicy::Local => Ok(Pooled::Room(None)),
+            Err(e) => Err(LimitsUnavailable {
+                reason: e.to_string(),
+            }),
+        }
     }
 }

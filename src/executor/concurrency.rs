@@ -81,23 +81,32 @@
 //! and nothing else. A poisoned lock is used as is: `State` has no
 //! multi-step update that a panic could leave half done.
 //!
-//! Cluster mode. With Redis configured ([`ConcurrencyController::clustered`])
-//! the pool cap and the bucket caps hold across every node: a call first
-//! gets its local permit exactly as above (queueing, strategies, tenant
-//! fairness and bypass stay local and unchanged), then a leased permit of
-//! the global pool and its bucket from Redis ([`crate::cluster::permits`],
-//! both in one atomic script). When Redis has no room, the node retries with
-//! a bounded, jittered backoff (2 ms doubling to 50 ms) until the call's wait
+//! Shared caps: one seam, [`PermitPool`]. After its local permit, a
+//! counted call asks the controller's pool for a slot of the global pool
+//! and of its bucket. On one node the local slots are all there are:
+//! [`NodePool`] always has room and holds nothing. In cluster mode the
+//! runtime gives the controller a pool whose slots are leased permits in
+//! Redis (`cluster::permits`: the global pool and the bucket in one atomic
+//! script), so the pool cap and the bucket caps hold across every node;
+//! queueing, strategies, tenant fairness and bypass stay local and
+//! unchanged. When the pool is full, the controller retries with a
+//! bounded, jittered backoff (2 ms doubling to 50 ms) until the call's wait
 //! timeout ([`Refusal::Timeout`]); under `reject` it is refused at once.
 //! Polling, not keyspace notifications: they need a server setting
 //! (`notify-keyspace-events`) operators may not control, are lost across a
 //! reconnect, and a 50 ms poll costs one round trip per waiter. Waiters of
 //! different nodes are therefore not served in arrival order across the
-//! cluster, only within a node. When Redis cannot be reached, the
-//! `[cluster] redis_failure` policy decides: `closed` refuses with
-//! [`Refusal::Unavailable`] (`limits_unavailable`, retryable), `local` runs
-//! the call on its local permit alone (caps then hold per node). The local
-//! metrics count this node's calls; the Redis leases are counted by Redis.
+//! cluster, only within a node. When the pool cannot be asked, its own
+//! failure policy (`[cluster] redis_failure`) answers: `closed` is an error,
+//! refused here with [`Refusal::Unavailable`] (`limits_unavailable`,
+//! retryable); `local` is room with nothing held, so the call runs on its
+//! local permit alone (caps then hold per node). The local metrics count
+//! this node's calls; the Redis leases are counted by Redis.
+//!
+//! Async at the seam: [`PermitPool::acquire`] is async (`async-trait`)
+//! because a shared pool asks over the network; [`NodePool`] answers at
+//! once. A held slot is a [`PoolLease`] kept in the [`Permit`] and dropped
+//! (given back) with it.
 //!
 //! Owns: slots, the per-tenant wait queues, admission metrics. Does not: time out the
 //! handler (the executor does), rate-limit per plan (the governor does).
@@ -112,8 +121,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::cluster::FailurePolicy;
-use crate::cluster::permits::{Acquired, Lease, Permits, Pool};
+use super::limits::LimitsUnavailable;
 use crate::identity::DEFAULT_TENANT;
 use crate::tools::{CallerType, ErrorType};
 
@@ -311,8 +319,8 @@ pub enum Refusal {
     /// Waited for a slot until the timeout.
     #[error("no execution slot became free within {} ms", waited.as_millis())]
     Timeout { waited: Duration },
-    /// Cluster mode, policy `closed`: Redis, which holds the cluster's
-    /// permits, cannot be reached.
+    /// The shared pool cannot be asked and its failure policy refuses
+    /// (cluster mode, `closed`: Redis cannot be reached).
     #[error(
         "concurrency limits cannot be checked now: the cluster's Redis is unreachable; retry shortly"
     )]
@@ -340,9 +348,9 @@ pub struct Permit {
     /// permit, which holds no slot.
     owner: Option<Arc<Mutex<State>>>,
     since: Instant,
-    /// Cluster mode: the Redis permit held beside the local one; dropped
-    /// (given back) with it.
-    lease: Option<Lease>,
+    /// The shared pool's slots held beside the local one (cluster mode);
+    /// dropped (given back) with it.
+    lease: Option<Box<dyn PoolLease>>,
 }
 
 impl Permit {
@@ -412,13 +420,51 @@ pub struct BucketMetrics {
     pub queue: usize,
 }
 
+/// Where the caps of the global pool and the buckets are held beside
+/// this node's own slots (module doc).
+#[async_trait::async_trait]
+pub trait PermitPool: Send + Sync + fmt::Debug {
+    /// A slot of the global pool and of `category`'s bucket (if it has
+    /// one), or [`Pooled::Full`] when one of them is at its cap; then
+    /// nothing was taken.
+    async fn acquire(&self, category: &str) -> Result<Pooled, LimitsUnavailable>;
+}
+
+/// What a [`PermitPool`] answered.
+#[derive(Debug)]
+pub enum Pooled {
+    /// Room: the slots held, given back when the lease is dropped; `None`
+    /// when the pool holds nothing for the call (this node's slots are all
+    /// there are, or the failure policy let the call run on them alone).
+    Room(Option<Box<dyn PoolLease>>),
+    /// A pool the call needs is at its cap.
+    Full,
+}
+
+/// Slots held in a shared pool; dropping it gives them back.
+pub trait PoolLease: Send + Sync + fmt::Debug {}
+
+/// The pool of a single node: the local slots are the caps, so it always
+/// has room and holds nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NodePool;
+
+#[async_trait::async_trait]
+impl PermitPool for NodePool {
+    async fn acquire(&self, _category: &str) -> Result<Pooled, LimitsUnavailable> {
+        Ok(Pooled::Room(None))
+    }
+}
+
 /// Admission for every counted tool call; cheap to clone (one shared state).
 #[derive(Clone)]
 pub struct ConcurrencyController {
     state: Arc<Mutex<State>>,
     default_timeout: Duration,
-    /// Cluster mode: the permits every node shares.
-    shared: Option<SharedPermits>,
+    /// Under `reject` a full shared pool refuses at once.
+    strategy: Strategy,
+    /// The caps every node shares ([`NodePool`] on one node).
+    pool: Arc<dyn PermitPool>,
 }
 
 impl fmt::Debug for ConcurrencyController {
@@ -426,33 +472,12 @@ impl fmt::Debug for ConcurrencyController {
         f.debug_struct("ConcurrencyController")
             .field("state", &self.state)
             .field("default_timeout", &self.default_timeout)
-            .field("shared", &self.shared.is_some())
+            .field("pool", &self.pool)
             .finish()
     }
 }
 
-/// The caps that hold across nodes, and where their permits are.
-#[derive(Clone)]
-struct SharedPermits {
-    permits: Permits,
-    policy: FailurePolicy,
-    strategy: Strategy,
-    max_concurrent: usize,
-    bucket_limits: BTreeMap<String, usize>,
-}
-
-impl SharedPermits {
-    /// The pools a call of `category` needs a slot of.
-    fn pools(&self, category: &str) -> Vec<Pool> {
-        let mut pools = vec![Pool::global(self.max_concurrent)];
-        if let Some(&cap) = self.bucket_limits.get(category) {
-            pools.push(Pool::bucket(category, cap));
-        }
-        pools
-    }
-}
-
-/// First and longest pause between two asks for a Redis permit.
+/// First and longest pause between two asks of a full shared pool.
 const FIRST_BACKOFF: Duration = Duration::from_millis(2);
 const MAX_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -460,55 +485,47 @@ impl ConcurrencyController {
     /// Expects a config that passed [`ConcurrencyConfig::validate`]; with
     /// `max_concurrent = 0` every counted call would wait until its timeout.
     pub fn new(config: ConcurrencyConfig) -> Self {
-        ConcurrencyController {
-            default_timeout: config.default_timeout(),
-            state: Arc::new(Mutex::new(State::new(&config))),
-            shared: None,
-        }
+        Self::with_pool(config, Arc::new(NodePool))
     }
 
-    /// A controller whose pool and bucket caps hold across every node
-    /// sharing `permits`' Redis (queueing stays local; see the module doc).
-    pub fn clustered(config: ConcurrencyConfig, permits: Permits, policy: FailurePolicy) -> Self {
-        let shared = SharedPermits {
-            permits,
-            policy,
-            strategy: config.strategy,
-            max_concurrent: config.max_concurrent,
-            bucket_limits: config.bucket_limits.clone(),
-        };
+    /// A controller whose pool and bucket caps are also held in `pool`
+    /// (cluster mode: every node's; queueing stays local, see the module
+    /// doc).
+    pub fn with_pool(config: ConcurrencyConfig, pool: Arc<dyn PermitPool>) -> Self {
         ConcurrencyController {
-            shared: Some(shared),
-            ..Self::new(config)
+            default_timeout: config.default_timeout(),
+            strategy: config.strategy,
+            state: Arc::new(Mutex::new(State::new(&config))),
+            pool,
         }
     }
 
     /// A permit to run one call: at once when its slots are free (or it
-    /// bypasses), else after waiting in the queue, or a refusal. In cluster
-    /// mode, a counted call also needs a Redis permit (module doc).
+    /// bypasses), else after waiting in the queue, or a refusal. A counted
+    /// call then also needs room in the shared pool (module doc).
     ///
     /// Cancel-safe: dropping the future gives up its place in the queue, and
     /// any slot granted to it meanwhile goes to the next waiter.
     pub async fn acquire(&self, req: AdmissionRequest) -> Result<Permit, Refusal> {
-        let Some(shared) = self.shared.as_ref().filter(|_| !req.bypass) else {
+        if req.bypass {
             return self.acquire_local(req).await;
-        };
+        }
         let started = Instant::now();
         let deadline = started.checked_add(req.timeout.unwrap_or(self.default_timeout));
-        let pools = shared.pools(&req.category);
+        let category = req.category.clone();
         let mut permit = self.acquire_local(req).await?;
         let mut backoff = FIRST_BACKOFF;
         loop {
-            match shared.permits.acquire(&pools).await {
-                Ok(Acquired::Held(lease)) => {
-                    permit.lease = Some(lease);
+            match self.pool.acquire(&category).await {
+                Ok(Pooled::Room(lease)) => {
+                    permit.lease = lease;
                     return Ok(permit);
                 }
-                Ok(Acquired::Full { .. }) if shared.strategy == Strategy::Reject => {
+                Ok(Pooled::Full) if self.strategy == Strategy::Reject => {
                     lock(&self.state).total_rejected += 1;
                     return Err(Refusal::QueueFull { queue_size: 0 });
                 }
-                Ok(Acquired::Full { .. }) => {
+                Ok(Pooled::Full) => {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
                         lock(&self.state).total_timeout += 1;
@@ -522,20 +539,15 @@ impl ConcurrencyController {
                     tokio::time::sleep_until(until).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
-                Err(e) => match shared.policy {
-                    FailurePolicy::Local => return Ok(permit),
-                    FailurePolicy::Closed => {
-                        tracing::warn!(error = %e, "no concurrency permit: Redis unavailable");
-                        return Err(Refusal::Unavailable {
-                            reason: e.to_string(),
-                        });
-                    }
-                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "no concurrency permit: the shared pool is unavailable");
+                    return Err(Refusal::Unavailable { reason: e.reason });
+                }
             }
         }
     }
 
-    /// This node's permit alone (the whole of `acquire` without Redis).
+    /// This node's permit alone (all of `acquire` but the shared pool).
     async fn acquire_local(&self, req: AdmissionRequest) -> Result<Permit, Refusal> {
         let AdmissionRequest {
             tenant,

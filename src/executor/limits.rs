@@ -36,17 +36,23 @@
 //!   one `String` for the user key; limiters are made only on change.
 //! - [`RateLimiter::quota`] only looks, so the API can show what is left
 //!   without spending it.
-//! - **Cluster backend.** [`RateLimiter::clustered`] keeps the windows in
-//!   Redis instead ([`crate::cluster::gcra`]: the same GCRA, one Lua script
-//!   that looks at every window and takes a cell in all only when all have
-//!   one, atomically, on Redis' clock), so a limit holds across every node.
-//!   The executor then calls the async [`RateLimiter::check_shared`] (after
-//!   validation: a call with bad arguments spends no shared cell) and the
-//!   API [`RateLimiter::quota_shared`]. When Redis cannot be reached, the
-//!   `[cluster] redis_failure` policy decides: `closed` refuses
-//!   ([`LimitRefusal::Unavailable`]), `local` uses this limiter's own
-//!   in-process windows. Without Redis nothing changes: `check` and `quota`
-//!   are the in-process ones, as fast as before.
+//! - **One seam: [`WindowStore`].** The executor asks a `WindowStore` to
+//!   take a call's cells and the API asks it what is left; it does not know
+//!   where the windows live. [`RateLimiter`] is the in-process store, the
+//!   only one a single node needs; cluster mode gives the executor one that
+//!   keeps the windows in Redis for every node (`cluster::gcra`: the
+//!   same GCRA, one Lua script that looks at every window and takes a cell
+//!   in all only when all have one, atomically, on Redis' clock) and that
+//!   applies the `[cluster] redis_failure` policy itself: `closed` refuses
+//!   ([`LimitRefusal::Unavailable`]), `local` falls back to a `RateLimiter`
+//!   of its own.
+//! - **Async at the seam, sync inside.** The trait's `take` and `look` are
+//!   async (`async-trait`) because a shared store asks over the network;
+//!   the in-process store answers at once from its sync
+//!   [`RateLimiter::check`] and [`RateLimiter::quota`], with no await
+//!   between its look and its take, so a call's look-then-take stays one
+//!   step on the executor's thread. `retain_recent` is sync: it only
+//!   trims memory.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -62,8 +68,6 @@ use governor::state::{InMemoryState, NotKeyed, StateStore};
 use governor::{NotUntil, Quota};
 use serde::Serialize;
 
-use crate::cluster::gcra::{Gcra, Taken};
-use crate::cluster::{ClusterError, FailurePolicy};
 use crate::tools::definition::RateLimit;
 
 pub use governor::clock::DefaultClock;
@@ -157,22 +161,46 @@ impl fmt::Display for RateLimited {
     }
 }
 
-/// Why a call may not run now, with shared windows.
+/// Why a call may not run now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LimitRefusal {
     #[error(transparent)]
     Limited(#[from] RateLimited),
-    /// Redis could not be asked and the policy is `closed`.
+    /// The store of shared windows could not be asked and its failure
+    /// policy refuses.
     #[error("rate limits cannot be checked now: the cluster's Redis is unreachable; retry shortly")]
-    Unavailable(ClusterError),
+    Unavailable(LimitsUnavailable),
 }
 
-/// Windows kept in Redis, for every node.
-struct SharedWindows {
-    gcra: Gcra,
-    /// Tells this limiter's keys apart from another's (`user`, `tenant`).
-    scope: &'static str,
-    policy: FailurePolicy,
+/// A store of shared limits (windows, permits) could not be asked: the
+/// caller refuses the call, retryably (`limits_unavailable`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct LimitsUnavailable {
+    pub reason: String,
+}
+
+/// Where rate-limit windows live; the executor takes a call's cells and
+/// the API reads what is left through it (module doc).
+#[async_trait::async_trait]
+pub trait WindowStore: Send + Sync + fmt::Debug {
+    /// Takes one cell of each window `limit` sets for `user` on `tool`, or
+    /// none when any window has none left (the refusal names the window
+    /// with the longest wait).
+    async fn take(&self, tool: &str, limit: &RateLimit, user: &str) -> Result<(), LimitRefusal>;
+
+    /// What is left of each window `limit` sets for `user` on `tool`,
+    /// shortest window first. Takes no cell.
+    async fn look(
+        &self,
+        tool: &str,
+        limit: &RateLimit,
+        user: &str,
+    ) -> Result<Vec<WindowQuota>, LimitsUnavailable>;
+
+    /// Forgets state that says nothing any more (users whose windows are
+    /// full again). The executor calls it periodically.
+    fn retain_recent(&self);
 }
 
 /// What is left of one window for one user and tool.
@@ -193,27 +221,11 @@ pub struct RateLimiter<C: Clock = DefaultClock> {
     /// Tool name → its window limiters. Read-locked on every check; write-
     /// locked only to create or rebuild a tool's limiters.
     tools: RwLock<HashMap<String, [Option<Gate<C>>; 3]>>,
-    /// Cluster mode: the windows that count; the in-process ones above are
-    /// then used only under the `local` failure policy.
-    shared: Option<SharedWindows>,
 }
 
 impl RateLimiter<DefaultClock> {
     pub fn new() -> Self {
         Self::with_clock(DefaultClock::default())
-    }
-
-    /// A limiter whose windows live in Redis and hold across every node;
-    /// `scope` keeps its keys apart from another limiter's.
-    pub fn clustered(gcra: Gcra, scope: &'static str, policy: FailurePolicy) -> Self {
-        RateLimiter {
-            shared: Some(SharedWindows {
-                gcra,
-                scope,
-                policy,
-            }),
-            ..Self::new()
-        }
     }
 }
 
@@ -229,97 +241,7 @@ impl<C: Clock + Clone> RateLimiter<C> {
         RateLimiter {
             clock,
             tools: RwLock::new(HashMap::new()),
-            shared: None,
         }
-    }
-
-    /// Whether the windows live in Redis: then use the `_shared` methods.
-    pub fn is_shared(&self) -> bool {
-        self.shared.is_some()
-    }
-
-    /// [`check`](Self::check) against the windows of every node when they
-    /// are shared; the in-process check otherwise, or when Redis cannot be
-    /// reached under the `local` policy.
-    pub async fn check_shared(
-        &self,
-        tool: &str,
-        limit: &RateLimit,
-        user: &str,
-    ) -> Result<(), LimitRefusal> {
-        let Some(shared) = &self.shared else {
-            return Ok(self.check(tool, limit, user)?);
-        };
-        if limit.is_unlimited() {
-            return Ok(());
-        }
-        let (windows, zero) = shared.windows(tool, limit, user);
-        if let Some((window, n)) = zero {
-            return Err(refused(tool, window, n, window.length()).into());
-        }
-        match shared
-            .gcra
-            .take(&windows.iter().map(|(_, w)| w.clone()).collect::<Vec<_>>())
-            .await
-        {
-            Ok(Taken::Allowed) => Ok(()),
-            Ok(Taken::Limited { index, wait }) => {
-                let (window, gate) = &windows[index];
-                Err(refused(tool, *window, gate.n, wait).into())
-            }
-            Err(e) => match shared.policy {
-                FailurePolicy::Local => Ok(self.check(tool, limit, user)?),
-                FailurePolicy::Closed => Err(LimitRefusal::Unavailable(e)),
-            },
-        }
-    }
-
-    /// [`quota`](Self::quota) of the windows of every node when they are
-    /// shared (the in-process one under the `local` policy when Redis
-    /// cannot be reached).
-    pub async fn quota_shared(
-        &self,
-        tool: &str,
-        limit: &RateLimit,
-        user: &str,
-    ) -> Result<Vec<WindowQuota>, ClusterError> {
-        let Some(shared) = &self.shared else {
-            return Ok(self.quota(tool, limit, user));
-        };
-        if limit.is_unlimited() {
-            return Ok(Vec::new());
-        }
-        let (windows, _) = shared.windows(tool, limit, user);
-        let looked = shared
-            .gcra
-            .look(&windows.iter().map(|(_, w)| w.clone()).collect::<Vec<_>>())
-            .await;
-        let left = match (looked, shared.policy) {
-            (Ok(left), _) => left,
-            (Err(_), FailurePolicy::Local) => return Ok(self.quota(tool, limit, user)),
-            (Err(e), FailurePolicy::Closed) => return Err(e),
-        };
-        let now = jiff::Timestamp::now();
-        let mut out = Vec::new();
-        let mut left = left.into_iter();
-        for window in Window::ALL {
-            let Some(n) = window.limit_in(limit) else {
-                continue;
-            };
-            let (remaining, full_in) = if n == 0 {
-                (0, window.length())
-            } else {
-                left.next()
-                    .map_or((n, Duration::ZERO), |l| (l.remaining, l.full_in))
-            };
-            out.push(WindowQuota {
-                window,
-                limit: n,
-                remaining,
-                reset_at: now.saturating_add(full_in).unwrap_or(now),
-            });
-        }
-        Ok(out)
     }
 
     /// Takes one cell of each window `limit` sets for `user` on `tool`, or
@@ -437,50 +359,27 @@ impl<C: Clock + Clone> RateLimiter<C> {
     }
 }
 
-impl SharedWindows {
-    /// The Redis windows `limit` sets (those of at least one call), and
-    /// the longest window set to 0 calls, if any: that one refuses at once.
-    #[allow(clippy::type_complexity)]
-    fn windows(
+#[async_trait::async_trait]
+impl<C> WindowStore for RateLimiter<C>
+where
+    C: Clock + Clone + Send + Sync,
+    C::Instant: Send + Sync,
+{
+    async fn take(&self, tool: &str, limit: &RateLimit, user: &str) -> Result<(), LimitRefusal> {
+        Ok(self.check(tool, limit, user)?)
+    }
+
+    async fn look(
         &self,
         tool: &str,
         limit: &RateLimit,
         user: &str,
-    ) -> (
-        Vec<(Window, crate::cluster::gcra::Window)>,
-        Option<(Window, u32)>,
-    ) {
-        let mut windows = Vec::new();
-        let mut zero = None;
-        for window in Window::ALL {
-            match window.limit_in(limit) {
-                None => {}
-                Some(0) => zero = Some((window, 0)),
-                Some(n) => windows.push((
-                    window,
-                    crate::cluster::gcra::Window {
-                        key: format!(
-                            "cadre:gcra:{}:{}:{n}:{}:{tool}:{user}",
-                            self.scope,
-                            window.as_str(),
-                            tool.len()
-                        ),
-                        length: window.length(),
-                        n,
-                    },
-                )),
-            }
-        }
-        (windows, zero)
+    ) -> Result<Vec<WindowQuota>, LimitsUnavailable> {
+        Ok(self.quota(tool, limit, user))
     }
-}
 
-fn refused(tool: &str, window: Window, limit: u32, retry_after: Duration) -> RateLimited {
-    RateLimited {
-        tool: tool.to_owned(),
-        window,
-        limit,
-        retry_after,
+    fn retain_recent(&self) {
+        RateLimiter::retain_recent(self);
     }
 }
 

@@ -40,8 +40,13 @@
 //!    [`MAX_UPSTREAM_OUTPUT_BYTES`]; error texts are cut to
 //!    [`MAX_ERROR_CHARS`].
 //!
-//! Steps 1-4 are cheap and run inside the actor; the rest runs in the reply
-//! future, and the tool body in a spawned tokio task, so a slow tool never
+//! Steps 0-2 and validation's check are cheap and run inside the actor;
+//! the rest runs in the reply future: the rate limits (step 3) through the
+//! [`limits::WindowStore`] seam, async because cluster mode's windows are
+//! asked over the network (never from inside the actor), then validation's
+//! verdict, so a call with bad arguments spends its cells as any other, on
+//! one node and on many. The tool body runs in a spawned tokio task, so a
+//! slow tool never
 //! stalls admission and a panicking one fails only its own call
 //! (`execution_error`). The actor runs under an actix `Supervisor`: if
 //! admission itself panics, the caller gets an `execution_error` and the
@@ -92,7 +97,7 @@ use crate::tools::{
 use cache::ResultCache;
 use concurrency::{AdmissionRequest, ConcurrencyController};
 use confirmations::Confirmations;
-use limits::{LimitRefusal, RateLimiter};
+use limits::{LimitRefusal, WindowStore};
 
 /// The store namespace of [`CallIntent`]s, keyed by idempotency key.
 pub const CALL_INTENTS: &str = "call_intents";
@@ -265,13 +270,13 @@ pub struct DecisionOutcome {
 pub struct ExecutorShared {
     pub registry: ToolRegistry,
     pub store: Store,
-    pub limiter: Arc<RateLimiter>,
+    /// Per user and tool ([`limits::RateLimiter`] on one node, windows
+    /// every node shares in cluster mode).
+    pub limiter: Arc<dyn WindowStore>,
     /// Tenant-wide ceilings (`tool_quotas` of a tenant's config), keyed by
     /// tenant and tool.
-    pub tenant_limiter: Arc<RateLimiter>,
+    pub tenant_limiter: Arc<dyn WindowStore>,
     pub concurrency: Arc<ConcurrencyController>,
-    /// Cluster mode's Redis (for `/readyz`: [`crate::cluster::Redis::ping`]).
-    pub redis: Option<crate::cluster::Redis>,
     pub cache: ResultCache,
     pub confirmations: Confirmations,
     pub events: EventBus,
@@ -312,10 +317,27 @@ impl Handler<InjectFault> for Executor {
     }
 }
 
-/// What admission decided.
+/// What the actor's part of admission decided.
 enum Admission {
     Refused(Box<ToolExecutionResult>, Value),
-    Run(Arc<RegisteredTool>, Value),
+    /// Found and on the caller's plan: the rate limits decide next (in the
+    /// reply future: a shared store is asked over the network), then what
+    /// validation found here, reported only after the limits let the call
+    /// through. A call the limits refuse is refused for its limit whatever
+    /// its arguments, and has spent no cell when its arguments are bad only
+    /// if a limit refused it first.
+    Limits {
+        tool: Arc<RegisteredTool>,
+        raw_params: Value,
+        validated: Result<Value, Invalid>,
+    },
+}
+
+/// Arguments validation refused: the refusal, and the event it publishes
+/// once reported.
+struct Invalid {
+    result: Box<ToolExecutionResult>,
+    event: Option<EventKind>,
 }
 
 impl Executor {
@@ -379,54 +401,27 @@ impl Executor {
             );
             return Admission::Refused(Box::new(result), raw_params);
         }
-        // The tenant's ceiling first: a call it refuses spends no user cell.
-        // (A call the user's limit then refuses has spent a tenant cell: the
-        // ceiling errs on the strict side, never the loose one.)
-        if !msg.confirmed
-            && !s.tenant_limiter.is_shared()
-            && let Some(quota) = &msg.tenant_quota
-        {
-            let tenant = msg
-                .ctx
-                .tenant
-                .as_deref()
-                .unwrap_or(crate::identity::DEFAULT_TENANT);
-            let gate = format!("{name} (tenant {tenant})");
-            if let Err(limited) = s.tenant_limiter.check(&gate, quota, tenant) {
-                s.metrics.rate_limited.fetch_add(1, Ordering::Relaxed);
-                let mut result =
-                    ToolExecutionResult::failure(name, ErrorType::RateLimited, limited.to_string());
-                result.metadata.retry_after_ms = Some(limited.retry_after_ms());
-                return Admission::Refused(Box::new(result), raw_params);
-            }
-        }
-        if !msg.confirmed && !s.limiter.is_shared() && !def.rate_limit.is_unlimited() {
-            let user = limit_key(&msg.ctx);
-            if let Err(limited) = s.limiter.check(name, &def.rate_limit, &user) {
-                s.metrics.rate_limited.fetch_add(1, Ordering::Relaxed);
-                let mut result =
-                    ToolExecutionResult::failure(name, ErrorType::RateLimited, limited.to_string());
-                result.metadata.retry_after_ms = Some(limited.retry_after_ms());
-                return Admission::Refused(Box::new(result), raw_params);
-            }
-        }
-        if too_deep {
-            let result = ToolExecutionResult::failure(
-                name,
-                ErrorType::ValidationError,
-                format!(
-                    "invalid arguments for {name}: nested more than {MAX_ARGUMENT_DEPTH} levels deep"
-                ),
-            );
-            return Admission::Refused(Box::new(result), raw_params);
-        }
-        let validated = match &msg.arguments {
-            Arguments::Raw(s) => tool.validator.validate_raw(s),
-            Arguments::Json(v) => tool.validator.validate(v.clone()),
+        let refused = |result: ToolExecutionResult, event| Invalid {
+            result: Box::new(result),
+            event,
         };
-        match validated {
-            Ok(params) => Admission::Run(tool, params),
-            Err(errors) => {
+        let validated = if too_deep {
+            Err(refused(
+                ToolExecutionResult::failure(
+                    name,
+                    ErrorType::ValidationError,
+                    format!(
+                        "invalid arguments for {name}: nested more than {MAX_ARGUMENT_DEPTH} levels deep"
+                    ),
+                ),
+                None,
+            ))
+        } else {
+            match &msg.arguments {
+                Arguments::Raw(s) => tool.validator.validate_raw(s),
+                Arguments::Json(v) => tool.validator.validate(v.clone()),
+            }
+            .map_err(|errors| {
                 let summary = errors
                     .iter()
                     .map(|e| {
@@ -438,18 +433,23 @@ impl Executor {
                     })
                     .collect::<Vec<_>>()
                     .join("; ");
-                s.events.publish(EventKind::ValidationError {
+                let event = EventKind::ValidationError {
                     tool: name.into(),
                     fields: errors.iter().map(|e| e.field.clone()).collect(),
-                });
+                };
                 let mut result = ToolExecutionResult::failure(
                     name,
                     ErrorType::ValidationError,
                     format!("invalid arguments for {name}: {summary}"),
                 );
                 result.validation_errors = errors;
-                Admission::Refused(Box::new(result), raw_params)
-            }
+                refused(result, Some(event))
+            })
+        };
+        Admission::Limits {
+            tool,
+            raw_params,
+            validated,
         }
     }
 }
@@ -506,13 +506,22 @@ impl Handler<ExecuteTool> for Executor {
                 });
                 let (result, params, intended) = match admission {
                     Admission::Refused(result, params) => (*result, params, false),
-                    Admission::Run(tool, params) => {
-                        // An intent was committed for it: its outcome is
-                        // made durable too, so a resume uses it instead of
-                        // answering `outcome_unknown`.
-                        if let Some(refused) = shared_limits(&shared, &tool, &msg).await {
-                            (refused, params, false)
-                        } else {
+                    Admission::Limits {
+                        tool,
+                        raw_params,
+                        validated,
+                    } => match (rate_limits(&shared, &tool, &msg).await, validated) {
+                        (Some(refused), _) => (refused, raw_params, false),
+                        (None, Err(invalid)) => {
+                            if let Some(event) = invalid.event {
+                                shared.events.publish(event);
+                            }
+                            (*invalid.result, raw_params, false)
+                        }
+                        (None, Ok(params)) => {
+                            // An intent was committed for it: its outcome is
+                            // made durable too, so a resume uses it instead of
+                            // answering `outcome_unknown`.
                             let intended = tool.definition.side_effects == SideEffects::AtMostOnce
                                 && msg.ctx.idempotency_key.is_some();
                             let mut result = execute(&shared, &tool, &params, &msg).await;
@@ -540,7 +549,7 @@ impl Handler<ExecuteTool> for Executor {
                             }
                             (result, params, intended)
                         }
-                    }
+                    },
                 };
                 let attempts = result.metadata.attempts;
                 let result = result.with_elapsed(started.elapsed(), attempts);
@@ -607,12 +616,13 @@ fn unkept_output(tool: &RegisteredTool, result: &ToolExecutionResult) -> Option<
     None
 }
 
-/// The rate limits of a call whose windows are shared between nodes
-/// (cluster mode; checked after validation, so asking Redis never happens
-/// inside the actor): the tenant's ceiling first, then the user's. `None`
-/// when the call may run; a refusal otherwise. Without shared windows the
-/// actor's `admit` already checked them and this answers `None`.
-async fn shared_limits(
+/// The rate limits of a call (step 3): the tenant's ceiling first, so a
+/// call it refuses spends no user cell (a call the user's limit then
+/// refuses has spent a tenant cell: the ceiling errs on the strict side,
+/// never the loose one), then the user's. `None` when the call may run; a
+/// refusal otherwise. An approved confirmation passed them when it was
+/// held.
+async fn rate_limits(
     s: &ExecutorShared,
     tool: &RegisteredTool,
     msg: &ExecuteTool,
@@ -621,23 +631,21 @@ async fn shared_limits(
         return None;
     }
     let name = msg.tool_name.as_str();
-    if s.tenant_limiter.is_shared()
-        && let Some(quota) = &msg.tenant_quota
-    {
+    if let Some(quota) = &msg.tenant_quota {
         let tenant = msg
             .ctx
             .tenant
             .as_deref()
             .unwrap_or(crate::identity::DEFAULT_TENANT);
         let gate = format!("{name} (tenant {tenant})");
-        if let Err(refusal) = s.tenant_limiter.check_shared(&gate, quota, tenant).await {
+        if let Err(refusal) = s.tenant_limiter.take(&gate, quota, tenant).await {
             return Some(limit_refused(s, name, refusal));
         }
     }
     let def = &tool.definition;
-    if s.limiter.is_shared() && !def.rate_limit.is_unlimited() {
+    if !def.rate_limit.is_unlimited() {
         let user = limit_key(&msg.ctx);
-        if let Err(refusal) = s.limiter.check_shared(name, &def.rate_limit, &user).await {
+        if let Err(refusal) = s.limiter.take(name, &def.rate_limit, &user).await {
             return Some(limit_refused(s, name, refusal));
         }
     }

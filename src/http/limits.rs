@@ -140,10 +140,10 @@ async fn quota(
         .executor
         .shared()
         .limiter
-        .quota_shared(&q.tool, &tool.definition.rate_limit, &key)
+        .look(&q.tool, &tool.definition.rate_limit, &key)
         .await
         .map_err(|e| {
-            tracing::warn!(error = %e, "quota not read: Redis unavailable");
+            tracing::warn!(error = %e, "quota not read: the shared windows are unavailable");
             ApiError::new(
                 ErrorCode::LimitsUnavailable,
                 "the rate limits cannot be read now: the cluster's Redis is unreachable; retry shortly",

@@ -113,6 +113,18 @@ pub struct AppShared {
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
     /// Cluster mode: sends a session's requests to its owner ([`forward`]).
     pub forward: Option<forward::Forward>,
+    /// What `/readyz` reports beside the store (cluster mode: Redis).
+    pub dependencies: Vec<std::sync::Arc<dyn Dependency>>,
+}
+
+/// A dependency `/readyz` reports beside the store (cluster mode: Redis).
+/// It never decides readiness ([`readyz`] says why).
+#[async_trait::async_trait]
+pub trait Dependency: Send + Sync {
+    /// Its key under `dependencies`.
+    fn name(&self) -> &'static str;
+    /// Whether it answers now; the error is logged, never sent.
+    async fn ping(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// Every route the server serves, and the OpenAPI document that describes
@@ -278,11 +290,12 @@ async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> 
     let mut dependencies = json!({
         "store": {"backend": state.store.backend_name(), "health": store},
     });
-    if let Some(redis) = state.executor.shared().redis.as_ref() {
-        dependencies["redis"] = match redis.ping().await {
+    for dependency in &state.dependencies {
+        let name = dependency.name();
+        dependencies[name] = match dependency.ping().await {
             Ok(()) => json!({"status": "ok"}),
             Err(e) => {
-                tracing::warn!(error = %e, "readiness: Redis does not answer");
+                tracing::warn!(error = %e, dependency = name, "readiness: a dependency does not answer");
                 json!({"status": "unreachable"})
             }
         };
