@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use cadre::identity::Plan;
 use cadre::model::ChatMessage;
-use cadre::store::{NodeIdentity, Store};
+use cadre::store::NodeIdentity;
 use cadre::store::{Session, StoredMessage, ToolCallRecord, WriteOp};
 use jiff::Timestamp;
 use serde_json::json;
@@ -107,9 +107,9 @@ async fn main() {
     let node = NodeIdentity {
         id: "bench".into(),
         addr: None,
-        stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+        stale_after: cadre::cluster::postgres::NODE_STALE_AFTER,
     };
-    let store = Store::open_postgres(&url, node).unwrap();
+    let store = cadre::cluster::postgres::open_store(&url, node).unwrap();
     let mut ops = Vec::new();
     for c in 0..32 {
         ops.push(WriteOp::PutSession(session(&format!("s{c}"))));

@@ -456,7 +456,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `cadre migrate`: copies every table of the data dir's redb file into
-/// PostgreSQL ([`cadre::store::postgres`]'s import) and prints the rows
+/// PostgreSQL ([`cadre::cluster::postgres`]'s import) and prints the rows
 /// copied per table.
 fn migrate(from: &std::path::Path, to: &str) -> anyhow::Result<()> {
     if let Some(server) = cadre::runtime::ServerFile::read_live(from) {
@@ -468,12 +468,12 @@ fn migrate(from: &std::path::Path, to: &str) -> anyhow::Result<()> {
         );
     }
     let node = cadre::store::NodeIdentity {
-        id: cadre::store::postgres::IMPORT_NODE.into(),
+        id: cadre::cluster::postgres::IMPORT_NODE.into(),
         addr: None,
-        stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+        stale_after: cadre::cluster::postgres::NODE_STALE_AFTER,
     };
-    let store = cadre::store::PgStore::open(to, node).map_err(|e| match e {
-        cadre::store::StoreError::PgUnreachable { url, reason, .. } => {
+    let store = cadre::cluster::postgres::PgStore::open(to, node).map_err(|e| match e {
+        cadre::store::StoreError::Unreachable { url, reason, .. } => {
             anyhow::anyhow!("cannot reach PostgreSQL at {url} (set with --to): {reason}")
         }
         other => other.into(),

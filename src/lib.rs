@@ -21,9 +21,10 @@
 //! - [`runtime`]: wires the pieces on one tokio runtime shared with actix,
 //!   and picks the adapters (in process, or cluster mode's).
 //! - [`cluster`]: cluster mode's adapters, plugged into the seams of the
-//!   layers below: Redis behind the executor's `WindowStore` (shared
-//!   rate-limit windows) and `PermitPool` (leased concurrency permits),
-//!   behind `/readyz`'s `Dependency`, and the event fan-out between nodes.
+//!   layers below: PostgreSQL behind the store's traits; Redis behind the
+//!   executor's `WindowStore` (shared rate-limit windows) and `PermitPool`
+//!   (leased concurrency permits), behind `/readyz`'s `Dependency`, and
+//!   the event fan-out between nodes.
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`agents`]: agent definitions (agent files); [`server_config`]: the
 //!   server's config file.
@@ -37,7 +38,7 @@
 //! ```text
 //! main / cli                      the binary (cli/, its own package): serve, chat ...
 //! runtime, server_config          wiring; the server's config file
-//! cluster                         cluster mode's adapters (Redis)
+//! cluster                         cluster mode's adapters (PostgreSQL, Redis)
 //! http                            the API, one file per resource
 //! workflow, mcp                   multi-agent DAGs; MCP in and out
 //! conversation                    session actors and their tool sub-agents

@@ -474,7 +474,7 @@ fn setup(
     let config = &builder.config;
     let store = match &config.cluster.store {
         // Cluster mode: the shared PostgreSQL store, as this node.
-        Some(url) => Store::open_postgres(
+        Some(url) => crate::cluster::postgres::open_store(
             url,
             crate::store::NodeIdentity {
                 id: config.cluster.node_id.clone().unwrap_or_default(),

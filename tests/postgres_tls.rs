@@ -4,7 +4,7 @@
 //! another CA signed, or that names another host, or that has no TLS, is
 //! refused at open, with an error naming the setting.
 //!
-//! Store::open_postgres(url with sslmode/sslrootcert) ──rustls──▶ PostgreSQL (ssl = on)
+//! cadre::cluster::postgres::open_store(url with sslmode/sslrootcert) ──rustls──▶ PostgreSQL (ssl = on)
 
 mod support;
 
@@ -16,7 +16,7 @@ fn node() -> NodeIdentity {
     NodeIdentity {
         id: "tls-node".into(),
         addr: None,
-        stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+        stale_after: cadre::cluster::postgres::NODE_STALE_AFTER,
     }
 }
 
@@ -41,7 +41,7 @@ fn url(pg: &Postgres, host: &str, query: &str) -> String {
 
 fn refused(result: Result<Store, StoreError>) -> String {
     match result {
-        Err(e @ StoreError::PgUnreachable { .. }) => e.to_string(),
+        Err(e @ StoreError::Unreachable { .. }) => e.to_string(),
         Err(e) => panic!("another error: {e}"),
         Ok(_) => panic!("the store opened"),
     }
@@ -56,7 +56,7 @@ async fn sslmode_require_connects_encrypted_and_verifies_the_server() {
     std::fs::write(&ca_file, &ca).unwrap();
     let root = format!("sslrootcert={}", ca_file.display());
 
-    let store = Store::open_postgres(
+    let store = cadre::cluster::postgres::open_store(
         &url(&pg, "127.0.0.1", &format!("sslmode=require&{root}")),
         node(),
     )
@@ -71,7 +71,7 @@ async fn sslmode_require_connects_encrypted_and_verifies_the_server() {
     drop(store);
 
     // libpq's verify-full means the same here.
-    Store::open_postgres(
+    cadre::cluster::postgres::open_store(
         &url(&pg, "localhost", &format!("sslmode=verify-full&{root}")),
         node(),
     )
@@ -81,7 +81,7 @@ async fn sslmode_require_connects_encrypted_and_verifies_the_server() {
     let (other_ca, _, _) = certificates(&["127.0.0.1"]);
     let other = dir.path().join("other.pem");
     std::fs::write(&other, other_ca).unwrap();
-    let e = refused(Store::open_postgres(
+    let e = refused(cadre::cluster::postgres::open_store(
         &url(
             &pg,
             "127.0.0.1",
@@ -93,7 +93,7 @@ async fn sslmode_require_connects_encrypted_and_verifies_the_server() {
     assert!(e.to_lowercase().contains("certificate"), "{e}");
 
     // A root file that is not there is named.
-    let e = refused(Store::open_postgres(
+    let e = refused(cadre::cluster::postgres::open_store(
         &url(
             &pg,
             "127.0.0.1",
@@ -111,7 +111,7 @@ async fn a_certificate_for_another_host_is_refused() {
     let pg = Postgres::start_tls(&cert, &key);
     let ca_file = dir.path().join("ca.pem");
     std::fs::write(&ca_file, &ca).unwrap();
-    let e = refused(Store::open_postgres(
+    let e = refused(cadre::cluster::postgres::open_store(
         &url(
             &pg,
             "127.0.0.1",
@@ -125,7 +125,7 @@ async fn a_certificate_for_another_host_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sslmode_require_against_a_server_without_tls_is_refused() {
     let pg = Postgres::shared();
-    let e = refused(Store::open_postgres(
+    let e = refused(cadre::cluster::postgres::open_store(
         &url(&pg, "127.0.0.1", "sslmode=require"),
         node(),
     ));

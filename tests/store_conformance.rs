@@ -874,9 +874,9 @@ mod postgres {
         let node = cadre::store::NodeIdentity {
             id: "node-a".into(),
             addr: None,
-            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+            stale_after: cadre::cluster::postgres::NODE_STALE_AFTER,
         };
-        let backend = cadre::store::PgStore::open(&url, node).unwrap();
+        let backend = cadre::cluster::postgres::PgStore::open(&url, node).unwrap();
         (std::sync::Arc::new(backend) as Arc<dyn StoreBackend>, pg)
     });
 }
@@ -885,14 +885,15 @@ mod postgres {
 /// and `cadre migrate` puts a schema 2 data dir's there too.
 mod postgres_tables {
     use super::*;
-    use cadre::store::{NodeIdentity, Store};
+    use cadre::cluster::postgres::open_store;
+    use cadre::store::NodeIdentity;
     use support::postgres::Postgres;
 
     fn node() -> NodeIdentity {
         NodeIdentity {
             id: "node-a".into(),
             addr: None,
-            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+            stale_after: cadre::cluster::postgres::NODE_STALE_AFTER,
         }
     }
 
@@ -927,7 +928,7 @@ mod postgres_tables {
     async fn own_documents_are_rows_of_their_own_tables() {
         let pg = Postgres::shared();
         let url = pg.database("own_tables");
-        let store = Store::open_postgres(&url, node()).unwrap();
+        let store = open_store(&url, node()).unwrap();
         for t in &OWN_TABLES {
             store
                 .put_doc_of(t.namespace, "acme", "k", json!({}), true)
@@ -963,7 +964,7 @@ mod postgres_tables {
             );
             assert_eq!(counts(&pg, &url), expected("1"));
         }
-        let store = Store::open_postgres(&url, node()).unwrap();
+        let store = open_store(&url, node()).unwrap();
         // Imported twice, counted once: the import recounts.
         assert_eq!(
             store.stored_bytes("acme").await.unwrap(),
@@ -989,6 +990,7 @@ mod postgres_tables {
 /// What only the cluster backend does: fencing, ownership, heartbeats.
 mod cluster {
     use super::*;
+    use cadre::cluster::postgres::open_store;
     use cadre::store::StoreError;
     use cadre::store::{NodeIdentity, Store};
     use support::postgres::Postgres;
@@ -997,7 +999,7 @@ mod cluster {
         NodeIdentity {
             id: id.into(),
             addr: Some(addr.into()),
-            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+            stale_after: cadre::cluster::postgres::NODE_STALE_AFTER,
         }
     }
 
@@ -1012,7 +1014,7 @@ mod cluster {
     async fn a_stale_epoch_is_refused_whole_and_the_rest_of_the_batch_commits() {
         let pg = Postgres::shared();
         let url = pg.database("fence");
-        let store = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let store = open_store(&url, node("node-a", "10.0.0.1:8080")).unwrap();
         store
             .write(vec![WriteOp::PutSession(session("s", "acme"))], true)
             .await
@@ -1065,8 +1067,8 @@ mod cluster {
     async fn a_workflow_run_is_taken_over_only_from_a_dead_owner_and_fences_the_old_one() {
         let pg = Postgres::shared();
         let url = pg.database("claim_run");
-        let a = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
-        let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
+        let a = open_store(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let b = open_store(&url, node("node-b", "10.0.0.2:8080")).unwrap();
         a.heartbeat().await.unwrap();
         b.heartbeat().await.unwrap();
         let run = |status: &str| json!({"status": status, "tenant": "acme"});
@@ -1152,8 +1154,8 @@ mod cluster {
     async fn a_session_is_taken_over_only_from_a_dead_or_idle_owner() {
         let pg = Postgres::shared();
         let url = pg.database("claim");
-        let a = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
-        let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
+        let a = open_store(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let b = open_store(&url, node("node-b", "10.0.0.2:8080")).unwrap();
         a.heartbeat().await.unwrap();
         b.heartbeat().await.unwrap();
         // A new session has no owner: whichever node first runs it claims
@@ -1235,8 +1237,8 @@ mod cluster {
     async fn the_sweep_is_named_only_cut_turns_without_a_live_owner() {
         let pg = Postgres::shared();
         let url = pg.database("orphans");
-        let a = Store::open_postgres(&url, node("node-a", "10.0.0.1:8080")).unwrap();
-        let b = Store::open_postgres(&url, node("node-b", "10.0.0.2:8080")).unwrap();
+        let a = open_store(&url, node("node-a", "10.0.0.1:8080")).unwrap();
+        let b = open_store(&url, node("node-b", "10.0.0.2:8080")).unwrap();
         a.heartbeat().await.unwrap();
         b.heartbeat().await.unwrap();
         // Each node runs a turn of its own session (claimed first, as a
@@ -1276,7 +1278,7 @@ mod cluster {
             .unwrap()
             .port();
         let url = format!("postgres://cadre:s3cret@127.0.0.1:{port}/cadre");
-        let err = Store::open_postgres(&url, node("node-a", "x"))
+        let err = open_store(&url, node("node-a", "x"))
             .err()
             .expect("refused");
         let text = err.to_string();
@@ -1292,7 +1294,7 @@ mod cluster {
     async fn a_lost_database_makes_writes_unavailable_and_health_degraded() {
         let pg = Postgres::start();
         let url = pg.database("lost");
-        let store = Store::open_postgres(&url, node("node-a", "x")).unwrap();
+        let store = open_store(&url, node("node-a", "x")).unwrap();
         store.put_doc("ns", "k", json!(1), true).await.unwrap();
         assert_eq!(store.health(), cadre::store::StoreHealth::Ok);
         drop(pg);
@@ -1317,6 +1319,7 @@ mod cluster {
 /// back the same through the PostgreSQL store; a second run changes nothing.
 mod migrate {
     use super::*;
+    use cadre::cluster::postgres::open_store;
     use cadre::store::{NodeIdentity, Store};
     use reqwest::StatusCode;
     use support::postgres::Postgres;
@@ -1384,9 +1387,9 @@ mod migrate {
         let node = NodeIdentity {
             id: "node-a".into(),
             addr: None,
-            stale_after: cadre::store::postgres::NODE_STALE_AFTER,
+            stale_after: cadre::cluster::postgres::NODE_STALE_AFTER,
         };
-        let pg_store = Store::open_postgres(&url, node).unwrap();
+        let pg_store = open_store(&url, node).unwrap();
         let day = day_of(Timestamp::now());
         // Two turns with a tool call each: user, call, result, answer.
         assert_eq!(pg_store.message_count(&session).await.unwrap(), 8);

@@ -1,6 +1,6 @@
 //! Rate-limit windows shared by every node: GCRA in one Lua script.
 //!
-//! executor ──WindowStore::take / look──▶ [`SharedWindows`] ──[windows]──▶ EVALSHA gcra.lua ──▶ Redis
+//! executor ──WindowStore::take / look──▶ [`SharedWindows`] ── windows ──▶ EVALSHA gcra.lua ──▶ Redis
 //!          ◀── ok · RateLimited · Unavailable ◀── allowed · (window i, wait) · per-window TATs
 //!
 //! [`SharedWindows`] is the executor's [`WindowStore`] in cluster mode: it

@@ -1,11 +1,15 @@
-//! Cluster mode's shared, losable state: one Redis for every node.
+//! Cluster mode's adapters: what several nodes share, plugged into the
+//! seams the layers below own. The runtime picks them when `[cluster]`
+//! names a database and a Redis; nothing below this module knows them.
 //!
-//! executor limits ──▶ [`gcra`]     (GCRA windows, one Lua script, Redis' clock)
-//! concurrency gate ──▶ [`permits`] (leased permits, a ZSET per pool and bucket)
+//! Store (store::backend traits) ──▶ [`postgres`] (the record: one PostgreSQL for every node)
+//! executor WindowStore ──▶ [`gcra`]     (GCRA windows, one Lua script, Redis' clock)
+//! executor PermitPool  ──▶ [`permits`]  (leased permits, a ZSET per pool and bucket)
+//! http Dependency (/readyz) ──▶ [`Redis`]
 //! EventBus ◀────────▶ [`fanout`]   (pub/sub: every node's events on every node)
 //!                         └──────▶ [`Redis`] (one `ConnectionManager`, cheap to clone)
 //!
-//! Redis holds what must be shared but may be lost: rate-limit windows,
+//! PostgreSQL is the record ([`postgres`] has its own decisions). Redis holds what must be shared but may be lost: rate-limit windows,
 //! concurrency permits and events in flight. It is never the record: turns,
 //! call records and counters live in the store, so losing Redis loses no
 //! acknowledged work, only (for a while) the cluster-wide caps.
@@ -32,6 +36,7 @@
 pub mod fanout;
 pub mod gcra;
 pub mod permits;
+pub mod postgres;
 
 use std::fmt;
 use std::time::Duration;

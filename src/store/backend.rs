@@ -3,7 +3,7 @@
 //!
 //! conversation / executor / http ──▶ Store ──deref──▶ dyn StoreBackend
 //!                                                      ├─ RedbStore  (embedded, default)
-//!                                                      └─ PgStore    (cluster mode)
+//!                                                      └─ PgStore    (cluster mode: `cluster::postgres`)
 //!
 //! - [`Writes`]: the writer (group commit, generations, write-behind,
 //!   health). Every write, whatever it changes, is a [`WriteOp`] through it.
@@ -21,7 +21,11 @@
 //! `use crate::store::prelude::*;`. A new table is written once: a
 //! [`WriteOp`] applied by each backend's writer, a read on the trait of its
 //! concern, and a check in `tests/store_conformance.rs`, which runs every
-//! check against `dyn StoreBackend` on both backends.
+//! check against `dyn StoreBackend` on both backends. The embedded backend
+//! lives here; cluster mode's PostgreSQL one is an adapter in
+//! `cluster::postgres` (the store names no PostgreSQL type: a driver's
+//! error arrives as [`StoreError::Backend`](super::StoreError::Backend)),
+//! and the runtime picks which one a `Store` holds.
 //!
 //! Decided: trait objects (`async_trait`, one boxed future per call), not
 //! generics threaded through every handle: a store call is a channel send

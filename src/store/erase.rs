@@ -56,20 +56,20 @@ pub struct Erased {
 pub const REMEMBER_ERASED: usize = 65_536;
 
 /// The session ids erased lately (see the module doc): writes under them
-/// are dropped.
+/// are dropped. Every backend's writer keeps one.
 #[derive(Default)]
-pub(super) struct ErasedIds {
+pub struct ErasedIds {
     ids: HashSet<String>,
     order: VecDeque<String>,
 }
 
 impl ErasedIds {
-    pub(super) fn contains(&self, id: &str) -> bool {
+    pub fn contains(&self, id: &str) -> bool {
         self.ids.contains(id)
     }
 
     /// Whether `op` would store something under an erased session.
-    pub(super) fn drops(&self, op: &super::WriteOp) -> bool {
+    pub fn drops(&self, op: &super::WriteOp) -> bool {
         use super::WriteOp;
         if self.ids.is_empty() {
             return false;
@@ -89,7 +89,7 @@ impl ErasedIds {
         }
     }
 
-    pub(super) fn remember(&mut self, id: String) {
+    pub fn remember(&mut self, id: String) {
         if self.ids.insert(id.clone()) {
             self.order.push_back(id);
         }

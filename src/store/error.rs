@@ -1,7 +1,9 @@
 //! The store's errors and health, shared by both backends.
 //!
 //! conversation / http ◀── StoreError (a public error: 503 for an outage,
-//! 409 for a fenced writer) ◀── the redb or PostgreSQL backend
+//! 409 for a fenced writer) ◀── the redb backend, or an adapter's
+//! (cluster mode's PostgreSQL), whose own errors arrive as
+//! [`StoreError::Backend`]
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,15 +62,23 @@ pub enum StoreError {
     /// Another live node runs the workflow run.
     #[error("workflow run {run_id} is run by node {owner}")]
     RunOwnedElsewhere { run_id: String, owner: String },
-    /// PostgreSQL could not be reached or migrated at open; `url` has no password.
-    #[error("cannot reach PostgreSQL at {url} (set with {setting}): {reason}")]
-    PgUnreachable {
+    /// A backend's database could not be reached or migrated at open;
+    /// `url` has no password.
+    #[error("cannot reach {backend} at {url} (set with {setting}): {reason}")]
+    Unreachable {
+        backend: &'static str,
         url: String,
         setting: &'static str,
         reason: String,
     },
-    #[error("PostgreSQL: {0}")]
-    Postgres(#[from] tokio_postgres::Error),
+    /// A backend's own failure, kept whole as the source (its adapter
+    /// converts its driver's errors into this, and reads them back).
+    #[error("{backend}: {source}")]
+    Backend {
+        backend: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Every storage failure is `STORAGE_UNAVAILABLE` to a caller (a lost

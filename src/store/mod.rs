@@ -2,7 +2,7 @@
 //! behind one handle with two backends.
 //!
 //! conversation / executor / http ──▶ Store ──deref──▶ dyn StoreBackend ──▶ RedbStore (embedded, default)
-//!                                                                       └─▶ PgStore   (cluster mode)
+//!                                                                       └─▶ PgStore   (cluster mode, an adapter in `cluster::postgres`)
 //!
 //! Every caller holds a [`Store`] and never knows which backend serves it:
 //! the store is a few traits by concern ([`backend`]), each implemented
@@ -70,7 +70,6 @@ pub mod error;
 pub mod idempotency;
 pub mod listing;
 pub mod owners;
-pub mod postgres;
 mod read_view;
 pub mod rows;
 mod storage;
@@ -92,7 +91,6 @@ pub use erase::Erased;
 pub use error::{StoreError, StoreHealth};
 pub use listing::Page;
 pub use owners::{Claim, NodeIdentity, NodeRow, RunOwner};
-pub use postgres::PgStore;
 pub use rows::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
 
@@ -150,13 +148,5 @@ impl Store {
     /// file adds nothing.
     pub fn open_in_memory() -> Result<Store, StoreError> {
         Ok(Self::with_backend(RedbStore::open_in_memory()?))
-    }
-
-    /// Connects to the PostgreSQL database at `url` as `node`, applies its
-    /// migrations and starts its writer ([`postgres`]): cluster mode. An
-    /// unreachable database is an error naming `--store` / `[cluster] store`
-    /// and the URL without its password.
-    pub fn open_postgres(url: &str, node: NodeIdentity) -> Result<Store, StoreError> {
-        Ok(Self::with_backend(PgStore::open(url, node)?))
     }
 }

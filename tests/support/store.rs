@@ -146,7 +146,7 @@ pub fn database_of(data_dir: &Path) -> Option<String> {
 pub fn open_store(data_dir: &Path) -> Store {
     match database_of(data_dir) {
         None => Store::open(data_dir).expect("open the data dir"),
-        Some(url) => Store::open_postgres(
+        Some(url) => cadre::cluster::postgres::open_store(
             &url,
             NodeIdentity {
                 id: node_id(&url),

@@ -33,7 +33,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{Json, ToSql};
 
 use super::docs::DocHome;
-use super::{Shared, column};
+use super::{Shared, column, driver_error};
 use crate::store::erase::ErasedIds;
 use crate::store::usage::UsageDelta;
 use crate::store::{Erased, HOLD_BEHIND, StoreError, StoredMessage, WriteOp};
@@ -301,12 +301,12 @@ impl Writer {
 
     /// A statement or commit failed: a lost connection is an outage.
     fn lost(&self, e: tokio_postgres::Error) -> StoreError {
-        self.fail(StoreError::Postgres(e))
+        self.fail(e.into())
     }
 
     fn fail(&self, e: StoreError) -> StoreError {
-        match &e {
-            StoreError::Postgres(pg) if pg.is_closed() || pg.as_db_error().is_none() => {
+        match driver_error(&e) {
+            Some(pg) if pg.is_closed() || pg.as_db_error().is_none() => {
                 self.shared.unavailable(&pg.to_string())
             }
             _ => e,
@@ -318,8 +318,7 @@ impl Writer {
 fn is_request_error(e: &StoreError) -> bool {
     match e {
         StoreError::Fenced { .. } | StoreError::RunFenced { .. } | StoreError::Corrupt(_) => true,
-        StoreError::Postgres(pg) => pg.as_db_error().is_some(),
-        _ => false,
+        other => driver_error(other).is_some_and(|pg| pg.as_db_error().is_some()),
     }
 }
 
@@ -674,7 +673,7 @@ fn request_error(op: &WriteOp, fence_epoch: Option<u64>, e: tokio_postgres::Erro
                 epoch: fence_epoch.unwrap_or(0),
             }
         }
-        _ => StoreError::Postgres(e),
+        _ => e.into(),
     }
 }
 

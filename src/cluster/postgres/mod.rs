@@ -6,7 +6,7 @@
 //! http / conversation ──read──▶ a pooled connection ──▶ one query (or two)
 //! runtime ──heartbeat / claim_session / release_session──▶ nodes, sessions(owner, epoch)
 //!
-//! Same methods, same semantics as the redb store ([`super::Store`]); the
+//! Same methods, same semantics as the redb store ([`crate::store::Store`]); the
 //! tables ([`schema`]) are real tables with real keys, every key `COLLATE
 //! "C"` so pages and cursors come out in redb's byte order.
 //!
@@ -16,7 +16,7 @@
 //!   lives on the runtime that opened it, and cadre's callers run on many
 //!   (actix arbiters, tests' runtimes) that may stop before the pool does.
 //!   A call costs one hop between runtimes. [`PgStore::open`] is sync like
-//!   [`super::Store::open`]: it waits for that thread to connect and migrate.
+//!   [`crate::store::Store::open`]: it waits for that thread to connect and migrate.
 //! - Pool: deadpool-postgres (in the cluster dependencies already; the
 //!   field's pool for tokio-postgres, with `Fast` recycling and timeouts on
 //!   waiting for and creating a connection, so an unreachable database
@@ -25,7 +25,7 @@
 //!   nodes (no TLS crate is pinned for it).
 //! - Writes ([`writer`]): one writer task per node keeps the redb writer's
 //!   contract: group commit of what is queued, durable when any request
-//!   asks, write-behind held up to [`super::HOLD_BEHIND`] and in order. A
+//!   asks, write-behind held up to [`crate::store::HOLD_BEHIND`] and in order. A
 //!   batch without a durable request commits with `SET LOCAL
 //!   synchronous_commit = off`: the commit returns before its WAL is
 //!   flushed, so a crash *of PostgreSQL* (not of cadre) may lose the last
@@ -38,7 +38,7 @@
 //! - Generation: PostgreSQL is never reopened, so it stays 0; `write_at`
 //!   with another generation is refused like redb refuses a stale one.
 //! - Late writes under an erased session are dropped by the writer
-//!   ([`super::erase::ErasedIds`]), as redb does; across nodes the epoch
+//!   ([`crate::store::erase::ErasedIds`]), as redb does; across nodes the epoch
 //!   fence does it (an erased session has no row to match).
 //! - Ownership ([`ownership`]) compares heartbeats with the database's
 //!   clock (`now()`), never a node's.
@@ -59,7 +59,7 @@ mod schema;
 mod tls;
 mod writer;
 
-use super::backend::Writes;
+use crate::store::backend::Writes;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -70,7 +70,7 @@ use jiff::Timestamp;
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{NodeIdentity, StoreError, StoreHealth, WriteOp};
+use crate::store::{NodeIdentity, Store, StoreError, StoreHealth, WriteOp};
 pub use import::{IMPORT_NODE, Imported};
 
 /// Longest a caller waits for a pooled connection, or for a new one.
@@ -84,6 +84,34 @@ pub const NODE_STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// The setting that names the database, for error messages.
 pub const SETTING: &str = "--store / [cluster] store";
+/// How the store's errors name this backend.
+const BACKEND: &str = "PostgreSQL";
+
+/// Connects to the PostgreSQL database at `url` as `node`, applies its
+/// migrations and starts its writer: the [`Store`] of cluster mode. An
+/// unreachable database is an error naming `--store` / `[cluster] store`
+/// and the URL without its password.
+pub fn open_store(url: &str, node: NodeIdentity) -> Result<Store, StoreError> {
+    Ok(Store::with_backend(PgStore::open(url, node)?))
+}
+
+/// The driver's errors reach the store's callers as the store's own.
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::Backend {
+            backend: BACKEND,
+            source: Box::new(e),
+        }
+    }
+}
+
+/// The driver's error inside `e`, if `e` is one.
+fn driver_error(e: &StoreError) -> Option<&tokio_postgres::Error> {
+    match e {
+        StoreError::Backend { source, .. } => source.downcast_ref(),
+        _ => None,
+    }
+}
 
 /// What every task of the store shares.
 pub(crate) struct Shared {
@@ -167,7 +195,8 @@ impl PgStore {
     /// writer. An unreachable database is an error naming the setting and
     /// the URL without its password.
     pub fn open(url: &str, node: NodeIdentity) -> Result<PgStore, StoreError> {
-        let unreachable = |reason: String| StoreError::PgUnreachable {
+        let unreachable = |reason: String| StoreError::Unreachable {
+            backend: BACKEND,
             url: redact(url),
             setting: SETTING,
             reason,

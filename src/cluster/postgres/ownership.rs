@@ -9,7 +9,7 @@
 //! stale time by the database's clock (`now()`; nodes' clocks are never
 //! compared). Taking a session from another owner, or after a release,
 //! bumps the epoch: every write the old owner still sends carries the old
-//! epoch and is refused ([`super::super::StoreError::Fenced`]). No advisory
+//! epoch and is refused ([`crate::store::StoreError::Fenced`]). No advisory
 //! locks: they belong to one pooled connection and run out of lock table
 //! space near 13k sessions on default settings.
 //! A claim of a session that does not exist (yet) returns epoch 0 and

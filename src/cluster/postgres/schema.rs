@@ -63,7 +63,7 @@ pub(super) async fn migrate(pool: &Pool) -> Result<(), String> {
         .collect();
     let known = MIGRATIONS.last().map_or(0, |m| m.0);
     if let Some(&found) = applied.iter().find(|v| **v > known) {
-        return Err(super::super::StoreError::SchemaMismatch {
+        return Err(crate::store::StoreError::SchemaMismatch {
             found: found as u64,
             expected: known as u64,
         }
