@@ -23,8 +23,9 @@
 //! - [`cluster`]: cluster mode's adapters, plugged into the seams of the
 //!   layers below: PostgreSQL behind the store's traits; Redis behind the
 //!   executor's `WindowStore` (shared rate-limit windows) and `PermitPool`
-//!   (leased concurrency permits), behind `/readyz`'s `Dependency`, and
-//!   the event fan-out between nodes.
+//!   (leased concurrency permits), behind `/readyz`'s `Dependency`; the
+//!   forwarding of a session's requests to its owner node behind http's
+//!   `ToOwner`; the event fan-out between nodes.
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`agents`]: agent definitions (agent files); [`server_config`]: the
 //!   server's config file.

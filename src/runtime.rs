@@ -879,12 +879,12 @@ async fn serve(
             let mcp_shutdown = tokio_util::sync::CancellationToken::new();
             let streams = api_limit.streams().clone();
             let forward = store.node_id().map(|node| {
-                crate::http::forward::Forward::new(
+                Arc::new(crate::cluster::forward::Forward::new(
                     sessions.clone(),
                     store.clone(),
                     node.to_string(),
                     crate::http::MAX_BODY_BYTES,
-                )
+                )) as Arc<dyn crate::http::owner::ToOwner>
             });
             let app = router(
                 AppState::new(AppShared {

@@ -22,7 +22,7 @@
 //!   the write is refused by the run's fence, node0's runner stops, and the
 //!   run's rows are what node1 left.
 //! - Through node1 while node0 runs it: the run's cancel and its event
-//!   stream are forwarded to node0 (`http::forward`).
+//!   stream are forwarded to node0 (`cluster::forward`).
 
 mod support;
 

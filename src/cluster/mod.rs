@@ -5,6 +5,7 @@
 //! Store (store::backend traits) ──▶ [`postgres`] (the record: one PostgreSQL for every node)
 //! executor WindowStore ──▶ [`gcra`]     (GCRA windows, one Lua script, Redis' clock)
 //! executor PermitPool  ──▶ [`permits`]  (leased permits, a ZSET per pool and bucket)
+//! http ToOwner ──▶ [`forward`] (a session's or run's requests to its owner node)
 //! http Dependency (/readyz) ──▶ [`Redis`]
 //! EventBus ◀────────▶ [`fanout`]   (pub/sub: every node's events on every node)
 //!                         └──────▶ [`Redis`] (one `ConnectionManager`, cheap to clone)
@@ -34,6 +35,7 @@
 //! - The URL is never logged with its password ([`redact`]).
 
 pub mod fanout;
+pub mod forward;
 pub mod gcra;
 pub mod permits;
 pub mod postgres;

@@ -48,7 +48,7 @@
 //!   across nodes would need the other node's answer pushed here), and
 //!   never runs it a second time. A retry of a message usually never
 //!   gets here: it is forwarded to the session's owner
-//!   ([`super::forward`]), where it waits as above. A node that dies
+//!   ([`super::owner`]), where it waits as above. A node that dies
 //!   while it runs a keyed request leaves its mark until its heartbeat is
 //!   stale; then a retry anywhere runs again, as after a crash.
 //! - `POST /v1/sessions/{id}/messages` with `Prefer: respond-async`: a

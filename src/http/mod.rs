@@ -34,12 +34,12 @@ pub mod console;
 pub mod error;
 pub mod events;
 pub mod extract;
-pub mod forward;
 pub mod host;
 pub mod idempotency;
 pub mod keys;
 pub mod limits;
 pub mod openapi;
+pub mod owner;
 pub mod rate_limit;
 pub mod sessions;
 pub mod streams;
@@ -111,8 +111,8 @@ pub struct AppShared {
     pub keys: KeyRing,
     /// Cancelled at shutdown: ends the open `/mcp` sessions.
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
-    /// Cluster mode: sends a session's requests to its owner ([`forward`]).
-    pub forward: Option<forward::Forward>,
+    /// Cluster mode: sends a session's requests to its owner ([`owner`]).
+    pub forward: Option<std::sync::Arc<dyn owner::ToOwner>>,
     /// What `/readyz` reports beside the store (cluster mode: Redis).
     pub dependencies: Vec<std::sync::Arc<dyn Dependency>>,
 }
@@ -206,7 +206,7 @@ pub fn router(
         ))
         .route_layer(from_fn_with_state(
             state.forward.clone(),
-            forward::maybe_to_owner,
+            owner::maybe_to_owner,
         ))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {

@@ -28,7 +28,7 @@
 //!   evicted. Tokens are not shared between processes (a restart forgets
 //!   them). In cluster mode the node a `POST …/ws-token` reaches issues
 //!   the token itself (that request is never forwarded to the session's
-//!   owner, `http::forward`), and the socket's `GET` has the same session
+//!   owner, `cluster::forward`), and the socket's `GET` has the same session
 //!   path, so the balancer's hash brings it to the same node; one that
 //!   reaches another node (the node set changed within the minute) is
 //!   refused 401 and the browser asks for a new token. Decision: no shared

@@ -1,7 +1,12 @@
 //! Cluster mode: a session's requests go to the node that owns it.
 //!
-//! client ──▶ any node ──(not live here, owned by a live node)──▶ owner node
-//!        ◀────────────── the owner's response, streamed back ◀─┘
+//! client ──▶ any node ──http::owner::ToOwner──▶ [`Forward`] ──(not live here, owned by a live node)──▶ owner node
+//!        ◀────────────── the owner's response, streamed back ◀──────────────────────────────────┘
+//!
+//! The API owns the seam ([`ToOwner`]: serve here or answer from the
+//! owner); this adapter decides who owns what, from the store's ownership
+//! rows, and reaches the owner over HTTP. The runtime installs it when the
+//! store names this node (cluster mode).
 //!
 //! HAProxy hashes the session id, so a session's requests usually reach
 //! the node whose conversation actor is warm; routing is only for speed.
@@ -49,7 +54,7 @@
 //!   this node takes it over.
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -58,6 +63,7 @@ use futures::TryStreamExt;
 use crate::conversation::Sessions;
 use crate::error_code::ErrorCode;
 use crate::http::error::ApiError;
+use crate::http::owner::ToOwner;
 use crate::identity::Principal;
 use crate::store::{RunOwner, Store, StoreError};
 
@@ -110,29 +116,20 @@ fn session_of(method: &Method, path: &str) -> Option<String> {
     (!id.is_empty() && id.len() <= 128).then(|| id.to_string())
 }
 
-/// The layer as installed: a single node passes everything through.
-pub async fn maybe_to_owner(
-    State(fwd): State<Option<Forward>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match fwd {
-        Some(fwd) => to_owner(State(fwd), request, next).await,
-        None => next.run(request).await,
-    }
-}
-
-/// The middleware: serve here, or send to the owner.
-pub async fn to_owner(State(fwd): State<Forward>, request: Request, next: Next) -> Response {
-    let node = HeaderValue::from_str(&fwd.node_id).ok();
-    let mut response = route(&fwd, request, next).await;
-    if let Some(node) = node {
+/// Sets [`NODE_HEADER`] on every response: which node answered.
+#[async_trait::async_trait]
+impl ToOwner for Forward {
+    async fn route(&self, request: Request, next: Next) -> Response {
+        let node = HeaderValue::from_str(&self.node_id).ok();
+        let mut response = route(self, request, next).await;
+        if let Some(node) = node {
+            response
+                .headers_mut()
+                .entry(HeaderName::from_static(NODE_HEADER))
+                .or_insert(node);
+        }
         response
-            .headers_mut()
-            .entry(HeaderName::from_static(NODE_HEADER))
-            .or_insert(node);
     }
-    response
 }
 
 /// The run id of a request that acts on, or follows, a running workflow
