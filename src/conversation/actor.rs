@@ -144,7 +144,8 @@ use crate::model::{ChatMessage, ModelError};
 use crate::store::turns::TurnWrite;
 use crate::store::usage::day_of;
 use crate::store::{
-    Session, Store, StoreError, StoredMessage, StoredSummary, TokenUsage, UsageDelta, WriteOp,
+    Session, SessionWriter, Store, StoreError, StoredMessage, StoredSummary, TokenUsage,
+    UsageDelta, WriteOp,
 };
 use crate::tools::{CallerType, ExecutionContext, ToolExecutionResult};
 
@@ -449,11 +450,11 @@ pub struct Conversation {
     metrics: Arc<Metrics>,
     /// The store generation the history was loaded at.
     generation: u64,
-    /// Cluster mode: the epoch this node claimed the session at; every
-    /// write carries it ([`WriteOp::Fence`]), and a write refused for it
-    /// (another node took the session over) ends the actor like any store
-    /// error. `None` on a single node.
-    epoch: Option<u64>,
+    /// What the store gave this actor to write the session through: every
+    /// request is fenced by it (in a cluster, the epoch of this node's
+    /// claim: [`WriteOp::Fence`]), and a write refused for it (another node
+    /// took the session over) ends the actor like any store error.
+    writer: SessionWriter,
     /// The model call in flight: cancelled when the turn is interrupted.
     model_call: Option<SpawnHandle>,
     /// Bumped when a turn is cut, so callbacks of the cut turn do nothing.
@@ -523,6 +524,7 @@ impl Conversation {
         metrics: Arc<Metrics>,
     ) -> Self {
         let machine = machine.with_queue_rules(agent.multitask, DEFAULT_MAX_QUEUED_TURNS);
+        let writer = SessionWriter::sole(&session.id);
         Conversation {
             session,
             agent,
@@ -539,7 +541,7 @@ impl Conversation {
             last_active: Instant::now(),
             metrics,
             generation: 0,
-            epoch: None,
+            writer,
             model_turn_timeout: DEFAULT_MODEL_TURN_TIMEOUT,
             retired: None,
             model_call: None,
@@ -587,26 +589,12 @@ impl Conversation {
         self
     }
 
-    /// Cluster mode: the epoch of this node's claim on the session.
-    pub fn claimed_at(mut self, epoch: u64) -> Self {
-        self.epoch = Some(epoch);
+    /// Writes the session through `writer`
+    /// ([`crate::store::Ownership::session_writer`]);
+    /// without it, as the sole writer of a single node.
+    pub fn written_through(mut self, writer: SessionWriter) -> Self {
+        self.writer = writer;
         self
-    }
-
-    /// `ops` with the fence of this node's claim in front (cluster mode).
-    fn fenced(&self, mut ops: Vec<WriteOp>) -> Vec<WriteOp> {
-        if let Some(epoch) = self.epoch
-            && !ops.is_empty()
-        {
-            ops.insert(
-                0,
-                WriteOp::Fence {
-                    session_id: self.session.id.clone(),
-                    epoch,
-                },
-            );
-        }
-        ops
     }
 
     /// At most `max` turns wait behind the running one.
@@ -796,7 +784,7 @@ impl Conversation {
     ) {
         let mut ops = self.take_unsaved();
         ops.extend(extra);
-        let ops = self.fenced(ops);
+        let ops = self.writer.fenced(ops);
         let store = self.store.clone();
         let generation = self.generation;
         ctx.spawn(
@@ -825,8 +813,10 @@ impl Conversation {
         } else {
             let mut ops = self.take_unsaved();
             ops.extend(record);
-            let ops = self.fenced(ops);
-            if let (Some(_), Action::RunTools(calls)) = (self.epoch, &step.action) {
+            let ops = self.writer.fenced(ops);
+            if let Action::RunTools(calls) = &step.action
+                && self.writer.may_be_taken_over()
+            {
                 // Cluster mode: tools act on the world, so they run only
                 // once this node's claim is confirmed by a commit of the
                 // step that asks for them; a node that lost the session
@@ -1391,7 +1381,7 @@ impl Conversation {
                 seqs: closed.rolled_back,
             });
         }
-        let ops = self.fenced(ops);
+        let ops = self.writer.fenced(ops);
         if durable {
             let store = self.store.clone();
             let generation = self.generation;
@@ -1578,7 +1568,7 @@ impl Conversation {
             });
         }
         if !ops.is_empty() {
-            let ops = act.fenced(ops);
+            let ops = act.writer.fenced(ops);
             let store = act.store.clone();
             let generation = act.generation;
             // Derived data and its cost: made durable by the next durable commit.
@@ -1668,7 +1658,7 @@ impl Conversation {
         }
         c.conversation_id = Some(self.session.id.clone());
         c.turn_id = self.machine.turn_id().map(str::to_string);
-        c.epoch = self.epoch;
+        c.writer = Some(self.writer.clone());
         c.user_id = self.session.user_id.clone();
         c.plan = self.session.plan;
         c.tenant = Some(self.session.tenant.clone());
@@ -1761,16 +1751,11 @@ impl Handler<IdleCheck> for Conversation {
         // Cluster mode: give the session up once everything written is in,
         // so any node takes it without waiting for this node's heartbeat to
         // go stale.
-        if let Some(epoch) = self.epoch {
-            let store = self.store.clone();
-            let id = self.session.id.clone();
+        if self.writer.may_be_taken_over() {
+            let (store, writer) = (self.store.clone(), self.writer.clone());
             tokio::spawn(async move {
-                if let Err(e) = store.flush().await {
-                    tracing::debug!(session = %id, error = %e, "kept the session claimed");
-                    return;
-                }
-                if let Err(e) = store.release_session(&id, epoch).await {
-                    tracing::debug!(session = %id, error = %e, "session not released");
+                if let Err(e) = writer.release(&*store).await {
+                    tracing::debug!(session = writer.session_id(), error = %e, "session not released");
                 }
             });
         }

@@ -1300,18 +1300,9 @@ impl Sessions {
         // Taken before loading: a reopen after this makes the actor reload.
         let generation = self.inner.store.generation();
         let session = self.get(id).await?;
-        // Cluster mode: this node becomes the session's one writer before
-        // it reads the history its writes build on ([`crate::store::owners`]).
-        let claim = match self.inner.store.node_id() {
-            Some(_) => {
-                let claim = self.inner.store.claim_session(id).await?;
-                if let Some(from) = &claim.took_over_from {
-                    tracing::info!(session = id, from = %from, epoch = claim.epoch, "session taken over");
-                }
-                Some(claim)
-            }
-            None => None,
-        };
+        // This node becomes the session's one writer before it reads the
+        // history its writes build on ([`crate::store::owners`]).
+        let writer = self.inner.store.session_writer(id).await?;
         let agent = self.agent_of(&session)?;
         let summary = self.inner.store.get_summary(id).await?;
         let covered = summary.as_ref().map_or(0, |s| s.covers_until_seq);
@@ -1400,11 +1391,8 @@ impl Sessions {
         .loaded_at(generation)
         .max_queued_turns(self.inner.limits.max_queued_turns)
         .model_turn_timeout(self.inner.limits.model_turn_timeout)
-        .storage_share(self.inner.storage.clone());
-        let conversation = match &claim {
-            Some(c) => conversation.claimed_at(c.epoch),
-            None => conversation,
-        };
+        .storage_share(self.inner.storage.clone())
+        .written_through(writer);
         let conversation = match cut {
             Some(record) => {
                 let age = Timestamp::now().duration_since(record.updated_at);

@@ -139,17 +139,14 @@ async fn commit_intent(store: &Store, msg: &ExecuteTool, key: &str) -> Result<()
         .as_deref()
         .unwrap_or(crate::identity::DEFAULT_TENANT);
     match msg.ctx.conversation_id.as_deref() {
-        // Cluster mode: the intent is written only while the conversation
-        // still holds its session, so of two nodes that both believe they
-        // run a turn (one about to learn it lost it), one commits the
-        // intent and runs the call; the other is refused and runs nothing,
-        // and a resume that looks after the takeover sees the intent.
-        Some(session) if msg.ctx.epoch.is_some() => {
+        // Written through the conversation's session writer: in a cluster
+        // the intent is written only while the conversation still holds
+        // its session, so of two nodes that both believe they run a turn
+        // (one about to learn it lost it), one commits the intent and runs
+        // the call; the other is refused and runs nothing, and a resume
+        // that looks after the takeover sees the intent.
+        Some(session) => {
             let ops = vec![
-                WriteOp::Fence {
-                    session_id: session.into(),
-                    epoch: msg.ctx.epoch.unwrap_or_default(),
-                },
                 WriteOp::PutDoc {
                     namespace: CALL_INTENTS.into(),
                     key: key.into(),
@@ -162,12 +159,11 @@ async fn commit_intent(store: &Store, msg: &ExecuteTool, key: &str) -> Result<()
                     session_id: session.into(),
                 },
             ];
+            let ops = match &msg.ctx.writer {
+                Some(writer) => writer.fenced(ops),
+                None => ops,
+            };
             store.write(ops, true).await
-        }
-        Some(session) => {
-            store
-                .put_doc_of_session(CALL_INTENTS, tenant, session, key, value, true)
-                .await
         }
         None => {
             store

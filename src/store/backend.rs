@@ -42,8 +42,8 @@ use serde_json::Value;
 
 use super::{
     CallFilter, Claim, Erased, IdempotencyClaim, IdempotencyRecord, MessageStats, NodeRow, Page,
-    RunOwner, Session, SessionFilter, StoreError, StoreHealth, StoredMessage, StoredSummary,
-    TokenUsage, ToolCallRecord, ToolStats, UsageRow, WriteOp,
+    RunOwner, Session, SessionFilter, SessionWriter, StoreError, StoreHealth, StoredMessage,
+    StoredSummary, TokenUsage, ToolCallRecord, ToolStats, UsageRow, WriteOp,
 };
 
 /// How [`DocReads::index_docs`] reads a document's tenant (an alias:
@@ -491,6 +491,20 @@ pub trait Ownership: Writes {
     /// Gives the session up (its actor went idle): the next claim, by any
     /// node, takes it without waiting for this node's heartbeat to go stale.
     async fn release_session(&self, id: &str, epoch: u64) -> Result<(), StoreError>;
+
+    /// Makes this node the session's one writer and returns the handle
+    /// its writes go through: at once on a backend of one node, by a claim
+    /// ([`Self::claim_session`]) in a cluster.
+    async fn session_writer(&self, id: &str) -> Result<SessionWriter, StoreError> {
+        if self.node_id().is_none() {
+            return Ok(SessionWriter::sole(id));
+        }
+        let claim = self.claim_session(id).await?;
+        if let Some(from) = &claim.took_over_from {
+            tracing::info!(session = id, from = %from, epoch = claim.epoch, "session taken over");
+        }
+        Ok(SessionWriter::claimed(id, claim.epoch))
+    }
 
     /// Makes this node the writer of workflow run `id` and returns the
     /// epoch its writes carry ([`WriteOp::FenceRun`]);

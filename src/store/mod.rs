@@ -90,7 +90,7 @@ pub use embedded::RedbStore;
 pub use erase::Erased;
 pub use error::{StoreError, StoreHealth};
 pub use listing::Page;
-pub use owners::{Claim, NodeIdentity, NodeRow, RunOwner};
+pub use owners::{Claim, NodeIdentity, NodeRow, RunOwner, SessionWriter};
 pub use rows::*;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
 

@@ -1,7 +1,7 @@
 //! Who writes a session: the owner/epoch rule of cluster mode.
 //!
-//! Sessions::conversation ──claim_session──▶ Claim { epoch } ──▶ actor writes
-//! every request with WriteOp::Fence { session_id, epoch } first
+//! Sessions::conversation ──session_writer──▶ SessionWriter (a claim's epoch) ──▶ the actor
+//! writes every request through it: WriteOp::Fence { session_id, epoch } first
 //!
 //! - A node *claims* a session before its conversation writes: it becomes
 //!   the owner when the session has none, is already its own, or its
@@ -20,6 +20,11 @@
 //! - Not advisory locks: they belong to one pooled connection and run out
 //!   of lock table space near 13k sessions on default settings.
 //! - The embedded backend (one node, one file) owns every session at epoch 0.
+//! - The conversation never sees an epoch: it gets a [`SessionWriter`] from
+//!   [`Ownership::session_writer`] (a claim in a cluster, nothing to claim
+//!   on one node), fences every request with it, passes it to the
+//!   executor with its calls (their intents are fenced too) and gives the
+//!   session back through it when it goes idle.
 //!
 //! Workflow runs follow the same rule, keyed by run id:
 //! runner ──claim_run──▶ Claim { epoch } ──▶ every write of the run (its
@@ -42,7 +47,7 @@ use jiff::Timestamp;
 use serde::Serialize;
 
 use super::backend::{DocReads, Ownership, TurnReads};
-use super::{RedbStore, StoreError};
+use super::{RedbStore, StoreError, WriteOp};
 
 /// The namespace of workflow run documents ([`super::tables::WORKFLOW_RUNS`]).
 const RUNS: &str = "workflow_runs";
@@ -66,6 +71,81 @@ pub struct Claim {
     pub epoch: u64,
     /// The node that owned it before, when this claim took it over.
     pub took_over_from: Option<String>,
+}
+
+/// The handle a session's one writer writes through, from
+/// [`Ownership::session_writer`]: the claim it holds, put in front of
+/// every request it fences, so once another node has taken the session
+/// over its requests are refused whole ([`StoreError::Fenced`]).
+///
+/// Behind one `Arc`: a resident conversation holds one inline, and every
+/// call it makes carries a clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionWriter(std::sync::Arc<Writer>);
+
+#[derive(Debug, PartialEq, Eq)]
+struct Writer {
+    session_id: String,
+    /// The claim's epoch; `None` on a backend of one node, where no other
+    /// writer can exist and nothing is fenced.
+    epoch: Option<u64>,
+}
+
+impl SessionWriter {
+    /// The writer of a session on a backend of one node.
+    pub fn sole(session_id: &str) -> Self {
+        SessionWriter(std::sync::Arc::new(Writer {
+            session_id: session_id.into(),
+            epoch: None,
+        }))
+    }
+
+    /// The writer holding a claim on the session at `epoch` (cluster mode).
+    pub fn claimed(session_id: &str, epoch: u64) -> Self {
+        SessionWriter(std::sync::Arc::new(Writer {
+            session_id: session_id.into(),
+            epoch: Some(epoch),
+        }))
+    }
+
+    pub fn session_id(&self) -> &str {
+        &self.0.session_id
+    }
+
+    /// `ops` with the claim's fence in front (with nothing to fence, or no
+    /// ops, as they are).
+    pub fn fenced(&self, mut ops: Vec<WriteOp>) -> Vec<WriteOp> {
+        if let Some(epoch) = self.0.epoch
+            && !ops.is_empty()
+        {
+            ops.insert(
+                0,
+                WriteOp::Fence {
+                    session_id: self.0.session_id.clone(),
+                    epoch,
+                },
+            );
+        }
+        ops
+    }
+
+    /// Whether another node may take the session over while this writer
+    /// writes: then what acts on the world (a tool call) waits for a
+    /// commit that confirms the claim.
+    pub fn may_be_taken_over(&self) -> bool {
+        self.0.epoch.is_some()
+    }
+
+    /// Gives the session up once everything written is in (its actor went
+    /// idle), so any node takes it without waiting for this node's
+    /// heartbeat to go stale. A writer of one node has nothing to give up.
+    pub async fn release(&self, store: &(impl Ownership + ?Sized)) -> Result<(), StoreError> {
+        let Some(epoch) = self.0.epoch else {
+            return Ok(());
+        };
+        store.flush().await?;
+        store.release_session(&self.0.session_id, epoch).await
+    }
 }
 
 /// Who runs a workflow run, for a node that got a request about it.

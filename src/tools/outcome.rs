@@ -68,11 +68,11 @@ pub struct ExecutionContext {
     /// honours it never repeats a side effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
-    /// Cluster mode: the epoch the conversation holds its session at. The
+    /// The handle the calling conversation writes its session through. The
     /// call's intent is committed fenced by it, so a node that lost the
     /// session meanwhile runs nothing ([`crate::store::owners`]).
     #[serde(skip)]
-    pub epoch: Option<u64>,
+    pub writer: Option<crate::store::SessionWriter>,
 }
 
 impl ExecutionContext {
@@ -93,7 +93,7 @@ impl ExecutionContext {
             variables: Value::Null,
             turn_id: None,
             idempotency_key: None,
-            epoch: None,
+            writer: None,
         }
     }
 }
