@@ -22,8 +22,10 @@
 //!   concurrent `check` for the same user and tool, taking the last cell of a
 //!   longer window between the look and the take, can still refuse a call
 //!   that spent a cell; that cell is then the one that refills soonest. The
-//!   executor calls `check` from its actor, one call at a time, so in cadre
-//!   this does not happen.
+//!   executor takes cells in its reply futures, which run on the actor's one
+//!   arbiter thread, and the in-process take has no await inside, so one
+//!   call's look and take never interleave with another's: in cadre this
+//!   does not happen.
 //! - **Lazy limiters, rebuilt on change.** A limiter is made for a (tool,
 //!   window) on its first call and rebuilt when the definition's value for that
 //!   window changes (hot reload); a rebuilt window starts full for every user.

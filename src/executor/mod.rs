@@ -46,9 +46,8 @@
 //! asked over the network (never from inside the actor), then validation's
 //! verdict, so a call with bad arguments spends its cells as any other, on
 //! one node and on many. The tool body runs in a spawned tokio task, so a
-//! slow tool never
-//! stalls admission and a panicking one fails only its own call
-//! (`execution_error`). The actor runs under an actix `Supervisor`: if
+//! slow tool never stalls admission and a panicking one fails only its own
+//! call (`execution_error`). The actor runs under an actix `Supervisor`: if
 //! admission itself panics, the caller gets an `execution_error` and the
 //! actor stops so the supervisor restarts it; limits, pool and cache live in
 //! shared handles and survive the restart. Callers reach it through
