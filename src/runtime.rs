@@ -422,21 +422,18 @@ fn limits(
             Arc::new(ConcurrencyController::new(config.concurrency.clone())),
         );
     };
-    let policy = config.cluster.redis_failure;
-    let gcra = crate::cluster::gcra::Gcra::new(redis.clone());
-    let permits =
-        crate::cluster::permits::Permits::new(redis.clone(), config.cluster.permit_lease());
-    let windows = |scope| crate::cluster::gcra::SharedWindows::new(gcra.clone(), scope, policy);
+    let shared = crate::cluster::LimitStores::new(
+        redis,
+        &config.concurrency,
+        config.cluster.redis_failure,
+        config.cluster.permit_lease(),
+    );
     (
-        Arc::new(windows("user")),
-        Arc::new(windows("tenant")),
+        shared.user_windows,
+        shared.tenant_windows,
         Arc::new(ConcurrencyController::with_pool(
             config.concurrency.clone(),
-            Arc::new(crate::cluster::permits::SharedPool::new(
-                permits,
-                &config.concurrency,
-                policy,
-            )),
+            shared.pool,
         )),
     )
 }

@@ -41,10 +41,14 @@ pub mod permits;
 pub mod postgres;
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde::{Deserialize, Serialize};
+
+use crate::executor::concurrency::{ConcurrencyConfig, PermitPool};
+use crate::executor::limits::WindowStore;
 
 /// A command without an answer after this long counts as Redis unavailable.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -158,6 +162,38 @@ impl Redis {
     /// The client, for connections of their own (pub/sub).
     pub(crate) fn client(&self) -> &redis::Client {
         &self.client
+    }
+}
+
+/// The executor's limit stores on a node of a cluster, all in `redis`
+/// under `policy`: the users' and the tenants' rate-limit windows, and the
+/// pool and bucket caps of `concurrency` (permits leased for `lease`).
+pub struct LimitStores {
+    pub user_windows: Arc<dyn WindowStore>,
+    pub tenant_windows: Arc<dyn WindowStore>,
+    pub pool: Arc<dyn PermitPool>,
+}
+
+impl LimitStores {
+    pub fn new(
+        redis: &Redis,
+        concurrency: &ConcurrencyConfig,
+        policy: FailurePolicy,
+        lease: Duration,
+    ) -> Self {
+        let gcra = gcra::Gcra::new(redis.clone());
+        let windows = |scope| -> Arc<dyn WindowStore> {
+            Arc::new(gcra::SharedWindows::new(gcra.clone(), scope, policy))
+        };
+        LimitStores {
+            user_windows: windows("user"),
+            tenant_windows: windows("tenant"),
+            pool: Arc::new(permits::SharedPool::new(
+                permits::Permits::new(redis.clone(), lease),
+                concurrency,
+                policy,
+            )),
+        }
     }
 }
 
