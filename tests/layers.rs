@@ -190,3 +190,29 @@ fn the_runtime_names_no_word_of_the_sample_domain() {
     }
     assert!(found.is_empty(), "{found:#?}");
 }
+
+/// Issue #30: cluster mode is an adapter wing. No file outside
+/// `src/cluster/` names the PostgreSQL or Redis crates; the layers above
+/// it (`runtime`, `server_config`) may pick and configure its adapters.
+#[test]
+fn postgres_and_redis_are_named_only_in_the_cluster_wing() {
+    const CRATES: [&str; 4] = [
+        "tokio_postgres",
+        "deadpool_postgres",
+        "tokio_postgres_rustls",
+        "redis::",
+    ];
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let cluster = src().join("cluster");
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !f.starts_with(&cluster)) {
+        let text = std::fs::read_to_string(file).unwrap();
+        for name in CRATES {
+            if text.contains(name) {
+                found.push(format!("{} names {name}", file.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}
