@@ -923,7 +923,8 @@ fn calls(filter: cadre::store::CallFilter, data_dir: PathBuf) -> anyhow::Result<
 fn stats(data_dir: PathBuf) -> anyhow::Result<()> {
     block_on(async {
         let store = open_store(&data_dir)?;
-        render::stats(&cadre::http::calls::stats_document(&store).await?);
+        let stats = cadre::http::calls::stats_document(&store).await?;
+        render::stats(&serde_json::to_value(stats)?);
         Ok(())
     })
 }

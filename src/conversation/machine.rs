@@ -96,11 +96,13 @@ pub struct RollingSummary {
 }
 
 /// One tool call of a turn as the caller sees it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ToolCallReport)]
 pub struct CallReport {
     pub id: String,
     pub name: String,
     /// Parsed arguments, or the raw string when they were not JSON.
+    #[schema(value_type = Value)]
     pub arguments: Value,
     pub is_success: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,7 +123,8 @@ impl CallReport {
 }
 
 /// The result of a finished turn (or of one paused for a confirmation).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = TurnReply)]
 pub struct TurnOutcome {
     /// The turn's id: `GET /v1/sessions/{id}/turns/{turn_id}` reads it.
     pub turn_id: String,
@@ -139,13 +142,16 @@ pub struct TurnOutcome {
     pub ungrounded_citations: Vec<String>,
     pub iterations: u32,
     pub fallback_used: bool,
-    /// Why the model stopped writing the answer (`length`: cut at
-    /// `max_tokens`; `content_filter`: withheld by the provider).
+    /// Why the model stopped writing the answer: `stop`; `length` (cut at
+    /// `max_tokens`: the answer is truncated); `content_filter` (the
+    /// provider withheld it: the answer may be empty); `tool_calls`; or
+    /// another value the endpoint sent. Null when it sent none.
+    #[schema(value_type = Option<String>)]
     pub finish_reason: Option<FinishReason>,
 }
 
 /// How far a turn got, as its callers see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TurnStatus {
     Completed,
@@ -153,7 +159,7 @@ pub enum TurnStatus {
 }
 
 /// A call of a paused turn held for a person's decision.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Approval {
     pub tool_call_id: String,
     pub tool_name: String,
@@ -165,7 +171,7 @@ pub struct Approval {
 }
 
 /// Why a turn failed, as stored in its record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TurnFailure {
     pub code: String,
     pub message: String,
@@ -173,7 +179,8 @@ pub struct TurnFailure {
 
 /// A turn as data: what the store keeps under `(session, turn id)`, written
 /// with each step, and what `GET /v1/sessions/{id}/turns/{turn_id}` answers.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = TurnView)]
 pub struct TurnRecord {
     pub turn_id: String,
     #[serde(flatten)]
@@ -261,7 +268,7 @@ pub enum Resume {
 }
 
 /// Where a conversation stands: what it waits for.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "phase", rename_all = "snake_case")]
 pub enum Phase {
     /// No turn runs.

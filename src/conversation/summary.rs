@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::CallStatus;
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolUsageSummary {
     /// Every call, held and declined ones included.
     pub total_calls: u64,

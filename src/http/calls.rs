@@ -11,8 +11,10 @@
 use axum::Extension;
 use axum::Json;
 use axum::extract::State;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -22,7 +24,7 @@ use super::auth::require_admin;
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::openapi::error_responses;
-use crate::store::{CallFilter, Store, StoreError};
+use crate::store::{CallFilter, ShownCall, Store, StoreError};
 use crate::tenants::Principal;
 
 pub const DEFAULT_LIMIT: usize = 100;
@@ -86,34 +88,39 @@ struct CallsQuery {
     cursor: Option<String>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct CallList {
-    /// Newest first: `{record_id, tool_name, tool_call_id, params, output, is_success, error, error_type,
-    /// status, execution_time_ms, attempts, cached, caller_id, caller_type, conversation_id, workflow_id,
-    /// user_id, ...}`; `cached`: answered from the tool's result cache (the tool did not run);
-    /// `status`: `succeeded`, `failed`, `pending_approval` (held for a person's confirmation: not
-    /// failed; its decision rewrites this record) or `declined` (a person declined it, or it expired:
-    /// it did not run).
-    #[schema(value_type = Vec<Object>)]
-    calls: Vec<Value>,
+#[derive(Serialize, ToSchema)]
+struct CallList<'a> {
+    /// Newest first. `status`: `succeeded`, `failed`, `pending_approval`
+    /// (held for a person's confirmation: not failed; its decision rewrites
+    /// this record) or `declined` (a person declined it, or it expired: it
+    /// did not run); `cached`: answered from the tool's result cache (the
+    /// tool did not run).
+    calls: Vec<ShownCall<'a>>,
     /// How many calls this page holds.
     count: usize,
     /// The `cursor` of the next page; `null` on the last.
     next: Option<String>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct Stats {
-    total_calls: u64,
-    successful_calls: u64,
-    failed_calls: u64,
-    success_rate: f64,
-    /// Per tool: `{total_calls, successful_calls, failed_calls, avg_execution_time_ms}`. Calls held
-    /// for confirmation or declined are not counted (they did not run); an approved one counts once.
-    #[schema(value_type = Object)]
-    tools: Value,
+/// Runtime-wide counters (`GET /v1/stats`, `cadre stats`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Stats {
+    pub total_calls: u64,
+    pub successful_calls: u64,
+    pub failed_calls: u64,
+    pub success_rate: f64,
+    /// Per tool. Calls held for confirmation or declined are not counted
+    /// (they did not run); an approved one counts once.
+    pub tools: BTreeMap<String, ToolCounters>,
+}
+
+/// One tool's counters in [`Stats`].
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolCounters {
+    pub total_calls: u64,
+    pub successful_calls: u64,
+    pub failed_calls: u64,
+    pub avg_execution_time_ms: f64,
 }
 
 error_responses!(
@@ -138,7 +145,7 @@ async fn calls(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<CallsQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let (limit, cursor) = page_params(q.limit, q.cursor, DEFAULT_LIMIT)?;
     let filter = CallFilter {
         conversation_id: q.conversation_id,
@@ -150,11 +157,12 @@ async fn calls(
         .store
         .calls_of(&caller.tenant, filter, cursor, limit)
         .await?;
-    Ok(Json(json!({
-        "calls": page.items.iter().map(|c| c.shown()).collect::<Vec<_>>(),
-        "count": page.items.len(),
-        "next": page.next,
-    })))
+    Ok(Json(CallList {
+        calls: page.items.iter().map(|c| c.shown()).collect(),
+        count: page.items.len(),
+        next: page.next,
+    })
+    .into_response())
 }
 
 error_responses!(
@@ -178,17 +186,17 @@ error_responses!(
 async fn stats(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Stats>, ApiError> {
     require_admin(&caller)?;
     Ok(Json(stats_document(&state.store).await?))
 }
 
 /// The `/v1/stats` body from the store: totals and per-tool counters
 /// (`cadre stats` prints it as a table, from the store or from a server).
-pub async fn stats_document(store: &Store) -> Result<Value, StoreError> {
+pub async fn stats_document(store: &Store) -> Result<Stats, StoreError> {
     let per_tool = store.all_tool_stats().await?;
     let (mut total, mut ok, mut failed) = (0u64, 0u64, 0u64);
-    let mut tools = serde_json::Map::new();
+    let mut tools = BTreeMap::new();
     for (name, s) in per_tool {
         total += s.total_calls;
         ok += s.successful_calls;
@@ -200,19 +208,23 @@ pub async fn stats_document(store: &Store) -> Result<Value, StoreError> {
         };
         tools.insert(
             name,
-            json!({
-                "total_calls": s.total_calls,
-                "successful_calls": s.successful_calls,
-                "failed_calls": s.failed_calls,
-                "avg_execution_time_ms": avg,
-            }),
+            ToolCounters {
+                total_calls: s.total_calls,
+                successful_calls: s.successful_calls,
+                failed_calls: s.failed_calls,
+                avg_execution_time_ms: avg,
+            },
         );
     }
-    Ok(json!({
-        "total_calls": total,
-        "successful_calls": ok,
-        "failed_calls": failed,
-        "success_rate": if total > 0 { ok as f64 / total as f64 } else { 0.0 },
-        "tools": tools,
-    }))
+    Ok(Stats {
+        total_calls: total,
+        successful_calls: ok,
+        failed_calls: failed,
+        success_rate: if total > 0 {
+            ok as f64 / total as f64
+        } else {
+            0.0
+        },
+        tools,
+    })
 }

@@ -8,8 +8,9 @@
 use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -19,8 +20,10 @@ use super::error::ApiError;
 use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::openapi::error_responses;
+use crate::executor::DecisionOutcome;
 use crate::executor::confirmations::{ConfirmationError, PendingConfirmation};
 use crate::tenants::Principal;
+use crate::tools::{ExecutionContext, ToolExecutionResult};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -28,14 +31,57 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(decide, show))
 }
 
-/// A tool call held for a human decision: `{confirmation_id, tool_name, params, context, tool_call_id, summary, created_at, expires_at}`.
-#[derive(ToSchema)]
-#[schema(value_type = Object)]
-#[allow(dead_code)]
-struct Pending(Value);
+/// A tool call held for a human decision.
+#[derive(Serialize, ToSchema)]
+struct Pending {
+    confirmation_id: String,
+    tool_name: String,
+    /// The call's arguments.
+    #[schema(value_type = Value)]
+    params: Value,
+    /// The model's id of the call, when a conversation made it.
+    tool_call_id: Option<String>,
+    /// Who made the call, for whom, with which limits.
+    context: ExecutionContext,
+    /// What would happen, for the person asked to confirm.
+    summary: String,
+    created_at: Timestamp,
+    /// Undecided by then, it is declined.
+    expires_at: Timestamp,
+    /// The call record the held call wrote; the decision rewrites it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    record_id: Option<String>,
+}
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+impl From<PendingConfirmation> for Pending {
+    fn from(pending: PendingConfirmation) -> Self {
+        // Every field named: a field the executor adds is a decision here.
+        let PendingConfirmation {
+            confirmation_id,
+            tool_name,
+            params,
+            tool_call_id,
+            context,
+            summary,
+            created_at,
+            expires_at,
+            record_id,
+        } = pending;
+        Pending {
+            confirmation_id,
+            tool_name,
+            params,
+            tool_call_id,
+            context,
+            summary,
+            created_at,
+            expires_at,
+            record_id,
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
 struct PendingList {
     /// Oldest first.
     confirmations: Vec<Pending>,
@@ -43,17 +89,35 @@ struct PendingList {
     next: Option<String>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct DecisionOutcome {
+#[derive(Serialize, ToSchema)]
+#[schema(as = DecisionOutcome)]
+struct Decided {
     confirmation_id: String,
-    /// `denied`, `executed` or `failed`.
-    status: String,
+    #[schema(value_type = String, pattern = "^(denied|executed|failed)$")]
+    status: &'static str,
     /// On deny: the tool that was not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
     tool_name: Option<String>,
-    /// On approve: the `ToolExecutionResult`.
-    #[schema(value_type = Option<Object>)]
-    result: Option<Value>,
+    /// On approve: the held call's result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<ToolExecutionResult>,
+}
+
+impl From<DecisionOutcome> for Decided {
+    fn from(outcome: DecisionOutcome) -> Self {
+        let DecisionOutcome {
+            confirmation_id,
+            status,
+            tool_name,
+            result,
+        } = outcome;
+        Decided {
+            confirmation_id,
+            status,
+            tool_name,
+            result,
+        }
+    }
 }
 
 fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
@@ -82,7 +146,7 @@ async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PendingList>, ApiError> {
     let (limit, cursor) =
         super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;
     let page = state
@@ -91,9 +155,10 @@ async fn list(
         .confirmations
         .list_of(&caller.tenant, cursor, limit)
         .await?;
-    Ok(Json(
-        json!({ "confirmations": page.items, "next": page.next }),
-    ))
+    Ok(Json(PendingList {
+        confirmations: page.items.into_iter().map(Pending::from).collect(),
+        next: page.next,
+    }))
 }
 
 /// Another tenant's confirmation is "not found", like a missing one.
@@ -132,8 +197,8 @@ async fn show(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(owned(&state, &caller, &id).await?)))
+) -> Result<Json<Pending>, ApiError> {
+    Ok(Json(owned(&state, &caller, &id).await?.into()))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -160,7 +225,7 @@ error_responses!(
     params(("id" = String, Path, description = "Confirmation id")),
     request_body = Decision,
     responses(
-        (status = 200, description = "Denied, or run through the executor with its result", body = DecisionOutcome),
+        (status = 200, description = "Denied, or run through the executor with its result", body = Decided),
         DecideErrors,
     )
 )]
@@ -169,12 +234,12 @@ async fn decide(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<Decision>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Decided>, ApiError> {
     // One atomic step: of racing requests exactly one gets the call.
     // The conversation turn waiting on it, if any, resumes.
     let outcome = state
         .sessions
         .decide_confirmation(&id, &caller.tenant, body.approve)
         .await?;
-    Ok(Json(json!(outcome)))
+    Ok(Json(outcome.into()))
 }

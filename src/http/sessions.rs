@@ -12,8 +12,9 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -27,12 +28,14 @@ use super::idempotency::{IdempotencyKey, TurnSlot};
 use super::openapi::error_responses;
 use super::streams::{StreamQuota, paced};
 use super::tools::{PlanName, parse_plan};
+use super::usage::TokenUsageView;
 use crate::conversation::actor::{TurnError, TurnEvent};
-use crate::conversation::machine::TurnStatus;
-use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionError};
+use crate::conversation::machine::{CallReport, TurnOutcome, TurnRecord, TurnStatus};
+use crate::conversation::summary::ToolUsageSummary;
+use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionError, SessionSummary};
 use crate::error_code::ErrorCode;
-use crate::identity::UserId;
-use crate::store::{Session, SessionFilter};
+use crate::identity::{Plan, UserId};
+use crate::store::{Session, SessionFilter, ShownCall, StoredMessage, StoredSummary};
 use crate::tenants::Principal;
 use crate::tenants::config::entitled_plan;
 
@@ -67,63 +70,78 @@ struct CreateBody {
     /// Free-form object kept with the session, at most 16 KiB as JSON;
     /// `workflow_id` and `node_id` are reserved for sessions a workflow run opens.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
     metadata: Value,
 }
 
 /// A session as the API shows it.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct SessionView {
+#[derive(Serialize, ToSchema)]
+pub(super) struct SessionView {
     id: String,
     tenant: String,
     agent: String,
     user_id: Option<String>,
     #[schema(value_type = PlanName)]
-    plan: String,
+    plan: Plan,
     /// The object given at creation; `null` when none was.
-    #[schema(value_type = Option<Object>, required = true)]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>, required = true)]
     metadata: Value,
-    /// RFC 3339 timestamp.
-    created_at: String,
+    created_at: Timestamp,
 }
 
-/// The result of a finished turn (`TurnOutcome`), or of one paused for a
-/// confirmation (`status: awaiting_approval`, answered 202).
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct TurnReply {
-    /// The turn's id (`GET /v1/sessions/{id}/turns/{turn_id}`).
+impl From<Session> for SessionView {
+    fn from(session: Session) -> Self {
+        // Every field named: a field the store adds is a decision here.
+        let Session {
+            id,
+            tenant,
+            agent,
+            user_id,
+            plan,
+            metadata,
+            created_at,
+        } = session;
+        SessionView {
+            id,
+            tenant,
+            agent,
+            user_id,
+            plan,
+            metadata,
+            created_at,
+        }
+    }
+}
+
+/// The 202 of a message whose turn runs on without the caller: accepted
+/// (`Prefer: respond-async`), or queued behind a turn paused for a
+/// confirmation (with `waiting_for`). Read the turn at
+/// `GET /v1/sessions/{id}/turns/{turn_id}`.
+#[derive(Serialize, ToSchema)]
+struct TurnWaiting {
+    session_id: String,
     turn_id: String,
-    /// `completed`, or `awaiting_approval`: `confirmations` wait for a
-    /// decision (`POST /v1/confirmations/{id}`), which resumes the turn.
-    #[schema(value_type = String, pattern = "^(completed|awaiting_approval)$")]
-    status: String,
-    /// The held calls of a paused turn: `{tool_call_id, tool_name, confirmation_id, summary?, expires_at?}`.
-    #[schema(value_type = Option<Vec<Object>>)]
-    confirmations: Option<Vec<Value>>,
-    answer: String,
-    /// Each tool call of the turn: `{id, name, arguments, is_success, output?, error?, error_type?, source_id?}`.
-    #[schema(value_type = Vec<Object>)]
-    tool_calls: Vec<Value>,
-    /// `{total_calls, successful_calls, failed_calls, pending_calls, declined_calls, success_rate, tool_usage, has_errors}`:
-    /// a call held for confirmation is pending (not failed), a declined one declined; `success_rate` is
-    /// successful / (successful + failed).
-    #[schema(value_type = Object)]
-    tool_usage_summary: Value,
-    /// Source ids of the data this turn's tools returned.
-    citations: Vec<String>,
-    /// Source ids the answer mentions that no tool returned.
-    ungrounded_citations: Vec<String>,
-    /// Model calls of the turn.
-    iterations: u32,
-    /// Whether the turn ended with a forced answer (`tool_choice = none`).
-    fallback_used: bool,
-    /// Why the model stopped writing the answer: `stop`; `length` (cut at
-    /// `max_tokens`: the answer is truncated); `content_filter` (the
-    /// provider withheld it: the answer may be empty); `tool_calls`; or
-    /// another value the endpoint sent. Null when it sent none.
-    finish_reason: Option<String>,
+    status: WaitingStatus,
+    /// Queued: the paused turn this one waits behind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waiting_for: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum WaitingStatus {
+    Accepted,
+    Queued,
+}
+
+/// A message's 202: its turn paused for a confirmation (`status:
+/// awaiting_approval`, the turn's reply with its `confirmations`), or it
+/// runs on without the caller.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+enum TurnAccepted {
+    Paused(Box<TurnOutcome>),
+    Waiting(TurnWaiting),
 }
 
 /// `turn_started`: the turn was accepted.
@@ -144,44 +162,6 @@ struct TurnInterrupted {
     /// `turn_interrupted`
     r#type: String,
     turn_id: String,
-}
-
-/// A turn as stored: where it stands, its calls so far, and once
-/// `completed` the body its POST answered.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct TurnView {
-    turn_id: String,
-    /// `awaiting_model`, `awaiting_tools` (with `calls`), `awaiting_approval`
-    /// (with `calls` and `confirmations`), `completed`, `failed` or `interrupted`.
-    #[schema(value_type = String)]
-    phase: String,
-    /// The user message's seq; the turn's other messages follow it.
-    #[schema(format = "uint64", minimum = 0)]
-    first_seq: u64,
-    rounds: u32,
-    model_calls: u32,
-    fallback: bool,
-    /// The calls that finished so far (as in the turn's reply).
-    #[schema(value_type = Vec<Object>)]
-    tool_calls: Vec<Value>,
-    /// Once completed: the same body as the POST's reply.
-    outcome: Option<TurnReply>,
-    /// Once failed: `{code, message}`.
-    #[schema(value_type = Option<Object>)]
-    error: Option<Value>,
-    idempotency_key: Option<String>,
-    /// Interrupted under `rollback`: its messages leave every later prompt.
-    rolled_back: Option<bool>,
-    /// How often a restart cut the turn and it was taken up again.
-    resumes: Option<u32>,
-    /// The batch being waited on (`awaiting_tools`, `awaiting_approval`).
-    #[schema(value_type = Option<Vec<Object>>)]
-    calls: Option<Vec<Value>>,
-    #[schema(value_type = Option<Vec<Object>>)]
-    confirmations: Option<Vec<Value>>,
-    started_at: String,
-    updated_at: String,
 }
 
 /// `model_delta`: a piece of the answer's text as the model writes it.
@@ -212,16 +192,19 @@ struct ToolCallStarted {
 struct ToolCallCompleted {
     /// `tool_call_completed`
     r#type: String,
-    id: String,
-    name: String,
-    #[schema(value_type = Value)]
-    arguments: Value,
-    is_success: bool,
-    #[schema(value_type = Option<Value>)]
-    output: Option<Value>,
-    error: Option<String>,
-    error_type: Option<String>,
-    source_id: Option<String>,
+    #[serde(flatten)]
+    call: CallReport,
+}
+
+/// `turn_queued`: the turn waits behind `waiting_for`, a turn paused for
+/// a confirmation; the stream goes on when it runs.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct TurnQueued {
+    /// `turn_queued`
+    r#type: String,
+    turn_id: String,
+    waiting_for: String,
 }
 
 /// `turn_failed`: the turn ended with this error (the stream ends).
@@ -234,59 +217,70 @@ struct TurnFailed {
 }
 
 super::openapi::event_stream! {
-    /// The events of a streamed turn, in this order: `turn_started`, then
-    /// `model_delta` and tool calls as they happen, then `turn_completed`
-    /// (the JSON reply) or `turn_failed`.
+    /// The events of a streamed turn, in this order: `turn_queued` when it
+    /// waits behind a paused turn, `turn_started`, then `model_delta` and
+    /// tool calls as they happen, then `turn_completed` (the JSON reply),
+    /// `turn_paused`, `turn_interrupted` or `turn_failed`.
     TurnStream {
+        "turn_queued" => TurnQueued,
         "turn_started" => TurnStarted,
         "model_delta" => ModelDelta,
         "tool_call_started" => ToolCallStarted,
         "tool_call_completed" => ToolCallCompleted,
-        "turn_completed" => TurnReply,
-        "turn_paused" => TurnReply,
+        "turn_completed" => TurnOutcome,
+        "turn_paused" => TurnOutcome,
         "turn_interrupted" => TurnInterrupted,
         "turn_failed" => TurnFailed,
     }
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct HistoryPage {
     session_id: String,
-    /// Oldest first: `{seq, role, content, tool_calls?, tool_call_id?, name?, created_at}`.
-    #[schema(value_type = Vec<Object>)]
-    messages: Vec<Value>,
+    /// Oldest first.
+    messages: Vec<StoredMessage>,
     /// Set when more messages follow: pass it as `after` for the next page.
     next_after: Option<u64>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct SummaryView {
     session_id: String,
     /// The rolling summary of older messages, once there is one.
     conversation_summary: Option<String>,
     covers_until_seq: u64,
-    #[schema(value_type = Object)]
-    tool_usage_summary: Value,
+    tool_usage_summary: ToolUsageSummary,
     message_count: u64,
     /// User messages.
     turns: u64,
-    last_activity_at: Option<String>,
+    last_activity_at: Option<Timestamp>,
     /// Every model call of the session: turns, their summaries, suggestions.
-    token_usage: super::usage::TokenUsageView,
+    token_usage: TokenUsageView,
 }
 
-fn session_json(s: &Session) -> Value {
-    json!({
-        "id": s.id,
-        "tenant": s.tenant,
-        "agent": s.agent,
-        "user_id": s.user_id,
-        "plan": s.plan,
-        "metadata": s.metadata,
-        "created_at": s.created_at,
-    })
+impl From<SessionSummary> for SummaryView {
+    fn from(summary: SessionSummary) -> Self {
+        let SessionSummary {
+            session_id,
+            conversation_summary,
+            covers_until_seq,
+            tool_usage_summary,
+            message_count,
+            turns,
+            last_activity_at,
+            token_usage,
+        } = summary;
+        SummaryView {
+            session_id,
+            conversation_summary,
+            covers_until_seq,
+            tool_usage_summary,
+            message_count,
+            turns,
+            last_activity_at,
+            token_usage: token_usage.into(),
+        }
+    }
 }
 
 error_responses!(
@@ -317,7 +311,7 @@ async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiJson(body): ApiJson<CreateBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<SessionView>), ApiError> {
     if body.agent.trim().is_empty() {
         return Err(ApiError::validation("agent must not be empty"));
     }
@@ -356,7 +350,7 @@ async fn create(
             metadata: body.metadata,
         })
         .await?;
-    Ok((StatusCode::CREATED, Json(session_json(&session))))
+    Ok((StatusCode::CREATED, Json(session.into())))
 }
 
 error_responses!(
@@ -381,10 +375,10 @@ async fn show(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(session_json(
-        &state.sessions.get_as(&caller.tenant, &id).await?,
-    )))
+) -> Result<Json<SessionView>, ApiError> {
+    Ok(Json(
+        state.sessions.get_as(&caller.tenant, &id).await?.into(),
+    ))
 }
 
 error_responses!(
@@ -418,12 +412,11 @@ async fn delete_session(
 }
 
 /// The caller's sessions (`GET /v1/sessions`).
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct SessionList {
     sessions: Vec<SessionView>,
     /// How many sessions this page holds.
-    count: u64,
+    count: usize,
     /// The `cursor` of the next page; `null` on the last.
     next: Option<String>,
 }
@@ -483,7 +476,7 @@ async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionList>, ApiError> {
     let (limit, cursor) =
         super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;
     if q.agent.as_ref().is_some_and(|a| a.len() > 128) {
@@ -498,9 +491,11 @@ async fn list(
         .sessions
         .list_as(&caller.tenant, filter, cursor, limit)
         .await?;
-    Ok(Json(
-        json!({ "sessions": page.items, "count": page.items.len(), "next": page.next }),
-    ))
+    Ok(Json(SessionList {
+        count: page.items.len(),
+        sessions: page.items.into_iter().map(SessionView::from).collect(),
+        next: page.next,
+    }))
 }
 
 error_responses!(
@@ -508,6 +503,23 @@ error_responses!(
     SessionNotFound,
     StorageUnavailable
 );
+
+/// `GET /v1/sessions/{id}/export`: the document `cadre sessions export`
+/// prints. Built as JSON by [`crate::conversation::sessions::export`]
+/// (the CLI reads a store with no server); this type states its shape,
+/// and the contract tests hold the body to it.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct SessionExport {
+    #[schema(value_type = SessionView)]
+    session: Session,
+    /// Every message, oldest first.
+    messages: Vec<StoredMessage>,
+    /// The rolling summary, once there is one.
+    summary: Option<StoredSummary>,
+    /// The session's tool calls, oldest first.
+    calls: Vec<ShownCall<'static>>,
+}
 
 /// The session, its messages, summary and calls: the document
 /// `cadre sessions export` prints.
@@ -519,7 +531,7 @@ error_responses!(
     tag = "sessions",
     params(("id" = String, Path, description = "Session id")),
     responses(
-        (status = 200, description = "`{session, messages, summary, calls}`: the document `cadre sessions export` prints", body = Object),
+        (status = 200, description = "`{session, messages, summary, calls}`: the document `cadre sessions export` prints", body = SessionExport),
         ExportErrors,
     )
 )]
@@ -574,7 +586,7 @@ error_responses!(
 /// A message queued behind a turn paused for a confirmation (`multitask =
 /// "enqueue"`) is answered at once: 202 `{session_id, turn_id, status:
 /// queued, waiting_for}` (`waiting_for`: the paused turn), or a stream that
-/// opens with `turn_queued` (the same fields) and goes on when it runs.
+/// opens with `turn_queued` (`{turn_id, waiting_for}`) and goes on when it runs.
 /// With `Idempotency-Key`, a retry gets the first request's turn. Comments (`:`) keep an
 /// idle stream alive every 15 s. A client that reads slower than the model
 /// writes gets consecutive `model_delta`s merged; once more than 1 MiB of
@@ -594,8 +606,8 @@ error_responses!(
     request_body = MessageBody,
     responses(
         (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply), `turn_paused`, `turn_interrupted` or `turn_failed` (data: the JSON error body); `turn_queued` first when it waits behind a paused turn",
-            content((TurnReply = "application/json"), (TurnStream = "text/event-stream"))),
-        (status = 202, description = "The turn paused for a confirmation (`status: awaiting_approval`), or with `Prefer: respond-async` was accepted (`{session_id, turn_id, status: accepted}`), or was queued behind a turn paused for a confirmation (`{session_id, turn_id, status: queued, waiting_for}`)", body = Object),
+            content((TurnOutcome = "application/json"), (TurnStream = "text/event-stream"))),
+        (status = 202, description = "The turn paused for a confirmation (`status: awaiting_approval`), or with `Prefer: respond-async` was accepted (`{session_id, turn_id, status: accepted}`), or was queued behind a turn paused for a confirmation (`{session_id, turn_id, status: queued, waiting_for}`)", body = TurnAccepted),
         SendErrors,
     )
 )]
@@ -633,11 +645,13 @@ async fn send(
             let turn_id = started.turn_id.clone();
             // The turn runs on; its outcome is stored with its record.
             tokio::spawn(started.outcome);
-            return Ok((
-                StatusCode::ACCEPTED,
-                Json(json!({"session_id": id, "turn_id": turn_id, "status": "accepted"})),
-            )
-                .into_response());
+            let accepted = TurnAccepted::Waiting(TurnWaiting {
+                session_id: id,
+                turn_id,
+                status: WaitingStatus::Accepted,
+                waiting_for: None,
+            });
+            return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
         }
         // Queued behind a turn that waits for a person: it may wait as
         // long as the confirmation lives, so the caller learns at once
@@ -646,23 +660,23 @@ async fn send(
         if let Some(waiting_for) = started.waiting_for.clone() {
             let turn_id = started.turn_id.clone();
             tokio::spawn(started.outcome);
-            return Ok((
-                StatusCode::ACCEPTED,
-                Json(json!({
-                    "session_id": id,
-                    "turn_id": turn_id,
-                    "status": "queued",
-                    "waiting_for": waiting_for,
-                })),
-            )
-                .into_response());
+            let queued = TurnAccepted::Waiting(TurnWaiting {
+                session_id: id,
+                turn_id,
+                status: WaitingStatus::Queued,
+                waiting_for: Some(waiting_for),
+            });
+            return Ok((StatusCode::ACCEPTED, Json(queued)).into_response());
         }
         let outcome = started.outcome.await?;
-        let status = match outcome.status {
-            TurnStatus::Completed => StatusCode::OK,
-            TurnStatus::AwaitingApproval => StatusCode::ACCEPTED,
-        };
-        return Ok((status, Json(outcome)).into_response());
+        return Ok(match outcome.status {
+            TurnStatus::Completed => (StatusCode::OK, Json(outcome)).into_response(),
+            TurnStatus::AwaitingApproval => (
+                StatusCode::ACCEPTED,
+                Json(TurnAccepted::Paused(Box::new(outcome))),
+            )
+                .into_response(),
+        });
     }
     // A turn refused outright (too many streams 429, unknown session 404,
     // busy 409, storage 503) is a plain error reply, before any stream starts.
@@ -731,7 +745,7 @@ error_responses!(
         ("turn_id" = String, Path, description = "Turn id (from the message's reply or `turn_started`)"),
     ),
     responses(
-        (status = 200, description = "The turn", body = TurnView),
+        (status = 200, description = "The turn", body = TurnRecord),
         TurnErrors,
     )
 )]
@@ -739,21 +753,22 @@ async fn show_turn(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path((id, turn_id)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TurnRecord>, ApiError> {
     let record = state
         .sessions
         .turn_as(&caller.tenant, &id, &turn_id)
         .await?;
-    Ok(Json(json!(record)))
+    Ok(Json(record))
 }
 
 /// A session's turns (`GET /v1/sessions/{id}/turns`).
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct TurnList {
-    turns: Vec<TurnView>,
+    /// Oldest first; each as the store keeps it, a turn's record.
+    #[schema(value_type = Vec<TurnRecord>)]
+    turns: Vec<Value>,
     /// How many turns this page holds.
-    count: u64,
+    count: usize,
     /// The `cursor` of the next page; `null` on the last.
     next: Option<String>,
 }
@@ -783,16 +798,18 @@ async fn list_turns(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TurnList>, ApiError> {
     let (limit, cursor) =
         super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;
     let page = state
         .sessions
         .turns_as(&caller.tenant, &id, cursor, limit)
         .await?;
-    Ok(Json(
-        json!({ "turns": page.items, "count": page.items.len(), "next": page.next }),
-    ))
+    Ok(Json(TurnList {
+        count: page.items.len(),
+        turns: page.items,
+        next: page.next,
+    }))
 }
 
 /// Most messages one history page holds.
@@ -836,7 +853,7 @@ async fn history(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<HistoryQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<HistoryPage>, ApiError> {
     let limit = q.limit.unwrap_or(MAX_PAGE);
     if limit == 0 || limit > MAX_PAGE {
         return Err(ApiError::validation(format!(
@@ -850,9 +867,11 @@ async fn history(
     let more = messages.len() > limit;
     messages.truncate(limit);
     let next_after = more.then(|| messages.last().map(|m| m.seq)).flatten();
-    Ok(Json(
-        json!({ "session_id": id, "messages": messages, "next_after": next_after }),
-    ))
+    Ok(Json(HistoryPage {
+        session_id: id,
+        messages,
+        next_after,
+    }))
 }
 
 error_responses!(
@@ -877,8 +896,8 @@ async fn summary(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(
-        state.sessions.summary_as(&caller.tenant, &id).await?
-    )))
+) -> Result<Json<SummaryView>, ApiError> {
+    Ok(Json(
+        state.sessions.summary_as(&caller.tenant, &id).await?.into(),
+    ))
 }

@@ -26,7 +26,8 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -40,9 +41,12 @@ use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::executor::{Arguments, ExecuteTool};
 use crate::identity::UserId;
+use crate::model::ToolSpec;
 use crate::tenants::Principal;
 use crate::tenants::config::entitled_plan;
-use crate::tools::{CallerType, ExecutionContext, Plan};
+use crate::tools::definition::ToolDefinition;
+use crate::tools::registry::McpServerStatus;
+use crate::tools::{CallerType, ExecutionContext, FieldError, Plan, ToolExecutionResult};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -52,57 +56,72 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(validate))
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct ToolList {
-    /// OpenAI function definitions: `{type: "function", function: {name,
-    /// description, parameters}}`, with `source` and `status` for MCP
+    /// OpenAI function definitions, with `source` and `status` for MCP
     /// tools; with `view=definitions`, the full definitions (among their
     /// fields `side_effects`: `none`, `idempotent` or `at_most_once`,
     /// whether a call may run again when a cut turn resumes).
-    #[schema(value_type = Vec<Object>)]
-    tools: Vec<Value>,
-    /// Every MCP server of `mcp.toml`: `{server, available, tools, reason?}`;
-    /// `reason` says why a server is down (unreachable, or refused over one
-    /// of its limits), so a server that never listed a tool still shows.
-    #[schema(value_type = Vec<Object>)]
-    mcp_servers: Vec<Value>,
-    /// Tools not served because another tool has their wire name:
-    /// `{name, source, reason}`.
-    #[schema(value_type = Vec<Object>)]
-    withheld: Vec<Value>,
+    tools: Vec<ListedTool>,
+    /// Every MCP server of `mcp.toml`; `reason` says why a server is down
+    /// (unreachable, or refused over one of its limits), so a server that
+    /// never listed a tool still shows.
+    mcp_servers: Vec<McpServerStatus>,
+    /// Tools not served because another tool has their wire name.
+    withheld: Vec<WithheldView>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// One tool of the list: its OpenAI function definition (the default
+/// view) or its full definition (`view=definitions`).
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+enum ListedTool {
+    Function(FunctionTool),
+    Definition(Box<ToolDefinition>),
+}
+
+/// A tool as OpenAI's `tools` take it, as it can be handed to a model.
+#[derive(Serialize, ToSchema)]
+struct FunctionTool {
+    r#type: FunctionType,
+    function: ToolSpec,
+    /// MCP tools: `mcp:<server>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+    /// MCP tools: whether their server is up; a down server's tools stay listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<McpToolStatus>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum FunctionType {
+    Function,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum McpToolStatus {
+    Available,
+    Unavailable,
+}
+
+/// A tool not served: another tool holds its wire name.
+#[derive(Serialize, ToSchema)]
+struct WithheldView {
+    name: String,
+    /// Where it came from (`builtin`, a file, `mcp:<server>`).
+    source: String,
+    /// Why it is withheld.
+    reason: String,
+}
+
+#[derive(Serialize, ToSchema)]
 struct ToolView {
     /// The tool's definition as loaded.
-    #[schema(value_type = Object)]
-    definition: Value,
+    definition: ToolDefinition,
     /// Where it came from (`builtin`, a file, ...).
     source: String,
-}
-
-/// The outcome of one tool call (`ToolExecutionResult`).
-#[derive(serde::Serialize, ToSchema)]
-#[allow(dead_code)]
-struct ToolResult {
-    is_success: bool,
-    tool_name: String,
-    #[schema(value_type = Option<Object>)]
-    output: Option<Value>,
-    error: Option<String>,
-    /// `tool_not_found`, `plan_required`, `rate_limited`, `queue_full`, `validation_error`,
-    /// `timeout`, `execution_error`, `pending_confirmation` or `tool_unavailable`.
-    error_type: Option<String>,
-    /// For `validation_error`: `{field, code, message}` per failure.
-    #[schema(value_type = Option<Vec<Object>>)]
-    validation_errors: Option<Vec<Value>>,
-    execution_time_ms: u64,
-    executed_at: String,
-    /// `{cached, attempts, source_id?, as_of?, retry_after_ms?, confirmation_id?}`.
-    #[schema(value_type = Object)]
-    metadata: Value,
 }
 
 /// A tool's outcome, or an error of the request itself.
@@ -110,19 +129,17 @@ struct ToolResult {
 #[serde(untagged)]
 #[allow(dead_code)]
 enum ToolResultOrError {
-    Tool(ToolResult),
+    Tool(Box<ToolExecutionResult>),
     Error(ErrorBody),
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct Validation {
     is_valid: bool,
-    /// `{field, code, message}` per failure.
-    #[schema(value_type = Vec<Object>)]
-    errors: Vec<Value>,
+    /// One per failure.
+    errors: Vec<FieldError>,
     /// The parameters with schema defaults filled in, when valid.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
     validated_params: Option<Value>,
 }
 
@@ -193,51 +210,63 @@ error_responses!(
 async fn list(
     State(state): State<AppState>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ToolList>, ApiError> {
     let defs = match q.plan.as_deref() {
         None => state.registry.definitions(),
         Some(p) => state.registry.definitions_for_plan(parse_plan(Some(p))?),
     };
-    let tools: Vec<Value> = match q.view.as_deref() {
+    let tools: Vec<ListedTool> = match q.view.as_deref() {
         None | Some("openai") => defs
             .iter()
             .map(|d| {
                 // Only the OpenAI format, so the list can be handed to a
                 // model as is; `side_effects` is in `view=definitions`.
-                let mut entry = d.spec().to_openai_json();
+                let mut entry = FunctionTool {
+                    r#type: FunctionType::Function,
+                    function: d.spec(),
+                    source: None,
+                    status: None,
+                };
                 // Tools of MCP servers say where they come from and whether
                 // their server is up; a down server's tools stay listed.
                 if let (Some(available), crate::tools::definition::Entry::Mcp { server, .. }) =
                     (state.registry.mcp_status(&d.name), &d.entry)
                 {
-                    entry["source"] = json!(format!("mcp:{server}"));
-                    entry["status"] = json!(if available {
-                        "available"
+                    entry.source = Some(format!("mcp:{server}"));
+                    entry.status = Some(if available {
+                        McpToolStatus::Available
                     } else {
-                        "unavailable"
+                        McpToolStatus::Unavailable
                     });
                 }
-                entry
+                ListedTool::Function(entry)
             })
             .collect(),
-        Some("definitions") => defs.iter().map(|d| json!(d)).collect(),
+        Some("definitions") => defs
+            .into_iter()
+            .map(|d| ListedTool::Definition(Box::new(d)))
+            .collect(),
         Some(v) => {
             return Err(ApiError::validation(format!(
                 "unknown view '{v}' (openai or definitions)"
             )));
         }
     };
-    let withheld: Vec<Value> = state
+    let withheld = state
         .registry
         .withheld()
         .into_iter()
-        .map(|w| json!({"name": w.name, "source": w.source.describe(), "reason": w.message}))
+        .map(|w| WithheldView {
+            name: w.name,
+            source: w.source.describe(),
+            reason: w.message,
+        })
         .collect();
-    Ok(Json(json!({
-        "tools": tools,
-        "mcp_servers": state.registry.mcp_servers(),
-        "withheld": withheld,
-    })))
+    Ok(Json(ToolList {
+        tools,
+        mcp_servers: state.registry.mcp_servers(),
+        withheld,
+    }))
 }
 
 error_responses!(
@@ -260,15 +289,15 @@ error_responses!(
 async fn show(
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ToolView>, ApiError> {
     let tool = state
         .registry
         .get(&name)
         .ok_or_else(|| ApiError::new(ErrorCode::ToolNotFound, format!("no tool named '{name}'")))?;
-    Ok(Json(json!({
-        "definition": tool.definition,
-        "source": tool.source.describe(),
-    })))
+    Ok(Json(ToolView {
+        definition: tool.definition.clone(),
+        source: tool.source.describe(),
+    }))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -276,7 +305,7 @@ async fn show(
 struct InvokeBody {
     /// The tool's arguments (default `{}`).
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
     params: Value,
     user_id: Option<UserId>,
     /// `free` (default), `pro` or `premium`.
@@ -323,17 +352,17 @@ impl utoipa::IntoResponses for InvokeForbidden {
     params(("name" = String, Path, description = "Tool name")),
     request_body = InvokeBody,
     responses(
-        (status = 200, description = "The call succeeded", body = ToolResult),
-        (status = 202, description = "`pending_confirmation`: approve or deny `metadata.confirmation_id`", body = ToolResult),
-        (status = 404, description = "`tool_not_found` (tool outcome)", body = ToolResult),
+        (status = 200, description = "The call succeeded", body = ToolExecutionResult),
+        (status = 202, description = "`pending_confirmation`: approve or deny `metadata.confirmation_id`", body = ToolExecutionResult),
+        (status = 404, description = "`tool_not_found` (tool outcome)", body = ToolExecutionResult),
         InvokeForbidden,
         (status = 422, description = "`validation_error` (tool outcome)", body = ToolResultOrError),
         (status = 413, description = "`STORAGE_QUOTA_EXCEEDED`: the tenant stores as much as its quota allows, and the call's record would add to it (`[tenants] max_storage_mb`); or `PAYLOAD_TOO_LARGE`: the body is over 1 MiB", body = ToolResultOrError),
         (status = 429, description = "`rate_limited` / `queue_full` (tool outcome), or `RATE_LIMITED`: over the API's request rate or the tenant's share of the store (`[tenants] write_kib_per_s`); see `Retry-After`",
             body = ToolResultOrError, headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 502, description = "`execution_error` (tool outcome)", body = ToolResult),
-        (status = 503, description = "`tool_unavailable` (tool outcome): the tool's MCP server is down; its tools come back when it does. `limits_unavailable` (tool outcome, cluster mode): Redis is unreachable and `[cluster] redis_failure` is `closed`; retry shortly", body = ToolResult),
-        (status = 504, description = "`timeout` (tool outcome)", body = ToolResult),
+        (status = 502, description = "`execution_error` (tool outcome)", body = ToolExecutionResult),
+        (status = 503, description = "`tool_unavailable` (tool outcome): the tool's MCP server is down; its tools come back when it does. `limits_unavailable` (tool outcome, cluster mode): Redis is unreachable and `[cluster] redis_failure` is `closed`; retry shortly", body = ToolExecutionResult),
+        (status = 504, description = "`timeout` (tool outcome)", body = ToolExecutionResult),
     )
 )]
 async fn invoke(
@@ -419,7 +448,7 @@ async fn validate(
     State(state): State<AppState>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<ValidateBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Validation>, ApiError> {
     let tool = state
         .registry
         .get(&name)
@@ -430,7 +459,15 @@ async fn validate(
         body.params
     };
     Ok(Json(match tool.validator.validate(params) {
-        Ok(validated) => json!({"is_valid": true, "errors": [], "validated_params": validated}),
-        Err(errors) => json!({"is_valid": false, "errors": errors, "validated_params": null}),
+        Ok(validated) => Validation {
+            is_valid: true,
+            errors: Vec::new(),
+            validated_params: Some(validated),
+        },
+        Err(errors) => Validation {
+            is_valid: false,
+            errors,
+            validated_params: None,
+        },
     }))
 }

@@ -15,8 +15,7 @@ use axum::extract::State;
 use axum::{Extension, Json};
 use jiff::Timestamp;
 use jiff::civil::Date;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -27,8 +26,8 @@ use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::openapi::error_responses;
 use crate::conversation::budget::Month;
-use crate::store::TokenUsage;
 use crate::store::usage::day_of;
+use crate::store::{TokenUsage, UsageRow};
 use crate::tenants::{Principal, valid_tenant_id};
 
 /// Longest range one request may ask for, in days.
@@ -39,8 +38,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// Token counters of model calls.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct TokenUsageView {
     prompt_tokens: u64,
     completion_tokens: u64,
@@ -50,39 +48,68 @@ pub(super) struct TokenUsageView {
     model_calls: u64,
 }
 
+impl From<TokenUsage> for TokenUsageView {
+    fn from(usage: TokenUsage) -> Self {
+        let TokenUsage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens,
+            model_calls,
+        } = usage;
+        TokenUsageView {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens,
+            model_calls,
+        }
+    }
+}
+
 /// One tenant's usage of one agent on one day.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct UsageRowView {
     tenant: String,
     /// `YYYY-MM-DD`, UTC.
-    day: String,
+    day: Date,
     agent: String,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    total_tokens: u64,
-    model_calls: u64,
+    #[serde(flatten)]
+    usage: TokenUsageView,
+}
+
+impl From<UsageRow> for UsageRowView {
+    fn from(row: UsageRow) -> Self {
+        let UsageRow {
+            tenant,
+            day,
+            agent,
+            usage,
+        } = row;
+        UsageRowView {
+            tenant,
+            day,
+            agent,
+            usage: usage.into(),
+        }
+    }
 }
 
 /// The tenant's monthly token budget and where it stands.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct BudgetView {
     monthly_token_budget: u64,
     /// Tokens of the current month (UTC).
     used_tokens: u64,
     remaining_tokens: u64,
-    /// When the budget starts again: 00:00 UTC on the 1st of next month (RFC 3339).
-    resets_at: String,
+    /// When the budget starts again: 00:00 UTC on the 1st of next month.
+    resets_at: Timestamp,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct UsageReport {
     /// First day, `YYYY-MM-DD` (UTC).
-    from: String,
+    from: Date,
     /// Last day, inclusive.
-    to: String,
+    to: Date,
     /// The tenant reported on; `null` when an admin asked for every tenant.
     tenant: Option<String>,
     /// By tenant, day and agent; days without model calls are left out.
@@ -131,7 +158,7 @@ async fn usage(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<UsageQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<UsageReport>, ApiError> {
     let now = Timestamp::now();
     let today = day_of(now);
     let to = q.to.as_deref().map(day).transpose()?.unwrap_or(today);
@@ -170,16 +197,16 @@ async fn usage(
     }
     let budget = match &tenant {
         Some(t) => budget_view(&state, t, now).await?,
-        None => Value::Null,
+        None => None,
     };
-    Ok(Json(json!({
-        "from": from,
-        "to": to,
-        "tenant": tenant,
-        "usage": rows,
-        "totals": totals,
-        "budget": budget,
-    })))
+    Ok(Json(UsageReport {
+        from,
+        to,
+        tenant,
+        usage: rows.into_iter().map(UsageRowView::from).collect(),
+        totals: totals.into(),
+        budget,
+    }))
 }
 
 /// A day as the query gives it: exactly `YYYY-MM-DD`.
@@ -191,11 +218,15 @@ fn day(text: &str) -> Result<Date, ApiError> {
     text.parse().map_err(|_| bad())
 }
 
-/// The tenant's budget this month, or `null` without one.
-async fn budget_view(state: &AppState, tenant: &str, now: Timestamp) -> Result<Value, ApiError> {
+/// The tenant's budget this month, or `None` without one.
+async fn budget_view(
+    state: &AppState,
+    tenant: &str,
+    now: Timestamp,
+) -> Result<Option<BudgetView>, ApiError> {
     let config = state.sessions.tenant_config(tenant).await?;
     let Some(limit) = config.monthly_token_budget else {
-        return Ok(Value::Null);
+        return Ok(None);
     };
     let month = Month::of(now);
     let used = state
@@ -203,10 +234,10 @@ async fn budget_view(state: &AppState, tenant: &str, now: Timestamp) -> Result<V
         .tenant_usage(tenant, month.first, month.last)
         .await?
         .total_tokens;
-    Ok(json!({
-        "monthly_token_budget": limit,
-        "used_tokens": used,
-        "remaining_tokens": limit.saturating_sub(used),
-        "resets_at": month.resets_at,
+    Ok(Some(BudgetView {
+        monthly_token_budget: limit,
+        used_tokens: used,
+        remaining_tokens: limit.saturating_sub(used),
+        resets_at: month.resets_at,
     }))
 }

@@ -45,7 +45,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 use utoipa::{IntoParams, ToSchema};
@@ -56,8 +56,11 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiQuery};
 use super::openapi::{Lagged, error_responses};
-use crate::identity::{PARENT_RUN_HEADER, UserId};
+use super::tools::PlanName;
+use crate::identity::{PARENT_RUN_HEADER, Plan, UserId};
 use crate::tenants::Principal;
+use crate::workflow::definition::OnError;
+use crate::workflow::engine::LoadIssue;
 use crate::workflow::{RunFilter, StartRun, WorkflowError, WorkflowEventKind, WorkflowRun};
 
 pub const DEFAULT_LIMIT: usize = 50;
@@ -75,32 +78,62 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(start))
 }
 
-/// A run: `{id, workflow, status, input, tenant, user_id, plan, nodes: {name: {status, output, error, attempts, started_at, finished_at, ...}}, output, error, created_at, finished_at, resumes}`.
-#[derive(ToSchema)]
-#[schema(value_type = Object)]
-#[allow(dead_code)]
-struct Run(Value);
-
-/// A workflow definition: `{name, description, input_schema, nodes, output, ...}`.
-#[derive(ToSchema)]
-#[schema(value_type = Object)]
-#[allow(dead_code)]
-struct Definition(Value);
-
+/// A workflow definition as the API shows it. Built as JSON by
+/// [`crate::workflow::definition::Workflow::to_json`] (`cadre workflows`
+/// prints the same); this type states its shape, and the contract tests
+/// hold the body to it.
 #[derive(ToSchema)]
 #[allow(dead_code)]
-struct Definitions {
-    workflows: Vec<Definition>,
-    /// Files that did not load: `{file, reason}`.
-    #[schema(value_type = Vec<Object>)]
-    errors: Vec<Value>,
+struct Definition {
+    name: String,
+    description: String,
+    /// The JSON Schema a run's `input` is checked against.
+    input: std::collections::BTreeMap<String, Value>,
+    on_error: OnError,
+    #[schema(value_type = PlanName)]
+    plan: Plan,
+    /// In file order.
+    nodes: Vec<DefinitionNode>,
+    /// The definition's file: its path for an admin key, its name for others.
+    file: String,
 }
 
+/// A node of a [`Definition`].
 #[derive(ToSchema)]
 #[allow(dead_code)]
+struct DefinitionNode {
+    id: String,
+    /// `tool`, `agent` or `map`.
+    #[schema(pattern = "^(tool|agent|map)$")]
+    kind: String,
+    /// The nodes it waits for.
+    depends_on: Vec<String>,
+    /// Tool (and map) nodes: the tool called.
+    tool: Option<String>,
+    /// Agent nodes: the agent asked.
+    agent: Option<String>,
+    /// Agent nodes that continue another node's session: that node.
+    session: Option<String>,
+    /// Map nodes: the template of the list fanned out over.
+    map: Option<String>,
+    /// Map nodes: how many elements run at once.
+    max_parallel: Option<usize>,
+    /// The condition the node runs under.
+    when: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+struct Definitions {
+    #[schema(value_type = Vec<Definition>)]
+    workflows: Vec<Value>,
+    /// Files that did not load (admin keys only; empty for others).
+    errors: Vec<LoadIssue>,
+}
+
+#[derive(Serialize, ToSchema)]
 struct RunList {
     /// Newest first.
-    runs: Vec<Run>,
+    runs: Vec<WorkflowRun>,
     /// How many runs this page holds.
     count: usize,
     /// The `cursor` of the next page; `null` on the last.
@@ -150,7 +183,7 @@ super::openapi::event_stream! {
     /// per change; the stream ends after `run_finished` (at once if the run
     /// was already over).
     RunEvents {
-        "snapshot" => Run,
+        "snapshot" => WorkflowRun,
         "run_started" => RunEvent,
         "node_started" => RunEvent,
         "node_succeeded" => RunEvent,
@@ -175,7 +208,7 @@ super::openapi::event_stream! {
 async fn list_definitions(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-) -> Json<Value> {
+) -> Json<Definitions> {
     let workflows: Vec<Value> = state
         .workflows
         .definitions()
@@ -185,14 +218,11 @@ async fn list_definitions(
     // Load errors name server paths and say what is wrong with the
     // operator's files: an admin's business only.
     let errors = if caller.admin {
-        json!(state.workflows.load_errors())
+        state.workflows.load_errors()
     } else {
-        json!([])
+        Vec::new()
     };
-    Json(json!({
-        "workflows": workflows,
-        "errors": errors,
-    }))
+    Json(Definitions { workflows, errors })
 }
 
 /// A definition as `caller` may see it: a non-admin key sees its file's
@@ -244,7 +274,7 @@ async fn show_definition(
 struct StartBody {
     /// Checked against the workflow's input schema.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
     input: Value,
     /// Answer when the run is over instead of at once.
     #[serde(default)]
@@ -282,7 +312,7 @@ error_responses!(
     ),
     request_body = StartBody,
     responses(
-        (status = 201, description = "The run (with `wait`, as it ended: a failed run is still a 201)", body = Run),
+        (status = 201, description = "The run (with `wait`, as it ended: a failed run is still a 201)", body = WorkflowRun),
         StartErrors,
     )
 )]
@@ -292,7 +322,7 @@ async fn start(
     Path(name): Path<String>,
     headers: HeaderMap,
     ApiJson(body): ApiJson<StartBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<WorkflowRun>), ApiError> {
     let parent_run = headers
         .get(PARENT_RUN_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -318,7 +348,7 @@ async fn start(
     } else {
         run
     };
-    Ok((StatusCode::CREATED, Json(json!(run))))
+    Ok((StatusCode::CREATED, Json(run)))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -358,7 +388,7 @@ async fn list_runs(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<ListQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunList>, ApiError> {
     let (limit, cursor) = super::calls::page_params(q.limit, q.cursor, DEFAULT_LIMIT)?;
     let page = state
         .workflows
@@ -369,9 +399,11 @@ async fn list_runs(
             cursor,
         })
         .await?;
-    Ok(Json(
-        json!({ "runs": page.items, "count": page.items.len(), "next": page.next }),
-    ))
+    Ok(Json(RunList {
+        count: page.items.len(),
+        runs: page.items,
+        next: page.next,
+    }))
 }
 
 error_responses!(
@@ -388,7 +420,7 @@ error_responses!(
     tag = "workflows",
     params(("id" = String, Path, description = "Run id")),
     responses(
-        (status = 200, description = "The run with per-node status", body = Run),
+        (status = 200, description = "The run with per-node status", body = WorkflowRun),
         ShowRunErrors,
     )
 )]
@@ -396,8 +428,8 @@ async fn show_run(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(owned(&state, &caller, &id).await?)))
+) -> Result<Json<WorkflowRun>, ApiError> {
+    Ok(Json(owned(&state, &caller, &id).await?))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -425,7 +457,7 @@ error_responses!(
     tag = "workflows",
     params(("id" = String, Path, description = "Run id"), ResumeQuery),
     responses(
-        (status = 200, description = "The run, resumed (with `wait`, as it ended)", body = Run),
+        (status = 200, description = "The run, resumed (with `wait`, as it ended)", body = WorkflowRun),
         ResumeErrors,
     )
 )]
@@ -434,7 +466,7 @@ async fn resume(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<ResumeQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WorkflowRun>, ApiError> {
     owned(&state, &caller, &id).await?;
     let run = state.workflows.resume(&id).await?;
     let run = if q.wait {
@@ -442,7 +474,7 @@ async fn resume(
     } else {
         run
     };
-    Ok(Json(json!(run)))
+    Ok(Json(run))
 }
 
 error_responses!(
@@ -459,7 +491,7 @@ error_responses!(
     tag = "workflows",
     params(("id" = String, Path, description = "Run id")),
     responses(
-        (status = 200, description = "The run as it ended: `cancelled`, or as it was if it was already over (cancelling again changes nothing)", body = Run),
+        (status = 200, description = "The run as it ended: `cancelled`, or as it was if it was already over (cancelling again changes nothing)", body = WorkflowRun),
         CancelErrors,
     )
 )]
@@ -467,9 +499,9 @@ async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<WorkflowRun>, ApiError> {
     owned(&state, &caller, &id).await?;
-    Ok(Json(json!(state.workflows.cancel(&id).await?)))
+    Ok(Json(state.workflows.cancel(&id).await?))
 }
 
 error_responses!(

@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::error_code::{ErrorCode, PublicError};
 
 /// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     System,
@@ -34,7 +34,7 @@ pub enum Role {
 
 /// One tool call as the model asked for it. `arguments` is the raw string the
 /// model sent: it may not be valid JSON, and the executor says so.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolCall {
     pub id: String,
     pub name: String,
@@ -42,7 +42,7 @@ pub struct ToolCall {
 }
 
 /// One message of a conversation, in the shape the model and the store share.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ChatMessage {
     pub role: Role,
     pub content: Option<String>,
@@ -95,11 +95,12 @@ impl ChatMessage {
 }
 
 /// A tool as offered to the model (OpenAI function format on the wire).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolSpec {
     pub name: String,
     pub description: String,
     /// A JSON Schema object.
+    #[schema(value_type = std::collections::BTreeMap<String, Value>)]
     pub parameters: Value,
 }
 

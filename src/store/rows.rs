@@ -35,7 +35,8 @@ fn default_tenant() -> String {
 }
 
 /// A message as stored: its place in the session and when it was written.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = Message)]
 pub struct StoredMessage {
     pub seq: u64,
     #[serde(flatten)]
@@ -48,7 +49,7 @@ pub struct StoredMessage {
 }
 
 /// One tool call from any caller, with its outcome.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolCallRecord {
     pub record_id: String,
     pub tool_name: String,
@@ -100,7 +101,7 @@ pub struct ToolCallRecord {
 /// run. The decision rewrites the held call's record under its
 /// `record_id` (the executor writes the outcome under the id it held), so
 /// an approved call is one record, counted once, as what its run gave.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CallStatus {
     Succeeded,
@@ -170,7 +171,8 @@ impl ToolCallRecord {
 
 /// A call record with its [`CallStatus`], as the API lists it
 /// (`GET /v1/calls`, a session's export).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[schema(as = CallRecord)]
 pub struct ShownCall<'a> {
     #[serde(flatten)]
     pub record: &'a ToolCallRecord,
@@ -324,7 +326,7 @@ pub enum WriteOp {
 }
 
 /// A session's rolling summary.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StoredSummary {
     pub text: String,
     /// The last message seq the summary covers.

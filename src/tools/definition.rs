@@ -37,7 +37,7 @@ impl RateLimit {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CacheSpec {
     /// 0 disables caching for this tool.
@@ -85,7 +85,7 @@ impl SideEffects {
 }
 
 /// What runs when the tool is called.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum Entry {
     /// A handler compiled into cadre, by name (defaults to the tool's name).
@@ -133,7 +133,7 @@ pub enum Entry {
 
 /// Which redirects an HTTP entry follows; every hop passes the network
 /// guard whatever this says.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Redirects {
     /// Hops that keep the URL's scheme, host and port.
@@ -158,7 +158,7 @@ impl Default for Entry {
 }
 
 /// The resolved definition the executor and the model see.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolDefinition {
     pub name: String,
     pub version: String,
@@ -166,10 +166,12 @@ pub struct ToolDefinition {
     pub category: String,
     pub tags: Vec<String>,
     /// JSON Schema of the parameters (an object schema).
+    #[schema(value_type = std::collections::BTreeMap<String, Value>)]
     pub parameters: Value,
     #[serde(default)]
     pub entry: Entry,
     #[serde(default)]
+    #[schema(value_type = Option<Value>)]
     pub output: Option<Value>,
     #[serde(default)]
     pub required_plan: Plan,
@@ -181,6 +183,7 @@ pub struct ToolDefinition {
     pub post_processor: Option<String>,
     /// Per-call timeout; the execution context or the executor default otherwise.
     #[serde(default, with = "opt_millis")]
+    #[schema(value_type = Option<u64>)]
     pub timeout: Option<Duration>,
     /// Whether a call may run again ([`SideEffects`]); `at_most_once` when
     /// nothing declares it.

@@ -11,7 +11,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CallerType {
     ConversationAgent,
@@ -30,7 +30,7 @@ impl CallerType {
 }
 
 /// Who calls, on whose behalf, and with which limits.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecutionContext {
     pub caller_id: String,
     pub caller_type: CallerType,
@@ -99,7 +99,7 @@ impl ExecutionContext {
 }
 
 /// Why a call did not succeed; the stable codes of architecture §4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorType {
     ToolNotFound,
@@ -214,7 +214,7 @@ impl ErrorType {
 }
 
 /// One field's validation failure.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FieldError {
     /// Dotted path of the parameter (`""` for the arguments as a whole).
     pub field: String,
@@ -224,7 +224,7 @@ pub struct FieldError {
     pub message: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResultMetadata {
     pub cached: bool,
     pub attempts: u32,
@@ -330,7 +330,8 @@ pub fn json_depth(value: &Value, limit: usize) -> usize {
 }
 
 /// The outcome of one tool call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = ToolResult)]
 pub struct ToolExecutionResult {
     pub is_success: bool,
     pub tool_name: String,

@@ -141,7 +141,7 @@ struct McpLayer {
 }
 
 /// One declared MCP server, as `GET /v1/tools` shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct McpServerStatus {
     pub server: String,
     pub available: bool,

@@ -72,7 +72,7 @@ pub trait Catalog {
 }
 
 /// What happens to the rest of a run when a node fails.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnError {
     /// Start nothing new; nodes already running finish; the run fails.

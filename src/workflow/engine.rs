@@ -193,7 +193,7 @@ fn summary(errors: &[FieldError]) -> String {
 }
 
 /// A definition file that did not load.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct LoadIssue {
     pub file: String,
     pub message: String,

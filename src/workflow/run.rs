@@ -20,7 +20,7 @@ use super::template::Outputs;
 /// The store namespace of run documents.
 pub const RUNS_NAMESPACE: &str = "workflow_runs";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
     Running,
@@ -48,7 +48,7 @@ impl RunStatus {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NodeStatus {
     Pending,
@@ -84,7 +84,7 @@ impl NodeStatus {
 }
 
 /// One element of a map node's fan-out.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ItemRun {
     pub status: NodeStatus,
     pub output: Option<Value>,
@@ -111,7 +111,7 @@ impl ItemRun {
 }
 
 /// One node of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeRun {
     pub status: NodeStatus,
     /// Tool nodes: the tool's output; agent nodes: the reply text; map
@@ -151,7 +151,8 @@ impl NodeRun {
 }
 
 /// A run of a workflow.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = Run)]
 pub struct WorkflowRun {
     pub id: String,
     pub workflow: String,
