@@ -12,8 +12,7 @@
 
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -34,16 +33,14 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(improve))
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct Suggestions {
     session_id: String,
     /// Three replies an operator could send next.
     suggestions: Vec<String>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct Improved {
     /// The text reworded.
     text: String,
@@ -78,7 +75,7 @@ async fn suggestions(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Suggestions>, ApiError> {
     state.sessions.get_as(&caller.tenant, &id).await?;
     if !state
         .sessions
@@ -92,9 +89,10 @@ async fn suggestions(
         ));
     }
     let suggestions = state.sessions.suggestions(&caller.tenant, &id).await?;
-    Ok(Json(
-        json!({ "session_id": id, "suggestions": suggestions }),
-    ))
+    Ok(Json(Suggestions {
+        session_id: id,
+        suggestions,
+    }))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -140,7 +138,7 @@ async fn improve(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiJson(body): ApiJson<ImproveBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Improved>, ApiError> {
     if body.text.trim().is_empty() {
         return Err(ApiError::validation("text must not be empty"));
     }
@@ -154,5 +152,5 @@ async fn improve(
         .sessions
         .improve(&caller.tenant, &body.text, body.agent.as_deref())
         .await?;
-    Ok(Json(json!({ "text": text })))
+    Ok(Json(Improved { text }))
 }

@@ -23,8 +23,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
 use jiff::Timestamp;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -34,7 +33,8 @@ use super::auth::require_admin;
 use super::error::ApiError;
 use super::extract::ApiJson;
 use super::openapi::error_responses;
-use crate::tenants::{NewKey, Plan, Principal};
+use super::tools::PlanName;
+use crate::tenants::{KeyInfo, KeyStatus, NewKey, Plan, Principal};
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -63,50 +63,80 @@ struct CreateKey {
 }
 
 /// A key as the API lists it: never the secret, never its hash.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct KeyView {
     key_id: String,
     tenant: String,
     admin: bool,
-    /// `free`, `pro` or `premium`: the highest plan the key may use.
-    plan: String,
+    /// The highest plan the key may use.
+    #[schema(value_type = PlanName)]
+    plan: Plan,
     /// A scrape key (`/metrics` only).
     metrics: bool,
-    /// `active`, `expired` or `revoked`.
-    status: String,
-    /// RFC 3339 timestamp.
-    created_at: String,
-    expires_at: Option<String>,
-    revoked_at: Option<String>,
+    status: KeyState,
+    created_at: Timestamp,
+    expires_at: Option<Timestamp>,
+    revoked_at: Option<Timestamp>,
+}
+
+/// Where a key stands now.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum KeyState {
+    Active,
+    Expired,
+    Revoked,
+}
+
+impl From<KeyInfo> for KeyView {
+    fn from(info: KeyInfo) -> Self {
+        // Every field named: a field the key ring adds is a decision here.
+        let KeyInfo {
+            key_id,
+            tenant,
+            admin,
+            plan,
+            metrics,
+            status,
+            created_at,
+            expires_at,
+            revoked_at,
+        } = info;
+        KeyView {
+            key_id,
+            tenant,
+            admin,
+            plan,
+            metrics,
+            status: match status {
+                KeyStatus::Active => KeyState::Active,
+                KeyStatus::Expired => KeyState::Expired,
+                KeyStatus::Revoked => KeyState::Revoked,
+            },
+            created_at,
+            expires_at,
+            revoked_at,
+        }
+    }
 }
 
 /// A new key: the key itself (shown once) and how it is listed.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct CreatedKey {
     /// `cadre_<key_id>_<secret>`: send it as `Authorization: Bearer <key>`.
     /// It is not stored and cannot be shown again.
     key: String,
-    key_id: String,
-    tenant: String,
-    admin: bool,
-    plan: String,
-    metrics: bool,
-    /// `active`.
-    status: String,
-    created_at: String,
-    expires_at: Option<String>,
-    revoked_at: Option<String>,
+    #[serde(flatten)]
+    view: KeyView,
     /// Present when sessions made in open mode (tenant `default`) exist and
     /// tenant `default` has no key yet: this key does not read them, a key
     /// of tenant `default` does.
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(nullable = false)]
     notice: Option<String>,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct KeyList {
     keys: Vec<KeyView>,
 }
@@ -134,7 +164,7 @@ async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiJson(body): ApiJson<CreateKey>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
     require_admin(&caller)?;
     let mut new = NewKey::tenant(body.tenant);
     new.admin = body.admin;
@@ -144,13 +174,15 @@ async fn create(
         new.plan = plan;
     }
     let (key, record, notice) = state.keys.create(&state.store, &new).await?;
-    let mut view = json!(record.info(Timestamp::now()));
-    view["key"] = json!(key);
-    if let Some(notice) = notice {
+    if let Some(notice) = &notice {
         tracing::warn!(key_id = %record.key_id, "{notice}");
-        view["notice"] = json!(notice);
     }
-    Ok((StatusCode::CREATED, Json(view)))
+    let created = CreatedKey {
+        key,
+        view: record.info(Timestamp::now()).into(),
+        notice,
+    };
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 error_responses!(
@@ -173,15 +205,15 @@ error_responses!(
 async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<KeyList>, ApiError> {
     require_admin(&caller)?;
     let now = Timestamp::now();
-    let keys: Vec<_> = crate::tenants::list_keys(&state.store)
+    let keys = crate::tenants::list_keys(&state.store)
         .await?
         .iter()
-        .map(|k| k.info(now))
+        .map(|k| k.info(now).into())
         .collect();
-    Ok(Json(json!({ "keys": keys })))
+    Ok(Json(KeyList { keys }))
 }
 
 error_responses!(

@@ -14,8 +14,10 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -26,7 +28,9 @@ use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
+use crate::executor::concurrency::{BucketMetrics, ConcurrencyMetrics};
 use crate::executor::limit_key;
+use crate::executor::limits::{Window, WindowQuota};
 use crate::identity::UserId;
 use crate::tenants::Principal;
 use crate::tools::{CallerType, ExecutionContext};
@@ -38,27 +42,161 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(metrics))
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct Limits {
-    /// The pool. An admin key (or a server running open) sees it whole:
-    /// `{current_concurrent, queue_length, total_acquired, total_rejected, total_timeout,
-    /// total_bypassed, avg_execution_time_ms, buckets: {name: {current, limit, queue}},
-    /// max_per_tenant, max_queued_per_tenant, tenants_running, tenants_waiting}`. Any other key sees
-    /// the limits that apply to its tenant and none of the runtime-wide live counters (they are
-    /// every tenant's load): `{max_per_tenant, max_queued_per_tenant, buckets: {name: {limit}}}`.
-    #[schema(value_type = Object)]
-    concurrency: Value,
+    concurrency: Pool,
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+/// The concurrency pool. An admin key (or a server running open) sees it
+/// whole. Any other key sees the limits that apply to its tenant and none
+/// of the runtime-wide live counters (they are every tenant's load): the
+/// fields marked "admin" are absent.
+#[derive(Serialize, ToSchema)]
+struct Pool {
+    /// Pool slots one tenant may hold.
+    max_per_tenant: usize,
+    /// Callers of one tenant that may wait.
+    max_queued_per_tenant: usize,
+    /// One entry per configured bucket.
+    buckets: BTreeMap<String, Bucket>,
+    /// Admin: pool slots held now (bypass permits excluded).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_concurrent: Option<usize>,
+    /// Admin: callers waiting for a slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_length: Option<usize>,
+    /// Admin: permits handed out to counted calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total_acquired: Option<u64>,
+    /// Admin: calls refused with `queue_full`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total_rejected: Option<u64>,
+    /// Admin: waiters that gave up at their timeout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total_timeout: Option<u64>,
+    /// Admin: permits handed out to bypassing calls (workflow nodes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total_bypassed: Option<u64>,
+    /// Admin: mean time counted permits were held, over those released so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    avg_execution_time_ms: Option<f64>,
+    /// Admin: tenants holding at least one slot now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenants_running: Option<usize>,
+    /// Admin: tenants with at least one caller waiting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenants_waiting: Option<usize>,
+}
+
+/// One bucket of the pool.
+#[derive(Serialize, ToSchema)]
+struct Bucket {
+    limit: usize,
+    /// Admin: slots of this bucket held now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current: Option<usize>,
+    /// Admin: callers of this category waiting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<usize>,
+}
+
+impl Pool {
+    /// The pool as `admin` (or not) may see it.
+    fn seen(metrics: ConcurrencyMetrics, admin: bool) -> Self {
+        // Every field named: a counter the pool adds is a decision here.
+        let ConcurrencyMetrics {
+            current_concurrent,
+            queue_length,
+            total_acquired,
+            total_rejected,
+            total_timeout,
+            total_bypassed,
+            avg_execution_time_ms,
+            buckets,
+            max_per_tenant,
+            max_queued_per_tenant,
+            tenants_running,
+            tenants_waiting,
+        } = metrics;
+        let live = |v| admin.then_some(v);
+        Pool {
+            max_per_tenant,
+            max_queued_per_tenant,
+            buckets: buckets
+                .into_iter()
+                .map(|(name, b)| {
+                    let BucketMetrics {
+                        current,
+                        limit,
+                        queue,
+                    } = b;
+                    let bucket = Bucket {
+                        limit,
+                        current: live(current),
+                        queue: live(queue),
+                    };
+                    (name, bucket)
+                })
+                .collect(),
+            current_concurrent: live(current_concurrent),
+            queue_length: live(queue_length),
+            total_acquired: admin.then_some(total_acquired),
+            total_rejected: admin.then_some(total_rejected),
+            total_timeout: admin.then_some(total_timeout),
+            total_bypassed: admin.then_some(total_bypassed),
+            avg_execution_time_ms: admin.then_some(avg_execution_time_ms),
+            tenants_running: live(tenants_running),
+            tenants_waiting: live(tenants_waiting),
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
 struct QuotaView {
     tool: String,
     user_id: String,
-    /// Per window of the tool's rate limit: `{window, limit, remaining, reset_at}`.
-    #[schema(value_type = Vec<Object>)]
-    windows: Vec<Value>,
+    /// Per window of the tool's rate limit.
+    windows: Vec<WindowView>,
+}
+
+/// What is left of one window.
+#[derive(Serialize, ToSchema)]
+struct WindowView {
+    window: WindowName,
+    limit: u32,
+    /// Calls that would pass now.
+    remaining: u32,
+    /// When all `limit` calls are available again (now if they are).
+    reset_at: Timestamp,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum WindowName {
+    Minute,
+    Hour,
+    Day,
+}
+
+impl From<WindowQuota> for WindowView {
+    fn from(quota: WindowQuota) -> Self {
+        let WindowQuota {
+            window,
+            limit,
+            remaining,
+            reset_at,
+        } = quota;
+        WindowView {
+            window: match window {
+                Window::Minute => WindowName::Minute,
+                Window::Hour => WindowName::Hour,
+                Window::Day => WindowName::Day,
+            },
+            limit,
+            remaining,
+            reset_at,
+        }
+    }
 }
 
 #[utoipa::path(
@@ -72,23 +210,11 @@ struct QuotaView {
 async fn limits(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
-) -> Json<Value> {
-    let m = state.executor.shared().concurrency.metrics();
-    if caller.admin {
-        return Json(json!({ "concurrency": m }));
-    }
-    let buckets: serde_json::Map<String, Value> = m
-        .buckets
-        .iter()
-        .map(|(name, b)| (name.clone(), json!({ "limit": b.limit })))
-        .collect();
-    Json(json!({
-        "concurrency": {
-            "max_per_tenant": m.max_per_tenant,
-            "max_queued_per_tenant": m.max_queued_per_tenant,
-            "buckets": buckets,
-        }
-    }))
+) -> Json<Limits> {
+    let metrics = state.executor.shared().concurrency.metrics();
+    Json(Limits {
+        concurrency: Pool::seen(metrics, caller.admin),
+    })
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -124,7 +250,7 @@ async fn quota(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     ApiQuery(q): ApiQuery<QuotaQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<QuotaView>, ApiError> {
     let tool = state.registry.get(&q.tool).ok_or_else(|| {
         ApiError::new(
             ErrorCode::ToolNotFound,
@@ -149,11 +275,11 @@ async fn quota(
                 "the rate limits cannot be read now: the cluster's Redis is unreachable; retry shortly",
             )
         })?;
-    Ok(Json(json!({
-        "tool": q.tool,
-        "user_id": user,
-        "windows": windows,
-    })))
+    Ok(Json(QuotaView {
+        tool: q.tool,
+        user_id: user.to_string(),
+        windows: windows.into_iter().map(WindowView::from).collect(),
+    }))
 }
 
 error_responses!(

@@ -34,6 +34,7 @@ pub mod console;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod health;
 pub mod host;
 pub mod idempotency;
 pub mod keys;
@@ -58,10 +59,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
-use serde_json::json;
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 
 use crate::conversation::Sessions;
 use crate::error_code::ErrorCode;
@@ -118,7 +117,7 @@ pub struct AppShared {
 }
 
 /// A dependency `/readyz` reports beside the store (cluster mode: Redis).
-/// It never decides readiness ([`readyz`] says why).
+/// It never decides readiness ([`health`] says why).
 #[async_trait::async_trait]
 pub trait Dependency: Send + Sync {
     /// Its key under `dependencies`.
@@ -139,8 +138,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 /// The API's routes (without `/openapi.json` and `/docs`) and their document.
 fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
-        .routes(routes!(healthz))
-        .routes(routes!(readyz))
+        .merge(health::routes())
         .merge(sessions::routes())
         .merge(agents::routes())
         .merge(tools::routes())
@@ -233,85 +231,6 @@ pub fn router(
         app.layer(from_fn(access_log::log))
     } else {
         app
-    }
-}
-
-/// Liveness: 200 while the process serves HTTP. The body says whether
-/// storage takes writes: `{"status": "ok"}` or `{"status": "degraded",
-/// "storage": {"status": "degraded", "since", "reason"}}`; a full disk is not
-/// a reason to restart the process (reads work, writes resume by themselves).
-#[utoipa::path(
-    get,
-    path = "/healthz",
-    operation_id = "healthz",
-    summary = "Liveness, with the storage's state",
-    tag = "health",
-    security(()),
-    responses((status = 200, description = "The server is up; `degraded` while storage refuses writes", body = Object,
-        example = json!({"status": "ok", "storage": {"status": "ok"}})))
-)]
-async fn healthz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    let storage = state.store.health();
-    let status = match storage {
-        crate::store::StoreHealth::Ok => "ok",
-        crate::store::StoreHealth::Degraded { .. } => "degraded",
-    };
-    axum::Json(json!({"status": status, "storage": storage})).into_response()
-}
-
-openapi::error_responses!(
-    ReadyzErrors:
-    StorageUnavailable = "storage refuses writes (reads are served)"
-);
-
-/// Readiness: 503 `STORAGE_UNAVAILABLE` while writes are refused, so a load
-/// balancer can send traffic elsewhere; else 200 `{"status": "ready"}`.
-#[utoipa::path(
-    get,
-    path = "/readyz",
-    operation_id = "readyz",
-    summary = "Readiness: can the server take writes",
-    tag = "health",
-    security(()),
-    responses(
-        (status = 200, description = "Ready: the store takes writes; each dependency reported", body = Object,
-            example = json!({"status": "ready", "node": "n1", "dependencies": {"store": {"backend": "postgres", "health": {"status": "ok"}}, "redis": {"status": "ok"}}})),
-        ReadyzErrors,
-    )
-)]
-/// Each dependency is reported (`dependencies`: the store, and Redis in
-/// cluster mode). Decision: only the store decides readiness. Redis holds
-/// nothing that is the record and every node shares it, so a Redis outage
-/// taking every node out of the balancer would gain nothing: the limits
-/// themselves refuse (`LIMITS_UNAVAILABLE`, `[cluster] redis_failure =
-/// "closed"`) or fall back to each node's own (`"local"`).
-async fn readyz(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
-    let store = state.store.health();
-    let mut dependencies = json!({
-        "store": {"backend": state.store.backend_name(), "health": store},
-    });
-    for dependency in &state.dependencies {
-        let name = dependency.name();
-        dependencies[name] = match dependency.ping().await {
-            Ok(()) => json!({"status": "ok"}),
-            Err(e) => {
-                tracing::warn!(error = %e, dependency = name, "readiness: a dependency does not answer");
-                json!({"status": "unreachable"})
-            }
-        };
-    }
-    let node = state.store.node_id().map(str::to_string);
-    match store {
-        crate::store::StoreHealth::Ok => {
-            axum::Json(json!({"status": "ready", "node": node, "dependencies": dependencies}))
-                .into_response()
-        }
-        crate::store::StoreHealth::Degraded { .. } => ApiError::new(
-            ErrorCode::StorageUnavailable,
-            "storage does not accept writes; reads are served",
-        )
-        .with_details(json!({ "storage": store, "dependencies": dependencies }))
-        .into_response(),
     }
 }
 

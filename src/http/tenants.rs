@@ -24,6 +24,7 @@
 
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
+use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -44,8 +45,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(erase_sessions))
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct TenantConfigView {
     tenant: String,
     config: TenantConfig,
@@ -142,10 +142,10 @@ async fn show(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(tenant): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TenantConfigView>, ApiError> {
     check(&caller, &tenant)?;
     let config = TenantConfig::load(&state.store, &tenant).await?;
-    Ok(Json(json!({"tenant": tenant, "config": config})))
+    Ok(Json(TenantConfigView { tenant, config }))
 }
 
 error_responses!(
@@ -174,11 +174,11 @@ async fn replace(
     Extension(caller): Extension<Principal>,
     Path(tenant): Path<String>,
     ApiJsonValue(body, _): ApiJsonValue<TenantConfig>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TenantConfigView>, ApiError> {
     check(&caller, &tenant)?;
     let config = TenantConfig::from_json(body)?;
     config.save(&state.store, &tenant).await?;
-    Ok(Json(json!({"tenant": tenant, "config": config})))
+    Ok(Json(TenantConfigView { tenant, config }))
 }
 
 error_responses!(
@@ -207,17 +207,16 @@ async fn patch(
     Extension(caller): Extension<Principal>,
     Path(tenant): Path<String>,
     ApiJsonValue(body, _): ApiJsonValue<TenantConfigPatch>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<TenantConfigView>, ApiError> {
     check(&caller, &tenant)?;
     let current = TenantConfig::load(&state.store, &tenant).await?;
     let config = current.patched(&body)?;
     config.save(&state.store, &tenant).await?;
-    Ok(Json(json!({"tenant": tenant, "config": config})))
+    Ok(Json(TenantConfigView { tenant, config }))
 }
 
 /// What a tenant erase did.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct ErasedSessions {
     tenant: String,
     /// Sessions deleted.
@@ -252,12 +251,14 @@ async fn erase_sessions(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(tenant): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ErasedSessions>, ApiError> {
     check(&caller, &tenant)?;
     let done = state.sessions.erase_tenant(&tenant).await?;
-    Ok(Json(
-        json!({"tenant": tenant, "deleted": done.deleted, "busy": done.busy}),
-    ))
+    Ok(Json(ErasedSessions {
+        tenant,
+        deleted: done.deleted,
+        busy: done.busy,
+    }))
 }
 
 #[utoipa::path(

@@ -64,7 +64,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::{Extension, Json};
 use futures::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use utoipa::ToSchema;
@@ -94,8 +94,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// A token for a browser's `new WebSocket(url)`.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
 struct WsToken {
     /// `cadt_<hex>`: open the socket with `?token=<token>` within
     /// `expires_in` seconds; it works once, for this session only.
@@ -129,16 +128,16 @@ async fn issue_token(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<WsToken>), ApiError> {
     state.sessions.get_as(&caller.tenant, &id).await?;
     let token = state.keys.issue_ws_token(&caller, &id)?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "token": token,
-            "session_id": id,
-            "expires_in": WS_TOKEN_TTL.as_secs(),
-        })),
+        Json(WsToken {
+            token,
+            session_id: id,
+            expires_in: WS_TOKEN_TTL.as_secs(),
+        }),
     ))
 }
 
