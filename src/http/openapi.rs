@@ -92,7 +92,7 @@ pub struct ErrorDetail {
     /// Human-readable text; may change between versions.
     message: String,
     /// Structured detail for some codes, e.g. `validation_errors` of a workflow input.
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<BTreeMap<String, Value>>)]
     details: Option<Value>,
 }
 
@@ -408,4 +408,91 @@ pub struct Lagged {
 /// `GET /openapi.json` and Swagger UI under `/docs`, over `doc`.
 pub fn routes<S: Clone + Send + Sync + 'static>(doc: OpenApiDoc) -> Router<S> {
     SwaggerUi::new(DOCS_PATH).url(SPEC_PATH, doc).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    /// Schemas left as a bare `{"type": "object"}` on purpose, by their
+    /// place in the document, with the reason.
+    const UNTYPED_ON_PURPOSE: [(&str, &str); 0] = [];
+
+    /// Where `value` (a part of the document at `at`) holds an object
+    /// schema that names neither its fields (`properties`) nor its values
+    /// (`additionalProperties`): a generated client can only call it
+    /// "any object". Examples are values, not schemas, and are skipped.
+    fn untyped_objects(value: &Value, at: &str, found: &mut Vec<String>) {
+        match value {
+            Value::Object(map) => {
+                let is_object = match map.get("type") {
+                    Some(Value::String(t)) => t == "object",
+                    Some(Value::Array(ts)) => ts.iter().any(|t| t == "object"),
+                    _ => false,
+                };
+                let described = [
+                    "properties",
+                    "additionalProperties",
+                    "patternProperties",
+                    "$ref",
+                    "oneOf",
+                    "anyOf",
+                    "allOf",
+                ]
+                .iter()
+                .any(|k| map.contains_key(*k));
+                if is_object && !described {
+                    found.push(at.to_string());
+                }
+                for (key, inner) in map {
+                    if key == "example" || key == "examples" {
+                        continue;
+                    }
+                    let key = key.replace('~', "~0").replace('/', "~1");
+                    untyped_objects(inner, &format!("{at}/{key}"), found);
+                }
+            }
+            Value::Array(items) => {
+                for (i, inner) in items.iter().enumerate() {
+                    untyped_objects(inner, &format!("{at}/{i}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn document() -> Value {
+        let (_, doc) = crate::http::routes();
+        serde_json::to_value(doc).expect("the document serializes")
+    }
+
+    #[test]
+    fn every_object_in_the_document_declares_its_fields() {
+        let doc = document();
+        let mut found = Vec::new();
+        untyped_objects(&doc["paths"], "#/paths", &mut found);
+        untyped_objects(&doc["components"], "#/components", &mut found);
+        found.retain(|at| !UNTYPED_ON_PURPOSE.iter().any(|(p, _)| p == at));
+        assert!(
+            found.is_empty(),
+            "{} objects without declared fields:\n{}",
+            found.len(),
+            found.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_walk_finds_an_untyped_object() {
+        let mut doc = document();
+        doc["components"]["schemas"]["Probe"] = serde_json::json!({
+            "type": "object",
+            "properties": {"inner": {"type": ["object", "null"]}}
+        });
+        let mut found = Vec::new();
+        untyped_objects(&doc["components"], "#/components", &mut found);
+        assert!(
+            found.contains(&"#/components/schemas/Probe/properties/inner".to_string()),
+            "{found:?}"
+        );
+    }
 }
