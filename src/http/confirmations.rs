@@ -19,7 +19,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
-use super::openapi::error_responses;
+use super::openapi::{error_responses, view_of};
 use crate::executor::DecisionOutcome;
 use crate::executor::confirmations::{ConfirmationError, PendingConfirmation};
 use crate::tenants::Principal;
@@ -53,33 +53,17 @@ struct Pending {
     record_id: Option<String>,
 }
 
-impl From<PendingConfirmation> for Pending {
-    fn from(pending: PendingConfirmation) -> Self {
-        // Every field named: a field the executor adds is a decision here.
-        let PendingConfirmation {
-            confirmation_id,
-            tool_name,
-            params,
-            tool_call_id,
-            context,
-            summary,
-            created_at,
-            expires_at,
-            record_id,
-        } = pending;
-        Pending {
-            confirmation_id,
-            tool_name,
-            params,
-            tool_call_id,
-            context,
-            summary,
-            created_at,
-            expires_at,
-            record_id,
-        }
-    }
-}
+view_of!(PendingConfirmation => Pending {
+    confirmation_id,
+    tool_name,
+    params,
+    tool_call_id,
+    context,
+    summary,
+    created_at,
+    expires_at,
+    record_id,
+});
 
 #[derive(Serialize, ToSchema)]
 struct PendingList {
@@ -103,22 +87,12 @@ struct Decided {
     result: Option<ToolExecutionResult>,
 }
 
-impl From<DecisionOutcome> for Decided {
-    fn from(outcome: DecisionOutcome) -> Self {
-        let DecisionOutcome {
-            confirmation_id,
-            status,
-            tool_name,
-            result,
-        } = outcome;
-        Decided {
-            confirmation_id,
-            status,
-            tool_name,
-            result,
-        }
-    }
-}
+view_of!(DecisionOutcome => Decided {
+    confirmation_id,
+    status,
+    tool_name,
+    result,
+});
 
 fn owned_by(p: &PendingConfirmation, caller: &Principal) -> bool {
     p.tenant() == caller.tenant

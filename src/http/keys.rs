@@ -32,7 +32,7 @@ use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
 use super::extract::ApiJson;
-use super::openapi::error_responses;
+use super::openapi::{error_responses, view_of};
 use super::tools::PlanName;
 use crate::tenants::{KeyInfo, KeyStatus, NewKey, Plan, Principal};
 
@@ -88,34 +88,24 @@ enum KeyState {
     Revoked,
 }
 
-impl From<KeyInfo> for KeyView {
-    fn from(info: KeyInfo) -> Self {
-        // Every field named: a field the key ring adds is a decision here.
-        let KeyInfo {
-            key_id,
-            tenant,
-            admin,
-            plan,
-            metrics,
-            status,
-            created_at,
-            expires_at,
-            revoked_at,
-        } = info;
-        KeyView {
-            key_id,
-            tenant,
-            admin,
-            plan,
-            metrics,
-            status: match status {
-                KeyStatus::Active => KeyState::Active,
-                KeyStatus::Expired => KeyState::Expired,
-                KeyStatus::Revoked => KeyState::Revoked,
-            },
-            created_at,
-            expires_at,
-            revoked_at,
+view_of!(KeyInfo => KeyView {
+    key_id,
+    tenant,
+    admin,
+    plan,
+    metrics,
+    status,
+    created_at,
+    expires_at,
+    revoked_at,
+});
+
+impl From<KeyStatus> for KeyState {
+    fn from(status: KeyStatus) -> Self {
+        match status {
+            KeyStatus::Active => KeyState::Active,
+            KeyStatus::Expired => KeyState::Expired,
+            KeyStatus::Revoked => KeyState::Revoked,
         }
     }
 }

@@ -26,7 +26,7 @@ use super::AppState;
 use super::auth::require_scraper;
 use super::error::ApiError;
 use super::extract::ApiQuery;
-use super::openapi::error_responses;
+use super::openapi::{error_responses, view_of};
 use crate::error_code::ErrorCode;
 use crate::executor::concurrency::{BucketMetrics, ConcurrencyMetrics};
 use crate::executor::limit_key;
@@ -178,23 +178,19 @@ enum WindowName {
     Day,
 }
 
-impl From<WindowQuota> for WindowView {
-    fn from(quota: WindowQuota) -> Self {
-        let WindowQuota {
-            window,
-            limit,
-            remaining,
-            reset_at,
-        } = quota;
-        WindowView {
-            window: match window {
-                Window::Minute => WindowName::Minute,
-                Window::Hour => WindowName::Hour,
-                Window::Day => WindowName::Day,
-            },
-            limit,
-            remaining,
-            reset_at,
+view_of!(WindowQuota => WindowView {
+    window,
+    limit,
+    remaining,
+    reset_at,
+});
+
+impl From<Window> for WindowName {
+    fn from(window: Window) -> Self {
+        match window {
+            Window::Minute => WindowName::Minute,
+            Window::Hour => WindowName::Hour,
+            Window::Day => WindowName::Day,
         }
     }
 }

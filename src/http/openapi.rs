@@ -174,6 +174,27 @@ macro_rules! error_responses {
 }
 pub(crate) use error_responses;
 
+/// `impl From<Source> for View`: a response type the handler builds from a
+/// value of the runtime, field by field (each through `Into`, so a field
+/// may change its type on the way, e.g. an enum the document names). The
+/// source is taken apart without `..`: a field it gains stops the build
+/// here until the response says whether it shows it.
+///
+/// ```text
+/// view_of!(PendingConfirmation => Pending { confirmation_id, tool_name, ... });
+/// ```
+macro_rules! view_of {
+    ($source:ident => $view:ident { $($field:ident),+ $(,)? }) => {
+        impl From<$source> for $view {
+            fn from(source: $source) -> Self {
+                let $source { $($field),+ } = source;
+                $view { $($field: $field.into()),+ }
+            }
+        }
+    };
+}
+pub(crate) use view_of;
+
 /// The responses of a list of codes (see [`error_responses!`]).
 pub fn responses_for_codes(
     codes: &[(ErrorCode, Option<&str>)],

@@ -25,7 +25,7 @@ use super::error::ApiError;
 use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::idempotency::{IdempotencyKey, TurnSlot};
-use super::openapi::error_responses;
+use super::openapi::{error_responses, view_of};
 use super::streams::{StreamQuota, paced};
 use super::tools::{PlanName, parse_plan};
 use super::usage::TokenUsageView;
@@ -89,29 +89,15 @@ pub(super) struct SessionView {
     created_at: Timestamp,
 }
 
-impl From<Session> for SessionView {
-    fn from(session: Session) -> Self {
-        // Every field named: a field the store adds is a decision here.
-        let Session {
-            id,
-            tenant,
-            agent,
-            user_id,
-            plan,
-            metadata,
-            created_at,
-        } = session;
-        SessionView {
-            id,
-            tenant,
-            agent,
-            user_id,
-            plan,
-            metadata,
-            created_at,
-        }
-    }
-}
+view_of!(Session => SessionView {
+    id,
+    tenant,
+    agent,
+    user_id,
+    plan,
+    metadata,
+    created_at,
+});
 
 /// The 202 of a message whose turn runs on without the caller: accepted
 /// (`Prefer: respond-async`), or queued behind a turn paused for a
@@ -258,30 +244,16 @@ struct SummaryView {
     token_usage: TokenUsageView,
 }
 
-impl From<SessionSummary> for SummaryView {
-    fn from(summary: SessionSummary) -> Self {
-        let SessionSummary {
-            session_id,
-            conversation_summary,
-            covers_until_seq,
-            tool_usage_summary,
-            message_count,
-            turns,
-            last_activity_at,
-            token_usage,
-        } = summary;
-        SummaryView {
-            session_id,
-            conversation_summary,
-            covers_until_seq,
-            tool_usage_summary,
-            message_count,
-            turns,
-            last_activity_at,
-            token_usage: token_usage.into(),
-        }
-    }
-}
+view_of!(SessionSummary => SummaryView {
+    session_id,
+    conversation_summary,
+    covers_until_seq,
+    tool_usage_summary,
+    message_count,
+    turns,
+    last_activity_at,
+    token_usage,
+});
 
 error_responses!(
     CreateErrors:

@@ -24,7 +24,7 @@ use super::AppState;
 use super::auth::require_admin;
 use super::error::ApiError;
 use super::extract::ApiQuery;
-use super::openapi::error_responses;
+use super::openapi::{error_responses, view_of};
 use crate::conversation::budget::Month;
 use crate::store::usage::day_of;
 use crate::store::{TokenUsage, UsageRow};
@@ -48,22 +48,12 @@ pub(super) struct TokenUsageView {
     model_calls: u64,
 }
 
-impl From<TokenUsage> for TokenUsageView {
-    fn from(usage: TokenUsage) -> Self {
-        let TokenUsage {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens,
-            model_calls,
-        } = usage;
-        TokenUsageView {
-            prompt_tokens,
-            completion_tokens,
-            total_tokens,
-            model_calls,
-        }
-    }
-}
+view_of!(TokenUsage => TokenUsageView {
+    prompt_tokens,
+    completion_tokens,
+    total_tokens,
+    model_calls,
+});
 
 /// One tenant's usage of one agent on one day.
 #[derive(Serialize, ToSchema)]
@@ -76,22 +66,12 @@ struct UsageRowView {
     usage: TokenUsageView,
 }
 
-impl From<UsageRow> for UsageRowView {
-    fn from(row: UsageRow) -> Self {
-        let UsageRow {
-            tenant,
-            day,
-            agent,
-            usage,
-        } = row;
-        UsageRowView {
-            tenant,
-            day,
-            agent,
-            usage: usage.into(),
-        }
-    }
-}
+view_of!(UsageRow => UsageRowView {
+    tenant,
+    day,
+    agent,
+    usage,
+});
 
 /// The tenant's monthly token budget and where it stands.
 #[derive(Serialize, ToSchema)]
