@@ -131,16 +131,23 @@ pub struct TurnOutcome {
     /// `completed`, or `awaiting_approval` (then `answer` is empty and
     /// `confirmations` lists what waits for a decision).
     pub status: TurnStatus,
+    /// A paused turn's held calls: each waits for a decision
+    /// (`POST /v1/confirmations/{id}`), which resumes the turn.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub confirmations: Vec<Approval>,
     pub answer: String,
+    /// Each tool call of the turn.
     pub tool_calls: Vec<CallReport>,
+    /// A call held for confirmation is pending (not failed), a declined
+    /// one declined.
     pub tool_usage_summary: ToolUsageSummary,
     /// Source ids of the data this turn's tools returned.
     pub citations: Vec<String>,
     /// Source ids the answer mentions that no tool returned.
     pub ungrounded_citations: Vec<String>,
+    /// Model calls of the turn.
     pub iterations: u32,
+    /// Whether the turn ended with a forced answer (`tool_choice = none`).
     pub fallback_used: bool,
     /// Why the model stopped writing the answer: `stop`; `length` (cut at
     /// `max_tokens`: the answer is truncated); `content_filter` (the

@@ -485,11 +485,11 @@ error_responses!(
 struct SessionExport {
     #[schema(value_type = SessionView)]
     session: Session,
-    /// Every message, oldest first.
+    /// Every message of the session.
     messages: Vec<StoredMessage>,
     /// The rolling summary, once there is one.
     summary: Option<StoredSummary>,
-    /// The session's tool calls, oldest first.
+    /// Every tool call the session made.
     calls: Vec<ShownCall<'static>>,
 }
 
