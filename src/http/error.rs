@@ -12,9 +12,36 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::error_code::{ErrorCode, PublicError};
+
+/// Every error leaves the API in this shape.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    /// Human-readable text; may change between versions.
+    pub message: String,
+    /// Structured detail for some codes, e.g. `validation_errors` of a workflow input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
+    pub details: Option<Value>,
+}
+
+/// `turn_failed`: the turn ended with this error (the stream ends).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TurnFailed {
+    pub error: ErrorDetail,
+    /// The status a JSON reply would have had.
+    pub status: u16,
+}
 
 /// An error on its way out of the API: a code from the table, the status
 /// that answers it, a message for the caller and optional details.
@@ -58,29 +85,32 @@ impl ApiError {
 }
 
 impl ApiError {
-    /// `{"error": {"code", "message", "details"?}}`.
-    pub fn body(&self) -> Value {
-        let mut error = json!({"code": self.code, "message": self.message});
-        if let Some(d) = &self.details {
-            error["details"] = d.clone();
+    /// `{"code", "message", "details"?}`: the inside of the error body.
+    pub fn detail(&self) -> ErrorDetail {
+        ErrorDetail {
+            code: self.code,
+            message: self.message.clone(),
+            details: self.details.clone(),
         }
-        json!({ "error": error, "status": self.status.as_u16() })
     }
 
     /// The error as the last event of a stream.
     pub fn sse_event(&self) -> axum::response::sse::Event {
+        let failed = TurnFailed {
+            error: self.detail(),
+            status: self.status.as_u16(),
+        };
         axum::response::sse::Event::default()
             .event("turn_failed")
-            .data(self.body().to_string())
+            .data(serde_json::to_string(&failed).unwrap_or_default())
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = self.body();
-        if let Some(obj) = body.as_object_mut() {
-            obj.remove("status");
-        }
+        let body = ErrorBody {
+            error: self.detail(),
+        };
         let mut response = (self.status, Json(body)).into_response();
         if let Some(secs) = self.retry_after_secs {
             response

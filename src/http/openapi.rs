@@ -51,7 +51,6 @@
 use std::collections::BTreeMap;
 
 use axum::Router;
-use serde_json::Value;
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::path::Operation;
 use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Schema, Type};
@@ -60,6 +59,7 @@ use utoipa::openapi::{Content, Header, OpenApi as OpenApiDoc, Ref, RefOr, Respon
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use utoipa_swagger_ui::SwaggerUi;
 
+use super::error::{ErrorBody, ErrorDetail};
 use crate::error_code::ErrorCode;
 
 /// Where the document is served.
@@ -76,24 +76,6 @@ pub fn is_public(path: &str) -> bool {
         || path == SPEC_PATH
         || path == DOCS_PATH
         || path.starts_with("/docs/")
-}
-
-/// Every error leaves the API in this shape (see [`super::error`]).
-#[derive(serde::Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(serde::Serialize, ToSchema)]
-#[allow(dead_code)]
-pub struct ErrorDetail {
-    code: ErrorCode,
-    /// Human-readable text; may change between versions.
-    message: String,
-    /// Structured detail for some codes, e.g. `validation_errors` of a workflow input.
-    #[schema(value_type = Option<BTreeMap<String, Value>>)]
-    details: Option<Value>,
 }
 
 #[derive(OpenApi)]

@@ -21,7 +21,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::ApiError;
+use super::error::{ApiError, TurnFailed};
 use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::idempotency::{IdempotencyKey, TurnSlot};
@@ -191,15 +191,6 @@ struct TurnQueued {
     r#type: String,
     turn_id: String,
     waiting_for: String,
-}
-
-/// `turn_failed`: the turn ended with this error (the stream ends).
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct TurnFailed {
-    error: super::openapi::ErrorDetail,
-    /// The status a JSON reply would have had.
-    status: u16,
 }
 
 super::openapi::event_stream! {

@@ -35,8 +35,8 @@ use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
+use super::error::ErrorBody;
 use super::extract::{ApiJson, ApiQuery};
-use super::openapi::ErrorBody;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
 use crate::executor::{Arguments, ExecuteTool};

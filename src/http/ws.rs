@@ -237,12 +237,12 @@ async fn serve(
         let go_on = tokio::select! {
             go_on = step => go_on,
             () = &mut ended => {
-                let body = ApiError::new(
+                let error = ApiError::new(
                     ErrorCode::Unauthorized,
                     "the key that opened this socket was revoked or expired",
                 )
-                .body();
-                send(&mut socket, json!({"type": "error", "error": body["error"]})).await;
+                .detail();
+                send(&mut socket, json!({"type": "error", "error": error})).await;
                 let _ = socket.send(Message::Close(None)).await;
                 false
             }
@@ -277,8 +277,7 @@ async fn serve_one(
         Err(limited) => Err(limited),
     };
     if let Err(e) = result {
-        let body = e.body();
-        return send(socket, json!({"type": "error", "error": body["error"]})).await;
+        return send(socket, json!({"type": "error", "error": e.detail()})).await;
     }
     true
 }
@@ -386,11 +385,7 @@ async fn stream_turn(
                 "this socket fell more than {MAX_TURN_STREAM_LAG_BYTES} bytes behind turn {turn_id}'s events, so the rest of them are not sent; the turn goes on and is stored: read it with GET /v1/sessions/{session}/turns/{turn_id}"
             ),
         );
-        send(
-            socket,
-            json!({"type": "error", "error": lag.body()["error"]}),
-        )
-        .await;
+        send(socket, json!({"type": "error", "error": lag.detail()})).await;
         if let Some(outcome) = outcome {
             let _ = outcome.await;
         }
