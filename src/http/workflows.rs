@@ -61,7 +61,9 @@ use crate::identity::{PARENT_RUN_HEADER, Plan, UserId};
 use crate::tenants::Principal;
 use crate::workflow::definition::OnError;
 use crate::workflow::engine::LoadIssue;
-use crate::workflow::{RunFilter, StartRun, WorkflowError, WorkflowEventKind, WorkflowRun};
+use crate::workflow::{
+    RunFilter, StartRun, WorkflowError, WorkflowEvent, WorkflowEventKind, WorkflowRun,
+};
 
 pub const DEFAULT_LIMIT: usize = 50;
 pub const MAX_LIMIT: usize = 1_000;
@@ -140,59 +142,21 @@ struct RunList {
     next: Option<String>,
 }
 
-/// How a run stands.
-#[derive(ToSchema)]
-#[schema(rename_all = "snake_case")]
-#[allow(dead_code)]
-enum RunStatusName {
-    Running,
-    Succeeded,
-    Failed,
-    Interrupted,
-    Cancelled,
-}
-
-/// A change in a run: `{run_id, at, type, ...}`, `type` being the event's
-/// name; the other fields depend on it (`workflow` for `run_started`;
-/// `node` for `node_*` and `item_*`; `attempts` for `node_succeeded` and
-/// `node_failed`; `item` for `item_*`; `error` for `*_failed` and
-/// `run_finished`; `reason` for `node_skipped`; `status` for
-/// `run_finished`).
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct RunEvent {
-    run_id: String,
-    /// RFC 3339 timestamp.
-    at: String,
-    /// `run_started`, `node_started`, `node_succeeded`, `node_failed`, `node_skipped`,
-    /// `item_started`, `item_succeeded`, `item_failed` or `run_finished`.
-    r#type: String,
-    workflow: Option<String>,
-    node: Option<String>,
-    #[schema(minimum = 0)]
-    attempts: Option<u32>,
-    #[schema(minimum = 0)]
-    item: Option<u64>,
-    error: Option<String>,
-    reason: Option<String>,
-    status: Option<RunStatusName>,
-}
-
 super::openapi::event_stream! {
     /// A run's events: `snapshot` (the run as it is) first, then one event
     /// per change; the stream ends after `run_finished` (at once if the run
     /// was already over).
     RunEvents {
         "snapshot" => WorkflowRun,
-        "run_started" => RunEvent,
-        "node_started" => RunEvent,
-        "node_succeeded" => RunEvent,
-        "node_failed" => RunEvent,
-        "node_skipped" => RunEvent,
-        "item_started" => RunEvent,
-        "item_succeeded" => RunEvent,
-        "item_failed" => RunEvent,
-        "run_finished" => RunEvent,
+        "run_started" => WorkflowEvent,
+        "node_started" => WorkflowEvent,
+        "node_succeeded" => WorkflowEvent,
+        "node_failed" => WorkflowEvent,
+        "node_skipped" => WorkflowEvent,
+        "item_started" => WorkflowEvent,
+        "item_succeeded" => WorkflowEvent,
+        "item_failed" => WorkflowEvent,
+        "run_finished" => WorkflowEvent,
         "lagged" => Lagged,
     }
 }

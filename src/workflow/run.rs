@@ -402,7 +402,7 @@ impl Outputs for BTreeMap<String, NodeRun> {
 }
 
 /// What happened in a run, for SSE subscribers and the CLI.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkflowEventKind {
     RunStarted {
@@ -460,7 +460,8 @@ impl WorkflowEventKind {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = RunEvent)]
 pub struct WorkflowEvent {
     pub run_id: String,
     pub at: Timestamp,
