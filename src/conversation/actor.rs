@@ -211,21 +211,22 @@ impl PublicError for TurnError {
 }
 
 /// Progress of a turn, for streaming callers.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TurnEvent {
-    TurnStarted {
-        session_id: String,
-        turn_id: String,
-    },
-    ModelDelta {
-        text: String,
-    },
+    /// The turn was accepted.
+    TurnStarted { session_id: String, turn_id: String },
+    /// A piece of the answer's text as the model writes it.
+    ModelDelta { text: String },
+    /// The model asked for a tool call.
     ToolCallStarted {
         id: String,
         name: String,
+        /// Parsed arguments, or the raw string when they were not JSON.
+        #[schema(value_type = Value)]
         arguments: Value,
     },
+    /// A tool call's report.
     ToolCallCompleted {
         #[serde(flatten)]
         call: CallReport,
@@ -235,10 +236,9 @@ pub enum TurnEvent {
     /// The turn waits for a person's decision on `confirmations` (the same
     /// body as the 202 reply); deciding resumes it.
     TurnPaused(Box<TurnOutcome>),
-    /// A newer message cut the turn.
-    TurnInterrupted {
-        turn_id: String,
-    },
+    /// A newer message cut the turn (`multitask` `interrupt` or
+    /// `rollback`); the stream ends.
+    TurnInterrupted { turn_id: String },
     /// The turn was queued behind turn `waiting_for`, paused for a
     /// person's decision: it starts once that turn ends (sent at once, so
     /// a stream shows it is waiting rather than nothing).

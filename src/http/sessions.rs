@@ -30,7 +30,7 @@ use super::streams::{StreamQuota, paced};
 use super::tools::{PlanName, parse_plan};
 use super::usage::TokenUsageView;
 use crate::conversation::actor::{TurnError, TurnEvent};
-use crate::conversation::machine::{CallReport, TurnOutcome, TurnRecord, TurnStatus};
+use crate::conversation::machine::{TurnOutcome, TurnRecord, TurnStatus};
 use crate::conversation::summary::ToolUsageSummary;
 use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionError, SessionSummary};
 use crate::error_code::ErrorCode;
@@ -130,83 +130,20 @@ enum TurnAccepted {
     Waiting(TurnWaiting),
 }
 
-/// `turn_started`: the turn was accepted.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct TurnStarted {
-    /// `turn_started`
-    r#type: String,
-    session_id: String,
-    turn_id: String,
-}
-
-/// `turn_interrupted`: a newer message cut the turn (`multitask`
-/// `interrupt` or `rollback`); the stream ends.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct TurnInterrupted {
-    /// `turn_interrupted`
-    r#type: String,
-    turn_id: String,
-}
-
-/// `model_delta`: a piece of the answer's text as the model writes it.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct ModelDelta {
-    /// `model_delta`
-    r#type: String,
-    text: String,
-}
-
-/// `tool_call_started`: the model asked for a tool call.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct ToolCallStarted {
-    /// `tool_call_started`
-    r#type: String,
-    id: String,
-    name: String,
-    /// Parsed arguments, or the raw string when they were not JSON.
-    #[schema(value_type = Value)]
-    arguments: Value,
-}
-
-/// `tool_call_completed`: a tool call's report.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct ToolCallCompleted {
-    /// `tool_call_completed`
-    r#type: String,
-    #[serde(flatten)]
-    call: CallReport,
-}
-
-/// `turn_queued`: the turn waits behind `waiting_for`, a turn paused for
-/// a confirmation; the stream goes on when it runs.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct TurnQueued {
-    /// `turn_queued`
-    r#type: String,
-    turn_id: String,
-    waiting_for: String,
-}
-
 super::openapi::event_stream! {
     /// The events of a streamed turn, in this order: `turn_queued` when it
     /// waits behind a paused turn, `turn_started`, then `model_delta` and
     /// tool calls as they happen, then `turn_completed` (the JSON reply),
     /// `turn_paused`, `turn_interrupted` or `turn_failed`.
     TurnStream {
-        "turn_queued" => TurnQueued,
-        "turn_started" => TurnStarted,
-        "model_delta" => ModelDelta,
-        "tool_call_started" => ToolCallStarted,
-        "tool_call_completed" => ToolCallCompleted,
+        "turn_queued" => TurnEvent,
+        "turn_started" => TurnEvent,
+        "model_delta" => TurnEvent,
+        "tool_call_started" => TurnEvent,
+        "tool_call_completed" => TurnEvent,
         "turn_completed" => TurnOutcome,
         "turn_paused" => TurnOutcome,
-        "turn_interrupted" => TurnInterrupted,
+        "turn_interrupted" => TurnEvent,
         "turn_failed" => TurnFailed,
     }
 }
