@@ -124,9 +124,7 @@ async fn events(
                 .event(event.kind.name())
                 .json_data(&event)
                 .unwrap_or_else(|_| SseEvent::default().event("error")),
-            Err(BroadcastStreamRecvError::Lagged(n)) => SseEvent::default()
-                .event("lagged")
-                .data(format!("{{\"missed\":{n}}}")),
+            Err(BroadcastStreamRecvError::Lagged(n)) => Lagged::event(n),
         })
     });
     Ok(Sse::new(slot.hold_until_shutdown(stream))

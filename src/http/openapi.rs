@@ -402,10 +402,18 @@ pub(crate) use event_stream;
 
 /// `lagged`: the subscriber fell behind and missed this many events; the
 /// stream goes on.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(serde::Serialize, ToSchema)]
 pub struct Lagged {
     missed: u64,
+}
+
+impl Lagged {
+    /// The `lagged` event of a subscriber that missed `missed` events.
+    pub fn event(missed: u64) -> axum::response::sse::Event {
+        axum::response::sse::Event::default()
+            .event("lagged")
+            .data(serde_json::to_string(&Lagged { missed }).unwrap_or_default())
+    }
 }
 
 /// `GET /openapi.json` and Swagger UI under `/docs`, over `doc`.
@@ -482,6 +490,12 @@ mod tests {
             found.len(),
             found.join("\n")
         );
+    }
+
+    #[test]
+    fn a_lagged_event_says_how_many_were_missed() {
+        let data = serde_json::to_string(&super::Lagged { missed: 3 }).unwrap();
+        assert_eq!(data, r#"{"missed":3}"#);
     }
 
     #[test]

@@ -518,10 +518,7 @@ async fn events(
                 }
                 Ok(_) => continue,
                 Err(RecvError::Lagged(n)) => {
-                    let sse = SseEvent::default()
-                        .event("lagged")
-                        .data(format!("{{\"missed\":{n}}}"));
-                    return Some((Ok(sse), (rx, id, false)));
+                    return Some((Ok(Lagged::event(n)), (rx, id, false)));
                 }
                 Err(RecvError::Closed) => return None,
             }
