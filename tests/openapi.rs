@@ -540,6 +540,41 @@ async fn documented_response_shapes_match_what_the_server_sends() {
         None,
     )
     .await;
+    // The bodies built as JSON outside the HTTP layer (the export, the
+    // workflow definitions, the providers) are held to their schemas here.
+    checked(
+        &app,
+        d,
+        "get",
+        "/v1/sessions/{id}/export",
+        &s("/export"),
+        None,
+    )
+    .await;
+    checked(
+        &app,
+        d,
+        "get",
+        "/v1/sessions/{id}/turns",
+        &s("/turns"),
+        None,
+    )
+    .await;
+    let turn = format!("/turns/{}", reply["turn_id"].as_str().unwrap());
+    checked(
+        &app,
+        d,
+        "get",
+        "/v1/sessions/{id}/turns/{turn_id}",
+        &s(&turn),
+        None,
+    )
+    .await;
+    checked(&app, d, "get", "/v1/sessions", "/v1/sessions", None).await;
+    checked(&app, d, "get", "/healthz", "/healthz", None).await;
+    checked(&app, d, "get", "/readyz", "/readyz", None).await;
+    checked(&app, d, "get", "/v1/keys", "/v1/keys", None).await;
+    checked(&app, d, "get", "/v1/usage", "/v1/usage", None).await;
 
     checked(&app, d, "get", "/v1/tools", "/v1/tools?plan=pro", None).await;
     checked(
@@ -624,7 +659,19 @@ async fn documented_response_shapes_match_what_the_server_sends() {
         Some(&json!({"temperature": 0.3})),
     )
     .await;
-    checked(&app, d, "get", "/v1/workflows", "/v1/workflows", None).await;
+    let (_, workflows) = checked(&app, d, "get", "/v1/workflows", "/v1/workflows", None).await;
+    let name = workflows["workflows"][0]["name"]
+        .as_str()
+        .expect("the shipped agents folder has a workflow");
+    checked(
+        &app,
+        d,
+        "get",
+        "/v1/workflows/{name}",
+        &format!("/v1/workflows/{name}"),
+        None,
+    )
+    .await;
     checked(
         &app,
         d,
