@@ -35,7 +35,8 @@
 //! Cluster mode (`[cluster] redis`): [`connect_cluster`] connects before
 //! anything else starts (no Redis, no node: the error names the setting),
 //! `limits` hands the executor Redis-backed limiters and concurrency gate,
-//! and the event fan-out (`cluster::fanout`) runs for as long as the server.
+//! the event fan-out (`cluster::fanout`) runs for as long as the server, and
+//! so do the node's duties (`cluster::node`: heartbeat, takeover).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -795,12 +796,14 @@ async fn serve(
     }
     crate::http::idempotency::spawn_sweep(store.clone(), builder.config.idempotency_keep());
     if store.node_id().is_some() {
-        spawn_cluster_duties(
+        let cluster = &builder.config.cluster;
+        crate::cluster::node::spawn_duties(
             store.clone(),
             sessions.clone(),
             workflows.clone(),
             keys.clone(),
-            &builder.config.cluster,
+            Duration::from_secs_f64(cluster.heartbeat_s),
+            Duration::from_secs_f64(cluster.owner_stale_s),
         );
     }
     watch::spawn_over(
@@ -1160,52 +1163,6 @@ async fn shutdown_signal(stop: oneshot::Receiver<()>, signals: bool) {
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt received; shutting down"),
         _ = term => tracing::info!("SIGTERM received; shutting down"),
     }
-}
-
-/// Cluster mode: this node's heartbeat and a fresh read of the API keys
-/// (every `[cluster] heartbeat_s`),
-/// and the sweep that takes over the cut turns of dead nodes' sessions
-/// and their cut workflow runs (every `[cluster] owner_stale_s`: a session
-/// or run whose owner stopped heartbeating is claimable then,
-/// [`crate::store::owners`]).
-fn spawn_cluster_duties(
-    store: Store,
-    sessions: Sessions,
-    workflows: Workflows,
-    keys: crate::tenants::KeyRing,
-    cluster: &crate::server_config::ClusterSection,
-) {
-    let beat = Duration::from_secs_f64(cluster.heartbeat_s);
-    let sweep = Duration::from_secs_f64(cluster.owner_stale_s);
-    tokio::spawn(async move {
-        let mut heartbeat = tokio::time::interval(beat);
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut takeover = tokio::time::interval(sweep);
-        takeover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = heartbeat.tick() => {
-                    if let Err(e) = store.heartbeat().await {
-                        tracing::warn!(error = %e, "heartbeat not stored: other nodes may take this node's sessions over");
-                    }
-                    // Keys created or revoked through another node.
-                    if let Err(e) = keys.refresh(&store).await {
-                        tracing::warn!(error = %e, "API keys not read again");
-                    }
-                }
-                _ = takeover.tick() => {
-                    if let Err(e) = sessions.resume_cut_turns().await {
-                        tracing::warn!(error = %e, "looking for cut turns of dead nodes failed");
-                    }
-                    // Workflow runs of dead nodes: claimed, then resumed
-                    // (or closed) by the path a restart takes them up by.
-                    if let Err(e) = workflows.take_up_cut_runs().await {
-                        tracing::warn!(error = %e, "looking for cut workflow runs of dead nodes failed");
-                    }
-                }
-            }
-        }
-    });
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! executor PermitPool  ──▶ [`permits`]  (leased permits, a ZSET per pool and bucket)
 //! http ToOwner ──▶ [`forward`] (a session's or run's requests to its owner node)
 //! http Dependency (/readyz) ──▶ [`Redis`]
+//! runtime (cluster mode) ──▶ [`node`] (heartbeat, keys read again, takeover of dead nodes' turns and runs)
 //! EventBus ◀────────▶ [`fanout`]   (pub/sub: every node's events on every node)
 //!                         └──────▶ [`Redis`] (one `ConnectionManager`, cheap to clone)
 //!
@@ -46,6 +47,7 @@
 pub mod fanout;
 pub mod forward;
 pub mod gcra;
+pub mod node;
 pub mod permits;
 pub mod postgres;
 
