@@ -1011,12 +1011,12 @@ impl Conversation {
     /// Runs `calls` (all or part of the batch in [`Self::held`]) in a
     /// tool sub-agent; its report fills the batch.
     fn run_tools(&mut self, calls: Vec<crate::model::ToolCall>, ctx: &mut Context<Self>) {
-        for c in &calls {
+        let arguments = self.machine.arguments_of(&calls);
+        for (c, a) in calls.iter().zip(&arguments) {
             self.emit(TurnEvent::ToolCallStarted {
                 id: c.id.clone(),
                 name: c.name.clone(),
-                arguments: serde_json::from_str(&c.arguments)
-                    .unwrap_or(Value::String(c.arguments.clone())),
+                arguments: a.value.clone(),
             });
         }
         self.batch_id += 1;
@@ -1042,6 +1042,7 @@ impl Conversation {
         ToolSubAgent::spawn(
             batch_id,
             calls,
+            arguments,
             offered,
             context,
             executor,

@@ -23,6 +23,7 @@ use actix::prelude::*;
 
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
 use crate::model::ToolCall;
+use crate::tools::outcome::ParsedArguments;
 use crate::tools::{ErrorType, ExecutionContext, ToolExecutionResult};
 
 /// The outcomes of one batch, sent to the conversation that started it.
@@ -39,6 +40,8 @@ pub struct ToolBatchReport {
 pub struct ToolSubAgent {
     batch_id: u64,
     calls: Vec<ToolCall>,
+    /// The calls' arguments, parsed once by the conversation machine.
+    arguments: Vec<ParsedArguments>,
     /// The registry names the turn offered; no other call runs.
     offered: Arc<[String]>,
     results: Vec<Option<ToolExecutionResult>>,
@@ -57,6 +60,7 @@ impl ToolSubAgent {
     pub fn spawn(
         batch_id: u64,
         calls: Vec<ToolCall>,
+        arguments: Vec<ParsedArguments>,
         offered: Arc<[String]>,
         context: ExecutionContext,
         executor: ExecutorHandle,
@@ -68,6 +72,7 @@ impl ToolSubAgent {
         ToolSubAgent {
             batch_id,
             calls,
+            arguments,
             offered,
             results,
             context,
@@ -151,7 +156,7 @@ impl Actor for ToolSubAgent {
             let executor = self.executor.clone();
             let mut request = ExecuteTool::new(
                 &call.name,
-                Arguments::Raw(call.arguments.clone()),
+                Arguments::Parsed(self.arguments[i].clone()),
                 self.context.clone(),
             );
             request.tool_call_id = Some(call.id.clone());

@@ -66,6 +66,7 @@ use serde_json::Value;
 use crate::model::{
     ChatMessage, ChatRequest, ChatResponse, FinishReason, Purpose, Role, ToolCall, ToolChoice,
 };
+use crate::tools::outcome::ParsedArguments;
 use crate::tools::{ErrorType, ToolExecutionResult};
 
 use super::context::{self, FALLBACK_INSTRUCTION, PromptLayers};
@@ -350,6 +351,27 @@ struct Turn {
     model_calls: u32,
     calls: Vec<CallReport>,
     fallback: bool,
+    /// The arguments of the calls the turn waits for, parsed once (by call
+    /// id; in memory only: a resumed turn parses its calls again).
+    arguments: Vec<(String, ParsedArguments)>,
+}
+
+impl Turn {
+    /// The parsed arguments of `call` (parsed now if they were not yet).
+    fn arguments_of(&self, call: &ToolCall) -> ParsedArguments {
+        self.arguments
+            .iter()
+            .find(|(id, _)| *id == call.id)
+            .map(|(_, a)| a.clone())
+            .unwrap_or_else(|| ParsedArguments::parse(&call.arguments))
+    }
+
+    fn parse_arguments(&mut self, calls: &[ToolCall]) {
+        self.arguments = calls
+            .iter()
+            .map(|c| (c.id.clone(), ParsedArguments::parse(&c.arguments)))
+            .collect();
+    }
 }
 
 pub struct ConversationMachine {
@@ -476,6 +498,18 @@ impl ConversationMachine {
         }
     }
 
+    /// The parsed arguments of the calls the turn waits for, in their
+    /// order (each parsed once, when the reply or the resume brought it).
+    pub fn arguments_of(&self, calls: &[ToolCall]) -> Vec<ParsedArguments> {
+        calls
+            .iter()
+            .map(|c| match &self.turn {
+                Some(turn) => turn.arguments_of(c),
+                None => ParsedArguments::parse(&c.arguments),
+            })
+            .collect()
+    }
+
     pub fn settings(&self) -> &TurnSettings {
         &self.settings
     }
@@ -532,6 +566,7 @@ impl ConversationMachine {
             model_calls: 0,
             calls: Vec::new(),
             fallback: false,
+            arguments: Vec::new(),
         }));
         let request = self.request();
         Ok(Step {
@@ -578,6 +613,7 @@ impl ConversationMachine {
         if !reply.tool_calls.is_empty() && !turn.fallback {
             let msg = ChatMessage::assistant_tool_calls(reply.content, reply.tool_calls.clone());
             turn.messages.push((seq, msg.clone()));
+            turn.parse_arguments(&reply.tool_calls);
             turn.phase = Phase::AwaitingTools {
                 calls: reply.tool_calls.clone(),
             };
@@ -654,7 +690,12 @@ impl ConversationMachine {
             // `pending_confirmation` with what to decide (they join the
             // turn's own list once the batch is complete).
             let mut shown = record.tool_calls.clone();
-            shown.extend(results.iter().map(|(c, r)| report(c, r)));
+            let turn = self.turn.as_ref().expect("checked above");
+            shown.extend(
+                results
+                    .iter()
+                    .map(|(c, r)| report(c, turn.arguments_of(c), r)),
+            );
             let outcome = TurnOutcome {
                 turn_id: record.turn_id.clone(),
                 status: TurnStatus::AwaitingApproval,
@@ -692,7 +733,8 @@ impl ConversationMachine {
                 self.known_sources.insert(s.clone());
             }
             let turn = self.turn.as_mut().expect("checked above");
-            turn.calls.push(report(&call, &result));
+            let arguments = turn.arguments_of(&call);
+            turn.calls.push(report(&call, arguments, &result));
         }
         let turn = self.turn.as_mut().expect("checked above");
         turn.rounds += 1;
@@ -758,7 +800,8 @@ impl ConversationMachine {
                 let (_, result) = known.swap_remove(at);
                 persist.push((seq, ChatMessage::tool_result(&call, result.model_content())));
                 let turn = self.turn.as_mut().expect("checked above");
-                turn.calls.push(report(&call, &result));
+                let arguments = turn.arguments_of(&call);
+                turn.calls.push(report(&call, arguments, &result));
                 continue;
             }
             let content = format!(
@@ -815,7 +858,13 @@ impl ConversationMachine {
             model_calls: record.model_calls,
             calls: record.tool_calls,
             fallback: record.fallback,
+            arguments: Vec::new(),
         };
+        if let Phase::AwaitingTools { calls } | Phase::AwaitingApproval { calls, .. } =
+            &record.phase
+        {
+            turn.parse_arguments(calls);
+        }
         let resume = match record.phase {
             Phase::AwaitingModel => {
                 // The call the crash cut is asked again, not counted twice.
@@ -1006,10 +1055,10 @@ impl ConversationMachine {
 
 /// A call and its outcome as the turn's reply shows it (a source id only
 /// from a call that succeeded).
-fn report(call: &ToolCall, result: &ToolExecutionResult) -> CallReport {
+fn report(call: &ToolCall, arguments: ParsedArguments, result: &ToolExecutionResult) -> CallReport {
     CallReport {
         // Too-deep arguments are kept as their text (the call failed).
-        arguments: crate::tools::outcome::read_arguments(&call.arguments).0,
+        arguments: arguments.value,
         id: call.id.clone(),
         name: call.name.clone(),
         is_success: result.is_success,

@@ -86,8 +86,8 @@ use crate::retry::Backoff;
 use crate::store::{Store, StoreError, ToolCallRecord, WriteOp};
 use crate::tenants::TenantConfig;
 use crate::tools::outcome::{
-    MAX_ARGUMENT_DEPTH, MAX_ERROR_CHARS, MAX_OUTPUT_DEPTH, MAX_UPSTREAM_OUTPUT_BYTES, cut_chars,
-    json_depth, kept_arguments, read_arguments,
+    ArgumentsProblem, MAX_ARGUMENT_DEPTH, MAX_ERROR_CHARS, MAX_OUTPUT_DEPTH,
+    MAX_UPSTREAM_OUTPUT_BYTES, ParsedArguments, cut_chars, json_depth, kept_arguments,
 };
 use crate::tools::{
     CallerType, ErrorType, ExecutionContext, RateLimit, RegisteredTool, SideEffects, ToolError,
@@ -193,10 +193,11 @@ impl Default for ExecutorConfig {
     }
 }
 
-/// The arguments of a call: the model's raw string, or JSON from an API caller.
+/// The arguments of a call: the model's, parsed once by the conversation
+/// machine, or JSON from an API caller.
 #[derive(Debug, Clone)]
 pub enum Arguments {
-    Raw(String),
+    Parsed(ParsedArguments),
     Json(Value),
 }
 
@@ -350,11 +351,14 @@ impl Executor {
 
     fn admit(&self, msg: &ExecuteTool) -> Admission {
         let s = &self.shared;
-        // Too-deep arguments are kept as text (`parse_arguments`): the
+        // Too-deep arguments are kept as text (`ParsedArguments`): the
         // record of the refusal below must read back.
         let (raw_params, too_deep) = match &msg.arguments {
             Arguments::Json(v) => kept_arguments(v),
-            Arguments::Raw(s) => read_arguments(s),
+            Arguments::Parsed(p) => (
+                p.value.clone(),
+                p.problem == Some(ArgumentsProblem::TooDeep),
+            ),
         };
         let name = msg.tool_name.as_str();
         if !msg.confirmed
@@ -413,7 +417,7 @@ impl Executor {
             ))
         } else {
             match &msg.arguments {
-                Arguments::Raw(s) => tool.validator.validate_raw(s),
+                Arguments::Parsed(p) => tool.validator.validate_parsed(p),
                 Arguments::Json(v) => tool.validator.validate(v.clone()),
             }
             .map_err(|errors| {

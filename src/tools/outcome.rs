@@ -266,15 +266,51 @@ pub const MAX_ARGUMENT_DEPTH: usize = MAX_OUTPUT_DEPTH;
 /// The longest raw text of refused too-deep arguments that is kept.
 const MAX_KEPT_ARGUMENT_CHARS: usize = 4096;
 
-/// A tool call's raw arguments as a value: the parsed JSON; the raw text
-/// as a string when it is not JSON, or when it nests deeper than
-/// [`MAX_ARGUMENT_DEPTH`] (then cut to 4,096 characters: nothing that deep
-/// is stored, so every read of it answers). `true` with it: too deep.
-pub fn read_arguments(raw: &str) -> (Value, bool) {
-    match serde_json::from_str::<Value>(raw) {
-        Ok(v) if json_depth(&v, MAX_ARGUMENT_DEPTH) <= MAX_ARGUMENT_DEPTH => (v, false),
-        Ok(_) => (Value::String(cut_chars(raw, MAX_KEPT_ARGUMENT_CHARS)), true),
-        Err(_) => (Value::String(raw.to_string()), false),
+/// A model's tool call arguments, parsed once where its reply arrives (the
+/// conversation machine) and handed along: to the turn's reply, the
+/// `tool_call_started` event, the executor's record and its validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedArguments {
+    /// The JSON (`{}` for empty arguments); the raw text as a string when
+    /// it is not JSON, or nests deeper than [`MAX_ARGUMENT_DEPTH`] (then
+    /// cut to 4,096 characters), so every record of it reads back.
+    pub value: Value,
+    pub problem: Option<ArgumentsProblem>,
+}
+
+/// Why arguments are kept as text.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArgumentsProblem {
+    /// Not JSON: the parser's message.
+    NotJson(String),
+    /// Nested deeper than [`MAX_ARGUMENT_DEPTH`].
+    TooDeep,
+}
+
+impl ParsedArguments {
+    /// The one parse of a call's raw arguments.
+    pub fn parse(raw: &str) -> ParsedArguments {
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            return ParsedArguments {
+                value: Value::Object(Default::default()),
+                problem: None,
+            };
+        }
+        match serde_json::from_str::<Value>(trimmed) {
+            Ok(v) if json_depth(&v, MAX_ARGUMENT_DEPTH) <= MAX_ARGUMENT_DEPTH => ParsedArguments {
+                value: v,
+                problem: None,
+            },
+            Ok(_) => ParsedArguments {
+                value: Value::String(cut_chars(raw, MAX_KEPT_ARGUMENT_CHARS)),
+                problem: Some(ArgumentsProblem::TooDeep),
+            },
+            Err(e) => ParsedArguments {
+                value: Value::String(raw.to_string()),
+                problem: Some(ArgumentsProblem::NotJson(e.to_string())),
+            },
+        }
     }
 }
 
@@ -446,5 +482,25 @@ mod tests {
                 "serde and the table disagree"
             );
         }
+    }
+
+    #[test]
+    fn arguments_are_parsed_once_into_what_every_reader_keeps() {
+        let ok = ParsedArguments::parse(r#" {"a": 1} "#);
+        assert_eq!(ok.value, serde_json::json!({"a": 1}));
+        assert_eq!(ok.problem, None);
+        // Some models send nothing for no arguments.
+        assert_eq!(ParsedArguments::parse("  ").value, serde_json::json!({}));
+        let bad = ParsedArguments::parse("{not json");
+        assert_eq!(bad.value, Value::String("{not json".into()));
+        assert!(matches!(bad.problem, Some(ArgumentsProblem::NotJson(_))));
+        let deep = format!(
+            "{}1{}",
+            "[".repeat(MAX_ARGUMENT_DEPTH + 1),
+            "]".repeat(MAX_ARGUMENT_DEPTH + 1)
+        );
+        let kept = ParsedArguments::parse(&deep);
+        assert_eq!(kept.problem, Some(ArgumentsProblem::TooDeep));
+        assert!(kept.value.is_string());
     }
 }

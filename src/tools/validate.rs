@@ -14,6 +14,7 @@
 use serde_json::Value;
 
 use super::FieldError;
+use super::outcome::{ArgumentsProblem, MAX_ARGUMENT_DEPTH, ParsedArguments};
 
 pub struct ParamValidator {
     schema: Value,
@@ -46,19 +47,24 @@ impl ParamValidator {
     /// Parses the model's raw argument string, then validates it.
     /// An empty string counts as `{}` (some models send it for no arguments).
     pub fn validate_raw(&self, raw: &str) -> Result<Value, Vec<FieldError>> {
-        let raw = raw.trim();
-        let value = if raw.is_empty() {
-            Value::Object(Default::default())
-        } else {
-            serde_json::from_str(raw).map_err(|e| {
-                vec![FieldError {
-                    field: String::new(),
-                    code: "invalid_json".into(),
-                    message: format!("arguments are not valid JSON: {e}"),
-                }]
-            })?
-        };
-        self.validate(value)
+        self.validate_parsed(&ParsedArguments::parse(raw))
+    }
+
+    /// Validates arguments parsed once where the model's reply arrived.
+    pub fn validate_parsed(&self, args: &ParsedArguments) -> Result<Value, Vec<FieldError>> {
+        match &args.problem {
+            None => self.validate(args.value.clone()),
+            Some(ArgumentsProblem::NotJson(e)) => Err(vec![FieldError {
+                field: String::new(),
+                code: "invalid_json".into(),
+                message: format!("arguments are not valid JSON: {e}"),
+            }]),
+            Some(ArgumentsProblem::TooDeep) => Err(vec![FieldError {
+                field: String::new(),
+                code: "depth".into(),
+                message: format!("arguments nest more than {MAX_ARGUMENT_DEPTH} levels deep"),
+            }]),
+        }
     }
 
     pub fn validate(&self, mut params: Value) -> Result<Value, Vec<FieldError>> {
