@@ -23,6 +23,7 @@ use clap::{Args, Parser, Subcommand};
 
 use cadre::Runtime;
 use cadre::conversation::NewSession;
+use cadre::identity::Scope;
 use cadre::server_config::ServerConfig;
 use cadre::tools::loader::{is_tool_file, parse_file};
 use cadre::tools::{Plan, ToolRegistry, builtin};
@@ -634,7 +635,7 @@ fn chat(
     let sessions = runtime.sessions();
     let id = rt.block_on(async {
         match session {
-            Some(id) => sessions.get(&id).await.map(|s| s.id),
+            Some(id) => sessions.get(&Scope::runtime(), &id).await.map(|s| s.id),
             None => sessions
                 .create(NewSession {
                     agent: agent.clone(),
@@ -648,7 +649,8 @@ fn chat(
     let turn = |text: String, live: bool| -> anyhow::Result<()> {
         rt.block_on(async {
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<TurnEvent>();
-            let work = sessions.send_message_with(&id, text, Some(tx));
+            let scope = Scope::runtime();
+            let work = sessions.send_message(&scope, &id, text, Some(tx));
             tokio::pin!(work);
             let mut printer = render::TurnPrinter::new(live);
             let outcome = loop {
@@ -675,9 +677,13 @@ fn chat(
         &id,
         &agent,
         turn,
-        || Ok(serde_json::to_value(rt.block_on(sessions.summary(&id))?)?),
         || {
-            let session = rt.block_on(sessions.get(&id))?;
+            Ok(serde_json::to_value(
+                rt.block_on(sessions.summary(&Scope::runtime(), &id))?,
+            )?)
+        },
+        || {
+            let session = rt.block_on(sessions.get(&Scope::runtime(), &id))?;
             let specs = match sessions.agents().get(&session.agent) {
                 Some(a) => a.tool_specs(runtime.registry(), session.plan),
                 None => Vec::new().into(),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use cadre::Runtime;
 use cadre::conversation::NewSession;
+use cadre::identity::Scope;
 use cadre::model::{ChatModel, ChatRequest, ChatResponse, ModelError, Role, ToolCall};
 use cadre::tools::{FnHandler, ToolDefinition, ToolError};
 use serde_json::{Value, json};
@@ -82,8 +83,15 @@ fn main() -> anyhow::Result<()> {
                 ..Default::default()
             })
             .await?;
+        // An embedder owns the data dir: its scope reaches every session
+        // (a server's handlers use the caller's tenant's scope instead).
         sessions
-            .send_message(&session.id, "hello from rust".into())
+            .send_message(
+                &Scope::runtime(),
+                &session.id,
+                "hello from rust".into(),
+                None,
+            )
             .await
     })?;
     println!("{}", outcome.answer);

@@ -84,9 +84,61 @@ impl Principal {
         }
     }
 
+    /// The sessions it may reach: its tenant's, whatever its rights (an
+    /// admin reaches other tenants' sessions only through the admin
+    /// routes, which name the tenant).
+    pub fn scope(&self) -> Scope {
+        Scope::tenant(self.tenant.clone())
+    }
+
     /// May read `/metrics`: an admin key or a scrape key.
     pub fn may_scrape(&self) -> bool {
         self.admin || self.metrics_only
+    }
+}
+
+/// Whose sessions a call may reach: every entry of the session API that
+/// names a session takes one ([`crate::conversation::Sessions`]), so no
+/// handler has to remember a tenant check before an unscoped call.
+///
+/// Decision: two kinds. A tenant's scope ([`Scope::tenant`], what a key's
+/// [`Principal::scope`] gives) reaches only that tenant's sessions;
+/// another tenant's session is "not found", exactly like one that does not
+/// exist. The runtime's own scope ([`Scope::runtime`]: the retention
+/// sweep, a tenant erase, resumes after a crash, the local CLI and an
+/// embedder, which own the data dir) reaches every session; what it lists
+/// or bills on its own account is the default tenant's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    tenant: String,
+    every_tenant: bool,
+}
+
+impl Scope {
+    /// A caller of `tenant`: its sessions only.
+    pub fn tenant(tenant: impl Into<String>) -> Scope {
+        Scope {
+            tenant: tenant.into(),
+            every_tenant: false,
+        }
+    }
+
+    /// The runtime itself: every session.
+    pub fn runtime() -> Scope {
+        Scope {
+            tenant: DEFAULT_TENANT.into(),
+            every_tenant: true,
+        }
+    }
+
+    /// The tenant it acts for: what it lists, and bills on its own account.
+    pub fn name(&self) -> &str {
+        &self.tenant
+    }
+
+    /// Whether a session of `owner` is within reach.
+    pub fn reaches(&self, owner: &str) -> bool {
+        self.every_tenant || self.tenant == owner
     }
 }
 
@@ -192,5 +244,26 @@ mod tests {
         }
         let parsed: Result<UserId, _> = serde_json::from_value(serde_json::json!("x".repeat(200)));
         assert!(parsed.is_err());
+    }
+
+    #[test]
+    fn a_tenants_scope_reaches_its_sessions_only_and_the_runtimes_all() {
+        let acme = Principal {
+            tenant: "acme".into(),
+            admin: true,
+            plan: Plan::Premium,
+            metrics_only: false,
+            key_id: Some("k".into()),
+        }
+        .scope();
+        assert!(acme.reaches("acme"));
+        assert!(
+            !acme.reaches("globex"),
+            "an admin key too reaches only its own"
+        );
+        assert_eq!(acme.name(), "acme");
+        let runtime = Scope::runtime();
+        assert!(runtime.reaches("acme") && runtime.reaches("globex"));
+        assert_eq!(runtime.name(), DEFAULT_TENANT);
     }
 }

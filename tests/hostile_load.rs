@@ -74,7 +74,7 @@ async fn read_to_end(response: reqwest::Response) -> String {
 async fn contents(app: &TestApp, session: &str) -> Vec<String> {
     let sessions = app.runtime.as_ref().expect("running").sessions();
     sessions
-        .history(session)
+        .history(&cadre::identity::Scope::runtime(), session, 0, usize::MAX)
         .await
         .expect("history")
         .into_iter()

@@ -171,9 +171,15 @@ async fn route(fwd: &Forward, request: Request, next: Next) -> Response {
     if upgrade || fwd.sessions.is_live(&id) {
         return next.run(request).await;
     }
-    let caller = request.extensions().get::<Principal>().map(|p| &p.tenant);
-    match fwd.sessions.get(&id).await {
-        Ok(session) if Some(&session.tenant) == caller => {}
+    let Some(scope) = request
+        .extensions()
+        .get::<Principal>()
+        .map(Principal::scope)
+    else {
+        return next.run(request).await;
+    };
+    match fwd.sessions.get(&scope, &id).await {
+        Ok(_) => {}
         // Not the caller's, not there, or the store failed: the handler
         // says which.
         _ => return next.run(request).await,

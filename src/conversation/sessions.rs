@@ -14,6 +14,16 @@
 //! calls made outside turns record their usage here, the turns' own in the
 //! conversation actor.
 //!
+//! Every entry that names a session takes a [`Scope`] (issue #30): a
+//! caller's tenant ([`crate::identity::Principal::scope`]), under which
+//! another tenant's session is "not found", or the runtime's own (the
+//! sweep, a tenant erase, the local CLI, an embedder). There are no
+//! unscoped twins, so no handler has to remember a tenant check before the
+//! call that acts. Three names send a message: [`Sessions::start_turn`]
+//! (accepted, with the outcome to await), [`Sessions::send_message`] (its
+//! outcome) and [`Sessions::record_message`] (stored, no turn); the
+//! visitor protocol ([`super::visitor`]) builds on them.
+//!
 //! One way into a turn: [`Sessions::start_turn`] is where every transport
 //! starts one (HTTP JSON and SSE, the visitor WebSocket, MCP's `agent_*`
 //! tools, workflow agent nodes, `cadre chat`): the content is checked (not
@@ -71,6 +81,7 @@ use super::summary::ToolUsageSummary;
 use crate::agents::{Agent, Agents};
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
+use crate::identity::Scope;
 use crate::metrics::Metrics;
 use crate::model::ChatMessage;
 use crate::store::usage::day_of;
@@ -528,52 +539,45 @@ impl Sessions {
         Ok(session)
     }
 
-    /// The session if `tenant` owns it; another tenant's session is "not
-    /// found", exactly like one that does not exist.
-    pub async fn get_as(&self, tenant: &str, id: &str) -> Result<Session, SessionError> {
-        let session = self.get(id).await?;
-        if session.tenant != tenant {
-            return Err(SessionError::NotFound { id: id.into() });
+    /// The session, if `scope` reaches it; another tenant's session is
+    /// "not found", exactly like one that does not exist. An id longer
+    /// than [`MAX_SESSION_ID_BYTES`] is not found without a read.
+    pub async fn get(&self, scope: &Scope, id: &str) -> Result<Session, SessionError> {
+        if id.len() > MAX_SESSION_ID_BYTES {
+            return Err(SessionError::NotFound {
+                id: crate::identity::quoted_id(id),
+            });
         }
-        Ok(session)
-    }
-
-    /// [`Self::send_message_with`] for a caller of `tenant`.
-    pub async fn send_message_as(
-        &self,
-        tenant: &str,
-        id: &str,
-        content: String,
-        events: Option<TurnSink>,
-    ) -> Result<TurnOutcome, SessionError> {
-        self.get_as(tenant, id).await?;
-        self.send_message_with(id, content, events).await
+        match self.inner.store.get_session(id).await? {
+            Some(session) if scope.reaches(&session.tenant) => Ok(session),
+            _ => Err(SessionError::NotFound { id: id.into() }),
+        }
     }
 
     /// Up to `limit` messages after seq `after`, oldest first.
-    pub async fn history_as(
+    pub async fn history(
         &self,
-        tenant: &str,
+        scope: &Scope,
         id: &str,
         after: u64,
         limit: usize,
     ) -> Result<Vec<StoredMessage>, SessionError> {
-        self.get_as(tenant, id).await?;
+        self.get(scope, id).await?;
         Ok(self.inner.store.messages_page(id, after, limit).await?)
     }
 
-    /// [`export`] of a session `tenant` owns.
-    pub async fn export_as(&self, tenant: &str, id: &str) -> Result<Value, SessionError> {
-        self.get_as(tenant, id).await?;
+    /// [`export`] of a session within reach.
+    pub async fn export(&self, scope: &Scope, id: &str) -> Result<Value, SessionError> {
+        self.get(scope, id).await?;
         export(&self.inner.store, id).await
     }
 
-    /// A page of the sessions `tenant` owns that `filter` keeps, past the
-    /// session id `cursor` in the filter's order; reads only that tenant's
-    /// sessions.
-    pub async fn list_as(
+    /// A page of the sessions of the scope's tenant that `filter` keeps,
+    /// past the session id `cursor` in the filter's order; reads only that
+    /// tenant's sessions.
+    pub async fn list(
         &self,
-        tenant: &str,
+        scope: &Scope,
         filter: SessionFilter,
         cursor: Option<String>,
         limit: usize,
@@ -581,24 +585,26 @@ impl Sessions {
         Ok(self
             .inner
             .store
-            .sessions_matching(tenant, filter, cursor, limit)
+            .sessions_matching(scope.name(), filter, cursor, limit)
             .await?)
     }
 
-    pub async fn summary_as(&self, tenant: &str, id: &str) -> Result<SessionSummary, SessionError> {
-        self.get_as(tenant, id).await?;
-        self.summary(id).await
+    /// The session's summary, from the store alone: it never waits behind
+    /// a running turn.
+    pub async fn summary(&self, scope: &Scope, id: &str) -> Result<SessionSummary, SessionError> {
+        self.get(scope, id).await?;
+        summarize(&self.inner.store, id).await
     }
 
     /// Assigns (or with `None` unassigns) a human operator to the session;
     /// kept in the session's metadata as `operator_id`, durably.
     pub async fn set_operator(
         &self,
-        tenant: &str,
+        scope: &Scope,
         id: &str,
         operator: Option<String>,
     ) -> Result<Session, SessionError> {
-        let mut session = self.get_as(tenant, id).await?;
+        let mut session = self.get(scope, id).await?;
         if !session.metadata.is_object() {
             session.metadata = Value::Object(Default::default());
         }
@@ -640,8 +646,9 @@ impl Sessions {
 
     /// Three replies an operator could send next, from the session's recent
     /// messages. A model call of its own, outside the conversation's turns.
-    pub async fn suggestions(&self, tenant: &str, id: &str) -> Result<Vec<String>, SessionError> {
-        let session = self.get_as(tenant, id).await?;
+    pub async fn suggestions(&self, scope: &Scope, id: &str) -> Result<Vec<String>, SessionError> {
+        let session = self.get(scope, id).await?;
+        let tenant = session.tenant.as_str();
         let _reserved = self.admit(tenant).await?;
         let agent = self.agent_of(&session)?;
         // The tenant's prompt and model, as in its turns.
@@ -692,13 +699,14 @@ impl Sessions {
     }
 
     /// `text` reworded by the model of `agent` (default: the first agent),
-    /// for and billed to `tenant`.
+    /// for and billed to the scope's tenant.
     pub async fn improve(
         &self,
-        tenant: &str,
+        scope: &Scope,
         text: &str,
         agent: Option<&str>,
     ) -> Result<String, SessionError> {
+        let tenant = scope.name();
         let _reserved = self.admit(tenant).await?;
         let agent = match agent {
             Some(name) => self
@@ -768,10 +776,12 @@ impl Sessions {
         ))
     }
 
-    /// The store's gate of `bytes` about to be stored for `tenant` outside
-    /// a conversation (a direct tool call's arguments, which its record
-    /// keeps): its write share, then its storage quota ([`super::storage`]).
-    pub async fn admit_bytes(&self, tenant: &str, bytes: usize) -> Result<(), SessionError> {
+    /// The store's gate of `bytes` about to be stored for the scope's
+    /// tenant outside a conversation (a direct tool call's arguments, which
+    /// its record keeps): its write share, then its storage quota
+    /// ([`super::storage`]).
+    pub async fn admit_bytes(&self, scope: &Scope, bytes: usize) -> Result<(), SessionError> {
+        let tenant = scope.name();
         let config = self.tenant_config(tenant).await?;
         self.admit_content(tenant, &config, bytes).await
     }
@@ -824,65 +834,6 @@ impl Sessions {
             })]);
     }
 
-    /// The session by id, whoever owns it (in-process callers). An id
-    /// longer than [`MAX_SESSION_ID_BYTES`] is not found without a read.
-    pub async fn get(&self, id: &str) -> Result<Session, SessionError> {
-        if id.len() > MAX_SESSION_ID_BYTES {
-            return Err(SessionError::NotFound {
-                id: crate::identity::quoted_id(id),
-            });
-        }
-        self.inner
-            .store
-            .get_session(id)
-            .await?
-            .ok_or_else(|| SessionError::NotFound { id: id.into() })
-    }
-
-    /// Runs one turn; the reply comes once the turn is durable.
-    pub async fn send_message(
-        &self,
-        id: &str,
-        content: String,
-    ) -> Result<TurnOutcome, SessionError> {
-        self.send_message_with(id, content, None).await
-    }
-
-    /// Hands a turn of a caller of `tenant` to the session and returns as
-    /// soon as it is accepted (queued), so a streaming reply can start; a
-    /// refusal (unknown session, the token budget, `Busy` under `multitask =
-    /// "reject"`, `QueueFull` past `max_queued_turns`, the store) comes back
-    /// here, before anything was streamed. The returned future is the
-    /// turn's outcome; dropping it before the turn started (the caller
-    /// left) drops the turn, unless `events` is given, which then says
-    /// whether the caller is still there (it is dropped once closed).
-    pub async fn start_message_as(
-        &self,
-        tenant: &str,
-        id: &str,
-        content: String,
-        events: Option<TurnSink>,
-    ) -> Result<
-        impl Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static,
-        SessionError,
-    > {
-        self.get_as(tenant, id).await?;
-        self.start_message_with(id, content, events).await
-    }
-
-    /// [`Self::start_turn`] without a key (in-process callers).
-    pub async fn start_message_with(
-        &self,
-        id: &str,
-        content: String,
-        events: Option<TurnSink>,
-    ) -> Result<
-        impl Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static,
-        SessionError,
-    > {
-        Ok(self.start_turn(id, content, events, None).await?.outcome)
-    }
-
     /// The one way into a turn, for every transport (HTTP JSON and SSE,
     /// the visitor WebSocket, MCP's `agent_*` tools, workflow agent nodes):
     /// the content is checked (not empty, at most [`MAX_CONTENT_BYTES`]),
@@ -893,13 +844,14 @@ impl Sessions {
     /// finds the turn the restart resumed).
     pub async fn start_turn(
         &self,
+        scope: &Scope,
         id: &str,
         content: String,
         events: Option<TurnSink>,
         key: Option<String>,
     ) -> Result<StartedTurn, SessionError> {
         check_content(&content)?;
-        let session = self.get(id).await?;
+        let session = self.get(scope, id).await?;
         if let Some(key) = &key
             && let Some(turn_id) = self.inner.store.turn_by_key(id, key).await?
             && let Some(started) = self.rejoin(id, turn_id).await?
@@ -1023,8 +975,9 @@ impl Sessions {
         }))
     }
 
-    /// Turn `turn_id` of session `id`, as stored.
-    pub async fn turn_record(&self, id: &str, turn_id: &str) -> Result<TurnRecord, SessionError> {
+    /// Turn `turn_id` of session `id`, as stored (the caller checked the
+    /// scope).
+    async fn turn_record(&self, id: &str, turn_id: &str) -> Result<TurnRecord, SessionError> {
         let not_found = || SessionError::TurnNotFound {
             session: id.to_string(),
             turn: crate::identity::quoted_id(turn_id),
@@ -1041,26 +994,26 @@ impl Sessions {
         serde_json::from_value(value).map_err(|e| SessionError::Store(e.into()))
     }
 
-    /// A page of the turns of a session `tenant` owns, oldest first.
-    pub async fn turns_as(
+    /// A page of the turns of a session within reach, oldest first.
+    pub async fn turns(
         &self,
-        tenant: &str,
+        scope: &Scope,
         id: &str,
         after: Option<String>,
         limit: usize,
     ) -> Result<Page<Value>, SessionError> {
-        self.get_as(tenant, id).await?;
+        self.get(scope, id).await?;
         Ok(self.inner.store.turns_of(id, after, limit).await?)
     }
 
-    /// [`Self::turn_record`] of a session `tenant` owns.
-    pub async fn turn_as(
+    /// Turn `turn_id` of a session within reach, as stored.
+    pub async fn turn(
         &self,
-        tenant: &str,
+        scope: &Scope,
         id: &str,
         turn_id: &str,
     ) -> Result<TurnRecord, SessionError> {
-        self.get_as(tenant, id).await?;
+        self.get(scope, id).await?;
         self.turn_record(id, turn_id).await
     }
 
@@ -1101,8 +1054,8 @@ impl Sessions {
     /// that waits on it, if any, looks again and goes on.
     pub async fn decide_confirmation(
         &self,
+        scope: &Scope,
         id: &str,
-        tenant: &str,
         approve: bool,
     ) -> Result<crate::executor::DecisionOutcome, crate::executor::confirmations::ConfirmationError>
     {
@@ -1117,7 +1070,7 @@ impl Sessions {
         let decided = self
             .inner
             .executor
-            .decide_confirmation(id, tenant, approve)
+            .decide_confirmation(id, scope.name(), approve)
             .await?;
         if let Some(p) = pending
             && p.context.turn_id.is_some()
@@ -1142,24 +1095,30 @@ impl Sessions {
         Ok(settings)
     }
 
-    /// Runs one turn, streaming its progress to `events` when given.
-    pub async fn send_message_with(
+    /// Runs one turn and waits for its outcome, streaming its progress to
+    /// `events` when given: [`Self::start_turn`] without a key.
+    pub async fn send_message(
         &self,
+        scope: &Scope,
         id: &str,
         content: String,
         events: Option<TurnSink>,
     ) -> Result<TurnOutcome, SessionError> {
-        self.start_message_with(id, content, events).await?.await
+        self.start_turn(scope, id, content, events, None)
+            .await?
+            .outcome
+            .await
     }
 
     /// Stores a message that needs no model turn (an operator's reply), in
     /// order with the session's turns.
     pub async fn record_message(
         &self,
+        scope: &Scope,
         id: &str,
         message: ChatMessage,
     ) -> Result<u64, SessionError> {
-        let session = self.get(id).await?;
+        let session = self.get(scope, id).await?;
         let config = self.tenant_config(&session.tenant).await?;
         let bytes = message.content.as_deref().map_or(0, escaped_len);
         self.admit_content(&session.tenant, &config, bytes).await?;
@@ -1176,29 +1135,10 @@ impl Sessions {
             })
     }
 
-    /// Every message of the session, oldest first.
-    pub async fn history(&self, id: &str) -> Result<Vec<StoredMessage>, SessionError> {
-        self.get(id).await?;
-        Ok(self.inner.store.messages(id).await?)
-    }
-
-    /// The session's summary, from the store alone: it never waits behind
-    /// a running turn.
-    pub async fn summary(&self, id: &str) -> Result<SessionSummary, SessionError> {
-        self.get(id).await?;
-        summarize(&self.inner.store, id).await
-    }
-
-    /// [`Self::delete`] of a session `tenant` owns; another tenant's is
-    /// "not found", like a missing one.
-    pub async fn delete_as(&self, tenant: &str, id: &str) -> Result<Erased, SessionError> {
-        self.get_as(tenant, id).await?;
-        self.delete(id).await
-    }
-
     /// Deletes the session and everything stored under its id (see the
     /// module doc); refused with [`SessionError::Busy`] while a turn runs.
-    pub async fn delete(&self, id: &str) -> Result<Erased, SessionError> {
+    pub async fn delete(&self, scope: &Scope, id: &str) -> Result<Erased, SessionError> {
+        self.get(scope, id).await?;
         let live = {
             let mut live = self.inner.live.lock().expect("sessions lock");
             let mut deleting = self.inner.deleting.lock().expect("deleting lock");
@@ -1236,10 +1176,11 @@ impl Sessions {
         Ok(erased)
     }
 
-    /// Deletes every session of `tenant`, [`ERASE_BATCH`] at a time (one
-    /// store transaction per session): sessions with a running turn are
-    /// left and counted as `busy`.
-    pub async fn erase_tenant(&self, tenant: &str) -> Result<TenantErase, SessionError> {
+    /// Deletes every session of the scope's tenant, [`ERASE_BATCH`] at a
+    /// time (one store transaction per session): sessions with a running
+    /// turn are left and counted as `busy`.
+    pub async fn erase_tenant(&self, scope: &Scope) -> Result<TenantErase, SessionError> {
+        let tenant = scope.name();
         let mut done = TenantErase::default();
         let mut after = None;
         loop {
@@ -1249,7 +1190,7 @@ impl Sessions {
                 .sessions_of(tenant, after.clone(), ERASE_BATCH)
                 .await?;
             for session in &page.items {
-                match self.delete(&session.id).await {
+                match self.delete(scope, &session.id).await {
                     Ok(_) => done.deleted += 1,
                     Err(SessionError::Busy { .. }) => done.busy += 1,
                     Err(SessionError::NotFound { .. }) => {}
@@ -1299,7 +1240,7 @@ impl Sessions {
         }
         // Taken before loading: a reopen after this makes the actor reload.
         let generation = self.inner.store.generation();
-        let session = self.get(id).await?;
+        let session = self.get(&Scope::runtime(), id).await?;
         // This node becomes the session's one writer before it reads the
         // history its writes build on ([`crate::store::owners`]).
         let writer = self.inner.store.session_writer(id).await?;
@@ -1466,7 +1407,7 @@ async fn retention_sweeps(weak: std::sync::Weak<Inner>, every: Duration) {
             if !expired(last, now, retain) {
                 continue;
             }
-            match sessions.delete(&session.id).await {
+            match sessions.delete(&Scope::runtime(), &session.id).await {
                 Ok(_) => deleted += 1,
                 Err(SessionError::Busy { .. }) => busy += 1,
                 Err(SessionError::NotFound { .. }) => {}

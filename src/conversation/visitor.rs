@@ -30,6 +30,7 @@ use std::time::Duration;
 use super::actor::TurnSink;
 use super::auto_respond::{Decision, should_auto_respond};
 use super::sessions::{SessionError, Sessions, StartedTurn, check_content};
+use crate::identity::Scope;
 use crate::model::ChatMessage;
 
 /// A message's content, checked: not blank, at most [`super::sessions::MAX_CONTENT_BYTES`].
@@ -47,6 +48,7 @@ impl Content {
 #[must_use = "a visitor message is stored or answered only once delivered"]
 pub struct VisitorMessage {
     sessions: Sessions,
+    scope: Scope,
     session: String,
     content: String,
     delay: Duration,
@@ -63,16 +65,16 @@ pub enum Delivered {
 }
 
 impl Sessions {
-    /// Decides whether a visitor's message to session `id` of `tenant`
+    /// Decides whether a visitor's message to session `id` within `scope`
     /// gets a model turn; nothing is stored yet (see [`VisitorMessage::deliver`]).
     pub async fn visitor_message(
         &self,
-        tenant: &str,
+        scope: &Scope,
         id: &str,
         content: Content,
     ) -> Result<VisitorMessage, SessionError> {
-        let session = self.get_as(tenant, id).await?;
-        let config = self.tenant_config(tenant).await?;
+        let session = self.get(scope, id).await?;
+        let config = self.tenant_config(&session.tenant).await?;
         let operator = session
             .metadata
             .get("operator_id")
@@ -81,6 +83,7 @@ impl Sessions {
         tracing::info!(session = %id, respond = decision.respond, reason = decision.reason, "auto-response decision");
         Ok(VisitorMessage {
             sessions: self.clone(),
+            scope: scope.clone(),
             session: id.to_string(),
             content: content.0,
             delay: Duration::from_millis(config.response_delay_ms),
@@ -88,23 +91,23 @@ impl Sessions {
         })
     }
 
-    /// Stores an operator's reply to session `id` of `tenant` (an assistant
+    /// Stores an operator's reply to session `id` within `scope` (an assistant
     /// message named `operator:<id>`, no model turn); its seq.
     /// `operator_id` defaults to the session's assigned operator.
     pub async fn operator_message(
         &self,
-        tenant: &str,
+        scope: &Scope,
         id: &str,
         content: Content,
         operator_id: Option<String>,
     ) -> Result<u64, SessionError> {
-        let session = self.get_as(tenant, id).await?;
+        let session = self.get(scope, id).await?;
         let who = operator_id
             .or_else(|| session.metadata["operator_id"].as_str().map(str::to_string))
             .unwrap_or_else(|| "operator".into());
         let mut message = ChatMessage::assistant(content.0);
         message.name = Some(format!("operator:{who}"));
-        self.record_message(id, message).await
+        self.record_message(scope, id, message).await
     }
 }
 
@@ -116,7 +119,7 @@ impl VisitorMessage {
         if !self.decision.respond {
             let seq = self
                 .sessions
-                .record_message(&self.session, ChatMessage::user(self.content))
+                .record_message(&self.scope, &self.session, ChatMessage::user(self.content))
                 .await?;
             return Ok(Delivered::Stored { seq });
         }
@@ -125,7 +128,7 @@ impl VisitorMessage {
         }
         let started = self
             .sessions
-            .start_turn(&self.session, self.content, Some(events), None)
+            .start_turn(&self.scope, &self.session, self.content, Some(events), None)
             .await?;
         Ok(Delivered::Turn(started))
     }

@@ -76,7 +76,8 @@ async fn suggestions(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Suggestions>, ApiError> {
-    state.sessions.get_as(&caller.tenant, &id).await?;
+    let scope = caller.scope();
+    state.sessions.get(&scope, &id).await?;
     if !state
         .sessions
         .tenant_config(&caller.tenant)
@@ -88,7 +89,7 @@ async fn suggestions(
             "reply suggestions are turned off for this tenant",
         ));
     }
-    let suggestions = state.sessions.suggestions(&caller.tenant, &id).await?;
+    let suggestions = state.sessions.suggestions(&scope, &id).await?;
     Ok(Json(Suggestions {
         session_id: id,
         suggestions,
@@ -150,7 +151,7 @@ async fn improve(
     }
     let text = state
         .sessions
-        .improve(&caller.tenant, &body.text, body.agent.as_deref())
+        .improve(&caller.scope(), &body.text, body.agent.as_deref())
         .await?;
     Ok(Json(Improved { text }))
 }

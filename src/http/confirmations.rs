@@ -213,7 +213,7 @@ async fn decide(
     // The conversation turn waiting on it, if any, resumes.
     let outcome = state
         .sessions
-        .decide_confirmation(&id, &caller.tenant, body.approve)
+        .decide_confirmation(&caller.scope(), &id, body.approve)
         .await?;
     Ok(Json(outcome.into()))
 }

@@ -276,9 +276,7 @@ async fn show(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionView>, ApiError> {
-    Ok(Json(
-        state.sessions.get_as(&caller.tenant, &id).await?.into(),
-    ))
+    Ok(Json(state.sessions.get(&caller.scope(), &id).await?.into()))
 }
 
 error_responses!(
@@ -307,7 +305,7 @@ async fn delete_session(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    state.sessions.delete_as(&caller.tenant, &id).await?;
+    state.sessions.delete(&caller.scope(), &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -389,7 +387,7 @@ async fn list(
     };
     let page = state
         .sessions
-        .list_as(&caller.tenant, filter, cursor, limit)
+        .list(&caller.scope(), filter, cursor, limit)
         .await?;
     Ok(Json(SessionList {
         count: page.items.len(),
@@ -440,7 +438,7 @@ async fn export(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(state.sessions.export_as(&caller.tenant, &id).await?))
+    Ok(Json(state.sessions.export(&caller.scope(), &id).await?))
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -532,11 +530,13 @@ async fn send(
     // The key (checked and made per tenant by the idempotency layer) goes
     // into the turn's record: a retry after a crash finds the turn.
     let key = key.map(|Extension(IdempotencyKey(k))| k);
-    state.sessions.get_as(&caller.tenant, &id).await?;
+    let scope = caller.scope();
+    // An unknown session is 404 before anything else is checked.
+    state.sessions.get(&scope, &id).await?;
     if !wants_stream {
         let started = state
             .sessions
-            .start_turn(&id, body.content, None, key)
+            .start_turn(&scope, &id, body.content, None, key)
             .await?;
         if let Some(Extension(turn_slot)) = &turn_slot {
             turn_slot.fill(started.turn_id.clone());
@@ -584,7 +584,7 @@ async fn send(
     let (tx, rx) = mpsc::unbounded_channel();
     let started = state
         .sessions
-        .start_turn(&id, body.content, Some(tx), key)
+        .start_turn(&scope, &id, body.content, Some(tx), key)
         .await?;
     if let Some(Extension(turn_slot)) = &turn_slot {
         turn_slot.fill(started.turn_id.clone());
@@ -654,10 +654,7 @@ async fn show_turn(
     Extension(caller): Extension<Principal>,
     Path((id, turn_id)): Path<(String, String)>,
 ) -> Result<Json<TurnRecord>, ApiError> {
-    let record = state
-        .sessions
-        .turn_as(&caller.tenant, &id, &turn_id)
-        .await?;
+    let record = state.sessions.turn(&caller.scope(), &id, &turn_id).await?;
     Ok(Json(record))
 }
 
@@ -703,7 +700,7 @@ async fn list_turns(
         super::calls::page_params(q.limit, q.cursor, super::calls::DEFAULT_LIMIT)?;
     let page = state
         .sessions
-        .turns_as(&caller.tenant, &id, cursor, limit)
+        .turns(&caller.scope(), &id, cursor, limit)
         .await?;
     Ok(Json(TurnList {
         count: page.items.len(),
@@ -762,7 +759,7 @@ async fn history(
     }
     let mut messages = state
         .sessions
-        .history_as(&caller.tenant, &id, q.after.unwrap_or(0), limit + 1)
+        .history(&caller.scope(), &id, q.after.unwrap_or(0), limit + 1)
         .await?;
     let more = messages.len() > limit;
     messages.truncate(limit);
@@ -798,6 +795,6 @@ async fn summary(
     Path(id): Path<String>,
 ) -> Result<Json<SummaryView>, ApiError> {
     Ok(Json(
-        state.sessions.summary_as(&caller.tenant, &id).await?.into(),
+        state.sessions.summary(&caller.scope(), &id).await?.into(),
     ))
 }

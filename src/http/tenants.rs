@@ -36,6 +36,7 @@ use super::error::ApiError;
 use super::extract::ApiJsonValue;
 use super::openapi::error_responses;
 use crate::error_code::ErrorCode;
+use crate::identity::Scope;
 use crate::tenants::{Principal, TenantConfig, valid_tenant_id};
 
 pub fn routes() -> OpenApiRouter<AppState> {
@@ -253,7 +254,10 @@ async fn erase_sessions(
     Path(tenant): Path<String>,
 ) -> Result<Json<ErasedSessions>, ApiError> {
     check(&caller, &tenant)?;
-    let done = state.sessions.erase_tenant(&tenant).await?;
+    let done = state
+        .sessions
+        .erase_tenant(&Scope::tenant(tenant.clone()))
+        .await?;
     Ok(Json(ErasedSessions {
         tenant,
         deleted: done.deleted,

@@ -390,7 +390,7 @@ async fn invoke(
     // The call's record keeps its arguments: the tenant's share of the
     // store pays for them, and a tenant at its quota stores no more.
     let bytes = serde_json::to_vec(&params).map_or(0, |v| v.len());
-    state.sessions.admit_bytes(&caller.tenant, bytes).await?;
+    state.sessions.admit_bytes(&caller.scope(), bytes).await?;
     ctx.tenant = Some(caller.tenant);
     let result = state
         .executor

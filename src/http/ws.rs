@@ -129,7 +129,7 @@ async fn issue_token(
     Extension(caller): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<WsToken>), ApiError> {
-    state.sessions.get_as(&caller.tenant, &id).await?;
+    state.sessions.get(&caller.scope(), &id).await?;
     let token = state.keys.issue_ws_token(&caller, &id)?;
     Ok((
         StatusCode::CREATED,
@@ -181,7 +181,7 @@ async fn upgrade(
     Path(id): Path<String>,
     ws: WebSocketUpgrade,
 ) -> Result<Response, ApiError> {
-    state.sessions.get_as(&caller.tenant, &id).await?;
+    state.sessions.get(&caller.scope(), &id).await?;
     let slot = quota.acquire()?;
     Ok(ws
         .max_message_size(MAX_FRAME_BYTES)
@@ -294,7 +294,7 @@ async fn handle(
         Frame::AssignOperator { operator_id } => {
             check_operator(&operator_id)?;
             sessions
-                .set_operator(&caller.tenant, id, Some(operator_id.clone()))
+                .set_operator(&caller.scope(), id, Some(operator_id.clone()))
                 .await?;
             send(
                 socket,
@@ -303,7 +303,7 @@ async fn handle(
             .await;
         }
         Frame::UnassignOperator => {
-            sessions.set_operator(&caller.tenant, id, None).await?;
+            sessions.set_operator(&caller.scope(), id, None).await?;
             send(socket, json!({"type": "operator_unassigned"})).await;
         }
         Frame::OperatorMessage {
@@ -315,7 +315,7 @@ async fn handle(
                 check_operator(op)?;
             }
             let seq = sessions
-                .operator_message(&caller.tenant, id, content, operator_id)
+                .operator_message(&caller.scope(), id, content, operator_id)
                 .await?;
             send(
                 socket,
@@ -325,7 +325,7 @@ async fn handle(
         }
         Frame::VisitorMessage { content } => {
             let message = sessions
-                .visitor_message(&caller.tenant, id, Content::new(content)?)
+                .visitor_message(&caller.scope(), id, Content::new(content)?)
                 .await?;
             let decision = message.decision;
             send(

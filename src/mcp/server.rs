@@ -76,7 +76,7 @@ use crate::conversation::{NewSession, Sessions};
 use crate::error_code::PublicError;
 use crate::events::EventKind;
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
-use crate::identity::UserId;
+use crate::identity::{Scope, UserId};
 use crate::tenants::config::entitled_plan;
 use crate::tenants::{DEFAULT_TENANT, Principal};
 use crate::tools::definition::Entry;
@@ -108,6 +108,11 @@ impl Caller {
             plan,
             user_id: None,
         }
+    }
+
+    /// The sessions it may reach: its tenant's.
+    pub fn scope(&self) -> Scope {
+        Scope::tenant(self.tenant.clone())
     }
 }
 
@@ -323,7 +328,7 @@ impl CadreMcp {
                     }
                 }
             }
-            Some(Value::String(id)) => match sessions.get_as(&caller.tenant, id).await {
+            Some(Value::String(id)) => match sessions.get(&caller.scope(), id).await {
                 Ok(s) if s.agent == agent => s.id,
                 Ok(_) => {
                     return failure(
@@ -341,7 +346,7 @@ impl CadreMcp {
             }
         };
         match sessions
-            .send_message_as(&caller.tenant, &id, message.to_string(), None)
+            .send_message(&caller.scope(), &id, message.to_string(), None)
             .await
         {
             Ok(outcome) => {
@@ -402,7 +407,7 @@ impl CadreMcp {
             };
             self.deps
                 .sessions
-                .decide_confirmation(id, &caller.tenant, approve)
+                .decide_confirmation(&caller.scope(), id, approve)
                 .await
                 .map(|outcome| json!(outcome))
                 .map_err(|e| json!({"error": e.public_message(), "error_code": e.code().as_str()}))
@@ -484,7 +489,7 @@ impl ServerHandler for CadreMcp {
         // The call's record keeps its arguments: the tenant's share of the
         // store pays for them, and a tenant at its quota stores no more.
         let bytes = serde_json::to_vec(&args).map_or(0, |v| v.len());
-        if let Err(e) = self.deps.sessions.admit_bytes(&caller.tenant, bytes).await {
+        if let Err(e) = self.deps.sessions.admit_bytes(&caller.scope(), bytes).await {
             let error_type = match e.code() {
                 crate::error_code::ErrorCode::RateLimited => "rate_limited",
                 _ => "execution_error",

@@ -72,6 +72,7 @@ use super::scheduler::{Outcome, Scheduler, Step, Task, Work};
 use crate::conversation::{NewSession, Sessions};
 use crate::error_code::PublicError;
 use crate::executor::{Arguments, ExecuteTool, ExecutorHandle};
+use crate::identity::Scope;
 use crate::retry::Backoff;
 use crate::store::{Store, StoreError};
 use crate::tools::{CallerType, ErrorType, ExecutionContext, Plan};
@@ -434,7 +435,10 @@ impl Performer {
                     }
                 }
             };
-            let turn = self.sessions.send_message(&session_id, prompt.clone());
+            let scope = Scope::tenant(self.tenant.clone());
+            let turn = self
+                .sessions
+                .send_message(&scope, &session_id, prompt.clone(), None);
             let result = match timeout {
                 Some(limit) => tokio::time::timeout(limit, turn).await.map_err(|_| limit),
                 None => Ok(turn.await),
