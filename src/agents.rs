@@ -51,6 +51,8 @@ pub enum ConfigError {
     },
     #[error("agent {agent}: {message}")]
     Invalid { agent: String, message: String },
+    #[error("agent {agent} lists agent '{asked}' in `agents`, which is not defined")]
+    UnknownAgent { agent: String, asked: String },
 }
 
 /// The MCP server list in the agents directory: not an agent file; read
@@ -67,6 +69,10 @@ pub struct AgentFile {
     pub system_prompt: String,
     #[serde(default)]
     pub tools: Vec<String>,
+    /// Agents this one may ask (delegation): its model is offered
+    /// `ask_<agent>` for each ([`crate::tools::delegate`]).
+    #[serde(default)]
+    pub agents: Vec<String>,
     #[serde(default = "default_max_iterations")]
     pub max_iterations: u32,
     #[serde(default = "default_history_window")]
@@ -174,6 +180,10 @@ pub struct Agent {
     /// settings; a copy each was the prompt's length per resident one).
     pub system_prompt: std::sync::Arc<str>,
     pub tools: Vec<String>,
+    /// The agents it may ask (`agents = [...]`), each offered as `ask_<name>`.
+    pub agents: Vec<String>,
+    /// What its model is offered: its tools, then its `ask_` tools.
+    offered: Vec<String>,
     pub max_iterations: u32,
     pub history_window: usize,
     pub tool_batch_timeout: Duration,
@@ -206,6 +216,12 @@ impl Agent {
                     tool: tool.clone(),
                 });
             }
+        }
+        if file.agents.contains(&file.name) {
+            return Err(ConfigError::Invalid {
+                agent: file.name,
+                message: "an agent cannot list itself in `agents`".into(),
+            });
         }
         if file.history_window == 0 {
             return Err(ConfigError::Invalid {
@@ -244,11 +260,25 @@ impl Agent {
             (None, Some(m)) if !has_override => m.clone(),
             (None, _) => model_for(&endpoint, options),
         };
+        let mut asked = Vec::new();
+        for a in file.agents {
+            if !asked.contains(&a) {
+                asked.push(a);
+            }
+        }
+        let offered = file
+            .tools
+            .iter()
+            .cloned()
+            .chain(asked.iter().map(|a| crate::tools::delegate::ask_name(a)))
+            .collect();
         Ok(Agent {
             name: file.name,
             description: file.description,
             system_prompt: file.system_prompt.into(),
             tools: file.tools,
+            agents: asked,
+            offered,
             max_iterations: file.max_iterations,
             history_window: file.history_window,
             tool_batch_timeout: Duration::from_secs(file.tool_batch_timeout_s.max(1)),
@@ -264,10 +294,36 @@ impl Agent {
         })
     }
 
-    /// The agent's tools that `plan` may call, as offered to the model.
+    /// The agent's tools that `plan` may call, then the agents it may ask
+    /// (`ask_<name>`), as offered to the model.
     pub fn tool_specs(&self, registry: &ToolRegistry, plan: Plan) -> std::sync::Arc<[ToolSpec]> {
-        registry.specs_for(&self.tools, plan)
+        registry.specs_for(&self.offered, plan)
     }
+}
+
+/// The first agent `agent` lists in `agents` that `known` lacks.
+fn missing_link<'a>(agent: &'a Agent, known: &AgentMap) -> Option<&'a str> {
+    agent
+        .agents
+        .iter()
+        .find(|a| !known.contains_key(*a))
+        .map(String::as_str)
+}
+
+/// Makes the registry's `ask_` tools those of `agents` now: one per agent
+/// some agent lists, described by the asked agent's description.
+pub fn publish_ask_tools(agents: &Agents, registry: &ToolRegistry) {
+    let map = agents.snapshot();
+    let asked: std::collections::BTreeSet<&String> =
+        map.values().flat_map(|a| a.agents.iter()).collect();
+    let tools = asked
+        .into_iter()
+        .filter_map(|name| map.get(name))
+        .map(|a| {
+            crate::tools::delegate::ask_tool(&a.name, &a.description, registry.delegate_slot())
+        })
+        .collect();
+    registry.set_agent_tools(tools);
 }
 
 /// The agent files of `dir`: every `*.toml` directly in it but `mcp.toml`
@@ -431,6 +487,14 @@ impl AgentFiles {
             map.insert(agent.name.clone(), agent.clone());
             good.insert(path, (text, agent));
         }
+        for agent in map.values() {
+            if let Some(asked) = missing_link(agent, &map) {
+                return Err(ConfigError::UnknownAgent {
+                    agent: agent.name.clone(),
+                    asked: asked.into(),
+                });
+            }
+        }
         agents.replace(map);
         self.state().good = good;
         Ok(())
@@ -501,6 +565,38 @@ impl AgentFiles {
                 true
             }
         });
+        // An agent asking one that is not defined (now) does not load: its
+        // last good version stays if that one's links hold, else it goes
+        // (which may break another's links: again, until none is missing).
+        while let Some((name, asked)) = map
+            .values()
+            .find_map(|a| missing_link(a, &map).map(|m| (a.name.clone(), m.to_string())))
+        {
+            let path = first_of[&name].clone();
+            failed.push((
+                path.clone(),
+                ConfigError::UnknownAgent {
+                    agent: name.clone(),
+                    asked,
+                },
+            ));
+            let fallback = state
+                .good
+                .get(&path)
+                .filter(|(_, a)| a.name == name && !Arc::ptr_eq(a, &map[&name]))
+                .filter(|(_, a)| missing_link(a, &map).is_none())
+                .cloned();
+            match fallback {
+                Some(version) => {
+                    map.insert(name, version.1.clone());
+                    next.insert(path, version);
+                }
+                None => {
+                    map.remove(&name);
+                    next.remove(&path);
+                }
+            }
+        }
         let mut reported = BTreeMap::new();
         for (path, e) in failed {
             let message = e.to_string();

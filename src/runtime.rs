@@ -559,6 +559,7 @@ fn setup(
         }
     };
     agent_files.load(&agents, &resolve)?;
+    crate::agents::publish_ask_tools(&agents, &registry);
     let providers: Vec<String> = agents
         .iter()
         .map(|a| format!("agent {}: {}", a.name, a.model.describe()))
@@ -569,7 +570,11 @@ fn setup(
     let reload_agents: Arc<dyn Fn() + Send + Sync> = {
         let agents = agents.clone();
         let events = events.clone();
-        Arc::new(move || reload_agent_files(&agent_files, &agents, &resolve, &events))
+        let registry = registry.clone();
+        Arc::new(move || {
+            reload_agent_files(&agent_files, &agents, &resolve, &events);
+            crate::agents::publish_ask_tools(&agents, &registry);
+        })
     };
     let (limiter, tenant_limiter, concurrency) = limits(config, builder.cluster.as_ref());
     let executor_config = config.executor_config();

@@ -35,7 +35,8 @@ use crate::http::rate_limit::ApiLimitConfig;
 use crate::workflow::WorkflowLimits;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 11] = [
+const SECTIONS: [&str; 12] = [
+    "agents",
     "tenants",
     "workflows",
     "store",
@@ -67,6 +68,25 @@ pub struct ServerConfig {
     pub store: StoreSection,
     pub tenants: TenantsSection,
     pub cluster: ClusterSection,
+    pub agents: AgentsSection,
+}
+
+/// How agents work together (`[agents]`; [`crate::conversation::delegation`]).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentsSection {
+    /// How deep a chain of agents asking agents may go: a top-level
+    /// session's child is 1 deep; asking from a session this deep is
+    /// refused with a tool error the model reads.
+    pub max_delegation_depth: u32,
+}
+
+impl Default for AgentsSection {
+    fn default() -> Self {
+        AgentsSection {
+            max_delegation_depth: crate::conversation::delegation::DEFAULT_MAX_DELEGATION_DEPTH,
+        }
+    }
 }
 
 /// Each tenant's share of the store (`[tenants]`;
@@ -569,6 +589,7 @@ impl ServerConfig {
         SessionLimits {
             model_turn_timeout: Duration::from_secs_f64(self.model.turn_timeout_s),
             max_tool_calls: self.model.max_tool_calls,
+            max_delegation_depth: self.agents.max_delegation_depth,
             storage: crate::conversation::storage::StorageLimits {
                 write_kib_per_s: std::num::NonZeroU32::new(self.tenants.write_kib_per_s),
                 max_storage_mb: (self.tenants.max_storage_mb > 0)

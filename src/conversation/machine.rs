@@ -176,6 +176,11 @@ pub struct Approval {
     pub summary: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<Timestamp>,
+    /// The child session whose call this is, when the held call is an
+    /// `ask_` of another agent ([`super::delegation`]): once the
+    /// confirmation is decided, the ask runs again to learn the child's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegated_to: Option<String>,
 }
 
 /// Why a turn failed, as stored in its record.
@@ -676,6 +681,10 @@ impl ConversationMachine {
                     expires_at: out
                         .and_then(|o| o.get("expires_at"))
                         .and_then(|v| serde_json::from_value(v.clone()).ok()),
+                    delegated_to: out
+                        .and_then(|o| o.get("delegated_to"))
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
                 })
             })
             .collect();

@@ -11,6 +11,8 @@
 //!   spawns per batch of tool calls.
 //! - [`sessions`]: the registry of live conversations and the session API;
 //!   [`visitor`]: the visitor/operator protocol on it (auto-response, operator messages).
+//! - [`delegation`]: an agent asks another (`ask_<agent>`): a turn of a
+//!   child conversation, linked to the parent, as the call's result.
 //! - [`summary`]: tool usage summaries.
 //! - [`budget`]: the monthly token budget gate every turn passes first;
 //!   [`storage`]: a tenant's share of the store (write rate, storage quota),
@@ -21,6 +23,7 @@ pub mod auto_respond;
 pub mod batch;
 pub mod budget;
 pub mod context;
+pub mod delegation;
 pub mod machine;
 pub mod queue;
 pub mod resume;

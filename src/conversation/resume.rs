@@ -9,6 +9,9 @@
 //! - an outcome already in memory, or a finished call record of this turn
 //!   and call id (the latest, a `pending_confirmation` record aside): done,
 //!   never run again;
+//! - an `ask_` call paused on another agent's held call: waiting while
+//!   that confirmation is pending, else run (asking again rejoins the
+//!   child's turn, [`super::delegation`]);
 //! - a call held for confirmation: still pending → waiting (expired →
 //!   declined, and the confirmation is closed so it cannot be approved
 //!   later); denied → declined; approved → its record, or — when none
@@ -104,6 +107,23 @@ impl Lookup {
     }
 
     async fn decided(&self, call: &ToolCall, a: &Approval) -> Result<Resolution, StoreError> {
+        if a.delegated_to.is_some() {
+            // Another agent's held call: while it waits for a person, so
+            // does this one; once decided (or expired), the ask runs again
+            // and rejoins the child's turn ([`super::delegation`]).
+            return Ok(
+                match self
+                    .confirmations
+                    .state(&a.confirmation_id, &self.tenant)
+                    .await?
+                {
+                    ConfirmationState::Pending(p) if Timestamp::now() < p.expires_at => {
+                        Resolution::Waiting
+                    }
+                    _ => Resolution::Run,
+                },
+            );
+        }
         let declined = |why: &str| {
             Resolution::Done(Box::new(ToolExecutionResult::failure(
                 &call.name,

@@ -378,6 +378,9 @@ pub struct SessionLimits {
     /// Tool calls of one model reply that are kept (`[model]
     /// max_tool_calls`).
     pub max_tool_calls: usize,
+    /// How deep a chain of agents asking agents may go (`[agents]
+    /// max_delegation_depth`, [`super::delegation`]).
+    pub max_delegation_depth: u32,
 }
 
 impl SessionLimits {
@@ -420,6 +423,7 @@ impl Default for SessionLimits {
             resume_window: Duration::from_secs(600),
             storage: super::storage::StorageLimits::default(),
             max_tool_calls: super::machine::DEFAULT_MAX_TOOL_CALLS,
+            max_delegation_depth: super::delegation::DEFAULT_MAX_DELEGATION_DEPTH,
         }
     }
 }
@@ -445,6 +449,32 @@ struct Inner {
     reservations: Reservations,
     /// Each tenant's share of the store ([`super::storage`]).
     storage: Arc<StorageGate>,
+    /// What `ask_` tools call ([`super::delegation`]); the registry holds
+    /// it weakly.
+    delegation: Arc<dyn crate::tools::delegate::Delegate>,
+    /// Held while a child session is found or opened, so two asks of one
+    /// agent from one session open one child.
+    opening_children: tokio::sync::Mutex<()>,
+}
+
+/// The conversation layer behind the `ask_` tools' seam.
+struct AskThrough(std::sync::Weak<Inner>);
+
+#[async_trait::async_trait]
+impl crate::tools::delegate::Delegate for AskThrough {
+    async fn ask(
+        &self,
+        agent: &str,
+        request: String,
+        ctx: &crate::tools::ExecutionContext,
+    ) -> Result<Value, crate::tools::ToolError> {
+        let Some(inner) = self.0.upgrade() else {
+            return Err(crate::tools::ToolError::Unavailable {
+                message: "the runtime is stopping".into(),
+            });
+        };
+        Sessions { inner }.ask(agent, request, ctx).await
+    }
 }
 
 impl Sessions {
@@ -462,7 +492,9 @@ impl Sessions {
     ) -> Self {
         let idle_timeout = limits.idle_timeout;
         assert!(!arbiters.is_empty(), "sessions need at least one arbiter");
-        let inner = Arc::new(Inner {
+        let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
+            delegation: Arc::new(AskThrough(weak.clone())),
+            opening_children: tokio::sync::Mutex::new(()),
             live: Mutex::new(HashMap::new()),
             deleting: Mutex::new(HashSet::new()),
             store,
@@ -476,6 +508,10 @@ impl Sessions {
             metrics,
             reservations: Reservations::default(),
         });
+        inner
+            .registry
+            .delegate_slot()
+            .set(Arc::downgrade(&inner.delegation));
         if let Some(every) = limits.sweep_every() {
             let weak = Arc::downgrade(&inner);
             tokio::spawn(retention_sweeps(weak, every));
@@ -513,8 +549,28 @@ impl Sessions {
         &self.inner.agents
     }
 
-    /// Creates a session; it is durable before this returns.
-    pub async fn create(&self, new: NewSession) -> Result<Session, SessionError> {
+    pub(super) fn limits(&self) -> &SessionLimits {
+        &self.inner.limits
+    }
+
+    pub(super) fn store(&self) -> &Store {
+        &self.inner.store
+    }
+
+    pub(super) fn executor(&self) -> &ExecutorHandle {
+        &self.inner.executor
+    }
+
+    pub(super) fn delegations_lock(&self) -> &tokio::sync::Mutex<()> {
+        &self.inner.opening_children
+    }
+
+    pub(super) async fn handle_of(&self, id: &str) -> Result<ConversationHandle, SessionError> {
+        self.handle(id).await
+    }
+
+    /// The row of a new session (not stored yet).
+    pub(super) fn new_session(&self, new: NewSession) -> Result<Session, SessionError> {
         if self.inner.agents.get(&new.agent).is_none() {
             return Err(SessionError::AgentNotFound { name: new.agent });
         }
@@ -523,7 +579,7 @@ impl Sessions {
         } else {
             new.tenant
         };
-        let session = Session {
+        Ok(Session {
             id: uuid::Uuid::now_v7().to_string(),
             tenant,
             agent: new.agent,
@@ -531,7 +587,12 @@ impl Sessions {
             plan: new.plan,
             metadata: new.metadata,
             created_at: Timestamp::now(),
-        };
+        })
+    }
+
+    /// Creates a session; it is durable before this returns.
+    pub async fn create(&self, new: NewSession) -> Result<Session, SessionError> {
+        let session = self.new_session(new)?;
         self.inner
             .store
             .write(vec![WriteOp::PutSession(session.clone())], true)
@@ -1079,6 +1140,21 @@ impl Sessions {
         {
             let ran = p.tool_call_id.clone().zip(decided.result.clone());
             handle.check_approvals(ran);
+            // A child's call: every ancestor paused on it asks again
+            // ([`super::delegation`]), nearest first.
+            let mut child = session.clone();
+            for _ in 0..=self.inner.limits.max_delegation_depth {
+                let Ok(row) = self.get(&Scope::runtime(), &child).await else {
+                    break;
+                };
+                let Some(parent) = super::delegation::parent_of(&row) else {
+                    break;
+                };
+                if let Ok(handle) = self.handle(parent).await {
+                    handle.check_approvals(None);
+                }
+                child = parent.to_string();
+            }
         }
         Ok(decided)
     }

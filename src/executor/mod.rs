@@ -379,7 +379,13 @@ impl Executor {
             );
             return Admission::Refused(Box::new(result), raw_params);
         }
-        let Some(tool) = s.registry.get(name) else {
+        // A turn's offered calls may name its agent's `ask_` tools, which
+        // nothing else reaches (not in the catalog: `tools::delegate`).
+        let tool = match msg.offered {
+            Some(_) => s.registry.agent_tool(name).or_else(|| s.registry.get(name)),
+            None => s.registry.get(name),
+        };
+        let Some(tool) = tool else {
             let result = ToolExecutionResult::failure(
                 name,
                 ErrorType::ToolNotFound,
@@ -562,7 +568,8 @@ impl Handler<ExecuteTool> for Executor {
                 }
                 // Only registered tools get a label value of their own: a
                 // model (or a caller) can invent a new name per call.
-                let registered = shared.registry.contains(&msg.tool_name);
+                let registered = shared.registry.contains(&msg.tool_name)
+                    || shared.registry.agent_tool(&msg.tool_name).is_some();
                 shared.metrics.tool_latency.observe(started.elapsed());
                 shared.metrics.tool_call(
                     if registered {
@@ -760,9 +767,12 @@ async fn execute(
         .tenant
         .as_deref()
         .unwrap_or(crate::identity::DEFAULT_TENANT);
-    let request = AdmissionRequest::for_caller(def.category.clone(), msg.ctx.caller_type)
+    let mut request = AdmissionRequest::for_caller(def.category.clone(), msg.ctx.caller_type)
         .with_tenant(tenant)
         .with_priority(msg.ctx.priority);
+    // Asking another agent waits for that agent's turn, whose own calls
+    // need pool slots: the wait holds none (issue #31), as workflow nodes.
+    request.bypass |= matches!(def.entry, crate::tools::definition::Entry::Agent { .. });
     let permit = match s.concurrency.acquire(request).await {
         Ok(p) => p,
         Err(refusal) => {
@@ -817,6 +827,19 @@ async fn run_with_retries(
         let (result, retryable) = match outcome {
             Ok(output) => {
                 return ToolExecutionResult::success(name, output, started.elapsed(), attempt);
+            }
+            Err(RunFailure::Tool(ToolError::Held {
+                message,
+                confirmation_id,
+                output,
+            })) => {
+                // Held for a person elsewhere (a delegated agent's call):
+                // the turn pauses on it like on one of its own.
+                let mut r =
+                    ToolExecutionResult::failure(name, ErrorType::PendingConfirmation, message);
+                r.output = Some(output);
+                r.metadata.confirmation_id = Some(confirmation_id);
+                return r.with_elapsed(started.elapsed(), attempt);
             }
             Err(RunFailure::Tool(e)) => {
                 // Input the tool cannot use (an unknown symbol, a division

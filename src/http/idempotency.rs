@@ -21,6 +21,10 @@
 //! - The fingerprint covers the method, the path with its query and the
 //!   body's bytes, not the headers: the same JSON written differently is a
 //!   different request (422), as with Stripe.
+//! - A message's 202 (paused for an approval, queued, accepted) is shared
+//!   with the retries waiting then but not stored: the conversation finds
+//!   the turn by its key, so a later retry gets where the turn stands then
+//!   (its answer once an approval let it finish, issue #31).
 //! - Stored: every answer below 500 but 409 and 429 (those say nothing
 //!   happened: busy, rate limited, already decided), with an fsync before
 //!   the answer leaves, so a client that got it and retries after a crash
@@ -397,7 +401,15 @@ pub async fn idempotent(
             request.extensions_mut().insert(guard.running.slot.clone());
         }
         let response = next.run(request).await;
-        return finish(&state.store, guard, &fingerprint, response).await;
+        let turn_found_by_key = route.as_deref() == Some(MESSAGES_ROUTE);
+        return finish(
+            &state.store,
+            guard,
+            &fingerprint,
+            response,
+            turn_found_by_key,
+        )
+        .await;
     }
 }
 
@@ -407,6 +419,7 @@ async fn finish(
     mut guard: RunGuard,
     fingerprint: &str,
     response: Response,
+    turn_found_by_key: bool,
 ) -> Response {
     let (parts, body) = response.into_parts();
     let content_type = parts.headers.get(header::CONTENT_TYPE).cloned();
@@ -437,8 +450,13 @@ async fn finish(
         || status == StatusCode::CONFLICT
         || status == StatusCode::TOO_MANY_REQUESTS
         || status == StatusCode::PAYLOAD_TOO_LARGE);
+    // A message's 202 (its turn paused for an approval, queued, or
+    // accepted to run on) is not its final answer: a later retry finds the
+    // turn by its key instead, and gets where it stands then (its answer
+    // once the approval let it finish).
+    let stored = shared && !(turn_found_by_key && status == StatusCode::ACCEPTED);
     if shared {
-        let text = std::str::from_utf8(&bytes).ok();
+        let text = std::str::from_utf8(&bytes).ok().filter(|_| stored);
         match text.filter(|_| bytes.len() <= MAX_STORED_BODY) {
             Some(text) => {
                 let record = IdempotencyRecord {
@@ -461,6 +479,7 @@ async fn finish(
                     }
                 }
             }
+            None if !stored => {}
             None => tracing::debug!(
                 bytes = bytes.len(),
                 "a keyed request's answer is too large (or not UTF-8) to store"

@@ -68,7 +68,7 @@ struct CreateBody {
     #[schema(value_type = Option<PlanName>)]
     plan: Option<String>,
     /// Free-form object kept with the session, at most 16 KiB as JSON;
-    /// `workflow_id` and `node_id` are reserved for sessions a workflow run opens.
+    /// `workflow_id` and `node_id` are reserved for sessions a workflow run opens, `delegated_by` for the child sessions of agents asking agents.
     #[serde(default)]
     #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
     metadata: Value,
@@ -187,13 +187,13 @@ error_responses!(
     CreateErrors:
     PlanNotEntitled = "`plan` is above what the key and the tenant allow",
     AgentNotFound,
-    ValidationError = "empty agent, metadata not an object or holding a reserved key (`workflow_id`, `node_id`), unknown plan or field",
+    ValidationError = "empty agent, metadata not an object or holding a reserved key (`workflow_id`, `node_id`, `delegated_by`), unknown plan or field",
     PayloadTooLarge = "the body is over 1 MiB or metadata over 16 KiB (as JSON)",
     StorageUnavailable
 );
 
 /// Session metadata keys only the workflow engine sets.
-const RESERVED_METADATA_KEYS: [&str; 2] = ["workflow_id", "node_id"];
+const RESERVED_METADATA_KEYS: [&str; 3] = ["workflow_id", "node_id", "delegated_by"];
 
 #[utoipa::path(
     post,
@@ -226,7 +226,7 @@ async fn create(
         .find(|k| body.metadata.get(**k).is_some())
     {
         return Err(ApiError::validation(format!(
-            "metadata.{key} is reserved for sessions a workflow run opens"
+            "metadata.{key} is reserved for sessions cadre opens (workflow runs, agents asking agents)"
         )));
     }
     let metadata_bytes = serde_json::to_vec(&body.metadata).map_or(0, |v| v.len());

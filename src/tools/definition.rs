@@ -129,6 +129,10 @@ pub enum Entry {
     /// the server (never written in a tool file): `server` is the prefix of
     /// the registry name, `tool` the server's own name for it.
     Mcp { server: String, tool: String },
+    /// A turn of another agent in a child conversation (`ask_<agent>`),
+    /// made from an agent file's `agents = [...]`, never written in a tool
+    /// file ([`super::delegate`]).
+    Agent { agent: String },
 }
 
 /// Which redirects an HTTP entry follows; every hop passes the network

@@ -356,6 +356,13 @@ pub fn resolve(
                 "mcp entries come from the servers declared in agents/mcp.toml, not from tool files",
             ));
         }
+        Entry::Agent { .. } => {
+            return Err(LoadError::new(
+                path,
+                None,
+                "agent entries come from an agent file's `agents = [...]`, not from tool files",
+            ));
+        }
         Entry::External {
             command,
             url,

@@ -10,6 +10,7 @@
 
 pub mod builtin;
 pub mod definition;
+pub mod delegate;
 pub mod external;
 pub mod loader;
 pub mod outcome;
@@ -45,6 +46,15 @@ pub enum ToolError {
     /// restarted): `tool_unavailable`, not retried within the call.
     #[error("{message}")]
     Unavailable { message: String },
+    /// The call waits for a person's decision elsewhere (a delegated
+    /// agent's call held for approval): `pending_confirmation`, with what
+    /// to decide in `output` and the confirmation to decide by id.
+    #[error("{message}")]
+    Held {
+        message: String,
+        confirmation_id: String,
+        output: Value,
+    },
 }
 
 impl ToolError {

@@ -164,6 +164,10 @@ struct State {
     withheld: BTreeMap<String, Withheld>,
     catalog: HandlerCatalog,
     settings: FileSettings,
+    /// The `ask_<agent>` tools of the agents that delegate: reachable only
+    /// from the turns offered them, never merged into the catalog
+    /// ([`super::delegate`]).
+    agent_tools: BTreeMap<String, Arc<RegisteredTool>>,
 }
 
 /// A tool that is not served because another live tool has its wire name.
@@ -193,6 +197,8 @@ pub struct ToolRegistry {
     /// rescan and startup never interleave, so the files read and parsed
     /// outside the state lock are still the latest when installed.
     reloading: Arc<Mutex<()>>,
+    /// Where the conversation layer plugs in what `ask_` tools do.
+    delegate: super::delegate::DelegateSlot,
 }
 
 impl Default for ToolRegistry {
@@ -214,6 +220,7 @@ impl ToolRegistry {
             events,
             strict,
             reloading: Arc::default(),
+            delegate: Default::default(),
         }
     }
 
@@ -299,6 +306,39 @@ impl ToolRegistry {
         self.read().merged.get(name).cloned()
     }
 
+    /// An `ask_<agent>` tool by name ([`super::delegate`]).
+    pub fn agent_tool(&self, name: &str) -> Option<Arc<RegisteredTool>> {
+        self.read().agent_tools.get(name).cloned()
+    }
+
+    /// The slot the `ask_` tools' handlers call through.
+    pub fn delegate_slot(&self) -> &super::delegate::DelegateSlot {
+        &self.delegate
+    }
+
+    /// Replaces the `ask_` tools (the agents reload them with their files).
+    pub fn set_agent_tools(&self, tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>) {
+        let mut layer = BTreeMap::new();
+        for (definition, handler) in tools {
+            match ParamValidator::new(&definition.parameters, self.strict) {
+                Ok(validator) => {
+                    let tool = RegisteredTool {
+                        definition,
+                        validator,
+                        handler,
+                        source: ToolSource::Builtin,
+                    };
+                    layer.insert(tool.definition.name.clone(), Arc::new(tool));
+                }
+                Err(e) => {
+                    tracing::error!(tool = %definition.name, "an ask_ tool's schema does not compile: {e}")
+                }
+            }
+        }
+        let mut state = self.write();
+        state.agent_tools = layer;
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.get(name).is_some()
     }
@@ -351,7 +391,7 @@ impl ToolRegistry {
                 }
                 _ => vec![n.clone()],
             })
-            .filter_map(|n| state.merged.get(&n))
+            .filter_map(|n| state.agent_tools.get(&n).or_else(|| state.merged.get(&n)))
             .filter(|t| t.definition.required_plan <= plan)
             .map(|t| t.definition.spec())
             .collect()

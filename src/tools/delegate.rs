@@ -1,0 +1,146 @@
+//! Delegation tools: `ask_<agent>`, a turn of another agent as a tool call.
+//!
+//! agent files (`agents = [...]`) ──agents::resolve──▶ [`ask_tool`] per listed agent
+//!     ──ToolRegistry::set_agent_tools──▶ the registry's agent layer (not the catalog)
+//! executor ──AskAgent::call──▶ [`Delegate::ask`] (the conversation layer's Sessions,
+//!     plugged in at start through [`DelegateSlot`]) ──▶ a child conversation's turn
+//!
+//! The tool layer owns the seam and the tool's shape; what asking means
+//! (the child session, its link to the parent, the depth cap, approvals
+//! crossing the boundary) lives in `conversation::delegation`, above it.
+//!
+//! Decisions:
+//! - An `ask_` tool is offered only to the agents that list the asked one,
+//!   and is reachable only from their turns: it is not in the tool catalog
+//!   (`GET /v1/tools`, MCP `tools/list`), and direct calls, MCP
+//!   `tools/call` and workflow tool nodes cannot name it (the executor
+//!   looks it up only for a turn's offered calls).
+//! - Its parameters are `{"request": string}` (required, at most
+//!   [`MAX_REQUEST_BYTES`]); its description is the asked agent's.
+//! - Waiting for the child must not hold a tool-pool slot the child's own
+//!   calls need: the executor admits `Entry::Agent` calls without one
+//!   (as it does workflow nodes), while rate limits, plans and validation
+//!   apply as to any tool.
+//! - It is `idempotent` and never cached: asking again with the same key
+//!   (a resumed turn, a retried batch) rejoins the same child turn.
+//! - Its own timeout is long ([`ASK_TIMEOUT`]); the deadline that binds is
+//!   the asking turn's tool batch (`tool_batch_timeout_s`).
+
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::definition::{CacheSpec, Entry, SideEffects, ToolDefinition};
+use super::{ExecutionContext, ToolError, ToolHandler};
+
+/// The prefix of a delegation tool's name.
+pub const ASK_PREFIX: &str = "ask_";
+
+/// Longest `request` an `ask_` call may carry (the child's message).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
+/// An `ask_` tool's own timeout: an hour. The asking batch's deadline is
+/// shorter and ends the wait first (the child's turn goes on and keeps
+/// its answer).
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The name of the tool that asks `agent`.
+pub fn ask_name(agent: &str) -> String {
+    format!("{ASK_PREFIX}{agent}")
+}
+
+/// What an `ask_` call asks of the layer that runs conversations.
+#[async_trait::async_trait]
+pub trait Delegate: Send + Sync + 'static {
+    /// Runs `request` as a turn of `agent` in the child conversation of
+    /// the calling one (`ctx.conversation_id`), and answers with the
+    /// child's final answer; a child turn held for a person's approval is
+    /// [`ToolError::Held`].
+    async fn ask(
+        &self,
+        agent: &str,
+        request: String,
+        ctx: &ExecutionContext,
+    ) -> Result<Value, ToolError>;
+}
+
+/// Where the runtime plugs the [`Delegate`] in once the conversation layer
+/// exists (the registry is built before it). Held weakly: the registry
+/// must not keep the sessions alive.
+#[derive(Clone, Default)]
+pub struct DelegateSlot(Arc<OnceLock<Weak<dyn Delegate>>>);
+
+impl DelegateSlot {
+    /// Plugs `delegate` in; a second call is ignored.
+    pub fn set(&self, delegate: Weak<dyn Delegate>) {
+        let _ = self.0.set(delegate);
+    }
+
+    fn get(&self) -> Option<Arc<dyn Delegate>> {
+        self.0.get().and_then(Weak::upgrade)
+    }
+}
+
+/// The handler of `ask_<agent>`.
+struct AskAgent {
+    agent: String,
+    slot: DelegateSlot,
+}
+
+#[async_trait::async_trait]
+impl ToolHandler for AskAgent {
+    async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
+        let request = params["request"].as_str().unwrap_or_default().to_string();
+        if request.trim().is_empty() {
+            return Err(ToolError::invalid("`request` must say what to ask"));
+        }
+        let Some(delegate) = self.slot.get() else {
+            return Err(ToolError::Unavailable {
+                message: "agents cannot be asked: the runtime is stopping".into(),
+            });
+        };
+        delegate.ask(&self.agent, request, ctx).await
+    }
+}
+
+/// The tool that asks `agent` (described by `description`), bound to `slot`.
+pub fn ask_tool(
+    agent: &str,
+    description: &str,
+    slot: &DelegateSlot,
+) -> (ToolDefinition, Arc<dyn ToolHandler>) {
+    let description = if description.trim().is_empty() {
+        format!("Ask the {agent} agent; its answer comes back as the result.")
+    } else {
+        format!("Ask the {agent} agent: {}", description.trim())
+    };
+    let mut def = ToolDefinition::new(
+        &ask_name(agent),
+        &description,
+        json!({
+            "type": "object",
+            "properties": {
+                "request": {
+                    "type": "string",
+                    "description": "What to ask, in full: the agent sees only this and its own earlier exchanges with you.",
+                    "maxLength": MAX_REQUEST_BYTES,
+                }
+            },
+            "required": ["request"],
+            "additionalProperties": false,
+        }),
+    )
+    .with_category("delegation");
+    def.entry = Entry::Agent {
+        agent: agent.to_string(),
+    };
+    def.side_effects = SideEffects::Idempotent;
+    def.cache = Some(CacheSpec { ttl_seconds: 0 });
+    def.timeout = Some(ASK_TIMEOUT);
+    let handler = Arc::new(AskAgent {
+        agent: agent.to_string(),
+        slot: slot.clone(),
+    });
+    (def, handler)
+}

@@ -1,0 +1,415 @@
+//! Agents asking agents (#31): `agents = ["analyst"]` offers the model
+//! `ask_analyst`, whose call runs a turn of the analyst in a child
+//! conversation, against the real server with the wire mock.
+//!
+//! The mock answers by who is asking: each agent's system prompt names it,
+//! and a turn answers once it got a tool result back, so the parent and the
+//! child each follow their own script whatever the order of their calls.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use support::{AppOptions, MockModel, Reply, TestApp, spawn_app};
+
+/// An agent file: `name`, its prompt naming it, its tools and the agents it asks.
+fn agent(name: &str, tools: &[&str], asks: &[&str]) -> String {
+    let list = |xs: &[&str]| {
+        xs.iter()
+            .map(|x| format!("{x:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "name = {name:?}\ndescription = \"The {name} agent.\"\nsystem_prompt = \"You are {name}.\"\ntools = [{}]\nagents = [{}]\nmax_iterations = 4\n",
+        list(tools),
+        list(asks)
+    )
+}
+
+/// Which agent a request is for (its system prompt says `You are <name>.`).
+fn asker(request: &Value) -> String {
+    let system = request["messages"][0]["content"].as_str().unwrap_or("");
+    system
+        .split("You are ")
+        .nth(1)
+        .and_then(|s| s.split('.').next())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The messages of the request after its last user message.
+fn this_turn(request: &Value) -> Vec<Value> {
+    let messages = request["messages"].as_array().cloned().unwrap_or_default();
+    let last_user = messages
+        .iter()
+        .rposition(|m| m["role"] == "user")
+        .unwrap_or(0);
+    messages[last_user..].to_vec()
+}
+
+/// The tool names a request offers.
+fn offered(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|ts| {
+            ts.iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The content of the last tool result of this turn, if any.
+fn last_tool_result(request: &Value) -> Option<String> {
+    this_turn(request)
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .and_then(|m| m["content"].as_str().map(str::to_string))
+}
+
+/// The last user message of the request.
+fn question(request: &Value) -> String {
+    this_turn(request)[0]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+fn counting_tool(name: &str) -> (ToolDefinition, Arc<dyn ToolHandler>, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let handler = FnHandler(move |params: Value| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<Value, ToolError>(json!({"ran": params})) }
+    });
+    let def = ToolDefinition::new(
+        name,
+        "Counts its runs.",
+        json!({"type": "object", "properties": {"what": {"type": "string"}}}),
+    )
+    .with_cache_ttl(0);
+    (def, Arc::new(handler), runs)
+}
+
+fn app_with(
+    model: &MockModel,
+    files: &[(&str, String)],
+    tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
+    config: &str,
+) -> (TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(format!("{name}.toml")), text).unwrap();
+    }
+    let mut options = AppOptions::with_model(model)
+        .agents(dir.path())
+        .config_toml(&format!(
+            "[api_limit]\nper_second = 100000\nburst = 100000\n{config}"
+        ));
+    options.max_retries = 0;
+    for (def, handler) in tools {
+        options = options.tool(def, handler);
+    }
+    (spawn_app(options), dir)
+}
+
+/// lead asks analyst (whose tool is `lookup`) what the user asked; each
+/// answers with what its last tool gave it.
+fn lead_and_analyst(model: &MockModel) {
+    model.set_responder(|request, _| {
+        let who = asker(request);
+        match (who.as_str(), last_tool_result(request)) {
+            ("lead", None) => Reply::tool_call(
+                "ask1",
+                "ask_analyst",
+                &json!({"request": format!("please look into: {}", question(request))}).to_string(),
+            ),
+            ("lead", Some(result)) => Reply::text(&format!("lead relays: {result}")),
+            ("analyst", None) => Reply::tool_call(
+                "look1",
+                "lookup",
+                &json!({"what": question(request)}).to_string(),
+            ),
+            ("analyst", Some(_)) => {
+                Reply::text(&format!("analyst found it ({})", question(request)))
+            }
+            (other, _) => Reply::text(&format!("unexpected agent {other:?}")),
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_asks_another_which_answers_with_its_own_prompt_and_tools() {
+    let model = MockModel::start().await;
+    lead_and_analyst(&model);
+    let (lookup, handler, runs) = counting_tool("lookup");
+    let (app, _dir) = app_with(
+        &model,
+        &[
+            ("lead", agent("lead", &[], &["analyst"])),
+            ("analyst", agent("analyst", &["lookup"], &[])),
+        ],
+        vec![(lookup, handler)],
+        "",
+    );
+    let session = app.session("lead").await;
+    let (status, body) = app.say(&session, "the weather").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answer = body["answer"].as_str().unwrap();
+    assert!(
+        answer.contains("analyst found it (please look into: the weather)"),
+        "the child's answer is the tool result: {answer}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // The boundary: the lead is offered ask_analyst, never the analyst's
+    // tool; the analyst its tool, never ask_.
+    let requests = model.requests();
+    for r in &requests {
+        match asker(r).as_str() {
+            "lead" => assert_eq!(offered(r), vec!["ask_analyst"], "{r}"),
+            "analyst" => assert_eq!(offered(r), vec!["lookup"], "{r}"),
+            other => panic!("a request for {other:?}"),
+        }
+    }
+    let ask = requests
+        .iter()
+        .find(|r| asker(r) == "lead")
+        .and_then(|r| {
+            r["tools"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["function"]["name"] == "ask_analyst")
+                .cloned()
+        })
+        .expect("ask_analyst offered");
+    assert!(
+        ask["function"]["description"]
+            .as_str()
+            .unwrap()
+            .contains("The analyst agent."),
+        "described by the asked agent: {ask}"
+    );
+    assert_eq!(
+        ask["function"]["parameters"]["required"],
+        json!(["request"])
+    );
+
+    // The child session: the analyst's, linked to the parent's turn and call.
+    let (_, list) = app.get("/v1/sessions?agent=analyst").await;
+    let children = list["sessions"].as_array().expect("sessions").clone();
+    assert_eq!(children.len(), 1, "{list}");
+    let child = children[0]["id"].as_str().unwrap().to_string();
+    let (status, shown) = app.get(&format!("/v1/sessions/{child}")).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    let link = &shown["metadata"]["delegated_by"];
+    assert_eq!(link["session_id"], session.as_str(), "{shown}");
+    assert_eq!(link["turn_id"], body["turn_id"], "{shown}");
+    assert_eq!(link["tool_call_id"], "ask1", "{shown}");
+    assert_eq!(link["depth"], 1, "{shown}");
+
+    // /v1/calls records the ask like any tool call.
+    let (_, calls) = app
+        .get(&format!("/v1/calls?conversation_id={session}"))
+        .await;
+    let names: Vec<&str> = calls["calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .filter_map(|c| c["tool_name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["ask_analyst"], "{calls}");
+
+    // Asking again continues the same child: it remembers.
+    let (status, _) = app.say(&session, "the tides").await;
+    assert_eq!(status, StatusCode::OK);
+    let (_, list) = app.get("/v1/sessions?agent=analyst").await;
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 1, "{list}");
+    let (_, history) = app.get(&format!("/v1/sessions/{child}/messages")).await;
+    let said: Vec<&str> = history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .filter_map(|m| m["content"].as_str())
+        .collect();
+    assert_eq!(
+        said,
+        vec![
+            "please look into: the weather",
+            "please look into: the tides"
+        ]
+    );
+    // A client cannot make a session look like a child.
+    let (status, body) = app
+        .post(
+            "/v1/sessions",
+            &json!({"agent": "analyst", "metadata": {"delegated_by": {"session_id": session}}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_of_agents_ends_at_the_depth_cap_with_an_error_the_model_reads() {
+    let model = MockModel::start().await;
+    // ping asks pong, pong asks ping, ... each relays what it got back.
+    model.set_responder(|request, _| {
+        let who = asker(request);
+        let other = if who == "ping" { "pong" } else { "ping" };
+        match last_tool_result(request) {
+            None => Reply::tool_call(
+                "c",
+                &format!("ask_{other}"),
+                &json!({"request": "and you?"}).to_string(),
+            ),
+            Some(result) => Reply::text(&format!("{who} got: {result}")),
+        }
+    });
+    let (app, _dir) = app_with(
+        &model,
+        &[
+            ("ping", agent("ping", &[], &["pong"])),
+            ("pong", agent("pong", &[], &["ping"])),
+        ],
+        Vec::new(),
+        "[agents]\nmax_delegation_depth = 2\n",
+    );
+    let session = app.session("ping").await;
+    let (status, body) = tokio::time::timeout(Duration::from_secs(30), app.say(&session, "go"))
+        .await
+        .expect("a cycle never hangs");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answer = body["answer"].as_str().unwrap();
+    assert!(
+        answer.contains("max_delegation_depth is 2"),
+        "the deepest agent read why it could not ask: {answer}"
+    );
+    // Depth 0 (the session), 1 and 2: three model turns that asked, the
+    // third refused; each answered once.
+    let asked = model
+        .requests()
+        .iter()
+        .filter(|r| last_tool_result(r).is_none())
+        .count();
+    assert_eq!(asked, 3, "one turn per level");
+    let (_, list) = app.get("/v1/sessions").await;
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 3, "{list}");
+}
+
+/// The lead asks the trader, whose `order` needs a person's approval.
+fn lead_and_trader(model: &MockModel) {
+    model.set_responder(|request, _| {
+        let who = asker(request);
+        match (who.as_str(), last_tool_result(request)) {
+            ("lead", None) => Reply::tool_call(
+                "ask1",
+                "ask_trader",
+                &json!({"request": "buy one"}).to_string(),
+            ),
+            ("lead", Some(result)) => Reply::text(&format!("lead relays: {result}")),
+            ("trader", None) => {
+                Reply::tool_call("o1", "order", &json!({"what": "one share"}).to_string())
+            }
+            ("trader", Some(result)) => Reply::text(&format!("trader: {result}")),
+            (other, _) => Reply::text(&format!("unexpected agent {other:?}")),
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_childs_held_call_pauses_the_parent_and_approving_it_finishes_both() {
+    let model = MockModel::start().await;
+    lead_and_trader(&model);
+    let (order, handler, runs) = counting_tool("order");
+    let order = order.with_post_processor("require_confirmation");
+    let (app, _dir) = app_with(
+        &model,
+        &[
+            ("lead", agent("lead", &[], &["trader"])),
+            ("trader", agent("trader", &["order"], &[])),
+        ],
+        vec![(order, handler)],
+        "",
+    );
+    let session = app.session("lead").await;
+    let (status, paused) = keyed(&app, &session, "buy me one", "buy-1").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{paused}");
+    assert_eq!(paused["status"], "awaiting_approval", "{paused}");
+    let held = &paused["confirmations"][0];
+    assert_eq!(held["tool_name"], "ask_trader", "{paused}");
+    let confirmation = held["confirmation_id"].as_str().expect("an id").to_string();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "nothing runs before approval"
+    );
+    // The confirmation is the child's own.
+    let (status, pending) = app.get(&format!("/v1/confirmations/{confirmation}")).await;
+    assert_eq!(status, StatusCode::OK, "{pending}");
+    assert_eq!(pending["tool_name"], "order", "{pending}");
+
+    let (status, decided) = app
+        .post(
+            &format!("/v1/confirmations/{confirmation}"),
+            &json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    let turn = paused["turn_id"].as_str().unwrap();
+    let finished = wait_for_turn(&app, &session, turn).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the order ran once");
+    let answer = finished["outcome"]["answer"].as_str().unwrap_or_default();
+    assert!(
+        answer.starts_with("lead relays:") && answer.contains("trader:"),
+        "the parent finished with the child's answer: {finished}"
+    );
+    // The keyed retry gets that one answer, and asks nobody again.
+    let asked = model.request_count();
+    let (status, again) = keyed(&app, &session, "buy me one", "buy-1").await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["answer"], answer, "{again}");
+    assert_eq!(model.request_count(), asked);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A message sent with an `Idempotency-Key`.
+async fn keyed(app: &TestApp, session: &str, content: &str, key: &str) -> (StatusCode, Value) {
+    support::client::send(
+        app.client
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/messages"),
+            )
+            .header("Idempotency-Key", key)
+            .json(&json!({"content": content})),
+    )
+    .await
+}
+
+/// The stored record of `turn` once it is final.
+async fn wait_for_turn(app: &TestApp, session: &str, turn: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, record) = app
+            .get(&format!("/v1/sessions/{session}/turns/{turn}"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{record}");
+        if record["phase"] == "completed" {
+            return record;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn did not finish: {record}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
