@@ -4,7 +4,7 @@
 //! carry. Against the real server, with keys made through `/v1/keys`.
 //!
 //! key (plan) ─┐
-//! tenant config (plan, tool_quotas) ─┼─▶ entitled plan ─▶ executor (plan_required, tenant ceiling, per-user limit)
+//! tenant config (plan, tool_quotas) ─┼─▶ entitled plan ─▶ executor (TOOL_PLAN_REQUIRED, tenant ceiling, per-user limit)
 //! request (plan, user_id) ─┘
 
 mod support;
