@@ -3,6 +3,8 @@
 //! domain error (SessionError, TurnError, ModelError, StoreError, ...)
 //!     ──PublicError::code()──▶ [`ErrorCode`] ──▶ http::error::ApiError ──▶ `{"error": {"code", "message"}}`
 //!                                   └──▶ `/openapi.json` (the `ErrorCode` schema, every response's codes)
+//! tool failure (tools::ErrorType)
+//!     ──ErrorType::code()──▶ [`ErrorCode`] ──▶ a tool result's `error_type` (and a direct invoke's status)
 //!
 //! Every code cadre answers is a row of [`error_codes!`] below: its wire
 //! name, its HTTP status, whether cadre itself retries an operation that
