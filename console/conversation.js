@@ -19,8 +19,8 @@ const FINAL = new Set(["completed", "failed", "interrupted"]);
 function callState(r) {
   if (r.status) return r.status;
   if (r.is_success) return "succeeded";
-  if (r.error_type === "pending_confirmation") return "pending_approval";
-  if (r.error_type === "declined") return "declined";
+  if (r.error_type === "CONFIRMATION_REQUIRED") return "pending_approval";
+  if (r.error_type === "TOOL_DECLINED") return "declined";
   return "failed";
 }
 const CALL_CLASS = { succeeded: "succeeded", failed: "failed", pending_approval: "pending", declined: "declined" };

@@ -3,6 +3,8 @@
 //! domain error (SessionError, TurnError, ModelError, StoreError, ...)
 //!     ──PublicError::code()──▶ [`ErrorCode`] ──▶ http::error::ApiError ──▶ `{"error": {"code", "message"}}`
 //!                                   └──▶ `/openapi.json` (the `ErrorCode` schema, every response's codes)
+//! tool failure (tools::ErrorType)
+//!     ──ErrorType::code()──▶ [`ErrorCode`] ──▶ a tool result's `error_type` (and a direct invoke's status)
 //!
 //! Every code cadre answers is a row of [`error_codes!`] below: its wire
 //! name, its HTTP status, whether cadre itself retries an operation that
@@ -18,7 +20,32 @@
 //! Decision: `retryable` means "cadre retries by itself" (a workflow's
 //! agent node whose turn failed with it, with backoff). Storage refusals
 //! are not retried inside cadre: a turn the store refused was not
-//! acknowledged, and the client retries once `/readyz` says ready.
+//! acknowledged, and the client retries once `/readyz` says ready. For a
+//! tool outcome it is what the model reads as `retryable`: the same call
+//! may succeed if tried again later.
+//!
+//! Tool outcomes are rows of the same table (issue #30: one table, one
+//! vocabulary). The tools layer keeps its own enum, `tools::ErrorType`,
+//! but no table: each of its kinds names its [`ErrorCode`], whose row
+//! gives the `error_type` a tool result carries (in a direct invoke's
+//! answer, a call record, the tool message a model reads, a
+//! `tool_call_completed` event, an MCP result, a workflow node's error),
+//! the HTTP status a direct caller gets and the `retryable` flag. Kinds
+//! whose meaning an API code already has reuse its row (`RATE_LIMITED`,
+//! `VALIDATION_ERROR`, `TOOL_NOT_FOUND`, `LIMITS_UNAVAILABLE`); the others
+//! have rows of their own, prefixed `TOOL_` where a bare name would be
+//! ambiguous (`TOOL_TIMEOUT` beside `MODEL_TIMEOUT`). A tool's plan
+//! refusal is `TOOL_PLAN_REQUIRED`, not `PLAN_NOT_ENTITLED`: the latter
+//! says a request asked for more than its key allows (ask for less), the
+//! former that the tool needs more than the call has (upgrade), and a
+//! direct invoke can answer either.
+//!
+//! A call held for a person's confirmation is not an error and has no
+//! row (every row is a 4xx or 5xx, the `{"error": ...}` bodies carry only
+//! rows): its `error_type` is [`CONFIRMATION_REQUIRED`], with status 202
+//! and not retryable. Tool outcomes used to have lower-case names of
+//! their own (`rate_limited`, `pending_confirmation`); [`tool_outcome_name`]
+//! reads records written with them as the codes of today.
 
 use axum::http::StatusCode;
 
@@ -90,6 +117,12 @@ error_codes! {
         "a server without API keys answers only loopback `Host` names (`localhost`, `127.0.0.1`, `[::1]`) and WebSockets only from loopback pages (DNS rebinding)";
     SuggestionsDisabled = "SUGGESTIONS_DISABLED", FORBIDDEN, false,
         "reply suggestions are turned off for this tenant";
+    ToolPlanRequired = "TOOL_PLAN_REQUIRED", FORBIDDEN, false,
+        "(a tool outcome) the tool needs a higher plan than the call runs with; the error names the plan";
+    ToolNotOffered = "TOOL_NOT_OFFERED", FORBIDDEN, false,
+        "(a tool outcome) the model named a tool its turn did not offer (another agent's tool, or any tool for an agent with none): refused before admission";
+    ToolDeclined = "TOOL_DECLINED", FORBIDDEN, false,
+        "(a tool outcome) a person declined the call held for confirmation, or it expired undecided: it did not run";
     NotFound = "NOT_FOUND", NOT_FOUND, false,
         "no such route";
     SessionNotFound = "SESSION_NOT_FOUND", NOT_FOUND, false,
@@ -97,7 +130,7 @@ error_codes! {
     AgentNotFound = "AGENT_NOT_FOUND", NOT_FOUND, false,
         "no agent with that name";
     ToolNotFound = "TOOL_NOT_FOUND", NOT_FOUND, false,
-        "no tool with that name";
+        "no tool with that name (also a tool outcome: the model named a tool that does not exist)";
     TenantNotFound = "TENANT_NOT_FOUND", NOT_FOUND, false,
         "not a tenant id (letters, digits, '_' or '-', at most 64)";
     WorkflowNotFound = "WORKFLOW_NOT_FOUND", NOT_FOUND, false,
@@ -122,6 +155,8 @@ error_codes! {
         "the run starting this one (`x-cadre-parent-run`) is at `[workflows] max_depth`: runs starting runs stop there";
     ConfirmationAlreadyDecided = "CONFIRMATION_ALREADY_DECIDED", CONFLICT, false,
         "the confirmation was already approved or denied (by this request's race or an earlier one)";
+    ToolOutcomeUnknown = "TOOL_OUTCOME_UNKNOWN", CONFLICT, false,
+        "(a tool outcome) a turn resumed after a crash (or cut by a newer message) found the call's intent but no outcome: the tool (`side_effects: at_most_once`) may or may not have run, and is not run again";
     ConfirmationExpired = "CONFIRMATION_EXPIRED", GONE, false,
         "the confirmation expired before it was decided";
     UpgradeRequired = "UPGRADE_REQUIRED", UPGRADE_REQUIRED, false,
@@ -133,13 +168,13 @@ error_codes! {
     UnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE", UNSUPPORTED_MEDIA_TYPE, false,
         "the body is not `application/json`";
     ValidationError = "VALIDATION_ERROR", UNPROCESSABLE_ENTITY, false,
-        "a field or parameter is missing, unknown, of the wrong type or out of range";
+        "a field or parameter is missing, unknown, of the wrong type or out of range (also a tool outcome: the call's arguments do not match the tool's schema, `validation_errors` says where)";
     IdempotencyKeyInUse = "IDEMPOTENCY_KEY_IN_USE", CONFLICT, true,
         "cluster mode: a request with this `Idempotency-Key` is running on another node; retry after `Retry-After` (it then gets that request's answer)";
     IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED", UNPROCESSABLE_ENTITY, false,
         "the `Idempotency-Key` was used (within `[server] idempotency_keep_h`) for a request with another method, path, body or API key";
     RateLimited = "RATE_LIMITED", TOO_MANY_REQUESTS, true,
-        "over the API's per-caller request rate, or too many failed authentications from this address; see `Retry-After`";
+        "over the API's per-caller request rate, or too many failed authentications from this address; see `Retry-After` (also a tool outcome: over the tool's per-user or per-tenant rate window, `metadata.retry_after_ms`)";
     TooManyStreams = "TOO_MANY_STREAMS", TOO_MANY_REQUESTS, true,
         "the caller has as many event streams and WebSockets open as allowed";
     TooManyWsTokens = "TOO_MANY_WS_TOKENS", TOO_MANY_REQUESTS, true,
@@ -148,12 +183,16 @@ error_codes! {
         "(a WebSocket `error` frame, never a response) the socket fell more than 1 MiB behind a turn's events: the rest of them are not sent; the turn goes on and is stored (`GET /v1/sessions/{id}/turns/{turn_id}`)";
     ConversationQueueFull = "CONVERSATION_QUEUE_FULL", TOO_MANY_REQUESTS, true,
         "the session already has as many turns waiting as allowed (`[sessions] max_queued_turns`); send once one has run";
+    ToolQueueFull = "TOOL_QUEUE_FULL", TOO_MANY_REQUESTS, true,
+        "(a tool outcome) the tool's (or the tenant's share of its) concurrency queue is full; retry once calls finish";
     BudgetExceeded = "BUDGET_EXCEEDED", TOO_MANY_REQUESTS, false,
         "the tenant's monthly token budget is spent: no model call until it resets (`Retry-After`, `details.resets_at`)";
     InternalError = "INTERNAL_ERROR", INTERNAL_SERVER_ERROR, false,
         "an unexpected failure inside cadre";
     ModelUnavailable = "MODEL_UNAVAILABLE", BAD_GATEWAY, true,
         "the model endpoint could not be reached or kept answering 429/5xx";
+    ToolExecutionError = "TOOL_EXECUTION_ERROR", BAD_GATEWAY, false,
+        "(a tool outcome) the tool ran and failed, panicked or answered an output over its limits";
     ModelBadResponse = "MODEL_BAD_RESPONSE", BAD_GATEWAY, false,
         "the model endpoint answered something that is not a chat completion";
     ModelRejected = "MODEL_REJECTED", BAD_GATEWAY, false,
@@ -166,12 +205,16 @@ error_codes! {
         "another node of the cluster took the session over; retry the request (with its Idempotency-Key)";
     ConversationUnavailable = "CONVERSATION_UNAVAILABLE", SERVICE_UNAVAILABLE, true,
         "the conversation could not be reached; retry the request";
+    ToolUnavailable = "TOOL_UNAVAILABLE", SERVICE_UNAVAILABLE, true,
+        "(a tool outcome) the tool exists but what serves it is down (an MCP server being restarted); it may come back";
     LimitsUnavailable = "LIMITS_UNAVAILABLE", SERVICE_UNAVAILABLE, true,
-        "cluster mode: Redis, which holds the shared rate limits and concurrency permits, cannot be reached and `[cluster] redis_failure` is `closed`; retry shortly";
+        "cluster mode: Redis, which holds the shared rate limits and concurrency permits, cannot be reached and `[cluster] redis_failure` is `closed`; retry shortly (also a tool outcome: the call did not run)";
     ShuttingDown = "SHUTTING_DOWN", SERVICE_UNAVAILABLE, false,
         "the server is shutting down";
     ModelTimeout = "MODEL_TIMEOUT", GATEWAY_TIMEOUT, true,
         "the model endpoint did not answer in time";
+    ToolTimeout = "TOOL_TIMEOUT", GATEWAY_TIMEOUT, true,
+        "(a tool outcome) the call did not finish (or get a concurrency slot) within its timeout";
 }
 
 impl ErrorCode {
@@ -179,6 +222,39 @@ impl ErrorCode {
     pub fn parse(code: &str) -> Option<ErrorCode> {
         ErrorCode::ALL.iter().copied().find(|c| c.as_str() == code)
     }
+}
+
+/// The `error_type` of a tool call held for a person's confirmation
+/// (`metadata.confirmation_id` says what to approve or deny). Not an
+/// error, so not a row of the table: a direct caller gets it with 202.
+pub const CONFIRMATION_REQUIRED: &str = "CONFIRMATION_REQUIRED";
+
+/// The lower-case tool outcome names written before they became codes of
+/// this table, each with the name of today.
+const LEGACY_TOOL_OUTCOMES: [(&str, &str); 13] = [
+    ("tool_not_found", ErrorCode::ToolNotFound.as_str()),
+    ("plan_required", ErrorCode::ToolPlanRequired.as_str()),
+    ("rate_limited", ErrorCode::RateLimited.as_str()),
+    ("validation_error", ErrorCode::ValidationError.as_str()),
+    ("queue_full", ErrorCode::ToolQueueFull.as_str()),
+    ("timeout", ErrorCode::ToolTimeout.as_str()),
+    ("execution_error", ErrorCode::ToolExecutionError.as_str()),
+    ("pending_confirmation", CONFIRMATION_REQUIRED),
+    ("tool_unavailable", ErrorCode::ToolUnavailable.as_str()),
+    ("tool_not_offered", ErrorCode::ToolNotOffered.as_str()),
+    ("declined", ErrorCode::ToolDeclined.as_str()),
+    ("outcome_unknown", ErrorCode::ToolOutcomeUnknown.as_str()),
+    ("limits_unavailable", ErrorCode::LimitsUnavailable.as_str()),
+];
+
+/// A tool outcome's `error_type` as it reads today: an old lower-case
+/// name (a record, turn or run stored before the names became codes) is
+/// its code; any other name is itself.
+pub fn tool_outcome_name(name: &str) -> &str {
+    LEGACY_TOOL_OUTCOMES
+        .iter()
+        .find(|(old, _)| *old == name)
+        .map_or(name, |(_, new)| new)
 }
 
 impl std::fmt::Display for ErrorCode {
@@ -241,5 +317,26 @@ mod tests {
             serde_json::to_value(ErrorCode::SessionNotFound).unwrap(),
             "SESSION_NOT_FOUND"
         );
+    }
+
+    #[test]
+    fn old_tool_outcome_names_read_as_codes() {
+        assert_eq!(tool_outcome_name("rate_limited"), "RATE_LIMITED");
+        assert_eq!(tool_outcome_name("timeout"), "TOOL_TIMEOUT");
+        assert_eq!(
+            tool_outcome_name("pending_confirmation"),
+            CONFIRMATION_REQUIRED
+        );
+        // Today's names, and names that never were tool outcomes, stay.
+        assert_eq!(tool_outcome_name("TOOL_TIMEOUT"), "TOOL_TIMEOUT");
+        assert_eq!(tool_outcome_name("something_else"), "something_else");
+        for (old, new) in LEGACY_TOOL_OUTCOMES {
+            assert!(
+                ErrorCode::parse(new).is_some() || new == CONFIRMATION_REQUIRED,
+                "{old} maps to {new}, which is no code"
+            );
+        }
+        // The held call's name is no row: no error body carries it.
+        assert_eq!(ErrorCode::parse(CONFIRMATION_REQUIRED), None);
     }
 }

@@ -415,7 +415,7 @@ mod tests {
         m.model_latency.observe(Duration::from_millis(3));
         m.tool_call("calculator", "ok");
         m.tool_call("calculator", "ok");
-        m.tool_call("echo", "validation_error");
+        m.tool_call("echo", "VALIDATION_ERROR");
         let mut out = String::new();
         m.render(&mut out);
         render_process(&mut out);
@@ -428,7 +428,7 @@ mod tests {
         assert!(out.contains("cadre_model_call_duration_seconds_count 1"));
         assert!(out.contains("cadre_tool_calls_total{tool=\"calculator\",outcome=\"ok\"} 2"));
         assert!(
-            out.contains("cadre_tool_calls_total{tool=\"echo\",outcome=\"validation_error\"} 1")
+            out.contains("cadre_tool_calls_total{tool=\"echo\",outcome=\"VALIDATION_ERROR\"} 1")
         );
     }
 

@@ -1,7 +1,7 @@
 //! The agent's boundary (#21): a model, or a prompt injection it obeys, can
 //! only call the tools its agent was offered in that turn. A reply naming
 //! another agent's tool, or any tool for an agent with none, runs nothing:
-//! each such call is answered `tool_not_offered`, which the model sees as a
+//! each such call is answered `TOOL_NOT_OFFERED`, which the model sees as a
 //! tool error. The same holds on every way into a turn: the session API, a
 //! workflow's agent node and MCP's `agent_*` tools.
 //!
@@ -106,22 +106,22 @@ async fn a_reply_naming_a_tool_the_turn_did_not_offer_runs_nothing() {
     assert_eq!(calls[0]["is_success"], true, "{body}");
     for call in &calls[1..] {
         assert_eq!(call["is_success"], false, "{body}");
-        assert_eq!(call["error_type"], "tool_not_offered", "{body}");
+        assert_eq!(call["error_type"], "TOOL_NOT_OFFERED", "{body}");
     }
     let seen = tool_result(&model, "c2");
-    assert_eq!(seen["error_type"], "tool_not_offered", "{seen}");
+    assert_eq!(seen["error_type"], "TOOL_NOT_OFFERED", "{seen}");
     assert!(
         seen["error"].as_str().unwrap().contains("echo"),
         "the model is told what it may call: {seen}"
     );
     // Unknown names are refused the same way: nothing about the registry leaks.
-    assert_eq!(tool_result(&model, "c3")["error_type"], "tool_not_offered");
+    assert_eq!(tool_result(&model, "c3")["error_type"], "TOOL_NOT_OFFERED");
 
     // The refusals are recorded like any other call.
     let (status, records) = app.get(&format!("/v1/sessions/{session}/export")).await;
     assert_eq!(status, StatusCode::OK, "{records}");
     let text = records.to_string();
-    assert!(text.contains("tool_not_offered"), "{records}");
+    assert!(text.contains("TOOL_NOT_OFFERED"), "{records}");
     assert_eq!(model.overruns(), 0);
 }
 
@@ -136,7 +136,7 @@ async fn an_agent_with_no_tools_runs_none_on_any_way_into_a_turn() {
     let session = app.session("mute").await;
     let (status, body) = app.say(&session, "hello").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["tool_calls"][0]["error_type"], "tool_not_offered");
+    assert_eq!(body["tool_calls"][0]["error_type"], "TOOL_NOT_OFFERED");
     let seen = tool_result(&model, "s1");
     assert!(
         seen["error"].as_str().unwrap().contains("no tools"),
@@ -154,7 +154,7 @@ async fn an_agent_with_no_tools_runs_none_on_any_way_into_a_turn() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{run}");
     assert_eq!(run["status"], "succeeded", "{run}");
-    assert_eq!(tool_result(&model, "w1")["error_type"], "tool_not_offered");
+    assert_eq!(tool_result(&model, "w1")["error_type"], "TOOL_NOT_OFFERED");
 
     // 3. MCP's agent_* tool.
     model.push(Reply::tool_call("m1", "secret", "{}"));
@@ -171,7 +171,7 @@ async fn an_agent_with_no_tools_runs_none_on_any_way_into_a_turn() {
         .await
         .expect("the call is answered");
     assert_ne!(result.is_error, Some(true), "{result:?}");
-    assert_eq!(tool_result(&model, "m1")["error_type"], "tool_not_offered");
+    assert_eq!(tool_result(&model, "m1")["error_type"], "TOOL_NOT_OFFERED");
     client.cancel().await.unwrap();
 
     assert_eq!(runs.load(Ordering::SeqCst), 0, "secret never ran");
@@ -250,13 +250,13 @@ async fn invented_tool_names_make_no_series_and_no_stats_keys() {
     );
     assert!(
         metrics.contains(
-            "cadre_tool_calls_total{tool=\"_unregistered\",outcome=\"tool_not_offered\"} 3"
+            "cadre_tool_calls_total{tool=\"_unregistered\",outcome=\"TOOL_NOT_OFFERED\"} 3"
         ),
         "{metrics}"
     );
     // A registered tool the turn did not offer keeps its own label.
     assert!(
-        metrics.contains("cadre_tool_calls_total{tool=\"secret\",outcome=\"tool_not_offered\"} 1"),
+        metrics.contains("cadre_tool_calls_total{tool=\"secret\",outcome=\"TOOL_NOT_OFFERED\"} 1"),
         "{metrics}"
     );
 

@@ -21,7 +21,7 @@
 //!    release, 13 min: 100 trials, 12,000 turns acknowledged, 0 lost, 0
 //!    duplicated, 0 side effects twice, 2,890 turns retried, acknowledged
 //!    after p50 2.0 s, p99 3.6 s; 1,467 calls cut between intent and record
-//!    reported `outcome_unknown`, never run again) is
+//!    reported `TOOL_OUTCOME_UNKNOWN`, never run again) is
 //!    `CADRE_KILL_TRIALS=100 CADRE_KILL_SESSIONS=30 cargo test --release --test cluster acknowledged -- --nocapture`.
 //! 2. **Split brain** ([`a_paused_owner_is_fenced_when_it_wakes`],
 //!    [`two_nodes_driving_one_session_commit_one_history`]).
@@ -214,7 +214,7 @@ struct Figures {
     lost: usize,
     duplicated: usize,
     ledger_twice: usize,
-    /// Acknowledged turns whose call ended `outcome_unknown` (its node died
+    /// Acknowledged turns whose call ended `TOOL_OUTCOME_UNKNOWN` (its node died
     /// between the intent and the record): at most once, maybe not at all.
     unknown: usize,
     /// Time to acknowledgement of the turns that needed a retry.

@@ -16,7 +16,7 @@
 //!    has `rate_limit: { per_minute: N }` (GCRA: burst N, one cell back
 //!    every 60 s / N); every node gets more than N concurrent calls of one
 //!    user, and the cluster admits at most N plus what refilled while the
-//!    test ran; the others are `rate_limited` 429 with `Retry-After`.
+//!    test ran; the others are `RATE_LIMITED` 429 with `Retry-After`.
 //! 2. **A bucket**
 //!    ([`a_bucket_of_five_never_overlaps_more_than_five_across_nodes`]):
 //!    `slow` is of category `slow`, `bucket_limits = { slow = 5 }`; many
@@ -334,7 +334,7 @@ async fn a_per_user_limit_admits_at_most_n_across_three_nodes() {
         match status {
             StatusCode::OK => *admitted.entry(node).or_default() += 1,
             StatusCode::TOO_MANY_REQUESTS => {
-                assert_eq!(body["error_type"], "rate_limited", "{body}");
+                assert_eq!(body["error_type"], "RATE_LIMITED", "{body}");
                 let wait_ms = body["metadata"]["retry_after_ms"]
                     .as_u64()
                     .expect("retry_after_ms");

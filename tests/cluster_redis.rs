@@ -6,7 +6,7 @@
 //! - a per-user limit of N per minute admits exactly N across three nodes;
 //! - a bucket of 5 never runs more than 5 calls at once across three nodes;
 //! - a dead holder's permits come back after the lease, a live one's stay;
-//! - Redis lost: `closed` refuses with `limits_unavailable` / 503
+//! - Redis lost: `closed` refuses with `LIMITS_UNAVAILABLE` / 503
 //!   `LIMITS_UNAVAILABLE`, `local` falls back to the node's own caps, the
 //!   store keeps what was acknowledged; Redis back: limits work again;
 //! - an event of node A is seen on node B's `GET /v1/events`, once, and
@@ -107,7 +107,7 @@ async fn a_per_user_limit_of_n_per_minute_admits_exactly_n_across_three_nodes() 
             match status {
                 StatusCode::OK => admitted += 1,
                 StatusCode::TOO_MANY_REQUESTS => {
-                    assert_eq!(body["error_type"], "rate_limited", "{body}");
+                    assert_eq!(body["error_type"], "RATE_LIMITED", "{body}");
                     // One cell back every 60 s / 5, as the in-process limiter says.
                     let wait = body["metadata"]["retry_after_ms"].as_u64().unwrap();
                     assert!((10_000..=12_000).contains(&wait), "{body}");
@@ -242,7 +242,7 @@ async fn redis_lost_closed_refuses_local_falls_back_and_both_work_again_when_it_
     redis.stop();
     let (status, body) = invoke(&closed, "quick", "alice").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert_eq!(body["error_type"], "limits_unavailable", "{body}");
+    assert_eq!(body["error_type"], "LIMITS_UNAVAILABLE", "{body}");
     assert!(
         body["error"].as_str().unwrap().starts_with("rate limits"),
         "{body}"
@@ -255,7 +255,7 @@ async fn redis_lost_closed_refuses_local_falls_back_and_both_work_again_when_it_
         )
         .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert_eq!(body["error_type"], "limits_unavailable", "{body}");
+    assert_eq!(body["error_type"], "LIMITS_UNAVAILABLE", "{body}");
     assert!(
         body["error"]
             .as_str()
@@ -292,7 +292,7 @@ async fn redis_lost_closed_refuses_local_falls_back_and_both_work_again_when_it_
             back = Some(body);
             break;
         }
-        assert_eq!(body["error_type"], "limits_unavailable", "{body}");
+        assert_eq!(body["error_type"], "LIMITS_UNAVAILABLE", "{body}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(back.is_some(), "limits work again once Redis is back");

@@ -13,7 +13,7 @@
 //!   422. Their `params` / `input` is an object the document cannot
 //!   describe further: each tool and workflow has its own schema (loaded
 //!   from files, changed at runtime), and an object that fails it is the
-//!   tool's or workflow's `validation_error`. Every other check still runs
+//!   tool's or workflow's `VALIDATION_ERROR`. Every other check still runs
 //!   on them.
 //! - `session_websocket`: `not_a_server_error` and
 //!   `positive_data_acceptance` also take a 101. A WebSocket upgrade that

@@ -863,11 +863,11 @@ async fn check_session_inner(
     for m in history.iter().filter(|m| role(m) == "tool") {
         let call = m["tool_call_id"].as_str().unwrap_or_default();
         // A turn closed at a restart (a workflow node's) gives each open
-        // call an `outcome_unknown` result: the call may never have run,
+        // call a `TOOL_OUTCOME_UNKNOWN` result: the call may never have run,
         // so it has no record of its own.
         let stand_in = m["content"]
             .as_str()
-            .is_some_and(|c| c.contains("\"error_type\":\"outcome_unknown\""));
+            .is_some_and(|c| c.contains("\"error_type\":\"TOOL_OUTCOME_UNKNOWN\""));
         if !recorded.contains(call) && !stand_in {
             return Err(format!("tool result {call} has no call record"));
         }
@@ -884,7 +884,7 @@ async fn check_session_inner(
     // A call whose record says it finished is never run again by a resume.
     let mut finished: HashMap<(String, String), usize> = HashMap::new();
     for r in &records {
-        if r["error_type"] == "pending_confirmation" {
+        if r["error_type"] == "CONFIRMATION_REQUIRED" {
             continue;
         }
         if let (Some(turn), Some(call)) = (r["turn_id"].as_str(), r["tool_call_id"].as_str()) {

@@ -325,13 +325,13 @@ async fn an_approval_resumes_the_paused_turn_and_a_decline_resumes_it_declined()
     let done = turn_reaches(&client, &session, &turn_id, "completed").await;
     assert_eq!(done["outcome"]["answer"], "Understood, no order.", "{done}");
     assert_eq!(
-        done["outcome"]["tool_calls"][0]["error_type"], "declined",
+        done["outcome"]["tool_calls"][0]["error_type"], "TOOL_DECLINED",
         "{done}"
     );
     let requests = s.model.requests();
     let sent = tool_message(requests.last().unwrap(), "o2");
     assert!(
-        sent["content"].as_str().unwrap().contains("declined"),
+        sent["content"].as_str().unwrap().contains("TOOL_DECLINED"),
         "{sent}"
     );
 }
@@ -347,7 +347,7 @@ async fn an_expired_confirmation_resumes_the_turn_as_declined() {
     let done = turn_reaches(&client, &session, &turn_id, "completed").await;
     assert_eq!(done["outcome"]["answer"], "The order lapsed.", "{done}");
     assert_eq!(
-        done["outcome"]["tool_calls"][0]["error_type"], "declined",
+        done["outcome"]["tool_calls"][0]["error_type"], "TOOL_DECLINED",
         "{done}"
     );
     // It can no longer be approved.
@@ -556,7 +556,7 @@ async fn rollback_leaves_the_cut_turn_out_of_every_later_prompt_but_keeps_it_sto
 
 /// An approval that wins the race with an interrupting message: the call it
 /// approved runs, so the cut turn and the next prompt carry its real
-/// outcome, not `outcome_unknown` (the interrupt waits for it).
+/// outcome, not `TOOL_OUTCOME_UNKNOWN` (the interrupt waits for it).
 #[tokio::test]
 async fn an_approval_that_beats_an_interrupt_gives_the_model_the_real_outcome() {
     let s = batch_setup().await;
@@ -642,7 +642,7 @@ echo '{\"filled\": true}'
         .unwrap()
         .to_string();
     assert!(
-        content.contains("filled") && !content.contains("outcome_unknown"),
+        content.contains("filled") && !content.contains("TOOL_OUTCOME_UNKNOWN"),
         "the model got the order's real outcome: {content}"
     );
     assert_eq!(runs(s.agents.path()), ["started"], "it ran once");
@@ -809,7 +809,7 @@ async fn a_turn_cut_mid_batch_resumes_without_running_its_finished_call_again() 
         assert!(
             content.contains("done")
                 && content.contains(name)
-                && !content.contains("outcome_unknown"),
+                && !content.contains("TOOL_OUTCOME_UNKNOWN"),
             "{id}: its real outcome, not a stand-in: {content}"
         );
     }
@@ -848,7 +848,7 @@ async fn an_at_most_once_call_cut_while_running_gets_outcome_unknown_not_a_secon
     let log = runs(s.agents.path());
     assert_eq!(log.len(), 2, "nothing ran twice: {log:?}");
     let calls = done["outcome"]["tool_calls"].as_array().unwrap();
-    assert_eq!(calls[1]["error_type"], "outcome_unknown", "{done}");
+    assert_eq!(calls[1]["error_type"], "TOOL_OUTCOME_UNKNOWN", "{done}");
     assert_eq!(calls[0]["is_success"], true, "{done}");
 }
 

@@ -4,7 +4,7 @@
 //! carry. Against the real server, with keys made through `/v1/keys`.
 //!
 //! key (plan) ─┐
-//! tenant config (plan, tool_quotas) ─┼─▶ entitled plan ─▶ executor (plan_required, tenant ceiling, per-user limit)
+//! tenant config (plan, tool_quotas) ─┼─▶ entitled plan ─▶ executor (TOOL_PLAN_REQUIRED, tenant ceiling, per-user limit)
 //! request (plan, user_id) ─┘
 
 mod support;
@@ -85,10 +85,10 @@ async fn a_request_cannot_ask_for_more_than_its_key_and_tenant_allow() {
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert_eq!(body["error"]["code"], "PLAN_NOT_ENTITLED");
-    // Naming no plan is free: the pro tool is the executor's `plan_required`.
+    // Naming no plan is free: the pro tool is the executor's `TOOL_PLAN_REQUIRED`.
     let (status, body) = k.acme_free.post(SENTIMENT, &sentiment(None)).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(body["error_type"], "plan_required", "{body}");
+    assert_eq!(body["error_type"], "TOOL_PLAN_REQUIRED", "{body}");
 
     // The same tenant's key with every plan gets pro when it asks.
     let (status, body) = k.acme.post(SENTIMENT, &sentiment(Some("pro"))).await;
@@ -203,7 +203,7 @@ async fn a_tenant_quota_holds_whatever_user_ids_the_calls_carry() {
     }
     let (status, body) = k.acme.post(path, &news("rotating-3".into())).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(body["error_type"], "rate_limited", "{body}");
+    assert_eq!(body["error_type"], "RATE_LIMITED", "{body}");
     assert!(
         body["error"].as_str().unwrap().contains("tenant acme"),
         "{body}"

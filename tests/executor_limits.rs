@@ -273,7 +273,7 @@ async fn the_31st_get_ohlcv_call_in_a_minute_is_rate_limited_while_another_user_
 
     let (status, headers, body) = invoke_with_headers(&app, "get_ohlcv", ohlcv("alice")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(body["error_type"], "rate_limited");
+    assert_eq!(body["error_type"], "RATE_LIMITED");
     assert_eq!(body["is_success"], false);
     let retry_after_ms = body["metadata"]["retry_after_ms"].as_u64().unwrap();
     assert!(retry_after_ms > 0, "{body}");
@@ -421,7 +421,7 @@ async fn under_the_reject_strategy_a_call_finding_no_slot_is_refused_at_once() {
 
     let (status, body) = invoke(&app, "calculator", calc("1+1")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(body["error_type"], "queue_full");
+    assert_eq!(body["error_type"], "TOOL_QUEUE_FULL");
     let pool = limits(&app).await;
     assert_eq!(pool["queue_length"], 0, "reject has no queue: {pool}");
     assert_eq!(pool["total_rejected"], 1, "{pool}");
@@ -449,7 +449,7 @@ async fn a_queue_full_refusal_carries_retry_after_as_documented() {
     gate.open(1);
     assert_eq!(finished(holder).await.0, StatusCode::OK);
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(body["error_type"], "queue_full");
+    assert_eq!(body["error_type"], "TOOL_QUEUE_FULL");
     assert!(retry_after_secs(&headers) >= 1);
 }
 
@@ -468,7 +468,7 @@ async fn a_full_queue_refuses_the_next_waiter_with_queue_full() {
 
     let (status, body) = invoke(&app, "calculator", calc("3+3")).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(body["error_type"], "queue_full");
+    assert_eq!(body["error_type"], "TOOL_QUEUE_FULL");
     assert_eq!(limits(&app).await["total_rejected"], 1);
 
     gate.open(1);
@@ -491,7 +491,7 @@ async fn a_waiter_past_its_timeout_leaves_the_queue_with_timeout() {
 
     let (status, body) = invoke(&app, "calculator", calc("1+1")).await;
     assert_eq!(status, StatusCode::GATEWAY_TIMEOUT, "{body}");
-    assert_eq!(body["error_type"], "timeout");
+    assert_eq!(body["error_type"], "TOOL_TIMEOUT");
     let pool = limits(&app).await;
     assert_eq!(pool["total_timeout"], 1, "{pool}");
     assert_eq!(pool["queue_length"], 0, "{pool}");
@@ -793,7 +793,7 @@ async fn a_validation_failure_never_reaches_the_handler_and_is_not_retried() {
 
     let (status, body) = invoke(&app, "strict", json!({"params": {}})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    assert_eq!(body["error_type"], "validation_error");
+    assert_eq!(body["error_type"], "VALIDATION_ERROR");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
@@ -813,7 +813,7 @@ fn paper_order() -> Value {
 async fn pending_order(app: &TestApp) -> String {
     let (status, body) = invoke(app, "create_paper_order", paper_order()).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    assert_eq!(body["error_type"], "pending_confirmation");
+    assert_eq!(body["error_type"], "CONFIRMATION_REQUIRED");
     let id = body["metadata"]["confirmation_id"]
         .as_str()
         .expect("a confirmation id")
@@ -961,7 +961,7 @@ async fn a_tool_that_needs_confirmation_is_never_answered_from_the_cache() {
 
     let (status, body) = invoke(&app, "transfer", transfer).await;
     assert_eq!(status, StatusCode::ACCEPTED, "asks again: {body}");
-    assert_eq!(body["error_type"], "pending_confirmation");
+    assert_eq!(body["error_type"], "CONFIRMATION_REQUIRED");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
@@ -1036,7 +1036,7 @@ async fn a_panicking_tool_is_a_502_execution_error_and_does_not_restart_the_exec
 
     let (status, body) = invoke(&app, "boom", json!({})).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
-    assert_eq!(body["error_type"], "execution_error");
+    assert_eq!(body["error_type"], "TOOL_EXECUTION_ERROR");
     assert!(
         body["error"].as_str().unwrap().contains("the tool blew up"),
         "{body}"

@@ -3,10 +3,10 @@
 //! Tenant B floods the pool with long `sleep` calls, far past the slots and
 //! the queue; tenant A's `calculator` calls keep being admitted, because B
 //! holds at most its share of the slots (`max_per_tenant`, half the pool by
-//! default) and of the queue, and is refused with `queue_full` past it.
+//! default) and of the queue, and is refused with `TOOL_QUEUE_FULL` past it.
 //! The pool wait is bounded (`default_timeout_s = 5`) far below B's sleeps,
 //! so an A call that had to wait for one of B's slots would fail with
-//! `timeout`, not just be slow: "no longer than one slot's turn" is checked
+//! `TOOL_TIMEOUT`, not just be slow: "no longer than one slot's turn" is checked
 //! as an outcome, never as a timing. The flood is bounded in count (13 of
 //! B's calls) and in time (the server is killed at the end of the test,
 //! B's sleeps with it); everything is on loopback.
@@ -145,13 +145,13 @@ async fn a_tenant_flooding_the_pool_with_sleeps_leaves_the_other_tenant_its_shar
     // Past its share, B is refused at once, with the reason.
     let (status, body) = b.post("/v1/tools/sleep/invoke", &flood).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
-    assert_eq!(body["error_type"], "queue_full", "{body}");
+    assert_eq!(body["error_type"], "TOOL_QUEUE_FULL", "{body}");
     let error = body["error"].as_str().unwrap_or_default();
     assert!(error.contains("share of the wait queue"), "{body}");
 
     // A's calls keep being admitted, four at a time (twice A's share, so
     // half of them wait for a turn of A's own calculator calls, never for
-    // one of B's sleeps: that wait would end in `timeout` after 5 s).
+    // one of B's sleeps: that wait would end in `TOOL_TIMEOUT` after 5 s).
     let mut latencies = Vec::new();
     for round in 0..5 {
         let calls: Vec<_> = (0..4)

@@ -54,7 +54,7 @@ async fn panicking_tool_does_not_stop_the_next_turn() {
     assert_eq!(status, StatusCode::OK, "{body}");
     let call = &body["tool_calls"][0];
     assert_eq!(call["is_success"], false);
-    assert_eq!(call["error_type"], "execution_error");
+    assert_eq!(call["error_type"], "TOOL_EXECUTION_ERROR");
     assert!(
         call["error"].as_str().unwrap().contains("the tool blew up"),
         "{call}"
@@ -88,7 +88,7 @@ async fn a_tool_that_hangs_times_out_and_the_model_is_told() {
 
     let (status, body) = app.say(&session, "wait").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["tool_calls"][0]["error_type"], "timeout");
+    assert_eq!(body["tool_calls"][0]["error_type"], "TOOL_TIMEOUT");
     let requests = model.requests();
     let tool_msg = requests[1]["messages"]
         .as_array()
@@ -97,7 +97,12 @@ async fn a_tool_that_hangs_times_out_and_the_model_is_told() {
         .find(|m| m["role"] == "tool")
         .cloned()
         .unwrap();
-    assert!(tool_msg["content"].as_str().unwrap().contains("timeout"));
+    assert!(
+        tool_msg["content"]
+            .as_str()
+            .unwrap()
+            .contains("TOOL_TIMEOUT")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -364,7 +364,7 @@ async fn over_mcp_stdio_a_held_call_is_listed_and_confirmed_once() {
     };
     let (failed, held) = call("ticket", serde_json::json!({})).await;
     assert!(failed, "{held}");
-    assert_eq!(held["error_type"], "pending_confirmation", "{held}");
+    assert_eq!(held["error_type"], "CONFIRMATION_REQUIRED", "{held}");
 
     let (failed, listed) = call("confirmations_list", serde_json::json!({})).await;
     assert!(!failed, "{listed}");

@@ -516,7 +516,7 @@ async fn deeply_nested_tool_arguments_fail_the_call_and_every_read_still_answers
         .await;
     assert_eq!(status, StatusCode::OK, "{turn}");
     assert_eq!(
-        turn["tool_calls"][0]["error_type"], "validation_error",
+        turn["tool_calls"][0]["error_type"], "VALIDATION_ERROR",
         "{turn}"
     );
 

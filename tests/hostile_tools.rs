@@ -401,7 +401,7 @@ async fn an_http_entry_stops_reading_at_its_cap_and_does_not_wait_for_the_rest()
 
     let (status, body) = invoke(&server, "endless", json!({"title": "t"})).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
-    assert_eq!(body["error_type"], "execution_error", "{body}");
+    assert_eq!(body["error_type"], "TOOL_EXECUTION_ERROR", "{body}");
     let error = body["error"].as_str().unwrap();
     assert!(error.ends_with("answered more than 1024 bytes"), "{error}");
 }
@@ -676,7 +676,7 @@ async fn a_tool_answering_deeply_nested_json_fails_and_listings_keep_working() {
         .post("/v1/tools/deep/invoke", &json!({"params": {}}))
         .await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
-    assert_eq!(body["error_type"], "execution_error", "{body}");
+    assert_eq!(body["error_type"], "TOOL_EXECUTION_ERROR", "{body}");
     assert!(body["error"].as_str().unwrap().contains("nested"), "{body}");
     let (status, calls) = client.get("/v1/calls?tool=deep").await;
     assert_eq!(status, StatusCode::OK, "{calls}");
@@ -763,7 +763,7 @@ async fn a_command_tool_leaves_no_process_behind_and_cannot_stall_on_its_pipes()
     let (status, body) = client
         .post("/v1/tools/hangs/invoke", &json!({"params": {}}))
         .await;
-    assert_eq!(body["error_type"], "timeout", "{status} {body}");
+    assert_eq!(body["error_type"], "TOOL_TIMEOUT", "{status} {body}");
     let pid: i32 = std::fs::read_to_string(&hung)
         .unwrap()
         .trim()

@@ -208,7 +208,7 @@ async fn a_stdio_mcp_server_is_listed_called_refreshed_and_restarted() {
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-    assert_eq!(body["error_type"], "validation_error");
+    assert_eq!(body["error_type"], "VALIDATION_ERROR");
     assert_eq!(body["validation_errors"][0]["field"], "expression");
 
     // The server's tool list changes (a hot-reloaded tool file); it says so
@@ -238,7 +238,7 @@ async fn a_stdio_mcp_server_is_listed_called_refreshed_and_restarted() {
         )
         .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
-    assert_eq!(body["error_type"], "tool_unavailable");
+    assert_eq!(body["error_type"], "TOOL_UNAVAILABLE");
     assert!(
         body["error"]
             .as_str()
@@ -309,7 +309,7 @@ async fn another_cadres_mcp_endpoint_is_a_tool_source_over_http() {
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(body["error_type"], "plan_required");
+    assert_eq!(body["error_type"], "TOOL_PLAN_REQUIRED");
     let (status, body) = outer
         .post(
             "/v1/tools/peer.vault/invoke",
@@ -359,13 +359,16 @@ async fn an_mcp_client_uses_cadre_mcp_over_stdio() {
     let refused = call(&client, "calculator", json!({"expression": 7})).await;
     assert_eq!(refused.is_error, Some(true));
     assert!(
-        text_of(&refused).contains("validation_error"),
+        text_of(&refused).contains("VALIDATION_ERROR"),
         "{refused:?}"
     );
 
     let refused = call(&client, "vault", json!({"message": "x"})).await;
     assert_eq!(refused.is_error, Some(true));
-    assert!(text_of(&refused).contains("plan_required"), "{refused:?}");
+    assert!(
+        text_of(&refused).contains("TOOL_PLAN_REQUIRED"),
+        "{refused:?}"
+    );
 
     // An agent is a tool: one turn, and the session continues by id.
     model.push(Reply::text("Hello from helper."));
@@ -462,7 +465,10 @@ async fn mcp_over_http_uses_the_callers_key_tenant_and_plan() {
     assert_ne!(result.is_error, Some(true), "{result:?}");
     let refused = call(&acme, "vault", json!({"message": "secret"})).await;
     assert_eq!(refused.is_error, Some(true));
-    assert!(text_of(&refused).contains("plan_required"), "{refused:?}");
+    assert!(
+        text_of(&refused).contains("TOOL_PLAN_REQUIRED"),
+        "{refused:?}"
+    );
 
     let premium = http_client(&app, &keys[0], Some("premium")).await;
     assert!(tool_names(&premium).await.contains(&"vault".to_string()));

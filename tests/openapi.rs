@@ -1057,8 +1057,36 @@ async fn the_document_states_the_limits_the_server_checks() {
         invoke["503"]["description"]
             .as_str()
             .unwrap()
-            .contains("tool_unavailable")
+            .contains("TOOL_UNAVAILABLE")
     );
+    // A tool result's `error_type` is a code of the one table (or the held
+    // call's `CONFIRMATION_REQUIRED`), upper-case like every code.
+    let error_type = &schemas["ToolResult"]["properties"]["error_type"];
+    assert!(
+        error_type["oneOf"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"$ref": "#/components/schemas/ErrorType"})),
+        "{error_type}"
+    );
+    let kinds: Vec<&str> = schemas["ErrorType"]["enum"]
+        .as_array()
+        .expect("ErrorType lists its codes")
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    let codes = schemas["ErrorCode"]["enum"].as_array().unwrap();
+    assert_eq!(kinds.len(), cadre::tools::ErrorType::ALL.len());
+    for kind in cadre::tools::ErrorType::ALL {
+        assert!(kinds.contains(&kind.as_str()), "{kind} is not documented");
+        match kind.code() {
+            Some(code) => assert!(codes.contains(&json!(code.as_str())), "{kind}"),
+            None => assert_eq!(kind.as_str(), "CONFIRMATION_REQUIRED"),
+        }
+    }
+    for kind in ["RATE_LIMITED", "VALIDATION_ERROR", "TOOL_TIMEOUT"] {
+        assert!(kinds.contains(&kind), "{kind}");
+    }
     assert_eq!(
         doc["security"],
         json!([{"bearer": []}]),

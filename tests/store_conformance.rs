@@ -342,7 +342,7 @@ macro_rules! suite {
 
             // Tool counters: every recorded call but those of unknown tools.
             let mut unknown = call(7, "acme", "no_such_tool", Some("c1"), None);
-            unknown.error_type = Some("tool_not_found".into());
+            unknown.error_type = Some("TOOL_NOT_FOUND".into());
             store.write(vec![record(unknown)], false).await.unwrap();
             let calc = store.tool_stats("calc").await.unwrap();
             assert_eq!(

@@ -181,12 +181,12 @@ async fn malformed_arguments_and_unknown_tools_become_errors_the_model_sees() {
     assert_eq!(
         types,
         [
-            "validation_error",
-            "validation_error",
-            "validation_error",
+            "VALIDATION_ERROR",
+            "VALIDATION_ERROR",
+            "VALIDATION_ERROR",
             // A name the turn did not offer is refused before lookup (#21):
             // the model learns what it may call, not what the registry holds.
-            "tool_not_offered"
+            "TOOL_NOT_OFFERED"
         ]
     );
     assert_eq!(body["tool_usage_summary"]["failed_calls"], 4);
@@ -212,7 +212,7 @@ async fn malformed_arguments_and_unknown_tools_become_errors_the_model_sees() {
     );
     assert_eq!(results[2]["validation_errors"][0]["field"], "expression");
     assert_eq!(results[2]["validation_errors"][0]["code"], "required");
-    assert_eq!(results[3]["error_type"], "tool_not_offered");
+    assert_eq!(results[3]["error_type"], "TOOL_NOT_OFFERED");
 
     // Every call left a record, failures included.
     let (_, summary) = app.get(&format!("/v1/sessions/{session}/summary")).await;

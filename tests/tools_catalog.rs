@@ -467,7 +467,7 @@ async fn a_yaml_tool_dropped_into_a_running_server_is_added_changed_kept_on_a_ba
     assert!(!listed(&app, "").await.contains(&"greeter".to_string()));
     let (status, body) = call(&app, "greeter", json!({"message": "hi"})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
-    assert_eq!(body["error_type"], "tool_not_found");
+    assert_eq!(body["error_type"], "TOOL_NOT_FOUND");
     assert_eq!(body["is_success"], false);
     let (status, body) = app.get("/v1/tools/greeter").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -626,7 +626,7 @@ async fn an_invalid_call_gets_422_with_every_field_error_at_once() {
     let (status, body) = call(&app, "order_form", order_breaking_every_rule()).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["is_success"], false);
-    assert_eq!(body["error_type"], "validation_error");
+    assert_eq!(body["error_type"], "VALIDATION_ERROR");
     assert!(body["output"].is_null(), "the handler never ran: {body}");
     assert_eq!(field_codes(&body["validation_errors"]), every_rule_broken());
 
@@ -764,7 +764,7 @@ async fn strict_validation_refuses_an_unknown_parameter_that_the_default_mode_ac
     for tool in ["order_form", "order_form_schema"] {
         let (status, body) = call(&strict, tool, call_with_extra.clone()).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{tool}: {body}");
-        assert_eq!(body["error_type"], "validation_error");
+        assert_eq!(body["error_type"], "VALIDATION_ERROR");
         let errors = body["validation_errors"].as_array().unwrap();
         assert_eq!(errors.len(), 1, "{body}");
         assert_eq!(errors[0]["code"], "additionalProperties");
@@ -871,7 +871,7 @@ async fn calling_above_ones_plan_is_403_plan_required_naming_the_plan_to_upgrade
     )
     .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(body["error_type"], "plan_required");
+    assert_eq!(body["error_type"], "TOOL_PLAN_REQUIRED");
     let error = body["error"].as_str().unwrap();
     assert!(
         error.contains("requires the pro plan") && error.contains("Upgrade to pro"),
@@ -1025,7 +1025,7 @@ async fn an_unknown_symbol_is_a_clear_failure_not_an_empty_success() {
         let (status, body) = call(&app, tool, json!({"symbol": "XYZ"})).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{tool}: {body}");
         assert_eq!(body["is_success"], false, "{tool}");
-        assert_eq!(body["error_type"], "validation_error", "{tool}");
+        assert_eq!(body["error_type"], "VALIDATION_ERROR", "{tool}");
         assert!(body["output"].is_null(), "{tool}: {body}");
         let error = body["error"].as_str().unwrap();
         assert!(error.contains(says), "{tool}: {error}");

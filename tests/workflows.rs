@@ -579,7 +579,7 @@ async fn retries_and_timeouts_apply_per_node() {
     assert_eq!(nodes["flaky"]["attempts"], 2);
     assert_eq!(nodes["stuck"]["status"], "failed");
     let error = nodes["stuck"]["error"].as_str().expect("error");
-    assert!(error.starts_with("timeout:"), "{error}");
+    assert!(error.starts_with("TOOL_TIMEOUT:"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

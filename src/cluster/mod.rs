@@ -26,7 +26,7 @@
 //!   turns into the [`FailurePolicy`] in about a second, not a hung call.
 //! - **The failure policy** ([`FailurePolicy`]) decides what limits do when
 //!   Redis cannot be reached: `closed` (the default) refuses the calls that
-//!   need a limit or a permit with a retryable `limits_unavailable`; `local`
+//!   need a limit or a permit with a retryable `LIMITS_UNAVAILABLE`; `local`
 //!   falls back to this node's in-process limiter and pool, so the caps then
 //!   hold per node (N nodes admit up to N times the cap). Closed is the
 //!   default because the caps usually protect someone else's upstream and a

@@ -14,7 +14,7 @@
 //! [`SharedPool`] is the concurrency controller's [`PermitPool`] in
 //! cluster mode: it names the pools a call's category needs, asks
 //! [`Permits`], and applies the `[cluster] redis_failure` policy when Redis
-//! cannot be reached (`closed`: an error, refused as `limits_unavailable`;
+//! cannot be reached (`closed`: an error, refused as `LIMITS_UNAVAILABLE`;
 //! `local`: room with nothing held, so the call runs on this node's slot).
 //!
 //! Decisions:

@@ -33,7 +33,7 @@
 //! [`super::resume`]): `awaiting_model` asks the model again;
 //! `awaiting_tools` and `awaiting_approval` look up each call of the batch
 //! (a finished record is used, never run again; an at-most-once intent
-//! without a record is `outcome_unknown`; a call that never ran runs),
+//! without a record is `TOOL_OUTCOME_UNKNOWN`; a call that never ran runs),
 //! then the model answers. Past `[sessions] resume_window_s` the turn is
 //! closed as `interrupted` instead ([`INTERRUPTED_NOTE`]).
 //!
@@ -51,7 +51,7 @@
 //! ignores its batch's report (calls already running finish and are
 //! recorded, their outcomes unused: cadre does not kill a call midway
 //! through a side effect), declines its held confirmations, gives every
-//! call without an outcome an `outcome_unknown` tool message (so the
+//! call without an outcome an `TOOL_OUTCOME_UNKNOWN` tool message (so the
 //! history stays valid for the model), closes it as `interrupted` and
 //! replies `TURN_INTERRUPTED`; with `rollback` its messages are marked
 //! rolled back (kept, left out of every later prompt).
@@ -334,7 +334,7 @@ pub const DEFAULT_MODEL_TURN_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long a paused turn being interrupted waits for the outcome of a call
 /// a person approved just before (it runs under its own timeout and
-/// retries); past it the call is `outcome_unknown`, as before.
+/// retries); past it the call is `TOOL_OUTCOME_UNKNOWN`, as before.
 pub const INTERRUPT_WAIT: Duration = Duration::from_secs(60);
 
 /// A turn the conversation took on; its outcome follows.
@@ -1423,7 +1423,7 @@ impl Conversation {
     /// Cuts a turn paused for approvals. A person's decision can win the
     /// race with the interrupting message: the call it approved runs (or
     /// ran), and the model must get its real outcome, not
-    /// `outcome_unknown`. So every confirmation still pending is declined
+    /// `TOOL_OUTCOME_UNKNOWN`. So every confirmation still pending is declined
     /// first (exactly once: a decision already made stays), then the batch
     /// is resolved as after a decision: declined calls say so, an approved
     /// one's outcome is awaited (its [`CheckApprovals`] brings it) for at
@@ -1460,7 +1460,7 @@ impl Conversation {
             if act.turn_gen == turn_gen
                 && let Some(rollback) = act.interrupting
             {
-                tracing::warn!(session = %act.session.id, "an approved call had no outcome when its turn was interrupted; closed as outcome_unknown");
+                tracing::warn!(session = %act.session.id, "an approved call had no outcome when its turn was interrupted; closed as TOOL_OUTCOME_UNKNOWN");
                 let known = act.known_outcomes();
                 act.close_interrupted(rollback, known, ctx);
                 act.start_next(ctx);

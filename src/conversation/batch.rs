@@ -7,13 +7,13 @@
 //! Isolation: the batch runs in its own mailbox, so a conversation never
 //! awaits a tool itself. The report holds one outcome per call, in the order
 //! the model asked for them; calls still open at the deadline are reported
-//! as `timeout` (the executor still finishes and records them). A batch
+//! as `TOOL_TIMEOUT` (the executor still finishes and records them). A batch
 //! holds at most `[model] max_tool_calls` calls: the conversation machine
 //! keeps no more of a reply (a model stuck in a loop cannot flood the
 //! executor).
 //!
 //! Every call carries the names the turn offered the model: the executor
-//! refuses any other (`tool_not_offered`), so a reply naming another agent's
+//! refuses any other (`TOOL_NOT_OFFERED`), so a reply naming another agent's
 //! tool, or any tool for an agent with none, runs nothing.
 
 use std::sync::Arc;
@@ -33,7 +33,7 @@ pub struct ToolBatchReport {
     /// Which batch of the conversation this answers.
     pub batch_id: u64,
     pub outcomes: Vec<(ToolCall, ToolExecutionResult)>,
-    /// One line for logs: "2 calls: 1 succeeded, 1 failed (echo: validation_error)".
+    /// One line for logs: "2 calls: 1 succeeded, 1 failed (echo: VALIDATION_ERROR)".
     pub summary: String,
 }
 

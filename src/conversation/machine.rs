@@ -696,7 +696,7 @@ impl ConversationMachine {
             };
             let record = self.turn_record().expect("a turn");
             // The caller sees every call of the batch, the held ones as
-            // `pending_confirmation` with what to decide (they join the
+            // `CONFIRMATION_REQUIRED` with what to decide (they join the
             // turn's own list once the batch is complete).
             let mut shown = record.tool_calls.clone();
             let turn = self.turn.as_ref().expect("checked above");
@@ -782,7 +782,7 @@ impl ConversationMachine {
     /// [`Self::interrupt_turn`] for a paused turn whose calls' outcomes are
     /// (partly) known once its confirmations were settled: a call approved
     /// just before the interrupt ran, and its real outcome (not
-    /// `outcome_unknown`) goes into the history and the turn's calls.
+    /// `TOOL_OUTCOME_UNKNOWN`) goes into the history and the turn's calls.
     pub fn interrupt_turn_with(
         &mut self,
         rollback: bool,
@@ -814,8 +814,9 @@ impl ConversationMachine {
                 continue;
             }
             let content = format!(
-                "{{\"error\":\"the turn ended before this call had an outcome ({}); it may or may not have run\",\"error_type\":\"outcome_unknown\"}}",
-                phase.as_str()
+                "{{\"error\":\"the turn ended before this call had an outcome ({}); it may or may not have run\",\"error_type\":\"{}\"}}",
+                phase.as_str(),
+                ErrorType::OutcomeUnknown.as_str()
             );
             persist.push((seq, ChatMessage::tool_result(&call, content)));
         }

@@ -7,7 +7,7 @@
 //! `awaiting_approval`) and after a person decides a held call. For each
 //! call of the batch, in order:
 //! - an outcome already in memory, or a finished call record of this turn
-//!   and call id (the latest, a `pending_confirmation` record aside): done,
+//!   and call id (the latest, a `CONFIRMATION_REQUIRED` record aside): done,
 //!   never run again;
 //! - an `ask_` call paused on another agent's held call: waiting while
 //!   that confirmation is pending, else run (asking again rejoins the
@@ -15,10 +15,10 @@
 //! - a call held for confirmation: still pending → waiting (expired →
 //!   declined, and the confirmation is closed so it cannot be approved
 //!   later); denied → declined; approved → its record, or — when none
-//!   exists after a restart — `outcome_unknown` (in a live process the
+//!   exists after a restart — `TOOL_OUTCOME_UNKNOWN` (in a live process the
 //!   approving request is still running it: waiting);
 //! - otherwise, an intent committed before an `at_most_once` tool ran
-//!   ([`crate::executor::CALL_INTENTS`]) but no record: `outcome_unknown`,
+//!   ([`crate::executor::CALL_INTENTS`]) but no record: `TOOL_OUTCOME_UNKNOWN`,
 //!   never run twice;
 //! - otherwise the call never ran, or ran without leaving anything (a
 //!   tool declared safe to repeat): run.
@@ -186,10 +186,7 @@ pub fn from_record(r: &ToolCallRecord) -> ToolExecutionResult {
         tool_name: r.tool_name.clone(),
         output: r.output.clone(),
         error: r.error.clone(),
-        error_type: r
-            .error_type
-            .as_deref()
-            .and_then(|t| serde_json::from_value(serde_json::Value::String(t.into())).ok()),
+        error_type: r.error_type.as_deref().and_then(ErrorType::parse),
         validation_errors: Vec::new(),
         execution_time_ms: r.execution_time_ms,
         executed_at: r.created_at,

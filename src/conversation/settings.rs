@@ -33,7 +33,7 @@ pub struct TurnSettings {
     pub max_tool_calls: usize,
     /// A call held for a person's confirmation pauses the turn
     /// (`awaiting_approval`) instead of handing the model the
-    /// `pending_confirmation` error. Off for sessions a workflow's agent
+    /// `CONFIRMATION_REQUIRED` error. Off for sessions a workflow's agent
     /// node runs: no person waits on those.
     pub pause_for_approval: bool,
 }

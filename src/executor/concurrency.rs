@@ -21,7 +21,7 @@
 //! to the others. Each tenant has its own queue inside the pool, of at most
 //! its share of `queue_size` (`queue_size × max_per_tenant / max_concurrent`,
 //! at least 1); past it the call is refused with
-//! [`Refusal::TenantQueueFull`] (`queue_full`). Freed slots go round-robin
+//! [`Refusal::TenantQueueFull`] (`TOOL_QUEUE_FULL`). Freed slots go round-robin
 //! between the tenants with a waiter that can run: the tenant served goes to
 //! the back of the turns, a tenant skipped (at its cap, or its waiters'
 //! buckets full) keeps its place. Plain round-robin, not weighted by plan:
@@ -98,7 +98,7 @@
 //! different nodes are therefore not served in arrival order across the
 //! cluster, only within a node. When the pool cannot be asked, its own
 //! failure policy (`[cluster] redis_failure`) answers: `closed` is an error,
-//! refused here with [`Refusal::Unavailable`] (`limits_unavailable`,
+//! refused here with [`Refusal::Unavailable`] (`LIMITS_UNAVAILABLE`,
 //! retryable); `local` is room with nothing held, so the call runs on its
 //! local permit alone (caps then hold per node). The local metrics count
 //! this node's calls; the Redis leases are counted by Redis.
@@ -391,7 +391,7 @@ pub struct ConcurrencyMetrics {
     pub queue_length: usize,
     /// Permits handed out to counted calls.
     pub total_acquired: u64,
-    /// Calls refused with `queue_full`.
+    /// Calls refused with `TOOL_QUEUE_FULL`.
     pub total_rejected: u64,
     /// Waiters that gave up at their timeout.
     pub total_timeout: u64,

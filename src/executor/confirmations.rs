@@ -1,6 +1,6 @@
 //! Pending confirmations: the `require_confirmation` post-processor.
 //!
-//! executor ──(tool requires confirmation)──▶ PendingConfirmation (durable) ──▶ `pending_confirmation`
+//! executor ──(tool requires confirmation)──▶ PendingConfirmation (durable) ──▶ `CONFIRMATION_REQUIRED`
 //! POST /v1/confirmations/{id} {approve} ──▶ decide() ──▶ approve: the executor runs it; deny: discarded
 //!
 //! A tool that needs confirmation does not run when called: the call is
@@ -19,12 +19,12 @@
 //! what happened instead of a bare 404. A confirmation made in a session
 //! is linked to it and erased with it, pending or decided.
 //!
-//! Call records: the held call writes one record, `pending_confirmation`
+//! Call records: the held call writes one record, `CONFIRMATION_REQUIRED`
 //! (status `pending_approval`), under an id kept here
 //! ([`PendingConfirmation::record_id`]). The decision rewrites that same
 //! record rather than adding one: an approved call's run is recorded under
 //! it (so the call is one record, counted once, as what the run gave), a
-//! denied one becomes `declined`. Held and declined records count neither
+//! denied one becomes `TOOL_DECLINED`. Held and declined records count neither
 //! as succeeded nor as failed, nor in the per-tool counters (`/v1/stats`):
 //! they did not run ([`crate::store::CallStatus`]). A confirmation that
 //! expires without anyone deciding (nor a turn resuming over it) keeps its
@@ -84,7 +84,7 @@ pub struct PendingConfirmation {
     pub summary: String,
     pub created_at: Timestamp,
     pub expires_at: Timestamp,
-    /// The id of the call record the held call wrote (`pending_confirmation`);
+    /// The id of the call record the held call wrote (`CONFIRMATION_REQUIRED`);
     /// the decision rewrites it. `None` for confirmations stored before it
     /// existed: their approved run gets a record of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -259,7 +259,7 @@ impl Confirmations {
         }
     }
 
-    /// Rewrites a denied call's `pending_confirmation` record as `declined`
+    /// Rewrites a denied call's `CONFIRMATION_REQUIRED` record as `TOOL_DECLINED`
     /// (it did not run; counted neither as failed nor per tool). Every
     /// denial passes here: a person's, an interrupt's, an expiry found
     /// on resume. A record that cannot be written leaves the pending one

@@ -2,7 +2,7 @@
 //!
 //! ExecuteTool ──▶ lookup · plan ──▶ limits ──▶ validation · cache · handler
 //!                                     │ no cell left
-//!                                     └──▶ RateLimited (window, retry_after) → `rate_limited` outcome
+//!                                     └──▶ RateLimited (window, retry_after) → `RATE_LIMITED` outcome
 //!
 //! The limits come from the tool's definition ([`RateLimit`]); a user is
 //! whoever the execution context names. GCRA (governor) has one rate and one
@@ -175,7 +175,7 @@ pub enum LimitRefusal {
 }
 
 /// A store of shared limits (windows, permits) could not be asked: the
-/// caller refuses the call, retryably (`limits_unavailable`).
+/// caller refuses the call, retryably (`LIMITS_UNAVAILABLE`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{reason}")]
 pub struct LimitsUnavailable {

@@ -6,33 +6,33 @@
 //!
 //! The pipeline, in order (each refusal is a typed outcome, never a crash):
 //! 0. the agent's boundary: a call from a conversation turn names a tool the
-//!    turn offered the model, or it is refused (`tool_not_offered`) before
+//!    turn offered the model, or it is refused (`TOOL_NOT_OFFERED`) before
 //!    anything else, unknown names included (a model, or a prompt injection
 //!    it obeys, can only call what its agent was offered; an agent with no
 //!    tools runs none). Callers with the key's own rights (direct invoke,
 //!    workflow tool nodes, MCP `tools/call`) leave `offered` unset.
-//! 1. lookup (`tool_not_found`)
-//! 2. plan (`plan_required`, naming the plan needed)
-//! 3. rate limit per user and tool: minute, hour, day ([`limits`]; `rate_limited`
+//! 1. lookup (`TOOL_NOT_FOUND`)
+//! 2. plan (`TOOL_PLAN_REQUIRED`, naming the plan needed)
+//! 3. rate limit per user and tool: minute, hour, day ([`limits`]; `RATE_LIMITED`
 //!    with `retry_after_ms`)
-//! 4. validation against the tool's schema, defaults filled (`validation_error`)
+//! 4. validation against the tool's schema, defaults filled (`VALIDATION_ERROR`)
 //! 5. cache ([`cache`]; a hit has `metadata.cached = true`)
 //! 6. confirmation ([`confirmations`]): a `require_confirmation` tool does not
-//!    run; the call is stored and `pending_confirmation` returned
-//! 7. concurrency admission ([`concurrency`]; `queue_full`, `timeout`), fair
+//!    run; the call is stored and `CONFIRMATION_REQUIRED` returned
+//! 7. concurrency admission ([`concurrency`]; `TOOL_QUEUE_FULL`, `TOOL_TIMEOUT`), fair
 //!    between tenants (a share of the pool and queue each, round-robin);
 //!    workflow-node callers bypass it and are not counted
 //! 8. intent, then run: a call of an `at_most_once` tool ([`SideEffects`])
 //!    that has an idempotency key first commits a [`CallIntent`] under that
 //!    key, durably (approved confirmations included); if it cannot be
-//!    written the call fails (`execution_error`) and the tool does not run
+//!    written the call fails (`TOOL_EXECUTION_ERROR`) and the tool does not run
 //!    (a resumed turn that finds an intent and no record knows the call may
 //!    have acted: [`call_intent`]). Then the tool runs with timeout and
 //!    retries (exponential backoff with jitter, only for retryable
 //!    failures: timeouts, transient errors; the same idempotency key on
 //!    every attempt, and no second intent); a handler's
-//!    `InvalidInput` is reported as `validation_error` (the caller's input
-//!    is wrong), its other failures and panics as `execution_error`
+//!    `InvalidInput` is reported as `VALIDATION_ERROR` (the caller's input
+//!    is wrong), its other failures and panics as `TOOL_EXECUTION_ERROR`
 //! 9. cache store, one `ToolCallRecord`, and an execution event. An output
 //!    nested deeper than [`MAX_OUTPUT_DEPTH`] fails the call instead (it
 //!    could be stored but never read back), and so does an upstream's
@@ -47,12 +47,12 @@
 //! verdict, so a call with bad arguments spends its cells as any other, on
 //! one node and on many. The tool body runs in a spawned tokio task, so a
 //! slow tool never stalls admission and a panicking one fails only its own
-//! call (`execution_error`). The actor runs under an actix `Supervisor`: if
-//! admission itself panics, the caller gets an `execution_error` and the
+//! call (`TOOL_EXECUTION_ERROR`). The actor runs under an actix `Supervisor`: if
+//! admission itself panics, the caller gets an `TOOL_EXECUTION_ERROR` and the
 //! actor stops so the supervisor restarts it; limits, pool and cache live in
 //! shared handles and survive the restart. Callers reach it through
 //! [`ExecutorHandle`], which turns an unreachable executor into an
-//! `execution_error` outcome, never a hang.
+//! `TOOL_EXECUTION_ERROR` outcome, never a hang.
 //!
 //! Records: calls from conversations are written non-durably and made
 //! durable by the turn's single fsync before the turn is acknowledged; every
@@ -214,7 +214,7 @@ pub struct ExecuteTool {
     /// confirmation step were passed when it was first made.
     pub confirmed: bool,
     /// The tools the caller's turn offered the model (registry names);
-    /// `Some`: any other name is refused as `tool_not_offered`.
+    /// `Some`: any other name is refused as `TOOL_NOT_OFFERED`.
     pub offered: Option<Arc<[String]>>,
     /// The caller's span for this call (a turn's tool batch, a workflow
     /// node); the executor's `execute_tool` span is its child.
@@ -225,7 +225,7 @@ pub struct ExecuteTool {
     tenant_quota: Option<RateLimit>,
     /// The id its call record is written under, when it is not new: the
     /// held call's for an approved one (its outcome rewrites the
-    /// `pending_confirmation` record, so the call is one record, counted
+    /// `CONFIRMATION_REQUIRED` record, so the call is one record, counted
     /// once). `None`: a new time-ordered id when the record is written.
     record_id: Option<String>,
 }
@@ -526,7 +526,7 @@ impl Handler<ExecuteTool> for Executor {
                         (None, Ok(params)) => {
                             // An intent was committed for it: its outcome is
                             // made durable too, so a resume uses it instead of
-                            // answering `outcome_unknown`.
+                            // answering `TOOL_OUTCOME_UNKNOWN`.
                             let intended = tool.definition.side_effects == SideEffects::AtMostOnce
                                 && msg.ctx.idempotency_key.is_some();
                             let mut result = execute(&shared, &tool, &params, &msg).await;
@@ -590,7 +590,9 @@ impl Handler<ExecuteTool> for Executor {
                         },
                         (false, t) => EventKind::ExecutionFailed {
                             tool: msg.tool_name.clone(),
-                            error_type: t.map_or("execution_error", ErrorType::as_str).into(),
+                            error_type: t
+                                .map_or(ErrorType::ExecutionError.as_str(), ErrorType::as_str)
+                                .into(),
                             error: result.error.clone().unwrap_or_default(),
                         },
                     });
@@ -974,7 +976,7 @@ async fn record(
     // approved call: no turn commit follows it, and the turn waiting for
     // the approval resumes from this record.
     // An at-most-once call (its intent committed) too: after a crash its
-    // turn finds the outcome instead of `outcome_unknown`.
+    // turn finds the outcome instead of `TOOL_OUTCOME_UNKNOWN`.
     if msg.ctx.caller_type == CallerType::ConversationAgent && !msg.confirmed && !intended {
         store.write_behind(vec![op]);
     } else if let Err(e) = store.write(vec![op], true).await {
@@ -1079,7 +1081,7 @@ impl ExecutorHandle {
     }
 
     /// Runs one call. Never fails: an unreachable executor is an
-    /// `execution_error` outcome.
+    /// `TOOL_EXECUTION_ERROR` outcome.
     pub async fn execute(&self, mut call: ExecuteTool) -> ToolExecutionResult {
         let name = call.tool_name.clone();
         if !call.confirmed {

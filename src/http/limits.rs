@@ -68,7 +68,7 @@ struct Pool {
     /// Admin: permits handed out to counted calls.
     #[serde(skip_serializing_if = "Option::is_none")]
     total_acquired: Option<u64>,
-    /// Admin: calls refused with `queue_full`.
+    /// Admin: calls refused with `TOOL_QUEUE_FULL`.
     #[serde(skip_serializing_if = "Option::is_none")]
     total_rejected: Option<u64>,
     /// Admin: waiters that gave up at their timeout.

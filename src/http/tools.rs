@@ -9,10 +9,12 @@
 //!
 //! `POST /v1/tools/{name}/invoke` runs the call through the executor like
 //! any other caller (`caller_type = direct`). The body is always the full
-//! `ToolExecutionResult`; the status says how it went: 200 success, 202
-//! pending confirmation, 403 plan, 404 unknown tool, 422 validation, 429
-//! rate limited or queue full (with `Retry-After`), 502 the tool failed, 503
-//! its MCP server is down (`tool_unavailable`), 504 it timed out.
+//! `ToolExecutionResult`; the status is its `error_type`'s, from the one
+//! table of codes (`crate::error_code`): 200 success, 202 pending
+//! confirmation (`CONFIRMATION_REQUIRED`), 403 plan (`TOOL_PLAN_REQUIRED`),
+//! 404 unknown tool, 422 validation, 429 rate limited or queue full (with
+//! `Retry-After`), 502 the tool failed, 503 its MCP server is down
+//! (`TOOL_UNAVAILABLE`), 504 it timed out.
 //! A request that does not fit the document (a body that is not an
 //! object, `params` that is not one, an unknown plan) is refused before any
 //! call, with the 422 error body.
@@ -317,7 +319,7 @@ struct InvokeBody {
     priority: i32,
 }
 
-/// Invoke's 403: the `plan_required` tool outcome, or the API's own
+/// Invoke's 403: the `TOOL_PLAN_REQUIRED` tool outcome, or the API's own
 /// refusal of a plan the key and tenant do not allow.
 struct InvokeForbidden;
 
@@ -327,7 +329,7 @@ impl utoipa::IntoResponses for InvokeForbidden {
         utoipa::openapi::RefOr<utoipa::openapi::response::Response>,
     > {
         use utoipa::openapi::{Content, Ref, RefOr, Response};
-        let mut forbidden = Response::new("`plan_required` (tool outcome)");
+        let mut forbidden = Response::new("`TOOL_PLAN_REQUIRED` (tool outcome)");
         forbidden.content.insert(
             "application/json".into(),
             RefOr::T(Content::new(Some(Ref::from_schema_name(
@@ -353,16 +355,16 @@ impl utoipa::IntoResponses for InvokeForbidden {
     request_body = InvokeBody,
     responses(
         (status = 200, description = "The call succeeded", body = ToolExecutionResult),
-        (status = 202, description = "`pending_confirmation`: approve or deny `metadata.confirmation_id`", body = ToolExecutionResult),
-        (status = 404, description = "`tool_not_found` (tool outcome)", body = ToolExecutionResult),
+        (status = 202, description = "`CONFIRMATION_REQUIRED`: approve or deny `metadata.confirmation_id`", body = ToolExecutionResult),
+        (status = 404, description = "`TOOL_NOT_FOUND` (tool outcome)", body = ToolExecutionResult),
         InvokeForbidden,
-        (status = 422, description = "`validation_error` (tool outcome)", body = ToolResultOrError),
+        (status = 422, description = "`VALIDATION_ERROR` (tool outcome)", body = ToolResultOrError),
         (status = 413, description = "`STORAGE_QUOTA_EXCEEDED`: the tenant stores as much as its quota allows, and the call's record would add to it (`[tenants] max_storage_mb`); or `PAYLOAD_TOO_LARGE`: the body is over 1 MiB", body = ToolResultOrError),
-        (status = 429, description = "`rate_limited` / `queue_full` (tool outcome), or `RATE_LIMITED`: over the API's request rate or the tenant's share of the store (`[tenants] write_kib_per_s`); see `Retry-After`",
+        (status = 429, description = "`RATE_LIMITED` / `TOOL_QUEUE_FULL` (tool outcome), or `RATE_LIMITED` (error body): over the API's request rate or the tenant's share of the store (`[tenants] write_kib_per_s`); see `Retry-After`",
             body = ToolResultOrError, headers(("Retry-After" = u64, description = "Seconds to wait"))),
-        (status = 502, description = "`execution_error` (tool outcome)", body = ToolExecutionResult),
-        (status = 503, description = "`tool_unavailable` (tool outcome): the tool's MCP server is down; its tools come back when it does. `limits_unavailable` (tool outcome, cluster mode): Redis is unreachable and `[cluster] redis_failure` is `closed`; retry shortly", body = ToolExecutionResult),
-        (status = 504, description = "`timeout` (tool outcome)", body = ToolExecutionResult),
+        (status = 502, description = "`TOOL_EXECUTION_ERROR` (tool outcome)", body = ToolExecutionResult),
+        (status = 503, description = "`TOOL_UNAVAILABLE` (tool outcome): the tool's MCP server is down; its tools come back when it does. `LIMITS_UNAVAILABLE` (tool outcome, cluster mode): Redis is unreachable and `[cluster] redis_failure` is `closed`; retry shortly", body = ToolExecutionResult),
+        (status = 504, description = "`TOOL_TIMEOUT` (tool outcome)", body = ToolExecutionResult),
     )
 )]
 async fn invoke(
@@ -398,7 +400,7 @@ async fn invoke(
         .await;
     let status = match result.error_type {
         None => StatusCode::OK,
-        Some(t) => StatusCode::from_u16(t.http_status()).unwrap_or(StatusCode::BAD_GATEWAY),
+        Some(t) => t.http_status(),
     };
     // A full queue frees up as calls finish: ask for a retry in a second.
     let retry_after = result

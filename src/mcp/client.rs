@@ -13,15 +13,15 @@
 //! process exits, its connection drops) keeps its tools listed, marked
 //! unavailable, and is reconnected with exponential backoff (0.2 s doubling
 //! to 30 s, reset after a connection that lived a minute); meanwhile calls
-//! fail with `tool_unavailable`, which the model sees like any tool error.
+//! fail with `TOOL_UNAVAILABLE`, which the model sees like any tool error.
 //! A transport failure during a call also counts as the server dying (for
 //! the connection it ran on: connections are numbered, so a late report
 //! about an earlier one does not end the next).
 //!
 //! Decisions: cadre asks for protocol 2025-11-25, whose servers send
 //! `tools/list_changed` unscoped (2026-07-28 would need a listen stream).
-//! An `isError` result is an `execution_error` with the server's text; an
-//! `invalid params` JSON-RPC error is a `validation_error`. The output is
+//! An `isError` result is an `TOOL_EXECUTION_ERROR` with the server's text; an
+//! `invalid params` JSON-RPC error is a `VALIDATION_ERROR`. The output is
 //! made of the result's content as [`super::content`] says (structured,
 //! text, or the blocks themselves when any is not text). The tool's
 //! `outputSchema` is kept as the definition's `output`, which cadre's own

@@ -16,7 +16,7 @@
 //! the caller is the local operator: tenant `default`, the plan of
 //! `cadre mcp --plan` (default free). tools/list shows what that plan may
 //! call; a call above it still reaches the executor, which refuses it
-//! (`plan_required`), so no call bypasses the pipeline.
+//! (`TOOL_PLAN_REQUIRED`), so no call bypasses the pipeline.
 //!
 //! A failed call is a tool result with `isError: true` whose text is the
 //! same JSON the model sees (`error`, `error_type`, `validation_errors`,
@@ -34,7 +34,7 @@
 //! the same tenant) and answer `{session_id, answer}`, so a client
 //! continues a conversation by passing the id back.
 //!
-//! A call that needs a person's confirmation answers `pending_confirmation`
+//! A call that needs a person's confirmation answers `CONFIRMATION_REQUIRED`
 //! with its id; over stdio there is no other way in, so two more tools,
 //! offered only with `cadre mcp --confirmation-tools` (an MCP host whose
 //! model could approve its own held calls would defeat the confirmation:
@@ -80,7 +80,7 @@ use crate::identity::{Scope, UserId};
 use crate::tenants::config::entitled_plan;
 use crate::tenants::{DEFAULT_TENANT, Principal};
 use crate::tools::definition::Entry;
-use crate::tools::{CallerType, ExecutionContext, Plan, ToolRegistry};
+use crate::tools::{CallerType, ErrorType, ExecutionContext, Plan, ToolRegistry};
 
 use super::content;
 
@@ -304,7 +304,7 @@ impl CadreMcp {
             .filter(|m| !m.trim().is_empty())
         else {
             return failure(
-                json!({"error": "`message` (a non-empty string) is required", "error_type": "validation_error"}),
+                json!({"error": "`message` (a non-empty string) is required", "error_type": ErrorType::ValidationError.as_str()}),
             );
         };
         let sessions = &self.deps.sessions;
@@ -323,7 +323,7 @@ impl CadreMcp {
                     Ok(s) => s.id,
                     Err(e) => {
                         return failure(
-                            json!({"error": e.to_string(), "error_type": "execution_error"}),
+                            json!({"error": e.to_string(), "error_type": ErrorType::ExecutionError.as_str()}),
                         );
                     }
                 }
@@ -332,16 +332,16 @@ impl CadreMcp {
                 Ok(s) if s.agent == agent => s.id,
                 Ok(_) => {
                     return failure(
-                        json!({"error": format!("session {id} belongs to another agent"), "error_type": "validation_error"}),
+                        json!({"error": format!("session {id} belongs to another agent"), "error_type": ErrorType::ValidationError.as_str()}),
                     );
                 }
                 Err(e) => {
-                    return failure(json!({"error": e.to_string(), "error_type": "not_found"}));
+                    return failure(json!({"error": e.public_message(), "error_type": e.code()}));
                 }
             },
             Some(_) => {
                 return failure(
-                    json!({"error": "`session_id` must be a string", "error_type": "validation_error"}),
+                    json!({"error": "`session_id` must be a string", "error_type": ErrorType::ValidationError.as_str()}),
                 );
             }
         };
@@ -356,7 +356,7 @@ impl CadreMcp {
                 r
             }
             Err(e) => failure(
-                json!({"error": e.to_string(), "error_type": "execution_error", "session_id": id}),
+                json!({"error": e.to_string(), "error_type": ErrorType::ExecutionError.as_str(), "session_id": id}),
             ),
         }
     }
@@ -377,7 +377,7 @@ impl CadreMcp {
                     Some(n) => n as usize,
                     None => {
                         return failure(
-                            json!({"error": "`limit` must be an integer from 1 to 1000", "error_type": "validation_error"}),
+                            json!({"error": "`limit` must be an integer from 1 to 1000", "error_type": ErrorType::ValidationError.as_str()}),
                         );
                     }
                 },
@@ -387,7 +387,7 @@ impl CadreMcp {
                 Some(Value::String(c)) => Some(c.clone()),
                 Some(_) => {
                     return failure(
-                        json!({"error": "`cursor` must be a string", "error_type": "validation_error"}),
+                        json!({"error": "`cursor` must be a string", "error_type": ErrorType::ValidationError.as_str()}),
                     );
                 }
             };
@@ -402,7 +402,7 @@ impl CadreMcp {
                 args.get("approve").and_then(Value::as_bool),
             ) else {
                 return failure(
-                    json!({"error": "`confirmation_id` (a string) and `approve` (a boolean) are required", "error_type": "validation_error"}),
+                    json!({"error": "`confirmation_id` (a string) and `approve` (a boolean) are required", "error_type": ErrorType::ValidationError.as_str()}),
                 );
             };
             self.deps
@@ -491,8 +491,8 @@ impl ServerHandler for CadreMcp {
         let bytes = serde_json::to_vec(&args).map_or(0, |v| v.len());
         if let Err(e) = self.deps.sessions.admit_bytes(&caller.scope(), bytes).await {
             let error_type = match e.code() {
-                crate::error_code::ErrorCode::RateLimited => "rate_limited",
-                _ => "execution_error",
+                crate::error_code::ErrorCode::RateLimited => ErrorType::RateLimited,
+                _ => ErrorType::ExecutionError,
             };
             return Ok(failure(json!({
                 "error": e.public_message(),

@@ -69,6 +69,8 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{Map, Value, json};
 
+use crate::error_code::{CONFIRMATION_REQUIRED, tool_outcome_name};
+
 use super::{
     ChatMessage, ChatModel, ChatRequest, ChatResponse, FinishReason, ModelError, Purpose, Role,
     ToolCall, ToolChoice, ToolSpec, Usage,
@@ -231,7 +233,7 @@ fn compose_from_results(results: &[&ChatMessage], question: &str) -> String {
                 return format!("{name} returned: {content}");
             };
             if let Some(err) = v.get("error").and_then(Value::as_str) {
-                if v["error_type"] == "pending_confirmation" {
+                if v["error_type"].as_str().map(tool_outcome_name) == Some(CONFIRMATION_REQUIRED) {
                     let id = err
                         .rsplit_once("confirmation id ")
                         .map_or("{id}", |(_, id)| id.trim());

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Erased, turns, usage::UsageDelta};
+use crate::error_code::ErrorCode;
 use crate::identity::Plan;
 use crate::model::ChatMessage;
 
@@ -59,6 +60,10 @@ pub struct ToolCallRecord {
     pub output: Option<Value>,
     pub is_success: bool,
     pub error: Option<String>,
+    /// The tool outcome's code (`RATE_LIMITED`, `CONFIRMATION_REQUIRED`);
+    /// records stored with the old lower-case names (`rate_limited`) read
+    /// as the codes.
+    #[serde(default, deserialize_with = "read_error_type")]
     pub error_type: Option<String>,
     pub execution_time_ms: u64,
     pub attempts: u32,
@@ -94,9 +99,9 @@ pub struct ToolCallRecord {
 /// Where a call stands, from its record's `is_success` and `error_type`:
 /// what listings show as `status` and what every count derives from.
 ///
-/// A call held for a person's confirmation (`pending_confirmation`) is
+/// A call held for a person's confirmation (`CONFIRMATION_REQUIRED`) is
 /// `PendingApproval`, not failed; one the person declined (or that
-/// expired undecided: `declined`) is `Declined`. Neither counts as failed,
+/// expired undecided: `TOOL_DECLINED`) is `Declined`. Neither counts as failed,
 /// nor in the per-tool counters ([`ToolStats`], `/v1/stats`): they did not
 /// run. The decision rewrites the held call's record under its
 /// `record_id` (the executor writes the outcome under the id it held), so
@@ -111,9 +116,19 @@ pub enum CallStatus {
 }
 
 /// The `error_type` of a call held for confirmation.
-pub const PENDING_CONFIRMATION: &str = "pending_confirmation";
+pub const PENDING_CONFIRMATION: &str = crate::error_code::CONFIRMATION_REQUIRED;
 /// The `error_type` of a held call a person declined (or that expired).
-pub const DECLINED: &str = "declined";
+pub const DECLINED: &str = ErrorCode::ToolDeclined.as_str();
+
+const TOOL_NOT_FOUND: &str = ErrorCode::ToolNotFound.as_str();
+const TOOL_NOT_OFFERED: &str = ErrorCode::ToolNotOffered.as_str();
+
+/// A record's `error_type` as it reads today (an old lower-case name is
+/// its code).
+fn read_error_type<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let name = Option::<String>::deserialize(d)?;
+    Ok(name.map(|n| crate::error_code::tool_outcome_name(&n).to_string()))
+}
 
 impl CallStatus {
     pub fn of(is_success: bool, error_type: Option<&str>) -> Self {
@@ -149,14 +164,14 @@ impl ToolCallRecord {
     /// Whether the per-tool counters (`/v1/stats`) count this call: a call
     /// that ran or that the gate refused after finding its tool. Not held
     /// or declined calls (they did not run), nor calls refused by name
-    /// (`tool_not_found`, `tool_not_offered`): their names are anyone's
+    /// (`TOOL_NOT_FOUND`, `TOOL_NOT_OFFERED`): their names are anyone's
     /// text (a model can invent a new one per call), and the counters are
     /// keyed by name.
     pub fn counted_per_tool(&self) -> bool {
         self.status().is_counted()
             && !matches!(
                 self.error_type.as_deref(),
-                Some("tool_not_found" | "tool_not_offered")
+                Some(TOOL_NOT_FOUND | TOOL_NOT_OFFERED)
             )
     }
 
@@ -383,4 +398,56 @@ pub struct IdempotencyRecord {
 
 fn epoch() -> Timestamp {
     Timestamp::UNIX_EPOCH
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call record as stores held it before tool outcomes became codes
+    /// of the one table.
+    fn old_record(error_type: &str) -> Value {
+        serde_json::json!({
+            "record_id": "r0001", "tool_name": "calculator", "tool_call_id": "c1",
+            "params": {"expression": "6*"}, "output": null, "is_success": false,
+            "error": "refused", "error_type": error_type, "execution_time_ms": 3,
+            "attempts": 1, "caller_id": "s1", "caller_type": "conversation_agent",
+            "conversation_id": "s1", "workflow_id": null, "user_id": null,
+            "tenant": "acme", "created_at": "2026-01-01T00:00:00Z",
+        })
+    }
+
+    #[test]
+    fn records_stored_with_the_old_lower_case_names_read_back_as_codes() {
+        let read =
+            |name: &str| -> ToolCallRecord { serde_json::from_value(old_record(name)).unwrap() };
+        let r = read("validation_error");
+        assert_eq!(r.error_type.as_deref(), Some("VALIDATION_ERROR"));
+        assert_eq!(r.status(), CallStatus::Failed);
+        // Written again, it is the code.
+        assert_eq!(
+            serde_json::to_value(&r).unwrap()["error_type"],
+            "VALIDATION_ERROR"
+        );
+        let held = read("pending_confirmation");
+        assert_eq!(held.error_type.as_deref(), Some("CONFIRMATION_REQUIRED"));
+        assert_eq!(held.status(), CallStatus::PendingApproval);
+        let declined = read("declined");
+        assert_eq!(declined.error_type.as_deref(), Some("TOOL_DECLINED"));
+        assert_eq!(declined.status(), CallStatus::Declined);
+        assert_eq!(read("timeout").error_type.as_deref(), Some("TOOL_TIMEOUT"));
+        // Refused by name: still left out of the per-tool counters.
+        assert!(!read("tool_not_found").counted_per_tool());
+        assert!(!read("tool_not_offered").counted_per_tool());
+        assert!(read("rate_limited").counted_per_tool());
+        // Today's names read as themselves, a record without one as none.
+        assert_eq!(
+            read("TOOL_QUEUE_FULL").error_type.as_deref(),
+            Some("TOOL_QUEUE_FULL")
+        );
+        let mut none = old_record("x");
+        none["error_type"] = Value::Null;
+        let none: ToolCallRecord = serde_json::from_value(none).unwrap();
+        assert_eq!(none.error_type, None);
+    }
 }

@@ -43,7 +43,7 @@ pub enum ToolError {
     #[error("{message}")]
     Transient { message: String },
     /// What serves the tool is down (an MCP server that died and is being
-    /// restarted): `tool_unavailable`, not retried within the call.
+    /// restarted): `TOOL_UNAVAILABLE`, not retried within the call.
     #[error("{message}")]
     Unavailable { message: String },
     /// The call waits for a person's decision elsewhere (a delegated

@@ -1,15 +1,25 @@
 //! What goes into a tool call (the execution context) and what comes out (the
 //! result), for every caller alike: conversation, workflow node, direct HTTP.
 //!
-//! [`ErrorType`] is the one table of tool failures: its code, whether a retry
-//! may help, and the HTTP status a direct caller sees. The model sees
-//! [`ToolExecutionResult::model_content`], built from the same fields.
+//! [`ErrorType`] says why a call failed. It has no table of its own: each
+//! kind is a row of the one table of public codes
+//! ([`crate::error_code`]), whose row gives its wire name (`error_type`,
+//! upper-case: `RATE_LIMITED`), whether a retry may help and the HTTP status
+//! a direct caller sees. A call held for a person's confirmation is the
+//! one kind that is not an error and has no row:
+//! `CONFIRMATION_REQUIRED`, 202. Results and records stored with the old
+//! lower-case names (`rate_limited`) read back as the same kinds. The
+//! model sees [`ToolExecutionResult::model_content`], built from the same
+//! fields.
 
 use std::time::Duration;
 
+use axum::http::StatusCode;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+use crate::error_code::{CONFIRMATION_REQUIRED, ErrorCode, tool_outcome_name};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -98,9 +108,13 @@ impl ExecutionContext {
     }
 }
 
-/// Why a call did not succeed; the stable codes of architecture §4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
+/// Why a call did not succeed. Each kind is a row of the one table of
+/// public codes ([`ErrorType::code`]), but one: a call held for a person's
+/// confirmation, which is not an error ([`CONFIRMATION_REQUIRED`]).
+///
+/// On the wire it is the code (`RATE_LIMITED`); the lower-case names of
+/// records stored before (`rate_limited`) read as the same kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorType {
     ToolNotFound,
     PlanRequired,
@@ -129,89 +143,118 @@ pub enum ErrorType {
     LimitsUnavailable,
 }
 
-/// One row of the tool-failure table.
-struct ErrorTypeRow {
-    kind: ErrorType,
-    code: &'static str,
-    /// Whether the same call may succeed if tried again later.
-    retryable: bool,
-    /// The HTTP status a direct caller (`POST /v1/tools/{name}/invoke`) gets.
-    http_status: u16,
-}
-
-/// Every tool failure kind, one row each, in the enum's order.
-const ERROR_TYPES: [ErrorTypeRow; 13] = {
-    const fn row(
-        kind: ErrorType,
-        code: &'static str,
-        retryable: bool,
-        http_status: u16,
-    ) -> ErrorTypeRow {
-        ErrorTypeRow {
-            kind,
-            code,
-            retryable,
-            http_status,
-        }
-    }
-    [
-        row(ErrorType::ToolNotFound, "tool_not_found", false, 404),
-        row(ErrorType::PlanRequired, "plan_required", false, 403),
-        row(ErrorType::RateLimited, "rate_limited", true, 429),
-        row(ErrorType::ValidationError, "validation_error", false, 422),
-        row(ErrorType::QueueFull, "queue_full", true, 429),
-        row(ErrorType::Timeout, "timeout", true, 504),
-        row(ErrorType::ExecutionError, "execution_error", false, 502),
-        row(
-            ErrorType::PendingConfirmation,
-            "pending_confirmation",
-            false,
-            202,
-        ),
-        row(ErrorType::ToolUnavailable, "tool_unavailable", true, 503),
-        row(ErrorType::ToolNotOffered, "tool_not_offered", false, 403),
-        row(ErrorType::Declined, "declined", false, 403),
-        row(ErrorType::OutcomeUnknown, "outcome_unknown", false, 409),
-        row(
-            ErrorType::LimitsUnavailable,
-            "limits_unavailable",
-            true,
-            503,
-        ),
-    ]
-};
-
 impl ErrorType {
-    /// Every kind, in table order.
-    pub const ALL: [ErrorType; 13] = {
-        let mut all = [ErrorType::ToolNotFound; 13];
-        let mut i = 0;
-        while i < 13 {
-            all[i] = ERROR_TYPES[i].kind;
-            i += 1;
+    /// Every kind.
+    pub const ALL: [ErrorType; 13] = [
+        ErrorType::ToolNotFound,
+        ErrorType::PlanRequired,
+        ErrorType::RateLimited,
+        ErrorType::ValidationError,
+        ErrorType::QueueFull,
+        ErrorType::Timeout,
+        ErrorType::ExecutionError,
+        ErrorType::PendingConfirmation,
+        ErrorType::ToolUnavailable,
+        ErrorType::ToolNotOffered,
+        ErrorType::Declined,
+        ErrorType::OutcomeUnknown,
+        ErrorType::LimitsUnavailable,
+    ];
+
+    /// The row of the public table the kind is; `None` for
+    /// [`ErrorType::PendingConfirmation`], which is not an error.
+    pub const fn code(self) -> Option<ErrorCode> {
+        Some(match self {
+            ErrorType::ToolNotFound => ErrorCode::ToolNotFound,
+            ErrorType::PlanRequired => ErrorCode::ToolPlanRequired,
+            ErrorType::RateLimited => ErrorCode::RateLimited,
+            ErrorType::ValidationError => ErrorCode::ValidationError,
+            ErrorType::QueueFull => ErrorCode::ToolQueueFull,
+            ErrorType::Timeout => ErrorCode::ToolTimeout,
+            ErrorType::ExecutionError => ErrorCode::ToolExecutionError,
+            ErrorType::PendingConfirmation => return None,
+            ErrorType::ToolUnavailable => ErrorCode::ToolUnavailable,
+            ErrorType::ToolNotOffered => ErrorCode::ToolNotOffered,
+            ErrorType::Declined => ErrorCode::ToolDeclined,
+            ErrorType::OutcomeUnknown => ErrorCode::ToolOutcomeUnknown,
+            ErrorType::LimitsUnavailable => ErrorCode::LimitsUnavailable,
+        })
+    }
+
+    /// The wire name (`RATE_LIMITED`): its code's.
+    pub const fn as_str(self) -> &'static str {
+        match self.code() {
+            Some(code) => code.as_str(),
+            None => CONFIRMATION_REQUIRED,
         }
-        all
-    };
-
-    fn row(self) -> &'static ErrorTypeRow {
-        &ERROR_TYPES[self as usize]
     }
 
-    /// The wire code (`rate_limited`), as serde writes it.
-    pub fn as_str(self) -> &'static str {
-        self.row().code
+    /// The kind of a wire name: a code, or a lower-case name of before.
+    pub fn parse(name: &str) -> Option<ErrorType> {
+        let name = tool_outcome_name(name);
+        ErrorType::ALL.into_iter().find(|k| k.as_str() == name)
     }
 
-    /// Whether the same call may succeed if tried again later.
+    /// Whether the same call may succeed if tried again later: its code's
+    /// `retryable`.
     pub fn is_retryable(self) -> bool {
-        self.row().retryable
+        self.code().is_some_and(ErrorCode::is_retryable)
     }
 
-    /// The HTTP status a direct caller gets.
-    pub fn http_status(self) -> u16 {
-        self.row().http_status
+    /// The HTTP status a direct caller gets: its code's (202 for a held
+    /// call).
+    pub fn http_status(self) -> StatusCode {
+        self.code().map_or(StatusCode::ACCEPTED, ErrorCode::status)
     }
 }
+
+impl std::fmt::Display for ErrorType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ErrorType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ErrorType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        ErrorType::parse(&name).ok_or_else(|| {
+            serde::de::Error::custom(format_args!("unknown tool error type `{name}`"))
+        })
+    }
+}
+
+impl utoipa::PartialSchema for ErrorType {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        let mut description = String::from(
+            "Why a tool call did not succeed: a code of the `ErrorCode` table, or \
+             `CONFIRMATION_REQUIRED` (held for a person's decision, not an error). \
+             Each, with the HTTP status a direct call gets and whether retrying may help:\n\n\
+             | error_type | status | retryable |\n|---|---|---|\n",
+        );
+        for kind in ErrorType::ALL {
+            description.push_str(&format!(
+                "| `{}` | {} | {} |\n",
+                kind.as_str(),
+                kind.http_status().as_u16(),
+                kind.is_retryable()
+            ));
+        }
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(ErrorType::ALL.iter().map(|k| k.as_str())))
+            .description(Some(description))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ErrorType {}
 
 /// One field's validation failure.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -232,17 +275,17 @@ pub struct ResultMetadata {
     pub source_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub as_of: Option<String>,
-    /// For `rate_limited`: when a retry may pass.
+    /// For `RATE_LIMITED`: when a retry may pass.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
-    /// For `pending_confirmation`: what to approve or deny.
+    /// For `CONFIRMATION_REQUIRED`: what to approve or deny.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confirmation_id: Option<String>,
     /// When the tool began to run (its concurrency slot held): the call
     /// record's `started_at`. Not part of the answer.
     #[serde(skip)]
     pub started_at: Option<jiff::Timestamp>,
-    /// For `pending_confirmation`: the id the held call's record is
+    /// For `CONFIRMATION_REQUIRED`: the id the held call's record is
     /// written under (its decision rewrites that record). Not part of the
     /// answer.
     #[serde(skip)]
@@ -254,12 +297,12 @@ pub struct ResultMetadata {
 /// serde_json, which refuses documents nested over 128 levels: a deeper
 /// output would be written fine and then make every listing that reads it
 /// fail. A tool (or the upstream behind it) answering deeper fails the call
-/// instead (`execution_error`).
+/// instead (`TOOL_EXECUTION_ERROR`).
 pub const MAX_OUTPUT_DEPTH: usize = 64;
 
 /// The deepest nesting of a tool call's arguments that is accepted, the
 /// same as an output's: deeper arguments fail the call as a
-/// `validation_error`, and are kept (in records, turn replies and
+/// `VALIDATION_ERROR`, and are kept (in records, turn replies and
 /// histories) as their raw text, a JSON string, which reads back.
 pub const MAX_ARGUMENT_DEPTH: usize = MAX_OUTPUT_DEPTH;
 
@@ -473,15 +516,74 @@ mod tests {
     }
 
     #[test]
-    fn the_error_type_table_has_one_row_per_kind_in_order() {
+    fn every_kind_is_a_row_of_the_one_table() {
+        let mut names = Vec::new();
         for (i, kind) in ErrorType::ALL.iter().enumerate() {
-            assert_eq!(*kind as usize, i, "row {i} is out of order");
+            assert_eq!(*kind as usize, i, "ALL is out of order at {i}");
             assert_eq!(
                 serde_json::to_value(kind).unwrap(),
                 kind.as_str(),
                 "serde and the table disagree"
             );
+            assert_eq!(ErrorType::parse(kind.as_str()), Some(*kind));
+            match kind.code() {
+                Some(code) => {
+                    assert_eq!(kind.as_str(), code.as_str());
+                    assert_eq!(kind.http_status(), code.status());
+                    assert_eq!(kind.is_retryable(), code.is_retryable());
+                }
+                None => {
+                    assert_eq!(*kind, ErrorType::PendingConfirmation);
+                    assert_eq!(kind.as_str(), "CONFIRMATION_REQUIRED");
+                    assert_eq!(kind.http_status(), StatusCode::ACCEPTED);
+                    assert!(!kind.is_retryable());
+                }
+            }
+            names.push(kind.as_str());
         }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), ErrorType::ALL.len(), "two kinds share a code");
+    }
+
+    #[test]
+    fn results_stored_with_the_old_lower_case_names_read_back_as_codes() {
+        let old = [
+            ("tool_not_found", ErrorType::ToolNotFound),
+            ("plan_required", ErrorType::PlanRequired),
+            ("rate_limited", ErrorType::RateLimited),
+            ("validation_error", ErrorType::ValidationError),
+            ("queue_full", ErrorType::QueueFull),
+            ("timeout", ErrorType::Timeout),
+            ("execution_error", ErrorType::ExecutionError),
+            ("pending_confirmation", ErrorType::PendingConfirmation),
+            ("tool_unavailable", ErrorType::ToolUnavailable),
+            ("tool_not_offered", ErrorType::ToolNotOffered),
+            ("declined", ErrorType::Declined),
+            ("outcome_unknown", ErrorType::OutcomeUnknown),
+            ("limits_unavailable", ErrorType::LimitsUnavailable),
+        ];
+        assert_eq!(old.len(), ErrorType::ALL.len());
+        for (name, kind) in old {
+            let read: ErrorType = serde_json::from_value(json!(name)).unwrap();
+            assert_eq!(read, kind, "{name}");
+            // Written again, it is the code.
+            assert_eq!(serde_json::to_value(read).unwrap(), kind.as_str());
+        }
+        let result: ToolExecutionResult = serde_json::from_value(json!({
+            "is_success": false, "tool_name": "t", "output": null,
+            "error": "slow down", "error_type": "rate_limited",
+            "execution_time_ms": 0, "executed_at": "2026-01-01T00:00:00Z",
+            "metadata": {"cached": false, "attempts": 1},
+        }))
+        .unwrap();
+        assert_eq!(result.error_type, Some(ErrorType::RateLimited));
+        assert!(
+            result
+                .model_content()
+                .contains(r#""error_type":"RATE_LIMITED""#)
+        );
+        assert!(serde_json::from_value::<ErrorType>(json!("no_such_kind")).is_err());
     }
 
     #[test]

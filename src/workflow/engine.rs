@@ -14,7 +14,7 @@
 //! agents of the moment they load, and files that did not load are checked
 //! again at every rescan (a tool file added with them may load later); a
 //! tool removed later makes the node fail at run time with
-//! `tool_not_found`.
+//! `TOOL_NOT_FOUND`.
 //!
 //! A run is durable (`running`, every node pending) before `start` returns.
 //! It is stored as a document plus one row per map element

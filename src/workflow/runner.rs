@@ -389,7 +389,7 @@ impl Performer {
         } else {
             let kind = result
                 .error_type
-                .map_or("execution_error", ErrorType::as_str);
+                .map_or(ErrorType::ExecutionError.as_str(), ErrorType::as_str);
             Outcome::Failed {
                 error: format!("{kind}: {}", result.error.unwrap_or_default()),
                 attempts,
