@@ -857,6 +857,87 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
     assert_eq!(model.overruns(), 0);
 }
 
+/// A direct tool call (HTTP invoke, no session) stores a record holding
+/// its arguments; the records used to count for nothing, so a tenant
+/// could store ~1 MiB/s of them past its quota. Now they count: a tenant
+/// that fills its quota with direct calls gets 413 for the next call and
+/// the next message, and erasing its records (`DELETE
+/// /v1/tenants/{id}/sessions`) brings it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_filling_its_quota_with_direct_tool_calls_is_refused_until_it_erases() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    let a = t
+        .admin
+        .send(
+            t.admin
+                .request(reqwest::Method::PATCH, "/v1/tenants/acme/config")
+                .json(&json!({ "max_storage_mb": 1 })),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    // 200 KiB of arguments a call (the calculator refuses so long an
+    // expression; its record keeps them all the same).
+    let padded = json!({"params": {"expression": format!("1+1{}", " ".repeat(200 * 1024))}});
+    let invoke = |caller: &Caller| {
+        caller
+            .request(reqwest::Method::POST, "/v1/tools/calculator/invoke")
+            .json(&padded)
+    };
+    let mut stored = 0;
+    let refused = loop {
+        let answer = t.acme.send(invoke(&t.acme)).await;
+        if answer.status == StatusCode::PAYLOAD_TOO_LARGE {
+            break answer;
+        }
+        stored += 1;
+        assert!(
+            stored <= 6,
+            "1 MiB holds at most 5 records of 200 KiB: {}",
+            answer.body
+        );
+    };
+    assert!(stored >= 4, "{stored} records stored before the quota");
+    assert_eq!(
+        refused.body["error"]["code"], "STORAGE_QUOTA_EXCEEDED",
+        "{}",
+        refused.body
+    );
+    // The quota is the tenant's, whatever stored it: no message either.
+    let session = t.acme.session().await;
+    let said = t.acme.say(&session, "hello?").await;
+    assert_eq!(said.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", said.body);
+    // Another tenant calls on.
+    let other = t.globex.send(invoke(&t.globex)).await;
+    assert_ne!(
+        other.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        other.body
+    );
+
+    // Erasing the tenant's records frees their bytes.
+    let erased = t
+        .admin
+        .send(
+            t.admin
+                .request(reqwest::Method::DELETE, "/v1/tenants/acme/sessions"),
+        )
+        .await;
+    assert_eq!(erased.status, StatusCode::OK, "{}", erased.body);
+    assert_eq!(erased.body["calls"], stored, "{}", erased.body);
+    let (_, calls) = t.acme.get("/v1/calls").await;
+    assert_eq!(calls["calls"], json!([]), "{calls}");
+    let again = t.acme.send(invoke(&t.acme)).await;
+    assert_ne!(
+        again.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        again.body
+    );
+    assert_eq!(model.overruns(), 0);
+}
+
 /// 40 turns at once against a 1,000-token budget: each used to see "under
 /// budget" and spend its 1,000 tokens (40,000 in all). Each admitted turn
 /// now sets aside an estimate until it ends, so the others are refused

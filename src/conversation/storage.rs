@@ -26,7 +26,8 @@
 //!   content makes the model or the tools write back. Checked in memory,
 //!   before anything is read: a refused flood costs the store nothing.
 //!   Per node, like the API's request rate.
-//! - **a storage quota**: bytes of stored messages (`[tenants]
+//! - **a storage quota**: bytes of stored messages and of call records
+//!   made outside a session (`store::storage` says what counts; `[tenants]
 //!   max_storage_mb`, default 1024 MiB; a tenant config's `max_storage_mb`
 //!   overrides it for that tenant; 0 means unlimited). A tenant at or over
 //!   it gets nothing new stored (no message, no direct tool call) until it
@@ -98,8 +99,9 @@ pub struct WriteShareExceeded {
 /// A tenant stores as much as its quota allows.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "tenant '{tenant}' stores {} MiB of messages and its quota is {limit_mb} MiB: erase sessions \
-     (DELETE /v1/sessions/{{id}}) or have an admin raise `max_storage_mb` \
+    "tenant '{tenant}' stores {} MiB of messages and call records and its quota is {limit_mb} MiB: \
+     erase sessions (DELETE /v1/sessions/{{id}}; an admin's DELETE /v1/tenants/{tenant}/sessions \
+     also erases the records of direct tool calls) or have an admin raise `max_storage_mb` \
      (POST /v1/tenants/{tenant}/config)",
     self.used_bytes / (1024 * 1024)
 )]
