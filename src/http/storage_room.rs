@@ -38,7 +38,7 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use super::error::ApiError;
 use crate::conversation::SessionError;
-use crate::conversation::storage::StorageRefusal;
+use crate::conversation::storage::{PRECHECK_FROM_BYTES, StorageRefusal};
 use crate::tenants::Principal;
 
 /// Taken before a body that will be stored for the caller's tenant (a
@@ -77,7 +77,12 @@ impl FromRequestParts<AppState> for StorageRoom {
 }
 
 async fn check(state: &AppState, tenant: &str, declared: u64) -> Result<(), ApiError> {
-    let quota = state.sessions.tenant_config(tenant).await?.max_storage_mb;
+    // A smaller body is not held against the quota here: no config read.
+    let quota = if declared >= PRECHECK_FROM_BYTES {
+        state.sessions.tenant_config(tenant).await?.max_storage_mb
+    } else {
+        None
+    };
     let gate = state.sessions.storage_gate();
     match gate.precheck(&state.store, tenant, declared, quota).await {
         Ok(()) => Ok(()),
