@@ -565,6 +565,79 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        async fn records_outside_sessions_count_in_their_tenants_bytes_until_erased() {
+            let (store, _guard) = $open;
+            let len = |r: &ToolCallRecord| serde_json::to_vec(r).unwrap().len() as u64;
+            store.write(vec![WriteOp::PutSession(session("cb1", "acme"))], false).await.unwrap();
+            // A direct call held for a confirmation, then rewritten with its
+            // outcome: it counts what it holds now.
+            let mut held = call(1, "acme", "calculator", None, None);
+            held.output = None;
+            held.is_success = false;
+            held.error_type = Some("pending_confirmation".into());
+            store.write(vec![record(held.clone())], false).await.unwrap();
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), len(&held));
+            let mut done = held.clone();
+            done.output = Some(json!({"answer": "x".repeat(300)}));
+            done.is_success = true;
+            done.error_type = None;
+            store.write(vec![record(done.clone())], true).await.unwrap();
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), len(&done));
+            // A workflow node's record counts; a conversation's does not
+            // (its messages do); another tenant's is its own; a record
+            // without a tenant counts for nobody.
+            let wf = call(2, "acme", "calculator", None, Some("run1"));
+            let conv = call(3, "acme", "calculator", Some("cb1"), None);
+            let other = call(4, "other", "calculator", None, None);
+            let mut nobody = call(5, "x", "calculator", None, None);
+            nobody.tenant = None;
+            let ops = vec![record(wf.clone()), record(conv.clone()), record(other.clone()),
+                record(nobody)];
+            store.write(ops, true).await.unwrap();
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), len(&done) + len(&wf));
+            assert_eq!(store.stored_bytes("other").await.unwrap(), len(&other));
+
+            assert_eq!(store.erase_calls_outside_sessions("acme").await.unwrap(), 2);
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), 0);
+            assert_eq!(store.stored_bytes("other").await.unwrap(), len(&other));
+            let page = store.calls_of("acme", CallFilter::default(), None, 10).await.unwrap();
+            assert_eq!(ids(&page.items), ["r0003"], "the session's record stays");
+            let by_tool = CallFilter { tool: Some("calculator".into()), ..CallFilter::default() };
+            assert_eq!(ids(&store.calls(by_tool).await.unwrap()), ["r0005", "r0004", "r0003"]);
+            let by_run = CallFilter { workflow_id: Some("run1".into()), ..CallFilter::default() };
+            assert!(store.calls(by_run).await.unwrap().is_empty());
+            assert_eq!(store.erase_calls_outside_sessions("acme").await.unwrap(), 0);
+            // A late rewrite of an erased record stores it again, counted.
+            store.write(vec![record(done.clone())], true).await.unwrap();
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), len(&done));
+        }
+
+        #[tokio::test]
+        async fn erasing_records_outside_sessions_goes_past_one_batch() {
+            let (store, _guard) = $open;
+            store.write(vec![WriteOp::PutSession(session("cb2", "acme"))], false).await.unwrap();
+            // More records than one transaction looks at, the session's
+            // records among them.
+            let n = cadre::store::ERASE_CALLS_BATCH as u32 + 50;
+            let recs: Vec<ToolCallRecord> = (1..=n)
+                .map(|i| {
+                    let conv = i.is_multiple_of(10).then_some("cb2");
+                    call(i, "acme", "calculator", conv, None)
+                })
+                .collect();
+            let outside: u64 = recs.iter()
+                .filter(|r| r.conversation_id.is_none())
+                .map(|r| serde_json::to_vec(r).unwrap().len() as u64)
+                .sum();
+            store.write(recs.into_iter().map(record).collect(), true).await.unwrap();
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), outside);
+            let erased = store.erase_calls_outside_sessions("acme").await.unwrap();
+            assert_eq!(erased, u64::from(n - n / 10));
+            assert_eq!(store.stored_bytes("acme").await.unwrap(), 0);
+            assert_eq!(store.record_count().await.unwrap(), u64::from(n / 10));
+        }
+
+        #[tokio::test]
         async fn turns_keys_and_open_turns_follow_their_records() {
             let (store, _guard) = $open;
             store
@@ -741,6 +814,24 @@ fn schema_2_data_dir(dir: &std::path::Path) {
             messages.insert(("s2", seq), m.as_slice()).unwrap();
         }
         drop(messages);
+        // A direct tool call's record (no session), counted at open (schema 5).
+        let rec = schema_2_call();
+        let r = serde_json::to_vec(&rec).unwrap();
+        txn.open_table(TOOL_CALLS)
+            .unwrap()
+            .insert(rec.record_id.as_str(), r.as_slice())
+            .unwrap();
+        txn.open_table(TOOL_CALLS_BY_TOOL)
+            .unwrap()
+            .insert((rec.tool_name.as_str(), rec.record_id.as_str()), ())
+            .unwrap();
+        let mut by_tenant = txn.open_table(TOOL_CALLS_BY_TENANT).unwrap();
+        for facet in ["", "t:calculator"] {
+            by_tenant
+                .insert(("acme", facet, rec.record_id.as_str()), ())
+                .unwrap();
+        }
+        drop(by_tenant);
         let mut docs = txn.open_table(DOCS).unwrap();
         for t in &OWN_TABLES {
             let body = json!({"ns": t.namespace, "tenant": "acme"}).to_string();
@@ -782,12 +873,22 @@ fn schema_2_message(seq: u64) -> StoredMessage {
     }
 }
 
-/// What the messages of [`schema_2_data_dir`] weigh.
+/// The direct call's record of [`schema_2_data_dir`], at a fixed time.
+fn schema_2_call() -> ToolCallRecord {
+    ToolCallRecord {
+        created_at: "2025-01-02T03:04:05.5Z".parse().unwrap(),
+        ..call(9, "acme", "calculator", None, None)
+    }
+}
+
+/// What the messages of [`schema_2_data_dir`] and its direct call's
+/// record weigh: what its tenant stores.
 fn schema_2_message_bytes() -> u64 {
     [1, 2]
         .map(|seq| serde_json::to_vec(&schema_2_message(seq)).unwrap().len() as u64)
         .iter()
-        .sum()
+        .sum::<u64>()
+        + serde_json::to_vec(&schema_2_call()).unwrap().len() as u64
 }
 
 /// Redb schema 2 -> 3 -> 4: the documents move to their tables at open,
@@ -850,7 +951,8 @@ mod redb_upgrade {
                 .unwrap();
             assert_eq!(version.value, SCHEMA_VERSION.to_string());
         }
-        // The messages already there were counted at open (schema 4).
+        // The messages already there were counted at open (schema 4), and
+        // the record outside a session (schema 5).
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(
             store.stored_bytes("acme").await.unwrap(),
@@ -984,6 +1086,45 @@ mod postgres_tables {
             1
         );
         assert_eq!(store.get_doc("confirmations", "old-1").await.unwrap(), None);
+    }
+}
+
+/// PostgreSQL migration 005 counts the records already stored outside a
+/// session: a database at 004 (the table dropped, the migration unrecorded)
+/// opened by this build.
+mod postgres_upgrade {
+    use super::*;
+    use cadre::cluster::postgres::open_store;
+    use support::postgres::Postgres;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn migration_005_counts_the_records_already_outside_sessions() {
+        let pg = Postgres::shared();
+        let url = pg.database("call_bytes");
+        let node = || cadre::store::NodeIdentity {
+            id: "node-a".into(),
+            addr: None,
+            stale_after: cadre::cluster::postgres::NODE_STALE_AFTER,
+        };
+        let direct = call(1, "acme", "calculator", None, None);
+        let conv = call(2, "acme", "calculator", Some("s"), None);
+        let store = open_store(&url, node()).unwrap();
+        store
+            .write(vec![record(direct.clone()), record(conv)], true)
+            .await
+            .unwrap();
+        drop(store);
+        pg.sql(
+            &url,
+            "DROP TABLE tenant_call_bytes; DELETE FROM schema_migrations WHERE version = 5",
+        );
+        let store = open_store(&url, node()).unwrap();
+        assert_eq!(
+            store.stored_bytes("acme").await.unwrap(),
+            serde_json::to_vec(&direct).unwrap().len() as u64
+        );
+        assert_eq!(store.erase_calls_outside_sessions("acme").await.unwrap(), 1);
+        assert_eq!(store.stored_bytes("acme").await.unwrap(), 0);
     }
 }
 

@@ -748,7 +748,10 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
     assert_eq!(a.body["config"]["max_storage_mb"], 1, "{}", a.body);
 
     let session = t.acme.session().await;
-    let large = "y".repeat(250 * 1024);
+    // Under 64 KiB: read and admitted while the tenant is under its quota
+    // (a larger body declaring more than is left is refused before it is
+    // read: `a_body_the_quota_or_the_share_will_refuse_is_refused_before_it_is_read`).
+    let large = "y".repeat(60 * 1024);
     let mut stored = 0;
     let refused = loop {
         model.push(Reply::text("Stored."));
@@ -757,9 +760,9 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
             break answer;
         }
         stored += 1;
-        assert!(stored <= 5, "1 MiB holds at most 5 messages of 250 KiB");
+        assert!(stored <= 18, "1 MiB holds at most 18 messages of 60 KiB");
     };
-    assert!(stored >= 4, "{stored} messages stored before the quota");
+    assert!(stored >= 16, "{stored} messages stored before the quota");
     assert_eq!(
         refused.status,
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -854,6 +857,179 @@ async fn a_tenant_at_its_storage_quota_stores_nothing_more_until_it_erases() {
     // (its session is gone now, so it is not found, not a replayed 413).
     let retried = t.acme.send(keyed(&session)).await;
     assert_eq!(retried.status, StatusCode::NOT_FOUND, "{}", retried.body);
+    assert_eq!(model.overruns(), 0);
+}
+
+/// A direct tool call (HTTP invoke, no session) stores a record holding
+/// its arguments; the records used to count for nothing, so a tenant
+/// could store ~1 MiB/s of them past its quota. Now they count: a tenant
+/// that fills its quota with direct calls gets 413 for the next call and
+/// the next message, and erasing its records (`DELETE
+/// /v1/tenants/{id}/sessions`) brings it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_filling_its_quota_with_direct_tool_calls_is_refused_until_it_erases() {
+    let model = MockModel::start().await;
+    let t = keyed(&model).await;
+    let a = t
+        .admin
+        .send(
+            t.admin
+                .request(reqwest::Method::PATCH, "/v1/tenants/acme/config")
+                .json(&json!({ "max_storage_mb": 1 })),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    // 60 KiB of arguments a call (the calculator refuses so long an
+    // expression; its record keeps them all the same), under the size a
+    // body is checked at before it is read.
+    let padded = json!({"params": {"expression": format!("1+1{}", " ".repeat(60 * 1024))}});
+    let invoke = |caller: &Caller| {
+        caller
+            .request(reqwest::Method::POST, "/v1/tools/calculator/invoke")
+            .json(&padded)
+    };
+    let mut stored = 0;
+    let refused = loop {
+        let answer = t.acme.send(invoke(&t.acme)).await;
+        if answer.status == StatusCode::PAYLOAD_TOO_LARGE {
+            break answer;
+        }
+        stored += 1;
+        assert!(
+            stored <= 18,
+            "1 MiB holds at most 18 records of 60 KiB: {}",
+            answer.body
+        );
+    };
+    assert!(stored >= 16, "{stored} records stored before the quota");
+    assert_eq!(
+        refused.body["error"]["code"], "STORAGE_QUOTA_EXCEEDED",
+        "{}",
+        refused.body
+    );
+    // The quota is the tenant's, whatever stored it: no message either.
+    let session = t.acme.session().await;
+    let said = t.acme.say(&session, "hello?").await;
+    assert_eq!(said.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", said.body);
+    // Another tenant calls on.
+    let other = t.globex.send(invoke(&t.globex)).await;
+    assert_ne!(
+        other.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        other.body
+    );
+
+    // Erasing the tenant's records frees their bytes.
+    let erased = t
+        .admin
+        .send(
+            t.admin
+                .request(reqwest::Method::DELETE, "/v1/tenants/acme/sessions"),
+        )
+        .await;
+    assert_eq!(erased.status, StatusCode::OK, "{}", erased.body);
+    assert_eq!(erased.body["calls"], stored, "{}", erased.body);
+    let (_, calls) = t.acme.get("/v1/calls").await;
+    assert_eq!(calls["calls"], json!([]), "{calls}");
+    let again = t.acme.send(invoke(&t.acme)).await;
+    assert_ne!(
+        again.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        again.body
+    );
+    assert_eq!(model.overruns(), 0);
+}
+
+/// Sends the head of a POST to `path` declaring a body of `length` bytes,
+/// and no body; what the server answers, read until it closes the
+/// connection, within 5 s.
+async fn head_only(caller: &Caller, path: &str, length: u64) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = caller.base.trim_start_matches("http://").to_owned();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n",
+        caller.key.as_deref().expect("a key")
+    );
+    let mut stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed before any body was sent")
+        .expect("read the answer");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A message or a tool call the tenant's quota or write share will refuse
+/// used to be read whole first (up to 1 MiB each). Its declared length now
+/// decides before the body is read: the same 413 or 429 arrives at once,
+/// for a request that declares a body and never sends it, and the
+/// connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_the_quota_or_the_share_will_refuse_is_refused_before_it_is_read() {
+    let model = MockModel::start().await;
+    // 64 KiB/s: a bucket of 256 KiB.
+    let t = keyed_with(&model, "[tenants]\nwrite_kib_per_s = 64\n").await;
+    let a = t
+        .admin
+        .send(
+            t.admin
+                .request(reqwest::Method::PATCH, "/v1/tenants/acme/config")
+                .json(&json!({ "max_storage_mb": 1 })),
+        )
+        .await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    // acme stores 240 KiB of its 1 MiB, and has share left.
+    let acme = t.acme.session().await;
+    model.push(Reply::text("Stored."));
+    let stored = t.acme.say(&acme, &"y".repeat(240 * 1024)).await;
+    assert_eq!(stored.status, StatusCode::OK, "{}", stored.body);
+
+    // 1,000,000 bytes (under the 1 MiB cap on bodies) is more than is left.
+    for path in [
+        format!("/v1/sessions/{acme}/messages"),
+        "/v1/tools/calculator/invoke".to_string(),
+    ] {
+        let answer = head_only(&t.acme, &path, 1_000_000).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(
+            answer.contains("STORAGE_QUOTA_EXCEEDED"),
+            "{path}: {answer}"
+        );
+        assert!(
+            answer.to_ascii_lowercase().contains("connection: close"),
+            "{path}: {answer}"
+        );
+    }
+    // What fits is stored as before.
+    model.push(Reply::text("Fine."));
+    let fits = t.acme.say(&acme, &"z".repeat(100 * 1024)).await;
+    assert_eq!(fits.status, StatusCode::OK, "{}", fits.body);
+
+    // globex spends its share into debt: any body is refused unread.
+    let globex = t.globex.session().await;
+    for _ in 0..2 {
+        model.push(Reply::text("Noted."));
+        let sent = t.globex.say(&globex, &"x".repeat(200 * 1024)).await;
+        assert_eq!(sent.status, StatusCode::OK, "{}", sent.body);
+    }
+    let answer = head_only(
+        &t.globex,
+        &format!("/v1/sessions/{globex}/messages"),
+        500_000,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+    assert!(answer.contains("RATE_LIMITED"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after"),
+        "{answer}"
+    );
     assert_eq!(model.overruns(), 0);
 }
 

@@ -870,6 +870,11 @@ impl Sessions {
         }
     }
 
+    /// Each tenant's share of the store ([`super::storage`]).
+    pub fn storage_gate(&self) -> &StorageGate {
+        &self.inner.storage
+    }
+
     /// Forgets the write shares of tenants that sent nothing lately (the
     /// runtime calls it periodically).
     pub fn retain_recent_shares(&self) {

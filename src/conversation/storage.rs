@@ -6,6 +6,7 @@
 //!         ├─ its write share is spent ──▶ 429 RATE_LIMITED, Retry-After (no store read)
 //!         └─ at its storage quota     ──▶ 413 STORAGE_QUOTA_EXCEEDED (one read of its count)
 //! Conversation (each commit) ──StorageGate::charge(tenant, bytes of the replies and tool results it stores)
+//! http::storage_room (before the body is read) ──StorageGate::precheck(tenant, Content-Length, quota)──▶ 429 / 413 unread
 //!
 //! Why: one store writer commits every tenant's messages, and every
 //! stored byte is read back into later model requests, serialised and
@@ -26,7 +27,8 @@
 //!   content makes the model or the tools write back. Checked in memory,
 //!   before anything is read: a refused flood costs the store nothing.
 //!   Per node, like the API's request rate.
-//! - **a storage quota**: bytes of stored messages (`[tenants]
+//! - **a storage quota**: bytes of stored messages and of call records
+//!   made outside a session (`store::storage` says what counts; `[tenants]
 //!   max_storage_mb`, default 1024 MiB; a tenant config's `max_storage_mb`
 //!   overrides it for that tenant; 0 means unlimited). A tenant at or over
 //!   it gets nothing new stored (no message, no direct tool call) until it
@@ -57,6 +59,12 @@ use crate::store::Store;
 /// the sessions, because the write share's burst is sized to admit one
 /// such message.
 pub const MAX_CONTENT_BYTES: usize = 256 * 1024;
+
+/// Declared bodies (`Content-Length`) from this size on are checked
+/// against what the tenant's quota has left before they are read
+/// ([`StorageGate::precheck`]); smaller ones cost less to read than the
+/// store read the check takes.
+pub const PRECHECK_FROM_BYTES: u64 = 64 * 1024;
 
 /// Default `[tenants] write_kib_per_s`.
 pub const DEFAULT_WRITE_KIB_PER_S: u32 = 1024;
@@ -98,8 +106,9 @@ pub struct WriteShareExceeded {
 /// A tenant stores as much as its quota allows.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error(
-    "tenant '{tenant}' stores {} MiB of messages and its quota is {limit_mb} MiB: erase sessions \
-     (DELETE /v1/sessions/{{id}}) or have an admin raise `max_storage_mb` \
+    "tenant '{tenant}' stores {} MiB of messages and call records and its quota is {limit_mb} MiB: \
+     erase sessions (DELETE /v1/sessions/{{id}}; an admin's DELETE /v1/tenants/{tenant}/sessions \
+     also erases the records of direct tool calls) or have an admin raise `max_storage_mb` \
      (POST /v1/tenants/{tenant}/config)",
     self.used_bytes / (1024 * 1024)
 )]
@@ -189,6 +198,46 @@ impl StorageGate {
         Ok(())
     }
 
+    /// Before a request's body is read: the refusal [`Self::admit`] would
+    /// give a body of `declared` bytes (its `Content-Length`), when that
+    /// length alone decides it. Takes nothing from the share. Refused:
+    /// - the share's bucket is empty now (any body would be refused: the
+    ///   same 429);
+    /// - the tenant has a quota and `declared` is more than it has left
+    ///   (413, the quota's refusal), for bodies of at least
+    ///   [`PRECHECK_FROM_BYTES`] (smaller ones are read and checked as
+    ///   before: one store read fewer per request).
+    ///
+    /// A body larger than the share's burst is not refused here: the share
+    /// admits one request of any size while its bucket is not empty (the
+    /// debt is waited off after), so a 429 for its size would never pass.
+    pub async fn precheck(
+        &self,
+        store: &Store,
+        tenant: &str,
+        declared: u64,
+        quota_mb: Option<u64>,
+    ) -> Result<(), StorageRefusal> {
+        self.share_left(tenant)?;
+        if declared < PRECHECK_FROM_BYTES {
+            return Ok(());
+        }
+        let limit_mb = match quota_mb.or(self.limits.max_storage_mb) {
+            None | Some(0) => return Ok(()),
+            Some(mb) => mb,
+        };
+        let used_bytes = store.stored_bytes(tenant).await?;
+        if used_bytes.saturating_add(declared) > limit_mb.saturating_mul(1024 * 1024) {
+            return Err(StorageQuotaExceeded {
+                tenant: tenant.to_string(),
+                used_bytes,
+                limit_mb,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     /// Charges `bytes` the store wrote for `tenant` beyond what was paid
     /// at admission: its bucket may go into debt, which its next request
     /// waits off.
@@ -204,6 +253,16 @@ impl StorageGate {
     }
 
     fn take_share(&self, tenant: &str, bytes: usize) -> Result<(), WriteShareExceeded> {
+        self.with_share(tenant, bytes as f64)
+    }
+
+    /// Whether `tenant`'s bucket is not empty, taking nothing.
+    fn share_left(&self, tenant: &str) -> Result<(), WriteShareExceeded> {
+        self.with_share(tenant, 0.0)
+    }
+
+    /// Takes `bytes` of `tenant`'s share while its bucket is not empty.
+    fn with_share(&self, tenant: &str, bytes: f64) -> Result<(), WriteShareExceeded> {
         let (Some((per_s, burst)), Some(kib)) = (self.rate, self.limits.write_kib_per_s) else {
             return Ok(());
         };
@@ -218,7 +277,7 @@ impl StorageGate {
                 retry_after: wait,
             });
         }
-        bucket.balance -= bytes as f64;
+        bucket.balance -= bytes;
         Ok(())
     }
 
@@ -288,6 +347,34 @@ mod tests {
         gate.take_share("t", MAX_CONTENT_BYTES).unwrap();
         gate.charge("t", 1024);
         assert!(gate.take_share("t", 1).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_precheck_refuses_on_the_declared_length_and_takes_nothing() {
+        let store = Store::open_in_memory().unwrap();
+        let gate = StorageGate::new(StorageLimits {
+            write_kib_per_s: NonZeroU32::new(64),
+            max_storage_mb: Some(1),
+        });
+        let mib = 1024 * 1024;
+        // Over what the quota has left: refused; a small body is read first.
+        let Err(StorageRefusal::Quota(_)) = gate.precheck(&store, "t", mib + 1, None).await else {
+            panic!("a body over the quota is refused unread");
+        };
+        gate.precheck(&store, "t", mib, None).await.unwrap();
+        gate.precheck(&store, "t", mib + 1, Some(2)).await.unwrap();
+        gate.precheck(&store, "t", mib + 1, Some(0)).await.unwrap();
+        // Over the burst (256 KiB) is no refusal: the share admits one
+        // request of any size while its bucket is not empty.
+        gate.precheck(&store, "t", 900 * 1024, None).await.unwrap();
+        // Nothing was taken: all but 16 KiB of the burst spent, the
+        // bucket is not empty yet; then in debt, it refuses any body.
+        gate.take_share("t", MAX_CONTENT_BYTES - 16 * 1024).unwrap();
+        gate.precheck(&store, "t", 1, None).await.unwrap();
+        gate.take_share("t", 64 * 1024).unwrap();
+        let Err(StorageRefusal::Share(_)) = gate.precheck(&store, "t", 1, None).await else {
+            panic!("an empty bucket refuses any body");
+        };
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! MCP client ──▶ the same layers ──▶ `/mcp` (streamable HTTP, [`crate::mcp::server`])
 //! browser ──▶ `/console/` (static files compiled in, public; [`console`]) ──fetch with the key──▶ the same API
 //! keyed POSTs (`Idempotency-Key`, five routes) ──▶ [`idempotency`] (replay, wait, or run and store) ──▶ their handler
+//! a message, a direct tool call ──▶ [`storage_room`] (the tenant's share and quota, on `Content-Length`, before the body) ──▶ their handler
 //!
 //! Bodies are capped at [`MAX_BODY_BYTES`] (413); every error, including
 //! unknown routes, is JSON (see [`error`]). Handlers take their bodies and
@@ -43,6 +44,7 @@ pub mod openapi;
 pub mod owner;
 pub mod rate_limit;
 pub mod sessions;
+pub mod storage_room;
 pub mod streams;
 pub mod tenants;
 pub mod tools;

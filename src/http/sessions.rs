@@ -518,6 +518,7 @@ async fn send(
     headers: HeaderMap,
     key: Option<Extension<IdempotencyKey>>,
     turn_slot: Option<Extension<TurnSlot>>,
+    _room: super::storage_room::StorageRoom,
     ApiJson(body): ApiJson<MessageBody>,
 ) -> Result<Response, ApiError> {
     let header_text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());

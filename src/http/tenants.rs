@@ -224,6 +224,9 @@ struct ErasedSessions {
     deleted: u64,
     /// Sessions left because a turn was running in them: erase again.
     busy: u64,
+    /// Call records made outside any session (direct tool calls, workflow
+    /// tool nodes) erased with them: they count in the tenant's storage.
+    calls: u64,
 }
 
 error_responses!(
@@ -240,7 +243,8 @@ error_responses!(
     summary = "Delete every session of a tenant (admin)",
     description = "Each session goes as with `DELETE /v1/sessions/{id}`, one at a time: \
         its messages, summary, tool calls and confirmations. Sessions with a running turn \
-        are left and counted in `busy`.",
+        are left and counted in `busy`. The tenant's call records made outside any session \
+        (direct tool calls, workflow tool nodes) go too, counted in `calls`.",
     tag = "tenants",
     params(("id" = String, Path, description = "Tenant id")),
     responses(
@@ -258,10 +262,12 @@ async fn erase_sessions(
         .sessions
         .erase_tenant(&Scope::tenant(tenant.clone()))
         .await?;
+    let calls = state.store.erase_calls_outside_sessions(&tenant).await?;
     Ok(Json(ErasedSessions {
         tenant,
         deleted: done.deleted,
         busy: done.busy,
+        calls,
     }))
 }
 

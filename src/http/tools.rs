@@ -371,6 +371,7 @@ async fn invoke(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Path(name): Path<String>,
+    _room: super::storage_room::StorageRoom,
     ApiJson(body): ApiJson<InvokeBody>,
 ) -> Result<Response, ApiError> {
     let mut ctx = ExecutionContext::new(

@@ -245,6 +245,35 @@ pub trait CallReads: Writes {
 
     /// How many call records there are.
     async fn record_count(&self) -> Result<u64, StoreError>;
+
+    /// Erases every call record of `tenant` made outside a session (direct
+    /// tool calls, workflow tool nodes), durably, a batch of records per
+    /// transaction, and takes their bytes off its stored bytes
+    /// ([`super::storage`]); how many went. Records with a conversation go
+    /// with their session ([`SessionReads::erase_session`]).
+    async fn erase_calls_outside_sessions(&self, tenant: &str) -> Result<u64, StoreError> {
+        let mut after = None;
+        let mut total = 0;
+        loop {
+            let erased = Arc::new(Mutex::new(None));
+            let op = WriteOp::EraseCallsOutsideSessions {
+                tenant: tenant.into(),
+                after: after.take(),
+                erased: erased.clone(),
+            };
+            self.write(vec![op], true).await?;
+            let done = erased
+                .lock()
+                .expect("erase slot")
+                .take()
+                .unwrap_or_default();
+            total += done.calls;
+            match done.next {
+                Some(next) => after = Some(next),
+                None => return Ok(total),
+            }
+        }
+    }
 }
 
 /// Documents: JSON values by namespace and key (agents, workflow runs,

@@ -728,7 +728,7 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
         let mut meta = txn.open_table(META)?;
         let found = meta.get("schema_version")?.map(|v| v.value());
         match found {
-            Some(v @ (1..=3)) => {
+            Some(v @ (1..=4)) => {
                 let started = Instant::now();
                 if v == 1 {
                     let (sessions, calls) = listing::migrate_v1(&txn)?;
@@ -745,12 +745,20 @@ fn init_schema(db: &Database) -> Result<(), StoreError> {
                         "store migrated to schema 3: confirmations, tenant configs, API keys and workflow runs in tables of their own"
                     );
                 }
-                let bytes = storage::migrate_v3(&txn)?;
+                if v <= 3 {
+                    let bytes = storage::migrate_v3(&txn)?;
+                    tracing::info!(
+                        bytes,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "store migrated to schema 4: stored message bytes counted per session and tenant"
+                    );
+                }
+                let bytes = storage::migrate_v4(&txn)?;
                 meta.insert("schema_version", SCHEMA_VERSION)?;
                 tracing::info!(
                     bytes,
                     elapsed_ms = started.elapsed().as_millis() as u64,
-                    "store migrated to schema 4: stored message bytes counted per session and tenant"
+                    "store migrated to schema 5: call records outside sessions counted in their tenant's stored bytes"
                 );
             }
             Some(v) if v != SCHEMA_VERSION => {

@@ -191,6 +191,70 @@ pub(super) fn delete_session(
     Ok(Some(erased))
 }
 
+/// The tables [`erase_calls_outside_sessions`] touches.
+pub(super) struct CallTables<'a, 't> {
+    pub calls: &'a mut Table<'t, &'static str, &'static [u8]>,
+    pub by_tool: &'a mut Table<'t, (&'static str, &'static str), ()>,
+    pub by_workflow: &'a mut Table<'t, (&'static str, &'static str), ()>,
+    pub calls_by_tenant: &'a mut Table<'t, (&'static str, &'static str, &'static str), ()>,
+    pub tenant_bytes: &'a mut Table<'t, &'static str, u64>,
+}
+
+/// Erases `tenant`'s call records without a conversation among the
+/// [`super::ERASE_CALLS_BATCH`] of its records after `after` (its
+/// every-call index facet, in id order), and takes their bytes off its
+/// count ([`super::storage`]).
+pub(super) fn erase_calls_outside_sessions(
+    t: &mut CallTables<'_, '_>,
+    tenant: &str,
+    after: Option<&str>,
+) -> Result<super::CallsErased, StoreError> {
+    use std::ops::Bound;
+    let start = match after {
+        Some(a) => Bound::Excluded((tenant, "", a)),
+        None => Bound::Included((tenant, "", "")),
+    };
+    // Facet "" (every call of the tenant) sorts before every other facet.
+    let end = Bound::Excluded((tenant, "\0", ""));
+    let mut seen = Vec::new();
+    for row in t
+        .calls_by_tenant
+        .range::<(&str, &str, &str)>((start, end))?
+        .take(super::ERASE_CALLS_BATCH)
+    {
+        let (k, _) = row?;
+        seen.push(k.value().2.to_string());
+    }
+    let next = (seen.len() == super::ERASE_CALLS_BATCH)
+        .then(|| seen.last().cloned())
+        .flatten();
+    let mut erased = super::CallsErased { calls: 0, next };
+    for id in &seen {
+        let (rec, bytes) = match t.calls.get(id.as_str())? {
+            Some(v) => match serde_json::from_slice::<ToolCallRecord>(v.value()) {
+                Ok(rec) => (rec, v.value().len() as u64),
+                // Not decodable: not known to be outside a session.
+                Err(_) => continue,
+            },
+            None => continue,
+        };
+        if rec.conversation_id.is_some() {
+            continue;
+        }
+        t.calls.remove(id.as_str())?;
+        t.by_tool.remove((rec.tool_name.as_str(), id.as_str()))?;
+        if let Some(wf) = &rec.workflow_id {
+            t.by_workflow.remove((wf.as_str(), id.as_str()))?;
+        }
+        listing::unindex_call(t.calls_by_tenant, &rec)?;
+        if super::storage::counted_call(&rec).is_some() {
+            super::storage::erase_call(t.tenant_bytes, tenant, bytes)?;
+        }
+        erased.calls += 1;
+    }
+    Ok(erased)
+}
+
 /// Links `(namespace, key)` to `session`: erased with it.
 pub(super) fn link_doc(
     by_session: &mut Table<(&str, &str, &str), ()>,

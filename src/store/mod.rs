@@ -92,6 +92,7 @@ pub use error::{StoreError, StoreHealth};
 pub use listing::Page;
 pub use owners::{Claim, NodeIdentity, NodeRow, RunOwner, SessionWriter};
 pub use rows::*;
+pub use storage::counted_call;
 pub use usage::{TokenUsage, UsageDelta, UsageRow};
 
 /// Requests the writer drains into one transaction at most.

@@ -305,6 +305,16 @@ pub enum WriteOp {
         session_id: String,
         erased: Arc<Mutex<Option<Erased>>>,
     },
+    /// Erases `tenant`'s call records made outside any session (direct
+    /// tool calls, workflow tool nodes), taking their bytes off its stored
+    /// bytes: the records after `after` (a record id) in id order, looking
+    /// at most [`ERASE_CALLS_BATCH`] of the tenant's records. `erased`
+    /// gets what went and where to go on ([`CallsErased`]).
+    EraseCallsOutsideSessions {
+        tenant: String,
+        after: Option<String>,
+        erased: Arc<Mutex<Option<CallsErased>>>,
+    },
     /// Links a document to a session: erased with it, also after a
     /// [`WriteOp::MoveDoc`]; a [`WriteOp::DeleteDoc`] drops the link.
     LinkDoc {
@@ -338,6 +348,19 @@ pub enum WriteOp {
         keys: Vec<(String, String)>,
         before_ms: u64,
     },
+}
+
+/// Records a [`WriteOp::EraseCallsOutsideSessions`] looks at, at most,
+/// in one transaction.
+pub const ERASE_CALLS_BATCH: usize = 1000;
+
+/// What one [`WriteOp::EraseCallsOutsideSessions`] did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallsErased {
+    /// Records erased.
+    pub calls: u64,
+    /// Where the next one starts (`None`: the tenant's records are done).
+    pub next: Option<String>,
 }
 
 /// A session's rolling summary.

@@ -29,8 +29,10 @@ use redb::{TableDefinition, TableHandle};
 /// opening transaction ([`super::docs::migrate_v2`]). 4 counts the bytes
 /// of every stored message per session and tenant ([`SESSION_BYTES`],
 /// [`TENANT_BYTES`]), counted at open for the messages already there
-/// ([`super::storage::migrate_v3`]).
-pub const SCHEMA_VERSION: u64 = 4;
+/// ([`super::storage::migrate_v3`]). 5 counts the call records made
+/// outside a session in [`TENANT_BYTES`] too, counted at open for the
+/// records already there ([`super::storage::migrate_v4`]).
+pub const SCHEMA_VERSION: u64 = 5;
 
 /// "schema_version" -> u64; "docs_indexed:<namespace>" -> 1 once that
 /// namespace's documents written before [`DOCS_BY_TENANT`] are indexed.
@@ -215,6 +217,8 @@ pub const IDEMPOTENCY: TableDefinition<(&str, &str), (u64, &[u8])> =
 /// the session ([`super::storage`]).
 pub const SESSION_BYTES: TableDefinition<&str, u64> = TableDefinition::new("session_bytes");
 
-/// tenant -> the sum of its sessions' [`SESSION_BYTES`], kept in the same
-/// transactions: what a tenant's storage quota is checked against.
+/// tenant -> the sum of its sessions' [`SESSION_BYTES`] and of its call
+/// records made outside a session (their JSON rows in [`TOOL_CALLS`]),
+/// kept in the same transactions: what a tenant's storage quota is
+/// checked against ([`super::storage`]).
 pub const TENANT_BYTES: TableDefinition<&str, u64> = TableDefinition::new("tenant_bytes");

@@ -341,9 +341,12 @@ fn commit_batch(
                 }
                 WriteOp::RecordToolCall(rec) => {
                     let id = rec.record_id.as_str();
-                    calls
+                    let row = serde_json::to_vec(rec)?;
+                    let old = calls
                         .open()?
-                        .insert(id, serde_json::to_vec(rec)?.as_slice())?;
+                        .insert(id, row.as_slice())?
+                        .map_or(0, |v| v.value().len() as u64);
+                    storage::record_call(tenant_bytes.open()?, rec, row.len() as u64, old)?;
                     listing::index_call(calls_by_tenant.open()?, rec)?;
                     if let Some(conv) = &rec.conversation_id {
                         by_conv.open()?.insert((conv.as_str(), id), ())?;
@@ -508,6 +511,23 @@ fn commit_batch(
                     }
                     // Assigned, not set once (see MoveDoc).
                     *erased.lock().expect("erase slot") = found;
+                }
+                WriteOp::EraseCallsOutsideSessions {
+                    tenant,
+                    after,
+                    erased,
+                } => {
+                    let mut tables = erase::CallTables {
+                        calls: calls.open()?,
+                        by_tool: by_tool.open()?,
+                        by_workflow: by_workflow.open()?,
+                        calls_by_tenant: calls_by_tenant.open()?,
+                        tenant_bytes: tenant_bytes.open()?,
+                    };
+                    let done =
+                        erase::erase_calls_outside_sessions(&mut tables, tenant, after.as_deref())?;
+                    // Assigned, not set once (see MoveDoc).
+                    *erased.lock().expect("erase slot") = Some(done);
                 }
                 WriteOp::PutTurn(w) => {
                     let mut t = turns::TurnTables {

@@ -394,12 +394,18 @@ impl PgStore {
                 // `docs`: to their tables, as migration 002 moves them.
                 let txn = c.transaction().await?;
                 super::docs::move_own_docs(&txn).await?;
-                // What the sessions store, counted from the rows now here
+                // What the sessions and the records outside them store,
+                // counted from the rows now here
                 // (`store::storage`; the file's own counters are not copied).
                 txn.batch_execute(
                     "UPDATE sessions s SET stored_bytes = coalesce(
                          (SELECT sum(octet_length(m.body::text)) FROM messages m
-                          WHERE m.session_id = s.id), 0)",
+                          WHERE m.session_id = s.id), 0);
+                     DELETE FROM tenant_call_bytes;
+                     INSERT INTO tenant_call_bytes (tenant, node, bytes)
+                     SELECT tenant, 'import', sum(octet_length(body::text))::bigint
+                     FROM tool_calls WHERE conversation_id IS NULL AND tenant IS NOT NULL
+                     GROUP BY tenant",
                 )
                 .await?;
                 txn.commit().await?;

@@ -687,7 +687,9 @@ impl UsageReads for PgStore {
         self.run(move |c, _| async move {
             let rows = sql!(
                 c,
-                "SELECT coalesce(sum(stored_bytes), 0)::bigint FROM sessions WHERE tenant = $1",
+                "SELECT ((SELECT coalesce(sum(stored_bytes), 0) FROM sessions WHERE tenant = $1)
+                       + (SELECT coalesce(sum(bytes), 0) FROM tenant_call_bytes WHERE tenant = $1)
+                      )::bigint",
                 &tenant
             );
             let n: i64 = rows.first().map(|r| r.try_get(0)).transpose()?.unwrap_or(0);

@@ -30,6 +30,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "stored_bytes",
         include_str!("migrations/004_stored_bytes.sql"),
     ),
+    (
+        5,
+        "call_bytes",
+        include_str!("migrations/005_call_bytes.sql"),
+    ),
 ];
 
 /// Any constant: the advisory lock's key for migrations ("cadre" in ASCII).

@@ -375,6 +375,7 @@ fn is_planned(op: &WriteOp) -> bool {
         op,
         WriteOp::MoveDoc { .. }
             | WriteOp::DeleteSession { .. }
+            | WriteOp::EraseCallsOutsideSessions { .. }
             | WriteOp::MarkRolledBack { .. }
             | WriteOp::IndexDocs { .. }
     )
@@ -433,21 +434,50 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
         }
         WriteOp::AppendMessages { .. } => Vec::new(),
         WriteOp::RecordToolCall(rec) => {
-            let mut out = vec![stmt(
-                "INSERT INTO tool_calls (record_id, tenant, tool_name, conversation_id, workflow_id, body)
-                 VALUES ($1, $2, $3, $4, $5, $6)
-                 ON CONFLICT (record_id) DO UPDATE SET tenant = EXCLUDED.tenant,
-                     tool_name = EXCLUDED.tool_name, conversation_id = EXCLUDED.conversation_id,
-                     workflow_id = EXCLUDED.workflow_id, body = EXCLUDED.body",
-                vec![
-                    Box::new(column(&rec.record_id)),
-                    Box::new(rec.tenant.as_deref().map(column)),
-                    Box::new(column(&rec.tool_name)),
-                    Box::new(rec.conversation_id.as_deref().map(column)),
-                    Box::new(rec.workflow_id.as_deref().map(column)),
-                    Box::new(Json(&**rec)),
-                ],
-            )];
+            let params: Vec<Param<'a>> = vec![
+                Box::new(column(&rec.record_id)),
+                Box::new(rec.tenant.as_deref().map(column)),
+                Box::new(column(&rec.tool_name)),
+                Box::new(rec.conversation_id.as_deref().map(column)),
+                Box::new(rec.workflow_id.as_deref().map(column)),
+                Box::new(Json(&**rec)),
+            ];
+            let mut out = vec![match crate::store::counted_call(rec) {
+                // Outside a session: its bytes count in its tenant's
+                // (`store::storage`), a rewrite by the difference, in the
+                // statement that writes it (this node's row).
+                Some(_) => {
+                    let mut params = params;
+                    params.push(Box::new(node));
+                    stmt(
+                        "WITH old AS (
+                             SELECT octet_length(body::text) AS bytes FROM tool_calls
+                             WHERE record_id = $1),
+                         written AS (
+                             INSERT INTO tool_calls (record_id, tenant, tool_name, conversation_id,
+                                                     workflow_id, body)
+                             VALUES ($1, $2, $3, $4, $5, $6)
+                             ON CONFLICT (record_id) DO UPDATE SET tenant = EXCLUDED.tenant,
+                                 tool_name = EXCLUDED.tool_name,
+                                 conversation_id = EXCLUDED.conversation_id,
+                                 workflow_id = EXCLUDED.workflow_id, body = EXCLUDED.body
+                             RETURNING octet_length(body::text) AS bytes)
+                         INSERT INTO tenant_call_bytes (tenant, node, bytes)
+                         SELECT $2, $7, written.bytes - coalesce((SELECT bytes FROM old), 0) FROM written
+                         ON CONFLICT (tenant, node) DO UPDATE
+                             SET bytes = tenant_call_bytes.bytes + EXCLUDED.bytes",
+                        params,
+                    )
+                }
+                None => stmt(
+                    "INSERT INTO tool_calls (record_id, tenant, tool_name, conversation_id, workflow_id, body)
+                     VALUES ($1, $2, $3, $4, $5, $6)
+                     ON CONFLICT (record_id) DO UPDATE SET tenant = EXCLUDED.tenant,
+                         tool_name = EXCLUDED.tool_name, conversation_id = EXCLUDED.conversation_id,
+                         workflow_id = EXCLUDED.workflow_id, body = EXCLUDED.body",
+                    params,
+                ),
+            }];
             // Calls refused by name, held and declined calls are recorded
             // but not counted per tool (`counted_per_tool`).
             if rec.counted_per_tool() {
@@ -594,6 +624,7 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
         }
         WriteOp::MoveDoc { .. }
         | WriteOp::DeleteSession { .. }
+        | WriteOp::EraseCallsOutsideSessions { .. }
         | WriteOp::MarkRolledBack { .. }
         | WriteOp::IndexDocs { .. } => return None,
     })
@@ -773,6 +804,33 @@ async fn apply(
                     erased.push(session_id.clone());
                 }
                 *slot.lock().expect("erase slot") = found;
+            }
+            WriteOp::EraseCallsOutsideSessions {
+                tenant,
+                after: _,
+                erased: slot,
+            } => {
+                // One statement erases them all (no batch to resume); the
+                // bytes go off this node's row of the tenant.
+                let rows = query(
+                    txn,
+                    "WITH gone AS (
+                         DELETE FROM tool_calls WHERE tenant = $1 AND conversation_id IS NULL
+                         RETURNING octet_length(body::text) AS bytes),
+                     counted AS (
+                         INSERT INTO tenant_call_bytes (tenant, node, bytes)
+                         SELECT $1, $2, -sum(bytes) FROM gone HAVING count(*) > 0
+                         ON CONFLICT (tenant, node) DO UPDATE
+                             SET bytes = tenant_call_bytes.bytes + EXCLUDED.bytes)
+                     SELECT count(*) FROM gone",
+                    &[tenant, &node],
+                )
+                .await?;
+                let calls: i64 = rows.first().map(|r| r.try_get(0)).transpose()?.unwrap_or(0);
+                *slot.lock().expect("erase slot") = Some(crate::store::CallsErased {
+                    calls: calls.max(0) as u64,
+                    next: None,
+                });
             }
             WriteOp::MarkRolledBack { session_id, seqs } => {
                 let seqs: Vec<i64> = seqs.iter().map(|s| seq(*s)).collect();
