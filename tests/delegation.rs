@@ -413,3 +413,164 @@ async fn wait_for_turn(app: &TestApp, session: &str, turn: &str) -> Value {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A tool-file command that appends `<name> <idempotency key>` to
+/// `runs.log` in its folder; the `slow` one then waits for `release` there.
+fn counting_tools(agents: &std::path::Path) {
+    let tools = agents.join("tools");
+    std::fs::create_dir_all(&tools).unwrap();
+    std::fs::write(
+        tools.join("run.sh"),
+        "#!/bin/sh\ninput=$(cat)\nkey=$(printf '%s' \"$input\" | sed -n 's/.*\"idempotency_key\": *\"\\([^\"]*\\)\".*/\\1/p')\n\
+         echo \"$1 $key\" >> runs.log\n\
+         if [ \"$1\" = slow ]; then while [ ! -e release ]; do sleep 0.02; done; fi\n\
+         echo '{\"done\": \"'$1'\"}'\n",
+    )
+    .unwrap();
+    for (name, effects) in [("quick", "at_most_once"), ("slow", "idempotent")] {
+        std::fs::write(
+            tools.join(format!("{name}.yaml")),
+            format!(
+                "name: {name}\ndescription: counts its runs\ncategory: custom\nparameters: []\n\
+                 side_effects: {effects}\nentry: {{ type: external, command: [\"sh\", \"run.sh\", \"{name}\"] }}\n"
+            ),
+        )
+        .unwrap();
+    }
+}
+
+fn runs(agents: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(agents.join("tools/runs.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Polls `what` until it holds (at most 30 s).
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_inside_a_childs_batch_runs_no_finished_call_twice_and_the_keyed_retry_gets_the_answer()
+ {
+    let model = MockModel::start().await;
+    model.set_responder(|request, _| {
+        let who = asker(request);
+        match (who.as_str(), last_tool_result(request)) {
+            ("lead", None) => Reply::tool_call(
+                "ask1",
+                "ask_worker",
+                &json!({"request": "do both"}).to_string(),
+            ),
+            ("lead", Some(result)) => Reply::text(&format!("lead relays: {result}")),
+            ("worker", None) => Reply::tool_calls(&[("q1", "quick", "{}"), ("s1", "slow", "{}")]),
+            ("worker", Some(_)) => Reply::text("worker: both done"),
+            (other, _) => Reply::text(&format!("unexpected agent {other:?}")),
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agents = support::agents_dir(&[
+        ("lead.toml", &agent("lead", &[], &["worker"])),
+        ("worker.toml", &agent("worker", &["quick", "slow"], &[])),
+    ]);
+    counting_tools(agents.path());
+    let start = || support::server::Server::start(&data, agents.path(), &model.base_url(), &[]);
+    let mut server = start();
+    let client = server.client();
+    let session = client.session("lead").await;
+    let request = client
+        .request(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{session}/messages"),
+        )
+        .header("Idempotency-Key", "both-1")
+        .json(&json!({"content": "get both done"}));
+    // A client waiting for its answer when the server dies.
+    let pending = tokio::spawn(request.send());
+    until("slow runs", async || {
+        runs(agents.path()).iter().any(|l| l.starts_with("slow"))
+    })
+    .await;
+    // quick's outcome is durable once its record is (at_most_once).
+    until("quick's record", async || {
+        let (_, calls) = client.get("/v1/calls").await;
+        calls["calls"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["tool_name"] == "quick"))
+    })
+    .await;
+    server.kill_9();
+    drop(pending);
+    assert_eq!(runs(agents.path()).len(), 2, "{:?}", runs(agents.path()));
+
+    std::fs::write(agents.path().join("tools/release"), "").unwrap();
+    let server = start();
+    let client = server.client();
+    let (_, turns) = client.get(&format!("/v1/sessions/{session}/turns")).await;
+    let turn_id = turns["turns"][0]["turn_id"]
+        .as_str()
+        .expect("the parent's turn")
+        .to_string();
+    let mut done = Value::Null;
+    until("the parent's turn completes", async || {
+        let (_, record) = client
+            .get(&format!("/v1/sessions/{session}/turns/{turn_id}"))
+            .await;
+        done = record;
+        done["phase"] == "completed"
+    })
+    .await;
+    let answer = done["outcome"]["answer"].as_str().unwrap().to_string();
+    assert!(
+        answer.contains("worker: both done"),
+        "the parent got the child's answer: {done}"
+    );
+    let log = runs(agents.path());
+    let quick: Vec<_> = log.iter().filter(|l| l.starts_with("quick")).collect();
+    let slow: Vec<_> = log.iter().filter(|l| l.starts_with("slow")).collect();
+    assert_eq!(
+        quick.len(),
+        1,
+        "the finished call did not run again: {log:?}"
+    );
+    assert_eq!(
+        slow.len(),
+        2,
+        "the cut (idempotent) call ran again: {log:?}"
+    );
+    assert_eq!(slow[0], slow[1], "with the same idempotency key: {log:?}");
+    // One child, one child turn: the resumed parent rejoined it.
+    let (_, children) = client.get("/v1/sessions?agent=worker").await;
+    let children = children["sessions"].as_array().unwrap().clone();
+    assert_eq!(children.len(), 1, "{children:?}");
+    let child = children[0]["id"].as_str().unwrap();
+    let (_, child_turns) = client.get(&format!("/v1/sessions/{child}/turns")).await;
+    assert_eq!(
+        child_turns["turns"].as_array().unwrap().len(),
+        1,
+        "{child_turns}"
+    );
+
+    // The client's retry with its key gets that one answer.
+    let asked = model.request_count();
+    let (status, again) = support::client::send(
+        client
+            .request(
+                reqwest::Method::POST,
+                &format!("/v1/sessions/{session}/messages"),
+            )
+            .header("Idempotency-Key", "both-1")
+            .json(&json!({"content": "get both done"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["answer"], answer.as_str(), "{again}");
+    assert_eq!(model.request_count(), asked, "nobody was asked again");
+}
