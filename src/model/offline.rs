@@ -8,7 +8,8 @@
 //!    the question names ("RSI" → `indicators.RSI.value`, "cash" → every
 //!    `*cash*` field, "worth" → `value`) with what the record is about
 //!    (its symbol or name) and the `source_id`, else a summary of every
-//!    field;
+//!    field; another agent's answer (`ask_<agent>`) relayed as
+//!    "<agent> says: ...";
 //! 2. after a user message, when tools are offered with `tool_choice = auto`:
 //!    picks one tool by keywords (an arithmetic expression in the message
 //!    picks a tool with an `expression` parameter; otherwise the tool whose
@@ -244,6 +245,13 @@ fn compose_from_results(results: &[&ChatMessage], question: &str) -> String {
                     );
                 }
                 return format!("The {name} tool failed: {err}");
+            }
+            // Another agent's answer (`ask_<agent>`): relayed, said whose.
+            if let (Some(answer), Some(agent)) = (
+                v.get("answer").and_then(Value::as_str),
+                v.get("agent").and_then(Value::as_str),
+            ) {
+                return format!("{agent} says: {answer}");
             }
             if let (Some(expr), Some(result)) = (
                 v.get("expression").and_then(Value::as_str),
