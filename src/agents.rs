@@ -51,7 +51,7 @@ pub enum ConfigError {
     },
     #[error("agent {agent}: {message}")]
     Invalid { agent: String, message: String },
-    #[error("agent {agent} lists agent '{asked}' in `agents`, which is not defined")]
+    #[error("agent {agent} lists agent '{asked}' in `agents` or `handoffs`, which is not defined")]
     UnknownAgent { agent: String, asked: String },
 }
 
@@ -73,6 +73,10 @@ pub struct AgentFile {
     /// `ask_<agent>` for each ([`crate::tools::delegate`]).
     #[serde(default)]
     pub agents: Vec<String>,
+    /// Agents this one may hand the conversation to: its model is offered
+    /// `transfer_to_<agent>` for each (`conversation::handoff`).
+    #[serde(default)]
+    pub handoffs: Vec<String>,
     #[serde(default = "default_max_iterations")]
     pub max_iterations: u32,
     #[serde(default = "default_history_window")]
@@ -182,7 +186,11 @@ pub struct Agent {
     pub tools: Vec<String>,
     /// The agents it may ask (`agents = [...]`), each offered as `ask_<name>`.
     pub agents: Vec<String>,
-    /// What its model is offered: its tools, then its `ask_` tools.
+    /// The agents it may hand the conversation to (`handoffs = [...]`),
+    /// each offered as `transfer_to_<name>`.
+    pub handoffs: Vec<String>,
+    /// What its model is offered: its tools, its `ask_` tools, then its
+    /// `transfer_to_` tools.
     offered: Vec<String>,
     pub max_iterations: u32,
     pub history_window: usize,
@@ -217,10 +225,10 @@ impl Agent {
                 });
             }
         }
-        if file.agents.contains(&file.name) {
+        if file.agents.contains(&file.name) || file.handoffs.contains(&file.name) {
             return Err(ConfigError::Invalid {
                 agent: file.name,
-                message: "an agent cannot list itself in `agents`".into(),
+                message: "an agent cannot list itself in `agents` or `handoffs`".into(),
             });
         }
         if file.history_window == 0 {
@@ -260,17 +268,27 @@ impl Agent {
             (None, Some(m)) if !has_override => m.clone(),
             (None, _) => model_for(&endpoint, options),
         };
-        let mut asked = Vec::new();
-        for a in file.agents {
-            if !asked.contains(&a) {
-                asked.push(a);
+        let dedup = |names: Vec<String>| {
+            let mut out: Vec<String> = Vec::new();
+            for n in names {
+                if !out.contains(&n) {
+                    out.push(n);
+                }
             }
-        }
+            out
+        };
+        let asked = dedup(file.agents);
+        let handoffs = dedup(file.handoffs);
         let offered = file
             .tools
             .iter()
             .cloned()
             .chain(asked.iter().map(|a| crate::tools::delegate::ask_name(a)))
+            .chain(
+                handoffs
+                    .iter()
+                    .map(|a| crate::tools::delegate::transfer_name(a)),
+            )
             .collect();
         Ok(Agent {
             name: file.name,
@@ -278,6 +296,7 @@ impl Agent {
             system_prompt: file.system_prompt.into(),
             tools: file.tools,
             agents: asked,
+            handoffs,
             offered,
             max_iterations: file.max_iterations,
             history_window: file.history_window,
@@ -301,27 +320,37 @@ impl Agent {
     }
 }
 
-/// The first agent `agent` lists in `agents` that `known` lacks.
+/// The first agent `agent` lists in `agents` or `handoffs` that `known` lacks.
 fn missing_link<'a>(agent: &'a Agent, known: &AgentMap) -> Option<&'a str> {
     agent
         .agents
         .iter()
+        .chain(&agent.handoffs)
         .find(|a| !known.contains_key(*a))
         .map(String::as_str)
 }
 
-/// Makes the registry's `ask_` tools those of `agents` now: one per agent
-/// some agent lists, described by the asked agent's description.
-pub fn publish_ask_tools(agents: &Agents, registry: &ToolRegistry) {
+/// Makes the registry's agent tools those of `agents` now: an `ask_` tool
+/// per agent some agent asks, a `transfer_to_` tool per agent some agent
+/// hands over to, each described by that agent's description.
+pub fn publish_agent_tools(agents: &Agents, registry: &ToolRegistry) {
+    use crate::tools::delegate::{ask_tool, transfer_tool};
     let map = agents.snapshot();
+    let slot = registry.delegate_slot();
     let asked: std::collections::BTreeSet<&String> =
         map.values().flat_map(|a| a.agents.iter()).collect();
+    let handed: std::collections::BTreeSet<&String> =
+        map.values().flat_map(|a| a.handoffs.iter()).collect();
     let tools = asked
         .into_iter()
         .filter_map(|name| map.get(name))
-        .map(|a| {
-            crate::tools::delegate::ask_tool(&a.name, &a.description, registry.delegate_slot())
-        })
+        .map(|a| ask_tool(&a.name, &a.description, slot))
+        .chain(
+            handed
+                .into_iter()
+                .filter_map(|name| map.get(name))
+                .map(|a| transfer_tool(&a.name, &a.description, slot)),
+        )
         .collect();
     registry.set_agent_tools(tools);
 }

@@ -559,7 +559,7 @@ fn setup(
         }
     };
     agent_files.load(&agents, &resolve)?;
-    crate::agents::publish_ask_tools(&agents, &registry);
+    crate::agents::publish_agent_tools(&agents, &registry);
     let providers: Vec<String> = agents
         .iter()
         .map(|a| format!("agent {}: {}", a.name, a.model.describe()))
@@ -573,7 +573,7 @@ fn setup(
         let registry = registry.clone();
         Arc::new(move || {
             reload_agent_files(&agent_files, &agents, &resolve, &events);
-            crate::agents::publish_ask_tools(&agents, &registry);
+            crate::agents::publish_agent_tools(&agents, &registry);
         })
     };
     let (limiter, tenant_limiter, concurrency) = limits(config, builder.cluster.as_ref());

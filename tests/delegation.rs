@@ -574,3 +574,98 @@ async fn a_kill_inside_a_childs_batch_runs_no_finished_call_twice_and_the_keyed_
     assert_eq!(again["answer"], answer.as_str(), "{again}");
     assert_eq!(model.request_count(), asked, "nobody was asked again");
 }
+
+/// An agent file with handoffs.
+fn agent_with_handoffs(name: &str, tools: &[&str], handoffs: &[&str]) -> String {
+    let list = |xs: &[&str]| {
+        xs.iter()
+            .map(|x| format!("{x:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "name = {name:?}\ndescription = \"The {name} agent.\"\nsystem_prompt = \"You are {name}.\"\ntools = [{}]\nhandoffs = [{}]\nmax_iterations = 4\n",
+        list(tools),
+        list(handoffs)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_makes_the_other_agent_answer_this_turn_and_the_next_and_it_can_hand_back() {
+    let model = MockModel::start().await;
+    model.set_responder(|request, _| {
+        let who = asker(request);
+        let last = last_tool_result(request);
+        let handed_over = last
+            .as_deref()
+            .is_some_and(|r| r.contains("transferred_to"));
+        match (who.as_str(), last) {
+            ("triage", None) => Reply::tool_call(
+                "t1",
+                "transfer_to_billing",
+                &json!({"reason": "a billing question"}).to_string(),
+            ),
+            ("triage", Some(_)) => Reply::text("triage here again"),
+            ("billing", None) if question(request).contains("back") => Reply::tool_call(
+                "t2",
+                "transfer_to_triage",
+                &json!({"reason": "not billing"}).to_string(),
+            ),
+            ("billing", None) => Reply::tool_call("l1", "lookup", r#"{"what":"invoice"}"#),
+            ("billing", Some(_)) if handed_over => {
+                Reply::tool_call("l1", "lookup", r#"{"what":"invoice"}"#)
+            }
+            ("billing", Some(_)) => Reply::text(&format!("billing answers: {}", question(request))),
+            (other, _) => Reply::text(&format!("unexpected agent {other:?}")),
+        }
+    });
+    let (lookup, handler, runs) = counting_tool("lookup");
+    let (app, _dir) = app_with(
+        &model,
+        &[
+            ("triage", agent_with_handoffs("triage", &[], &["billing"])),
+            (
+                "billing",
+                agent_with_handoffs("billing", &["lookup"], &["triage"]),
+            ),
+        ],
+        vec![(lookup, handler)],
+        "",
+    );
+    let session = app.session("triage").await;
+    let (status, body) = app.say(&session, "my invoice is wrong").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["answer"], "billing answers: my invoice is wrong",
+        "{body}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "billing used its own tool");
+    let requests = model.requests();
+    assert_eq!(asker(&requests[0]), "triage");
+    assert_eq!(offered(&requests[0]), vec!["transfer_to_billing"]);
+    assert_eq!(
+        asker(&requests[1]),
+        "billing",
+        "the rest of the turn is billing's"
+    );
+    assert_eq!(offered(&requests[1]), vec!["lookup", "transfer_to_triage"]);
+    // The history carries over, the handoff in it.
+    let history = requests[1]["messages"].to_string();
+    assert!(history.contains("my invoice is wrong") && history.contains("transfer_to_billing"));
+    // The session shows its active agent.
+    let (_, shown) = app.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(shown["agent"], "billing", "{shown}");
+
+    // The next turn is billing's from its first model call.
+    let before = model.request_count();
+    let (status, body) = app.say(&session, "and the refund?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(asker(&model.requests()[before]), "billing");
+
+    // Billing hands back; triage answers the rest of that turn.
+    let (status, body) = app.say(&session, "take me back").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["answer"], "triage here again", "{body}");
+    let (_, shown) = app.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(shown["agent"], "triage", "{shown}");
+}

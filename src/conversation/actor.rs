@@ -303,6 +303,15 @@ pub struct CheckApprovals {
     pub ran: Option<(String, ToolExecutionResult)>,
 }
 
+/// Another agent answers from now on ([`super::handoff`]): its prompt,
+/// tools and model, for the rest of the running turn and the next ones.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HandOff {
+    pub agent: Arc<Agent>,
+    pub settings: TurnSettings,
+}
+
 /// Waits for turn `turn_id` of this conversation to end (or pause).
 #[derive(Message)]
 #[rtype(result = "Option<AcceptedTurn>")]
@@ -1786,6 +1795,17 @@ impl Handler<CheckApprovals> for Conversation {
     }
 }
 
+impl Handler<HandOff> for Conversation {
+    type Result = ();
+
+    fn handle(&mut self, msg: HandOff, _: &mut Context<Self>) {
+        tracing::info!(session = %self.session.id, from = %self.agent.name, to = %msg.agent.name, "conversation handed off");
+        self.session.agent = msg.agent.name.clone();
+        self.agent = msg.agent;
+        self.machine.hand_off(msg.settings);
+    }
+}
+
 impl Handler<WatchTurn> for Conversation {
     type Result = Option<AcceptedTurn>;
 
@@ -1928,6 +1948,12 @@ impl ConversationHandle {
     /// approved call's outcome, by its tool call id).
     pub fn check_approvals(&self, ran: Option<(String, ToolExecutionResult)>) {
         self.addr.do_send(CheckApprovals { ran });
+    }
+
+    /// Hands the conversation to `agent` ([`HandOff`]); `false` when the
+    /// actor is gone (its next load reads the agent from the session).
+    pub async fn hand_off(&self, agent: Arc<Agent>, settings: TurnSettings) -> bool {
+        self.addr.send(HandOff { agent, settings }).await.is_ok()
     }
 
     /// Waits on turn `turn_id` if it runs, is paused or queued here.

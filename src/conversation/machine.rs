@@ -532,6 +532,12 @@ impl ConversationMachine {
         }
     }
 
+    /// A handoff ([`super::handoff`]): another agent's settings from now
+    /// on, for the rest of the running turn too (its next model call).
+    pub fn hand_off(&mut self, settings: TurnSettings) {
+        self.settings = settings;
+    }
+
     /// Gives back what a quiet conversation does not use: the slack of
     /// the history and the queue's buffer (the actor calls it when the
     /// session goes quiet; see the module doc).

@@ -13,6 +13,8 @@
 //!   [`visitor`]: the visitor/operator protocol on it (auto-response, operator messages).
 //! - [`delegation`]: an agent asks another (`ask_<agent>`): a turn of a
 //!   child conversation, linked to the parent, as the call's result.
+//! - [`handoff`]: an agent hands the conversation to another
+//!   (`transfer_to_<agent>`): the session's active agent from then on.
 //! - [`summary`]: tool usage summaries.
 //! - [`budget`]: the monthly token budget gate every turn passes first;
 //!   [`storage`]: a tenant's share of the store (write rate, storage quota),
@@ -24,6 +26,7 @@ pub mod batch;
 pub mod budget;
 pub mod context;
 pub mod delegation;
+pub mod handoff;
 pub mod machine;
 pub mod queue;
 pub mod resume;

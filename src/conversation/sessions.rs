@@ -475,6 +475,20 @@ impl crate::tools::delegate::Delegate for AskThrough {
         };
         Sessions { inner }.ask(agent, request, ctx).await
     }
+
+    async fn transfer(
+        &self,
+        agent: &str,
+        reason: Option<String>,
+        ctx: &crate::tools::ExecutionContext,
+    ) -> Result<Value, crate::tools::ToolError> {
+        let Some(inner) = self.0.upgrade() else {
+            return Err(crate::tools::ToolError::Unavailable {
+                message: "the runtime is stopping".into(),
+            });
+        };
+        Sessions { inner }.transfer(agent, reason, ctx).await
+    }
 }
 
 impl Sessions {
@@ -1164,8 +1178,9 @@ impl Sessions {
         Ok(decided)
     }
 
-    /// The settings of the session's next turn: agent, tenant, session.
-    fn settings_under(
+    /// The settings of the session's next turn (or, after a handoff, of
+    /// the rest of this one): agent, tenant, session.
+    pub(super) fn settings_under(
         &self,
         session: &Session,
         config: &TenantConfig,

@@ -42,6 +42,10 @@
 //!    A parameter whose schema names a shape the message does not hold is
 //!    left out, never given the message text: the executor's validation
 //!    then names it, and the answer says the tool failed and why.
+//!
+//!    After a handoff (`transfer_to_<agent>`'s result only), the agent now
+//!    answering routes the question as if it had been asked first: with
+//!    its own tools, and without offering the handoff back.
 //! 3. with no tools offered: restates the facts the message carries (each
 //!    JSON value in it, described like a tool result, under the label
 //!    before it), so a tool-less agent, such as a workflow's analyst given
@@ -117,7 +121,10 @@ pub fn route(request: &ChatRequest) -> ChatResponse {
     let last_user = request.messages.iter().rposition(|m| m.role == Role::User);
     let since_user = last_user.map(|i| &request.messages[i + 1..]).unwrap_or(&[]);
     let results: Vec<&ChatMessage> = since_user.iter().filter(|m| m.role == Role::Tool).collect();
-    if !results.is_empty() {
+    // Only handoffs so far (`transfer_to_<agent>`): the agent now answering
+    // takes the question as if it had been asked first.
+    let handed_over = !results.is_empty() && results.iter().all(|m| is_handoff(m));
+    if !results.is_empty() && !handed_over {
         let question = last_user
             .and_then(|i| request.messages[i].content.as_deref())
             .unwrap_or_default();
@@ -127,8 +134,15 @@ pub fn route(request: &ChatRequest) -> ChatResponse {
         return text("Hello. I am cadre's offline model.".into());
     };
     let question = user.content.clone().unwrap_or_default();
+    // Just handed over: not straight back.
+    let tools: Vec<ToolSpec> = request
+        .tools
+        .iter()
+        .filter(|t| !(handed_over && t.name.starts_with("transfer_to_")))
+        .cloned()
+        .collect();
     if request.tool_choice == ToolChoice::Auto
-        && let Some((tool, args)) = pick_tool(&question, &request.tools)
+        && let Some((tool, args)) = pick_tool(&question, &tools)
     {
         return ChatResponse {
             content: None,
@@ -222,6 +236,14 @@ fn describe_fact(label: &str, v: &Value) -> String {
     } else {
         format!("{label}: {body}")
     }
+}
+
+/// Whether a tool message is a handoff's result.
+fn is_handoff(m: &ChatMessage) -> bool {
+    m.content
+        .as_deref()
+        .and_then(|c| serde_json::from_str::<Value>(c).ok())
+        .is_some_and(|v| v.get("transferred_to").is_some())
 }
 
 fn compose_from_results(results: &[&ChatMessage], question: &str) -> String {

@@ -1,6 +1,7 @@
-//! Delegation tools: `ask_<agent>`, a turn of another agent as a tool call.
+//! Agent tools: `ask_<agent>`, a turn of another agent as a tool call, and
+//! `transfer_to_<agent>`, a handoff of the conversation to another agent.
 //!
-//! agent files (`agents = [...]`) ──agents::resolve──▶ [`ask_tool`] per listed agent
+//! agent files (`agents = [...]`, `handoffs = [...]`) ──▶ [`ask_tool`], [`transfer_tool`] per listed agent
 //!     ──ToolRegistry::set_agent_tools──▶ the registry's agent layer (not the catalog)
 //! executor ──AskAgent::call──▶ [`Delegate::ask`] (the conversation layer's Sessions,
 //!     plugged in at start through [`DelegateSlot`]) ──▶ a child conversation's turn
@@ -25,6 +26,9 @@
 //!   (a resumed turn, a retried batch) rejoins the same child turn.
 //! - Its own timeout is long ([`ASK_TIMEOUT`]); the deadline that binds is
 //!   the asking turn's tool batch (`tool_batch_timeout_s`).
+//! - `transfer_to_<agent>` takes an optional `{"reason": string}`; what a
+//!   handoff does is `conversation::handoff`'s. Offered, reached and
+//!   admitted like an `ask_` tool.
 
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -50,6 +54,17 @@ pub fn ask_name(agent: &str) -> String {
     format!("{ASK_PREFIX}{agent}")
 }
 
+/// The prefix of a handoff tool's name.
+pub const TRANSFER_PREFIX: &str = "transfer_to_";
+
+/// The name of the tool that hands the conversation to `agent`.
+pub fn transfer_name(agent: &str) -> String {
+    format!("{TRANSFER_PREFIX}{agent}")
+}
+
+/// Longest `reason` a `transfer_to_` call may give.
+pub const MAX_REASON_BYTES: usize = 4 * 1024;
+
 /// What an `ask_` call asks of the layer that runs conversations.
 #[async_trait::async_trait]
 pub trait Delegate: Send + Sync + 'static {
@@ -61,6 +76,15 @@ pub trait Delegate: Send + Sync + 'static {
         &self,
         agent: &str,
         request: String,
+        ctx: &ExecutionContext,
+    ) -> Result<Value, ToolError>;
+
+    /// Makes `agent` the calling conversation's active agent from now on:
+    /// the rest of its turn and the following turns.
+    async fn transfer(
+        &self,
+        agent: &str,
+        reason: Option<String>,
         ctx: &ExecutionContext,
     ) -> Result<Value, ToolError>;
 }
@@ -139,6 +163,71 @@ pub fn ask_tool(
     def.cache = Some(CacheSpec { ttl_seconds: 0 });
     def.timeout = Some(ASK_TIMEOUT);
     let handler = Arc::new(AskAgent {
+        agent: agent.to_string(),
+        slot: slot.clone(),
+    });
+    (def, handler)
+}
+
+/// The handler of `transfer_to_<agent>`.
+struct TransferTo {
+    agent: String,
+    slot: DelegateSlot,
+}
+
+#[async_trait::async_trait]
+impl ToolHandler for TransferTo {
+    async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError> {
+        let reason = params["reason"]
+            .as_str()
+            .filter(|r| !r.trim().is_empty())
+            .map(str::to_string);
+        let Some(delegate) = self.slot.get() else {
+            return Err(ToolError::Unavailable {
+                message: "the conversation cannot be handed over: the runtime is stopping".into(),
+            });
+        };
+        delegate.transfer(&self.agent, reason, ctx).await
+    }
+}
+
+/// The tool that hands the conversation to `agent` (described by
+/// `description`), bound to `slot`.
+pub fn transfer_tool(
+    agent: &str,
+    description: &str,
+    slot: &DelegateSlot,
+) -> (ToolDefinition, Arc<dyn ToolHandler>) {
+    let description = if description.trim().is_empty() {
+        format!("Hand the conversation over to the {agent} agent, which answers from now on.")
+    } else {
+        format!(
+            "Hand the conversation over to the {agent} agent, which answers from now on: {}",
+            description.trim()
+        )
+    };
+    let mut def = ToolDefinition::new(
+        &transfer_name(agent),
+        &description,
+        json!({
+            "type": "object",
+            "properties": {
+                "reason": {
+                    "type": "string",
+                    "description": "Why, in a sentence, for the history.",
+                    "maxLength": MAX_REASON_BYTES,
+                }
+            },
+            "additionalProperties": false,
+        }),
+    )
+    .with_category("delegation");
+    def.entry = Entry::Agent {
+        agent: agent.to_string(),
+    };
+    def.side_effects = SideEffects::Idempotent;
+    def.cache = Some(CacheSpec { ttl_seconds: 0 });
+    let handler = Arc::new(TransferTo {
         agent: agent.to_string(),
         slot: slot.clone(),
     });
