@@ -669,3 +669,55 @@ async fn a_handoff_makes_the_other_agent_answer_this_turn_and_the_next_and_it_ca
     let (_, shown) = app.get(&format!("/v1/sessions/{session}")).await;
     assert_eq!(shown["agent"], "triage", "{shown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_parents_stream_carries_the_childs_events_tagged_with_the_child() {
+    let model = MockModel::start().await;
+    lead_and_analyst(&model);
+    let (lookup, handler, _runs) = counting_tool("lookup");
+    let (app, _dir) = app_with(
+        &model,
+        &[
+            ("lead", agent("lead", &[], &["analyst"])),
+            ("analyst", agent("analyst", &["lookup"], &[])),
+        ],
+        vec![(lookup, handler)],
+        "",
+    );
+    let session = app.session("lead").await;
+    let response = app.post_streaming(&session, "the weather").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = tokio::time::timeout(Duration::from_secs(20), response.text())
+        .await
+        .expect("the stream ends")
+        .expect("a body");
+    let (_, list) = app.get("/v1/sessions?agent=analyst").await;
+    let child = list["sessions"][0]["id"]
+        .as_str()
+        .expect("a child")
+        .to_string();
+    // Every child event names the child; among them its tool call and its end.
+    let child_events: Vec<Value> = text
+        .split("\n\n")
+        .filter(|frame| frame.contains("event: child_event"))
+        .filter_map(|frame| frame.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|data| serde_json::from_str(data).expect("JSON data"))
+        .collect();
+    assert!(!child_events.is_empty(), "{text}");
+    for e in &child_events {
+        assert_eq!(e["session_id"], child.as_str(), "{e}");
+        assert_eq!(e["agent"], "analyst", "{e}");
+    }
+    let kinds: Vec<&str> = child_events
+        .iter()
+        .filter_map(|e| e["event"]["type"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"tool_call_started") && kinds.contains(&"turn_completed"),
+        "{kinds:?}"
+    );
+    // The parent's own events are there too, its end last.
+    assert!(text.contains("event: tool_call_started") && text.contains("event: turn_completed"));
+    let last_parent = text.rfind("event: turn_completed").unwrap();
+    assert!(text.rfind("event: child_event").unwrap() < last_parent);
+}

@@ -246,6 +246,16 @@ pub enum TurnEvent {
         turn_id: String,
         waiting_for: String,
     },
+    /// An event of a child turn this turn's `ask_<agent>` call runs
+    /// ([`super::delegation`]): the child's session and agent, and the
+    /// event as the child's own stream would send it.
+    ChildEvent {
+        session_id: String,
+        agent: String,
+        /// The child's own event (its `type` says which).
+        #[schema(value_type = std::collections::BTreeMap<String, Value>)]
+        event: Value,
+    },
 }
 
 impl TurnEvent {
@@ -259,6 +269,7 @@ impl TurnEvent {
             TurnEvent::TurnPaused(_) => "turn_paused",
             TurnEvent::TurnInterrupted { .. } => "turn_interrupted",
             TurnEvent::TurnQueued { .. } => "turn_queued",
+            TurnEvent::ChildEvent { .. } => "child_event",
         }
     }
 }
@@ -1030,7 +1041,20 @@ impl Conversation {
         }
         self.batch_id += 1;
         let batch_id = self.batch_id;
-        let context = self.execution_context();
+        let mut context = self.execution_context();
+        // A streaming caller sees the steps of the children its `ask_`
+        // calls run, tagged with the child.
+        if let Some(sink) = self.current.as_ref().and_then(|c| c.events.clone()) {
+            context.child_events = Some(crate::tools::delegate::ChildEvents(Arc::new(
+                move |e: crate::tools::delegate::ChildEvent| {
+                    let _ = sink.send(TurnEvent::ChildEvent {
+                        session_id: e.session_id,
+                        agent: e.agent,
+                        event: e.event,
+                    });
+                },
+            )));
+        }
         let executor = self.executor.clone();
         let deadline = self.agent.tool_batch_timeout;
         let offered: std::sync::Arc<[String]> = self

@@ -44,6 +44,10 @@
 //!   parent asks once more (the same key), which waits for the child's
 //!   next end or pause. When the child holds several confirmations the
 //!   parent names the first still pending, then the next.
+//! - **Streams.** When the asking turn's caller streams (SSE, the visitor
+//!   WebSocket), every event of the child's turn reaches it as a
+//!   `child_event` `{session_id, agent, event}`, the child's own event
+//!   inside; a grandchild's arrive wrapped twice.
 //! - **Deadline.** The wait is bounded by the asking turn's tool batch
 //!   deadline (`tool_batch_timeout_s`); past it the parent gets `timeout`
 //!   and the child's turn goes on, its answer kept in the child session.
@@ -51,11 +55,13 @@
 use jiff::Timestamp;
 use serde_json::{Value, json};
 
+use super::actor::TurnEvent;
 use super::machine::{TurnOutcome, TurnStatus};
 use super::sessions::{NewSession, SessionError, Sessions};
 use crate::executor::confirmations::ConfirmationState;
 use crate::identity::Scope;
 use crate::store::{Session, WriteOp};
+use crate::tools::delegate::ChildEvent;
 use crate::tools::{ExecutionContext, ToolError};
 
 /// The document namespace of the parent → child pointers.
@@ -120,12 +126,27 @@ impl Sessions {
         }
         let child = self.child_of(&parent, agent, ctx, depth).await?;
         let scope = Scope::tenant(parent.tenant.clone());
+        // The asking turn's stream gets the child's events, tagged.
+        let events = ctx.child_events.clone().map(|relay| {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<TurnEvent>();
+            let (session_id, agent) = (child.id.clone(), agent.to_string());
+            tokio::spawn(async move {
+                while let Some(event) = rx.recv().await {
+                    relay.send(ChildEvent {
+                        session_id: session_id.clone(),
+                        agent: agent.clone(),
+                        event: serde_json::to_value(&event).unwrap_or(Value::Null),
+                    });
+                }
+            });
+            tx
+        });
         let started = self
             .start_turn(
                 &scope,
                 &child.id,
                 request,
-                None,
+                events,
                 ctx.idempotency_key.clone(),
             )
             .await

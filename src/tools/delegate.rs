@@ -89,6 +89,38 @@ pub trait Delegate: Send + Sync + 'static {
     ) -> Result<Value, ToolError>;
 }
 
+/// One event of a child turn, for the asking turn's stream: the child's
+/// session and agent, and the event as the child's own stream sends it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ChildEvent {
+    pub session_id: String,
+    pub agent: String,
+    pub event: Value,
+}
+
+/// Where an `ask_` call's child turn streams its progress: the asking
+/// turn's own stream (set by a conversation whose caller streams).
+#[derive(Clone)]
+pub struct ChildEvents(pub Arc<dyn Fn(ChildEvent) + Send + Sync>);
+
+impl ChildEvents {
+    pub fn send(&self, event: ChildEvent) {
+        (self.0)(event)
+    }
+}
+
+impl std::fmt::Debug for ChildEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChildEvents")
+    }
+}
+
+impl PartialEq for ChildEvents {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 /// Where the runtime plugs the [`Delegate`] in once the conversation layer
 /// exists (the registry is built before it). Held weakly: the registry
 /// must not keep the sessions alive.

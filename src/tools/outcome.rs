@@ -83,6 +83,10 @@ pub struct ExecutionContext {
     /// session meanwhile runs nothing ([`crate::store::owners`]).
     #[serde(skip)]
     pub writer: Option<crate::store::SessionWriter>,
+    /// Where an `ask_` call streams its child's events: the calling
+    /// turn's stream, when its caller streams ([`super::delegate`]).
+    #[serde(skip)]
+    pub child_events: Option<super::delegate::ChildEvents>,
 }
 
 impl ExecutionContext {
@@ -104,6 +108,7 @@ impl ExecutionContext {
             turn_id: None,
             idempotency_key: None,
             writer: None,
+            child_events: None,
         }
     }
 }
