@@ -721,3 +721,79 @@ async fn the_parents_stream_carries_the_childs_events_tagged_with_the_child() {
     let last_parent = text.rfind("event: turn_completed").unwrap();
     assert!(text.rfind("event: child_event").unwrap() < last_parent);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cutting_the_asking_turn_cuts_the_childs_turn() {
+    let model = MockModel::start().await;
+    model.set_responder(|request, _| {
+        let who = asker(request);
+        match (who.as_str(), last_tool_result(request)) {
+            ("lead", None) if question(request) == "never mind" => Reply::text("ok, dropped"),
+            ("lead", None) => Reply::tool_call(
+                "ask1",
+                "ask_analyst",
+                &json!({"request": "take your time"}).to_string(),
+            ),
+            ("analyst", None) => Reply::tool_call("w1", "wait", "{}"),
+            (_, Some(result)) => Reply::text(&format!("got {result}")),
+            (other, _) => Reply::text(&format!("unexpected agent {other:?}")),
+        }
+    });
+    // `wait` runs until the test ends.
+    let started = Arc::new(tokio::sync::Notify::new());
+    let signal = started.clone();
+    let wait: Arc<dyn ToolHandler> = Arc::new(FnHandler(move |_params: Value| {
+        let signal = signal.clone();
+        async move {
+            signal.notify_one();
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok::<Value, ToolError>(json!({}))
+        }
+    }));
+    let def = ToolDefinition::new(
+        "wait",
+        "Waits.",
+        json!({"type": "object", "properties": {}}),
+    )
+    .with_cache_ttl(0);
+    let lead = format!(
+        "{}multitask = \"interrupt\"\n",
+        agent("lead", &[], &["analyst"])
+    );
+    let (app, _dir) = app_with(
+        &model,
+        &[
+            ("lead", lead),
+            ("analyst", agent("analyst", &["wait"], &[])),
+        ],
+        vec![(def, wait)],
+        "",
+    );
+    let session = app.session("lead").await;
+    let first = app.client.spawn_post(
+        &format!("/v1/sessions/{session}/messages"),
+        json!({"content": "look into it"}),
+    );
+    tokio::time::timeout(Duration::from_secs(20), started.notified())
+        .await
+        .expect("the child's tool started");
+    let (status, body) = app.say(&session, "never mind").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["answer"], "ok, dropped");
+    let (status, cut) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CONFLICT, "{cut}");
+    assert_eq!(cut["error"]["code"], "TURN_INTERRUPTED", "{cut}");
+    // The child's turn was cut with it.
+    let (_, list) = app.get("/v1/sessions?agent=analyst").await;
+    let child = list["sessions"][0]["id"]
+        .as_str()
+        .expect("a child")
+        .to_string();
+    let (_, turns) = app.get(&format!("/v1/sessions/{child}/turns")).await;
+    let turn = turns["turns"][0]["turn_id"].as_str().unwrap().to_string();
+    until("the child's turn is cut", async || {
+        let (_, record) = app.get(&format!("/v1/sessions/{child}/turns/{turn}")).await;
+        record["phase"] == "interrupted"
+    })
+    .await;
+}

@@ -314,6 +314,14 @@ pub struct CheckApprovals {
     pub ran: Option<(String, ToolExecutionResult)>,
 }
 
+/// Cuts turn `turn_id` if it is the one running (its parent was cut,
+/// [`super::delegation`]), as a newer message under `interrupt` would.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CutRunning {
+    pub turn_id: String,
+}
+
 /// Another agent answers from now on ([`super::handoff`]): its prompt,
 /// tools and model, for the rest of the running turn and the next ones.
 #[derive(Message)]
@@ -432,6 +440,8 @@ struct Current {
     model_spent: Duration,
     /// The history was folded into the summary after a too-large refusal.
     compacted: bool,
+    /// Fired when the turn is cut: its `ask_` calls cut their children.
+    cut: crate::tools::delegate::TurnCut,
     /// The turn's tokens set aside under its tenant's budget; given back
     /// with this (the turn ended or paused: its usage is stored).
     _reservation: Option<Reservation>,
@@ -691,6 +701,7 @@ impl Conversation {
                     span,
                     model_spent: Duration::ZERO,
                     compacted: false,
+                    cut: Default::default(),
                     _reservation: reservation,
                 };
                 current.emit(TurnEvent::TurnStarted {
@@ -1042,6 +1053,7 @@ impl Conversation {
         self.batch_id += 1;
         let batch_id = self.batch_id;
         let mut context = self.execution_context();
+        context.cut = self.current.as_ref().map(|c| c.cut.clone());
         // A streaming caller sees the steps of the children its `ask_`
         // calls run, tagged with the child.
         if let Some(sink) = self.current.as_ref().and_then(|c| c.events.clone()) {
@@ -1334,6 +1346,7 @@ impl Conversation {
             span,
             model_spent: Duration::ZERO,
             compacted: false,
+            cut: Default::default(),
             _reservation: None,
         });
     }
@@ -1441,6 +1454,10 @@ impl Conversation {
     fn interrupt(&mut self, rollback: bool, ctx: &mut Context<Self>) {
         if !self.machine.in_turn() || self.interrupting.is_some() {
             return;
+        }
+        // Its running children are cut with it ([`super::delegation`]).
+        if let Some(c) = &self.current {
+            c.cut.0.cancel();
         }
         if let Some(h) = self.model_call.take() {
             ctx.cancel_future(h);
@@ -1819,6 +1836,18 @@ impl Handler<CheckApprovals> for Conversation {
     }
 }
 
+impl Handler<CutRunning> for Conversation {
+    type Result = ();
+
+    fn handle(&mut self, msg: CutRunning, ctx: &mut Context<Self>) {
+        if self.machine.turn_id() == Some(msg.turn_id.as_str()) {
+            tracing::info!(session = %self.session.id, turn = %msg.turn_id, "turn cut with the turn that asked for it");
+            self.interrupt(false, ctx);
+            self.start_next(ctx);
+        }
+    }
+}
+
 impl Handler<HandOff> for Conversation {
     type Result = ();
 
@@ -1972,6 +2001,13 @@ impl ConversationHandle {
     /// approved call's outcome, by its tool call id).
     pub fn check_approvals(&self, ran: Option<(String, ToolExecutionResult)>) {
         self.addr.do_send(CheckApprovals { ran });
+    }
+
+    /// Cuts turn `turn_id` if it runs ([`CutRunning`]).
+    pub fn cut(&self, turn_id: &str) {
+        self.addr.do_send(CutRunning {
+            turn_id: turn_id.to_string(),
+        });
     }
 
     /// Hands the conversation to `agent` ([`HandOff`]); `false` when the

@@ -48,6 +48,12 @@
 //!   WebSocket), every event of the child's turn reaches it as a
 //!   `child_event` `{session_id, agent, event}`, the child's own event
 //!   inside; a grandchild's arrive wrapped twice.
+//! - **Cut together.** When the asking turn is cut (a newer message under
+//!   `multitask = "interrupt"` or `"rollback"`), its running `ask_` calls
+//!   cut their children's turns the same way (closed as `interrupted`; a
+//!   child's calls already running finish and are recorded). A paused
+//!   parent's cut declines the child's held call, which ends the child's
+//!   turn.
 //! - **Deadline.** The wait is bounded by the asking turn's tool batch
 //!   deadline (`tool_batch_timeout_s`); past it the parent gets `timeout`
 //!   and the child's turn goes on, its answer kept in the child session.
@@ -151,7 +157,12 @@ impl Sessions {
             )
             .await
             .map_err(refused)?;
-        let mut outcome = started.outcome.await.map_err(refused)?;
+        let child_turn = started.turn_id.clone();
+        let cut = ctx.cut.clone().unwrap_or_default();
+        let mut outcome = tokio::select! {
+            outcome = started.outcome => outcome.map_err(refused)?,
+            () = cut.0.cancelled() => return Err(self.cut_child(&child.id, &child_turn).await),
+        };
         loop {
             if outcome.status == TurnStatus::Completed {
                 return Ok(json!({
@@ -166,8 +177,20 @@ impl Sessions {
             }
             // Every confirmation it waits on is decided (or expired): the
             // child is being taken up; wait for its next end or pause.
-            outcome = self.next_of(&scope, &child.id, &outcome.turn_id).await?;
+            outcome = tokio::select! {
+                next = self.next_of(&scope, &child.id, &outcome.turn_id) => next?,
+                () = cut.0.cancelled() => return Err(self.cut_child(&child.id, &child_turn).await),
+            };
         }
+    }
+
+    /// The asking turn was cut: so is the child's turn (closed as
+    /// interrupted, as a newer message would cut it).
+    async fn cut_child(&self, child: &str, turn_id: &str) -> ToolError {
+        if let Ok(handle) = self.handle_of(child).await {
+            handle.cut(turn_id);
+        }
+        ToolError::failed("the asking turn was cut: so was the asked agent's turn")
     }
 
     /// The child session of `parent` for `agent`: the one it asked before,

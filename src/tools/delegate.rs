@@ -121,6 +121,19 @@ impl PartialEq for ChildEvents {
     }
 }
 
+/// Fired when the asking turn is cut (a newer message interrupts it, or
+/// rolls it back): its `ask_` calls cut their children's turns.
+#[derive(Clone, Debug, Default)]
+pub struct TurnCut(pub tokio_util::sync::CancellationToken);
+
+/// A signal, not data: any two are equal (so a context compares by what
+/// it says).
+impl PartialEq for TurnCut {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
 /// Where the runtime plugs the [`Delegate`] in once the conversation layer
 /// exists (the registry is built before it). Held weakly: the registry
 /// must not keep the sessions alive.

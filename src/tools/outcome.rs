@@ -87,6 +87,10 @@ pub struct ExecutionContext {
     /// turn's stream, when its caller streams ([`super::delegate`]).
     #[serde(skip)]
     pub child_events: Option<super::delegate::ChildEvents>,
+    /// Fired when the calling turn is cut: an `ask_` call then cuts its
+    /// child's turn ([`super::delegate`]).
+    #[serde(skip)]
+    pub cut: Option<super::delegate::TurnCut>,
 }
 
 impl ExecutionContext {
@@ -109,6 +113,7 @@ impl ExecutionContext {
             idempotency_key: None,
             writer: None,
             child_events: None,
+            cut: None,
         }
     }
 }
