@@ -216,6 +216,20 @@ async fn an_agent_asks_another_which_answers_with_its_own_prompt_and_tools() {
     assert_eq!(link["tool_call_id"], "ask1", "{shown}");
     assert_eq!(link["depth"], 1, "{shown}");
 
+    // The child's model calls count toward the parent session too.
+    let (_, summary) = app.get(&format!("/v1/sessions/{session}/summary")).await;
+    assert_eq!(summary["token_usage"]["model_calls"], 2, "{summary}");
+    assert_eq!(
+        summary["delegated_token_usage"]["model_calls"], 2,
+        "{summary}"
+    );
+    let (_, child_summary) = app.get(&format!("/v1/sessions/{child}/summary")).await;
+    assert_eq!(
+        child_summary["token_usage"]["model_calls"], 2,
+        "{child_summary}"
+    );
+    assert_eq!(child_summary["delegated_token_usage"]["model_calls"], 0);
+
     // /v1/calls records the ask like any tool call.
     let (_, calls) = app
         .get(&format!("/v1/calls?conversation_id={session}"))

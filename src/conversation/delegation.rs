@@ -14,8 +14,9 @@
 //! Decisions:
 //! - **One child per parent session and asked agent.** Asking the same
 //!   agent again from the same session continues the same child session,
-//!   so the asked agent remembers the earlier questions. The pointer is a
-//!   document of the parent (namespace [`DELEGATIONS`], erased with it).
+//!   so the asked agent remembers the earlier questions. The pointers are
+//!   one document of the parent (namespace [`DELEGATIONS`], key the
+//!   parent's id, `{"children": {agent: child id}}`, erased with it).
 //!   A fresh child: delete the child session (`DELETE
 //!   /v1/sessions/{child}`); the next ask opens a new one.
 //! - **The link** is in the child's metadata under the reserved key
@@ -24,7 +25,10 @@
 //!   set it (`POST /v1/sessions` refuses the key).
 //! - **Who the child acts for**: the parent's tenant, user and plan; its
 //!   turns pass the same budget gate, its calls the same entitlements,
-//!   limits and quotas, and its tokens count toward the tenant. A
+//!   limits and quotas, and its tokens count toward the tenant (as the
+//!   child session's) and toward the parent session: its summary's
+//!   `delegated_token_usage` sums its children's and theirs, read from the
+//!   pointers (at most [`MAX_SUMMED_CHILDREN`] sessions). A
 //!   workflow's session passes its `workflow_id`/`node_id` on, so a
 //!   child of an agent node does not pause for approvals either.
 //! - **Depth.** A top-level session is depth 0, its child 1; asking from
@@ -82,6 +86,36 @@ pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 3;
 /// How often a wait for a child that is being taken up looks again, when
 /// its conversation does not know the turn yet (a race at load only).
 const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Most child sessions a summary sums ([`children_usage`]).
+pub const MAX_SUMMED_CHILDREN: usize = 256;
+
+/// What the sessions `id` asked (its children, theirs, ...) spent, from
+/// their stored usage; a child deleted meanwhile counts for nothing.
+pub async fn children_usage(
+    store: &crate::store::Store,
+    id: &str,
+) -> Result<crate::store::TokenUsage, crate::store::StoreError> {
+    let mut total = crate::store::TokenUsage::default();
+    let mut seen = std::collections::HashSet::from([id.to_string()]);
+    let mut next = vec![id.to_string()];
+    while let Some(parent) = next.pop() {
+        let Some(doc) = store.get_doc(DELEGATIONS, &parent).await? else {
+            continue;
+        };
+        let Some(children) = doc["children"].as_object() else {
+            continue;
+        };
+        for child in children.values().filter_map(Value::as_str) {
+            if seen.len() > MAX_SUMMED_CHILDREN || !seen.insert(child.to_string()) {
+                continue;
+            }
+            total.add(&store.session_usage(child).await?);
+            next.push(child.to_string());
+        }
+    }
+    Ok(total)
+}
 
 /// The depth of `session` in a delegation chain (0: not a child).
 pub fn depth_of(session: &Session) -> u32 {
@@ -202,14 +236,15 @@ impl Sessions {
         ctx: &ExecutionContext,
         depth: u32,
     ) -> Result<Session, ToolError> {
-        let key = format!("{}/{agent}", parent.id);
+        let key = parent.id.clone();
         let _opening = self.delegations_lock().lock().await;
-        let known = self
+        let mut children = self
             .store()
             .get_doc(DELEGATIONS, &key)
             .await
-            .map_err(|e| refused(e.into()))?;
-        if let Some(id) = known.as_ref().and_then(|d| d["session_id"].as_str())
+            .map_err(|e| refused(e.into()))?
+            .unwrap_or_else(|| json!({"children": {}}));
+        if let Some(id) = children["children"][agent].as_str()
             && let Ok(child) = self.get(&Scope::tenant(parent.tenant.clone()), id).await
             && child.agent == agent
         {
@@ -257,6 +292,7 @@ impl Sessions {
                 metadata: Value::Object(metadata),
             })
             .map_err(refused)?;
+        children["children"][agent] = json!(child.id);
         // The child and the parent's pointer to it in one durable write.
         self.store()
             .write(
@@ -265,7 +301,7 @@ impl Sessions {
                     WriteOp::PutDoc {
                         namespace: DELEGATIONS.into(),
                         key: key.clone(),
-                        value: json!({"session_id": child.id}),
+                        value: children,
                         tenant: Some(parent.tenant.clone()),
                     },
                     WriteOp::LinkDoc {

@@ -238,6 +238,9 @@ pub struct SessionSummary {
     /// Every model call of the session: its turns' calls, their summaries,
     /// operator suggestions.
     pub token_usage: TokenUsage,
+    /// Every model call of the sessions it asked (its child sessions and
+    /// theirs, [`super::delegation`]): they count toward it too.
+    pub delegated_token_usage: TokenUsage,
 }
 
 pub const SUGGESTIONS_INSTRUCTIONS: &str = "You help a human operator answer a website visitor. \
@@ -298,6 +301,7 @@ pub async fn summarize(store: &Store, id: &str) -> Result<SessionSummary, Sessio
         turns: stats.user_messages,
         last_activity_at: stats.last_at,
         token_usage: store.session_usage(id).await?,
+        delegated_token_usage: super::delegation::children_usage(store, id).await?,
     })
 }
 

@@ -170,6 +170,10 @@ struct SummaryView {
     last_activity_at: Option<Timestamp>,
     /// Every model call of the session: turns, their summaries, suggestions.
     token_usage: TokenUsageView,
+    /// What the agents it asked spent for it: its child sessions' calls
+    /// and theirs (`ask_<agent>`); the whole conversation cost this plus
+    /// `token_usage`.
+    delegated_token_usage: TokenUsageView,
 }
 
 view_of!(SessionSummary => SummaryView {
@@ -181,6 +185,7 @@ view_of!(SessionSummary => SummaryView {
     turns,
     last_activity_at,
     token_usage,
+    delegated_token_usage,
 });
 
 error_responses!(
@@ -192,7 +197,7 @@ error_responses!(
     StorageUnavailable
 );
 
-/// Session metadata keys only the workflow engine sets.
+/// Session metadata keys only cadre sets (workflow runs, delegations).
 const RESERVED_METADATA_KEYS: [&str; 3] = ["workflow_id", "node_id", "delegated_by"];
 
 #[utoipa::path(
