@@ -14,6 +14,10 @@ use std::time::Duration;
 
 use cadre::tools::{FnHandler, ToolDefinition, ToolError, ToolHandler};
 use reqwest::StatusCode;
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 use support::{AppOptions, MockModel, Reply, TestApp, spawn_app};
 
@@ -810,4 +814,67 @@ async fn cutting_the_asking_turn_cuts_the_childs_turn() {
         record["phase"] == "interrupted"
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_asks_others_works_as_a_workflow_node_and_as_an_mcp_agent_tool() {
+    let model = MockModel::start().await;
+    lead_and_analyst(&model);
+    let (lookup, handler, runs) = counting_tool("lookup");
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("lead.toml"), agent("lead", &[], &["analyst"])).unwrap();
+    std::fs::write(
+        dir.path().join("analyst.toml"),
+        agent("analyst", &["lookup"], &[]),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("workflows")).unwrap();
+    std::fs::write(
+        dir.path().join("workflows/brief.toml"),
+        "name = 'brief'\n[[nodes]]\nid = 'ask'\nagent = 'lead'\nprompt = 'the tides'\n",
+    )
+    .unwrap();
+    let mut options = AppOptions::with_model(&model)
+        .agents(dir.path())
+        .config_toml("[api_limit]\nper_second = 100000\nburst = 100000\n")
+        .tool(lookup, handler);
+    options.max_retries = 0;
+    let app = spawn_app(options);
+
+    // A workflow's agent node.
+    let (status, run) = app
+        .post("/v1/workflows/brief/runs", &json!({"input": {}, "wait": true}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    assert_eq!(run["status"], "succeeded", "{run}");
+    assert!(
+        run.to_string()
+            .contains("analyst found it (please look into: the tides)"),
+        "the node's answer relays the child's: {run}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // Its child, like its session, carries the run (no person to wait for).
+    let (_, list) = app.get("/v1/sessions?agent=analyst").await;
+    let child = &list["sessions"][0];
+    assert!(child["metadata"]["workflow_id"].is_string(), "{list}");
+
+    // MCP's agent_lead tool.
+    let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base));
+    let client = ()
+        .serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .expect("MCP session over HTTP");
+    let mut args = serde_json::Map::new();
+    args.insert("message".into(), json!("the stars"));
+    let result = client
+        .call_tool(CallToolRequestParams::new("agent_lead".to_string()).with_arguments(args))
+        .await
+        .expect("the call is answered");
+    assert_ne!(result.is_error, Some(true), "{result:?}");
+    assert!(
+        format!("{result:?}").contains("analyst found it (please look into: the stars)"),
+        "{result:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    client.cancel().await.unwrap();
 }
