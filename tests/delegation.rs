@@ -822,7 +822,11 @@ async fn an_agent_that_asks_others_works_as_a_workflow_node_and_as_an_mcp_agent_
     lead_and_analyst(&model);
     let (lookup, handler, runs) = counting_tool("lookup");
     let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("lead.toml"), agent("lead", &[], &["analyst"])).unwrap();
+    std::fs::write(
+        dir.path().join("lead.toml"),
+        agent("lead", &[], &["analyst"]),
+    )
+    .unwrap();
     std::fs::write(
         dir.path().join("analyst.toml"),
         agent("analyst", &["lookup"], &[]),
@@ -843,7 +847,10 @@ async fn an_agent_that_asks_others_works_as_a_workflow_node_and_as_an_mcp_agent_
 
     // A workflow's agent node.
     let (status, run) = app
-        .post("/v1/workflows/brief/runs", &json!({"input": {}, "wait": true}))
+        .post(
+            "/v1/workflows/brief/runs",
+            &json!({"input": {}, "wait": true}),
+        )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{run}");
     assert_eq!(run["status"], "succeeded", "{run}");
@@ -860,10 +867,10 @@ async fn an_agent_that_asks_others_works_as_a_workflow_node_and_as_an_mcp_agent_
 
     // MCP's agent_lead tool.
     let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", app.base));
-    let client = ()
-        .serve(StreamableHttpClientTransport::from_config(config))
-        .await
-        .expect("MCP session over HTTP");
+    let client =
+        ().serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .expect("MCP session over HTTP");
     let mut args = serde_json::Map::new();
     args.insert("message".into(), json!("the stars"));
     let result = client
