@@ -173,20 +173,41 @@ impl ToolHandler for AskAgent {
     }
 }
 
+/// The definition every agent tool shares: named `name`, described by
+/// `lead` and the agent's own `description`, taking `parameters`; an
+/// `Entry::Agent`, idempotent (keyed), never cached.
+fn agent_tool_definition(
+    name: &str,
+    agent: &str,
+    lead: &str,
+    description: &str,
+    parameters: Value,
+) -> ToolDefinition {
+    let description = if description.trim().is_empty() {
+        format!("{lead}.")
+    } else {
+        format!("{lead}: {}", description.trim())
+    };
+    let mut def = ToolDefinition::new(name, &description, parameters).with_category("delegation");
+    def.entry = Entry::Agent {
+        agent: agent.to_string(),
+    };
+    def.side_effects = SideEffects::Idempotent;
+    def.cache = Some(CacheSpec { ttl_seconds: 0 });
+    def
+}
+
 /// The tool that asks `agent` (described by `description`), bound to `slot`.
 pub fn ask_tool(
     agent: &str,
     description: &str,
     slot: &DelegateSlot,
 ) -> (ToolDefinition, Arc<dyn ToolHandler>) {
-    let description = if description.trim().is_empty() {
-        format!("Ask the {agent} agent; its answer comes back as the result.")
-    } else {
-        format!("Ask the {agent} agent: {}", description.trim())
-    };
-    let mut def = ToolDefinition::new(
+    let mut def = agent_tool_definition(
         &ask_name(agent),
-        &description,
+        agent,
+        &format!("Ask the {agent} agent; its answer comes back as the result"),
+        description,
         json!({
             "type": "object",
             "properties": {
@@ -199,13 +220,7 @@ pub fn ask_tool(
             "required": ["request"],
             "additionalProperties": false,
         }),
-    )
-    .with_category("delegation");
-    def.entry = Entry::Agent {
-        agent: agent.to_string(),
-    };
-    def.side_effects = SideEffects::Idempotent;
-    def.cache = Some(CacheSpec { ttl_seconds: 0 });
+    );
     def.timeout = Some(ASK_TIMEOUT);
     let handler = Arc::new(AskAgent {
         agent: agent.to_string(),
@@ -243,17 +258,11 @@ pub fn transfer_tool(
     description: &str,
     slot: &DelegateSlot,
 ) -> (ToolDefinition, Arc<dyn ToolHandler>) {
-    let description = if description.trim().is_empty() {
-        format!("Hand the conversation over to the {agent} agent, which answers from now on.")
-    } else {
-        format!(
-            "Hand the conversation over to the {agent} agent, which answers from now on: {}",
-            description.trim()
-        )
-    };
-    let mut def = ToolDefinition::new(
+    let def = agent_tool_definition(
         &transfer_name(agent),
-        &description,
+        agent,
+        &format!("Hand the conversation over to the {agent} agent, which answers from now on"),
+        description,
         json!({
             "type": "object",
             "properties": {
@@ -265,13 +274,7 @@ pub fn transfer_tool(
             },
             "additionalProperties": false,
         }),
-    )
-    .with_category("delegation");
-    def.entry = Entry::Agent {
-        agent: agent.to_string(),
-    };
-    def.side_effects = SideEffects::Idempotent;
-    def.cache = Some(CacheSpec { ttl_seconds: 0 });
+    );
     let handler = Arc::new(TransferTo {
         agent: agent.to_string(),
         slot: slot.clone(),
