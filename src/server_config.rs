@@ -84,7 +84,7 @@ pub struct AgentsSection {
 impl Default for AgentsSection {
     fn default() -> Self {
         AgentsSection {
-            max_delegation_depth: crate::conversation::delegation::DEFAULT_MAX_DELEGATION_DEPTH,
+            max_delegation_depth: crate::conversation::lineage::DEFAULT_MAX_DELEGATION_DEPTH,
         }
     }
 }

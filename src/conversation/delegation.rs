@@ -66,6 +66,7 @@ use jiff::Timestamp;
 use serde_json::{Value, json};
 
 use super::actor::TurnEvent;
+use super::lineage::{DELEGATED_BY, DELEGATIONS, depth_of};
 use super::machine::{TurnOutcome, TurnStatus};
 use super::sessions::{NewSession, SessionError, Sessions};
 use crate::executor::confirmations::ConfirmationState;
@@ -74,60 +75,9 @@ use crate::store::{Session, WriteOp};
 use crate::tools::delegate::ChildEvent;
 use crate::tools::{ExecutionContext, ToolError};
 
-/// The document namespace of the parent → child pointers.
-pub const DELEGATIONS: &str = "delegations";
-
-/// The reserved metadata key of a child session's link to its parent.
-pub const DELEGATED_BY: &str = "delegated_by";
-
-/// Depth of a top-level session's delegations allowed by default.
-pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 3;
-
 /// How often a wait for a child that is being taken up looks again, when
 /// its conversation does not know the turn yet (a race at load only).
 const LOOK_AGAIN: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Most child sessions a summary sums ([`children_usage`]).
-pub const MAX_SUMMED_CHILDREN: usize = 256;
-
-/// What the sessions `id` asked (its children, theirs, ...) spent, from
-/// their stored usage; a child deleted meanwhile counts for nothing.
-pub async fn children_usage(
-    store: &crate::store::Store,
-    id: &str,
-) -> Result<crate::store::TokenUsage, crate::store::StoreError> {
-    let mut total = crate::store::TokenUsage::default();
-    let mut seen = std::collections::HashSet::from([id.to_string()]);
-    let mut next = vec![id.to_string()];
-    while let Some(parent) = next.pop() {
-        let Some(doc) = store.get_doc(DELEGATIONS, &parent).await? else {
-            continue;
-        };
-        let Some(children) = doc["children"].as_object() else {
-            continue;
-        };
-        for child in children.values().filter_map(Value::as_str) {
-            if seen.len() > MAX_SUMMED_CHILDREN || !seen.insert(child.to_string()) {
-                continue;
-            }
-            total.add(&store.session_usage(child).await?);
-            next.push(child.to_string());
-        }
-    }
-    Ok(total)
-}
-
-/// The depth of `session` in a delegation chain (0: not a child).
-pub fn depth_of(session: &Session) -> u32 {
-    session.metadata[DELEGATED_BY]["depth"]
-        .as_u64()
-        .map_or(0, |d| d.min(u64::from(u32::MAX)) as u32)
-}
-
-/// The parent session of `session`, if it is a child.
-pub fn parent_of(session: &Session) -> Option<&str> {
-    session.metadata[DELEGATED_BY]["session_id"].as_str()
-}
 
 fn refused(e: SessionError) -> ToolError {
     match e {

@@ -13,6 +13,7 @@
 //!   [`visitor`]: the visitor/operator protocol on it (auto-response, operator messages).
 //! - [`delegation`]: an agent asks another (`ask_<agent>`): a turn of a
 //!   child conversation, linked to the parent, as the call's result.
+//! - [`lineage`]: how the sessions of agents asking agents are linked.
 //! - [`handoff`]: an agent hands the conversation to another
 //!   (`transfer_to_<agent>`): the session's active agent from then on.
 //! - [`summary`]: tool usage summaries.
@@ -27,6 +28,7 @@ pub mod budget;
 pub mod context;
 pub mod delegation;
 pub mod handoff;
+pub mod lineage;
 pub mod machine;
 pub mod queue;
 pub mod resume;

@@ -301,7 +301,7 @@ pub async fn summarize(store: &Store, id: &str) -> Result<SessionSummary, Sessio
         turns: stats.user_messages,
         last_activity_at: stats.last_at,
         token_usage: store.session_usage(id).await?,
-        delegated_token_usage: super::delegation::children_usage(store, id).await?,
+        delegated_token_usage: super::lineage::children_usage(store, id).await?,
     })
 }
 
@@ -427,7 +427,7 @@ impl Default for SessionLimits {
             resume_window: Duration::from_secs(600),
             storage: super::storage::StorageLimits::default(),
             max_tool_calls: super::machine::DEFAULT_MAX_TOOL_CALLS,
-            max_delegation_depth: super::delegation::DEFAULT_MAX_DELEGATION_DEPTH,
+            max_delegation_depth: super::lineage::DEFAULT_MAX_DELEGATION_DEPTH,
         }
     }
 }
@@ -1170,7 +1170,7 @@ impl Sessions {
                 let Ok(row) = self.get(&Scope::runtime(), &child).await else {
                     break;
                 };
-                let Some(parent) = super::delegation::parent_of(&row) else {
+                let Some(parent) = super::lineage::parent_of(&row) else {
                     break;
                 };
                 if let Ok(handle) = self.handle(parent).await {
