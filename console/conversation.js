@@ -7,6 +7,10 @@
 // GET /v1/sessions/{id}/summary ──▶ rolling summary, tool usage, tokens
 // POST /v1/sessions/{id}/messages (Accept: text/event-stream) ──▶ live turn
 // POST /v1/confirmations/{id} ──▶ the paused turn resumes; its record is polled
+//
+// Agents together (issue #31): an `ask_<agent>` call shows the asked agent
+// and links to its child session; a `transfer_to_<agent>` call shows the
+// handoff in the history; a child session's header links to its parent.
 
 import * as api from "./api.js";
 import { h, put, clear, errorBox, field, json, time } from "./dom.js";
@@ -233,9 +237,44 @@ function renderHeader(el, s) {
       h("dt", {}, "Plan"),
       h("dd", {}, s.plan),
       h("dt", {}, "Created"),
-      h("dd", {}, time(s.created_at))
+      h("dd", {}, time(s.created_at)),
+      parentOf(s)
     )
   );
+}
+
+function sessionLink(id, text) {
+  return h("a", { href: "#/sessions/" + encodeURIComponent(id), class: "session-link" }, text || id);
+}
+
+// A child session (an agent asked by another): who asked, linked.
+function parentOf(s) {
+  const by = s.metadata && s.metadata.delegated_by;
+  if (!by || !by.session_id) return null;
+  return [h("dt", {}, "Asked by"), h("dd", { class: "delegated-by" }, (by.agent || "an agent") + " in ", sessionLink(by.session_id))];
+}
+
+// What an agent tool did, from its record's outcome: the child asked
+// (`ask_`, with a link to its session) or the handoff (`transfer_to_`).
+function agentTool(name, record) {
+  const out = (record && record.output) || {};
+  if (name.startsWith("ask_")) {
+    const child = out.session_id || out.delegated_to;
+    if (!child) return null;
+    return h("p", { class: "delegation" }, "Asked agent ", h("strong", {}, out.agent || name.slice(4)), ": ", sessionLink(child, "open its conversation"));
+  }
+  if (name.startsWith("transfer_to_") && out.transferred_to) {
+    return h(
+      "p",
+      { class: "handoff" },
+      "Handed over from ",
+      h("strong", {}, out.from || "?"),
+      " to ",
+      h("strong", {}, out.transferred_to),
+      out.reason ? " (" + out.reason + ")" : ""
+    );
+  }
+  return null;
 }
 
 function renderMessages(el, messages, records) {
@@ -297,6 +336,7 @@ function callItem(asked, record) {
       h("dd", {}, cached ? "yes" : "no"),
       record.source_id ? [h("dt", {}, "Source"), h("dd", {}, h("code", {}, record.source_id))] : null
     ),
+    agentTool(name, record),
     h("details", {}, h("summary", {}, "Arguments"), json(args)),
     record.error ? h("p", { class: "error" }, record.error) : null,
     record.output !== null && record.output !== undefined
@@ -338,7 +378,13 @@ function renderSide(el, s) {
       h("dt", {}, "Completion"),
       h("dd", {}, String(t.completion_tokens || 0)),
       h("dt", {}, "Model calls"),
-      h("dd", {}, String(t.model_calls || 0))
+      h("dd", {}, String(t.model_calls || 0)),
+      (s.delegated_token_usage || {}).model_calls
+        ? [
+            h("dt", {}, "Asked agents"),
+            h("dd", {}, `${s.delegated_token_usage.total_tokens || 0} tokens in ${plural(s.delegated_token_usage.model_calls, "model call")}`),
+          ]
+        : null
     ),
     h("p", { class: "muted" }, `${plural(s.message_count, "message")}, ${plural(s.turns, "turn")}; last activity ${time(s.last_activity_at)}`)
   );

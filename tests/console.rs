@@ -229,6 +229,24 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         .await;
     assert_eq!(status, StatusCode::CREATED, "{other}");
 
+    // A lead that asked the brokerage agent (#31), before the browser runs.
+    let (status, lead) = acme
+        .post("/v1/sessions", &json!({"agent": "lead"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{lead}");
+    model.push_all([
+        Reply::tool_call("call_ask", "ask_brokerage", r#"{"request":"my cash?"}"#),
+        Reply::text("You hold 12340.10 in cash."),
+        Reply::text("The brokerage agent says you hold 12340.10 in cash."),
+    ]);
+    let (status, asked) = acme
+        .post(
+            &format!("/v1/sessions/{}/messages", lead["id"].as_str().unwrap()),
+            &json!({"content": "how much cash do I have?"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{asked}");
+
     // The model's side of the scenarios, in the order the browser plays them.
     model.push_all([
         Reply::tool_call("call_price", "get_price", r#"{"symbol":"AAPL"}"#),
@@ -259,6 +277,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         json!({
             "acme": keys[0], "globex": keys[1], "admin": keys[2],
             "acme_session": session["id"], "globex_session": other["id"],
+            "lead_session": lead["id"],
             "node_modules": node_modules, "screenshots": screenshots,
             "user_data_dir": profile.path(),
         })
@@ -291,6 +310,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         "ok Decline refuses a held call; the turn goes on without it",
         "ok start a workflow run; every node reaches its final state",
         "ok globex's key does not see acme's sessions",
+        "ok a delegation links to the asked agent's session, which links back",
         "ok no errors in the page",
     ] {
         assert!(

@@ -4,7 +4,7 @@
 //
 //   node drive.mjs <base-url> <scenario.json>
 //
-// scenario.json: {acme, globex, admin (keys), acme_session, globex_session,
+// scenario.json: {acme, globex, admin (keys), acme_session, globex_session, lead_session,
 // node_modules (where `npm ci` put playwright-core), screenshots (a dir),
 // user_data_dir (a fresh dir for Chromium's profile)}.
 //
@@ -224,6 +224,24 @@ try {
   await shot("09-other-tenant");
   ok(step);
 
+  step = "a delegation links to the asked agent's session, which links back";
+  await signOut();
+  await signIn(s.acme);
+  await page.evaluate((id) => {
+    location.hash = "#/sessions/" + encodeURIComponent(id);
+  }, s.lead_session);
+  await page.locator(".delegation a").waitFor();
+  const asked = await page.locator(".delegation").innerText();
+  check(asked.includes("brokerage"), `the delegation says "${asked}"`);
+  await shot("10-delegation");
+  await page.locator(".delegation a").click();
+  await page.locator(".delegated-by a").waitFor();
+  const back = await page.locator(".delegated-by a").getAttribute("href");
+  check(back === "#/sessions/" + encodeURIComponent(s.lead_session), `the child links back to ${back}`);
+  const agent = await page.locator(".session-head").innerText();
+  check(agent.includes("brokerage"), `the child's header says "${agent}"`);
+  ok(step);
+
   step = "live view (admin): gauges and the event stream";
   await signOut();
   await signIn(s.admin);
@@ -241,7 +259,7 @@ try {
   }, s.admin);
   await page.locator(".events li[data-kind=execution_completed]").first().waitFor();
   await page.locator("table[aria-label='Per-tool counters'] td", { hasText: "get_price" }).waitFor();
-  await shot("10-live");
+  await shot("11-live");
   ok(step);
 
   check(pageErrors.length === 0, "errors in the page: " + pageErrors.join(" | "));
