@@ -230,9 +230,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
     assert_eq!(status, StatusCode::CREATED, "{other}");
 
     // A lead that asked the brokerage agent (#31), before the browser runs.
-    let (status, lead) = acme
-        .post("/v1/sessions", &json!({"agent": "lead"}))
-        .await;
+    let (status, lead) = acme.post("/v1/sessions", &json!({"agent": "lead"})).await;
     assert_eq!(status, StatusCode::CREATED, "{lead}");
     model.push_all([
         Reply::tool_call("call_ask", "ask_brokerage", r#"{"request":"my cash?"}"#),

@@ -885,3 +885,37 @@ async fn an_agent_that_asks_others_works_as_a_workflow_node_and_as_an_mcp_agent_
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     client.cancel().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_child_holds_no_pool_slot_its_own_calls_need() {
+    let model = MockModel::start().await;
+    lead_and_analyst(&model);
+    let (lookup, handler, runs) = counting_tool("lookup");
+    // One slot in the whole tool pool, and a short wait for it: had the
+    // lead's ask taken the slot, the analyst's lookup would wait for it
+    // until refused.
+    let (app, _dir) = app_with(
+        &model,
+        &[
+            ("lead", agent("lead", &[], &["analyst"])),
+            ("analyst", agent("analyst", &["lookup"], &[])),
+        ],
+        vec![(lookup, handler)],
+        "[concurrency]\nmax_concurrent = 1\nqueue_size = 4\ndefault_timeout_s = 2\n",
+    );
+    let session = app.session("lead").await;
+    let (status, body) = app.say(&session, "the weather").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the child's call ran: {body}"
+    );
+    assert!(
+        body["answer"]
+            .as_str()
+            .unwrap()
+            .contains("analyst found it"),
+        "{body}"
+    );
+}
