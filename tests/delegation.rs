@@ -23,6 +23,15 @@ use support::{AppOptions, MockModel, Reply, TestApp, spawn_app};
 
 /// An agent file: `name`, its prompt naming it, its tools and the agents it asks.
 fn agent(name: &str, tools: &[&str], asks: &[&str]) -> String {
+    agent_file(name, tools, asks, &[])
+}
+
+/// An agent file with handoffs.
+fn agent_with_handoffs(name: &str, tools: &[&str], handoffs: &[&str]) -> String {
+    agent_file(name, tools, &[], handoffs)
+}
+
+fn agent_file(name: &str, tools: &[&str], asks: &[&str], handoffs: &[&str]) -> String {
     let list = |xs: &[&str]| {
         xs.iter()
             .map(|x| format!("{x:?}"))
@@ -30,9 +39,10 @@ fn agent(name: &str, tools: &[&str], asks: &[&str]) -> String {
             .join(", ")
     };
     format!(
-        "name = {name:?}\ndescription = \"The {name} agent.\"\nsystem_prompt = \"You are {name}.\"\ntools = [{}]\nagents = [{}]\nmax_iterations = 4\n",
+        "name = {name:?}\ndescription = \"The {name} agent.\"\nsystem_prompt = \"You are {name}.\"\ntools = [{}]\nagents = [{}]\nhandoffs = [{}]\nmax_iterations = 4\n",
         list(tools),
-        list(asks)
+        list(asks),
+        list(handoffs)
     )
 }
 
@@ -591,21 +601,6 @@ async fn a_kill_inside_a_childs_batch_runs_no_finished_call_twice_and_the_keyed_
     assert_eq!(status, StatusCode::OK, "{again}");
     assert_eq!(again["answer"], answer.as_str(), "{again}");
     assert_eq!(model.request_count(), asked, "nobody was asked again");
-}
-
-/// An agent file with handoffs.
-fn agent_with_handoffs(name: &str, tools: &[&str], handoffs: &[&str]) -> String {
-    let list = |xs: &[&str]| {
-        xs.iter()
-            .map(|x| format!("{x:?}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        "name = {name:?}\ndescription = \"The {name} agent.\"\nsystem_prompt = \"You are {name}.\"\ntools = [{}]\nhandoffs = [{}]\nmax_iterations = 4\n",
-        list(tools),
-        list(handoffs)
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

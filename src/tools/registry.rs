@@ -316,8 +316,25 @@ impl ToolRegistry {
         &self.delegate
     }
 
-    /// Replaces the `ask_` tools (the agents reload them with their files).
+    /// Replaces the `ask_` and `transfer_to_` tools (the agents reload
+    /// them with their files).
     pub fn set_agent_tools(&self, tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>) {
+        let layer = self.layer_of(
+            tools,
+            || ToolSource::Builtin,
+            |name, e| tracing::error!(tool = %name, "an agent tool's schema does not compile: {e}"),
+        );
+        self.write().agent_tools = layer;
+    }
+
+    /// `tools` with their validators, by name; a tool whose schema does not
+    /// compile is left out and reported through `left_out`.
+    fn layer_of(
+        &self,
+        tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
+        source: impl Fn() -> ToolSource,
+        left_out: impl Fn(&str, &dyn std::fmt::Display),
+    ) -> BTreeMap<String, Arc<RegisteredTool>> {
         let mut layer = BTreeMap::new();
         for (definition, handler) in tools {
             match ParamValidator::new(&definition.parameters, self.strict) {
@@ -326,17 +343,14 @@ impl ToolRegistry {
                         definition,
                         validator,
                         handler,
-                        source: ToolSource::Builtin,
+                        source: source(),
                     };
                     layer.insert(tool.definition.name.clone(), Arc::new(tool));
                 }
-                Err(e) => {
-                    tracing::error!(tool = %definition.name, "an ask_ tool's schema does not compile: {e}")
-                }
+                Err(e) => left_out(&definition.name, &e),
             }
         }
-        let mut state = self.write();
-        state.agent_tools = layer;
+        layer
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -422,24 +436,9 @@ impl ToolRegistry {
         server: &str,
         tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
     ) -> ReloadReport {
-        let mut layer = BTreeMap::new();
-        for (definition, handler) in tools {
-            match ParamValidator::new(&definition.parameters, self.strict) {
-                Ok(validator) => {
-                    let tool = RegisteredTool {
-                        definition,
-                        validator,
-                        handler,
-                        source: ToolSource::Mcp(server.into()),
-                    };
-                    layer.insert(tool.definition.name.clone(), Arc::new(tool));
-                }
-                Err(e) => tracing::warn!(
-                    %server, tool = %definition.name,
-                    "MCP tool left out: its inputSchema does not compile: {e}"
-                ),
-            }
-        }
+        let layer = self.layer_of(tools, || ToolSource::Mcp(server.into()), |name, e| {
+            tracing::warn!(%server, tool = %name, "MCP tool left out: its inputSchema does not compile: {e}")
+        });
         let mut state = self.write();
         let entry = state.mcp.entry(server.into()).or_default();
         entry.tools = layer;
