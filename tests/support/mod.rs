@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod clients;
 pub mod cluster;
 pub mod gate;
 pub mod haproxy;
