@@ -901,6 +901,7 @@ async fn serve(
                     workflows: workflows.clone(),
                     keys,
                     mcp_shutdown: mcp_shutdown.clone(),
+                    turn_logs: crate::http::turn_log::TurnLogs::new(),
                     forward,
                     dependencies: builder
                         .cluster

@@ -355,12 +355,17 @@ async fn a_history_the_endpoint_refuses_as_too_large_is_summarised_and_the_turn_
     assert_eq!(model.refusals().len(), 1);
 }
 
+/// A client that reads nothing while the model writes 24 MB cannot make
+/// cadre hold the stream for it: the turn's log keeps 1 MiB of events
+/// (`http::turn_log`), so the client, once it reads, gets what the
+/// sockets held, a `lagged` event saying how many it missed, then the
+/// turn's end with the whole answer; the turn completed and is stored.
 #[tokio::test]
-async fn a_client_that_does_not_read_is_cut_off_and_the_turn_completes() {
+async fn a_client_that_does_not_read_misses_deltas_is_told_and_gets_the_end() {
     let (model, app, _agents) = app_with("max_reply_bytes = 67108864").await;
     let session = app.session("echoer").await;
-    // 24 MB of text in 4 KiB deltas: more than loopback's socket buffers,
-    // the stream's buffer and its lag limit together.
+    // 24 MB of text in 4 KiB deltas: more than loopback's socket buffers
+    // and the turn log's bound together.
     let (piece, count) = ("z".repeat(4096), 6000);
     model.push(Reply::deltas(&piece, count));
     let response = app.post_streaming(&session, "talk").await;
@@ -376,14 +381,22 @@ async fn a_client_that_does_not_read_is_cut_off_and_the_turn_completes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let mut body = response.bytes_stream();
-    let mut received = 0usize;
-    let mut tail = Vec::new();
+    let (mut received, mut lagged, mut deltas) = (0usize, false, 0usize);
+    let (mut carry, mut tail) = (Vec::new(), Vec::new());
     let read = async {
         while let Some(chunk) = body.next().await {
             let Ok(chunk) = chunk else { break };
             received += chunk.len();
+            carry.extend_from_slice(&chunk);
+            let text = String::from_utf8_lossy(&carry);
+            lagged |= text.contains("event: lagged");
+            deltas += text.matches("event: model_delta").count();
+            // Keep less than a marker: one split between two chunks is
+            // found, none is counted twice.
+            let keep = carry.len().saturating_sub(12);
+            carry.drain(..keep);
             tail.extend_from_slice(&chunk);
-            let keep = tail.len().saturating_sub(64 * 1024);
+            let keep = tail.len().saturating_sub(4096);
             tail.drain(..keep);
         }
     };
@@ -391,11 +404,17 @@ async fn a_client_that_does_not_read_is_cut_off_and_the_turn_completes() {
         .await
         .expect("the stream ended");
     let tail = String::from_utf8_lossy(&tail);
+    assert!(lagged, "the client was not told it missed events");
     assert!(
-        !tail.contains("turn_completed"),
-        "a lagging client got the whole stream"
+        deltas < count,
+        "a lagging client got every delta ({deltas})"
     );
-    assert!(received < piece.len() * count, "{received} bytes");
+    assert!(
+        tail.contains("\"finish_reason\":\"stop\""),
+        "the stream did not end with the turn's end: {tail}"
+    );
+    // Every delta and the answer would be twice the text.
+    assert!(received < 2 * piece.len() * count, "{received} bytes");
 }
 
 /// Issue #29 (11): a tool call id over 256 bytes, or one id twice in a

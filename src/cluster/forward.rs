@@ -102,13 +102,18 @@ impl Forward {
 
 /// The session id of a request that reaches a conversation, if any.
 fn session_of(method: &Method, path: &str) -> Option<String> {
-    if !matches!(
-        *method,
-        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-    ) {
+    let rest = path.strip_prefix("/v1/sessions/")?;
+    // A turn's event stream is read where the turn runs: its log is
+    // there (`crate::http::turn_log`).
+    let follows_a_turn = *method == Method::GET && rest.ends_with("/events");
+    if !follows_a_turn
+        && !matches!(
+            *method,
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        )
+    {
         return None;
     }
-    let rest = path.strip_prefix("/v1/sessions/")?;
     if rest.ends_with("/ws-token") {
         return None;
     }

@@ -42,6 +42,6 @@ pub use actor::TurnError;
 pub use machine::{CallReport, TurnOutcome};
 pub use sessions::{
     MAX_METADATA_BYTES, MAX_SESSION_ID_BYTES, NewSession, SessionError, SessionLimits,
-    SessionSummary, Sessions,
+    SessionSummary, Sessions, TurnEnd,
 };
 pub use summary::ToolUsageSummary;

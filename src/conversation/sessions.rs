@@ -209,6 +209,43 @@ pub struct StartedTurn {
         std::pin::Pin<Box<dyn Future<Output = Result<TurnOutcome, SessionError>> + Send + 'static>>,
 }
 
+/// How a turn ended, or that it paused ([`Sessions::turn_end`]).
+#[derive(Debug, Clone)]
+pub enum TurnEnd {
+    Completed(TurnOutcome),
+    /// Waiting for a person's decision (the outcome names the confirmations).
+    Paused(TurnOutcome),
+    Failed(super::machine::TurnFailure),
+    /// A newer message cut it.
+    Interrupted,
+}
+
+/// The outcome a turn paused for an approval answered, rebuilt from its
+/// record; `None` when it is not paused.
+fn paused_outcome(record: &TurnRecord) -> Option<TurnOutcome> {
+    let super::machine::Phase::AwaitingApproval { confirmations, .. } = &record.phase else {
+        return None;
+    };
+    Some(TurnOutcome {
+        turn_id: record.turn_id.clone(),
+        status: super::machine::TurnStatus::AwaitingApproval,
+        confirmations: confirmations.clone(),
+        answer: String::new(),
+        tool_usage_summary: ToolUsageSummary::from_calls(
+            record
+                .tool_calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.status())),
+        ),
+        tool_calls: record.tool_calls.clone(),
+        citations: Vec::new(),
+        ungrounded_citations: Vec::new(),
+        iterations: record.model_calls,
+        fallback_used: record.fallback,
+        finish_reason: None,
+    })
+}
+
 /// Most bytes a session's `metadata` may take, as JSON: it is stored with
 /// the session and read with each of its turns and listings.
 pub const MAX_METADATA_BYTES: usize = 16 * 1024;
@@ -1014,25 +1051,7 @@ impl Sessions {
                 outcome: Box::pin(async move { Ok(outcome) }),
             }));
         }
-        if let super::machine::Phase::AwaitingApproval { confirmations, .. } = &record.phase {
-            let outcome = TurnOutcome {
-                turn_id: turn_id.clone(),
-                status: super::machine::TurnStatus::AwaitingApproval,
-                confirmations: confirmations.clone(),
-                answer: String::new(),
-                tool_usage_summary: ToolUsageSummary::from_calls(
-                    record
-                        .tool_calls
-                        .iter()
-                        .map(|c| (c.name.as_str(), c.status())),
-                ),
-                tool_calls: record.tool_calls,
-                citations: Vec::new(),
-                ungrounded_citations: Vec::new(),
-                iterations: record.model_calls,
-                fallback_used: record.fallback,
-                finish_reason: None,
-            };
+        if let Some(outcome) = paused_outcome(&record) {
             return Ok(Some(StartedTurn {
                 turn_id,
                 waiting_for: None,
@@ -1091,6 +1110,60 @@ impl Sessions {
     }
 
     /// Turn `turn_id` of a session within reach, as stored.
+    /// Waits for a turn of the session to end or pause for an approval
+    /// (at once when it already has): how. What a stream that lost the
+    /// turn's events sends last ([`crate::http`]'s turn logs).
+    pub async fn turn_end(
+        &self,
+        scope: &Scope,
+        id: &str,
+        turn_id: &str,
+    ) -> Result<TurnEnd, SessionError> {
+        use super::machine::{Phase, TurnStatus};
+        self.get(scope, id).await?;
+        // Twice at most: a turn that ends between the read and the watch
+        // is read again.
+        for _ in 0..2 {
+            let record = self.turn_record(id, turn_id).await?;
+            match &record.phase {
+                Phase::Completed => {
+                    return Ok(match record.outcome {
+                        Some(outcome) => TurnEnd::Completed(outcome),
+                        None => TurnEnd::Failed(super::machine::TurnFailure {
+                            code: ErrorCode::InternalError.as_str().to_string(),
+                            message: "the turn completed but its outcome was not stored".into(),
+                        }),
+                    });
+                }
+                Phase::Failed => {
+                    return Ok(TurnEnd::Failed(record.error.unwrap_or(
+                        super::machine::TurnFailure {
+                            code: ErrorCode::InternalError.as_str().to_string(),
+                            message: "the turn failed".into(),
+                        },
+                    )));
+                }
+                Phase::Interrupted => return Ok(TurnEnd::Interrupted),
+                _ => {}
+            }
+            if let Some(outcome) = paused_outcome(&record) {
+                return Ok(TurnEnd::Paused(outcome));
+            }
+            let handle = self.handle(id).await?;
+            if let Some(watch) = handle.watch(turn_id).await {
+                match watch.outcome().await {
+                    Ok(o) if o.status == TurnStatus::AwaitingApproval => {
+                        return Ok(TurnEnd::Paused(o));
+                    }
+                    Ok(o) => return Ok(TurnEnd::Completed(o)),
+                    // How it ended is in its record, read again.
+                    Err(_) => {}
+                }
+            }
+        }
+        Err(SessionError::Turn(TurnError::Unavailable))
+    }
+
     pub async fn turn(
         &self,
         scope: &Scope,

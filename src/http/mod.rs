@@ -48,6 +48,8 @@ pub mod storage_room;
 pub mod streams;
 pub mod tenants;
 pub mod tools;
+pub mod turn_log;
+pub mod turn_stream;
 pub mod usage;
 pub mod workflows;
 pub mod ws;
@@ -112,6 +114,9 @@ pub struct AppShared {
     pub keys: KeyRing,
     /// Cancelled at shutdown: ends the open `/mcp` sessions.
     pub mcp_shutdown: tokio_util::sync::CancellationToken,
+    /// The events of the turns streamed (or run in the background) here,
+    /// kept for clients that reconnect ([`turn_log`]).
+    pub turn_logs: turn_log::TurnLogs,
     /// Cluster mode: sends a session's requests to its owner ([`owner`]).
     pub forward: Option<std::sync::Arc<dyn owner::ToOwner>>,
     /// What `/readyz` reports beside the store (cluster mode: Redis).
@@ -142,6 +147,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(health::routes())
         .merge(sessions::routes())
+        .merge(turn_stream::routes())
         .merge(agents::routes())
         .merge(tools::routes())
         .merge(calls::routes())

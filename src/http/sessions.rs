@@ -3,19 +3,14 @@
 //! delete (everything stored under the session's id; 409 while a turn
 //! runs: see [`crate::conversation::Sessions::delete`]).
 
-use std::convert::Infallible;
-
 use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
 use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -26,13 +21,14 @@ use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::idempotency::{IdempotencyKey, TurnSlot};
 use super::openapi::{error_responses, view_of};
-use super::streams::{StreamQuota, paced};
+use super::streams::StreamQuota;
 use super::tools::{PlanName, parse_plan};
+use super::turn_log::Unread;
 use super::usage::TokenUsageView;
-use crate::conversation::actor::{TurnError, TurnEvent};
+use crate::conversation::actor::TurnEvent;
 use crate::conversation::machine::{TurnOutcome, TurnRecord, TurnStatus};
 use crate::conversation::summary::ToolUsageSummary;
-use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionError, SessionSummary};
+use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionSummary};
 use crate::error_code::ErrorCode;
 use crate::identity::{Plan, UserId};
 use crate::store::{Session, SessionFilter, ShownCall, StoredMessage, StoredSummary};
@@ -448,13 +444,13 @@ async fn export(
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct MessageBody {
+pub(super) struct MessageBody {
     /// The user's message, at most 256 KiB.
     #[schema(
         min_length = 1,
         pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
     )]
-    content: String,
+    pub(super) content: String,
 }
 
 error_responses!(
@@ -508,8 +504,8 @@ error_responses!(
     ),
     request_body = MessageBody,
     responses(
-        (status = 200, description = "The turn's outcome; with `Accept: text/event-stream` a stream of events `turn_started`, `model_delta`, `tool_call_started`, `tool_call_completed`, then `turn_completed` (data: the JSON reply), `turn_paused`, `turn_interrupted` or `turn_failed` (data: the JSON error body); `turn_queued` first when it waits behind a paused turn",
-            content((TurnOutcome = "application/json"), (TurnStream = "text/event-stream"))),
+        (status = 200, description = "The turn's outcome. (With `Accept: text/event-stream` the answer is the event stream of `POST /v1/sessions/{id}/messages/stream` instead; that operation documents it.)",
+            body = TurnOutcome),
         (status = 202, description = "The turn paused for a confirmation (`status: awaiting_approval`), or with `Prefer: respond-async` was accepted (`{session_id, turn_id, status: accepted}`), or was queued behind a turn paused for a confirmation (`{session_id, turn_id, status: queued, waiting_for}`)", body = TurnAccepted),
         SendErrors,
     )
@@ -539,6 +535,25 @@ async fn send(
     let scope = caller.scope();
     // An unknown session is 404 before anything else is checked.
     state.sessions.get(&scope, &id).await?;
+    if respond_async && !wants_stream {
+        // The turn runs on, its events logged for whoever follows it
+        // (`GET .../turns/{turn_id}/events`); its outcome is stored with
+        // its record.
+        let (_reader, log) =
+            super::turn_stream::start_logged(&state, &scope, &id, body.content, key, Unread::Keep)
+                .await?;
+        let turn_id = log.turn_id().to_string();
+        if let Some(Extension(turn_slot)) = &turn_slot {
+            turn_slot.fill(turn_id.clone());
+        }
+        let accepted = TurnAccepted::Waiting(TurnWaiting {
+            session_id: id,
+            turn_id,
+            status: WaitingStatus::Accepted,
+            waiting_for: None,
+        });
+        return Ok((StatusCode::ACCEPTED, Json(accepted)).into_response());
+    }
     if !wants_stream {
         let started = state
             .sessions
@@ -549,7 +564,6 @@ async fn send(
         }
         if respond_async {
             let turn_id = started.turn_id.clone();
-            // The turn runs on; its outcome is stored with its record.
             tokio::spawn(started.outcome);
             let accepted = TurnAccepted::Waiting(TurnWaiting {
                 session_id: id,
@@ -584,51 +598,7 @@ async fn send(
                 .into_response(),
         });
     }
-    // A turn refused outright (too many streams 429, unknown session 404,
-    // busy 409, storage 503) is a plain error reply, before any stream starts.
-    let slot = quota.acquire()?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    let started = state
-        .sessions
-        .start_turn(&scope, &id, body.content, Some(tx), key)
-        .await?;
-    if let Some(Extension(turn_slot)) = &turn_slot {
-        turn_slot.fill(started.turn_id.clone());
-    }
-    let accepted = started.outcome;
-    let (done_tx, done_rx) = oneshot::channel();
-    tokio::spawn(async move {
-        let _ = done_tx.send(accepted.await);
-    });
-    let (events, lagged) = paced(rx);
-    let events = events.map(|event: TurnEvent| {
-        let sse = match &event {
-            TurnEvent::TurnCompleted(outcome) | TurnEvent::TurnPaused(outcome) => {
-                SseEvent::default().json_data(outcome)
-            }
-            other => SseEvent::default().json_data(other),
-        };
-        Ok::<_, Infallible>(
-            sse.unwrap_or_else(|_| SseEvent::default())
-                .event(event.name()),
-        )
-    });
-    let failure = futures::stream::once(async move {
-        // Closed for falling behind: ends now, the turn goes on.
-        if lagged.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
-        match done_rx.await {
-            // Said by its own event.
-            Ok(Err(SessionError::Turn(TurnError::Interrupted))) => None,
-            Ok(Err(e)) => Some(ApiError::from(e).sse_event()),
-            _ => None,
-        }
-    })
-    .filter_map(|e| async move { e.map(Ok::<_, Infallible>) });
-    Ok(Sse::new(slot.hold(events.chain(failure)))
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    super::turn_stream::stream_turn(&state, &scope, &quota, &id, body.content, key, turn_slot).await
 }
 
 error_responses!(

@@ -27,6 +27,14 @@
 //!   `node_succeeded`, `node_failed`, `node_skipped`, `item_*`,
 //!   `run_finished`); the stream ends after `run_finished` (at once if the
 //!   run was already over). The calls of a run: `GET /v1/calls?workflow_id=`.
+//!   Reconnecting (issue #32): every event has an `id:` (`0` the snapshot,
+//!   then `1`, `2`, ...; the last one `n.end`) and the stream opens with
+//!   `retry: 2000`. Decision: a reconnect is answered by state, not by
+//!   replaying events: it starts again with a fresh `snapshot` (the run
+//!   as it is, which says everything the missed events said), and a
+//!   reconnect (`Last-Event-ID` sent) to a run that is over is `204 No
+//!   Content`, which stops an EventSource (before, a finished run's
+//!   stream made it reconnect for ever).
 //!
 //! A start request carrying `x-cadre-parent-run` (HTTP tools send it when
 //! a workflow run makes the call) starts a child of that run, one deeper;
@@ -36,15 +44,15 @@
 //! started as the caller's tenant (its calls and agent sessions are that
 //! tenant's), and another tenant's run is answered 404 like a missing one.
 
-use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
@@ -480,10 +488,14 @@ error_responses!(
     operation_id = "run_events",
     summary = "A run's node events as Server-Sent Events",
     tag = "workflows",
-    params(("id" = String, Path, description = "Run id")),
+    params(
+        ("id" = String, Path, description = "Run id"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Sent by a reconnecting EventSource: the stream starts again from a fresh `snapshot` (which holds everything the missed events said), or is 204 when the run is over"),
+    ),
     responses(
-        (status = 200, description = "Server-Sent Events: `snapshot` (the run), then `node_started`, `node_succeeded`, `node_failed`, `node_skipped`, `item_*`, `run_finished` (the stream ends after it); `lagged` (`{missed}`) when the subscriber fell behind",
+        (status = 200, description = "Server-Sent Events: `snapshot` (the run), then `node_started`, `node_succeeded`, `node_failed`, `node_skipped`, `item_*`, `run_finished` (the stream ends after it); `lagged` (`{missed}`) when the subscriber fell behind. Each has an `id:`, the last one's ending in `.end`",
             content_type = "text/event-stream", body = RunEvents),
+        (status = 204, description = "A reconnect (`Last-Event-ID` sent) to a run that is over: nothing follows, an EventSource stops"),
         EventsErrors,
     )
 )]
@@ -492,17 +504,25 @@ async fn events(
     Extension(caller): Extension<Principal>,
     Extension(quota): Extension<super::streams::StreamQuota>,
     Path(id): Path<String>,
-) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    headers: HeaderMap,
+) -> Result<axum::response::Response, ApiError> {
     // Subscribe before reading the snapshot, so nothing falls between them.
     let rx = state.workflows.subscribe();
     let run = owned(&state, &caller, &id).await?;
-    let slot = quota.acquire()?;
     let over = run.status.is_terminal();
+    // A reconnect (an EventSource sends `Last-Event-ID`) to a run that is
+    // over: 204, so it stops reconnecting.
+    if over && headers.contains_key("last-event-id") {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    let slot = quota.acquire()?;
     let snapshot = SseEvent::default()
         .event("snapshot")
+        .id(if over { "0.end" } else { "0" })
+        .retry(Duration::from_secs(2))
         .json_data(&run)
         .unwrap_or_else(|_| SseEvent::default().event("error"));
-    let live = futures::stream::unfold((rx, id, over), |(mut rx, id, over)| async move {
+    let live = futures::stream::unfold((rx, id, over, 0u64), |(mut rx, id, over, n)| async move {
         if over {
             return None;
         }
@@ -510,15 +530,21 @@ async fn events(
             match rx.recv().await {
                 Ok(event) if event.run_id == id => {
                     let last = matches!(event.kind, WorkflowEventKind::RunFinished { .. });
+                    let n = n + 1;
                     let sse = SseEvent::default()
                         .event(event.kind.name())
+                        .id(if last {
+                            format!("{n}.end")
+                        } else {
+                            n.to_string()
+                        })
                         .json_data(&event)
                         .unwrap_or_else(|_| SseEvent::default().event("error"));
-                    return Some((Ok(sse), (rx, id, last)));
+                    return Some((Ok::<_, std::convert::Infallible>(sse), (rx, id, last, n)));
                 }
                 Ok(_) => continue,
-                Err(RecvError::Lagged(n)) => {
-                    return Some((Ok(Lagged::event(n)), (rx, id, false)));
+                Err(RecvError::Lagged(missed)) => {
+                    return Some((Ok(Lagged::event(missed)), (rx, id, false, n)));
                 }
                 Err(RecvError::Closed) => return None,
             }
@@ -526,5 +552,6 @@ async fn events(
     });
     let stream = futures::stream::once(async move { Ok(snapshot) }).chain(live);
     Ok(Sse::new(slot.hold_until_shutdown(stream))
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
 }

@@ -49,8 +49,8 @@ fn must(command: &mut Command, what: &str) -> Output {
 pub fn python() -> PathBuf {
     static INSTALL: Mutex<()> = Mutex::new(());
     let _once = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
-    let requirements = std::fs::read(source().join("requirements.txt"))
-        .expect("tests/clients/requirements.txt");
+    let requirements =
+        std::fs::read(source().join("requirements.txt")).expect("tests/clients/requirements.txt");
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("clients-venv");
     let python = venv.join("bin").join("python");
     // The requirements the venv was made from, written once it was.
@@ -61,7 +61,10 @@ pub fn python() -> PathBuf {
     let _ = std::fs::remove_dir_all(&venv);
     let started = std::time::Instant::now();
     must(
-        Command::new(system_python()).arg("-m").arg("venv").arg(&venv),
+        Command::new(system_python())
+            .arg("-m")
+            .arg("venv")
+            .arg(&venv),
         "create the clients' venv",
     );
     must(
