@@ -127,6 +127,10 @@ pub const ROUTES: [&str; 5] = [
     "/v1/confirmations/{id}",
 ];
 
+/// The OpenAI door's routes that take `Idempotency-Key` too (outside the
+/// OpenAPI document, like the door: `super::openai`).
+pub const OPENAI_ROUTES: [&str; 2] = ["/v1/chat/completions", "/v1/responses"];
+
 /// The request's key, in its extensions while the first request with it
 /// runs: a handler hands it down (a turn remembers it, so a retry after a
 /// crash finds the turn).
@@ -288,7 +292,9 @@ pub async fn idempotent(
         .get::<MatchedPath>()
         .map(|p| p.as_str().to_string());
     let keyed = request.method() == Method::POST
-        && route.as_deref().is_some_and(|r| ROUTES.contains(&r))
+        && route
+            .as_deref()
+            .is_some_and(|r| ROUTES.contains(&r) || OPENAI_ROUTES.contains(&r))
         && request.headers().contains_key(HEADER);
     if !keyed {
         return next.run(request).await;

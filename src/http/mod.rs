@@ -40,6 +40,7 @@ pub mod host;
 pub mod idempotency;
 pub mod keys;
 pub mod limits;
+pub mod openai;
 pub mod openapi;
 pub mod owner;
 pub mod rate_limit;
@@ -204,6 +205,7 @@ pub fn router(
     let app = routes
         .merge(openapi::routes(doc))
         .merge(console::routes())
+        .merge(openai::routes())
         .route_service("/mcp", streams::count_get_streams(mcp))
         .route_layer(from_fn(access_log::tag))
         .route_layer(from_fn_with_state(
@@ -233,6 +235,7 @@ pub fn router(
             auth::authenticate,
         ))
         .layer(from_fn_with_state(keys, host::loopback_only))
+        .layer(from_fn(openai::openai_errors))
         .layer(tower_http::trace::TraceLayer::new_for_http())
         .with_state(state);
     if request_log {
