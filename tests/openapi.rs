@@ -916,7 +916,7 @@ async fn every_event_stream_sends_the_events_its_document_declares() {
     ] {
         assert!(names.contains(&expected), "{expected} in {names:?}");
     }
-    events_conform(&doc, "post", "/v1/sessions/{id}/messages", &turn);
+    events_conform(&doc, "post", "/v1/sessions/{id}/messages/stream", &turn);
     let failed = read_events(app.post_streaming(&session, "Again?").await, |_| false).await;
     assert_eq!(
         event_names(&failed).last(),
@@ -924,7 +924,7 @@ async fn every_event_stream_sends_the_events_its_document_declares() {
         "{:?}",
         event_names(&failed)
     );
-    events_conform(&doc, "post", "/v1/sessions/{id}/messages", &failed);
+    events_conform(&doc, "post", "/v1/sessions/{id}/messages/stream", &failed);
     // The check is not a rubber stamp: a payload that misses a field, or
     // an event the document does not list, fails it.
     for (name, data) in [("turn_started", "{}"), ("turn_paused", "{}")] {
@@ -933,7 +933,7 @@ async fn every_event_stream_sends_the_events_its_document_declares() {
             data: data.into(),
         }];
         let checked = std::panic::catch_unwind(|| {
-            events_conform(&doc, "post", "/v1/sessions/{id}/messages", &broken)
+            events_conform(&doc, "post", "/v1/sessions/{id}/messages/stream", &broken)
         });
         assert!(checked.is_err(), "{name} {data} passed");
     }

@@ -141,6 +141,7 @@ super::openapi::event_stream! {
         "turn_paused" => TurnOutcome,
         "turn_interrupted" => TurnEvent,
         "turn_failed" => TurnFailed,
+        "lagged" => super::openapi::Lagged,
     }
 }
 
