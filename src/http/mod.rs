@@ -29,6 +29,7 @@ pub mod auth_limit;
 pub mod caller;
 pub mod calls;
 pub mod client_addr;
+pub mod client_shapes;
 pub mod confirmations;
 pub mod connections;
 pub mod console;

@@ -416,9 +416,12 @@ impl Lagged {
     }
 }
 
-/// `GET /openapi.json` and Swagger UI under `/docs`, over `doc`.
+/// `GET /openapi.json` and Swagger UI under `/docs`, over `doc` in the
+/// shapes client generators read ([`super::client_shapes`]).
 pub fn routes<S: Clone + Send + Sync + 'static>(doc: OpenApiDoc) -> Router<S> {
-    SwaggerUi::new(DOCS_PATH).url(SPEC_PATH, doc).into()
+    SwaggerUi::new(DOCS_PATH)
+        .external_url_unchecked(SPEC_PATH, super::client_shapes::for_generators(&doc))
+        .into()
 }
 
 #[cfg(test)]

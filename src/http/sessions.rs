@@ -474,33 +474,27 @@ error_responses!(
     ModelTimeout
 );
 
-/// One turn. With `Accept: text/event-stream` the reply is a stream of
-/// Server-Sent Events: `turn_started`, `model_delta`, `tool_call_started`,
-/// `tool_call_completed`, then `turn_completed` (the same body as the JSON
-/// reply), `turn_paused` (the 202 body: a call waits for a confirmation),
-/// `turn_interrupted` or `turn_failed` (the JSON error body). A call that
-/// needs a confirmation pauses the turn: 202 with `status:
-/// awaiting_approval`; deciding it resumes the turn. With `Prefer:
-/// respond-async` the reply is 202 `{turn_id, status: accepted}` as soon as
-/// the turn is accepted; read it at `/v1/sessions/{id}/turns/{turn_id}`.
-/// A message queued behind a turn paused for a confirmation (`multitask =
-/// "enqueue"`) is answered at once: 202 `{session_id, turn_id, status:
-/// queued, waiting_for}` (`waiting_for`: the paused turn), or a stream that
-/// opens with `turn_queued` (`{turn_id, waiting_for}`) and goes on when it runs.
-/// With `Idempotency-Key`, a retry gets the first request's turn. Comments (`:`) keep an
-/// idle stream alive every 15 s. A client that reads slower than the model
-/// writes gets consecutive `model_delta`s merged; once more than 1 MiB of
-/// text waits for it, the stream closes without `turn_completed` (the turn
-/// still completes and is stored).
+/// One turn. A call that needs a confirmation pauses the turn: 202 with
+/// `status: awaiting_approval`; deciding it resumes the turn. With
+/// `Prefer: respond-async` the reply is 202 `{turn_id, status: accepted}`
+/// as soon as the turn is accepted; read it at
+/// `/v1/sessions/{id}/turns/{turn_id}` or follow its events at
+/// `/v1/sessions/{id}/turns/{turn_id}/events`. A message queued behind a
+/// turn paused for a confirmation (`multitask = "enqueue"`) is answered at
+/// once: 202 `{session_id, turn_id, status: queued, waiting_for}`
+/// (`waiting_for`: the paused turn). For the turn as Server-Sent Events,
+/// use `POST /v1/sessions/{id}/messages/stream` (sending this operation
+/// `Accept: text/event-stream` answers the same stream, for clients
+/// written before that operation).
+/// With `Idempotency-Key`, a retry gets the first request's turn.
 #[utoipa::path(
     post,
     path = "/v1/sessions/{id}/messages",
     operation_id = "send_message",
-    summary = "Send a message: one turn (JSON or Server-Sent Events)",
+    summary = "Send a message: one turn",
     tag = "sessions",
     params(
         ("id" = String, Path, description = "Session id"),
-        ("Accept" = Option<String>, Header, description = "`text/event-stream` for a stream of Server-Sent Events", example = "text/event-stream"),
         ("Prefer" = Option<String>, Header, description = "`respond-async`: answer 202 with the turn id once it is accepted", example = "respond-async"),
     ),
     request_body = MessageBody,

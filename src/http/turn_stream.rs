@@ -51,7 +51,11 @@ pub fn routes() -> OpenApiRouter<AppState> {
 /// with `Accept: text/event-stream`, as their own operation. Each event
 /// has an `id:`; a client that loses the stream reconnects to
 /// `GET /v1/sessions/{id}/turns/{turn_id}/events` (the turn id is in
-/// `turn_started`) with `Last-Event-ID` and misses nothing.
+/// `turn_started`) with `Last-Event-ID` and misses nothing. Comments (`:`)
+/// keep an idle stream alive every 15 s. A client that reads slower than
+/// the model writes reads the turn's log at its pace; past 1 MiB of
+/// events it missed, it gets `lagged` (`{missed}`) and goes on from the
+/// oldest kept (the last event carries the whole answer).
 #[utoipa::path(
     post,
     path = "/v1/sessions/{id}/messages/stream",
@@ -149,6 +153,7 @@ fn sse_frames(
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct AfterQuery {
     /// The id of the last event seen (`n` or `n.end`), for clients that
