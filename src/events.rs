@@ -127,6 +127,10 @@ impl EventKind {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
+    /// Its place in this node's sequence (set when published here; not
+    /// sent to other nodes, which number it in theirs).
+    #[serde(skip)]
+    pub seq: u64,
     pub at: Timestamp,
     /// The cluster node it happened on, when that is another node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -138,6 +142,17 @@ pub struct Event {
 #[derive(Clone)]
 pub struct EventBus {
     tx: broadcast::Sender<Event>,
+    /// The last [`CAPACITY`] events, for subscribers that reconnect.
+    recent: std::sync::Arc<std::sync::Mutex<Recent>>,
+    /// This process's id: event ids of another process (or node) are not
+    /// this one's.
+    boot: std::sync::Arc<str>,
+}
+
+#[derive(Default)]
+struct Recent {
+    next: u64,
+    events: std::collections::VecDeque<Event>,
 }
 
 impl Default for EventBus {
@@ -150,12 +165,14 @@ impl EventBus {
     pub fn new() -> Self {
         EventBus {
             tx: broadcast::channel(CAPACITY).0,
+            recent: Default::default(),
+            boot: uuid::Uuid::now_v7().simple().to_string()[20..].into(),
         }
     }
 
     pub fn publish(&self, kind: EventKind) {
-        // Nobody listening is fine.
-        let _ = self.tx.send(Event {
+        self.send(Event {
+            seq: 0,
             at: Timestamp::now(),
             node: None,
             kind,
@@ -164,7 +181,44 @@ impl EventBus {
 
     /// Publishes an event that happened on another node (`event.node`).
     pub fn publish_remote(&self, event: Event) {
+        self.send(event);
+    }
+
+    /// Numbers `event`, keeps it among the recent ones and sends it, under
+    /// one lock: the recent events and the broadcast have one order.
+    fn send(&self, mut event: Event) {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        event.seq = recent.next;
+        recent.next += 1;
+        if recent.events.len() == CAPACITY {
+            recent.events.pop_front();
+        }
+        recent.events.push_back(event.clone());
+        // Nobody listening is fine.
         let _ = self.tx.send(event);
+    }
+
+    /// This process's id, the first part of its events' SSE ids.
+    pub fn boot(&self) -> &str {
+        &self.boot
+    }
+
+    /// The kept events after `seq`, oldest first; `None` when some of them
+    /// are no longer kept.
+    pub fn since(&self, seq: u64) -> Option<Vec<Event>> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let first = recent.events.front().map_or(recent.next, |e| e.seq);
+        if seq.saturating_add(1) < first {
+            return None;
+        }
+        Some(
+            recent
+                .events
+                .iter()
+                .filter(|e| e.seq > seq)
+                .cloned()
+                .collect(),
+        )
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {

@@ -911,3 +911,61 @@ async fn a_node_creates_its_missing_data_dir() {
         server.log_text()
     );
 }
+
+/// Issue #32: a client that lost a turn's stream from the node running
+/// the turn reconnects to another node with `Last-Event-ID`: that node
+/// forwards it to the turn's node, where the turn's log is, and the client
+/// gets every later event exactly once (without the forwarding, the other
+/// node would answer the turn's end only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_stream_resumes_through_another_node_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let agents = clerk_agents(dir.path());
+    let pg = Postgres::shared();
+    let cluster = start(options(2, pg.database("resume_stream"), agents)).await;
+    let session = cluster.node_client(0).session("clerk").await;
+    let stream = cluster
+        .node_client(0)
+        .post_streaming(&session, "file the report")
+        .await;
+    assert_eq!(stream.status(), StatusCode::OK);
+    let (first, _) = support::sse::read_until(stream, |f| f.name == "tool_call_started").await;
+    let turn = first[0].data["turn_id"]
+        .as_str()
+        .expect("turn_started first")
+        .to_string();
+    let last = first.last().unwrap().id.clone().expect("an id");
+    let resumed = cluster
+        .node_client(1)
+        .request(
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{session}/turns/{turn}/events"),
+        )
+        .header("last-event-id", &last)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), StatusCode::OK);
+    assert_eq!(
+        resumed.headers()[cadre::cluster::forward::NODE_HEADER],
+        "n0",
+        "answered by the turn's node"
+    );
+    let (rest, _) = support::sse::read_until(resumed, |_| false).await;
+    let names: Vec<&str> = rest.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names.first(), Some(&"tool_call_completed"), "{names:?}");
+    assert_eq!(names.last(), Some(&"turn_completed"), "{names:?}");
+    let numbers: Vec<u64> = support::sse::ids(&rest)
+        .iter()
+        .map(|id| id.trim_end_matches(".end").parse().unwrap())
+        .collect();
+    let from = last.parse::<u64>().unwrap() + 1;
+    assert_eq!(
+        numbers,
+        (from..from + rest.len() as u64).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        rest.last().unwrap().data["answer"],
+        "recorded: file the report"
+    );
+}

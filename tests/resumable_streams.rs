@@ -8,74 +8,12 @@
 
 mod support;
 
-use std::time::Duration;
-
-use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use support::gate::gate_tool;
 use support::mock_model::{MockModel, Reply};
+use support::sse::{ids, read_until};
 use support::{AppOptions, TestApp, agent_toml, agents_dir, spawn_app};
-
-const PATIENCE: Duration = Duration::from_secs(20);
-
-/// One SSE frame: its id, event name and JSON data.
-#[derive(Debug, Clone)]
-struct Frame {
-    id: Option<String>,
-    name: String,
-    data: Value,
-}
-
-/// Parses complete frames out of `buffer`, leaving an incomplete tail.
-fn parse(buffer: &mut String) -> Vec<Frame> {
-    let mut frames = Vec::new();
-    while let Some(end) = buffer.find("\n\n") {
-        let block: String = buffer.drain(..end + 2).collect();
-        let (mut id, mut name, mut data) = (None, None, Vec::new());
-        for line in block.lines() {
-            if let Some(v) = line.strip_prefix("id:") {
-                id = Some(v.trim().to_string());
-            } else if let Some(v) = line.strip_prefix("event:") {
-                name = Some(v.trim().to_string());
-            } else if let Some(v) = line.strip_prefix("data:") {
-                data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
-            }
-        }
-        if let Some(name) = name {
-            let data = serde_json::from_str(&data.join("\n")).unwrap_or(Value::Null);
-            frames.push(Frame { id, name, data });
-        }
-    }
-    frames
-}
-
-/// Reads frames from `response` until `stop` says so or the stream ends.
-async fn read_until(
-    response: reqwest::Response,
-    stop: impl Fn(&Frame) -> bool,
-) -> (Vec<Frame>, bool) {
-    let mut body = response.bytes_stream();
-    let mut buffer = String::new();
-    let mut frames = Vec::new();
-    let read = async {
-        while let Some(chunk) = body.next().await {
-            buffer.push_str(&String::from_utf8_lossy(&chunk.expect("a chunk")));
-            for frame in parse(&mut buffer) {
-                let done = stop(&frame);
-                frames.push(frame);
-                if done {
-                    return true;
-                }
-            }
-        }
-        false
-    };
-    let stopped = tokio::time::timeout(PATIENCE, read)
-        .await
-        .expect("the stream went on in time");
-    (frames, stopped)
-}
 
 fn gated_app() -> (TestApp, MockModel, support::gate::Gate, tempfile::TempDir) {
     let model = futures::executor::block_on(MockModel::start());
@@ -103,10 +41,6 @@ async fn events_of(
         request = request.header("last-event-id", last);
     }
     request.send().await.expect("request sent")
-}
-
-fn ids(frames: &[Frame]) -> Vec<String> {
-    frames.iter().filter_map(|f| f.id.clone()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,4 +277,58 @@ async fn a_finished_workflow_runs_stream_has_ids_and_a_reconnect_is_204() {
         .await
         .unwrap();
     assert_eq!(again.status(), StatusCode::NO_CONTENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_events_resume_after_last_event_id_once() {
+    let (app, _model, gate, _agents) = gated_app();
+    gate.open(100);
+    let invoke = |label: &'static str| {
+        let client = app.client.clone();
+        async move {
+            let (status, body) = client
+                .post(
+                    "/v1/tools/gate/invoke",
+                    &json!({"params": {"label": label}}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+    };
+    let subscribe = |last: Option<String>| {
+        let mut request = app.client.request(reqwest::Method::GET, "/v1/events");
+        if let Some(last) = last {
+            request = request.header("last-event-id", last);
+        }
+        request.send()
+    };
+    let first = subscribe(None).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    invoke("one").await;
+    // Two events of the first call (started, completed), then the stream is lost.
+    let mut seen = 0;
+    let (frames, _) = read_until(first, |_| {
+        seen += 1;
+        seen == 2
+    })
+    .await;
+    let last = frames.last().unwrap().id.clone().expect("an id");
+    invoke("two").await;
+    invoke("three").await;
+    let resumed = subscribe(Some(last.clone())).await.unwrap();
+    // The four events of the two calls made while away, then nothing more.
+    let mut count = 0;
+    let (rest, _) = read_until(resumed, |_| {
+        count += 1;
+        count == 4
+    })
+    .await;
+    let (boot, n) = last.rsplit_once('-').unwrap();
+    let n: u64 = n.parse().unwrap();
+    let expected: Vec<String> = (n + 1..n + 5).map(|i| format!("{boot}-{i}")).collect();
+    assert_eq!(ids(&rest), expected, "{rest:?}");
+    assert!(
+        rest.iter().all(|f| f.name.starts_with("execution_")),
+        "{rest:?}"
+    );
 }

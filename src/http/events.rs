@@ -2,6 +2,16 @@
 //! kind (`tool_added`, `execution_completed`, ...) with the event as JSON
 //! data. A subscriber that falls behind gets a `lagged` event saying how
 //! many it missed, then continues.
+//!
+//! Reconnecting (issue #32): every event has an `id:`, `<process>-<n>`
+//! (`n` counts the events of this process, `<process>` is fresh at each
+//! start). A client reconnecting with `Last-Event-ID` gets the events after
+//! it that this node still keeps (the last 1,024), exactly once, then the
+//! live ones. Decision: an id from another node or an earlier process, or
+//! older than what is kept, starts the stream with the live events (the
+//! stream never ends by itself, so there is no 204 here). In a cluster,
+//! each node numbers every event it publishes, its own and the ones other
+//! nodes sent it, so a client reconnects to the same node to resume.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -106,8 +116,9 @@ super::openapi::event_stream! {
     operation_id = "runtime_events",
     summary = "Runtime events as Server-Sent Events (admin)",
     tag = "events",
+    params(("Last-Event-ID" = Option<String>, Header, description = "The id of the last event seen (`<process>-<n>`): the events after it that this node still keeps come first, once")),
     responses(
-        (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data; `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = RuntimeEvents),
+        (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data and an `id:`; `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = RuntimeEvents),
         EventsErrors,
     )
 )]
@@ -115,18 +126,41 @@ async fn events(
     State(state): State<AppState>,
     Extension(caller): Extension<Principal>,
     Extension(quota): Extension<StreamQuota>,
+    headers: axum::http::HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     require_admin(&caller)?;
     let slot = quota.acquire()?;
-    let stream = BroadcastStream::new(state.events.subscribe()).map(|item| {
-        Ok(match item {
-            Ok(event) => SseEvent::default()
-                .event(event.kind.name())
-                .json_data(&event)
-                .unwrap_or_else(|_| SseEvent::default().event("error")),
-            Err(BroadcastStreamRecvError::Lagged(n)) => Lagged::event(n),
-        })
+    // Subscribe before reading the kept events: nothing falls between.
+    let live = state.events.subscribe();
+    let boot: std::sync::Arc<str> = state.events.boot().into();
+    let replay = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|id| id.rsplit_once('-'))
+        .filter(|(b, _)| *b == &*boot)
+        .and_then(|(_, n)| n.parse::<u64>().ok())
+        .and_then(|n| state.events.since(n))
+        .unwrap_or_default();
+    let mut last = replay.last().map(|e| e.seq);
+    let id_boot = boot.clone();
+    let sse = move |event: &crate::events::Event| {
+        SseEvent::default()
+            .id(format!("{id_boot}-{}", event.seq))
+            .event(event.kind.name())
+            .json_data(event)
+            .unwrap_or_else(|_| SseEvent::default().event("error"))
+    };
+    let replayed: Vec<SseEvent> = replay.iter().map(&sse).collect();
+    let live = BroadcastStream::new(live).filter_map(move |item| match item {
+        // Sent again live after it was replayed: once is enough.
+        Ok(event) if last.is_some_and(|l| event.seq <= l) => None,
+        Ok(event) => {
+            last = None;
+            Some(Ok(sse(&event)))
+        }
+        Err(BroadcastStreamRecvError::Lagged(n)) => Some(Ok(Lagged::event(n))),
     });
+    let stream = tokio_stream::iter(replayed.into_iter().map(Ok)).chain(live);
     Ok(Sse::new(slot.hold_until_shutdown(stream))
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
 }

@@ -22,6 +22,7 @@ pub mod ports;
 pub mod postgres;
 pub mod redis;
 pub mod server;
+pub mod sse;
 pub mod store;
 pub mod workflow;
 pub mod ws;
