@@ -62,12 +62,17 @@ class Far(AgentExecutor):
         await updater.complete()
 
     async def cancel(self, context, event_queue):
-        raise NotImplementedError
+        task = context.current_task
+        await TaskUpdater(event_queue, task.id, task.context_id).cancel()
 
 class Handler(DefaultRequestHandlerV2):
     async def on_get_task(self, *args, **kwargs):
         log({"get_task": True})
         return await super().on_get_task(*args, **kwargs)
+
+    async def on_cancel_task(self, params, *args, **kwargs):
+        log({"cancel_task": params.id})
+        return await super().on_cancel_task(params, *args, **kwargs)
 
 sock = socket.socket()
 sock.bind(("127.0.0.1", 0))
@@ -177,8 +182,13 @@ async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
 
 /// The lead agent's file: it may ask the remote agent `far` at `url`.
 fn lead(url: &str) -> String {
+    lead_with(url, "")
+}
+
+/// [`lead`] with more top-level keys.
+fn lead_with(url: &str, more: &str) -> String {
     format!(
-        "name = \"lead\"\ndescription = \"The lead agent.\"\nsystem_prompt = \"You are lead.\"\nmax_iterations = 4\n\n\
+        "name = \"lead\"\ndescription = \"The lead agent.\"\nsystem_prompt = \"You are lead.\"\nmax_iterations = 4\n{more}\n\
          [[remote_agents]]\nname = \"far\"\nurl = \"{url}\"\n"
     )
 }
@@ -217,7 +227,11 @@ fn lead_asks_far(model: &MockModel) {
 }
 
 fn app(model: &MockModel, url: &str) -> (TestApp, tempfile::TempDir) {
-    let dir = support::agents_dir(&[("lead.toml", &lead(url))]);
+    app_of(model, &lead(url))
+}
+
+fn app_of(model: &MockModel, lead: &str) -> (TestApp, tempfile::TempDir) {
+    let dir = support::agents_dir(&[("lead.toml", lead)]);
     let options = AppOptions::with_model(model)
         .agents(dir.path())
         .config_toml("[api_limit]\nper_second = 100000\nburst = 100000\n");
@@ -502,4 +516,30 @@ async fn a_kill_while_the_remote_works_sends_the_message_once_and_the_turn_compl
         "the remote received the message exactly once: {:?}",
         remote.messages()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cutting_the_asking_turn_cancels_the_remote_task() {
+    let remote = Remote::start("wait").await;
+    let model = MockModel::start().await;
+    lead_asks_far(&model);
+    let (app, _dir) = app_of(&model, &lead_with(&remote.url, "multitask = \"interrupt\""));
+    let session = app.session("lead").await;
+    let first = app.client.spawn_post(
+        &format!("/v1/sessions/{session}/messages"),
+        json!({"content": "take your time"}),
+    );
+    until("cadre polls the remote task", async || {
+        remote.get_tasks() > 0
+    })
+    .await;
+    let (status, body) = app.say(&session, "ping").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, cut) = first.await.unwrap();
+    assert_eq!(status, StatusCode::CONFLICT, "{cut}");
+    let task_id = remote.messages()[0]["task_id"].clone();
+    until("the remote is asked to cancel the task", async || {
+        remote.entries().iter().any(|e| e["cancel_task"] == task_id)
+    })
+    .await;
 }

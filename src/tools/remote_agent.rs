@@ -66,6 +66,10 @@
 //!   `taskId` and `contextId` sent), so the model answers the question by
 //!   asking again. `failed`, `rejected`, `canceled` and `auth-required`
 //!   are tool failures carrying the remote's status message.
+//! - **Cut together**: when the asking turn is cut (`multitask =
+//!   "interrupt"` or `"rollback"`), the wait ends and the remote is sent
+//!   `CancelTask` for the task (best effort: a remote that cannot cancel
+//!   finishes it, unread).
 //! - **One remote conversation per session**: the asking session keeps
 //!   the remote's `contextId` (namespace [`REMOTE_CONTEXTS`], key
 //!   `<session>/<agent>`), so asking the same remote again continues the
@@ -751,6 +755,34 @@ impl AskRemote {
         }
     }
 
+    /// [`Self::wait`], unless the asking turn is cut first: then the
+    /// remote is asked to cancel the task (best effort) and the call fails.
+    async fn wait_uncut(
+        &self,
+        ctx: &ExecutionContext,
+        card: &Card,
+        task: Value,
+        task_id: &str,
+    ) -> Result<Value, ToolError> {
+        let cut = ctx.cut.clone().unwrap_or_default();
+        tokio::select! {
+            task = self.wait(card, task, task_id) => task,
+            () = cut.0.cancelled() => {
+                let canceled = self
+                    .agents
+                    .rpc(&self.remote, card, "CancelTask", json!({"id": task_id}), true)
+                    .await;
+                if let Err(e) = &canceled {
+                    tracing::warn!(remote_agent = %self.remote.name, "canceling task {task_id}: {e}");
+                }
+                Err(ToolError::failed(format!(
+                    "the asking turn was cut: remote agent {}'s task was asked to cancel",
+                    self.remote.name
+                )))
+            }
+        }
+    }
+
     /// The outcome of a finished or interrupted task; keeps the session's
     /// remote context.
     async fn outcome(
@@ -814,7 +846,7 @@ impl ToolHandler for AskRemote {
             };
             let started = Instant::now();
             let task = self
-                .wait(&card, json!({"status": {}}), &known.task_id)
+                .wait_uncut(ctx, &card, json!({"status": {}}), &known.task_id)
                 .await?;
             tracing::debug!(remote_agent = %self.remote.name, waited = ?started.elapsed(), "rejoined a remote task");
             return self.outcome(ctx, &task, &known.task_id).await;
@@ -875,7 +907,7 @@ impl ToolHandler for AskRemote {
             };
             self.put(ctx, REMOTE_TASKS, key, json!(record)).await?;
         }
-        let task = self.wait(&card, task, &task_id).await?;
+        let task = self.wait_uncut(ctx, &card, task, &task_id).await?;
         self.outcome(ctx, &task, &task_id).await
     }
 }
