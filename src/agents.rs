@@ -769,6 +769,115 @@ mod tests {
         assert!(err.to_string().contains("max_iteration"), "{err}");
     }
 
+    /// Loads `files` (name, text) as an agents folder.
+    fn load(files: &[(&str, String)]) -> Result<Agents, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(format!("{name}.toml")), text).unwrap();
+        }
+        let registry = ToolRegistry::new();
+        let resolve = |file: AgentFile| {
+            Agent::resolve(
+                file,
+                &registry,
+                &ModelEndpoint::default(),
+                None,
+                &ClientOptions::default(),
+            )
+        };
+        let agents = Agents::default();
+        AgentFiles::new(dir.path()).load(&agents, resolve)?;
+        Ok(agents)
+    }
+
+    fn agent(name: &str, asks: &[&str], remotes: &[(&str, &str)]) -> String {
+        let mut text =
+            format!("name = '{name}'\nsystem_prompt = 'You are {name}.'\nagents = {asks:?}\n");
+        for (remote, url) in remotes {
+            text += &format!("[[remote_agents]]\nname = '{remote}'\nurl = '{url}'\n");
+        }
+        text
+    }
+
+    #[test]
+    fn a_remote_agent_is_offered_as_an_ask_tool() {
+        let agents =
+            load(&[("lead", agent("lead", &[], &[("far", "http://127.0.0.1:9")]))]).unwrap();
+        let lead = agents.get("lead").unwrap();
+        assert_eq!(lead.offered, vec!["ask_far".to_string()]);
+        assert_eq!(lead.remote_agents[0].url.as_str(), "http://127.0.0.1:9/");
+    }
+
+    #[test]
+    fn a_bad_remote_agent_entry_does_not_load() {
+        let cases = [
+            (
+                agent("lead", &[], &[("far away", "http://x.example")]),
+                "not valid",
+            ),
+            (
+                agent("lead", &[], &[("far", "ftp://x.example")]),
+                "not an http(s) URL",
+            ),
+            (
+                agent(
+                    "lead",
+                    &[],
+                    &[("far", "http://a.example"), ("far", "http://b.example")],
+                ),
+                "declared twice",
+            ),
+            (
+                agent("lead", &["far"], &[("far", "http://x.example")]),
+                "ask_far would mean both",
+            ),
+        ];
+        for (text, why) in cases {
+            let err = match load(&[("lead", text.clone()), ("far", agent("far", &[], &[]))]) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("loaded: {text}"),
+            };
+            assert!(err.contains(why), "{err} (wanted {why:?})");
+        }
+        let err = match load(&[(
+            "lead",
+            "name = 'lead'\nsystem_prompt = 's'\n[[remote_agents]]\nname = 'far'\nurl = 'http://x'\nkey = 'k'\n".into(),
+        )]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("an unknown key loaded"),
+        };
+        assert!(err.contains("key"), "{err}");
+    }
+
+    #[test]
+    fn a_remote_name_means_one_thing_across_agent_files() {
+        // Another agent asks a local agent of that name.
+        let err = match load(&[
+            ("lead", agent("lead", &[], &[("far", "http://x.example")])),
+            ("other", agent("other", &["far"], &[])),
+            ("far", agent("far", &[], &[])),
+        ]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("loaded"),
+        };
+        assert!(err.contains("the local agent that other asks"), "{err}");
+        // Another agent declares it at another URL.
+        let err = match load(&[
+            ("lead", agent("lead", &[], &[("far", "http://x.example")])),
+            ("other", agent("other", &[], &[("far", "http://y.example")])),
+        ]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("loaded"),
+        };
+        assert!(err.contains("with another url or key"), "{err}");
+        // The same remote declared twice alike is one remote.
+        load(&[
+            ("lead", agent("lead", &[], &[("far", "http://x.example")])),
+            ("other", agent("other", &[], &[("far", "http://x.example")])),
+        ])
+        .unwrap();
+    }
+
     #[test]
     fn defaults_apply() {
         let f = AgentFile::parse(Path::new("a.toml"), "name = 'a'\nsystem_prompt = 's'\n").unwrap();
