@@ -11,6 +11,7 @@
 mod support;
 
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -387,6 +388,12 @@ async fn a_remote_that_is_down_is_a_clear_tool_failure_and_the_turn_completes() 
 
 /// A server that answers every request with a 307 to `to`.
 async fn redirecting_to(to: String) -> String {
+    raw_server(to, Default::default()).await
+}
+
+/// A server that answers every request with a 307 to `to` (`""`: a
+/// 404), keeping each request's head in `heads`.
+async fn raw_server(to: String, heads: Arc<Mutex<Vec<String>>>) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
@@ -394,7 +401,7 @@ async fn redirecting_to(to: String) -> String {
             let Ok((mut socket, _)) = listener.accept().await else {
                 return;
             };
-            let to = to.clone();
+            let (to, heads) = (to.clone(), heads.clone());
             tokio::spawn(async move {
                 let mut head = Vec::new();
                 let mut buf = [0u8; 1024];
@@ -405,14 +412,17 @@ async fn redirecting_to(to: String) -> String {
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-                let path = String::from_utf8_lossy(&head)
-                    .split(' ')
-                    .nth(1)
-                    .unwrap_or("/")
-                    .to_string();
-                let reply = format!(
-                    "HTTP/1.1 307 Temporary Redirect\r\nLocation: {to}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                );
+                let head = String::from_utf8_lossy(&head).to_string();
+                let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+                heads.lock().unwrap().push(head);
+                let reply = if to.is_empty() {
+                    "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .to_string()
+                } else {
+                    format!(
+                        "HTTP/1.1 307 Temporary Redirect\r\nLocation: {to}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
+                };
                 let _ = socket.write_all(reply.as_bytes()).await;
             });
         }
@@ -542,4 +552,41 @@ async fn cutting_the_asking_turn_cancels_the_remote_task() {
         remote.entries().iter().any(|e| e["cancel_task"] == task_id)
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_and_the_protocol_version_go_with_every_request() {
+    let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let url = raw_server(String::new(), heads.clone()).await;
+    // SAFETY: a variable only this test reads, set before the app starts.
+    unsafe { std::env::set_var("CADRE_TEST_FAR_KEY", "far-secret") };
+    let model = MockModel::start().await;
+    lead_asks_far(&model);
+    let lead = lead(&url) + "api_key_env = \"CADRE_TEST_FAR_KEY\"\n";
+    let (app, _dir) = app_of(&model, &lead);
+    let session = app.session("lead").await;
+    let (status, body) = app.say(&session, "the weather").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(
+        body["answer"].as_str().unwrap().contains("HTTP 404"),
+        "{body}"
+    );
+    let heads = heads.lock().unwrap().clone();
+    assert!(!heads.is_empty());
+    for head in &heads {
+        let head = head.to_ascii_lowercase();
+        assert!(
+            head.starts_with("get /.well-known/agent-card.json "),
+            "{head}"
+        );
+        assert!(
+            head.contains("\r\nauthorization: bearer far-secret\r\n"),
+            "{head}"
+        );
+        assert!(head.contains("\r\na2a-version: 1.0\r\n"), "{head}");
+    }
+    assert!(
+        !body.to_string().contains("far-secret"),
+        "the key is not in what the model reads"
+    );
 }
