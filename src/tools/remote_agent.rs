@@ -870,7 +870,7 @@ impl ToolHandler for AskRemote {
         if let Some(t) = &context.input_task_id {
             message["taskId"] = json!(t);
         }
-        let reply = self
+        let sent = self
             .agents
             .rpc(
                 &self.remote,
@@ -882,7 +882,25 @@ impl ToolHandler for AskRemote {
                 }),
                 false,
             )
-            .await?;
+            .await;
+        let reply = match sent {
+            Ok(reply) => reply,
+            // The task waiting for input is gone or closed on the remote's
+            // side: the next ask starts a new one instead of failing again.
+            Err(e) if context.input_task_id.is_some() && !e.is_retryable() => {
+                if let Some(k) = self.context_key(ctx) {
+                    let fresh = RemoteContext {
+                        context_id: context.context_id.clone(),
+                        input_task_id: None,
+                    };
+                    let _ = self.put(ctx, REMOTE_CONTEXTS, &k, json!(fresh)).await;
+                }
+                return Err(ToolError::failed(format!(
+                    "{e}; the task that waited for input is dropped: the next ask starts a new one"
+                )));
+            }
+            Err(e) => return Err(e),
+        };
         if let Some(direct) = reply.get("message") {
             // A direct answer: no task to follow.
             return Ok(json!({
