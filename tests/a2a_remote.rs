@@ -384,16 +384,29 @@ async fn a_remote_that_is_down_is_a_clear_tool_failure_and_the_turn_completes() 
     let calls = calls_of(&app, "ask_far").await;
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(calls[0]["is_success"], false, "{calls:?}");
+    // Down at startup: cadre started, and offers the tool without the card.
+    assert_eq!(
+        offered_ask_far(&model)["function"]["description"],
+        "Ask the far agent (a remote agent); its answer comes back as the result.",
+    );
 }
 
 /// A server that answers every request with a 307 to `to`.
 async fn redirecting_to(to: String) -> String {
-    raw_server(to, Default::default()).await
+    raw_server(Default::default(), move |path| {
+        format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: {to}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+    })
+    .await
 }
 
-/// A server that answers every request with a 307 to `to` (`""`: a
-/// 404), keeping each request's head in `heads`.
-async fn raw_server(to: String, heads: Arc<Mutex<Vec<String>>>) -> String {
+/// A server that answers every request with what `reply` makes of its
+/// path, keeping each request's head in `heads`.
+async fn raw_server(
+    heads: Arc<Mutex<Vec<String>>>,
+    reply: impl Fn(&str) -> String + Clone + Send + Sync + 'static,
+) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
@@ -401,7 +414,7 @@ async fn raw_server(to: String, heads: Arc<Mutex<Vec<String>>>) -> String {
             let Ok((mut socket, _)) = listener.accept().await else {
                 return;
             };
-            let (to, heads) = (to.clone(), heads.clone());
+            let (reply, heads) = (reply.clone(), heads.clone());
             tokio::spawn(async move {
                 let mut head = Vec::new();
                 let mut buf = [0u8; 1024];
@@ -415,14 +428,7 @@ async fn raw_server(to: String, heads: Arc<Mutex<Vec<String>>>) -> String {
                 let head = String::from_utf8_lossy(&head).to_string();
                 let path = head.split(' ').nth(1).unwrap_or("/").to_string();
                 heads.lock().unwrap().push(head);
-                let reply = if to.is_empty() {
-                    "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                        .to_string()
-                } else {
-                    format!(
-                        "HTTP/1.1 307 Temporary Redirect\r\nLocation: {to}{path}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    )
-                };
+                let reply = reply(&path);
                 let _ = socket.write_all(reply.as_bytes()).await;
             });
         }
@@ -557,7 +563,10 @@ async fn cutting_the_asking_turn_cancels_the_remote_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_and_the_protocol_version_go_with_every_request() {
     let heads: Arc<Mutex<Vec<String>>> = Arc::default();
-    let url = raw_server(String::new(), heads.clone()).await;
+    let url = raw_server(heads.clone(), |_| {
+        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_string()
+    })
+    .await;
     // SAFETY: a variable only this test reads, set before the app starts.
     unsafe { std::env::set_var("CADRE_TEST_FAR_KEY", "far-secret") };
     let model = MockModel::start().await;
@@ -589,4 +598,32 @@ async fn the_key_and_the_protocol_version_go_with_every_request() {
         !body.to_string().contains("far-secret"),
         "the key is not in what the model reads"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_whose_interface_is_on_another_origin_is_refused() {
+    let remote = Remote::start("echo").await;
+    // A card naming the real remote's interface, served from elsewhere.
+    let card = json!({
+        "name": "far", "description": "Elsewhere.", "version": "1",
+        "supportedInterfaces": [{"url": format!("{}/rpc", remote.url),
+                                 "protocolBinding": "JSONRPC", "protocolVersion": "1.0"}],
+    })
+    .to_string();
+    let url = raw_server(Default::default(), move |_| {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{card}",
+            card.len()
+        )
+    })
+    .await;
+    let model = MockModel::start().await;
+    lead_asks_far(&model);
+    let (app, _dir) = app(&model, &url);
+    let session = app.session("lead").await;
+    let (status, body) = app.say(&session, "the weather").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let answer = body["answer"].as_str().unwrap();
+    assert!(answer.contains("another origin"), "{answer}");
+    assert!(remote.messages().is_empty(), "{:?}", remote.messages());
 }
