@@ -58,8 +58,10 @@
 //!   rides out [`MAX_POLL_BLIPS`] transient failures in a row. A
 //!   `SendMessage` whose reply was lost is not retried (the remote may
 //!   have the message).
-//! - **Outcome**: `{"agent", "answer", "state", "task_id"}`. `answer` is
-//!   the text of the task's artifacts, else of its status message. A task
+//! - **Outcome**: `{"agent", "answer", "state", "task_id"}` (no `task_id`
+//!   when the remote answers with a direct message instead of a task).
+//!   `answer` is the text of the task's artifacts (data parts as JSON),
+//!   else of its status message. A task
 //!   that is `input-required` is an outcome, not a failure: `state:
 //!   "input_required"` with the remote's question as `answer`; the next
 //!   ask of that remote from the same session continues that task (its
