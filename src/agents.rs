@@ -29,6 +29,7 @@ use serde::Deserialize;
 
 use crate::model::openai::ClientOptions;
 use crate::model::{ModelEndpoint, SharedModel, ToolSpec, model_for};
+use crate::tools::remote_agent::{RemoteAgent, RemoteAgents};
 use crate::tools::{Plan, ToolRegistry};
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +54,12 @@ pub enum ConfigError {
     Invalid { agent: String, message: String },
     #[error("agent {agent} lists agent '{asked}' in `agents` or `handoffs`, which is not defined")]
     UnknownAgent { agent: String, asked: String },
+    #[error("agent {agent}: remote agent '{remote}' {why}")]
+    RemoteClash {
+        agent: String,
+        remote: String,
+        why: String,
+    },
 }
 
 /// The MCP server list in the agents directory: not an agent file; read
@@ -77,6 +84,10 @@ pub struct AgentFile {
     /// `transfer_to_<agent>` for each (`conversation::handoff`).
     #[serde(default)]
     pub handoffs: Vec<String>,
+    /// Agents of other services (A2A) this one may ask: its model is
+    /// offered `ask_<name>` for each ([`crate::tools::remote_agent`]).
+    #[serde(default)]
+    pub remote_agents: Vec<RemoteAgentEntry>,
     #[serde(default = "default_max_iterations")]
     pub max_iterations: u32,
     #[serde(default = "default_history_window")]
@@ -147,6 +158,21 @@ pub struct SiteConfig {
     pub allowed_paths: Vec<String>,
 }
 
+/// A `[[remote_agents]]` entry as written: an A2A agent at `url` (its
+/// card at `<url>/.well-known/agent-card.json`), its key in the variable
+/// `api_key_env` (sent as `Authorization: Bearer`), described by
+/// `description` or else by its card.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteAgentEntry {
+    pub name: String,
+    pub url: String,
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
 /// Per-agent model endpoint; unset fields fall back to the server's.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -189,8 +215,11 @@ pub struct Agent {
     /// The agents it may hand the conversation to (`handoffs = [...]`),
     /// each offered as `transfer_to_<name>`.
     pub handoffs: Vec<String>,
-    /// What its model is offered: its tools, its `ask_` tools, then its
-    /// `transfer_to_` tools.
+    /// The remote agents it may ask (`[[remote_agents]]`), each offered
+    /// as `ask_<name>`.
+    pub remote_agents: Vec<RemoteAgent>,
+    /// What its model is offered: its tools, its `ask_` tools (local, then
+    /// remote), then its `transfer_to_` tools.
     offered: Vec<String>,
     pub max_iterations: u32,
     pub history_window: usize,
@@ -230,6 +259,33 @@ impl Agent {
                 agent: file.name,
                 message: "an agent cannot list itself in `agents` or `handoffs`".into(),
             });
+        }
+        let mut remote_agents: Vec<RemoteAgent> = Vec::new();
+        for entry in &file.remote_agents {
+            let invalid = |message: String| ConfigError::Invalid {
+                agent: file.name.clone(),
+                message,
+            };
+            let remote = RemoteAgent::new(
+                &entry.name,
+                &entry.url,
+                entry.api_key_env.as_deref(),
+                entry.description.as_deref(),
+            )
+            .map_err(|e| invalid(e.to_string()))?;
+            if file.agents.contains(&remote.name) || file.handoffs.contains(&remote.name) {
+                return Err(invalid(format!(
+                    "remote agent '{}' has the name of an agent in `agents` or `handoffs`: ask_{} would mean both",
+                    remote.name, remote.name
+                )));
+            }
+            if remote_agents.iter().any(|r| r.name == remote.name) {
+                return Err(invalid(format!(
+                    "remote agent '{}' is declared twice",
+                    remote.name
+                )));
+            }
+            remote_agents.push(remote);
         }
         if file.history_window == 0 {
             return Err(ConfigError::Invalid {
@@ -285,6 +341,11 @@ impl Agent {
             .cloned()
             .chain(asked.iter().map(|a| crate::tools::delegate::ask_name(a)))
             .chain(
+                remote_agents
+                    .iter()
+                    .map(|r| crate::tools::delegate::ask_name(&r.name)),
+            )
+            .chain(
                 handoffs
                     .iter()
                     .map(|a| crate::tools::delegate::transfer_name(a)),
@@ -297,6 +358,7 @@ impl Agent {
             tools: file.tools,
             agents: asked,
             handoffs,
+            remote_agents,
             offered,
             max_iterations: file.max_iterations,
             history_window: file.history_window,
@@ -320,22 +382,63 @@ impl Agent {
     }
 }
 
-/// The first agent `agent` lists in `agents` or `handoffs` that `known` lacks.
-fn missing_link<'a>(agent: &'a Agent, known: &AgentMap) -> Option<&'a str> {
-    agent
+/// Why `agent` cannot serve beside the others of `known`: an agent it
+/// lists in `agents` or `handoffs` that `known` lacks, or a remote agent
+/// whose `ask_` tool would mean something else for another agent (one
+/// asking a local agent of that name, or declaring that remote name at
+/// another URL or key).
+fn link_error(agent: &Agent, known: &AgentMap) -> Option<ConfigError> {
+    if let Some(asked) = agent
         .agents
         .iter()
         .chain(&agent.handoffs)
         .find(|a| !known.contains_key(*a))
-        .map(String::as_str)
+    {
+        return Some(ConfigError::UnknownAgent {
+            agent: agent.name.clone(),
+            asked: asked.clone(),
+        });
+    }
+    let others = || known.values().filter(|o| o.name != agent.name);
+    for remote in &agent.remote_agents {
+        let clash = |why: String| ConfigError::RemoteClash {
+            agent: agent.name.clone(),
+            remote: remote.name.clone(),
+            why,
+        };
+        if let Some(other) = others().find(|o| o.agents.contains(&remote.name)) {
+            return Some(clash(format!(
+                "has the name of the local agent that {} asks: ask_{} would mean both",
+                other.name, remote.name
+            )));
+        }
+        if let Some(other) = others().find(|o| {
+            o.remote_agents.iter().any(|r| {
+                r.name == remote.name
+                    && (r.url != remote.url || r.api_key_env != remote.api_key_env)
+            })
+        }) {
+            return Some(clash(format!(
+                "is declared by {} too, with another url or key: one name, one remote",
+                other.name
+            )));
+        }
+    }
+    None
 }
 
 /// Makes the registry's agent tools those of `agents` now: an `ask_` tool
-/// per agent some agent asks, a `transfer_to_` tool per agent some agent
-/// hands over to, each described by that agent's description.
-pub fn publish_agent_tools(agents: &Agents, registry: &ToolRegistry) {
+/// per agent some agent asks (local or remote), a `transfer_to_` tool per
+/// agent some agent hands over to, each described by that agent's
+/// description (a remote one's: its entry's, else its card's, read in the
+/// background by `remote`).
+pub fn publish_agent_tools(agents: &Agents, registry: &ToolRegistry, remote: &RemoteAgents) {
     use crate::tools::delegate::{ask_tool, transfer_tool};
     let map = agents.snapshot();
+    let mut remotes: BTreeMap<&str, &RemoteAgent> = BTreeMap::new();
+    for r in map.values().flat_map(|a| a.remote_agents.iter()) {
+        remotes.entry(r.name.as_str()).or_insert(r);
+    }
     let slot = registry.delegate_slot();
     let asked: std::collections::BTreeSet<&String> =
         map.values().flat_map(|a| a.agents.iter()).collect();
@@ -351,6 +454,10 @@ pub fn publish_agent_tools(agents: &Agents, registry: &ToolRegistry) {
                 .filter_map(|name| map.get(name))
                 .map(|a| transfer_tool(&a.name, &a.description, slot)),
         )
+        .chain(remotes.values().map(|r| {
+            remote.prefetch(r);
+            remote.ask_tool(r)
+        }))
         .collect();
     registry.set_agent_tools(tools);
 }
@@ -517,11 +624,8 @@ impl AgentFiles {
             good.insert(path, (text, agent));
         }
         for agent in map.values() {
-            if let Some(asked) = missing_link(agent, &map) {
-                return Err(ConfigError::UnknownAgent {
-                    agent: agent.name.clone(),
-                    asked: asked.into(),
-                });
+            if let Some(e) = link_error(agent, &map) {
+                return Err(e);
             }
         }
         agents.replace(map);
@@ -597,23 +701,17 @@ impl AgentFiles {
         // An agent asking one that is not defined (now) does not load: its
         // last good version stays if that one's links hold, else it goes
         // (which may break another's links: again, until none is missing).
-        while let Some((name, asked)) = map
+        while let Some((name, error)) = map
             .values()
-            .find_map(|a| missing_link(a, &map).map(|m| (a.name.clone(), m.to_string())))
+            .find_map(|a| link_error(a, &map).map(|e| (a.name.clone(), e)))
         {
             let path = first_of[&name].clone();
-            failed.push((
-                path.clone(),
-                ConfigError::UnknownAgent {
-                    agent: name.clone(),
-                    asked,
-                },
-            ));
+            failed.push((path.clone(), error));
             let fallback = state
                 .good
                 .get(&path)
                 .filter(|(_, a)| a.name == name && !Arc::ptr_eq(a, &map[&name]))
-                .filter(|(_, a)| missing_link(a, &map).is_none())
+                .filter(|(_, a)| link_error(a, &map).is_none())
                 .cloned();
             match fallback {
                 Some(version) => {
@@ -669,6 +767,115 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("max_iteration"), "{err}");
+    }
+
+    /// Loads `files` (name, text) as an agents folder.
+    fn load(files: &[(&str, String)]) -> Result<Agents, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(format!("{name}.toml")), text).unwrap();
+        }
+        let registry = ToolRegistry::new();
+        let resolve = |file: AgentFile| {
+            Agent::resolve(
+                file,
+                &registry,
+                &ModelEndpoint::default(),
+                None,
+                &ClientOptions::default(),
+            )
+        };
+        let agents = Agents::default();
+        AgentFiles::new(dir.path()).load(&agents, resolve)?;
+        Ok(agents)
+    }
+
+    fn agent(name: &str, asks: &[&str], remotes: &[(&str, &str)]) -> String {
+        let mut text =
+            format!("name = '{name}'\nsystem_prompt = 'You are {name}.'\nagents = {asks:?}\n");
+        for (remote, url) in remotes {
+            text += &format!("[[remote_agents]]\nname = '{remote}'\nurl = '{url}'\n");
+        }
+        text
+    }
+
+    #[test]
+    fn a_remote_agent_is_offered_as_an_ask_tool() {
+        let agents =
+            load(&[("lead", agent("lead", &[], &[("far", "http://127.0.0.1:9")]))]).unwrap();
+        let lead = agents.get("lead").unwrap();
+        assert_eq!(lead.offered, vec!["ask_far".to_string()]);
+        assert_eq!(lead.remote_agents[0].url.as_str(), "http://127.0.0.1:9/");
+    }
+
+    #[test]
+    fn a_bad_remote_agent_entry_does_not_load() {
+        let cases = [
+            (
+                agent("lead", &[], &[("far away", "http://x.example")]),
+                "not valid",
+            ),
+            (
+                agent("lead", &[], &[("far", "ftp://x.example")]),
+                "not an http(s) URL",
+            ),
+            (
+                agent(
+                    "lead",
+                    &[],
+                    &[("far", "http://a.example"), ("far", "http://b.example")],
+                ),
+                "declared twice",
+            ),
+            (
+                agent("lead", &["far"], &[("far", "http://x.example")]),
+                "ask_far would mean both",
+            ),
+        ];
+        for (text, why) in cases {
+            let err = match load(&[("lead", text.clone()), ("far", agent("far", &[], &[]))]) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("loaded: {text}"),
+            };
+            assert!(err.contains(why), "{err} (wanted {why:?})");
+        }
+        let err = match load(&[(
+            "lead",
+            "name = 'lead'\nsystem_prompt = 's'\n[[remote_agents]]\nname = 'far'\nurl = 'http://x'\nkey = 'k'\n".into(),
+        )]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("an unknown key loaded"),
+        };
+        assert!(err.contains("key"), "{err}");
+    }
+
+    #[test]
+    fn a_remote_name_means_one_thing_across_agent_files() {
+        // Another agent asks a local agent of that name.
+        let err = match load(&[
+            ("lead", agent("lead", &[], &[("far", "http://x.example")])),
+            ("other", agent("other", &["far"], &[])),
+            ("far", agent("far", &[], &[])),
+        ]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("loaded"),
+        };
+        assert!(err.contains("the local agent that other asks"), "{err}");
+        // Another agent declares it at another URL.
+        let err = match load(&[
+            ("lead", agent("lead", &[], &[("far", "http://x.example")])),
+            ("other", agent("other", &[], &[("far", "http://y.example")])),
+        ]) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("loaded"),
+        };
+        assert!(err.contains("with another url or key"), "{err}");
+        // The same remote declared twice alike is one remote.
+        load(&[
+            ("lead", agent("lead", &[], &[("far", "http://x.example")])),
+            ("other", agent("other", &[], &[("far", "http://x.example")])),
+        ])
+        .unwrap();
     }
 
     #[test]

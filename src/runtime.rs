@@ -559,7 +559,19 @@ fn setup(
         }
     };
     agent_files.load(&agents, &resolve)?;
-    crate::agents::publish_agent_tools(&agents, &registry);
+    let remote_agents = crate::tools::remote_agent::RemoteAgents::new(store.clone());
+    crate::agents::publish_agent_tools(&agents, &registry, &remote_agents);
+    {
+        // A remote agent's card read after the tools were published
+        // describes its `ask_` tool from then on.
+        let (agents, registry, remote) = (agents.clone(), registry.clone(), remote_agents.clone());
+        tokio::spawn(async move {
+            loop {
+                remote.cards_changed().await;
+                crate::agents::publish_agent_tools(&agents, &registry, &remote);
+            }
+        });
+    }
     let providers: Vec<String> = agents
         .iter()
         .map(|a| format!("agent {}: {}", a.name, a.model.describe()))
@@ -573,7 +585,7 @@ fn setup(
         let registry = registry.clone();
         Arc::new(move || {
             reload_agent_files(&agent_files, &agents, &resolve, &events);
-            crate::agents::publish_agent_tools(&agents, &registry);
+            crate::agents::publish_agent_tools(&agents, &registry, &remote_agents);
         })
     };
     let (limiter, tenant_limiter, concurrency) = limits(config, builder.cluster.as_ref());

@@ -6,6 +6,9 @@
 //! executor ──AskAgent::call──▶ [`Delegate::ask`] (the conversation layer's Sessions,
 //!     plugged in at start through [`DelegateSlot`]) ──▶ a child conversation's turn
 //!
+//! An agent file's `[[remote_agents]]` are asked with the same tool shape
+//! ([`ask_definition`]), by another handler: [`super::remote_agent`].
+//!
 //! The tool layer owns the seam and the tool's shape; what asking means
 //! (the child session, its link to the parent, the depth cap, approvals
 //! crossing the boundary) lives in `conversation::delegation`, above it.
@@ -197,16 +200,14 @@ fn agent_tool_definition(
     def
 }
 
-/// The tool that asks `agent` (described by `description`), bound to `slot`.
-pub fn ask_tool(
-    agent: &str,
-    description: &str,
-    slot: &DelegateSlot,
-) -> (ToolDefinition, Arc<dyn ToolHandler>) {
-    let mut def = agent_tool_definition(
+/// The definition of `ask_<agent>`, described by `lead` and `description`:
+/// a local agent's ([`ask_tool`]) or a remote one's
+/// ([`super::remote_agent`]), the same parameters either way.
+pub(crate) fn ask_definition(agent: &str, lead: &str, description: &str) -> ToolDefinition {
+    agent_tool_definition(
         &ask_name(agent),
         agent,
-        &format!("Ask the {agent} agent; its answer comes back as the result"),
+        lead,
         description,
         json!({
             "type": "object",
@@ -220,6 +221,19 @@ pub fn ask_tool(
             "required": ["request"],
             "additionalProperties": false,
         }),
+    )
+}
+
+/// The tool that asks `agent` (described by `description`), bound to `slot`.
+pub fn ask_tool(
+    agent: &str,
+    description: &str,
+    slot: &DelegateSlot,
+) -> (ToolDefinition, Arc<dyn ToolHandler>) {
+    let mut def = ask_definition(
+        agent,
+        &format!("Ask the {agent} agent; its answer comes back as the result"),
+        description,
     );
     def.timeout = Some(ASK_TIMEOUT);
     let handler = Arc::new(AskAgent {

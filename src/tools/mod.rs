@@ -16,6 +16,7 @@ pub mod loader;
 pub mod outcome;
 pub mod process;
 pub mod registry;
+pub mod remote_agent;
 pub mod schema;
 pub mod validate;
 pub mod watch;
