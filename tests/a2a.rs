@@ -579,3 +579,196 @@ async fn the_node_sdk_sends_a_message() {
     assert_eq!(result["state"], "TASK_STATE_COMPLETED", "{result}");
     assert_eq!(result["answer"], "Hello, Node.", "{result}");
 }
+
+// ---------------------------------------------------------------------------
+// Listings, returnImmediately, a REST subscription (raw HTTP)
+// ---------------------------------------------------------------------------
+
+/// Polls GetTask until the task reaches `state`; the task.
+async fn task_reaches(client: &Client, agent: &str, id: &str, state: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let (_, body) = rpc(client, agent, "GetTask", json!({"id": id})).await;
+        if body["result"]["status"]["state"] == state {
+            return body["result"].clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "task {id} never reached {state}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_tasks_pages_through_every_context_once_and_only_the_callers() {
+    let model = MockModel::start().await;
+    model.push_all([
+        Reply::text("one"),
+        Reply::text("two"),
+        Reply::text("three"),
+        Reply::slow(Duration::from_millis(300), Reply::text("four")),
+    ]);
+    let keyed = keyed(&model).await;
+    let acme = keyed.app.with_key(&keyed.acme);
+    let send = async |text: &str, context: Option<&str>, immediately: bool| {
+        let (_, body) = rpc(
+            &acme,
+            "helper",
+            "SendMessage",
+            json!({
+                "message": user_message(text, context),
+                "configuration": {"returnImmediately": immediately},
+            }),
+        )
+        .await;
+        body["result"]["task"].clone()
+    };
+    let first = send("a", None, false).await;
+    let a = first["contextId"].as_str().unwrap().to_string();
+    send("b", Some(&a), false).await;
+    let third = send("c", None, false).await;
+    let b = third["contextId"].as_str().unwrap().to_string();
+    assert_ne!(a, b);
+    // Answered at once, before the (slow) model has.
+    let fourth = send("d", Some(&b), true).await;
+    let state = fourth["status"]["state"].as_str().unwrap();
+    assert!(
+        state == "TASK_STATE_SUBMITTED" || state == "TASK_STATE_WORKING",
+        "{fourth}"
+    );
+    let id = fourth["id"].as_str().unwrap();
+    let done = task_reaches(&acme, "helper", id, "TASK_STATE_COMPLETED").await;
+    assert_eq!(texts(&done["artifacts"][0]["parts"]), "four");
+
+    // Two at a time, without a context: every task once, then "".
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    for page in 0.. {
+        assert!(page < 4, "more pages than tasks: {seen:?}");
+        let (_, body) = rpc(
+            &acme,
+            "helper",
+            "ListTasks",
+            json!({"pageSize": 2, "pageToken": token}),
+        )
+        .await;
+        let listed = &body["result"];
+        let tasks = listed["tasks"].as_array().expect("tasks");
+        assert!(tasks.len() <= 2, "{listed}");
+        for t in tasks {
+            assert!(t.get("artifacts").is_none(), "artifacts left out: {t}");
+            seen.push(t["id"].as_str().unwrap().to_string());
+        }
+        token = listed["nextPageToken"]
+            .as_str()
+            .expect("always present")
+            .to_string();
+        if token.is_empty() {
+            assert_eq!(listed["totalSize"], 4, "{listed}");
+            break;
+        }
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!((seen.len(), unique.len()), (4, 4), "{seen:?}");
+
+    // One context; by state; another tenant sees none; a bad page size.
+    let (_, body) = rpc(&acme, "helper", "ListTasks", json!({"contextId": b})).await;
+    assert_eq!(
+        body["result"]["tasks"].as_array().unwrap().len(),
+        2,
+        "{body}"
+    );
+    let (_, body) = rpc(
+        &acme,
+        "helper",
+        "ListTasks",
+        json!({"status": "TASK_STATE_FAILED"}),
+    )
+    .await;
+    assert_eq!(body["result"]["tasks"], json!([]), "{body}");
+    let (status, body) = keyed
+        .app
+        .with_key(&keyed.acme)
+        .get("/a2a/helper/tasks?status=TASK_STATE_COMPLETED&pageSize=10")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tasks"].as_array().unwrap().len(), 4, "{body}");
+    let globex = keyed.app.with_key(&keyed.globex);
+    let (_, body) = rpc(&globex, "helper", "ListTasks", json!({})).await;
+    assert_eq!(body["result"]["tasks"], json!([]), "{body}");
+    assert_eq!(body["result"]["nextPageToken"], "");
+    let (_, body) = rpc(&acme, "helper", "ListTasks", json!({"pageSize": 0})).await;
+    assert_eq!(body["error"]["code"], -32602, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_subscription_by_get_follows_a_running_task_to_its_end() {
+    let model = MockModel::start().await;
+    model.push(Reply::slow(
+        Duration::from_millis(700),
+        Reply::text("Slowly."),
+    ));
+    let agents = agents();
+    let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
+    let (status, body) = app
+        .post(
+            "/a2a/helper/message:send",
+            &json!({
+                "message": user_message("take your time", None),
+                "configuration": {"returnImmediately": true},
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let id = body["task"]["id"].as_str().unwrap();
+    let response = app
+        .client
+        .request(
+            reqwest::Method::GET,
+            &format!("/a2a/helper/tasks/{id}:subscribe"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "{:?}",
+        response.text().await
+    );
+    let events = sse_events(response).await;
+    let first = &events[0]["task"];
+    assert_eq!(first["id"], id, "{events:?}");
+    assert_eq!(first["status"]["state"], "TASK_STATE_WORKING", "{events:?}");
+    let answer = events
+        .iter()
+        .find_map(|e| e.get("artifactUpdate"))
+        .expect("the answer");
+    assert_eq!(texts(&answer["artifact"]["parts"]), "Slowly.");
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{events:?}"
+    );
+    // Ended: a second subscription is refused, in the REST error shape.
+    let (status, body) = app
+        .post(&format!("/a2a/helper/tasks/{id}:subscribe"), &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        body["error"]["details"][0]["reason"],
+        "UNSUPPORTED_OPERATION"
+    );
+    let (status, body) = app
+        .post(&format!("/a2a/helper/tasks/{id}:cancel"), &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["details"][0]["reason"], "TASK_NOT_CANCELABLE");
+    let (status, _) = app
+        .post(&format!("/a2a/helper/tasks/{id}:explode"), &json!({}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

@@ -169,3 +169,68 @@ pub fn sse<T: Serialize + Send + 'static>(
         keep(slot.hold(stream))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn only_an_agents_card_is_public() {
+        assert!(is_card("/a2a/helper/.well-known/agent-card.json"));
+        assert!(!is_card("/a2a/.well-known/agent-card.json"));
+        assert!(!is_card("/a2a/a/b/.well-known/agent-card.json"));
+        assert!(!is_card("/a2a/helper"));
+        assert!(!is_card("/a2a/helper/tasks/x"));
+        assert!(!is_card("/v1/a2a/helper/.well-known/agent-card.json"));
+    }
+
+    #[test]
+    fn version_1_0_or_none_is_served() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("a2a-version", HeaderValue::from_str(v).unwrap());
+            h
+        };
+        assert!(check_version(&HeaderMap::new(), None).is_ok());
+        assert!(check_version(&with("1.0"), None).is_ok());
+        assert!(check_version(&with("1.0.1"), None).is_ok());
+        assert!(check_version(&HeaderMap::new(), Some("x=1&A2A-Version=1.0")).is_ok());
+        for refused in ["0.3", "2.0", "1.1", "banana"] {
+            let e = check_version(&with(refused), None).unwrap_err();
+            assert_eq!(e.code(), -32009, "{refused}");
+        }
+        let e = check_version(&HeaderMap::new(), Some("A2A-Version=0.3")).unwrap_err();
+        assert_eq!(e.code(), -32009);
+    }
+
+    #[test]
+    fn task_ids_carry_session_and_turn() {
+        let id = tasks::task_id("s-1", "t-2");
+        assert_eq!(tasks::split_task_id(&id), Some(("s-1", "t-2")));
+        assert_eq!(tasks::split_task_id("no-separator"), None);
+        assert_eq!(tasks::split_task_id("~t"), None);
+        assert_eq!(tasks::split_task_id("s~"), None);
+    }
+
+    #[test]
+    fn errors_have_the_specifications_codes_and_statuses() {
+        let not_found = A2aError::TaskNotFound("x".into());
+        assert_eq!(not_found.code(), -32001);
+        assert_eq!(not_found.status_body()["error"]["code"], 404);
+        assert_eq!(not_found.status_body()["error"]["status"], "NOT_FOUND");
+        let cancel = A2aError::TaskNotCancelable("no".into());
+        assert_eq!(
+            cancel.status_body()["error"]["status"],
+            "FAILED_PRECONDITION"
+        );
+        assert_eq!(cancel.jsonrpc()["data"][0]["reason"], "TASK_NOT_CANCELABLE");
+        let busy = A2aError::Cadre(crate::http::error::ApiError::new(
+            crate::error_code::ErrorCode::ConversationBusy,
+            "busy",
+        ));
+        assert_eq!(busy.code(), -32000);
+        assert_eq!(busy.jsonrpc()["data"][0]["domain"], "cadre");
+        assert_eq!(busy.status_body()["error"]["code"], 409);
+    }
+}

@@ -42,6 +42,9 @@ const MAX_SCANNED: usize = 1_000;
 /// each time, up to [`SUBSCRIBE_POLL_MAX`].
 pub const SUBSCRIBE_POLL_FIRST: Duration = Duration::from_millis(100);
 pub const SUBSCRIBE_POLL_MAX: Duration = Duration::from_secs(1);
+/// Longest a `returnImmediately` send or a stream's first event waits for
+/// the turn's first record to be readable ([`Caller::stored`]).
+const RECORD_WAIT: Duration = Duration::from_secs(2);
 /// Events of a streamed task waiting for a slow client (the turn's own
 /// events are paced before: [`paced`]).
 const STREAM_BUFFER: usize = 64;
@@ -475,6 +478,27 @@ impl Caller {
         self.task(session, &record, Detail::FULL).await
     }
 
+    /// The record of a turn just accepted, once the store shows it: the
+    /// conversation writes a turn's first record without waiting, so a
+    /// task id is handed out only when `GetTask` can find it. `None` after
+    /// [`RECORD_WAIT`] (or a read error): the caller answers without it.
+    async fn stored(&self, session: &str, turn: &str) -> Option<TurnRecord> {
+        let deadline = tokio::time::Instant::now() + RECORD_WAIT;
+        let mut wait = Duration::from_millis(2);
+        loop {
+            match self.state.sessions.turn(&self.scope(), session, turn).await {
+                Ok(record) => return Some(record),
+                Err(SessionError::TurnNotFound { .. }) => {}
+                Err(_) => return None,
+            }
+            if tokio::time::Instant::now() + wait > deadline {
+                return None;
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_millis(50));
+        }
+    }
+
     /// A task waiting behind a paused turn (`multitask = "enqueue"`): it
     /// has no record of its own until it starts.
     fn queued_task(&self, session: &str, turn: &str, waiting_for: &str) -> Task {
@@ -534,12 +558,9 @@ impl Caller {
         // turn is submitted again by the outcome; its id comes with it.
         if immediately && !turn.is_empty() {
             tokio::spawn(started.outcome);
-            return match self.find(&task_id(&session, &turn)).await {
-                Ok((_, record)) => self.task(&session, &record, Detail::FULL).await,
-                Err(A2aError::TaskNotFound(_)) => {
-                    Ok(Self::submitted_task(&session, &turn, TaskState::Submitted))
-                }
-                Err(e) => Err(e),
+            return match self.stored(&session, &turn).await {
+                Some(record) => self.task(&session, &record, Detail::FULL).await,
+                None => Ok(Self::submitted_task(&session, &turn, TaskState::Submitted)),
             };
         }
         let outcome = started.outcome.await;
@@ -578,6 +599,12 @@ impl Caller {
         tokio::spawn(async move {
             let mut events = pin!(events);
             while let Some(event) = events.next().await {
+                // The Task goes out once GetTask can find it.
+                if let TurnEvent::TurnStarted { turn_id, .. } = &event
+                    && mapper.task.is_none()
+                {
+                    caller.stored(&mapper.session, turn_id).await;
+                }
                 for response in mapper.map(&caller, event) {
                     if out.send(response).await.is_err() {
                         return;
