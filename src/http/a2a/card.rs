@@ -15,8 +15,7 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::error::A2aError;
-use super::{PROTOCOL_VERSION, agent_exists};
+use super::{PROTOCOL_VERSION, agent_named};
 use crate::http::AppState;
 use crate::tools::Plan;
 
@@ -41,11 +40,9 @@ pub async fn card(
     Path(agent): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(e) = agent_exists(&state, &agent) {
-        return e.into_response();
-    }
-    let Some(found) = state.sessions.agents().get(&agent) else {
-        return A2aError::TaskNotFound(agent).into_response();
+    let found = match agent_named(&state, &agent) {
+        Ok(found) => found,
+        Err(e) => return e.into_response(),
     };
     let url = format!("{}/a2a/{agent}", origin(&headers));
     let description = if found.description.trim().is_empty() {

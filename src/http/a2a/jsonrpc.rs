@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use super::error::A2aError;
 use super::tasks::Caller;
 use super::types::{ListTasksRequest, SendMessageRequest, TaskIdRequest};
-use super::{agent_exists, check_version, sse};
+use super::{agent_named, check_version, sse};
 use crate::http::AppState;
 use crate::http::streams::StreamQuota;
 use crate::identity::Principal;
@@ -50,7 +50,7 @@ pub async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = agent_exists(&state, &agent) {
+    if let Err(e) = agent_named(&state, &agent) {
         return e.into_response();
     }
     let null = Value::Null;

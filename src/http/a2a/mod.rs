@@ -68,6 +68,7 @@ pub mod tasks;
 pub mod types;
 
 use std::convert::Infallible;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::http::HeaderMap;
@@ -80,6 +81,7 @@ use tokio::sync::mpsc;
 
 use super::AppState;
 use super::streams::StreamSlot;
+use crate::agents::Agent;
 use error::A2aError;
 
 /// Where an agent's card is, under `/a2a/{agent}`.
@@ -133,15 +135,14 @@ pub fn check_version(headers: &HeaderMap, query: Option<&str>) -> Result<(), A2a
     )))
 }
 
-/// The agent named in the path, or 404.
-pub fn agent_exists(state: &AppState, agent: &str) -> Result<(), A2aError> {
-    if state.sessions.agents().get(agent).is_some() {
-        return Ok(());
-    }
-    Err(A2aError::Cadre(super::error::ApiError::new(
-        crate::error_code::ErrorCode::AgentNotFound,
-        format!("no agent named '{}'", crate::identity::quoted_id(agent)),
-    )))
+/// The agent named in the path, or 404 (on every route, card included).
+pub fn agent_named(state: &AppState, agent: &str) -> Result<Arc<Agent>, A2aError> {
+    state.sessions.agents().get(agent).ok_or_else(|| {
+        A2aError::Cadre(super::error::ApiError::new(
+            crate::error_code::ErrorCode::AgentNotFound,
+            format!("no agent named '{}'", crate::identity::quoted_id(agent)),
+        ))
+    })
 }
 
 /// A stream of A2A events as Server-Sent Events, each event's data made by

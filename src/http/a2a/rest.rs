@@ -22,7 +22,7 @@ use serde_json::json;
 use super::error::A2aError;
 use super::tasks::Caller;
 use super::types::{ListTasksRequest, SendMessageRequest};
-use super::{agent_exists, check_version, sse};
+use super::{agent_named, check_version, sse};
 use crate::http::AppState;
 use crate::http::streams::StreamQuota;
 use crate::identity::Principal;
@@ -35,7 +35,7 @@ fn caller(
     headers: &HeaderMap,
     query: Option<&str>,
 ) -> Result<Caller, A2aError> {
-    agent_exists(&state, &agent)?;
+    agent_named(&state, &agent)?;
     check_version(headers, query)?;
     Ok(Caller {
         state,
