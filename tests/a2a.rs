@@ -299,6 +299,11 @@ async fn a_turn_paused_for_approval_is_input_required_and_a_subscriber_sees_it_e
             r#"{"symbol": "AAPL", "side": "buy", "quantity": 1, "order_type": "market"}"#,
         ),
         Reply::text("Your order is placed."),
+        Reply::tool_call(
+            "c2",
+            "create_paper_order",
+            r#"{"symbol": "MSFT", "side": "buy", "quantity": 2, "order_type": "market"}"#,
+        ),
     ]);
     let keyed = keyed(&model).await;
     let acme = keyed.app.with_key(&keyed.acme);
@@ -366,6 +371,29 @@ async fn a_turn_paused_for_approval_is_input_required_and_a_subscriber_sees_it_e
     // Subscribing to a task that has ended is UnsupportedOperation.
     let (_, again) = rpc(&acme, "trader", "SubscribeToTask", json!({"id": id})).await;
     assert_eq!(again["error"]["code"], -32004, "{again}");
+
+    // A streamed send that pauses closes at input-required, naming the
+    // confirmation.
+    let mut message = user_message("buy two MSFT", None);
+    message["metadata"] = json!({"userId": "alice"});
+    let stream = acme
+        .request(reqwest::Method::POST, "/a2a/trader/message:stream")
+        .header("Accept", "text/event-stream")
+        .json(&json!({ "message": message }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), StatusCode::OK);
+    let events = sse_events(stream).await;
+    assert!(events[0]["task"].is_object(), "{events:?}");
+    let last = &events.last().unwrap()["statusUpdate"]["status"];
+    assert_eq!(last["state"], "TASK_STATE_INPUT_REQUIRED", "{events:?}");
+    let held = &last["message"]["metadata"]["confirmations"][0];
+    assert_eq!(held["tool_name"], "create_paper_order", "{last}");
+    assert!(
+        texts(&last["message"]["parts"]).contains(held["confirmation_id"].as_str().expect("an id")),
+        "{last}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -626,6 +654,27 @@ async fn list_tasks_pages_through_every_context_once_and_only_the_callers() {
     };
     let first = send("a", None, false).await;
     let a = first["contextId"].as_str().unwrap().to_string();
+    // History: the user's message and the answer; `historyLength` trims it.
+    assert_eq!(first["history"].as_array().unwrap().len(), 2, "{first}");
+    let (_, one) = rpc(
+        &acme,
+        "helper",
+        "GetTask",
+        json!({"id": first["id"], "historyLength": 1}),
+    )
+    .await;
+    let history = one["result"]["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{one}");
+    assert_eq!(history[0]["role"], "ROLE_AGENT");
+    assert_eq!(texts(&history[0]["parts"]), "one");
+    let (_, none) = rpc(
+        &acme,
+        "helper",
+        "GetTask",
+        json!({"id": first["id"], "historyLength": 0}),
+    )
+    .await;
+    assert!(none["result"].get("history").is_none(), "{none}");
     send("b", Some(&a), false).await;
     let third = send("c", None, false).await;
     let b = third["contextId"].as_str().unwrap().to_string();

@@ -451,6 +451,7 @@ impl Caller {
         session: &str,
         turn: &str,
         outcome: Result<TurnOutcome, SessionError>,
+        detail: Detail,
     ) -> Result<Task, A2aError> {
         let id = task_id(session, turn);
         let found = self.find(&id).await;
@@ -460,7 +461,7 @@ impl Caller {
                 if !state_of(&record.phase).is_resting() {
                     return Err(e.into());
                 }
-                return self.task(session, &record, Detail::FULL).await;
+                return self.task(session, &record, detail).await;
             }
             (Err(e), Err(_)) => return Err(e.into()),
             (Ok(_), Err(e)) => return Err(e),
@@ -475,7 +476,7 @@ impl Caller {
             };
             record.outcome = Some(outcome);
         }
-        self.task(session, &record, Detail::FULL).await
+        self.task(session, &record, detail).await
     }
 
     /// The record of a turn just accepted, once the store shows it: the
@@ -548,6 +549,16 @@ impl Caller {
             .configuration
             .as_ref()
             .is_some_and(|c| c.return_immediately);
+        let detail = Detail {
+            artifacts: true,
+            history: history_limit(
+                request
+                    .configuration
+                    .as_ref()
+                    .and_then(|c| c.history_length),
+                Some(usize::MAX),
+            )?,
+        };
         let (session, started) = self.start(&request, None).await?;
         let turn = started.turn_id.clone();
         if let Some(waiting_for) = started.waiting_for.clone() {
@@ -559,7 +570,7 @@ impl Caller {
         if immediately && !turn.is_empty() {
             tokio::spawn(started.outcome);
             return match self.stored(&session, &turn).await {
-                Some(record) => self.task(&session, &record, Detail::FULL).await,
+                Some(record) => self.task(&session, &record, detail).await,
                 None => Ok(Self::submitted_task(&session, &turn, TaskState::Submitted)),
             };
         }
@@ -570,7 +581,7 @@ impl Caller {
                 .err()
                 .map_or_else(|| A2aError::TaskNotFound(String::new()), A2aError::from));
         }
-        self.settled(&session, &turn, outcome).await
+        self.settled(&session, &turn, outcome, detail).await
     }
 
     /// `SendStreamingMessage`: the task, then its status and artifact
