@@ -690,38 +690,41 @@ async fn list_tasks_pages_through_every_context_once_and_only_the_callers() {
     let done = task_reaches(&acme, "helper", id, "TASK_STATE_COMPLETED").await;
     assert_eq!(texts(&done["artifacts"][0]["parts"]), "four");
 
-    // Two at a time, without a context: every task once, then "".
-    let mut seen = Vec::new();
-    let mut token = String::new();
-    for page in 0.. {
-        assert!(page < 4, "more pages than tasks: {seen:?}");
-        let (_, body) = rpc(
-            &acme,
-            "helper",
-            "ListTasks",
-            json!({"pageSize": 2, "pageToken": token}),
-        )
-        .await;
-        let listed = &body["result"];
-        let tasks = listed["tasks"].as_array().expect("tasks");
-        assert!(tasks.len() <= 2, "{listed}");
-        for t in tasks {
-            assert!(t.get("artifacts").is_none(), "artifacts left out: {t}");
-            seen.push(t["id"].as_str().unwrap().to_string());
+    // Without a context, one, two or three at a time (page ends inside a
+    // session and at its end): every task once, then "".
+    for size in 1..=3usize {
+        let mut seen = Vec::new();
+        let mut token = String::new();
+        for page in 0.. {
+            assert!(page < 5, "more pages than tasks: {seen:?}");
+            let (_, body) = rpc(
+                &acme,
+                "helper",
+                "ListTasks",
+                json!({"pageSize": size, "pageToken": token}),
+            )
+            .await;
+            let listed = &body["result"];
+            let tasks = listed["tasks"].as_array().expect("tasks");
+            assert!(tasks.len() <= size, "{listed}");
+            for t in tasks {
+                assert!(t.get("artifacts").is_none(), "artifacts left out: {t}");
+                seen.push(t["id"].as_str().unwrap().to_string());
+            }
+            token = listed["nextPageToken"]
+                .as_str()
+                .expect("always present")
+                .to_string();
+            if token.is_empty() {
+                assert_eq!(listed["totalSize"], 4, "{listed}");
+                break;
+            }
         }
-        token = listed["nextPageToken"]
-            .as_str()
-            .expect("always present")
-            .to_string();
-        if token.is_empty() {
-            assert_eq!(listed["totalSize"], 4, "{listed}");
-            break;
-        }
+        let mut unique = seen.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!((seen.len(), unique.len()), (4, 4), "size {size}: {seen:?}");
     }
-    let mut unique = seen.clone();
-    unique.sort();
-    unique.dedup();
-    assert_eq!((seen.len(), unique.len()), (4, 4), "{seen:?}");
 
     // One context; by state; another tenant sees none; a bad page size.
     let (_, body) = rpc(&acme, "helper", "ListTasks", json!({"contextId": b})).await;

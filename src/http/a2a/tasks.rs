@@ -751,6 +751,8 @@ impl Caller {
             status.is_none_or(|s| state_of(&record.phase) == s)
                 && after.is_none_or(|t| record.updated_at > t)
         };
+        // The token: how many tasks the earlier pages listed, and the last
+        // task looked at (`{session}~` alone: that whole session was).
         let token = request.page_token.as_deref().filter(|t| !t.is_empty());
         let (done_before, resume) = match token {
             None => (0usize, None),
@@ -759,8 +761,12 @@ impl Caller {
                     || A2aError::InvalidParams("pageToken is not one this server gave".into());
                 let (count, last) = t.split_once('/').ok_or_else(bad)?;
                 let count: usize = count.parse().map_err(|_| bad())?;
-                let (s, tid) = split_task_id(last).ok_or_else(bad)?;
-                (count, Some((s.to_string(), tid.to_string())))
+                let (s, tid) = last.split_once(ID_SEPARATOR).ok_or_else(bad)?;
+                if s.is_empty() {
+                    return Err(bad());
+                }
+                let tid = (!tid.is_empty()).then(|| tid.to_string());
+                (count, Some((s.to_string(), tid)))
             }
         };
         let context = request.context_id.as_deref().filter(|c| !c.is_empty());
@@ -773,31 +779,35 @@ impl Caller {
         }
         let want = page_size as usize;
         let mut found: Vec<(String, TurnRecord)> = Vec::new();
+        // Sessions and turns read for this page, bounded by MAX_SCANNED.
         let mut scanned = 0usize;
-        // The last task looked at, and whether more may follow it.
-        let mut last: Option<(String, String)> = None;
+        // The last task (or whole session) looked at, and whether more may
+        // follow it.
+        let mut last: Option<(String, Option<String>)> = None;
         let mut more = false;
         // The sessions to read, in order: the context's, or the agent's,
-        // newest first, from where the token left off.
-        let mut sessions: Vec<String> = Vec::new();
+        // newest first, from where the token left off; each with the turn
+        // to go on after.
+        let mut sessions: std::collections::VecDeque<(String, Option<String>)> =
+            std::collections::VecDeque::new();
         let mut session_cursor: Option<String> = None;
         let mut sessions_done = false;
-        match (context, &resume) {
-            (Some(c), _) => {
-                if self.session(c).await?.is_some() {
-                    sessions.push(c.to_string());
-                }
+        match (context, resume) {
+            (Some(c), resume) => {
+                let after = resume.and_then(|(_, t)| t);
+                sessions.push_back((c.to_string(), after));
                 sessions_done = true;
             }
-            (None, Some((s, _))) => {
-                sessions.push(s.clone());
+            (None, Some((s, after))) => {
                 session_cursor = Some(s.clone());
+                if after.is_some() {
+                    sessions.push_back((s, after));
+                }
             }
             (None, None) => {}
         }
-        let mut turn_cursor = resume.map(|(_, t)| t);
         'outer: loop {
-            if sessions.is_empty() {
+            let Some((session, mut turn_cursor)) = sessions.pop_front() else {
                 if sessions_done {
                     break;
                 }
@@ -817,30 +827,45 @@ impl Caller {
                     .await?;
                 sessions_done = page.next.is_none();
                 session_cursor = page.next.clone();
-                sessions = page.items.into_iter().map(|s| s.id).collect();
+                sessions.extend(page.items.into_iter().map(|s| (s.id, None)));
                 if sessions.is_empty() {
                     break;
                 }
                 continue;
+            };
+            if found.len() == want || scanned >= MAX_SCANNED {
+                more = true;
+                break;
             }
-            let session = sessions.remove(0);
+            scanned += 1;
+            // Gone, or not this agent's (a token names it): nothing listed.
+            if self.session(&session).await?.is_none() {
+                last = Some((session, None));
+                continue;
+            }
             loop {
-                let page = self
+                let page = match self
                     .state
                     .sessions
                     .turns(&self.scope(), &session, turn_cursor.take(), 100)
-                    .await?;
+                    .await
+                {
+                    Ok(page) => page,
+                    // Deleted meanwhile.
+                    Err(SessionError::NotFound { .. }) => break,
+                    Err(e) => return Err(e.into()),
+                };
                 let next = page.next.clone();
                 for value in page.items {
                     let Ok(record) = serde_json::from_value::<TurnRecord>(value) else {
                         continue;
                     };
-                    if found.len() == want || scanned == MAX_SCANNED {
+                    if found.len() == want || scanned >= MAX_SCANNED {
                         more = true;
                         break 'outer;
                     }
                     scanned += 1;
-                    last = Some((session.clone(), record.turn_id.clone()));
+                    last = Some((session.clone(), Some(record.turn_id.clone())));
                     if keeps(&record) {
                         found.push((session.clone(), record));
                     }
@@ -850,6 +875,7 @@ impl Caller {
                     None => break,
                 }
             }
+            last = Some((session, None));
         }
         let mut tasks = Vec::with_capacity(found.len());
         for (session, record) in &found {
@@ -857,7 +883,10 @@ impl Caller {
         }
         let total = done_before + tasks.len();
         let next_page_token = match (more, last) {
-            (true, Some((s, t))) => format!("{total}/{}", task_id(&s, &t)),
+            (true, Some((s, t))) => format!(
+                "{total}/{s}{ID_SEPARATOR}{}",
+                t.as_deref().unwrap_or_default()
+            ),
             _ => String::new(),
         };
         Ok(ListTasksResponse {
