@@ -824,3 +824,38 @@ async fn a_rest_subscription_by_get_follows_a_running_task_to_its_end() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_context_gets_the_highest_plan_the_key_and_tenant_allow() {
+    let model = MockModel::start().await;
+    model.push(Reply::text("On the pro plan."));
+    let agents = agents();
+    let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
+    // The first key ends open mode; its admin makes acme's key and caps
+    // the tenant at pro (the key itself would allow premium).
+    let (status, made) = app
+        .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let admin = app.with_key(made["key"].as_str().unwrap());
+    let (status, made) = admin.post("/v1/keys", &json!({"tenant": "acme"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let acme = app.with_key(made["key"].as_str().unwrap());
+    let (status, body) = admin
+        .post("/v1/tenants/acme/config", &json!({"plan": "pro"}))
+        .await;
+    assert!(status.is_success(), "{body}");
+    let (_, body) = rpc(
+        &acme,
+        "helper",
+        "SendMessage",
+        json!({"message": user_message("which plan?", None)}),
+    )
+    .await;
+    let task = &body["result"]["task"];
+    assert_eq!(task["status"]["state"], "TASK_STATE_COMPLETED", "{body}");
+    let context = task["contextId"].as_str().unwrap();
+    let (_, session) = acme.get(&format!("/v1/sessions/{context}")).await;
+    assert_eq!(session["plan"], "pro", "{session}");
+    assert_eq!(session["tenant"], "acme", "{session}");
+}

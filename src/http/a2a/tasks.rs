@@ -25,7 +25,7 @@ use crate::http::error::ApiError;
 use crate::http::streams::paced;
 use crate::identity::{Principal, Scope, UserId};
 use crate::store::{Session, SessionFilter};
-use crate::tenants::config::entitled_plan;
+use crate::tenants::config::plan_ceiling;
 
 /// Between a task's session id and its turn id.
 pub const ID_SEPARATOR: char = '~';
@@ -423,13 +423,9 @@ impl Caller {
                     .map_err(|e| A2aError::InvalidParams(format!("metadata.userId: {e}")))
             })
             .transpose()?;
-        let plan = entitled_plan(
-            &self.state.store,
-            &self.principal,
-            Some(self.principal.plan),
-        )
-        .await
-        .map_err(ApiError::from)?;
+        let plan = plan_ceiling(&self.state.store, &self.principal)
+            .await
+            .map_err(ApiError::from)?;
         Ok(self
             .state
             .sessions
