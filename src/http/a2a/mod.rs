@@ -29,7 +29,10 @@
 //!   paused turn (`multitask = "enqueue"`) → `SUBMITTED`.
 //! - Blocking by default: `SendMessage` answers when the turn completes,
 //!   fails, is cut or pauses for approval; `returnImmediately` answers at
-//!   once. `SendStreamingMessage` sends the Task, then `model_delta`s as
+//!   once (a message queued behind a paused turn too: it may wait for
+//!   hours). A task id is handed out only once its record reads back (the
+//!   conversation writes a turn's first record without waiting; up to 2 s,
+//!   [`tasks`]), so `GetTask` right after finds it. `SendStreamingMessage` sends the Task, then `model_delta`s as
 //!   artifact updates (append), tool calls as `WORKING` status updates,
 //!   and at the end the whole answer again (`append: false`,
 //!   `lastChunk: true`: the deltas of the model calls that led to tool
