@@ -21,6 +21,7 @@
 //! close`: closing a socket that still holds unread data makes the kernel
 //! reset it, and the client would lose the 413.
 
+pub mod a2a;
 pub mod access_log;
 pub mod agents;
 pub mod assist;
@@ -208,6 +209,8 @@ pub fn router(
         .merge(console::routes())
         .merge(openai::routes())
         .route_service("/mcp", streams::count_get_streams(mcp))
+        // A2A v1.0 (JSON-RPC and HTTP+JSON): its own specification, like `/mcp`.
+        .merge(a2a::routes())
         .route_layer(from_fn(access_log::tag))
         .route_layer(from_fn_with_state(
             idempotency::Idempotency::new(state.store.clone()),

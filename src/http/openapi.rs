@@ -68,9 +68,11 @@ pub const SPEC_PATH: &str = "/openapi.json";
 pub const DOCS_PATH: &str = "/docs";
 
 /// Paths served without an API key: probes, the API's own description and
-/// the console's static files ([`super::console`]).
+/// the console's static files ([`super::console`]) and the A2A agent cards
+/// ([`super::a2a`]).
 pub fn is_public(path: &str) -> bool {
     super::console::is_console(path)
+        || super::a2a::is_card(path)
         || path == "/healthz"
         || path == "/readyz"
         || path == SPEC_PATH
