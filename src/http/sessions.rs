@@ -16,7 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
-use super::error::{ApiError, TurnFailed};
+use super::error::ApiError;
 use super::extract::PageQuery;
 use super::extract::{ApiJson, ApiQuery};
 use super::idempotency::{IdempotencyKey, TurnSlot};
@@ -24,8 +24,8 @@ use super::openapi::{error_responses, view_of};
 use super::streams::StreamQuota;
 use super::tools::{PlanName, parse_plan};
 use super::turn_log::Unread;
+use super::turn_stream::{MessageBody, SendErrors};
 use super::usage::TokenUsageView;
-use crate::conversation::actor::TurnEvent;
 use crate::conversation::machine::{TurnOutcome, TurnRecord, TurnStatus};
 use crate::conversation::summary::ToolUsageSummary;
 use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionSummary};
@@ -124,25 +124,6 @@ enum WaitingStatus {
 enum TurnAccepted {
     Paused(Box<TurnOutcome>),
     Waiting(TurnWaiting),
-}
-
-super::openapi::event_stream! {
-    /// The events of a streamed turn, in this order: `turn_queued` when it
-    /// waits behind a paused turn, `turn_started`, then `model_delta` and
-    /// tool calls as they happen, then `turn_completed` (the JSON reply),
-    /// `turn_paused`, `turn_interrupted` or `turn_failed`.
-    TurnStream {
-        "turn_queued" => TurnEvent,
-        "turn_started" => TurnEvent,
-        "model_delta" => TurnEvent,
-        "tool_call_started" => TurnEvent,
-        "tool_call_completed" => TurnEvent,
-        "turn_completed" => TurnOutcome,
-        "turn_paused" => TurnOutcome,
-        "turn_interrupted" => TurnEvent,
-        "turn_failed" => TurnFailed,
-        "lagged" => super::openapi::Lagged,
-    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -442,37 +423,6 @@ async fn export(
 ) -> Result<Json<Value>, ApiError> {
     Ok(Json(state.sessions.export(&caller.scope(), &id).await?))
 }
-
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub(super) struct MessageBody {
-    /// The user's message, at most 256 KiB.
-    #[schema(
-        min_length = 1,
-        pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
-    )]
-    pub(super) content: String,
-}
-
-error_responses!(
-    SendErrors:
-    SessionNotFound,
-    ConversationBusy = "a turn is running and the agent rejects concurrent messages",
-    ConversationQueueFull = "`[sessions] max_queued_turns` turns already wait in the session",
-    TurnInterrupted = "a newer message cut this turn (`multitask` `interrupt` or `rollback`)",
-    BudgetExceeded,
-    RateLimited = "over the API's request rate, or the tenant's share of the store (`[tenants] write_kib_per_s`)",
-    StorageQuotaExceeded,
-    PayloadTooLarge = "the body is over 1 MiB or content over 256 KiB",
-    ValidationError = "empty content or unknown field",
-    ModelUnavailable,
-    ModelBadResponse,
-    ModelRejected,
-    ModelKeyNotSet,
-    StorageUnavailable,
-    ConversationUnavailable,
-    ModelTimeout
-);
 
 /// One turn. A call that needs a confirmation pauses the turn: 202 with
 /// `status: awaiting_approval`; deciding it resumes the turn. With

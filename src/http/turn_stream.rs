@@ -26,20 +26,73 @@ use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use utoipa::IntoParams;
+use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
+use super::error::TurnFailed;
 use super::extract::{ApiJson, ApiQuery};
 use super::idempotency::{IdempotencyKey, TurnSlot};
 use super::openapi::{Lagged, error_responses};
-use super::sessions::{MessageBody, SendErrors, TurnStream};
 use super::streams::StreamQuota;
 use super::turn_log::{self, Frame, Position, Read, Reader, TurnLog, Unread};
 use crate::conversation::TurnEnd;
+use crate::conversation::actor::TurnEvent;
+use crate::conversation::machine::TurnOutcome;
 use crate::identity::Scope;
 use crate::tenants::Principal;
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MessageBody {
+    /// The user's message, at most 256 KiB.
+    #[schema(
+        min_length = 1,
+        pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
+    pub(super) content: String,
+}
+
+error_responses!(
+    SendErrors:
+    SessionNotFound,
+    ConversationBusy = "a turn is running and the agent rejects concurrent messages",
+    ConversationQueueFull = "`[sessions] max_queued_turns` turns already wait in the session",
+    TurnInterrupted = "a newer message cut this turn (`multitask` `interrupt` or `rollback`)",
+    BudgetExceeded,
+    RateLimited = "over the API's request rate, or the tenant's share of the store (`[tenants] write_kib_per_s`)",
+    StorageQuotaExceeded,
+    PayloadTooLarge = "the body is over 1 MiB or content over 256 KiB",
+    ValidationError = "empty content or unknown field",
+    ModelUnavailable,
+    ModelBadResponse,
+    ModelRejected,
+    ModelKeyNotSet,
+    StorageUnavailable,
+    ConversationUnavailable,
+    ModelTimeout
+);
+
+super::openapi::event_stream! {
+    /// The events of a streamed turn, in this order: `turn_queued` when it
+    /// waits behind a paused turn, `turn_started`, then `model_delta` and
+    /// tool calls as they happen, then `turn_completed` (the JSON reply),
+    /// `turn_paused`, `turn_interrupted` or `turn_failed`.
+    TurnStream {
+        "turn_queued" => TurnEvent,
+        "turn_started" => TurnEvent,
+        "model_delta" => TurnEvent,
+        "tool_call_started" => TurnEvent,
+        "tool_call_completed" => TurnEvent,
+        "turn_completed" => TurnOutcome,
+        "turn_paused" => TurnOutcome,
+        "turn_interrupted" => TurnEvent,
+        "turn_failed" => TurnFailed,
+        "lagged" => Lagged,
+    }
+}
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
