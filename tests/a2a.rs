@@ -795,10 +795,13 @@ async fn a_rest_subscription_by_get_follows_a_running_task_to_its_end() {
     let first = &events[0]["task"];
     assert_eq!(first["id"], id, "{events:?}");
     assert_eq!(first["status"]["state"], "TASK_STATE_WORKING", "{events:?}");
+    // The whole answer comes last (pieces of it may come before).
     let answer = events
         .iter()
-        .find_map(|e| e.get("artifactUpdate"))
+        .filter_map(|e| e.get("artifactUpdate"))
+        .next_back()
         .expect("the answer");
+    assert_eq!(answer["lastChunk"], true, "{events:?}");
     assert_eq!(texts(&answer["artifact"]["parts"]), "Slowly.");
     assert_eq!(
         events.last().unwrap()["statusUpdate"]["status"]["state"],
@@ -858,4 +861,60 @@ async fn a_new_context_gets_the_highest_plan_the_key_and_tenant_allow() {
     let (_, session) = acme.get(&format!("/v1/sessions/{context}")).await;
     assert_eq!(session["plan"], "pro", "{session}");
     assert_eq!(session["tenant"], "acme", "{session}");
+}
+
+/// A subscriber of a task started with `returnImmediately` follows the
+/// turn's log (`http::turn_log`): it gets the answer as the model writes
+/// it, piece by piece (appended artifact updates), then the whole answer
+/// and the end. (Following the record instead gives the answer once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_gets_the_answer_as_the_model_writes_it() {
+    let model = MockModel::start().await;
+    model.push(Reply::slow(
+        Duration::from_millis(500),
+        Reply::deltas("word ", 6),
+    ));
+    let agents = agents();
+    let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
+    let (status, body) = app
+        .post(
+            "/a2a/helper/message:send",
+            &json!({
+                "message": user_message("talk", None),
+                "configuration": {"returnImmediately": true},
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let id = body["task"]["id"].as_str().unwrap();
+    let response = app
+        .client
+        .request(
+            reqwest::Method::GET,
+            &format!("/a2a/helper/tasks/{id}:subscribe"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let events = sse_events(response).await;
+    let pieces: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e.get("artifactUpdate"))
+        .filter(|a| a["append"] == true)
+        .collect();
+    let streamed: String = pieces
+        .iter()
+        .map(|a| texts(&a["artifact"]["parts"]))
+        .collect();
+    assert!(
+        pieces.len() >= 2,
+        "the answer came in one piece: {events:?}"
+    );
+    assert!("word ".repeat(6).ends_with(&streamed), "{streamed:?}");
+    assert_eq!(
+        events.last().unwrap()["statusUpdate"]["status"]["state"],
+        "TASK_STATE_COMPLETED",
+        "{events:?}"
+    );
 }

@@ -210,8 +210,9 @@ impl PublicError for TurnError {
     }
 }
 
-/// Progress of a turn, for streaming callers.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+/// Progress of a turn, for streaming callers. (Read back from a turn's
+/// log by the doors that map it: `crate::http::turn_log::Frame::decode`.)
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum TurnEvent {
     /// The turn was accepted.

@@ -102,6 +102,41 @@ impl Frame {
     }
 }
 
+/// A frame read back as what it says.
+#[derive(Debug, Clone)]
+pub enum Logged {
+    Event(TurnEvent),
+    /// `turn_failed`: the turn's error (its code and message).
+    Failed {
+        code: String,
+        message: String,
+    },
+}
+
+impl Frame {
+    /// The event this frame carries; `None` for one that does not read
+    /// back (it never happens to a frame this module wrote).
+    pub fn decode(&self) -> Option<Logged> {
+        match self.name {
+            "turn_completed" => serde_json::from_str(&self.data)
+                .ok()
+                .map(|o| Logged::Event(TurnEvent::TurnCompleted(Box::new(o)))),
+            "turn_paused" => serde_json::from_str(&self.data)
+                .ok()
+                .map(|o| Logged::Event(TurnEvent::TurnPaused(Box::new(o)))),
+            "turn_failed" => {
+                let failed: serde_json::Value = serde_json::from_str(&self.data).ok()?;
+                let text = |k: &str| failed["error"][k].as_str().unwrap_or_default().to_string();
+                Some(Logged::Failed {
+                    code: text("code"),
+                    message: text("message"),
+                })
+            }
+            _ => serde_json::from_str(&self.data).ok().map(Logged::Event),
+        }
+    }
+}
+
 /// What a reader gets: a frame, or how many it missed (the log dropped
 /// them for its bound).
 #[derive(Clone, Debug)]
@@ -620,6 +655,21 @@ mod tests {
             panic!()
         };
         assert_eq!(f.seq, 8 - kept);
+    }
+
+    #[test]
+    fn frames_read_back_as_the_events_they_were() {
+        let log = log();
+        log.push_event(&TurnEvent::ModelDelta { text: "hi".into() });
+        log.push_failure(&ApiError::new(ErrorCode::ModelUnavailable, "down"));
+        let delta = log.frame(0).unwrap().decode();
+        assert!(
+            matches!(delta, Some(Logged::Event(TurnEvent::ModelDelta { text })) if text == "hi")
+        );
+        let failed = log.frame(1).unwrap().decode();
+        assert!(
+            matches!(failed, Some(Logged::Failed { code, message }) if code == "MODEL_UNAVAILABLE" && message == "down")
+        );
     }
 
     #[test]

@@ -38,11 +38,16 @@
 //!   `lastChunk: true`: the deltas of the model calls that led to tool
 //!   calls are not the answer) and the last status; it closes at a
 //!   terminal or input-required state.
-//! - `SubscribeToTask` follows the turn by reading its record (first after
-//!   100 ms, doubling to 1 s, back to 100 ms after each change: see
-//!   [`tasks::SUBSCRIBE_POLL_FIRST`]); it shows state changes and the
-//!   final answer, not the deltas. It should read the per-turn event log
-//!   (resumable streams) once that exists.
+//! - `SendStreamingMessage` and `returnImmediately` put the turn's events
+//!   in its log ([`crate::http::turn_log`], issue #32's resumable
+//!   streams). `SubscribeToTask` reads that log when this node has it:
+//!   the task first, then every event from the turn's start (the answer
+//!   so far as appended artifact pieces) and the live ones. A turn with no
+//!   log here (started by a blocking send or another door, or resumed
+//!   after an approval or a restart) is followed by reading its record
+//!   (first after 100 ms, doubling to 1 s, back to 100 ms after each
+//!   change: see [`tasks::SUBSCRIBE_POLL_FIRST`]): state changes and the
+//!   final answer, not the deltas.
 //! - Not supported: `CancelTask` (cadre cannot stop a running turn from
 //!   outside: TaskNotCancelable), push notifications (-32003), the
 //!   extended card (-32007), continuing a task by `taskId` (a paused one

@@ -4,25 +4,23 @@
 //! task id `{session}~{turn}` ──▶ Sessions::get (scope, agent) ──▶ Sessions::turn ──▶ TurnRecord ──▶ Task
 //! SendMessage ──▶ Sessions::create (no contextId) ──▶ Sessions::start_turn ──▶ outcome / TurnEvents ──▶ Task, events
 
-use std::pin::pin;
 use std::time::Duration;
 
-use futures::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::error::A2aError;
 use super::types::{
     Artifact, ListTasksRequest, ListTasksResponse, Message, Part, Role, SendMessageRequest,
     StreamResponse, Task, TaskArtifactUpdateEvent, TaskState, TaskStatus, TaskStatusUpdateEvent,
 };
-use crate::conversation::actor::{TurnError, TurnEvent};
+use crate::conversation::actor::TurnEvent;
 use crate::conversation::machine::{Approval, Phase, TurnOutcome, TurnRecord, TurnStatus};
 use crate::conversation::sessions::StartedTurn;
 use crate::conversation::{NewSession, SessionError};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::streams::paced;
+use crate::http::turn_log::{Logged, Read, Reader, Unread};
 use crate::identity::{Principal, Scope, UserId};
 use crate::store::{Session, SessionFilter};
 use crate::tenants::config::plan_ceiling;
@@ -555,6 +553,38 @@ impl Caller {
                 Some(usize::MAX),
             )?,
         };
+        if immediately {
+            // The turn runs on with its events logged, for subscribers.
+            let (tx, rx) = mpsc::unbounded_channel();
+            let (session, started) = self.start(&request, Some(tx)).await?;
+            let (turn, waiting_for) = (started.turn_id.clone(), started.waiting_for.clone());
+            if turn.is_empty() {
+                // The conversation's actor had just stopped: the outcome
+                // submits the turn again, and its id comes with it.
+                let outcome = started.outcome.await;
+                drop(rx);
+                let turn = outcome
+                    .as_ref()
+                    .map(|o| o.turn_id.clone())
+                    .unwrap_or_default();
+                if turn.is_empty() {
+                    return Err(outcome
+                        .err()
+                        .map_or_else(|| A2aError::TaskNotFound(String::new()), A2aError::from));
+                }
+                return self.settled(&session, &turn, outcome, detail).await;
+            }
+            self.state
+                .turn_logs
+                .follow(&session, started, rx, Unread::Keep);
+            if let Some(waiting_for) = waiting_for {
+                return Ok(self.queued_task(&session, &turn, &waiting_for));
+            }
+            return match self.stored(&session, &turn).await {
+                Some(record) => self.task(&session, &record, detail).await,
+                None => Ok(Self::submitted_task(&session, &turn, TaskState::Submitted)),
+            };
+        }
         let (session, started) = self.start(&request, None).await?;
         let turn = started.turn_id.clone();
         if let Some(waiting_for) = started.waiting_for.clone() {
@@ -589,30 +619,46 @@ impl Caller {
     ) -> Result<mpsc::Receiver<StreamResponse>, A2aError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (session, started) = self.start(&request, Some(tx)).await?;
-        let (done_tx, done_rx) = oneshot::channel();
-        let outcome = started.outcome;
-        tokio::spawn(async move {
-            let _ = done_tx.send(outcome.await);
-        });
-        let (events, _lagged) = paced(rx);
-        let (out, out_rx) = mpsc::channel(STREAM_BUFFER);
-        let mut mapper = Mapper {
+        // The turn's events go to its log (so `SubscribeToTask`, and
+        // `GET /v1/sessions/{id}/turns/{turn}/events`, can follow it too);
+        // this stream reads the log at the client's pace.
+        let (_log, reader) = self
+            .state
+            .turn_logs
+            .follow(&session, started, rx, Unread::Abandon);
+        let mapper = Mapper {
             session,
             task: None,
             answering: false,
             done: false,
         };
+        Ok(self.relay(mapper, reader))
+    }
+
+    /// Maps what `reader` reads into A2A stream responses, until the task
+    /// rests (completed, failed, canceled, input-required) or the log ends.
+    fn relay(&self, mut mapper: Mapper, mut reader: Reader) -> mpsc::Receiver<StreamResponse> {
+        let (out, out_rx) = mpsc::channel(STREAM_BUFFER);
         let caller = self.clone();
         tokio::spawn(async move {
-            let mut events = pin!(events);
-            while let Some(event) = events.next().await {
-                // The Task goes out once GetTask can find it.
-                if let TurnEvent::TurnStarted { turn_id, .. } = &event
-                    && mapper.task.is_none()
-                {
-                    caller.stored(&mapper.session, turn_id).await;
-                }
-                for response in mapper.map(&caller, event) {
+            while let Some(read) = reader.next().await {
+                // A reader that fell behind the log's bound missed deltas:
+                // the whole answer comes again at the end.
+                let Read::Frame(frame) = read else { continue };
+                let responses = match frame.decode() {
+                    Some(Logged::Event(event)) => {
+                        // The Task goes out once GetTask can find it.
+                        if let TurnEvent::TurnStarted { turn_id, .. } = &event
+                            && mapper.task.is_none()
+                        {
+                            caller.stored(&mapper.session, turn_id).await;
+                        }
+                        mapper.map(&caller, event)
+                    }
+                    Some(Logged::Failed { code, message }) => vec![mapper.failed(&code, &message)],
+                    None => Vec::new(),
+                };
+                for response in responses {
                     if out.send(response).await.is_err() {
                         return;
                     }
@@ -621,17 +667,8 @@ impl Caller {
                     return;
                 }
             }
-            // The turn's events ended before a resting state (it failed,
-            // or the client fell behind and the pacing closed them): its
-            // outcome says how it ended.
-            let Ok(outcome) = done_rx.await else { return };
-            for response in mapper.finish(&caller, outcome).await {
-                if out.send(response).await.is_err() {
-                    return;
-                }
-            }
         });
-        Ok(out_rx)
+        out_rx
     }
 
     /// `SubscribeToTask`: the task as it stands, then its updates until it
@@ -646,6 +683,27 @@ impl Caller {
             )));
         }
         let first = self.task(&session, &record, Detail::FULL).await?;
+        // Started here with a log (a streamed send): its events, from the
+        // first (the answer so far comes as artifact pieces).
+        if let Some(log) = self.state.turn_logs.get(&session, &record.turn_id) {
+            let (out, out_rx) = mpsc::channel(STREAM_BUFFER);
+            let _ = out.try_send(StreamResponse::Task(Box::new(first)));
+            let mapper = Mapper {
+                session,
+                task: Some(id.to_string()),
+                answering: false,
+                done: false,
+            };
+            let mut events = self.relay(mapper, log.reader(None));
+            tokio::spawn(async move {
+                while let Some(response) = events.recv().await {
+                    if out.send(response).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            return Ok(out_rx);
+        }
         let (out, out_rx) = mpsc::channel(STREAM_BUFFER);
         let caller = self.clone();
         let id = id.to_string();
@@ -1022,48 +1080,17 @@ impl Mapper {
         }
     }
 
-    /// The last events, from the turn's outcome, when its events ended
-    /// before saying it.
-    async fn finish(
-        &mut self,
-        caller: &Caller,
-        outcome: Result<TurnOutcome, SessionError>,
-    ) -> Vec<StreamResponse> {
-        let mut responses = Vec::new();
-        let turn = match &outcome {
-            Ok(o) => Some(o.turn_id.clone()),
-            Err(_) => self
-                .task
-                .as_deref()
-                .and_then(split_task_id)
-                .map(|(_, t)| t.to_string()),
-        };
-        if self.task.is_none()
-            && let Some(turn) = &turn
-        {
-            responses.extend(self.open(caller, turn, None));
-        }
-        match outcome {
-            Ok(outcome) => responses.extend(self.ended(&outcome)),
-            Err(SessionError::Turn(TurnError::Interrupted)) => {
-                responses.push(self.status(TaskState::Canceled, None, None));
-            }
-            Err(e) => {
-                let error = ApiError::from(e);
-                let task = self.task.clone().unwrap_or_default();
-                let message = agent_message(
-                    &task,
-                    &self.session,
-                    format!(
-                        "The turn failed ({}): {}",
-                        error.code.as_str(),
-                        error.message
-                    ),
-                    Some(json!({"error": {"code": error.code.as_str(), "message": error.message}})),
-                );
-                responses.push(self.status(TaskState::Failed, Some(message), None));
-            }
-        }
-        responses
+    /// The turn failed with `code`: the task's last status.
+    fn failed(&mut self, code: &str, message: &str) -> StreamResponse {
+        self.done = true;
+        let task = self.task.clone().unwrap_or_default();
+        let text = format!("The turn failed ({code}): {message}");
+        let message = agent_message(
+            &task,
+            &self.session,
+            text,
+            Some(json!({"error": {"code": code, "message": message}})),
+        );
+        self.status(TaskState::Failed, Some(message), None)
     }
 }
