@@ -204,3 +204,67 @@ console.log(JSON.stringify({ content: completion.choices[0].message.content }));
     let out: Value = serde_json::from_str(out.trim()).expect("JSON");
     assert_eq!(out["content"], "hello from node");
 }
+
+/// A turn paused for approval ends the completion with a text naming the
+/// confirmation; the response is `incomplete` (`awaiting_approval`) until
+/// it is decided, then `completed`. A retry with the same
+/// `Idempotency-Key` gets the first answer (replayed), not a second turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_and_idempotency_keys_through_the_openai_client() {
+    let app = spawn_app(AppOptions::offline());
+    let script = r#"
+import json, sys, time, httpx, openai
+base = sys.argv[1]
+client = openai.OpenAI(base_url=base + "/v1", api_key="open-server", max_retries=0)
+out = {}
+chat = client.chat.completions.create(model="trading-copilot",
+    messages=[{"role": "user", "content": "Buy 10 shares of AAPL"}])
+out["chat"] = chat.choices[0].message.content
+response = client.responses.create(model="trading-copilot", input="Buy 10 shares of AAPL")
+out["paused"] = [response.status, response.incomplete_details.reason, response.output_text]
+held = [w for w in response.output_text.replace(",", " ").split() if w.startswith("conf_")][0].rstrip(":")
+decided = httpx.post(f"{base}/v1/confirmations/{held}", json={"approve": True})
+out["decided"] = decided.json()["status"]
+deadline = time.time() + 20
+while True:
+    again = client.responses.retrieve(response.id)
+    if again.status != "incomplete" or time.time() > deadline:
+        break
+    time.sleep(0.05)
+out["after"] = [again.status, again.output_text]
+first = client.chat.completions.with_raw_response.create(model="trading-copilot",
+    messages=[{"role": "user", "content": "What is the price of AAPL?"}],
+    extra_headers={"Idempotency-Key": "retry-1"})
+second = client.chat.completions.with_raw_response.create(model="trading-copilot",
+    messages=[{"role": "user", "content": "What is the price of AAPL?"}],
+    extra_headers={"Idempotency-Key": "retry-1"})
+out["keyed"] = [first.parse().id, second.parse().id, second.headers.get("idempotent-replayed"),
+                first.headers.get("x-cadre-session"), second.headers.get("x-cadre-session")]
+print(json.dumps(out))
+"#;
+    let out = support::clients::python_ok(script, &[&app.base], &[]).await;
+    let out: Value = serde_json::from_str(out.trim()).expect("JSON");
+    let chat = out["chat"].as_str().unwrap();
+    assert!(chat.starts_with("[awaiting approval]"), "{chat}");
+    assert!(
+        chat.contains("conf_") && chat.contains("POST /v1/confirmations/"),
+        "{chat}"
+    );
+    assert_eq!(out["paused"][0], "incomplete", "{out}");
+    assert_eq!(out["paused"][1], "awaiting_approval");
+    assert_eq!(out["decided"], "executed", "{out}");
+    assert_eq!(out["after"][0], "completed", "{out}");
+    assert!(!out["after"][1].as_str().unwrap().is_empty(), "{out}");
+    let keyed = &out["keyed"];
+    assert_eq!(keyed[0], keyed[1], "the retry ran a second turn: {out}");
+    assert_eq!(keyed[2], "true", "{out}");
+    // The completion's id names its session (a replay has no header).
+    let session = keyed[3].as_str().unwrap();
+    assert!(
+        keyed[1]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("chatcmpl-{session}__")),
+        "{out}"
+    );
+}

@@ -14,11 +14,14 @@
 //!   console), records the earlier `messages` (user and assistant; system
 //!   and developer messages are left out: the agent's own prompt is the
 //!   system prompt) and runs the last user message as one turn; tools run
-//!   inside cadre. The answer carries the session id in the
-//!   `x-cadre-session` header; a request with `x-cadre-session: <id>`
-//!   continues that session instead (only its last user message is sent).
-//!   `user` is the session's `user_id`; `Idempotency-Key` is honoured (the
-//!   idempotency layer, as on every keyed POST).
+//!   inside cadre. The answer names the session in its id
+//!   (`chatcmpl-<session>__<turn>`) and in the `x-cadre-session` header (a
+//!   replay of an `Idempotency-Key` answer has the id only: replays keep
+//!   the body); a request with `x-cadre-session: <id>` continues that
+//!   session instead (only its last user message is sent).
+//!   `user` is the session's `user_id`; the session's plan is the highest
+//!   the key and its tenant allow (as through A2A); `Idempotency-Key` is
+//!   honoured (the idempotency layer, as on every keyed POST).
 //! - **Responses.** A response is a turn: its id is `resp_<session>__<turn>`,
 //!   so `previous_response_id` names the session to continue and `GET
 //!   /v1/responses/{id}` reads the turn's record. `instructions` are not
@@ -64,7 +67,7 @@ use crate::conversation::{NewSession, TurnEnd};
 use crate::identity::Scope;
 use crate::model::ChatMessage;
 use crate::tenants::Principal;
-use crate::tenants::config::entitled_plan;
+use crate::tenants::config::plan_ceiling;
 
 /// The header that names (in an answer) and continues (in a request) the
 /// session of a chat completion.
@@ -227,7 +230,9 @@ async fn session_for(
     if state.sessions.agents().get(agent).is_none() {
         return Err(model_not_found(agent));
     }
-    let plan = entitled_plan(&state.store, caller, None)
+    // The highest plan the key and its tenant allow (as the A2A door
+    // does): the agent's tools are what the key may use.
+    let plan = plan_ceiling(&state.store, caller)
         .await
         .map_err(|e| ApiError::from(e).into_response())?;
     let session = state
@@ -368,7 +373,6 @@ async fn chat_completions(
     }
     let key = key.map(|Extension(IdempotencyKey(k))| k);
     let before = usage_now(&state, &scope, &session).await;
-    let id = format!("chatcmpl-{}", uuid::Uuid::now_v7().simple());
     let created = now_secs();
     let model = request.model.clone();
     let mut response = if request.stream {
@@ -380,7 +384,7 @@ async fn chat_completions(
             Ok(slot) => slot,
             Err(e) => return e.into_response(),
         };
-        let (reader, _log) = match super::turn_stream::start_logged(
+        let (reader, log) = match super::turn_stream::start_logged(
             &state,
             &scope,
             &session,
@@ -393,6 +397,7 @@ async fn chat_completions(
             Ok(r) => r,
             Err(e) => return e.into_response(),
         };
+        let id = completion_id(&session, log.turn_id());
         let id_for_usage = id.clone();
         let chunk = move |delta: Value, finish: Option<&str>| {
             json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -464,6 +469,7 @@ async fn chat_completions(
             Ok(o) => o,
             Err(e) => return ApiError::from(e).into_response(),
         };
+        let id = completion_id(&session, &outcome.turn_id);
         let after = usage_now(&state, &scope, &session).await;
         let (p, c) = (
             after.0.saturating_sub(before.0),
@@ -492,6 +498,12 @@ struct ResponseRequest {
     previous_response_id: Option<String>,
     user: Option<String>,
     instructions: Option<String>,
+}
+
+/// `chatcmpl-<session>__<turn>`: a completion names its session (a
+/// replayed answer, `Idempotency-Key`, carries only its body).
+fn completion_id(session: &str, turn: &str) -> String {
+    format!("chatcmpl-{session}__{turn}")
 }
 
 /// `resp_<session>__<turn>`.
