@@ -240,7 +240,7 @@ fn schemathesis() -> PathBuf {
         return bin;
     }
     let _ = std::fs::remove_dir_all(&venv);
-    let python = python();
+    let python = support::clients::system_python("CADRE_CONTRACT_PYTHON");
     let started = Instant::now();
     must(
         Command::new(&python).arg("-m").arg("venv").arg(&venv),
@@ -273,26 +273,6 @@ fn installed(bin: &Path) -> bool {
         .arg("--version")
         .output()
         .is_ok_and(|out| out.status.success() && text(&out.stdout).contains(SCHEMATHESIS))
-}
-
-/// The machine's Python 3.10 or later (schemathesis needs it).
-fn python() -> String {
-    let candidates: Vec<String> = match std::env::var("CADRE_CONTRACT_PYTHON") {
-        Ok(p) => vec![p],
-        Err(_) => vec!["python3.11".into(), "python3".into()],
-    };
-    for candidate in &candidates {
-        let recent = Command::new(candidate)
-            .args(["-c", "import sys; sys.exit(sys.version_info < (3, 10))"])
-            .output()
-            .is_ok_and(|out| out.status.success());
-        if recent {
-            return candidate.clone();
-        }
-    }
-    panic!(
-        "no Python 3.10 or later among {candidates:?}: the contract test needs one to install schemathesis"
-    );
 }
 
 fn must(command: &mut Command, what: &str) -> Output {

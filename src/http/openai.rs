@@ -60,8 +60,8 @@ use serde_json::{Value, json};
 use super::AppState;
 use super::error::ApiError;
 use super::idempotency::IdempotencyKey;
-use super::streams::StreamQuota;
-use super::turn_log::{Read, Unread};
+use super::streams::{StreamQuota, StreamSlot};
+use super::turn_log::{Read, Reader, TurnLog, Unread};
 use crate::conversation::machine::{TurnOutcome, TurnStatus};
 use crate::conversation::{NewSession, TurnEnd};
 use crate::identity::Scope;
@@ -279,6 +279,23 @@ fn answer_of(session: &str, outcome: &TurnOutcome) -> String {
     }
 }
 
+/// A streamed turn: the caller's stream slot, a reader of the turn's log
+/// from its first event, and the log.
+async fn streamed(
+    state: &AppState,
+    quota: &StreamQuota,
+    scope: &Scope,
+    session: &str,
+    content: String,
+    key: Option<String>,
+) -> Result<(StreamSlot, Reader, std::sync::Arc<TurnLog>), ApiError> {
+    let slot = quota.acquire()?;
+    let (reader, log) =
+        super::turn_stream::start_logged(state, scope, session, content, key, Unread::Abandon)
+            .await?;
+    Ok((slot, reader, log))
+}
+
 /// The session's token usage now (prompt, completion).
 async fn usage_now(state: &AppState, scope: &Scope, session: &str) -> (u64, u64) {
     state
@@ -380,23 +397,11 @@ async fn chat_completions(
             .stream_options
             .as_ref()
             .is_some_and(|o| o["include_usage"] == true);
-        let slot = match quota.acquire() {
-            Ok(slot) => slot,
-            Err(e) => return e.into_response(),
-        };
-        let (reader, log) = match super::turn_stream::start_logged(
-            &state,
-            &scope,
-            &session,
-            content,
-            key,
-            Unread::Abandon,
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => return e.into_response(),
-        };
+        let (slot, reader, log) =
+            match streamed(&state, &quota, &scope, &session, content, key).await {
+                Ok(started) => started,
+                Err(e) => return e.into_response(),
+            };
         let id = completion_id(&session, log.turn_id());
         let id_for_usage = id.clone();
         let chunk = move |delta: Value, finish: Option<&str>| {
@@ -652,21 +657,8 @@ async fn create_response(
         ))
         .into_response();
     }
-    let slot = match quota.acquire() {
-        Ok(slot) => slot,
-        Err(e) => return e.into_response(),
-    };
-    let (reader, log) = match super::turn_stream::start_logged(
-        &state,
-        &scope,
-        &session,
-        content,
-        key,
-        Unread::Abandon,
-    )
-    .await
-    {
-        Ok(r) => r,
+    let (slot, reader, log) = match streamed(&state, &quota, &scope, &session, content, key).await {
+        Ok(started) => started,
         Err(e) => return e.into_response(),
     };
     let id = response_id(&session, log.turn_id());

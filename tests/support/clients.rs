@@ -61,7 +61,7 @@ pub fn python() -> PathBuf {
     let _ = std::fs::remove_dir_all(&venv);
     let started = std::time::Instant::now();
     must(
-        Command::new(system_python())
+        Command::new(system_python("CADRE_CLIENTS_PYTHON"))
             .arg("-m")
             .arg("venv")
             .arg(&venv),
@@ -85,9 +85,11 @@ pub fn python() -> PathBuf {
     python
 }
 
-/// The machine's Python 3.10 or later.
-fn system_python() -> String {
-    let candidates: Vec<String> = match std::env::var("CADRE_CLIENTS_PYTHON") {
+/// The machine's Python 3.10 or later: `$override_var` if set, else
+/// `python3.11`, else `python3` (also what tests/contract.rs installs
+/// schemathesis with).
+pub fn system_python(override_var: &str) -> String {
+    let candidates: Vec<String> = match std::env::var(override_var) {
         Ok(p) => vec![p],
         Err(_) => vec!["python3.11".into(), "python3".into()],
     };
@@ -100,7 +102,7 @@ fn system_python() -> String {
             return candidate.clone();
         }
     }
-    panic!("no Python 3.10 or later among {candidates:?}: the client tests need one")
+    panic!("no Python 3.10 or later among {candidates:?}: these tests need one")
 }
 
 /// Runs `script` (Python source) with the clients' venv, `args` after it
