@@ -12,6 +12,9 @@
 //! stream never ends by itself, so there is no 204 here). In a cluster,
 //! each node numbers every event it publishes, its own and the ones other
 //! nodes sent it, so a client reconnects to the same node to resume.
+//! `Last-Event-ID` is read but not declared as a parameter of the
+//! operation: an EventSource sends it by itself, and declared, a contract
+//! tester would open a hundred never-ending streams to try values.
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -116,9 +119,8 @@ super::openapi::event_stream! {
     operation_id = "runtime_events",
     summary = "Runtime events as Server-Sent Events (admin)",
     tag = "events",
-    params(("Last-Event-ID" = Option<String>, Header, description = "The id of the last event seen (`<process>-<n>`): the events after it that this node still keeps come first, once")),
     responses(
-        (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data and an `id:`; `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = RuntimeEvents),
+        (status = 200, description = "Server-Sent Events, one `event:` per kind (`tool_added`, `execution_completed`, ...) with the event as JSON data and an `id:` (`<process>-<n>`; a reconnect sending it as `Last-Event-ID` first gets the events after it this node still keeps, once); `lagged` (`{missed}`) when the subscriber fell behind", content_type = "text/event-stream", body = RuntimeEvents),
         EventsErrors,
     )
 )]
