@@ -228,7 +228,8 @@ out["decided"] = decided.json()["status"]
 deadline = time.time() + 20
 while True:
     again = client.responses.retrieve(response.id)
-    if again.status != "incomplete" or time.time() > deadline:
+    # incomplete while it waits, in_progress once resumed, then its end.
+    if again.status in ("completed", "failed", "cancelled") or time.time() > deadline:
         break
     time.sleep(0.05)
 out["after"] = [again.status, again.output_text]
@@ -267,4 +268,30 @@ print(json.dumps(out))
             .starts_with(&format!("chatcmpl-{session}__")),
         "{out}"
     );
+}
+
+/// Each earlier message of a chat completion is recorded (one write): a
+/// body of hundreds of tiny messages is refused with a 400 in OpenAI's
+/// shape, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_earlier_messages_are_refused_before_any_write() {
+    let model = MockModel::start().await;
+    let agents = agents_dir(&[("helper.toml", &agent_toml("helper", &[], 3))]);
+    let app = spawn_app(AppOptions::with_model(&model).agents(agents.path()));
+    let mut messages: Vec<Value> = (0..300)
+        .map(|i| serde_json::json!({"role": "user", "content": format!("m{i}")}))
+        .collect();
+    messages.push(serde_json::json!({"role": "user", "content": "last"}));
+    let (status, body) = app
+        .post(
+            "/v1/chat/completions",
+            &serde_json::json!({"model": "helper", "messages": messages}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "messages", "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let (_, sessions) = app.get("/v1/sessions").await;
+    assert_eq!(sessions["sessions"], serde_json::json!([]), "{sessions}");
+    assert_eq!(model.request_count(), 0);
 }

@@ -13,7 +13,8 @@
 //!   opens a new session of the agent (visible in listings and the
 //!   console), records the earlier `messages` (user and assistant; system
 //!   and developer messages are left out: the agent's own prompt is the
-//!   system prompt) and runs the last user message as one turn; tools run
+//!   system prompt; at most [`MAX_EARLIER_MESSAGES`] = 256 earlier
+//!   messages, else 400) and runs the last user message as one turn; tools run
 //!   inside cadre. The answer names the session in its id
 //!   (`chatcmpl-<session>__<turn>`) and in the `x-cadre-session` header (a
 //!   replay of an `Idempotency-Key` answer has the id only: replays keep
@@ -72,6 +73,9 @@ use crate::tenants::config::plan_ceiling;
 /// The header that names (in an answer) and continues (in a request) the
 /// session of a chat completion.
 pub const SESSION_HEADER: &str = "x-cadre-session";
+/// Most messages a chat completion may carry before its last one (each is
+/// recorded in the new session: one write each).
+pub const MAX_EARLIER_MESSAGES: usize = 256;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -346,6 +350,17 @@ async fn chat_completions(
     let Some((last, earlier)) = request.messages.split_last() else {
         return bad_request("messages must not be empty", Some("messages"));
     };
+    // Each earlier message is one write: a body of tiny messages must not
+    // become thousands of them.
+    if earlier.len() > MAX_EARLIER_MESSAGES {
+        return bad_request(
+            &format!(
+                "{} earlier messages; at most {MAX_EARLIER_MESSAGES} (continue a stored session with {SESSION_HEADER} instead)",
+                earlier.len()
+            ),
+            Some("messages"),
+        );
+    }
     let Some(content) = (last["role"] == "user")
         .then(|| text_of(&last["content"]))
         .flatten()
