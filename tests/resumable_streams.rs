@@ -332,3 +332,22 @@ async fn runtime_events_resume_after_last_event_id_once() {
         "{rest:?}"
     );
 }
+
+/// A `Last-Event-ID` at the top of the id space (an attacker's, or a
+/// corrupted one) is answered, not a panic: the turn's end, numbered as
+/// far as ids go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_last_event_id_at_the_end_of_the_id_space_is_answered() {
+    let (app, model, _gate, _agents) = gated_app();
+    let session = app.session("gated").await;
+    model.push(Reply::text("plain answer"));
+    let (status, body) = app.say(&session, "hello").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let turn = body["turn_id"].as_str().unwrap();
+    let response = events_of(&app, &session, turn, Some(&u64::MAX.to_string())).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let (frames, _) = read_until(response, |_| false).await;
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert_eq!(frames[0].name, "turn_completed");
+    assert_eq!(frames[0].id.as_deref(), Some(&*format!("{}.end", u64::MAX)));
+}

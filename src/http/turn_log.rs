@@ -458,7 +458,7 @@ impl TurnLog {
         self.readers.send_modify(|n| *n += 1);
         Reader {
             log: self.clone(),
-            next: after.map_or(0, |n| n + 1),
+            next: after.map_or(0, |n| n.saturating_add(1)),
             changed: self.changed.subscribe(),
             finished: false,
         }

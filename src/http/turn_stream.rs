@@ -284,7 +284,9 @@ async fn turn_events(
                 let paused = paused?;
                 match sessions.turn_end(&scope, &sid, &tid).await {
                     Ok(TurnEnd::Paused(o)) if same_pause(&o, &paused) => None,
-                    Ok(end) => Some(Ok(turn_log::end_frame(&end, paused.seq + 1).sse())),
+                    Ok(end) => Some(Ok(
+                        turn_log::end_frame(&end, paused.seq.saturating_add(1)).sse()
+                    )),
                     Err(e) => Some(Ok(ApiError::from(e).sse_event())),
                 }
             })
@@ -311,7 +313,7 @@ async fn turn_events(
         None => {
             // No log here (expired, or the node that ran it died): the
             // turn's end from its record.
-            let seq = after.map_or(0, |n| n + 1);
+            let seq = after.map_or(0, |n| n.saturating_add(1));
             let sessions = state.sessions.clone();
             futures::stream::once(async move {
                 match sessions.turn_end(&scope, &id, &turn_id).await {
