@@ -243,8 +243,9 @@ fn settings() -> TurnSettings {
         max_tokens: None,
         tool_variables: Value::Null,
         cache_ttl: None,
-        max_tool_calls: cadre::conversation::machine::DEFAULT_MAX_TOOL_CALLS,
+        max_tool_calls: cadre::conversation::machine::DEFAULT_MAX_TOOL_CALLS as u32,
         pause_for_approval: true,
+        output_schema: None,
     }
 }
 

@@ -29,6 +29,7 @@ use serde::Deserialize;
 
 use crate::model::openai::ClientOptions;
 use crate::model::{ModelEndpoint, SharedModel, ToolSpec, model_for};
+use crate::tools::output_schema::OutputSchema;
 use crate::tools::remote_agent::{RemoteAgent, RemoteAgents};
 use crate::tools::{Plan, ToolRegistry};
 
@@ -65,6 +66,27 @@ pub enum ConfigError {
 /// The MCP server list in the agents directory: not an agent file; read
 /// by `mcp::config`, named here (below `mcp`) so both agree on it.
 pub const MCP_FILE_NAME: &str = "mcp.toml";
+
+/// The name an agent's answer schema goes by on the wire: the agent's
+/// name cut to OpenAI's rule (`^[A-Za-z0-9_-]{1,64}$`).
+fn output_name(agent: &str) -> String {
+    let name: String = agent
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if name.is_empty() {
+        "answer".into()
+    } else {
+        name
+    }
+}
 
 /// An agent file as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -117,6 +139,19 @@ pub struct AgentFile {
     /// `reject` (409).
     #[serde(default)]
     pub multitask: Multitask,
+    /// The JSON shape of every answer ([`crate::tools::output_schema`]): a
+    /// JSON Schema written inline, or the path of a JSON file holding one
+    /// (relative to the agents directory).
+    #[serde(default)]
+    pub output_schema: Option<OutputSchemaEntry>,
+}
+
+/// `output_schema` as written: an inline JSON Schema, or a file's path.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OutputSchemaEntry {
+    Path(String),
+    Inline(serde_json::Map<String, serde_json::Value>),
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -181,6 +216,10 @@ pub struct ModelOverride {
     /// Name of the environment variable holding the API key.
     pub api_key_env: Option<String>,
     pub model: Option<String>,
+    /// How the answer's schema is asked for: `native` (`response_format`,
+    /// the default) or `prompt` (in the prompt, for endpoints that refuse
+    /// the field).
+    pub structured_output: Option<crate::model::StructuredOutput>,
 }
 
 fn default_max_iterations() -> u32 {
@@ -194,11 +233,30 @@ fn default_tool_batch_timeout_s() -> u64 {
 }
 
 impl AgentFile {
+    /// Parses an agent file; an `output_schema` given as a path is read
+    /// here (relative to the file's folder), so a resolved agent's schema
+    /// is always inline.
     pub fn parse(path: &Path, text: &str) -> Result<AgentFile, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let parse_error = |message: String| ConfigError::Parse {
             path: path.to_path_buf(),
-            message: e.to_string(),
-        })
+            message,
+        };
+        let mut file: AgentFile = toml::from_str(text).map_err(|e| parse_error(e.to_string()))?;
+        if let Some(OutputSchemaEntry::Path(p)) = &file.output_schema {
+            let at = path.parent().unwrap_or(Path::new(".")).join(p);
+            let text = std::fs::read_to_string(&at).map_err(|e| {
+                parse_error(format!("output_schema: cannot read {}: {e}", at.display()))
+            })?;
+            let schema: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
+                .map_err(|e| {
+                    parse_error(format!(
+                        "output_schema: {} is not a JSON object: {e}",
+                        at.display()
+                    ))
+                })?;
+            file.output_schema = Some(OutputSchemaEntry::Inline(schema));
+        }
+        Ok(file)
     }
 }
 
@@ -236,6 +294,8 @@ pub struct Agent {
     pub include_visitor_info: bool,
     pub single_tool_use: bool,
     pub multitask: Multitask,
+    /// The JSON shape of every answer, when the file declares one.
+    pub output_schema: Option<Arc<OutputSchema>>,
 }
 
 impl Agent {
@@ -302,7 +362,36 @@ impl Agent {
                 .and_then(|k| std::env::var(k).ok()),
             model: over.model.clone(),
         });
-        let has_override = over.base_url.is_some() || over.api_key_env.is_some();
+        let has_override = over.base_url.is_some()
+            || over.api_key_env.is_some()
+            || over.structured_output.is_some();
+        let options = &crate::model::openai::ClientOptions {
+            structured_output: over.structured_output.unwrap_or(options.structured_output),
+            ..options.clone()
+        };
+        let output_schema = match &file.output_schema {
+            None => None,
+            Some(OutputSchemaEntry::Path(_)) => {
+                return Err(ConfigError::Invalid {
+                    agent: file.name,
+                    message: "output_schema: a path is read when the file is parsed".into(),
+                });
+            }
+            Some(OutputSchemaEntry::Inline(schema)) => {
+                let format = crate::model::ResponseFormat {
+                    name: output_name(&file.name),
+                    description: None,
+                    schema: serde_json::Value::Object(schema.clone()),
+                    strict: None,
+                };
+                Some(Arc::new(OutputSchema::new(format, false).map_err(
+                    |message| ConfigError::Invalid {
+                        agent: file.name.clone(),
+                        message: format!("output_schema: {message}"),
+                    },
+                )?))
+            }
+        };
         let variables = match &file.site {
             Some(site) => serde_json::json!({ "site": site }),
             None => serde_json::Value::Null,
@@ -372,6 +461,7 @@ impl Agent {
             include_visitor_info: file.include_visitor_info,
             single_tool_use: file.single_tool_use,
             multitask: file.multitask,
+            output_schema,
         })
     }
 

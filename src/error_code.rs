@@ -169,6 +169,8 @@ error_codes! {
         "the body is not `application/json`";
     ValidationError = "VALIDATION_ERROR", UNPROCESSABLE_ENTITY, false,
         "a field or parameter is missing, unknown, of the wrong type or out of range (also a tool outcome: the call's arguments do not match the tool's schema, `validation_errors` says where)";
+    GuardrailTripped = "GUARDRAIL_TRIPPED", UNPROCESSABLE_ENTITY, false,
+        "a guardrail refused the message, the answer, or a tool call's input or output (`details.guardrail`, `details.stage`); nothing it refused was stored, sent to the model or run (also a tool outcome)";
     IdempotencyKeyInUse = "IDEMPOTENCY_KEY_IN_USE", CONFLICT, true,
         "cluster mode: a request with this `Idempotency-Key` is running on another node; retry after `Retry-After` (it then gets that request's answer)";
     IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED", UNPROCESSABLE_ENTITY, false,
@@ -195,6 +197,8 @@ error_codes! {
         "(a tool outcome) the tool ran and failed, panicked or answered an output over its limits";
     ModelBadResponse = "MODEL_BAD_RESPONSE", BAD_GATEWAY, false,
         "the model endpoint answered something that is not a chat completion";
+    OutputSchemaViolation = "OUTPUT_SCHEMA_VIOLATION", BAD_GATEWAY, false,
+        "the model's answer did not match the turn's answer schema (the agent's `output_schema` or the message's `response_format`), asked twice; `details.errors` lists the field errors of the second answer, which was not stored";
     ModelRejected = "MODEL_REJECTED", BAD_GATEWAY, false,
         "the model endpoint refused the request (4xx other than 429)";
     ModelKeyNotSet = "MODEL_KEY_NOT_SET", SERVICE_UNAVAILABLE, false,

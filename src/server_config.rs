@@ -245,6 +245,11 @@ pub struct ModelSection {
     /// Seconds of model time one turn may use, every attempt, backoff and
     /// tool round's model call included; past it the turn is `MODEL_TIMEOUT`.
     pub turn_timeout_s: f64,
+    /// How a turn's answer schema (an agent's `output_schema`, a message's
+    /// `response_format`) is asked for: `native` sends `response_format`
+    /// (OpenAI, vLLM, llama.cpp); `prompt` writes the schema into the
+    /// prompt instead. cadre validates the answer either way.
+    pub structured_output: crate::model::StructuredOutput,
 }
 
 impl Default for ModelSection {
@@ -253,6 +258,7 @@ impl Default for ModelSection {
             max_reply_bytes: crate::model::openai::DEFAULT_MAX_REPLY_BYTES,
             max_tool_calls: crate::conversation::machine::DEFAULT_MAX_TOOL_CALLS,
             turn_timeout_s: SessionLimits::default().model_turn_timeout.as_secs_f64(),
+            structured_output: crate::model::StructuredOutput::Native,
         }
     }
 }
@@ -265,6 +271,7 @@ impl ModelSection {
     ) -> crate::model::openai::ClientOptions {
         crate::model::openai::ClientOptions {
             max_reply_bytes: self.max_reply_bytes,
+            structured_output: self.structured_output,
             ..base.clone()
         }
     }

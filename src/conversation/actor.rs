@@ -173,6 +173,10 @@ pub enum TurnError {
     /// `"rollback"`).
     #[error("the turn was interrupted by a newer message")]
     Interrupted,
+    /// The turn ended without an answer by its own rules: the answer
+    /// missed its schema twice, or a guardrail refused.
+    #[error("{}", .0.message)]
+    Rejected(Box<super::machine::Rejection>),
 }
 
 impl PublicError for TurnError {
@@ -185,6 +189,14 @@ impl PublicError for TurnError {
             TurnError::QueueFull { .. } => ErrorCode::ConversationQueueFull,
             TurnError::OutOfStep(_) => ErrorCode::InternalError,
             TurnError::Interrupted => ErrorCode::TurnInterrupted,
+            TurnError::Rejected(r) => r.code,
+        }
+    }
+
+    fn details(&self) -> Option<Value> {
+        match self {
+            TurnError::Rejected(r) => Some(r.details.clone()),
+            _ => None,
         }
     }
 
@@ -206,6 +218,7 @@ impl PublicError for TurnError {
                 "the turn failed inside cadre; what it stored so far is kept".into()
             }
             TurnError::Interrupted => "a newer message in this session interrupted this turn (the agent's multitask is interrupt or rollback); what it stored so far is kept".into(),
+            TurnError::Rejected(r) => r.message.clone(),
         }
     }
 }
@@ -958,6 +971,7 @@ impl Conversation {
             Action::Pause(outcome) => {
                 self.pause(*outcome, record.into_iter().collect(), ctx);
             }
+            Action::Reject(rejection) => self.fail(TurnError::Rejected(rejection), ctx),
         }
     }
 
@@ -1648,6 +1662,7 @@ impl Conversation {
         let closed = self.machine.abort_turn(TurnFailure {
             code: error.code().as_str().to_string(),
             message: error.public_message(),
+            details: error.details(),
         });
         self.batch_id += 1;
         self.held.clear();

@@ -31,6 +31,15 @@
 //!   and evictions: the loader seeds the known sources from the session's
 //!   stored call records ([`ConversationMachine::with_known_sources`]).
 //!
+//! Typed answers (issue #39): a turn with an answer schema (the agent's
+//! `output_schema`, or its message's `response_format`) sends it with
+//! every model call; the answer is checked with
+//! [`crate::tools::output_schema`]. A match goes into the outcome's
+//! `output`; the first miss asks the model once more with the miss and the
+//! field errors (in that request only, never in the history, with no
+//! tools offered); the second fails the turn ([`Action::Reject`],
+//! `OUTPUT_SCHEMA_VIOLATION` with the errors). Neither miss is persisted.
+//!
 //! A turn is data: every step returns the turn's [`TurnRecord`] (id,
 //! phase, calls so far, outcome) to be stored with the step's messages.
 //! A batch with a call held for a person's confirmation pauses the turn
@@ -63,11 +72,15 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error_code::ErrorCode;
+use crate::model::ResponseFormat;
 use crate::model::{
     ChatMessage, ChatRequest, ChatResponse, FinishReason, Purpose, Role, ToolCall, ToolChoice,
 };
 use crate::tools::outcome::ParsedArguments;
+use crate::tools::output_schema::{self, OutputSchema};
 use crate::tools::{ErrorType, ToolExecutionResult};
+use std::sync::Arc;
 
 use super::context::{self, FALLBACK_INSTRUCTION, PromptLayers};
 use super::queue::{Activity, Admission, Queued, Refusal, TurnQueue};
@@ -156,6 +169,12 @@ pub struct TurnOutcome {
     /// another value the endpoint sent. Null when it sent none.
     #[schema(value_type = Option<String>)]
     pub finish_reason: Option<FinishReason>,
+    /// The answer parsed as JSON, when the turn had an answer schema (the
+    /// agent's `output_schema` or the message's `response_format`): it
+    /// matched the schema. Absent otherwise; never an unvalidated value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
+    pub output: Option<Value>,
 }
 
 /// How far a turn got, as its callers see it.
@@ -188,6 +207,21 @@ pub struct Approval {
 pub struct TurnFailure {
     pub code: String,
     pub message: String,
+    /// What the code's row says it carries (`OUTPUT_SCHEMA_VIOLATION`: the
+    /// field errors; `GUARDRAIL_TRIPPED`: the guardrail and its stage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
+    pub details: Option<Value>,
+}
+
+/// A turn the machine itself ends without an answer: the answer missed
+/// its schema twice ([`ErrorCode::OutputSchemaViolation`]), or a check
+/// refused it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejection {
+    pub code: ErrorCode,
+    pub message: String,
+    pub details: Value,
 }
 
 /// A turn as data: what the store keeps under `(session, turn id)`, written
@@ -222,6 +256,13 @@ pub struct TurnRecord {
     /// How often a restart cut the turn and it was taken up again.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resumes: u32,
+    /// The answer schema the turn's message asked for (kept so a resumed
+    /// turn asks for it again; an agent's own schema is not repeated here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// The answer missed its schema once and the model was asked again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub output_retried: bool,
     pub started_at: Timestamp,
     pub updated_at: Timestamp,
 }
@@ -245,6 +286,9 @@ pub enum Action {
     /// Calls wait for a person's decision: the turn is paused, answered
     /// with this outcome (`awaiting_approval`).
     Pause(Box<TurnOutcome>),
+    /// The turn fails without an answer ([`Rejection`]): the actor closes it
+    /// as failed ([`ConversationMachine::abort_turn`]).
+    Reject(Box<Rejection>),
 }
 
 /// What the actor must do: persist these messages (in order) and the
@@ -359,6 +403,10 @@ struct Turn {
     /// The arguments of the calls the turn waits for, parsed once (by call
     /// id; in memory only: a resumed turn parses its calls again).
     arguments: Vec<(String, ParsedArguments)>,
+    /// The JSON shape the answer must have.
+    output: Option<Arc<OutputSchema>>,
+    /// The answer missed it once; the next miss fails the turn.
+    output_retried: bool,
 }
 
 impl Turn {
@@ -578,6 +626,8 @@ impl ConversationMachine {
             calls: Vec::new(),
             fallback: false,
             arguments: Vec::new(),
+            output: self.settings.output_schema.clone(),
+            output_retried: false,
         }));
         let request = self.request();
         Ok(Step {
@@ -610,7 +660,7 @@ impl ConversationMachine {
         // others are neither stored nor run (nor answered: the stored
         // request carries only the kept ones, so no call id goes without
         // its result).
-        let max = self.settings.max_tool_calls;
+        let max = self.settings.max_tool_calls as usize;
         if reply.tool_calls.len() > max {
             tracing::warn!(
                 kept = max,
@@ -618,6 +668,16 @@ impl ConversationMachine {
                 "the model asked for more tool calls than [model] max_tool_calls; the others are neither run nor stored"
             );
             reply.tool_calls.truncate(max);
+        }
+        let answering =
+            reply.tool_calls.is_empty() || self.turn.as_ref().is_some_and(|t| t.fallback);
+        let mut output = None;
+        if answering && let Some(schema) = self.turn.as_ref().and_then(|t| t.output.clone()) {
+            let answer = reply.content.as_deref().unwrap_or_default();
+            match schema.check(answer) {
+                Ok(value) => output = Some(value),
+                Err(errors) => return Ok(self.schema_missed(&schema, answer, &errors)),
+            }
         }
         let seq = self.take_seq();
         let turn = self.turn.as_mut().expect("checked above");
@@ -639,12 +699,64 @@ impl ConversationMachine {
         turn.messages.push((seq, msg.clone()));
         let (mut outcome, mut record) = self.finish(answer);
         outcome.finish_reason = reply.finish_reason;
+        outcome.output = output;
         record.outcome = Some(outcome.clone());
         Ok(Step {
             persist: vec![(seq, msg)],
             record: Some(record),
             action: Action::Finish(Box::new(outcome)),
         })
+    }
+
+    /// The answer missed the turn's schema: the first miss asks the model
+    /// once more (the miss and the errors in that request only, never in
+    /// the history, and no tools offered: it must answer); the second fails
+    /// the turn with `OUTPUT_SCHEMA_VIOLATION` and the errors.
+    fn schema_missed(
+        &mut self,
+        schema: &OutputSchema,
+        answer: &str,
+        errors: &[crate::tools::FieldError],
+    ) -> Step {
+        let turn = self.turn.as_mut().expect("callers check the phase");
+        if turn.output_retried {
+            let described = output_schema::describe(errors);
+            return Step {
+                persist: Vec::new(),
+                record: None,
+                action: Action::Reject(Box::new(Rejection {
+                    code: ErrorCode::OutputSchemaViolation,
+                    message: format!(
+                        "the model's answer did not match the schema {} twice: {}",
+                        schema.format.name,
+                        crate::tools::outcome::cut_chars(&described, 2000)
+                    ),
+                    details: serde_json::json!({
+                        "schema": schema.format.name,
+                        "errors": errors,
+                    }),
+                })),
+            };
+        }
+        turn.output_retried = true;
+        let mut request = self.request();
+        request
+            .messages
+            .push(ChatMessage::assistant(crate::tools::outcome::cut_chars(
+                answer, 16_384,
+            )));
+        request.messages.push(ChatMessage::user(format!(
+            "Your answer does not match the required JSON Schema {}:\n{}\nAnswer again with one \
+             JSON value only that matches the schema.",
+            schema.format.name,
+            output_schema::describe(errors)
+        )));
+        request.tool_choice = ToolChoice::None;
+        Step {
+            persist: Vec::new(),
+            record: self.turn_record(),
+            action: Action::CallModel(request),
+        }
     }
 
     /// `results` in the order of the calls of the last model reply: one per
@@ -725,6 +837,7 @@ impl ConversationMachine {
                 iterations: record.model_calls,
                 fallback_used: record.fallback,
                 finish_reason: None,
+                output: None,
             };
             return Ok(Step {
                 persist: Vec::new(),
@@ -875,6 +988,12 @@ impl ConversationMachine {
             calls: record.tool_calls,
             fallback: record.fallback,
             arguments: Vec::new(),
+            // The message's schema, from the record; else the agent's.
+            output: match record.response_format {
+                Some(format) => OutputSchema::new(format, true).ok().map(Arc::new),
+                None => self.settings.output_schema.clone(),
+            },
+            output_retried: record.output_retried,
         };
         if let Phase::AwaitingTools { calls } | Phase::AwaitingApproval { calls, .. } =
             &record.phase
@@ -918,7 +1037,7 @@ impl ConversationMachine {
         if self.turn.is_some() {
             return None;
         }
-        let window = self.settings.history_window;
+        let window = self.settings.history_window as usize;
         self.summary_keeping(window, SUMMARY_AFTER_WINDOWS * window)
     }
 
@@ -976,6 +1095,7 @@ impl ConversationMachine {
             temperature: Some(0.2),
             max_tokens: Some(400),
             purpose: Purpose::Summary,
+            response_format: None,
         })
     }
 
@@ -1024,6 +1144,7 @@ impl ConversationMachine {
             iterations: turn.model_calls,
             fallback_used: turn.fallback,
             finish_reason: None,
+            output: None,
             tool_calls: turn.calls,
         };
         self.history.extend(turn.messages);
@@ -1040,7 +1161,7 @@ impl ConversationMachine {
         };
         let window = context::window_of(
             &self.history,
-            SUMMARY_AFTER_WINDOWS * s.history_window,
+            SUMMARY_AFTER_WINDOWS * s.history_window as usize,
             |(_, m)| m,
         );
         let mut messages = Vec::with_capacity(3 + window.len() + turn.messages.len());
@@ -1065,6 +1186,7 @@ impl ConversationMachine {
             temperature: s.temperature,
             max_tokens: s.max_tokens,
             purpose: Purpose::Turn,
+            response_format: turn.output.as_ref().map(|o| o.format.clone()),
         }
     }
 }
@@ -1102,6 +1224,12 @@ fn snapshot(turn: &Turn, phase: Phase, now: Timestamp) -> TurnRecord {
         idempotency_key: turn.key.clone(),
         rolled_back: false,
         resumes: turn.resumes,
+        response_format: turn
+            .output
+            .as_ref()
+            .filter(|o| o.from_message)
+            .map(|o| (*o.format).clone()),
+        output_retried: turn.output_retried,
         started_at: turn.started_at,
         updated_at: now,
     }
@@ -1213,8 +1341,9 @@ mod tests {
             max_tokens: None,
             tool_variables: json!({"site": {"base_url": "https://x", "allowed_paths": ["/"]}}),
             cache_ttl: None,
-            max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
+            max_tool_calls: DEFAULT_MAX_TOOL_CALLS as u32,
             pause_for_approval: true,
+            output_schema: None,
         }
     }
 
@@ -1259,13 +1388,14 @@ mod tests {
             }]
             .into(),
             max_iterations,
-            history_window: window,
+            history_window: window as u32,
             temperature: None,
             max_tokens: None,
             tool_variables: Value::Null,
             cache_ttl: None,
-            max_tool_calls: DEFAULT_MAX_TOOL_CALLS,
+            max_tool_calls: DEFAULT_MAX_TOOL_CALLS as u32,
             pause_for_approval: true,
+            output_schema: None,
         }
     }
 

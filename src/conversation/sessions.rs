@@ -157,6 +157,7 @@ impl PublicError for SessionError {
                 "stored_bytes": q.used_bytes,
                 "max_storage_mb": q.limit_mb,
             })),
+            SessionError::Turn(t) => t.details(),
             _ => None,
         }
     }
@@ -196,6 +197,25 @@ pub fn check_content(content: &str) -> Result<(), SessionError> {
         });
     }
     Ok(())
+}
+
+/// What a turn is asked: the user's text, and optionally the JSON shape
+/// its answer must have (a message's `response_format`), which replaces
+/// the agent's `output_schema` for this turn. A `String` is a message
+/// with no schema of its own.
+#[derive(Debug, Clone)]
+pub struct TurnInput {
+    pub content: String,
+    pub output_schema: Option<Arc<crate::tools::output_schema::OutputSchema>>,
+}
+
+impl From<String> for TurnInput {
+    fn from(content: String) -> Self {
+        TurnInput {
+            content,
+            output_schema: None,
+        }
+    }
 }
 
 /// A turn handed to a session: its id at once, its outcome later.
@@ -243,6 +263,7 @@ fn paused_outcome(record: &TurnRecord) -> Option<TurnOutcome> {
         iterations: record.model_calls,
         fallback_used: record.fallback,
         finish_reason: None,
+        output: None,
     })
 }
 
@@ -385,14 +406,15 @@ pub fn turn_settings(
         model: agent.model_name.clone(),
         tools: agent.tool_specs(registry, session.plan),
         max_iterations: agent.max_iterations,
-        history_window: agent.history_window,
+        history_window: u32::try_from(agent.history_window).unwrap_or(u32::MAX),
         temperature: agent.temperature,
         max_tokens: agent.max_tokens,
         tool_variables: agent.variables.clone(),
         cache_ttl: None,
-        max_tool_calls: limits.max_tool_calls,
+        max_tool_calls: u32::try_from(limits.max_tool_calls).unwrap_or(u32::MAX),
         // A workflow's agent node has no person to wait for.
         pause_for_approval: !session.metadata["workflow_id"].is_string(),
+        output_schema: agent.output_schema.clone(),
     }
 }
 
@@ -804,6 +826,7 @@ impl Sessions {
             temperature: Some(0.7),
             max_tokens: Some(300),
             purpose: crate::model::Purpose::Suggestions,
+            response_format: None,
         };
         let reply = agent
             .model
@@ -850,6 +873,7 @@ impl Sessions {
             temperature: Some(0.3),
             max_tokens: Some(600),
             purpose: crate::model::Purpose::Improve,
+            response_format: None,
         };
         let reply = agent
             .model
@@ -967,10 +991,14 @@ impl Sessions {
         &self,
         scope: &Scope,
         id: &str,
-        content: String,
+        input: impl Into<TurnInput>,
         events: Option<TurnSink>,
         key: Option<String>,
     ) -> Result<StartedTurn, SessionError> {
+        let TurnInput {
+            content,
+            output_schema,
+        } = input.into();
         check_content(&content)?;
         let session = self.get(scope, id).await?;
         if let Some(key) = &key
@@ -985,7 +1013,10 @@ impl Sessions {
         self.admit_content(&session.tenant, &config, escaped_len(&content))
             .await?;
         let reservation = self.admit_under(&session.tenant, &config).await?;
-        let settings = self.settings_under(&session, &config)?;
+        let mut settings = self.settings_under(&session, &config)?;
+        if output_schema.is_some() {
+            settings.output_schema = output_schema;
+        }
         let handle = self.handle(id).await?;
         let accepted = match handle
             .submit_keyed(
@@ -1132,6 +1163,7 @@ impl Sessions {
                         None => TurnEnd::Failed(super::machine::TurnFailure {
                             code: ErrorCode::InternalError.as_str().to_string(),
                             message: "the turn completed but its outcome was not stored".into(),
+                            details: None,
                         }),
                     });
                 }
@@ -1140,6 +1172,7 @@ impl Sessions {
                         super::machine::TurnFailure {
                             code: ErrorCode::InternalError.as_str().to_string(),
                             message: "the turn failed".into(),
+                            details: None,
                         },
                     )));
                 }

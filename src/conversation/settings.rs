@@ -20,7 +20,9 @@ pub struct TurnSettings {
     /// [`crate::tools::ToolRegistry::specs_for`]).
     pub tools: std::sync::Arc<[ToolSpec]>,
     pub max_iterations: u32,
-    pub history_window: usize,
+    /// (`u32`, as `max_tool_calls`: a resident conversation holds these
+    /// settings inline, and the two pack beside `max_iterations`.)
+    pub history_window: u32,
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
     /// Handed to every tool call (`ExecutionContext.variables`), e.g. the site.
@@ -30,12 +32,15 @@ pub struct TurnSettings {
     /// Tool calls of one model reply that are kept (`[model]
     /// max_tool_calls`); the machine drops the others before anything is
     /// stored or run.
-    pub max_tool_calls: usize,
+    pub max_tool_calls: u32,
     /// A call held for a person's confirmation pauses the turn
     /// (`awaiting_approval`) instead of handing the model the
     /// `CONFIRMATION_REQUIRED` error. Off for sessions a workflow's agent
     /// node runs: no person waits on those.
     pub pause_for_approval: bool,
+    /// The JSON shape the turn's answer must have: the agent's
+    /// `output_schema`, or the message's `response_format` for its turn.
+    pub output_schema: Option<std::sync::Arc<crate::tools::output_schema::OutputSchema>>,
 }
 
 impl TurnSettings {

@@ -63,7 +63,9 @@ use super::error::ApiError;
 use super::idempotency::IdempotencyKey;
 use super::streams::{StreamQuota, StreamSlot};
 use super::turn_log::{Read, Reader, TurnLog, Unread};
+use super::turn_stream::ResponseFormatBody;
 use crate::conversation::machine::{TurnOutcome, TurnStatus};
+use crate::conversation::sessions::TurnInput;
 use crate::conversation::{NewSession, TurnEnd};
 use crate::identity::Scope;
 use crate::model::ChatMessage;
@@ -290,12 +292,12 @@ async fn streamed(
     quota: &StreamQuota,
     scope: &Scope,
     session: &str,
-    content: String,
+    input: TurnInput,
     key: Option<String>,
 ) -> Result<(StreamSlot, Reader, std::sync::Arc<TurnLog>), ApiError> {
     let slot = quota.acquire()?;
     let (reader, log) =
-        super::turn_stream::start_logged(state, scope, session, content, key, Unread::Abandon)
+        super::turn_stream::start_logged(state, scope, session, input, key, Unread::Abandon)
             .await?;
     Ok((slot, reader, log))
 }
@@ -324,6 +326,35 @@ struct ChatRequest {
     stream_options: Option<Value>,
     user: Option<String>,
     n: Option<u64>,
+    /// `{"type": "json_schema", "json_schema": {...}}` and the others of
+    /// [`ResponseFormatBody`]: the answer's shape for this turn.
+    #[serde(default)]
+    response_format: Option<Value>,
+}
+
+/// The turn's input with the answer schema a request asked for (a
+/// `response_format` of chat completions, or the Responses API's
+/// `text.format`, already in the former's shape); a schema cadre cannot
+/// use is a 400 naming `param`.
+fn turn_input(
+    content: String,
+    format: Option<Value>,
+    param: &str,
+) -> Result<TurnInput, Box<Response>> {
+    let format = match format {
+        None | Some(Value::Null) => None,
+        Some(v) => match serde_json::from_value::<ResponseFormatBody>(v) {
+            Ok(f) => Some(f),
+            Err(e) => return Err(Box::new(bad_request(&format!("{param}: {e}"), Some(param)))),
+        },
+    };
+    match super::turn_stream::output_schema(format) {
+        Ok(output_schema) => Ok(TurnInput {
+            content,
+            output_schema,
+        }),
+        Err(e) => Err(Box::new(bad_request(&e.detail().message, Some(param)))),
+    }
 }
 
 async fn chat_completions(
@@ -370,6 +401,10 @@ async fn chat_completions(
             Some("messages"),
         );
     };
+    let input = match turn_input(content, request.response_format.clone(), "response_format") {
+        Ok(i) => i,
+        Err(r) => return *r,
+    };
     let scope = caller.scope();
     let (session, new) = match session_for(
         &state,
@@ -412,11 +447,11 @@ async fn chat_completions(
             .stream_options
             .as_ref()
             .is_some_and(|o| o["include_usage"] == true);
-        let (slot, reader, log) =
-            match streamed(&state, &quota, &scope, &session, content, key).await {
-                Ok(started) => started,
-                Err(e) => return e.into_response(),
-            };
+        let (slot, reader, log) = match streamed(&state, &quota, &scope, &session, input, key).await
+        {
+            Ok(started) => started,
+            Err(e) => return e.into_response(),
+        };
         let id = completion_id(&session, log.turn_id());
         let id_for_usage = id.clone();
         let chunk = move |delta: Value, finish: Option<&str>| {
@@ -479,7 +514,7 @@ async fn chat_completions(
     } else {
         let started = match state
             .sessions
-            .start_turn(&scope, &session, content, None, key)
+            .start_turn(&scope, &session, input, None, key)
             .await
         {
             Ok(s) => s,
@@ -518,6 +553,10 @@ struct ResponseRequest {
     previous_response_id: Option<String>,
     user: Option<String>,
     instructions: Option<String>,
+    /// `{"format": {"type": "json_schema", "name", "schema", "strict"?}}`
+    /// (or `{"type": "text"}`, `{"type": "json_object"}`).
+    #[serde(default)]
+    text: Option<Value>,
 }
 
 /// `chatcmpl-<session>__<turn>`: a completion names its session (a
@@ -601,6 +640,22 @@ async fn create_response(
             Some("input"),
         );
     };
+    // The Responses API's `text.format` flattens `json_schema`'s fields.
+    let format = request.text.as_ref().map(|t| t["format"].clone()).map(|f| {
+        if f["type"] == "json_schema" {
+            let mut inner = f.clone();
+            if let Some(o) = inner.as_object_mut() {
+                o.remove("type");
+            }
+            json!({"type": "json_schema", "json_schema": inner})
+        } else {
+            f
+        }
+    });
+    let input = match turn_input(content, format, "text.format") {
+        Ok(i) => i,
+        Err(r) => return *r,
+    };
     let continues = match &request.previous_response_id {
         Some(previous) => match parse_response_id(previous) {
             Some((session, _)) => Some(session),
@@ -643,7 +698,7 @@ async fn create_response(
     if !request.stream {
         let started = match state
             .sessions
-            .start_turn(&scope, &session, content, None, key)
+            .start_turn(&scope, &session, input, None, key)
             .await
         {
             Ok(s) => s,
@@ -672,7 +727,7 @@ async fn create_response(
         ))
         .into_response();
     }
-    let (slot, reader, log) = match streamed(&state, &quota, &scope, &session, content, key).await {
+    let (slot, reader, log) = match streamed(&state, &quota, &scope, &session, input, key).await {
         Ok(started) => started,
         Err(e) => return e.into_response(),
     };
@@ -720,6 +775,7 @@ async fn create_response(
                         "turn_failed" => Some(TurnEnd::Failed(crate::conversation::machine::TurnFailure {
                             code: data["error"]["code"].as_str().unwrap_or("INTERNAL_ERROR").to_string(),
                             message: data["error"]["message"].as_str().unwrap_or("the turn failed").to_string(),
+                            details: data["error"].get("details").cloned(),
                         })),
                         _ => None,
                     };

@@ -480,13 +480,13 @@ async fn send(
     let scope = caller.scope();
     // An unknown session is 404 before anything else is checked.
     state.sessions.get(&scope, &id).await?;
+    let input = body.into_input()?;
     if respond_async && !wants_stream {
         // The turn runs on, its events logged for whoever follows it
         // (`GET .../turns/{turn_id}/events`); its outcome is stored with
         // its record.
         let (_reader, log) =
-            super::turn_stream::start_logged(&state, &scope, &id, body.content, key, Unread::Keep)
-                .await?;
+            super::turn_stream::start_logged(&state, &scope, &id, input, key, Unread::Keep).await?;
         let turn_id = log.turn_id().to_string();
         if let Some(Extension(turn_slot)) = &turn_slot {
             turn_slot.fill(turn_id.clone());
@@ -502,7 +502,7 @@ async fn send(
     if !wants_stream {
         let started = state
             .sessions
-            .start_turn(&scope, &id, body.content, None, key)
+            .start_turn(&scope, &id, input, None, key)
             .await?;
         if let Some(Extension(turn_slot)) = &turn_slot {
             turn_slot.fill(started.turn_id.clone());
@@ -543,7 +543,7 @@ async fn send(
                 .into_response(),
         });
     }
-    super::turn_stream::stream_turn(&state, &scope, &quota, &id, body.content, key, turn_slot).await
+    super::turn_stream::stream_turn(&state, &scope, &quota, &id, input, key, turn_slot).await
 }
 
 error_responses!(

@@ -41,8 +41,11 @@ use super::turn_log::{self, Frame, Position, Read, Reader, TurnLog, Unread};
 use crate::conversation::TurnEnd;
 use crate::conversation::actor::TurnEvent;
 use crate::conversation::machine::TurnOutcome;
+use crate::conversation::sessions::TurnInput;
 use crate::identity::Scope;
+use crate::model::ResponseFormat;
 use crate::tenants::Principal;
+use crate::tools::output_schema::OutputSchema;
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +56,62 @@ pub(super) struct MessageBody {
         pattern = "[^\\t-\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
     )]
     pub(super) content: String,
+    /// The JSON shape this turn's answer must have, in OpenAI's shape:
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"?,
+    /// "description"?}}` (the schema's root an object), `{"type":
+    /// "json_object"}` (any object) or `{"type": "text"}` (none, the
+    /// default). It replaces the agent's `output_schema` for this turn; the
+    /// reply's `output` holds the parsed answer, or the turn fails with
+    /// `OUTPUT_SCHEMA_VIOLATION`.
+    #[serde(default)]
+    pub(super) response_format: Option<ResponseFormatBody>,
+}
+
+impl MessageBody {
+    /// The turn's input: the text and the schema asked for, checked.
+    pub(super) fn into_input(self) -> Result<TurnInput, ApiError> {
+        Ok(TurnInput {
+            content: self.content,
+            output_schema: output_schema(self.response_format)?,
+        })
+    }
+}
+
+/// A message's `response_format` (OpenAI's shape).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(super) enum ResponseFormatBody {
+    /// No schema: the answer is text.
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// A JSON object matching `json_schema.schema`.
+    JsonSchema { json_schema: ResponseFormat },
+}
+
+/// The compiled schema a `response_format` asks for; a schema that is
+/// not usable is a 422 naming what is wrong.
+pub(super) fn output_schema(
+    format: Option<ResponseFormatBody>,
+) -> Result<Option<Arc<OutputSchema>>, ApiError> {
+    let format = match format {
+        None | Some(ResponseFormatBody::Text) => return Ok(None),
+        Some(ResponseFormatBody::JsonObject) => ResponseFormat {
+            name: "json_object".into(),
+            description: None,
+            schema: serde_json::json!({"type": "object"}),
+            strict: None,
+        },
+        Some(ResponseFormatBody::JsonSchema { json_schema }) => json_schema,
+    };
+    OutputSchema::new(format, true)
+        .map(|s| Some(Arc::new(s)))
+        .map_err(|why| {
+            ApiError::new(
+                crate::error_code::ErrorCode::ValidationError,
+                format!("response_format: {why}"),
+            )
+        })
 }
 
 error_responses!(
@@ -137,7 +196,8 @@ async fn stream_message(
     let scope = caller.scope();
     state.sessions.get(&scope, &id).await?;
     let key = key.map(|Extension(IdempotencyKey(k))| k);
-    stream_turn(&state, &scope, &quota, &id, body.content, key, turn_slot).await
+    let input = body.into_input()?;
+    stream_turn(&state, &scope, &quota, &id, input, key, turn_slot).await
 }
 
 /// Starts a turn and answers its events (see the module doc); a turn
@@ -148,12 +208,12 @@ pub(super) async fn stream_turn(
     scope: &Scope,
     quota: &StreamQuota,
     id: &str,
-    content: String,
+    input: impl Into<TurnInput>,
     key: Option<String>,
     turn_slot: Option<Extension<TurnSlot>>,
 ) -> Result<Response, ApiError> {
     let slot = quota.acquire()?;
-    let (reader, _log) = start_logged(state, scope, id, content, key, Unread::Abandon).await?;
+    let (reader, _log) = start_logged(state, scope, id, input, key, Unread::Abandon).await?;
     if let Some(Extension(turn_slot)) = &turn_slot {
         turn_slot.fill(_log.turn_id().to_string());
     }
@@ -169,14 +229,14 @@ pub(super) async fn start_logged(
     state: &AppState,
     scope: &Scope,
     id: &str,
-    content: String,
+    input: impl Into<TurnInput>,
     key: Option<String>,
     unread: Unread,
 ) -> Result<(Reader, Arc<TurnLog>), ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
     let started = state
         .sessions
-        .start_turn(scope, id, content, Some(tx), key)
+        .start_turn(scope, id, input, Some(tx), key)
         .await?;
     let (log, reader) = state.turn_logs.follow(id, started, rx, unread);
     Ok((reader, log))

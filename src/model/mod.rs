@@ -159,6 +159,53 @@ pub struct ChatRequest {
     pub temperature: Option<f32>,
     pub max_tokens: Option<u32>,
     pub purpose: Purpose,
+    /// The JSON shape the answer must have (a turn of an agent with an
+    /// `output_schema`, or a message that asked for one): sent as
+    /// `response_format` or written into the prompt, as the client's
+    /// [`StructuredOutput`] says.
+    pub response_format: Option<Arc<ResponseFormat>>,
+}
+
+/// The JSON shape a turn's answer must have, in the OpenAI API's
+/// `response_format.json_schema` shape (`{name, description?, schema,
+/// strict?}`): what an agent file's `output_schema` and a message's
+/// `response_format` become, and what goes on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ResponseFormat {
+    /// `^[A-Za-z0-9_-]{1,64}$`.
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON Schema whose root is an object.
+    #[schema(value_type = std::collections::BTreeMap<String, Value>)]
+    pub schema: Value,
+    /// Sent as the endpoint's `strict` flag (OpenAI: only a subset of JSON
+    /// Schema is accepted then). cadre validates the answer either way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// How a client asks an endpoint for a [`ResponseFormat`] (`[model]
+/// structured_output`, and an agent's `[model] structured_output`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StructuredOutput {
+    /// `response_format: {"type": "json_schema", ...}` (OpenAI, vLLM,
+    /// llama.cpp's grammar-backed json_schema).
+    #[default]
+    Native,
+    /// No `response_format`: the schema goes into the prompt as a last
+    /// system message, for endpoints that refuse the field.
+    Prompt,
+}
+
+/// The system message [`StructuredOutput::Prompt`] adds.
+pub fn schema_instruction(format: &ResponseFormat) -> String {
+    format!(
+        "Answer with one JSON value only (no prose, no code fence) that matches this JSON \
+         Schema named {}: {}",
+        format.name, format.schema
+    )
 }
 
 /// The tokens one model call used, as the provider reported them.

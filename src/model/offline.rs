@@ -110,8 +110,217 @@ fn text(content: String) -> ChatResponse {
     }
 }
 
-/// The whole decision, pure.
+/// The whole decision, pure. A turn with an answer schema gets its text
+/// answer as a JSON object of that schema ([`fill_schema`]).
 pub fn route(request: &ChatRequest) -> ChatResponse {
+    let mut reply = route_text(request);
+    if let Some(format) = &request.response_format
+        && request.purpose == Purpose::Turn
+        && reply.tool_calls.is_empty()
+    {
+        let text = reply.content.take().unwrap_or_default();
+        reply.content = Some(typed_answer(request, &format.schema, &text).to_string());
+    }
+    reply
+}
+
+/// The answer of a turn whose reply must match `schema`: filled from the
+/// JSON the turn's tools returned and the question, `text` (the answer it
+/// would have written) for free-text fields.
+fn typed_answer(request: &ChatRequest, schema: &Value, text: &str) -> Value {
+    let last_user = request.messages.iter().rposition(|m| m.role == Role::User);
+    let since_user = last_user.map(|i| &request.messages[i + 1..]).unwrap_or(&[]);
+    let facts: Vec<Value> = since_user
+        .iter()
+        .filter(|m| m.role == Role::Tool)
+        .filter_map(|m| serde_json::from_str(m.content.as_deref()?).ok())
+        .collect();
+    let question = last_user
+        .and_then(|i| request.messages[i].content.as_deref())
+        .unwrap_or_default();
+    fill_schema(schema, "", &Facts::new(&facts, question, text), 0)
+}
+
+/// What a typed answer is filled from: every keyed scalar, array and
+/// object of the turn's tool outputs (first found first), the source ids
+/// they carry, the question and the text answer.
+struct Facts<'a> {
+    keyed: Vec<(String, &'a Value)>,
+    sources: Vec<String>,
+    strings: Vec<&'a str>,
+    question: &'a str,
+    text: &'a str,
+}
+
+impl<'a> Facts<'a> {
+    fn new(outputs: &'a [Value], question: &'a str, text: &'a str) -> Self {
+        let mut facts = Facts {
+            keyed: Vec::new(),
+            sources: Vec::new(),
+            strings: Vec::new(),
+            question,
+            text,
+        };
+        for v in outputs {
+            facts.walk(v, 0);
+        }
+        facts
+    }
+
+    fn walk(&mut self, v: &'a Value, depth: usize) {
+        if depth > 6 {
+            return;
+        }
+        match v {
+            Value::Object(map) => {
+                for (k, child) in map {
+                    if k == "source_id"
+                        && let Some(s) = child.as_str()
+                        && !self.sources.iter().any(|x| x == s)
+                    {
+                        self.sources.push(s.to_string());
+                    }
+                    self.keyed.push((normal_key(k), child));
+                    self.walk(child, depth + 1);
+                }
+            }
+            Value::Array(items) => {
+                for item in items.iter().take(50) {
+                    self.walk(item, depth + 1);
+                }
+            }
+            Value::String(s) => self.strings.push(s),
+            _ => {}
+        }
+    }
+
+    /// The first value under a key named like `name` that `fits`.
+    fn named(&self, name: &str, fits: impl Fn(&Value) -> bool) -> Option<&'a Value> {
+        let name = normal_key(name);
+        self.keyed
+            .iter()
+            .find(|(k, v)| *k == name && fits(v))
+            .map(|(_, v)| *v)
+    }
+}
+
+/// `RSI`, `rsi_value`, `rsiValue` → `rsivalue`-style: lower case, no `_` or `-`.
+fn normal_key(k: &str) -> String {
+    k.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// A value of `schema` for the field `name`, from `facts` (see
+/// [`typed_answer`]): a fact under the field's name when it has the
+/// field's type; an enum value the outputs or the question name, else the
+/// first; the source ids for a list of strings named like sources; the
+/// text answer for another string; a number clamped into its bounds.
+fn fill_schema(schema: &Value, name: &str, facts: &Facts<'_>, depth: usize) -> Value {
+    if depth > 8 {
+        return Value::Null;
+    }
+    if let Some(options) = schema.get("enum").and_then(Value::as_array) {
+        let mentioned = |o: &Value| {
+            let Some(s) = o.as_str() else {
+                return false;
+            };
+            let s = s.to_lowercase();
+            let said = |t: &str| {
+                t.to_lowercase()
+                    .split(|c: char| !c.is_alphanumeric())
+                    .any(|w| w == s)
+            };
+            facts
+                .named(name, |v| {
+                    v.as_str().is_some_and(|v| v.eq_ignore_ascii_case(&s))
+                })
+                .is_some()
+                || facts.strings.iter().any(|t| said(t))
+                || said(facts.question)
+        };
+        return options
+            .iter()
+            .find(|o| mentioned(o))
+            .or(options.first())
+            .cloned()
+            .unwrap_or(Value::Null);
+    }
+    if let Some(c) = schema.get("const") {
+        return c.clone();
+    }
+    let kind = match schema.get("type") {
+        Some(Value::String(t)) => t.as_str(),
+        // `["string", "null"]`: the first that is not null.
+        Some(Value::Array(ts)) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null")
+            .unwrap_or("null"),
+        _ if schema.get("properties").is_some() => "object",
+        _ => "string",
+    };
+    match kind {
+        "object" => {
+            let mut out = Map::new();
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (key, sub) in props {
+                    out.insert(key.clone(), fill_schema(sub, key, facts, depth + 1));
+                }
+            }
+            Value::Object(out)
+        }
+        "array" => {
+            let items = schema.get("items").unwrap_or(&Value::Null);
+            let of_strings = items.get("type").and_then(Value::as_str) == Some("string");
+            let found = facts.named(name, Value::is_array).cloned();
+            let mut list = match found {
+                Some(v) => v,
+                None if of_strings && normal_key(name).contains("source") => json!(facts.sources),
+                None => json!([]),
+            };
+            if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
+                && let Some(a) = list.as_array_mut()
+            {
+                while (a.len() as u64) < min {
+                    a.push(fill_schema(items, name, facts, depth + 1));
+                }
+            }
+            list
+        }
+        "number" | "integer" => {
+            let integer = kind == "integer";
+            let mut n = facts
+                .named(name, Value::is_number)
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
+                n = n.max(min);
+            }
+            if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
+                n = n.min(max);
+            }
+            if integer {
+                json!(n.round() as i64)
+            } else {
+                number(n)
+            }
+        }
+        "boolean" => facts
+            .named(name, Value::is_boolean)
+            .cloned()
+            .unwrap_or(Value::Bool(false)),
+        "null" => Value::Null,
+        _ => match facts.named(name, |v| v.is_string() || v.is_number()) {
+            Some(Value::String(s)) => Value::String(s.clone()),
+            Some(v) => Value::String(v.to_string()),
+            None => Value::String(facts.text.to_string()),
+        },
+    }
+}
+
+fn route_text(request: &ChatRequest) -> ChatResponse {
     match request.purpose {
         Purpose::Turn => {}
         Purpose::Summary => return text(extractive_summary(request)),
@@ -1302,6 +1511,7 @@ mod tests {
             temperature: None,
             max_tokens: None,
             purpose: Purpose::Turn,
+            response_format: None,
         })
     }
 
@@ -1348,6 +1558,7 @@ mod tests {
             temperature: None,
             max_tokens: None,
             purpose: Purpose::Turn,
+            response_format: None,
         });
         let answer = r.content.unwrap();
         assert!(answer.starts_with("Write a brief on BOLT.\n"), "{answer}");
@@ -1364,6 +1575,7 @@ mod tests {
             temperature: None,
             max_tokens: None,
             purpose: Purpose::Turn,
+            response_format: None,
         });
         assert!(plain.content.unwrap().contains("no tools for this agent"));
     }
@@ -1630,6 +1842,7 @@ mod tests {
             temperature: None,
             max_tokens: None,
             purpose: Purpose::Turn,
+            response_format: None,
         });
         assert_eq!(r.content.as_deref(), Some("6*7 = 42"));
     }

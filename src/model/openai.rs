@@ -65,7 +65,7 @@ use futures::{Stream, StreamExt};
 
 use super::{
     ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, FinishReason, ModelEndpoint,
-    ModelError, Role, ToolCall, ToolChoice, Usage,
+    ModelError, Role, StructuredOutput, ToolCall, ToolChoice, Usage,
 };
 use crate::retry::Backoff;
 
@@ -88,6 +88,8 @@ pub struct ClientOptions {
     pub max_retry_after: Duration,
     /// Bytes read per reply, streamed or not; more is `InvalidResponse`.
     pub max_reply_bytes: usize,
+    /// How a turn's answer schema is asked for (`[model] structured_output`).
+    pub structured_output: StructuredOutput,
 }
 
 /// `[model] max_reply_bytes` unless configured.
@@ -101,6 +103,7 @@ impl Default for ClientOptions {
             retry_base_delay: Duration::from_millis(250),
             max_retry_after: Duration::from_secs(30),
             max_reply_bytes: DEFAULT_MAX_REPLY_BYTES,
+            structured_output: StructuredOutput::Native,
         }
     }
 }
@@ -282,7 +285,7 @@ impl OpenAiModel {
         } else {
             request.model.clone()
         };
-        to_wire(request, model)
+        to_wire(request, model, self.options.structured_output)
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or the retries
@@ -748,8 +751,29 @@ fn from_wire_names(mut response: ChatResponse, request: &ChatRequest) -> ChatRes
     response
 }
 
-fn to_wire(request: &ChatRequest, model: String) -> oa::CreateChatCompletionRequest {
-    let messages = request.messages.iter().map(message_to_wire).collect();
+fn to_wire(
+    request: &ChatRequest,
+    model: String,
+    structured: StructuredOutput,
+) -> oa::CreateChatCompletionRequest {
+    let mut messages: Vec<_> = request.messages.iter().map(message_to_wire).collect();
+    let response_format = match (&request.response_format, structured) {
+        (None, _) => None,
+        (Some(f), StructuredOutput::Native) => Some(oa::ResponseFormat::JsonSchema {
+            json_schema: oa::ResponseFormatJsonSchema {
+                description: f.description.clone(),
+                name: f.name.clone(),
+                schema: f.schema.clone(),
+                strict: f.strict,
+            },
+        }),
+        (Some(f), StructuredOutput::Prompt) => {
+            messages.push(
+                oa::ChatCompletionRequestSystemMessage::from(super::schema_instruction(f)).into(),
+            );
+            None
+        }
+    };
     let tools = if request.tools.is_empty() {
         None
     } else {
@@ -783,6 +807,7 @@ fn to_wire(request: &ChatRequest, model: String) -> oa::CreateChatCompletionRequ
         tool_choice,
         temperature: request.temperature,
         max_completion_tokens: request.max_tokens,
+        response_format,
         ..Default::default()
     }
 }
@@ -844,8 +869,10 @@ mod wire_name_tests {
             temperature: None,
             max_tokens: None,
             purpose: Default::default(),
+            response_format: None,
         };
-        let wire = serde_json::to_value(to_wire(&request, "m".into())).unwrap();
+        let wire =
+            serde_json::to_value(to_wire(&request, "m".into(), StructuredOutput::Native)).unwrap();
         let names: Vec<&str> = wire["tools"]
             .as_array()
             .unwrap()

@@ -14,6 +14,7 @@ pub mod delegate;
 pub mod external;
 pub mod loader;
 pub mod outcome;
+pub mod output_schema;
 pub mod process;
 pub mod registry;
 pub mod remote_agent;

@@ -445,8 +445,10 @@ impl Performer {
             };
             let (error, retryable) = match result {
                 Ok(Ok(outcome)) => {
+                    // A typed answer is the node's output as JSON, so
+                    // later nodes read its fields (`{{nodes.x.output.symbol}}`).
                     return Outcome::Succeeded {
-                        output: Value::String(outcome.answer),
+                        output: outcome.output.unwrap_or(Value::String(outcome.answer)),
                         attempts,
                         session_id: Some(session_id),
                     };
