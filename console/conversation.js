@@ -5,6 +5,8 @@
 //
 // GET /v1/sessions/{id}/export ──▶ messages + call records (matched by tool_call_id)
 // GET /v1/sessions/{id}/summary ──▶ rolling summary, tool usage, tokens
+// GET /v1/sessions/{id}/turns ──▶ typed answers (`outcome.output`) under their
+//   assistant message; failed turns (a guardrail, a schema miss) in place
 // POST /v1/sessions/{id}/messages (Accept: text/event-stream) ──▶ live turn
 // POST /v1/confirmations/{id} ──▶ the paused turn resumes; its record is polled
 //
@@ -43,13 +45,14 @@ export async function conversationView(main, id) {
   const live = h("div", { class: "live-turn", "aria-live": "polite" });
 
   async function refresh() {
-    const [doc, summary, confirmations] = await Promise.all([
+    const [doc, summary, confirmations, turns] = await Promise.all([
       api.get(base + "/export"),
       api.get(base + "/summary"),
       api.get("/v1/confirmations?limit=200").catch(() => ({ confirmations: [] })),
+      api.get(base + "/turns?limit=1000").catch(() => ({ turns: [] })),
     ]);
     renderHeader(header, doc.session);
-    renderMessages(log, doc.messages || [], doc.calls || []);
+    renderMessages(log, doc.messages || [], doc.calls || [], turns.turns || []);
     renderSide(side, summary);
     const asked = new Set();
     for (const m of doc.messages || []) for (const c of m.tool_calls || []) asked.add(c.id);
@@ -179,6 +182,7 @@ export async function conversationView(main, id) {
             if (data.error) put(li, h("p", { class: "error" }, data.error));
           } else if (name === "turn_completed") {
             ended = "completed";
+            if (data.output !== undefined) put(answer, typedAnswer(data.output));
             state.textContent = "Turn completed.";
           } else if (name === "turn_paused") {
             ended = "paused";
@@ -277,11 +281,54 @@ function agentTool(name, record) {
   return null;
 }
 
-function renderMessages(el, messages, records) {
+// A turn's typed answer: the parsed object its schema promised.
+function typedAnswer(output) {
+  return h("details", { class: "typed-answer", open: true }, h("summary", {}, "Typed answer (output)"), json(output));
+}
+
+// A turn that ended without an answer: its code, message and what refused it.
+function failedTurn(t) {
+  const e = t.error || {};
+  const d = e.details || {};
+  return h(
+    "li",
+    { class: "msg turn-failed", dataset: { turn: t.turn_id, code: e.code || "" } },
+    h("span", { class: "role" }, "turn failed ", h("small", {}, time(t.updated_at))),
+    h("p", { class: "error" }, (e.code || "FAILED") + ": " + (e.message || "")),
+    d.guardrail ? h("p", { class: "muted" }, "Guardrail " + d.guardrail + " (" + d.stage + ")") : null,
+    d.errors ? h("details", {}, h("summary", {}, "Schema errors"), json(d.errors)) : null
+  );
+}
+
+function renderMessages(el, messages, records, turns) {
   clear(el);
   const byCall = new Map(records.filter((r) => r.tool_call_id).map((r) => [r.tool_call_id, r]));
-  for (const m of messages) {
-    if (m.role === "tool" || m.role === "system") continue;
+  // Each turn's messages run from its first_seq to the next turn's.
+  const sorted = [...(turns || [])].sort((a, b) => a.first_seq - b.first_seq);
+  const typed = new Map();
+  const failed = [];
+  sorted.forEach((t, i) => {
+    const end = i + 1 < sorted.length ? sorted[i + 1].first_seq : Infinity;
+    if (t.outcome && t.outcome.output !== undefined) {
+      const last = messages.filter((m) => m.role === "assistant" && m.seq >= t.first_seq && m.seq < end).at(-1);
+      if (last) typed.set(last.seq, t.outcome.output);
+    }
+    if (t.phase === "failed") failed.push(t);
+  });
+  const failedAfter = (seq, next) => failed.filter((t) => t.first_seq >= seq && t.first_seq < next);
+  if (messages.length) for (const t of failedAfter(-Infinity, messages[0].seq)) put(el, failedTurn(t));
+  messages.forEach((m, i) => {
+    renderMessage(el, m, byCall, typed);
+    const next = i + 1 < messages.length ? messages[i + 1].seq : Infinity;
+    for (const t of failedAfter(m.seq, next)) put(el, failedTurn(t));
+  });
+  if (!messages.length) for (const t of failed) put(el, failedTurn(t));
+  if (!el.children.length) put(el, h("li", { class: "muted" }, "No messages yet: send the first one below."));
+}
+
+function renderMessage(el, m, byCall, typed) {
+  {
+    if (m.role === "tool" || m.role === "system") return;
     const asked = m.tool_calls || [];
     const li = h(
       "li",
@@ -290,11 +337,11 @@ function renderMessages(el, messages, records) {
       asked.length
         ? h("ul", { class: "calls", "aria-label": "Tool calls" }, asked.map((c) => callItem(c, byCall.get(c.id))))
         : null,
-      m.content ? h("div", { class: "content" }, typeof m.content === "string" ? m.content : JSON.stringify(m.content)) : null
+      m.content ? h("div", { class: "content" }, typeof m.content === "string" ? m.content : JSON.stringify(m.content)) : null,
+      typed.has(m.seq) ? typedAnswer(typed.get(m.seq)) : null
     );
     put(el, li);
   }
-  if (!el.children.length) put(el, h("li", { class: "muted" }, "No messages yet: send the first one below."));
 }
 
 function callItem(asked, record) {
