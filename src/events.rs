@@ -99,6 +99,16 @@ pub enum EventKind {
         server: String,
         reason: String,
     },
+    /// A guardrail blocked (`action = "block"`), redacted or rewrote what
+    /// it checked at `stage`; `tool` on tool stages. Never the text checked.
+    GuardrailTripped {
+        guardrail: String,
+        stage: String,
+        action: String,
+        session_id: Option<String>,
+        turn_id: Option<String>,
+        tool: Option<String>,
+    },
 }
 
 impl EventKind {
@@ -121,6 +131,7 @@ impl EventKind {
             EventKind::ExecutionFailed { .. } => "execution_failed",
             EventKind::McpServerUp { .. } => "mcp_server_up",
             EventKind::McpServerDown { .. } => "mcp_server_down",
+            EventKind::GuardrailTripped { .. } => "guardrail_tripped",
         }
     }
 }
@@ -250,5 +261,22 @@ mod tests {
         assert_eq!(json["type"], "tool_removed");
         assert_eq!(json["tool"], "x");
         assert_eq!(rx.recv().await.unwrap().kind.name(), "reload_completed");
+    }
+
+    #[test]
+    fn a_guardrail_event_is_named_by_its_type_tag() {
+        let kind = EventKind::GuardrailTripped {
+            guardrail: "pii".into(),
+            stage: "output".into(),
+            action: "redact".into(),
+            session_id: Some("s1".into()),
+            turn_id: None,
+            tool: None,
+        };
+        let json = serde_json::to_value(&kind).unwrap();
+        assert_eq!(json["type"], kind.name());
+        assert_eq!(json["type"], "guardrail_tripped");
+        assert_eq!(json["stage"], "output");
+        assert_eq!(serde_json::from_value::<EventKind>(json).unwrap(), kind);
     }
 }

@@ -46,6 +46,7 @@
 //! agents                          agent definitions
 //! executor                        the one gate of every tool call
 //! tenants                         API keys, per-tenant config
+//! guardrails                      checks before and after the model and tools
 //! tools                           definitions, registry, builtin handlers
 //! store                           redb
 //! model                           the model clients and chat types
@@ -62,6 +63,7 @@ pub mod conversation;
 pub mod error_code;
 pub mod events;
 pub mod executor;
+pub mod guardrails;
 pub mod http;
 pub mod identity;
 pub mod mcp;

@@ -21,6 +21,12 @@
 //! `tenant="_other",agent="_other"`, so a runaway set of tenants cannot grow
 //! the scrape without bound. The unlabelled `cadre_turns_*_total` counters
 //! stay (the sums over every pair).
+//!
+//! Guardrails: `cadre_guardrail_trips_total{guardrail,stage}` (blocks) and
+//! `cadre_guardrail_rewrites_total{guardrail,stage}` (redactions and
+//! rewrites). Guardrail names come from agent files and tenant configs;
+//! past [`MAX_GUARDRAIL_SERIES`] distinct (guardrail, stage) pairs a new
+//! pair counts under `guardrail="_other"` with its stage.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -89,6 +95,9 @@ pub struct Metrics {
     /// (tenant, agent) -> turns and tokens; at most [`MAX_AGENT_SERIES`]
     /// pairs, the rest under [`OVERFLOW`].
     per_agent: Mutex<BTreeMap<(String, String), AgentCounters>>,
+    /// (guardrail, stage) -> [blocks, redactions and rewrites]; at most
+    /// [`MAX_GUARDRAIL_SERIES`] pairs, the rest under [`OVERFLOW`].
+    guardrails: Mutex<BTreeMap<(String, String), [u64; 2]>>,
 }
 
 /// The `tool` label of calls naming no registered tool (invented names
@@ -97,8 +106,12 @@ pub const UNREGISTERED: &str = "_unregistered";
 
 /// How many distinct (tenant, agent) pairs get series of their own.
 pub const MAX_AGENT_SERIES: usize = 1000;
-/// The tenant and agent label of the pairs past [`MAX_AGENT_SERIES`].
+/// The tenant and agent label of the pairs past [`MAX_AGENT_SERIES`]
+/// (and the guardrail label of the pairs past [`MAX_GUARDRAIL_SERIES`]).
 pub const OVERFLOW: &str = "_other";
+
+/// How many distinct (guardrail, stage) pairs get series of their own.
+pub const MAX_GUARDRAIL_SERIES: usize = 1000;
 
 /// How a turn ended, for the turn counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +181,20 @@ impl Metrics {
         *calls
             .entry((tool.to_string(), outcome.to_string()))
             .or_default() += 1;
+    }
+
+    /// A guardrail at `stage` blocked (`blocked`), or redacted or rewrote
+    /// what it checked. Plain strings: this module sits below `guardrails`.
+    pub fn guardrail(&self, guardrail: &str, stage: &str, blocked: bool) {
+        let mut pairs = self.guardrails.lock().expect("metrics lock");
+        let key = (guardrail.to_string(), stage.to_string());
+        let key = if pairs.contains_key(&key) || pairs.len() < MAX_GUARDRAIL_SERIES {
+            key
+        } else {
+            (OVERFLOW.to_string(), stage.to_string())
+        };
+        let counts = pairs.entry(key).or_default();
+        counts[usize::from(!blocked)] += 1;
     }
 
     fn counter(out: &mut String, name: &str, help: &str, v: &AtomicU64) {
@@ -248,6 +275,31 @@ impl Metrics {
                 escape(tool),
                 escape(outcome)
             );
+        }
+        let guardrails = self.guardrails.lock().expect("metrics lock").clone();
+        for (i, (name, help)) in [
+            (
+                "cadre_guardrail_trips_total",
+                "Subjects blocked, by guardrail and stage.",
+            ),
+            (
+                "cadre_guardrail_rewrites_total",
+                "Subjects redacted or rewritten, by guardrail and stage.",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for ((guardrail, stage), counts) in &guardrails {
+                let _ = writeln!(
+                    out,
+                    "{name}{{guardrail=\"{}\",stage=\"{}\"}} {}",
+                    escape(guardrail),
+                    escape(stage),
+                    counts[i]
+                );
+            }
         }
         let pairs = self.per_agent.lock().expect("metrics lock").clone();
         let _ = writeln!(
@@ -455,6 +507,36 @@ mod tests {
         ] {
             assert!(out.contains(line), "no {line} in\n{out}");
         }
+    }
+
+    #[test]
+    fn guardrail_trips_and_rewrites_count_apart_and_are_bounded() {
+        let m = Metrics::default();
+        m.guardrail("pii", "output", false);
+        m.guardrail("pii", "output", false);
+        m.guardrail("pii", "output", true);
+        m.guardrail("topics", "input", true);
+        for i in 0..MAX_GUARDRAIL_SERIES {
+            m.guardrail(&format!("g{i}"), "tool_output", true);
+        }
+        let mut out = String::new();
+        m.render(&mut out);
+        for line in [
+            "# TYPE cadre_guardrail_trips_total counter",
+            "cadre_guardrail_trips_total{guardrail=\"pii\",stage=\"output\"} 1",
+            "cadre_guardrail_rewrites_total{guardrail=\"pii\",stage=\"output\"} 2",
+            "cadre_guardrail_trips_total{guardrail=\"topics\",stage=\"input\"} 1",
+            "cadre_guardrail_rewrites_total{guardrail=\"topics\",stage=\"input\"} 0",
+            // Two pairs were there first: the last two names count as `_other`.
+            "cadre_guardrail_trips_total{guardrail=\"_other\",stage=\"tool_output\"} 2",
+        ] {
+            assert!(out.contains(line), "no {line} in the scrape");
+        }
+        let series = out
+            .lines()
+            .filter(|l| l.starts_with("cadre_guardrail_trips_total{"))
+            .count();
+        assert_eq!(series, MAX_GUARDRAIL_SERIES + 1);
     }
 
     #[test]
