@@ -42,6 +42,7 @@ fn session(tenant: &str, metadata: &Value) -> Session {
 
 fn call(tenant: &str) -> ToolCallRecord {
     ToolCallRecord {
+        guardrails: Vec::new(),
         cached: false,
         record_id: uuid::Uuid::now_v7().to_string(),
         tool_name: "calculator".into(),

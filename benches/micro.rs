@@ -245,7 +245,7 @@ fn settings() -> TurnSettings {
         cache_ttl: None,
         max_tool_calls: cadre::conversation::machine::DEFAULT_MAX_TOOL_CALLS as u32,
         pause_for_approval: true,
-        output_schema: None,
+        rules: None,
     }
 }
 

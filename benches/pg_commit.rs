@@ -47,6 +47,7 @@ fn turn_ops(id: &str, epoch: u64, turn: u64) -> Vec<WriteOp> {
         rolled_back: false,
     };
     let record = ToolCallRecord {
+        guardrails: Vec::new(),
         cached: false,
         record_id: format!("{id}-{turn:08}"),
         tool_name: "calculator".into(),

@@ -144,6 +144,10 @@ pub struct AgentFile {
     /// (relative to the agents directory).
     #[serde(default)]
     pub output_schema: Option<OutputSchemaEntry>,
+    /// Checks of the message, the answer and the tool calls
+    /// ([`crate::guardrails`]; a tenant's run before them).
+    #[serde(default)]
+    pub guardrails: Vec<crate::guardrails::GuardrailConfig>,
 }
 
 /// `output_schema` as written: an inline JSON Schema, or a file's path.
@@ -296,6 +300,8 @@ pub struct Agent {
     pub multitask: Multitask,
     /// The JSON shape of every answer, when the file declares one.
     pub output_schema: Option<Arc<OutputSchema>>,
+    /// Its guardrails, compiled (a tenant's run before them).
+    pub guardrails: crate::guardrails::Guardrails,
 }
 
 impl Agent {
@@ -369,6 +375,20 @@ impl Agent {
             structured_output: over.structured_output.unwrap_or(options.structured_output),
             ..options.clone()
         };
+        let guardrails = crate::guardrails::Guardrails::compile(&file.guardrails).map_err(|e| {
+            ConfigError::Invalid {
+                agent: file.name.clone(),
+                message: format!("guardrails: {e}"),
+            }
+        })?;
+        for tool in guardrails.tools_called() {
+            if !registry.knows(tool) {
+                return Err(ConfigError::Invalid {
+                    agent: file.name.clone(),
+                    message: format!("a guardrail names tool '{tool}', which is not registered"),
+                });
+            }
+        }
         let output_schema = match &file.output_schema {
             None => None,
             Some(OutputSchemaEntry::Path(_)) => {
@@ -462,6 +482,7 @@ impl Agent {
             single_tool_use: file.single_tool_use,
             multitask: file.multitask,
             output_schema,
+            guardrails,
         })
     }
 

@@ -47,6 +47,7 @@ async fn hold(store: &Store, tenant: &str, n: usize) -> Held {
             created_at: Timestamp::now(),
         };
         let record = ToolCallRecord {
+            guardrails: Vec::new(),
             cached: false,
             record_id: uuid::Uuid::now_v7().to_string(),
             tool_name: if i % 2 == 0 { "calculator" } else { "echo" }.into(),

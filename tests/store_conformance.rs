@@ -65,6 +65,7 @@ fn append(session_id: &str, from: u64, texts: &[&str]) -> WriteOp {
 /// Record ids sort as they are made (like UUID v7): `r0001` < `r0002`.
 fn call(n: u32, tenant: &str, tool: &str, conv: Option<&str>, wf: Option<&str>) -> ToolCallRecord {
     ToolCallRecord {
+        guardrails: Vec::new(),
         cached: false,
         record_id: format!("r{n:04}"),
         tool_name: tool.into(),
@@ -876,6 +877,7 @@ fn schema_2_message(seq: u64) -> StoredMessage {
 /// The direct call's record of [`schema_2_data_dir`], at a fixed time.
 fn schema_2_call() -> ToolCallRecord {
     ToolCallRecord {
+        guardrails: Vec::new(),
         created_at: "2025-01-02T03:04:05.5Z".parse().unwrap(),
         ..call(9, "acme", "calculator", None, None)
     }

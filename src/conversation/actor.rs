@@ -139,6 +139,8 @@ use super::resume::{self, Resolution};
 use crate::agents::Agent;
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
+use crate::executor::guarded::GuardrailChecks;
+use crate::guardrails::{Guardrails, Stage, Subject, Tripped};
 use crate::metrics::{Metrics, TurnEnd};
 use crate::model::{ChatMessage, ModelError};
 use crate::store::turns::TurnWrite;
@@ -220,6 +222,19 @@ impl PublicError for TurnError {
             TurnError::Interrupted => "a newer message in this session interrupted this turn (the agent's multitask is interrupt or rollback); what it stored so far is kept".into(),
             TurnError::Rejected(r) => r.message.clone(),
         }
+    }
+}
+
+/// How a guardrail's block ends a turn: `GUARDRAIL_TRIPPED` (422) with
+/// the guardrail's public message, naming it and its stage.
+pub fn tripped_rejection(tripped: &Tripped) -> super::machine::Rejection {
+    super::machine::Rejection {
+        code: ErrorCode::GuardrailTripped,
+        message: tripped.message.clone(),
+        details: serde_json::json!({
+            "guardrail": tripped.guardrail,
+            "stage": tripped.stage.as_str(),
+        }),
     }
 }
 
@@ -893,7 +908,13 @@ impl Conversation {
         match step.action {
             Action::CallModel(request) => {
                 let model = self.agent.model.clone();
-                let sink = self.current.as_ref().and_then(|c| c.events.clone());
+                // A checked answer is streamed whole once it passed
+                // ([`Self::finish`]), never in deltas before.
+                let sink = self
+                    .current
+                    .as_ref()
+                    .and_then(|c| c.events.clone())
+                    .filter(|_| !self.machine.settings().holds_answer());
                 let span = tracing::info_span!(
                     parent: self.turn_span(),
                     "gen_ai.chat",
@@ -990,6 +1011,14 @@ impl Conversation {
                 record_to.record("gen_ai.response.tool_calls", reply.tool_calls.len());
                 self.unsaved_usage
                     .add(&TokenUsage::of_reply(reply.usage.as_ref()));
+                if let Some(guardrails) = self.machine.settings().guardrails()
+                    && guardrails.has_stage(Stage::Output)
+                    && self.machine.is_answer(&reply)
+                {
+                    let guardrails = guardrails.clone();
+                    self.check_answer(guardrails, reply, ctx);
+                    return;
+                }
                 match self.machine.on_model_reply(reply) {
                     Ok(step) => self.perform(step, ctx),
                     Err(e) => self.out_of_step(e, ctx),
@@ -1008,6 +1037,63 @@ impl Conversation {
                 self.fail(e, ctx)
             }
         }
+    }
+
+    /// The `output` guardrails on the final answer, before the machine
+    /// stores it (see [`crate::guardrails`]): a block fails the turn with
+    /// `GUARDRAIL_TRIPPED` and nothing of the answer is stored or sent; a
+    /// redaction or rewrite is what the machine gets. The check can be
+    /// cut like the model call it follows.
+    fn check_answer(
+        &mut self,
+        guardrails: Guardrails,
+        mut reply: crate::model::ChatResponse,
+        ctx: &mut Context<Self>,
+    ) {
+        let text = reply.content.take().unwrap_or_default();
+        let mut checked_ctx = self.execution_context();
+        checked_ctx.cut = self.current.as_ref().map(|c| c.cut.clone());
+        let shared = self.executor.shared().clone();
+        let (session, turn) = (
+            self.session.id.clone(),
+            self.machine.turn_id().map(str::to_string),
+        );
+        let check = async move {
+            let checks = GuardrailChecks {
+                registry: &shared.registry,
+                config: &shared.config,
+                ctx: &checked_ctx,
+            };
+            let checked = guardrails
+                .run(Stage::Output, None, Subject::Text(text), &checks)
+                .await;
+            crate::executor::guarded::note(
+                &shared.metrics,
+                &shared.events,
+                &checked,
+                Some(&session),
+                turn.as_deref(),
+                None,
+            );
+            checked
+        };
+        let turn_gen = self.turn_gen;
+        let handle = ctx.spawn(check.into_actor(self).map(move |checked, act, ctx| {
+            act.model_call = None;
+            if act.turn_gen != turn_gen {
+                return;
+            }
+            if let Some(tripped) = checked.tripped {
+                act.fail(TurnError::Rejected(Box::new(tripped_rejection(&tripped))), ctx);
+                return;
+            }
+            reply.content = checked.subject.into_text();
+            match act.machine.on_model_reply(reply) {
+                Ok(step) => act.perform(step, ctx),
+                Err(e) => act.out_of_step(e, ctx),
+            }
+        }));
+        self.model_call = Some(handle);
     }
 
     /// Folds the history into the summary, then asks the turn's request
@@ -1109,6 +1195,11 @@ impl Conversation {
             ctx.address().recipient(),
             deadline,
             span,
+            self.machine
+                .settings()
+                .guardrails()
+                .cloned()
+                .unwrap_or_default(),
         );
     }
 
@@ -1131,6 +1222,11 @@ impl Conversation {
                         TurnEnd::Completed,
                     );
                     act.metrics.turn_latency.observe(current.started.elapsed());
+                    if act.machine.settings().holds_answer() && !outcome.answer.is_empty() {
+                        current.emit(TurnEvent::ModelDelta {
+                            text: outcome.answer.clone(),
+                        });
+                    }
                     current.emit(TurnEvent::TurnCompleted(Box::new(outcome.clone())));
                 } else {
                     act.metrics
@@ -1914,6 +2010,40 @@ impl Handler<RecordMessage> for Conversation {
     }
 }
 
+/// Records a message an `input` guardrail refused as a failed turn of its
+/// own (nothing of the message is stored, and no running turn is cut):
+/// answers its id once the record is durable.
+#[derive(Message)]
+#[rtype(result = "Result<String, TurnError>")]
+pub struct Refuse {
+    pub rejection: super::machine::Rejection,
+    pub key: Option<String>,
+}
+
+impl Handler<Refuse> for Conversation {
+    type Result = ResponseFuture<Result<String, TurnError>>;
+
+    fn handle(&mut self, msg: Refuse, _: &mut Context<Self>) -> Self::Result {
+        let turn_id = uuid::Uuid::now_v7().to_string();
+        let record = self.machine.refused_record(
+            turn_id.clone(),
+            msg.key,
+            TurnFailure {
+                code: msg.rejection.code.as_str().to_string(),
+                message: msg.rejection.message,
+                details: Some(msg.rejection.details),
+            },
+        );
+        let ops = self.writer.fenced(vec![self.record_op(&record)]);
+        let store = self.store.clone();
+        let generation = self.generation;
+        Box::pin(async move {
+            store.write_at(generation, ops, true).await?;
+            Ok(turn_id)
+        })
+    }
+}
+
 impl Handler<Retire> for Conversation {
     type Result = ResponseFuture<Result<(), TurnError>>;
 
@@ -2041,6 +2171,18 @@ impl ConversationHandle {
             .await
             .ok()
             .flatten()
+    }
+
+    /// Records a refused message as a failed turn ([`Refuse`]); its id.
+    pub async fn refuse(
+        &self,
+        rejection: super::machine::Rejection,
+        key: Option<String>,
+    ) -> Result<String, TurnError> {
+        self.addr
+            .send(Refuse { rejection, key })
+            .await
+            .unwrap_or(Err(TurnError::Unavailable))
     }
 
     pub async fn record(&self, message: ChatMessage) -> Result<u64, TurnError> {

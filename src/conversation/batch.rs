@@ -16,6 +16,7 @@
 //! refuses any other (`TOOL_NOT_OFFERED`), so a reply naming another agent's
 //! tool, or any tool for an agent with none, runs nothing.
 
+use crate::guardrails::Guardrails;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +53,8 @@ pub struct ToolSubAgent {
     reported: bool,
     /// Each call's span is a child of this one (the turn's tool batch).
     span: tracing::Span,
+    /// The turn's guardrails: the executor runs their tool stages.
+    guardrails: Guardrails,
 }
 
 impl ToolSubAgent {
@@ -67,6 +70,7 @@ impl ToolSubAgent {
         reply_to: Recipient<ToolBatchReport>,
         deadline: Duration,
         span: tracing::Span,
+        guardrails: Guardrails,
     ) {
         let results = vec![None; calls.len()];
         ToolSubAgent {
@@ -81,6 +85,7 @@ impl ToolSubAgent {
             deadline,
             reported: false,
             span,
+            guardrails,
         }
         .start();
     }
@@ -167,6 +172,7 @@ impl Actor for ToolSubAgent {
                 request.ctx.idempotency_key = Some(format!("{session}:{turn}:{}", call.id));
             }
             request.offered = Some(self.offered.clone());
+            request.guardrails = self.guardrails.clone();
             request.span = tracing::info_span!(
                 parent: &self.span,
                 "tool_call",

@@ -626,7 +626,7 @@ impl ConversationMachine {
             calls: Vec::new(),
             fallback: false,
             arguments: Vec::new(),
-            output: self.settings.output_schema.clone(),
+            output: self.settings.output_schema().cloned(),
             output_retried: false,
         }));
         let request = self.request();
@@ -635,6 +635,31 @@ impl ConversationMachine {
             record: self.turn_record(),
             action: Action::CallModel(request),
         })
+    }
+
+    /// The record of a turn refused before it started (an `input`
+    /// guardrail): failed at once, with no message of its own; numbered
+    /// where its message would have been.
+    pub fn refused_record(&self, id: String, key: Option<String>, error: TurnFailure) -> TurnRecord {
+        let now = Timestamp::now();
+        TurnRecord {
+            turn_id: id,
+            phase: Phase::Failed,
+            first_seq: self.next_seq,
+            rounds: 0,
+            model_calls: 0,
+            fallback: false,
+            tool_calls: Vec::new(),
+            outcome: None,
+            error: Some(error),
+            idempotency_key: key,
+            rolled_back: false,
+            resumes: 0,
+            response_format: None,
+            output_retried: false,
+            started_at: now,
+            updated_at: now,
+        }
     }
 
     /// The running turn's id.
@@ -647,6 +672,12 @@ impl ConversationMachine {
         self.turn
             .as_ref()
             .map(|t| snapshot(t, t.phase.clone(), Timestamp::now()))
+    }
+
+    /// `reply` is the turn's answer (no tool calls, or the final call
+    /// after the last round): what `output` guardrails check.
+    pub fn is_answer(&self, reply: &ChatResponse) -> bool {
+        reply.tool_calls.is_empty() || self.turn.as_ref().is_some_and(|t| t.fallback)
     }
 
     pub fn on_model_reply(&mut self, mut reply: ChatResponse) -> Result<Step, MachineError> {
@@ -991,7 +1022,7 @@ impl ConversationMachine {
             // The message's schema, from the record; else the agent's.
             output: match record.response_format {
                 Some(format) => OutputSchema::new(format, true).ok().map(Arc::new),
-                None => self.settings.output_schema.clone(),
+                None => self.settings.output_schema().cloned(),
             },
             output_retried: record.output_retried,
         };
@@ -1343,7 +1374,7 @@ mod tests {
             cache_ttl: None,
             max_tool_calls: DEFAULT_MAX_TOOL_CALLS as u32,
             pause_for_approval: true,
-            output_schema: None,
+            rules: None,
         }
     }
 
@@ -1395,7 +1426,7 @@ mod tests {
             cache_ttl: None,
             max_tool_calls: DEFAULT_MAX_TOOL_CALLS as u32,
             pause_for_approval: true,
-            output_schema: None,
+            rules: None,
         }
     }
 

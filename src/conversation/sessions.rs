@@ -81,6 +81,7 @@ use super::summary::ToolUsageSummary;
 use crate::agents::{Agent, Agents};
 use crate::error_code::{ErrorCode, PublicError};
 use crate::executor::ExecutorHandle;
+use crate::guardrails::{GuardrailConfig, Guardrails, Stage, Subject};
 use crate::identity::Scope;
 use crate::metrics::Metrics;
 use crate::model::ChatMessage;
@@ -414,7 +415,10 @@ pub fn turn_settings(
         max_tool_calls: u32::try_from(limits.max_tool_calls).unwrap_or(u32::MAX),
         // A workflow's agent node has no person to wait for.
         pause_for_approval: !session.metadata["workflow_id"].is_string(),
-        output_schema: agent.output_schema.clone(),
+        rules: super::settings::TurnRules::of(
+            agent.output_schema.clone(),
+            agent.guardrails.clone(),
+        ),
     }
 }
 
@@ -518,6 +522,9 @@ struct Inner {
     /// Held while a child session is found or opened, so two asks of one
     /// agent from one session open one child.
     opening_children: tokio::sync::Mutex<()>,
+    /// Each tenant's guardrails as compiled from its config, with the
+    /// list they were compiled from (compiled again when it changes).
+    tenant_guardrails: Mutex<HashMap<String, (Vec<GuardrailConfig>, Guardrails)>>,
 }
 
 /// The conversation layer behind the `ask_` tools' seam.
@@ -572,6 +579,7 @@ impl Sessions {
         let inner = Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
             delegation: Arc::new(AskThrough(weak.clone())),
             opening_children: tokio::sync::Mutex::new(()),
+            tenant_guardrails: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             deleting: Mutex::new(HashSet::new()),
             store,
@@ -1010,12 +1018,21 @@ impl Sessions {
         // The tenant's config, read once for the turn: its budget and its
         // overrides of the agent's settings.
         let config = self.tenant_config(&session.tenant).await?;
+        let mut settings = self.settings_under(&session, &config)?;
+        // Nothing a guardrail refuses is stored, counted or sent.
+        let content = match settings.guardrails().filter(|g| g.has_stage(Stage::Input)) {
+            Some(g) => {
+                let g = g.clone();
+                self.check_input(&session, &g, content, key.clone()).await?
+            }
+            None => content,
+        };
+        check_content(&content)?;
         self.admit_content(&session.tenant, &config, escaped_len(&content))
             .await?;
         let reservation = self.admit_under(&session.tenant, &config).await?;
-        let mut settings = self.settings_under(&session, &config)?;
-        if output_schema.is_some() {
-            settings.output_schema = output_schema;
+        if let Some(schema) = output_schema {
+            settings.with_output_schema(schema);
         }
         let handle = self.handle(id).await?;
         let accepted = match handle
@@ -1298,7 +1315,93 @@ impl Sessions {
         let agent = self.agent_of(session)?;
         let mut settings = turn_settings(&agent, session, &self.inner.registry, &self.inner.limits);
         settings.apply_tenant(config);
+        let tenant = self.guardrails_of(&session.tenant, config);
+        if !tenant.is_empty() {
+            let schema = settings.output_schema().cloned();
+            settings.rules =
+                super::settings::TurnRules::of(schema, tenant.then(&agent.guardrails));
+        }
         Ok(settings)
+    }
+
+    /// The tenant's guardrails, compiled once per version of its list.
+    fn guardrails_of(&self, tenant: &str, config: &TenantConfig) -> Guardrails {
+        if config.guardrails.is_empty() {
+            return Guardrails::default();
+        }
+        let mut cache = self
+            .inner
+            .tenant_guardrails
+            .lock()
+            .expect("guardrails lock");
+        if let Some((list, compiled)) = cache.get(tenant)
+            && *list == config.guardrails
+        {
+            return compiled.clone();
+        }
+        // A stored config was checked when it was set; one that no longer
+        // compiles (written by another version) checks nothing rather than
+        // refusing every turn, and says so.
+        let compiled = Guardrails::compile(&config.guardrails).unwrap_or_else(|e| {
+            tracing::error!(%tenant, error = %e, "the tenant's guardrails do not compile; they are not applied");
+            Guardrails::default()
+        });
+        if cache.len() >= 10_000 {
+            cache.clear();
+        }
+        cache.insert(
+            tenant.to_string(),
+            (config.guardrails.clone(), compiled.clone()),
+        );
+        compiled
+    }
+
+    /// The `input` guardrails on a message, before anything of it is
+    /// stored or sent: the text to use (redacted or rewritten), or the
+    /// block, recorded as a failed turn of the session
+    /// ([`ConversationHandle::refuse`]) and answered 422
+    /// `GUARDRAIL_TRIPPED`.
+    async fn check_input(
+        &self,
+        session: &Session,
+        guardrails: &Guardrails,
+        content: String,
+        key: Option<String>,
+    ) -> Result<String, SessionError> {
+        let shared = self.inner.executor.shared();
+        let mut ctx = crate::tools::ExecutionContext::new(
+            crate::tools::CallerType::ConversationAgent,
+            session.id.clone(),
+        );
+        ctx.conversation_id = Some(session.id.clone());
+        ctx.user_id = session.user_id.clone();
+        ctx.plan = session.plan;
+        ctx.tenant = Some(session.tenant.clone());
+        let checks = crate::executor::guarded::GuardrailChecks {
+            registry: &shared.registry,
+            config: &shared.config,
+            ctx: &ctx,
+        };
+        let checked = guardrails
+            .run(Stage::Input, None, Subject::Text(content), &checks)
+            .await;
+        crate::executor::guarded::note(
+            &shared.metrics,
+            &shared.events,
+            &checked,
+            Some(&session.id),
+            None,
+            None,
+        );
+        match checked.tripped {
+            None => Ok(checked.subject.into_text().unwrap_or_default()),
+            Some(tripped) => {
+                let rejection = super::actor::tripped_rejection(&tripped);
+                let handle = self.handle(&session.id).await?;
+                handle.refuse(rejection.clone(), key).await?;
+                Err(SessionError::Turn(TurnError::Rejected(Box::new(rejection))))
+            }
+        }
     }
 
     /// Runs one turn and waits for its outcome, streaming its progress to

@@ -3,11 +3,15 @@
 //!
 //! agent file + tenant config + session ──▶ TurnSettings ──▶ ConversationMachine (next turn)
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::context::PromptLayers;
 use crate::model::ToolSpec;
+use crate::guardrails::Guardrails;
 use crate::tenants::TenantConfig;
+use crate::tools::output_schema::OutputSchema;
 
 /// Per-turn settings: the agent's, with the tenant's overrides applied.
 #[derive(Debug, Clone)]
@@ -38,12 +42,68 @@ pub struct TurnSettings {
     /// `CONFIRMATION_REQUIRED` error. Off for sessions a workflow's agent
     /// node runs: no person waits on those.
     pub pause_for_approval: bool,
-    /// The JSON shape the turn's answer must have: the agent's
-    /// `output_schema`, or the message's `response_format` for its turn.
-    pub output_schema: Option<std::sync::Arc<crate::tools::output_schema::OutputSchema>>,
+    /// What the turn promises and checks beyond its prompt (a typed
+    /// answer, guardrails): one pointer, absent for most agents (a
+    /// resident conversation holds these settings inline).
+    pub rules: Option<Arc<TurnRules>>,
+}
+
+/// A turn's answer schema and guardrails ([`TurnSettings::rules`]).
+#[derive(Debug, Clone, Default)]
+pub struct TurnRules {
+    /// The JSON shape the answer must have: the agent's `output_schema`,
+    /// or the message's `response_format` for its turn.
+    pub output_schema: Option<Arc<OutputSchema>>,
+    /// The tenant's guardrails, then the agent's.
+    pub guardrails: Guardrails,
+}
+
+impl TurnRules {
+    /// `None` when there is nothing to promise or check.
+    pub fn of(output_schema: Option<Arc<OutputSchema>>, guardrails: Guardrails) -> Option<Arc<Self>> {
+        (output_schema.is_some() || !guardrails.is_empty()).then(|| {
+            Arc::new(TurnRules {
+                output_schema,
+                guardrails,
+            })
+        })
+    }
 }
 
 impl TurnSettings {
+    /// The answer schema of the turn, if any.
+    pub fn output_schema(&self) -> Option<&Arc<OutputSchema>> {
+        self.rules.as_ref().and_then(|r| r.output_schema.as_ref())
+    }
+
+    /// The turn's guardrails (empty for most agents).
+    pub fn guardrails(&self) -> Option<&Guardrails> {
+        self.rules
+            .as_ref()
+            .map(|r| &r.guardrails)
+            .filter(|g| !g.is_empty())
+    }
+
+    /// The answer is checked before anyone sees it (an answer schema, or
+    /// `output` guardrails): its deltas are held, and it is streamed whole
+    /// once it passed.
+    pub fn holds_answer(&self) -> bool {
+        self.rules.as_ref().is_some_and(|r| {
+            r.output_schema.is_some() || r.guardrails.has_stage(crate::guardrails::Stage::Output)
+        })
+    }
+
+    /// The same rules with `schema` as the answer schema (a message's
+    /// `response_format`).
+    pub fn with_output_schema(&mut self, schema: Arc<OutputSchema>) {
+        let guardrails = self
+            .rules
+            .as_ref()
+            .map(|r| r.guardrails.clone())
+            .unwrap_or_default();
+        self.rules = TurnRules::of(Some(schema), guardrails);
+    }
+
     /// Applies a tenant's overrides to the agent's settings for one turn
     /// (what each field does: [`crate::tenants::config`]).
     pub fn apply_tenant(&mut self, tenant: &TenantConfig) {

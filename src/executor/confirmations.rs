@@ -270,6 +270,7 @@ impl Confirmations {
         };
         let ctx = &p.context;
         let rec = ToolCallRecord {
+            guardrails: Vec::new(),
             record_id,
             tool_name: p.tool_name.clone(),
             tool_call_id: p.tool_call_id.clone(),

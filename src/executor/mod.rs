@@ -68,6 +68,7 @@
 pub mod cache;
 pub mod concurrency;
 pub mod confirmations;
+pub mod guarded;
 pub mod limits;
 
 use std::panic::AssertUnwindSafe;
@@ -82,6 +83,7 @@ use tracing::Instrument;
 
 use crate::error_code::PublicError;
 use crate::events::{EventBus, EventKind};
+use crate::guardrails::Stage;
 use crate::retry::Backoff;
 use crate::store::{Store, StoreError, ToolCallRecord, WriteOp};
 use crate::tenants::TenantConfig;
@@ -228,6 +230,9 @@ pub struct ExecuteTool {
     /// `CONFIRMATION_REQUIRED` record, so the call is one record, counted
     /// once). `None`: a new time-ordered id when the record is written.
     record_id: Option<String>,
+    /// The calling turn's guardrails: its `tool_input` and `tool_output`
+    /// stages run here ([`guarded`]). Empty for other callers.
+    pub guardrails: crate::guardrails::Guardrails,
 }
 
 impl ExecuteTool {
@@ -242,6 +247,7 @@ impl ExecuteTool {
             span: tracing::Span::current(),
             tenant_quota: None,
             record_id: None,
+            guardrails: Default::default(),
         }
     }
 }
@@ -509,19 +515,19 @@ impl Handler<ExecuteTool> for Executor {
                     conversation_id: msg.ctx.conversation_id.clone(),
                     workflow_id: msg.ctx.workflow_id.clone(),
                 });
-                let (result, params, intended) = match admission {
-                    Admission::Refused(result, params) => (*result, params, false),
+                let (result, params, intended, marks) = match admission {
+                    Admission::Refused(result, params) => (*result, params, false, Vec::new()),
                     Admission::Limits {
                         tool,
                         raw_params,
                         validated,
                     } => match (rate_limits(&shared, &tool, &msg).await, validated) {
-                        (Some(refused), _) => (refused, raw_params, false),
+                        (Some(refused), _) => (refused, raw_params, false, Vec::new()),
                         (None, Err(invalid)) => {
                             if let Some(event) = invalid.event {
                                 shared.events.publish(event);
                             }
-                            (*invalid.result, raw_params, false)
+                            (*invalid.result, raw_params, false, Vec::new())
                         }
                         (None, Ok(params)) => {
                             // An intent was committed for it: its outcome is
@@ -529,7 +535,34 @@ impl Handler<ExecuteTool> for Executor {
                             // answering `TOOL_OUTCOME_UNKNOWN`.
                             let intended = tool.definition.side_effects == SideEffects::AtMostOnce
                                 && msg.ctx.idempotency_key.is_some();
-                            let mut result = execute(&shared, &tool, &params, &msg).await;
+                            let mut marks = Vec::new();
+                            let mut params = params;
+                            let mut refused = None;
+                            if msg.guardrails.has_stage(Stage::ToolInput) {
+                                let checked = guarded::run(
+                                    &msg.guardrails,
+                                    Stage::ToolInput,
+                                    &msg,
+                                    params,
+                                    &shared.registry,
+                                    &shared.config,
+                                    &shared.metrics,
+                                    &shared.events,
+                                )
+                                .await;
+                                marks.extend(guarded::marks(&checked.decisions));
+                                if checked.tripped.is_some() {
+                                    refused = Some(guarded::blocked(&msg.tool_name, &checked));
+                                    params = Value::Null;
+                                } else {
+                                    params = checked.subject.into_json().unwrap_or(Value::Null);
+                                }
+                            }
+                            let ran = refused.is_none();
+                            let mut result = match refused {
+                                Some(blocked) => blocked,
+                                None => execute(&shared, &tool, &params, &msg).await,
+                            };
                             if let Some(refusal) = unkept_output(&tool, &result) {
                                 result = ToolExecutionResult::failure(
                                     &msg.tool_name,
@@ -552,7 +585,33 @@ impl Handler<ExecuteTool> for Executor {
                                     id,
                                 ));
                             }
-                            (result, params, intended)
+                            if ran
+                                && result.is_success
+                                && msg.guardrails.has_stage(Stage::ToolOutput)
+                                && let Some(output) = result.output.take()
+                            {
+                                let checked = guarded::run(
+                                    &msg.guardrails,
+                                    Stage::ToolOutput,
+                                    &msg,
+                                    output,
+                                    &shared.registry,
+                                    &shared.config,
+                                    &shared.metrics,
+                                    &shared.events,
+                                )
+                                .await;
+                                marks.extend(guarded::marks(&checked.decisions));
+                                if checked.tripped.is_some() {
+                                    let mut blocked = guarded::blocked(&msg.tool_name, &checked);
+                                    blocked.metadata.attempts = result.metadata.attempts;
+                                    blocked.metadata.started_at = result.metadata.started_at;
+                                    result = blocked;
+                                } else {
+                                    result.output = checked.subject.into_json();
+                                }
+                            }
+                            (result, params, intended, marks)
                         }
                     },
                 };
@@ -579,7 +638,7 @@ impl Handler<ExecuteTool> for Executor {
                     },
                     result.error_type.map_or("ok", ErrorType::as_str),
                 );
-                record(&shared.store, &msg, params, &result, intended, registered).await;
+                record(&shared.store, &msg, params, &result, intended, registered, marks).await;
                 shared
                     .events
                     .publish(match (result.is_success, result.error_type) {
@@ -932,6 +991,7 @@ async fn record(
     result: &ToolExecutionResult,
     intended: bool,
     registered: bool,
+    guardrails: Vec<Value>,
 ) {
     // The name of a tool that does not exist is the caller's text: kept
     // short in the record, and never a key of the per-tool counters
@@ -942,6 +1002,7 @@ async fn record(
         msg.tool_name.clone()
     };
     let rec = ToolCallRecord {
+        guardrails,
         record_id: msg
             .record_id
             .clone()

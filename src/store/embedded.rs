@@ -956,6 +956,7 @@ mod tests {
         // What a late writer sends (an approved call, an operator's
         // assignment, a turn's step) stores nothing under the id.
         let record = ToolCallRecord {
+            guardrails: Vec::new(),
             cached: false,
             record_id: "r".into(),
             tool_name: "echo".into(),

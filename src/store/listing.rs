@@ -360,6 +360,7 @@ mod tests {
 
     fn call(tenant: &str) -> ToolCallRecord {
         ToolCallRecord {
+            guardrails: Vec::new(),
             cached: false,
             record_id: uuid::Uuid::now_v7().to_string(),
             tool_name: "echo".into(),
@@ -432,6 +433,7 @@ mod tests {
                     s.insert(id.as_str(), session_row.as_slice()).unwrap();
                     si.insert((t, id.as_str()), ()).unwrap();
                     let record = ToolCallRecord {
+                        guardrails: Vec::new(),
                         record_id: id.clone(),
                         ..call(t)
                     };

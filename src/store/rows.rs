@@ -87,6 +87,10 @@ pub struct ToolCallRecord {
     /// have none and ground nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_id: Option<String>,
+    /// Guardrails that did something to the call (`{guardrail, stage,
+    /// action}`: a redaction of its arguments or output, a block).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guardrails: Vec<Value>,
     /// The conversation turn that made the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_id: Option<String>,

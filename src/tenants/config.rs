@@ -78,6 +78,10 @@ pub struct TenantConfig {
     /// Tokens per calendar month (UTC); `None`: unlimited.
     #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     pub monthly_token_budget: Option<u64>,
+    /// Checks of every turn of the tenant, before its agents' own (the
+    /// same objects as an agent file's `[[guardrails]]`; docs/guardrails.md).
+    #[schema(max_items = 64)]
+    pub guardrails: Vec<crate::guardrails::GuardrailConfig>,
 }
 
 /// `tool_quotas` as the document states it: at most 256 tool names of 1 to
@@ -113,6 +117,7 @@ impl Default for TenantConfig {
             tool_quotas: BTreeMap::new(),
             max_storage_mb: None,
             monthly_token_budget: None,
+            guardrails: Vec::new(),
         }
     }
 }
@@ -190,6 +195,9 @@ impl TenantConfig {
         }
         if self.max_response_tokens == Some(0) {
             return bad("max_response_tokens must be at least 1");
+        }
+        if let Err(e) = crate::guardrails::Guardrails::compile(&self.guardrails) {
+            return bad(&format!("guardrails: {e}"));
         }
         if self.response_delay_ms > 60_000 {
             return bad("response_delay_ms must be at most 60000");

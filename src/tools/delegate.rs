@@ -149,7 +149,8 @@ impl DelegateSlot {
         let _ = self.0.set(delegate);
     }
 
-    fn get(&self) -> Option<Arc<dyn Delegate>> {
+    /// The delegate, while the runtime runs.
+    pub fn get(&self) -> Option<Arc<dyn Delegate>> {
         self.0.get().and_then(Weak::upgrade)
     }
 }

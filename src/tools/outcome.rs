@@ -151,11 +151,14 @@ pub enum ErrorType {
     /// could not be checked because Redis is unreachable and
     /// `[cluster] redis_failure` is `closed`; the call did not run.
     LimitsUnavailable,
+    /// A guardrail refused the call's arguments (before it ran) or its
+    /// output (before the model saw it).
+    GuardrailTripped,
 }
 
 impl ErrorType {
     /// Every kind.
-    pub const ALL: [ErrorType; 13] = [
+    pub const ALL: [ErrorType; 14] = [
         ErrorType::ToolNotFound,
         ErrorType::PlanRequired,
         ErrorType::RateLimited,
@@ -169,6 +172,7 @@ impl ErrorType {
         ErrorType::Declined,
         ErrorType::OutcomeUnknown,
         ErrorType::LimitsUnavailable,
+        ErrorType::GuardrailTripped,
     ];
 
     /// The row of the public table the kind is; `None` for
@@ -188,6 +192,7 @@ impl ErrorType {
             ErrorType::Declined => ErrorCode::ToolDeclined,
             ErrorType::OutcomeUnknown => ErrorCode::ToolOutcomeUnknown,
             ErrorType::LimitsUnavailable => ErrorCode::LimitsUnavailable,
+            ErrorType::GuardrailTripped => ErrorCode::GuardrailTripped,
         })
     }
 
