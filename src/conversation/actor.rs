@@ -1084,7 +1084,10 @@ impl Conversation {
                 return;
             }
             if let Some(tripped) = checked.tripped {
-                act.fail(TurnError::Rejected(Box::new(tripped_rejection(&tripped))), ctx);
+                act.fail(
+                    TurnError::Rejected(Box::new(tripped_rejection(&tripped))),
+                    ctx,
+                );
                 return;
             }
             reply.content = checked.subject.into_text();

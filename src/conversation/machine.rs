@@ -640,7 +640,12 @@ impl ConversationMachine {
     /// The record of a turn refused before it started (an `input`
     /// guardrail): failed at once, with no message of its own; numbered
     /// where its message would have been.
-    pub fn refused_record(&self, id: String, key: Option<String>, error: TurnFailure) -> TurnRecord {
+    pub fn refused_record(
+        &self,
+        id: String,
+        key: Option<String>,
+        error: TurnFailure,
+    ) -> TurnRecord {
         let now = Timestamp::now();
         TurnRecord {
             turn_id: id,

@@ -1318,8 +1318,7 @@ impl Sessions {
         let tenant = self.guardrails_of(&session.tenant, config);
         if !tenant.is_empty() {
             let schema = settings.output_schema().cloned();
-            settings.rules =
-                super::settings::TurnRules::of(schema, tenant.then(&agent.guardrails));
+            settings.rules = super::settings::TurnRules::of(schema, tenant.then(&agent.guardrails));
         }
         Ok(settings)
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::context::PromptLayers;
-use crate::model::ToolSpec;
 use crate::guardrails::Guardrails;
+use crate::model::ToolSpec;
 use crate::tenants::TenantConfig;
 use crate::tools::output_schema::OutputSchema;
 
@@ -60,7 +60,10 @@ pub struct TurnRules {
 
 impl TurnRules {
     /// `None` when there is nothing to promise or check.
-    pub fn of(output_schema: Option<Arc<OutputSchema>>, guardrails: Guardrails) -> Option<Arc<Self>> {
+    pub fn of(
+        output_schema: Option<Arc<OutputSchema>>,
+        guardrails: Guardrails,
+    ) -> Option<Arc<Self>> {
         (output_schema.is_some() || !guardrails.is_empty()).then(|| {
             Arc::new(TurnRules {
                 output_schema,

@@ -31,10 +31,10 @@
 
 use serde_json::Value;
 
-use super::{ExecuteTool, ExecutorConfig, run_with_retries};
+use super::{ExecuteTool, ExecutorConfig, ExecutorShared, run_with_retries};
 use crate::events::{EventBus, EventKind};
 use crate::guardrails::{
-    Checked, Decision, External, ExternalCheck, Guardrails, Stage, Subject, check_request,
+    Checked, Decision, External, ExternalCheck, Stage, Subject, check_request,
 };
 use crate::metrics::Metrics;
 use crate::tools::{ErrorType, ExecutionContext, ToolExecutionResult, ToolRegistry};
@@ -76,9 +76,7 @@ impl ExternalCheck for GuardrailChecks<'_> {
                     return Err("agents cannot be asked: the runtime is stopping".into());
                 };
                 if self.ctx.conversation_id.is_none() {
-                    return Err(format!(
-                        "agent {name} can check only a conversation's turn"
-                    ));
+                    return Err(format!("agent {name} can check only a conversation's turn"));
                 }
                 // Each check is a turn of its own in the child session.
                 let mut ctx = self.ctx.clone();
@@ -145,34 +143,32 @@ pub fn blocked(tool: &str, checked: &Checked) -> ToolExecutionResult {
         .as_ref()
         .map_or_else(String::new, |t| t.message.clone());
     let mut result = ToolExecutionResult::failure(tool, ErrorType::GuardrailTripped, message);
-    result.output = checked.tripped.as_ref().map(|t| {
-        serde_json::json!({"guardrail": t.guardrail, "stage": t.stage.as_str()})
-    });
+    result.output = checked
+        .tripped
+        .as_ref()
+        .map(|t| serde_json::json!({"guardrail": t.guardrail, "stage": t.stage.as_str()}));
     result
 }
 
 /// Runs `stage` of the call's guardrails on `value`, noted.
 pub async fn run(
-    guardrails: &Guardrails,
     stage: Stage,
     msg: &ExecuteTool,
     value: Value,
-    registry: &ToolRegistry,
-    config: &ExecutorConfig,
-    metrics: &Metrics,
-    events: &EventBus,
+    shared: &ExecutorShared,
 ) -> Checked {
     let checks = GuardrailChecks {
-        registry,
-        config,
+        registry: &shared.registry,
+        config: &shared.config,
         ctx: &msg.ctx,
     };
-    let checked = guardrails
+    let checked = msg
+        .guardrails
         .run(stage, Some(&msg.tool_name), Subject::Json(value), &checks)
         .await;
     note(
-        metrics,
-        events,
+        &shared.metrics,
+        &shared.events,
         &checked,
         msg.ctx.conversation_id.as_deref(),
         msg.ctx.turn_id.as_deref(),

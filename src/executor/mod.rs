@@ -539,17 +539,8 @@ impl Handler<ExecuteTool> for Executor {
                             let mut params = params;
                             let mut refused = None;
                             if msg.guardrails.has_stage(Stage::ToolInput) {
-                                let checked = guarded::run(
-                                    &msg.guardrails,
-                                    Stage::ToolInput,
-                                    &msg,
-                                    params,
-                                    &shared.registry,
-                                    &shared.config,
-                                    &shared.metrics,
-                                    &shared.events,
-                                )
-                                .await;
+                                let checked =
+                                    guarded::run(Stage::ToolInput, &msg, params, &shared).await;
                                 marks.extend(guarded::marks(&checked.decisions));
                                 if checked.tripped.is_some() {
                                     refused = Some(guarded::blocked(&msg.tool_name, &checked));
@@ -590,17 +581,8 @@ impl Handler<ExecuteTool> for Executor {
                                 && msg.guardrails.has_stage(Stage::ToolOutput)
                                 && let Some(output) = result.output.take()
                             {
-                                let checked = guarded::run(
-                                    &msg.guardrails,
-                                    Stage::ToolOutput,
-                                    &msg,
-                                    output,
-                                    &shared.registry,
-                                    &shared.config,
-                                    &shared.metrics,
-                                    &shared.events,
-                                )
-                                .await;
+                                let checked =
+                                    guarded::run(Stage::ToolOutput, &msg, output, &shared).await;
                                 marks.extend(guarded::marks(&checked.decisions));
                                 if checked.tripped.is_some() {
                                     let mut blocked = guarded::blocked(&msg.tool_name, &checked);
@@ -638,7 +620,16 @@ impl Handler<ExecuteTool> for Executor {
                     },
                     result.error_type.map_or("ok", ErrorType::as_str),
                 );
-                record(&shared.store, &msg, params, &result, intended, registered, marks).await;
+                record(
+                    &shared.store,
+                    &msg,
+                    params,
+                    &result,
+                    intended,
+                    registered,
+                    marks,
+                )
+                .await;
                 shared
                     .events
                     .publish(match (result.is_success, result.error_type) {

@@ -87,6 +87,11 @@ struct RuntimeEvent {
     server: Option<String>,
     reason: Option<String>,
     agent: Option<String>,
+    guardrail: Option<String>,
+    stage: Option<String>,
+    action: Option<String>,
+    session_id: Option<String>,
+    turn_id: Option<String>,
 }
 
 super::openapi::event_stream! {
@@ -108,6 +113,7 @@ super::openapi::event_stream! {
         "execution_failed" => RuntimeEvent,
         "mcp_server_up" => RuntimeEvent,
         "mcp_server_down" => RuntimeEvent,
+        "guardrail_tripped" => RuntimeEvent,
         "lagged" => Lagged,
     }
 }
