@@ -178,6 +178,9 @@ async fn response_format_asks_per_message_and_a_bad_one_is_refused() {
         json!({"type": "json_schema", "json_schema": {"name": "list", "schema": {"type": "array"}}}),
         json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": 5}}}}}),
         json!({"type": "yaml"}),
+        // Over 64 KiB of schema: refused, not stored with every step.
+        json!({"type": "json_schema", "json_schema": {"name": "huge", "schema": {
+            "type": "object", "description": "x".repeat(70 * 1024)}}}),
     ] {
         let (status, body) = app
             .post(

@@ -1594,8 +1594,15 @@ impl Sessions {
             .into_iter()
             .filter(|c| c.is_success)
             .filter_map(|c| c.source_id);
+        // A turn taken up here runs under the tenant's settings as when
+        // it started (its guardrails included); a config that cannot be
+        // read leaves the agent's, and the next turn reads it again.
+        let settings = match self.tenant_config(&session.tenant).await {
+            Ok(config) => self.settings_under(&session, &config)?,
+            Err(_) => turn_settings(&agent, &session, &self.inner.registry, &self.inner.limits),
+        };
         let machine = ConversationMachine::new(
-            turn_settings(&agent, &session, &self.inner.registry, &self.inner.limits),
+            settings,
             unsummarised
                 .into_iter()
                 .map(|m| (m.seq, m.message))
