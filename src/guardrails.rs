@@ -71,7 +71,7 @@ use regex::{Regex, RegexBuilder};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::tools::validate::ParamValidator;
+use crate::tools::validate::{ParamValidator, json_type_name};
 
 /// Guardrails in one list (an agent's, a tenant's).
 pub const MAX_GUARDRAILS: usize = 64;
@@ -114,6 +114,7 @@ pub const DEFAULT_REPLACEMENT: &str = "[redacted]";
     utoipa::ToSchema,
 )]
 #[serde(rename_all = "snake_case")]
+#[schema(as = GuardrailStage)]
 pub enum Stage {
     /// The user's message, before it is stored or sent to a model.
     Input,
@@ -150,6 +151,7 @@ impl fmt::Display for Stage {
 /// The checks cadre makes itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = GuardrailBuiltinKind)]
 pub enum BuiltinKind {
     Regex,
     MaxLength,
@@ -173,6 +175,7 @@ impl BuiltinKind {
 /// What a `regex` guardrail does with a match.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = GuardrailAction)]
 pub enum Action {
     #[default]
     Block,
@@ -182,6 +185,7 @@ pub enum Action {
 /// What a `tool` or `agent` guardrail that could not decide counts as.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = GuardrailOnError)]
 pub enum OnError {
     /// Fail closed: the subject is blocked.
     #[default]
@@ -229,7 +233,7 @@ pub struct GuardrailConfig {
     pub topics: Vec<String>,
     /// `schema`: a JSON Schema the subject must validate against.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
     pub schema: Option<Value>,
     /// `drop_fields`: dotted paths removed from the JSON.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -358,7 +362,7 @@ impl fmt::Debug for Subject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Subject::Text(t) => write!(f, "Text(<{} chars>)", t.chars().count()),
-            Subject::Json(v) => write!(f, "Json(<{}>)", json_type(v)),
+            Subject::Json(v) => write!(f, "Json(<{}>)", json_type_name(v)),
         }
     }
 }
@@ -366,6 +370,7 @@ impl fmt::Debug for Subject {
 /// What a guardrail did to a subject (an allow is not a decision).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = GuardrailDecisionAction)]
 pub enum DecisionAction {
     /// It stopped the subject.
     Block,
@@ -387,6 +392,7 @@ impl DecisionAction {
 
 /// A guardrail that did something; kept with tool call and turn records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = GuardrailDecision)]
 pub struct Decision {
     pub guardrail: String,
     pub stage: Stage,
@@ -395,6 +401,7 @@ pub struct Decision {
 
 /// The guardrail that blocked, and what the caller may be told.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = GuardrailTripped)]
 pub struct Tripped {
     pub guardrail: String,
     pub stage: Stage,
@@ -1080,7 +1087,7 @@ fn apply_reply(reply: Value, subject: &mut Subject) -> Result<Verdict, String> {
         other => {
             return Err(format!(
                 "the answer is {}, not a JSON object",
-                json_type(&other)
+                json_type_name(&other)
             ));
         }
     };
@@ -1228,17 +1235,6 @@ fn cut(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         None => s.to_string(),
         Some((end, _)) => format!("{}…", &s[..end]),
-    }
-}
-
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -43,6 +43,13 @@
 //!   in both: it deletes only the session it names, and what follows a
 //!   delete (404 on that id) is documented.
 //!
+//! - `replace_tenant_config`, `patch_tenant_config` and `stream_message`:
+//!   `positive_data_acceptance` also takes a 422. A tenant config's
+//!   `guardrails` must compile (a regex, a JSON Schema, unique names, the
+//!   fields of each `kind` and `stage`), and a message's
+//!   `response_format` schema must compile: rules the document states in
+//!   words. (`send_message` takes a 422 already, above.)
+//!
 //! Nothing else is excluded, and no other operation is skipped.
 //!
 //! Test data: path parameters that name something (a tool, a workflow, an
@@ -123,6 +130,22 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403",
 [[operations]]
 include-operation-id = ["create_key", "show_usage"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "409", "422", "429", "5xx"]
+
+# A tenant config's `guardrails` (issue #39): a `pattern` must compile as a
+# Rust regex and a `schema` as a JSON Schema, names are unique in the list,
+# and which fields go with which `kind` and `stage` are rules between
+# fields: the document states them in words (docs/guardrails.md), and a
+# config that breaks one is 422 naming the guardrail.
+[[operations]]
+include-operation-id = ["replace_tenant_config", "patch_tenant_config"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
+
+# A message's `response_format` schema must compile as a JSON Schema (a
+# rule the document states in words); `stream_message` also takes an
+# Idempotency-Key, as below.
+[[operations]]
+include-operation-id = "stream_message"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 
 # An Idempotency-Key sent again with another body is 422
 # IDEMPOTENCY_KEY_REUSED: the key's earlier use is state, not schema (the

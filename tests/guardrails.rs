@@ -172,10 +172,7 @@ async fn an_output_redaction_never_reaches_the_store_or_the_stream() {
         .unwrap();
     assert_eq!(stream.status(), StatusCode::OK);
     let mut text = stream.text().await.unwrap();
-    assert!(
-        !text.contains("4111"),
-        "the stream carried the card: {text}"
-    );
+    assert!(!text.contains(CARD), "the stream carried the card: {text}");
     let frames = support::sse::parse(&mut text);
     let deltas: Vec<&support::sse::Frame> =
         frames.iter().filter(|f| f.name == "model_delta").collect();
@@ -190,7 +187,7 @@ async fn an_output_redaction_never_reaches_the_store_or_the_stream() {
     assert_eq!(end.name, "turn_completed", "{frames:?}");
     assert_eq!(end.data["answer"], whole, "{:?}", end.data);
     assert!(
-        !data_dir_holds(&app.data_dir, "4111"),
+        !data_dir_holds(&app.data_dir, CARD),
         "the card reached the data dir"
     );
     assert!(

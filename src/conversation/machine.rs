@@ -172,7 +172,7 @@ pub struct TurnOutcome {
     /// The answer parsed as JSON, when the turn had an answer schema (the
     /// agent's `output_schema` or the message's `response_format`): it
     /// matched the schema. Absent otherwise; never an unvalidated value.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
     pub output: Option<Value>,
 }
@@ -209,7 +209,7 @@ pub struct TurnFailure {
     pub message: String,
     /// What the code's row says it carries (`OUTPUT_SCHEMA_VIOLATION`: the
     /// field errors; `GUARDRAIL_TRIPPED`: the guardrail and its stage).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>)]
     pub details: Option<Value>,
 }

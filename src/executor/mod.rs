@@ -433,17 +433,7 @@ impl Executor {
                 Arguments::Json(v) => tool.validator.validate(v.clone()),
             }
             .map_err(|errors| {
-                let summary = errors
-                    .iter()
-                    .map(|e| {
-                        if e.field.is_empty() {
-                            e.message.clone()
-                        } else {
-                            format!("{}: {}", e.field, e.message)
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                let summary = crate::tools::validate::describe_errors(&errors, "; ");
                 let event = EventKind::ValidationError {
                     tool: name.into(),
                     fields: errors.iter().map(|e| e.field.clone()).collect(),

@@ -137,9 +137,14 @@ fn camel(name: &str) -> String {
 }
 
 fn is_inline_map(schema: &Value) -> bool {
-    schema["type"] == "object"
+    (schema["type"] == "object" || is_nullable_object(schema))
         && schema.get("additionalProperties").is_some()
         && schema.get("properties").is_none()
+}
+
+/// `type: ["object", "null"]` (an optional map, e.g. a turn's `output`).
+fn is_nullable_object(schema: &Value) -> bool {
+    schema["type"] == serde_json::json!(["object", "null"])
 }
 
 fn name_inline_maps(doc: &mut Value) {
@@ -157,9 +162,24 @@ fn name_inline_maps(doc: &mut Value) {
             for (field, property) in properties.into_iter().flatten() {
                 if is_inline_map(property) {
                     let component = format!("{name}{}", camel(field));
-                    named.push((component.clone(), property.take()));
-                    *property =
+                    let nullable = is_nullable_object(property);
+                    let mut map = property.take();
+                    let reference =
                         serde_json::json!({ "$ref": format!("#/components/schemas/{component}") });
+                    // A nullable map stays nullable: the named map or null.
+                    *property = if nullable {
+                        map["type"] = "object".into();
+                        let description = map.get("description").cloned();
+                        let mut either =
+                            serde_json::json!({"oneOf": [reference, {"type": "null"}]});
+                        if let Some(d) = description {
+                            either["description"] = d;
+                        }
+                        either
+                    } else {
+                        reference
+                    };
+                    named.push((component.clone(), map));
                 }
             }
         }
@@ -210,6 +230,24 @@ mod tests {
             schemas["EntryEnvSet"]["additionalProperties"]["type"],
             "string"
         );
+    }
+
+    #[test]
+    fn a_nullable_inline_map_in_a_union_stays_nullable() {
+        let mut doc = json!({"components": {"schemas": {
+            "Reply": {"oneOf": [{"type": "object", "properties": {
+                "output": {"type": ["object", "null"], "additionalProperties": {}, "description": "d"}}}]}
+        }}});
+        name_inline_maps(&mut doc);
+        let schemas = &doc["components"]["schemas"];
+        let output = &schemas["Reply"]["oneOf"][0]["properties"]["output"];
+        assert_eq!(
+            output["oneOf"][0]["$ref"],
+            "#/components/schemas/ReplyOutput"
+        );
+        assert_eq!(output["oneOf"][1]["type"], "null");
+        assert_eq!(output["description"], "d");
+        assert_eq!(schemas["ReplyOutput"]["type"], "object");
     }
 
     #[test]

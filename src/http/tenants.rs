@@ -93,6 +93,9 @@ struct TenantConfigPatch {
     max_storage_mb: Option<u64>,
     #[schema(format = "uint64", minimum = 0, maximum = 18446744073709551615_u64)]
     monthly_token_budget: Option<u64>,
+    /// Replaces the whole list (a merge patch replaces arrays).
+    #[schema(max_items = 64)]
+    guardrails: Option<Vec<crate::guardrails::GuardrailConfig>>,
 }
 
 #[derive(ToSchema)]

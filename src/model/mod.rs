@@ -172,17 +172,28 @@ pub struct ChatRequest {
 /// `response_format` become, and what goes on the wire.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResponseFormat {
-    /// `^[A-Za-z0-9_-]{1,64}$`.
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,64}$", min_length = 1, max_length = 64)]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// A JSON Schema whose root is an object.
-    #[schema(value_type = std::collections::BTreeMap<String, Value>)]
+    /// A JSON Schema (at most 64 KiB) for a JSON object: its `type`, when
+    /// given, is `object`.
+    #[schema(value_type = AnswerJsonSchema)]
     pub schema: Value,
     /// Sent as the endpoint's `strict` flag (OpenAI: only a subset of JSON
     /// Schema is accepted then). cadre validates the answer either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
+}
+
+/// How `/openapi.json` states [`ResponseFormat::schema`]: a JSON Schema
+/// object whose `type`, if any, is `object` (any other keyword is the
+/// schema's own).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // a document's shape only
+pub struct AnswerJsonSchema {
+    #[schema(pattern = "^object$")]
+    r#type: Option<String>,
 }
 
 /// How a client asks an endpoint for a [`ResponseFormat`] (`[model]

@@ -7,9 +7,10 @@
 //! message `response_format` ──┘                                  answer ──▶ [`OutputSchema::check`] ──▶ `output` | field errors
 //!
 //! Decisions:
-//! - the schema's root is an object (`type = "object"` or `properties`):
-//!   OpenAI's structured outputs require it, and the validator fills
-//!   top-level defaults as it does for tool parameters;
+//! - the answer is a JSON object: a schema's root `type`, when given, is
+//!   `object` (OpenAI's structured outputs require an object root), and
+//!   the validator takes only objects and fills top-level defaults as it
+//!   does for tool parameters;
 //! - a schema is at most [`MAX_SCHEMA_BYTES`] of JSON and its name
 //!   `^[A-Za-z0-9_-]{1,64}$` (OpenAI's rule), so any endpoint takes it;
 //! - an answer is read as JSON after trimming whitespace and one Markdown
@@ -65,8 +66,11 @@ impl OutputSchema {
         let Some(root) = format.schema.as_object() else {
             return Err("the schema must be a JSON object".into());
         };
-        let object_root = root.get("type").and_then(Value::as_str) == Some("object")
-            || (root.get("type").is_none() && root.contains_key("properties"));
+        // No `type` at all is fine: the validator takes only objects.
+        let object_root = match root.get("type") {
+            None => true,
+            Some(t) => t.as_str() == Some("object"),
+        };
         if !object_root {
             return Err(
                 "the schema's root must describe an object (`type = \"object\"`): the answer is a JSON object"
@@ -122,17 +126,7 @@ fn unfenced(text: &str) -> &str {
 /// The field errors as one line each (`field: message`), for a model's
 /// second try and a turn's failure message.
 pub fn describe(errors: &[FieldError]) -> String {
-    errors
-        .iter()
-        .map(|e| {
-            if e.field.is_empty() {
-                e.message.clone()
-            } else {
-                format!("{}: {}", e.field, e.message)
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    super::validate::describe_errors(errors, "\n")
 }
 
 #[cfg(test)]
@@ -206,5 +200,7 @@ mod tests {
             .is_err()
         );
         assert!(with("ok", json!({"properties": {}})).is_ok());
+        assert!(with("ok", json!({"description": "anything"})).is_ok());
+        assert!(with("ok", json!({"type": ["object", "null"]})).is_err());
     }
 }

@@ -144,7 +144,8 @@ fn pointer_to_dotted(pointer: &str) -> String {
         .join(".")
 }
 
-fn json_type_name(v: &Value) -> &'static str {
+/// `a string`, `an object`...: a value's JSON type, for messages.
+pub fn json_type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -153,6 +154,22 @@ fn json_type_name(v: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
+}
+
+/// The field errors in one text, `field: message` each (the message
+/// alone for the arguments as a whole), joined by `separator`.
+pub fn describe_errors(errors: &[FieldError], separator: &str) -> String {
+    errors
+        .iter()
+        .map(|e| {
+            if e.field.is_empty() {
+                e.message.clone()
+            } else {
+                format!("{}: {}", e.field, e.message)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(separator)
 }
 
 #[cfg(test)]

@@ -179,17 +179,7 @@ impl PublicError for WorkflowError {
 }
 
 fn summary(errors: &[FieldError]) -> String {
-    errors
-        .iter()
-        .map(|e| {
-            if e.field.is_empty() {
-                e.message.clone()
-            } else {
-                format!("{}: {}", e.field, e.message)
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
+    crate::tools::validate::describe_errors(errors, "; ")
 }
 
 /// A definition file that did not load.
