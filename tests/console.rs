@@ -245,6 +245,34 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         .await;
     assert_eq!(status, StatusCode::OK, "{asked}");
 
+    // A typed answer and a turn that missed its schema twice (#39).
+    let (status, typed) = acme
+        .post("/v1/sessions", &json!({"agent": "assistant"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{typed}");
+    let typed_messages = format!("/v1/sessions/{}/messages", typed["id"].as_str().unwrap());
+    let place = json!({"type": "json_schema", "json_schema": {"name": "place", "schema": {
+        "type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}});
+    model.push_all([
+        Reply::text(r#"{"city": "Lyon"}"#),
+        Reply::text("somewhere"),
+        Reply::text("still prose"),
+    ]);
+    let (status, body) = acme
+        .post(
+            &typed_messages,
+            &json!({"content": "where?", "response_format": place}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = acme
+        .post(
+            &typed_messages,
+            &json!({"content": "and now?", "response_format": place}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+
     // The model's side of the scenarios, in the order the browser plays them.
     model.push_all([
         Reply::tool_call("call_price", "get_price", r#"{"symbol":"AAPL"}"#),
@@ -275,7 +303,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         json!({
             "acme": keys[0], "globex": keys[1], "admin": keys[2],
             "acme_session": session["id"], "globex_session": other["id"],
-            "lead_session": lead["id"],
+            "lead_session": lead["id"], "typed_session": typed["id"],
             "node_modules": node_modules, "screenshots": screenshots,
             "user_data_dir": profile.path(),
         })
@@ -309,6 +337,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         "ok start a workflow run; every node reaches its final state",
         "ok globex's key does not see acme's sessions",
         "ok a delegation links to the asked agent's session, which links back",
+        "ok a typed answer and a failed turn show in the conversation",
         "ok no errors in the page",
     ] {
         assert!(

@@ -4,7 +4,7 @@
 //
 //   node drive.mjs <base-url> <scenario.json>
 //
-// scenario.json: {acme, globex, admin (keys), acme_session, globex_session, lead_session,
+// scenario.json: {acme, globex, admin (keys), acme_session, globex_session, lead_session, typed_session,
 // node_modules (where `npm ci` put playwright-core), screenshots (a dir),
 // user_data_dir (a fresh dir for Chromium's profile)}.
 //
@@ -240,6 +240,19 @@ try {
   check(back === "#/sessions/" + encodeURIComponent(s.lead_session), `the child links back to ${back}`);
   const agent = await page.locator(".session-head").innerText();
   check(agent.includes("brokerage"), `the child's header says "${agent}"`);
+  ok(step);
+
+  step = "a typed answer and a failed turn show in the conversation";
+  await page.evaluate((id) => {
+    location.hash = "#/sessions/" + encodeURIComponent(id);
+  }, s.typed_session);
+  await page.locator(".typed-answer").waitFor();
+  const typed = await page.locator(".typed-answer").innerText();
+  check(typed.includes("Lyon"), `the typed answer says "${typed}"`);
+  await page.locator(".turn-failed").waitFor();
+  const failed = await page.locator(".turn-failed").innerText();
+  check(failed.includes("OUTPUT_SCHEMA_VIOLATION"), `the failed turn says "${failed}"`);
+  await shot("10b-typed-answer");
   ok(step);
 
   step = "live view (admin): gauges and the event stream";
