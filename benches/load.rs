@@ -48,7 +48,8 @@
 //! tables on stdout. `CADRE_BENCH_QUICK=1` is a smoke run (N = 1, 10, 100,
 //! 500 idle sessions, fewer turns); `CADRE_BENCH_SESSIONS=1,100`,
 //! `CADRE_BENCH_IDLE=2000` and `CADRE_BENCH_DELAYS_MS=0` choose what runs;
-//! `CADRE_BENCH_DIR` the data dir (default: under `target/tmp`),
+//! `CADRE_BENCH_GUARDRAILS=1` gives the agent a typical guardrail set (four
+//! checks at three stages, none tripping), `CADRE_BENCH_DIR` the data dir (default: under `target/tmp`),
 //! `CADRE_BENCH_CACHE_MB` redb's page cache (`[store] cache_mb`). Only
 //! loopback is used; the run stops by itself.
 //!
@@ -112,6 +113,38 @@ computing in your head, and report its result. Keep answers short."""
 tools = ["echo", "calculator"]
 max_iterations = 3
 history_window = 20
+"#;
+/// `CADRE_BENCH_GUARDRAILS=1` adds these to the agent (issue #39: the CPU
+/// a typical set adds per turn): the message and the answer checked for
+/// card numbers (redacted) and denied topics, the tool's output for a
+/// field to hide. None of them trips on the bench's turns: the cost
+/// measured is the checks'.
+const GUARDRAILS: &str = r#"
+[[guardrails]]
+name = "cards-in"
+stage = "input"
+kind = "regex"
+pattern = '\b\d(?:[ -]?\d){12,15}\b'
+action = "redact"
+
+[[guardrails]]
+name = "topics"
+stage = "input"
+kind = "deny_topics"
+topics = ["payday loan", "crypto", "medical advice", "lawsuit"]
+
+[[guardrails]]
+name = "cards-out"
+stage = "output"
+kind = "regex"
+pattern = '\b\d(?:[ -]?\d){12,15}\b'
+action = "redact"
+
+[[guardrails]]
+name = "hide"
+stage = "tool_output"
+kind = "drop_fields"
+fields = ["internal.trace"]
 "#;
 const QUESTION: &str = "what is (2+3)*4?";
 const EXPRESSION: &str = "(2+3)*4";
@@ -1397,7 +1430,12 @@ fn main() {
         .tempdir_in(&settings.data_root)
         .expect("data dir");
     let agents = tempfile::tempdir().expect("agents dir");
-    std::fs::write(agents.path().join("bench.toml"), AGENT_FILE).expect("agent file");
+    let agent_file = if env_flag("CADRE_BENCH_GUARDRAILS") {
+        format!("{AGENT_FILE}{GUARDRAILS}")
+    } else {
+        AGENT_FILE.to_string()
+    };
+    std::fs::write(agents.path().join("bench.toml"), agent_file).expect("agent file");
     let data_dir = data.path().join("data");
     std::fs::create_dir_all(&data_dir).expect("data dir");
     let started = Instant::now();
