@@ -519,3 +519,99 @@ async fn in_a_cluster_each_slot_is_one_turn_and_a_killed_firing_node_is_taken_ov
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fire_recorded_but_not_marked_started_before_a_crash_rejoins_its_turn_at_restart() {
+    use cadre::schedules::{CURSORS, FIRING, Fire, FireState, PENDING, RUNS, SCHEDULES, run_key};
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let schedule_id = "0190a000-0000-7000-8000-000000000001";
+    let slot = Timestamp::from_second(Timestamp::now().as_second() - 60).unwrap();
+    let key = format!("schedule:{schedule_id}:{}", slot.as_millisecond());
+
+    // The crash's state, made for real: the fire's turn started (with the
+    // fire's key) in the session ...
+    let mut app = spawn_app(AppOptions::offline().data_dir(&data));
+    let session = app.session("assistant").await;
+    let request = app
+        .client
+        .request(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{session}/messages"),
+        )
+        .header("idempotency-key", &key)
+        .json(&json!({"content": "tick"}));
+    let (status, turn) = support::send(request).await;
+    assert_eq!(status, StatusCode::OK, "{turn}");
+    let turn_id = turn["turn_id"].as_str().unwrap().to_string();
+    app.stop();
+    drop(app);
+
+    // ... and the store says what a node that died then left: the fire
+    // recorded and pending, the schedule's cursor still claimed.
+    let store = support::store::open_store(&data);
+    let now = Timestamp::now();
+    let schedule = json!({
+        "id": schedule_id, "tenant": "default", "key_id": null,
+        "agent": "assistant", "message": "tick", "session": session,
+        "workflow": null, "input": null, "cron": null, "interval_s": 3600,
+        "timezone": "UTC", "user_id": null, "webhook": null, "catch_up": "one",
+        "anchor": slot, "created_at": slot, "updated_at": slot,
+    });
+    store
+        .put_doc_of(SCHEDULES, "default", schedule_id, schedule, true)
+        .await
+        .unwrap();
+    let next = slot + SignedDuration::from_secs(3600);
+    store
+        .put_doc(
+            FIRING,
+            schedule_id,
+            json!({"next": next, "node": null, "since": now}),
+            true,
+        )
+        .await
+        .unwrap();
+    let fire = Fire {
+        schedule_id: schedule_id.into(),
+        tenant: "default".into(),
+        slot,
+        fired_at: now,
+        node: None,
+        state: FireState::Claimed,
+        session_id: Some(session.clone()),
+        turn_id: None,
+        run_id: None,
+        error: None,
+    };
+    let fire = serde_json::to_value(&fire).unwrap();
+    for ns in [RUNS, PENDING] {
+        store
+            .put_doc(ns, &run_key(schedule_id, slot), fire.clone(), true)
+            .await
+            .unwrap();
+    }
+    assert!(store.get_doc(CURSORS, schedule_id).await.unwrap().is_none());
+    drop(store);
+
+    // The restart takes both up: the fire rejoins its turn, the claim is
+    // given back with the slot it held.
+    let app = spawn_app(AppOptions::offline().data_dir(&data));
+    let client = &app.client;
+    let run = wait_for(Duration::from_secs(20), "the fire taken up", || async {
+        let runs = runs(client, schedule_id).await;
+        runs.into_iter().find(|r| r["state"] != "claimed")
+    })
+    .await;
+    assert_eq!(run["state"], "started", "{run}");
+    assert_eq!(run["turn_id"], turn_id.as_str(), "the turn its key started");
+    assert_eq!(
+        user_messages(client, &session).await,
+        1,
+        "not a second turn"
+    );
+    let (_, shown) = client.get(&format!("/v1/schedules/{schedule_id}")).await;
+    let shown_next: Timestamp = shown["next_fire_at"].as_str().unwrap().parse().unwrap();
+    assert_eq!(shown_next, next, "{shown}");
+}

@@ -453,7 +453,9 @@ impl Schedules {
         let left = |node: &Option<String>, since: Timestamp| {
             let old = now.duration_since(since) > signed(TAKEOVER_AFTER);
             let mine = node == &me;
-            let dead = node.as_ref().is_some_and(|n| !live.contains(n));
+            // No node: written by a server of one node (this store since
+            // became a cluster's), which is not running now.
+            let dead = node.as_ref().is_none_or(|n| !live.contains(n));
             old || (at_start && mine) || (!mine && dead)
         };
         for (id, value) in claims {

@@ -129,11 +129,12 @@ pub const RESCAN: Duration = Duration::from_secs(15);
 /// node's heartbeat says.
 pub const TAKEOVER_AFTER: Duration = Duration::from_secs(120);
 
-pub(crate) const SCHEDULES: &str = "schedules";
-pub(crate) const CURSORS: &str = "schedule_cursor";
-pub(crate) const FIRING: &str = "schedule_firing";
-pub(crate) const RUNS: &str = "schedule_runs";
-pub(crate) const PENDING: &str = "schedule_pending";
+/// The store's document namespaces (the module doc says what each holds).
+pub const SCHEDULES: &str = "schedules";
+pub const CURSORS: &str = "schedule_cursor";
+pub const FIRING: &str = "schedule_firing";
+pub const RUNS: &str = "schedule_runs";
+pub const PENDING: &str = "schedule_pending";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleError {
@@ -296,7 +297,8 @@ impl Fire {
     }
 }
 
-fn run_key(id: &str, slot: Timestamp) -> String {
+/// The key of a schedule's fire of `slot` under [`RUNS`] and [`PENDING`].
+pub fn run_key(id: &str, slot: Timestamp) -> String {
     format!("{id}/{:020}", slot.as_millisecond().max(0))
 }
 
