@@ -413,10 +413,6 @@ async fn after_kill_9_for_several_slots_one_catch_up_fire_then_on_time_again() {
         catch_up.duration_since(last_before) >= SignedDuration::from_secs(3),
         "the first fire after the restart is the latest missed slot: {all:?}"
     );
-    assert!(
-        catch_up < restarted_at + SignedDuration::from_secs(5),
-        "{all:?}"
-    );
     for pair in after.windows(2) {
         assert_eq!(
             slot(pair[1]).duration_since(slot(pair[0])),

@@ -48,6 +48,13 @@
 //! the record is the same (same session, same key), so the turn still
 //! starts once.
 //!
+//! A turn starts on the node that owns its session: in cluster mode a fire
+//! into a fixed session that another live node holds is refused by the
+//! store's ownership rule and stays pending (tried again after
+//! [`TAKEOVER_AFTER`]) until that node lets the session go; the HTTP layer
+//! forwards to the owner instead, which this layer, below it, cannot (a
+//! `Sessions` entry that does would be the hook).
+//!
 //! Workflow runs have no idempotency key yet (the engine makes a run's id
 //! when it starts): a crash between recording a workflow fire and
 //! starting its run is taken over as `unknown` (not started again), so a
