@@ -611,3 +611,44 @@ async fn a_fire_recorded_but_not_marked_started_before_a_crash_rejoins_its_turn_
     let shown_next: Timestamp = shown["next_fire_at"].as_str().unwrap().parse().unwrap();
     assert_eq!(shown_next, next, "{shown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_schedule_starts_a_run_per_slot_with_its_input() {
+    let app = spawn_app(AppOptions::offline());
+    let client = &app.client;
+    let (status, error) = client
+        .post(
+            "/v1/schedules",
+            &json!({"workflow": "account-review", "input": {"timeframe": "5Y"}, "interval_s": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("timeframe"),
+        "{error}"
+    );
+    let schedule = create(
+        client,
+        json!({"workflow": "account-review", "input": {"timeframe": "1M"}, "interval_s": 1}),
+    )
+    .await;
+    assert_eq!(schedule["session"], Value::Null);
+    let id = schedule["id"].as_str().unwrap();
+    let run = wait_for(Duration::from_secs(30), "a finished run", || async {
+        runs(client, id)
+            .await
+            .into_iter()
+            .find(|r| r["status"] == "succeeded")
+    })
+    .await;
+    assert_eq!(run["state"], "started");
+    let run_id = run["run_id"].as_str().unwrap();
+    let (status, body) = client.get(&format!("/v1/workflows/runs/{run_id}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["input"]["timeframe"], "1M");
+    let (status, _) = client.delete(&format!("/v1/schedules/{id}")).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+}
