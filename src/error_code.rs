@@ -141,6 +141,8 @@ error_codes! {
         "no pending confirmation with that id";
     KeyNotFound = "KEY_NOT_FOUND", NOT_FOUND, false,
         "no API key with that id";
+    ScheduleNotFound = "SCHEDULE_NOT_FOUND", NOT_FOUND, false,
+        "no schedule with that id (another tenant's schedule is answered the same)";
     MethodNotAllowed = "METHOD_NOT_ALLOWED", METHOD_NOT_ALLOWED, false,
         "the route does not take this method (see `Allow`)";
     ConversationBusy = "CONVERSATION_BUSY", CONFLICT, false,

@@ -26,6 +26,8 @@
 //!   (leased concurrency permits), behind `/readyz`'s `Dependency`; the
 //!   forwarding of a session's requests to its owner node behind http's
 //!   `ToOwner`; the event fan-out between nodes.
+//! - [`schedules`]: agent turns and workflow runs started on a cron
+//!   expression or an interval, exactly once per slot.
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`agents`]: agent definitions (agent files); [`server_config`]: the
 //!   server's config file.
@@ -41,6 +43,7 @@
 //! runtime, server_config          wiring; the server's config file
 //! cluster                         cluster mode's adapters (PostgreSQL, Redis)
 //! http                            the API, one file per resource
+//! schedules                       turns and runs on a clock, one fire per slot
 //! workflow, mcp                   multi-agent DAGs; MCP in and out
 //! conversation                    session actors and their tool sub-agents
 //! agents                          agent definitions
@@ -71,6 +74,7 @@ pub mod metrics;
 pub mod model;
 pub mod retry;
 pub mod runtime;
+pub mod schedules;
 pub mod server_config;
 pub mod store;
 pub mod tenants;

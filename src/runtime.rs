@@ -881,6 +881,18 @@ async fn serve(
             }
         }
     });
+    // One firing loop per serving node; a CLI command's runtime (no
+    // listener) fires nothing.
+    let schedules = crate::schedules::Schedules::new(
+        store.clone(),
+        sessions.clone(),
+        workflows.clone(),
+        keys.clone(),
+    );
+    let stop_schedules = tokio_util::sync::CancellationToken::new();
+    if take_up {
+        schedules.spawn_loop(stop_schedules.clone());
+    }
     let _ = ready.send(Ok(Ready {
         addr,
         sessions: sessions.clone(),
@@ -920,6 +932,7 @@ async fn serve(
                         .iter()
                         .map(|redis| Arc::new(redis.clone()) as Arc<dyn crate::http::Dependency>)
                         .collect(),
+                    schedules,
                 }),
                 api_limit,
                 failed_auths,
@@ -937,8 +950,11 @@ async fn serve(
             let (armed, second) = tokio::sync::oneshot::channel();
             let server = crate::http::connections::serve(listener, app, connections, {
                 let stopping = stopping.clone();
+                let stop_schedules = stop_schedules.clone();
                 async move {
                     shutdown.await;
+                    // No fire starts once the shutdown has begun.
+                    stop_schedules.cancel();
                     if signals
                         && let Ok(listener) = tokio::signal::unix::signal(
                             tokio::signal::unix::SignalKind::interrupt(),
@@ -998,10 +1014,19 @@ async fn serve(
             }
         }
         None => {
-            drop((sessions, registry, executor, api_limit, failed_auths, keys));
+            drop((
+                sessions,
+                registry,
+                executor,
+                api_limit,
+                failed_auths,
+                keys,
+                schedules,
+            ));
             shutdown.await;
         }
     }
+    stop_schedules.cancel();
     // Whatever is still running was not acknowledged: it may not write now.
     store.close_writes();
     // Runs cut off from here on stay `running` and are found interrupted

@@ -28,6 +28,12 @@
 //!   first key ends open mode (by design), and every later request of the
 //!   run would then be a 401 the open document does not describe.
 //!
+//! - `create_schedule` and `update_schedule`: `positive_data_acceptance`
+//!   also takes a 422: the agent, workflow and session must exist, the
+//!   cron expression parse and the time zone be known, and exactly one of
+//!   `cron` and `interval_s` be given (rules against the server's state
+//!   and between fields, stated in words).
+//!
 //! - `create_session`, `send_message`, `decide_confirmation`:
 //!   `positive_data_acceptance` also takes a 422. They take an
 //!   `Idempotency-Key` (so do `invoke_tool` and `start_run`, above), and
@@ -145,6 +151,15 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403",
 # Idempotency-Key, as below.
 [[operations]]
 include-operation-id = "stream_message"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
+
+# A schedule names an agent, a workflow or a session that must exist, a
+# cron expression that must parse and a time zone that must be known, and
+# one of `cron` and `interval_s`: rules against the server's state and
+# between fields, stated in words.
+[[operations]]
+include-operation-id = ["create_schedule", "update_schedule"]
+parameters = { "body.agent" = { dictionary = "agents", probability = 0.8 } }
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 
 # An Idempotency-Key sent again with another body is 422

@@ -46,6 +46,7 @@ pub mod openai;
 pub mod openapi;
 pub mod owner;
 pub mod rate_limit;
+pub mod schedules;
 pub mod sessions;
 pub mod storage_room;
 pub mod streams;
@@ -124,6 +125,8 @@ pub struct AppShared {
     pub forward: Option<std::sync::Arc<dyn owner::ToOwner>>,
     /// What `/readyz` reports beside the store (cluster mode: Redis).
     pub dependencies: Vec<std::sync::Arc<dyn Dependency>>,
+    /// `/v1/schedules` ([`crate::schedules`]).
+    pub schedules: crate::schedules::Schedules,
 }
 
 /// A dependency `/readyz` reports beside the store (cluster mode: Redis).
@@ -163,6 +166,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(assist::routes())
         .merge(ws::routes())
         .merge(workflows::routes())
+        .merge(schedules::routes())
         .split_for_parts();
     idempotency::document(&mut doc);
     openapi::CommonErrors.modify(&mut doc);

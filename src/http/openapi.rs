@@ -99,6 +99,7 @@ pub fn is_public(path: &str) -> bool {
         (name = "tenants", description = "Tenant configuration and model providers"),
         (name = "keys", description = "API keys: create, list, revoke while the server runs"),
         (name = "workflows", description = "Multi-agent workflows and their runs"),
+        (name = "schedules", description = "Agent turns and workflow runs on a clock, exactly once per slot"),
         (name = "health", description = "Liveness"),
     )
 )]

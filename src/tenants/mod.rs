@@ -430,6 +430,21 @@ impl KeyRing {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// The rights key `key_id` gives at `now`, while it is active (not
+    /// revoked, not expired): what work started on its behalf, without a
+    /// request presenting it (schedules), runs with.
+    pub fn principal_of(&self, key_id: &str, now: Timestamp) -> Option<Principal> {
+        let ring = self.read();
+        let record = ring.by_id.get(key_id)?;
+        (record.status(now) == KeyStatus::Active).then(|| Principal {
+            tenant: record.tenant.clone(),
+            admin: record.admin,
+            plan: record.plan,
+            metrics_only: record.metrics,
+            key_id: Some(record.key_id.clone()),
+        })
+    }
+
     /// No key was ever created: the server runs open.
     pub fn is_open(&self) -> bool {
         self.read().by_id.is_empty()
