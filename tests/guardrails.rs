@@ -34,11 +34,22 @@ fn app_with(
     files: &[(&str, String)],
     tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
 ) -> (TestApp, tempfile::TempDir) {
+    app_with_config(model, files, tools, "")
+}
+
+fn app_with_config(
+    model: &MockModel,
+    files: &[(&str, String)],
+    tools: Vec<(ToolDefinition, Arc<dyn ToolHandler>)>,
+    config: &str,
+) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
     for (name, text) in files {
         std::fs::write(dir.path().join(format!("{name}.toml")), text).unwrap();
     }
-    let mut options = AppOptions::with_model(model).agents(dir.path());
+    let mut options = AppOptions::with_model(model)
+        .agents(dir.path())
+        .config_toml(config);
     options.max_retries = 0;
     for (def, handler) in tools {
         options = options.tool(def, handler);
@@ -432,4 +443,28 @@ async fn a_tenants_guardrails_run_before_the_agents_and_a_bad_one_is_refused() {
     assert_eq!(body["error"]["details"]["guardrail"], "short");
     let (status, body) = app.say(&session, "short one").await;
     assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test]
+async fn a_flood_of_refused_messages_is_throttled_by_the_write_share() {
+    let model = MockModel::start().await;
+    let rails = "[[guardrails]]\nname = \"no-x\"\nstage = \"input\"\nkind = \"regex\"\npattern = \"x{10}\"\n";
+    // 64 KiB/s: a bucket of 256 KiB, as `tests/usage.rs` uses it.
+    let (app, _dir) = app_with_config(
+        &model,
+        &[("clerk", agent("clerk", &[], rails))],
+        vec![],
+        "[tenants]\nwrite_kib_per_s = 64\n",
+    );
+    let session = app.session("clerk").await;
+    let large = "x".repeat(200 * 1024);
+    // Each refused message leaves a record: it pays as sent.
+    for _ in 0..2 {
+        let (status, body) = app.say(&session, &large).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    }
+    let (status, body) = app.say(&session, &large).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["code"], "RATE_LIMITED", "{body}");
+    assert_eq!(model.request_count(), 0);
 }

@@ -1019,7 +1019,12 @@ impl Sessions {
         // overrides of the agent's settings.
         let config = self.tenant_config(&session.tenant).await?;
         let mut settings = self.settings_under(&session, &config)?;
-        // Nothing a guardrail refuses is stored, counted or sent.
+        // The message pays the tenant's write share and storage gate as
+        // sent, before its guardrails: a refused one leaves a turn record,
+        // so a flood of refused messages is throttled like any other.
+        self.admit_content(&session.tenant, &config, escaped_len(&content))
+            .await?;
+        // Nothing a guardrail refuses is stored or sent.
         let content = match settings.guardrails().filter(|g| g.has_stage(Stage::Input)) {
             Some(g) => {
                 let g = g.clone();
@@ -1028,8 +1033,6 @@ impl Sessions {
             None => content,
         };
         check_content(&content)?;
-        self.admit_content(&session.tenant, &config, escaped_len(&content))
-            .await?;
         let reservation = self.admit_under(&session.tenant, &config).await?;
         if let Some(schema) = output_schema {
             settings.with_output_schema(schema);
