@@ -91,7 +91,12 @@ fn main() {
         .enable_all()
         .build()
         .expect("client runtime");
-    let http = reqwest::Client::new();
+    // A fresh connection per request: the bench sleeps longer than the
+    // server keeps an idle connection open.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
     let post = |body: Value| -> String {
         client.block_on(async {
             let response = http
