@@ -82,6 +82,8 @@ const JQ_FALLBACK: &str = r#"if ! command -v jq >/dev/null; then
   jq() {
     if [ "${1:-}" = -r ]; then
       python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1].lstrip(".")])' "$2"
+    elif [[ "${1:-}" =~ ^\.[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+      python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)[sys.argv[1].lstrip(".")], indent=2))' "$1"
     else
       python3 -m json.tool
     fi
@@ -709,6 +711,7 @@ fn the_served_blocks_run_against_a_real_server() {
     let mut ran = Vec::new();
     let mut failed = Vec::new();
     let mut readme_session = None;
+    let mut readme_typed = None;
     for (block, kinds) in sh_blocks() {
         if block.skip.is_some() {
             continue;
@@ -741,7 +744,12 @@ fn the_served_blocks_run_against_a_real_server() {
             ));
         }
         if block.page == Path::new("README.md") && block.body.contains("/v1/sessions") {
-            readme_session = Some(text(&out.stdout));
+            // The first is "A session with curl"; the typed answer's follows.
+            if readme_session.is_none() {
+                readme_session = Some(text(&out.stdout));
+            } else if block.body.contains("\"agent\":\"quote\"") {
+                readme_typed = Some(text(&out.stdout));
+            }
         }
         ran.push(format!("{} ({} commands)", block.place(), served.len()));
     }
@@ -756,6 +764,15 @@ fn the_served_blocks_run_against_a_real_server() {
     assert!(
         session.contains("(2+3)*4 = 20") && session.contains("\"calculator\""),
         "the README's session did not answer as it shows:\n{session}"
+    );
+    let typed = readme_typed.expect("the README's typed answer block ran");
+    let output: serde_json::Value =
+        serde_json::from_str(&typed).expect("the typed answer block prints the output as JSON");
+    assert_eq!(output["symbol"], "AAPL", "{typed}");
+    assert_eq!(
+        output["sources"],
+        serde_json::json!(["tool:price:v1"]),
+        "{typed}"
     );
 }
 
