@@ -729,6 +729,7 @@ fn workflow_run(
         let workflows = runtime.workflows();
         let mut events = workflows.subscribe();
         let start = StartRun {
+            webhook: None,
             input,
             user_id,
             ..StartRun::default()

@@ -143,6 +143,8 @@ error_codes! {
         "no API key with that id";
     ScheduleNotFound = "SCHEDULE_NOT_FOUND", NOT_FOUND, false,
         "no schedule with that id (another tenant's schedule is answered the same)";
+    DeliveryNotFound = "DELIVERY_NOT_FOUND", NOT_FOUND, false,
+        "no webhook event with that id for this tenant";
     MethodNotAllowed = "METHOD_NOT_ALLOWED", METHOD_NOT_ALLOWED, false,
         "the route does not take this method (see `Allow`)";
     ConversationBusy = "CONVERSATION_BUSY", CONFLICT, false,
@@ -173,6 +175,8 @@ error_codes! {
         "a field or parameter is missing, unknown, of the wrong type or out of range (also a tool outcome: the call's arguments do not match the tool's schema, `validation_errors` says where)";
     GuardrailTripped = "GUARDRAIL_TRIPPED", UNPROCESSABLE_ENTITY, false,
         "a guardrail refused the message, the answer, or a tool call's input or output (`details.guardrail`, `details.stage`); nothing it refused was stored, sent to the model or run (also a tool outcome)";
+    WebhookRefused = "WEBHOOK_REFUSED", UNPROCESSABLE_ENTITY, false,
+        "the `webhook` URL cannot be used: not http(s), longer than 2048 bytes, an address cadre may not reach (loopback, private, link-local, metadata, by IP or by what the name resolves to; unless `[webhooks] allow_private` or `[webhooks] allowlist`), or no signing secret is configured (`[webhooks] secret` or the tenant config's `webhook_secret`)";
     IdempotencyKeyInUse = "IDEMPOTENCY_KEY_IN_USE", CONFLICT, true,
         "cluster mode: a request with this `Idempotency-Key` is running on another node; retry after `Retry-After` (it then gets that request's answer)";
     IdempotencyKeyReused = "IDEMPOTENCY_KEY_REUSED", UNPROCESSABLE_ENTITY, false,

@@ -28,6 +28,8 @@
 //!   `ToOwner`; the event fan-out between nodes.
 //! - [`schedules`]: agent turns and workflow runs started on a cron
 //!   expression or an interval, exactly once per slot.
+//! - [`webhooks`]: signed events when a background turn or a run ends,
+//!   delivered at least once from an outbox written with the turn's end.
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`agents`]: agent definitions (agent files); [`server_config`]: the
 //!   server's config file.
@@ -49,6 +51,7 @@
 //! agents                          agent definitions
 //! executor                        the one gate of every tool call
 //! tenants                         API keys, per-tenant config
+//! webhooks                        signed events from a durable outbox
 //! guardrails                      checks before and after the model and tools
 //! tools                           definitions, registry, builtin handlers
 //! store                           redb
@@ -79,6 +82,7 @@ pub mod server_config;
 pub mod store;
 pub mod tenants;
 pub mod tools;
+pub mod webhooks;
 pub mod workflow;
 
 pub use runtime::{Runtime, RuntimeBuilder, RuntimeError};

@@ -99,6 +99,8 @@ pub enum RuntimeError {
     },
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),
+    #[error("[webhooks]: {0}")]
+    Webhooks(String),
 }
 
 /// What [`RuntimeBuilder::tool_family`] takes.
@@ -883,15 +885,42 @@ async fn serve(
     });
     // One firing loop per serving node; a CLI command's runtime (no
     // listener) fires nothing.
+    // Webhook events leave from the outbox on every serving node; the
+    // tenant's own signing secret is read from its config.
+    let tenant_secrets: crate::webhooks::TenantSecrets = {
+        let store = store.clone();
+        Arc::new(move |tenant: String| {
+            let store = store.clone();
+            Box::pin(async move {
+                crate::tenants::config::TenantConfig::load(&store, &tenant)
+                    .await
+                    .ok()
+                    .and_then(|c| c.webhook_secret)
+            })
+        })
+    };
+    let webhooks = match crate::webhooks::Webhooks::new(
+        store.clone(),
+        builder.config.webhooks.clone(),
+        tenant_secrets,
+    ) {
+        Ok(w) => w,
+        Err(e) => {
+            let _ = ready.send(Err(RuntimeError::Webhooks(e)));
+            return;
+        }
+    };
     let schedules = crate::schedules::Schedules::new(
         store.clone(),
         sessions.clone(),
         workflows.clone(),
         keys.clone(),
+        webhooks.clone(),
     );
     let stop_schedules = tokio_util::sync::CancellationToken::new();
     if take_up {
         schedules.spawn_loop(stop_schedules.clone());
+        webhooks.spawn_loop(stop_schedules.clone());
     }
     let _ = ready.send(Ok(Ready {
         addr,
@@ -933,6 +962,7 @@ async fn serve(
                         .map(|redis| Arc::new(redis.clone()) as Arc<dyn crate::http::Dependency>)
                         .collect(),
                     schedules,
+                    webhooks,
                 }),
                 api_limit,
                 failed_auths,
@@ -1022,6 +1052,7 @@ async fn serve(
                 failed_auths,
                 keys,
                 schedules,
+                webhooks,
             ));
             shutdown.await;
         }

@@ -35,7 +35,8 @@ use crate::http::rate_limit::ApiLimitConfig;
 use crate::workflow::WorkflowLimits;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 12] = [
+const SECTIONS: [&str; 13] = [
+    "webhooks",
     "agents",
     "tenants",
     "workflows",
@@ -69,6 +70,9 @@ pub struct ServerConfig {
     pub tenants: TenantsSection,
     pub cluster: ClusterSection,
     pub agents: AgentsSection,
+    /// `[webhooks]`: the signing secret and where events may go
+    /// ([`crate::webhooks`]).
+    pub webhooks: crate::webhooks::WebhookConfig,
 }
 
 /// How agents work together (`[agents]`; [`crate::conversation::delegation`]).
@@ -535,6 +539,9 @@ impl ServerConfig {
             return Err("api_limit.per_second and api_limit.burst must be at least 1".into());
         }
         self.cluster.validate()?;
+        self.webhooks
+            .check()
+            .map_err(|e| format!("webhooks: {e}"))?;
         let grace = self.server.shutdown_grace_s;
         if grace.is_nan() || !(0.0..=3600.0).contains(&grace) {
             return Err("server.shutdown_grace_s must be between 0 and 3600".into());

@@ -822,14 +822,63 @@ impl Conversation {
         })
     }
 
-    /// The write of a turn's record: its row, and whether it is still open.
-    fn record_op(&self, record: &TurnRecord) -> WriteOp {
-        WriteOp::PutTurn(Box::new(TurnWrite {
+    /// The writes of a turn's record: its row, and whether it is still
+    /// open; with the webhook event of an end or a pause when the turn has
+    /// a `webhook` (in the same write: [`crate::webhooks`]).
+    fn record_ops(&self, record: &TurnRecord) -> Vec<WriteOp> {
+        let mut ops = vec![WriteOp::PutTurn(Box::new(TurnWrite {
             session_id: self.session.id.clone(),
             turn_id: record.turn_id.clone(),
             open: !record.is_final(),
             idempotency_key: record.idempotency_key.clone(),
             record: serde_json::to_value(record).expect("turn records serialize"),
+        }))];
+        ops.extend(self.webhook_op(record));
+        ops
+    }
+
+    /// The webhook event of a turn that ended or paused, if it has a
+    /// `webhook`.
+    fn webhook_op(&self, record: &TurnRecord) -> Option<WriteOp> {
+        let url = record.webhook.clone()?;
+        let status = record.phase.as_str();
+        let mut data = serde_json::json!({
+            "session_id": self.session.id,
+            "turn_id": record.turn_id,
+            "agent": self.agent.name,
+            "status": status,
+            "usage": record.usage,
+        });
+        match &record.phase {
+            Phase::Completed => {
+                if let Some(o) = &record.outcome {
+                    data["answer"] = o.answer.clone().into();
+                    if let Some(output) = &o.output {
+                        data["output"] = output.clone();
+                    }
+                }
+            }
+            Phase::Failed | Phase::Interrupted => {
+                data["error"] = serde_json::to_value(&record.error).unwrap_or_default();
+            }
+            Phase::AwaitingApproval { confirmations, .. } => {
+                data["confirmations"] = serde_json::to_value(confirmations).unwrap_or_default();
+            }
+            _ => return None,
+        }
+        if let Some(user) = &self.session.user_id {
+            data["user_id"] = user.clone().into();
+        }
+        Some(crate::webhooks::outbox_op(crate::webhooks::Event {
+            tenant: self.session.tenant.clone(),
+            url,
+            event_type: format!("turn.{status}"),
+            session_id: Some(self.session.id.clone()),
+            turn_id: Some(record.turn_id.clone()),
+            run_id: None,
+            distinct: record.model_calls.to_string(),
+            anchor: record.started_at,
+            data,
         }))
     }
 
@@ -845,10 +894,11 @@ impl Conversation {
         let mut ops = self.take_unsaved();
         ops.extend(extra);
         let ops = self.writer.fenced(ops);
+        let wakes = has_event(&ops);
         let store = self.store.clone();
         let generation = self.generation;
         ctx.spawn(
-            async move { store.write_at(generation, ops, true).await }
+            async move { woken(wakes, store.write_at(generation, ops, true).await) }
                 .into_actor(self)
                 .map(move |result, act, ctx| {
                     if let Err(e) = &result {
@@ -867,12 +917,12 @@ impl Conversation {
 
     fn perform(&mut self, step: Step, ctx: &mut Context<Self>) {
         self.stage(step.persist);
-        let record = step.record.map(|r| self.record_op(&r));
+        let record = step.record.map(|r| self.record_ops(&r));
         let record = if matches!(step.action, Action::Finish(_) | Action::Pause(_)) {
             record
         } else {
             let mut ops = self.take_unsaved();
-            ops.extend(record);
+            ops.extend(record.into_iter().flatten());
             let ops = self.writer.fenced(ops);
             if let Action::RunTools(calls) = &step.action
                 && self.writer.may_be_taken_over()
@@ -987,10 +1037,10 @@ impl Conversation {
                 self.run_tools(calls, ctx);
             }
             Action::Finish(outcome) => {
-                self.finish(*outcome, record.into_iter().collect(), ctx);
+                self.finish(*outcome, record.unwrap_or_default(), ctx);
             }
             Action::Pause(outcome) => {
-                self.pause(*outcome, record.into_iter().collect(), ctx);
+                self.pause(*outcome, record.unwrap_or_default(), ctx);
             }
             Action::Reject(rejection) => self.fail(TurnError::Rejected(rejection), ctx),
         }
@@ -1535,7 +1585,7 @@ impl Conversation {
     fn write_closed(&mut self, closed: Closed, durable: bool, ctx: &mut Context<Self>) {
         self.stage(closed.persist);
         let mut ops = self.take_unsaved();
-        ops.push(self.record_op(&closed.record));
+        ops.extend(self.record_ops(&closed.record));
         if !closed.rolled_back.is_empty() {
             ops.push(WriteOp::MarkRolledBack {
                 session_id: self.session.id.clone(),
@@ -1546,9 +1596,10 @@ impl Conversation {
         if durable {
             let store = self.store.clone();
             let generation = self.generation;
+            let wakes = has_event(&ops);
             ctx.spawn(
                 async move {
-                    if let Err(e) = store.write_at(generation, ops, true).await {
+                    if let Err(e) = woken(wakes, store.write_at(generation, ops, true).await) {
                         tracing::warn!(error = %e, "closed turn not stored");
                     }
                 }
@@ -1768,7 +1819,7 @@ impl Conversation {
         let mut extra = Vec::new();
         if let Some(closed) = closed {
             self.stage(closed.persist);
-            extra.push(self.record_op(&closed.record));
+            extra.extend(self.record_ops(&closed.record));
             let turn_id = closed.record.turn_id;
             let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.watchers)
                 .into_iter()
@@ -2023,6 +2074,21 @@ pub struct Refuse {
     pub key: Option<String>,
 }
 
+/// The write carries a webhook event ([`crate::webhooks::outbox_op`]).
+fn has_event(ops: &[WriteOp]) -> bool {
+    ops.iter()
+        .any(|op| matches!(op, WriteOp::PutDocsOnce { .. }))
+}
+
+/// Once a write that carries a webhook event is committed, wakes the
+/// delivery loop (else it finds the event at its next poll).
+fn woken(wakes: bool, result: Result<(), StoreError>) -> Result<(), StoreError> {
+    if wakes && result.is_ok() {
+        crate::webhooks::wake();
+    }
+    result
+}
+
 impl Handler<Refuse> for Conversation {
     type Result = ResponseFuture<Result<String, TurnError>>;
 
@@ -2037,11 +2103,12 @@ impl Handler<Refuse> for Conversation {
                 details: Some(msg.rejection.details),
             },
         );
-        let ops = self.writer.fenced(vec![self.record_op(&record)]);
+        let ops = self.writer.fenced(self.record_ops(&record));
+        let wakes = has_event(&ops);
         let store = self.store.clone();
         let generation = self.generation;
         Box::pin(async move {
-            store.write_at(generation, ops, true).await?;
+            woken(wakes, store.write_at(generation, ops, true).await)?;
             Ok(turn_id)
         })
     }

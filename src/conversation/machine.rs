@@ -263,12 +263,39 @@ pub struct TurnRecord {
     /// The answer missed its schema once and the model was asked again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub output_retried: bool,
+    /// Where the turn's end is POSTed (the message's `webhook`): an event
+    /// when it completes, fails, is interrupted or pauses for an approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
+    /// Tokens of the turn's model calls so far.
+    #[serde(default, skip_serializing_if = "TurnTokens::is_zero")]
+    pub usage: TurnTokens,
     pub started_at: Timestamp,
     pub updated_at: Timestamp,
 }
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// A turn's tokens, as its record and its webhook event show them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TurnTokens {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+}
+
+impl TurnTokens {
+    fn is_zero(&self) -> bool {
+        self.total_tokens == 0 && self.prompt_tokens == 0 && self.completion_tokens == 0
+    }
+
+    fn add(&mut self, u: &crate::model::Usage) {
+        self.prompt_tokens += u64::from(u.prompt_tokens);
+        self.completion_tokens += u64::from(u.completion_tokens);
+        self.total_tokens = self.prompt_tokens + self.completion_tokens;
+    }
 }
 
 impl TurnRecord {
@@ -407,6 +434,8 @@ struct Turn {
     output: Option<Arc<OutputSchema>>,
     /// The answer missed it once; the next miss fails the turn.
     output_retried: bool,
+    webhook: Option<String>,
+    usage: TurnTokens,
 }
 
 impl Turn {
@@ -628,6 +657,8 @@ impl ConversationMachine {
             arguments: Vec::new(),
             output: self.settings.output_schema().cloned(),
             output_retried: false,
+            webhook: self.settings.webhook().map(str::to_string),
+            usage: TurnTokens::default(),
         }));
         let request = self.request();
         Ok(Step {
@@ -662,6 +693,8 @@ impl ConversationMachine {
             resumes: 0,
             response_format: None,
             output_retried: false,
+            webhook: None,
+            usage: TurnTokens::default(),
             started_at: now,
             updated_at: now,
         }
@@ -691,6 +724,9 @@ impl ConversationMachine {
             Some(Phase::AwaitingModel)
         ) {
             return Err(self.out_of_phase("on_model_reply"));
+        }
+        if let (Some(turn), Some(u)) = (self.turn.as_mut(), reply.usage.as_ref()) {
+            turn.usage.add(u);
         }
         // The one cap on calls per reply, whichever model answered: the
         // others are neither stored nor run (nor answered: the stored
@@ -1030,6 +1066,8 @@ impl ConversationMachine {
                 None => self.settings.output_schema().cloned(),
             },
             output_retried: record.output_retried,
+            webhook: record.webhook,
+            usage: record.usage,
         };
         if let Phase::AwaitingTools { calls } | Phase::AwaitingApproval { calls, .. } =
             &record.phase
@@ -1266,6 +1304,8 @@ fn snapshot(turn: &Turn, phase: Phase, now: Timestamp) -> TurnRecord {
             .filter(|o| o.from_message)
             .map(|o| (*o.format).clone()),
         output_retried: turn.output_retried,
+        webhook: turn.webhook.clone(),
+        usage: turn.usage,
         started_at: turn.started_at,
         updated_at: now,
     }

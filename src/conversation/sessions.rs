@@ -208,6 +208,9 @@ pub fn check_content(content: &str) -> Result<(), SessionError> {
 pub struct TurnInput {
     pub content: String,
     pub output_schema: Option<Arc<crate::tools::output_schema::OutputSchema>>,
+    /// Where the turn's end is POSTed, already checked
+    /// ([`crate::webhooks::Webhooks::check`]).
+    pub webhook: Option<String>,
 }
 
 impl From<String> for TurnInput {
@@ -215,6 +218,7 @@ impl From<String> for TurnInput {
         TurnInput {
             content,
             output_schema: None,
+            webhook: None,
         }
     }
 }
@@ -1006,6 +1010,7 @@ impl Sessions {
         let TurnInput {
             content,
             output_schema,
+            webhook,
         } = input.into();
         check_content(&content)?;
         let session = self.get(scope, id).await?;
@@ -1036,6 +1041,9 @@ impl Sessions {
         let reservation = self.admit_under(&session.tenant, &config).await?;
         if let Some(schema) = output_schema {
             settings.with_output_schema(schema);
+        }
+        if let Some(url) = webhook {
+            settings.with_webhook(url);
         }
         let handle = self.handle(id).await?;
         let accepted = match handle

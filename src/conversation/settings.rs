@@ -56,6 +56,9 @@ pub struct TurnRules {
     pub output_schema: Option<Arc<OutputSchema>>,
     /// The tenant's guardrails, then the agent's.
     pub guardrails: Guardrails,
+    /// Where the turn's end is POSTed (a message's `webhook`;
+    /// [`crate::webhooks`]).
+    pub webhook: Option<String>,
 }
 
 impl TurnRules {
@@ -68,6 +71,7 @@ impl TurnRules {
             Arc::new(TurnRules {
                 output_schema,
                 guardrails,
+                webhook: None,
             })
         })
     }
@@ -99,12 +103,21 @@ impl TurnSettings {
     /// The same rules with `schema` as the answer schema (a message's
     /// `response_format`).
     pub fn with_output_schema(&mut self, schema: Arc<OutputSchema>) {
-        let guardrails = self
-            .rules
-            .as_ref()
-            .map(|r| r.guardrails.clone())
-            .unwrap_or_default();
-        self.rules = TurnRules::of(Some(schema), guardrails);
+        let mut rules = self.rules.as_deref().cloned().unwrap_or_default();
+        rules.output_schema = Some(schema);
+        self.rules = Some(Arc::new(rules));
+    }
+
+    /// The same rules with the turn's end POSTed to `url`.
+    pub fn with_webhook(&mut self, url: String) {
+        let mut rules = self.rules.as_deref().cloned().unwrap_or_default();
+        rules.webhook = Some(url);
+        self.rules = Some(Arc::new(rules));
+    }
+
+    /// Where the turn's end is POSTed, if anywhere.
+    pub fn webhook(&self) -> Option<&str> {
+        self.rules.as_ref().and_then(|r| r.webhook.as_deref())
     }
 
     /// Applies a tenant's overrides to the agent's settings for one turn

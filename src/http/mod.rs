@@ -55,6 +55,7 @@ pub mod tools;
 pub mod turn_log;
 pub mod turn_stream;
 pub mod usage;
+pub mod webhooks;
 pub mod workflows;
 pub mod ws;
 
@@ -127,6 +128,8 @@ pub struct AppShared {
     pub dependencies: Vec<std::sync::Arc<dyn Dependency>>,
     /// `/v1/schedules` ([`crate::schedules`]).
     pub schedules: crate::schedules::Schedules,
+    /// `webhook` targets' checks, `/v1/webhooks/deliveries` ([`crate::webhooks`]).
+    pub webhooks: crate::webhooks::Webhooks,
 }
 
 /// A dependency `/readyz` reports beside the store (cluster mode: Redis).
@@ -167,6 +170,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(ws::routes())
         .merge(workflows::routes())
         .merge(schedules::routes())
+        .merge(webhooks::routes())
         .split_for_parts();
     idempotency::document(&mut doc);
     openapi::CommonErrors.modify(&mut doc);

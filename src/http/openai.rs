@@ -350,6 +350,7 @@ fn turn_input(
     };
     match super::turn_stream::output_schema(format) {
         Ok(output_schema) => Ok(TurnInput {
+            webhook: None,
             content,
             output_schema,
         }),

@@ -100,6 +100,7 @@ pub fn is_public(path: &str) -> bool {
         (name = "keys", description = "API keys: create, list, revoke while the server runs"),
         (name = "workflows", description = "Multi-agent workflows and their runs"),
         (name = "schedules", description = "Agent turns and workflow runs on a clock, exactly once per slot"),
+        (name = "webhooks", description = "Signed events when a background turn or a workflow run ends, and their delivery attempts"),
         (name = "health", description = "Liveness"),
     )
 )]

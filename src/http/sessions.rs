@@ -480,7 +480,7 @@ async fn send(
     let scope = caller.scope();
     // An unknown session is 404 before anything else is checked.
     state.sessions.get(&scope, &id).await?;
-    let input = body.into_input()?;
+    let input = body.into_input(&state, &scope).await?;
     if respond_async && !wants_stream {
         // The turn runs on, its events logged for whoever follows it
         // (`GET .../turns/{turn_id}/events`); its outcome is stored with

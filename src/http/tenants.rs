@@ -96,6 +96,11 @@ struct TenantConfigPatch {
     /// Replaces the whole list (a merge patch replaces arrays).
     #[schema(max_items = 64)]
     guardrails: Option<Vec<crate::guardrails::GuardrailConfig>>,
+    #[schema(
+        nullable,
+        pattern = "^whsec_(?:[A-Za-z0-9+/]{4}){8,42}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+    )]
+    webhook_secret: Option<String>,
 }
 
 #[derive(ToSchema)]

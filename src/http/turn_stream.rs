@@ -65,14 +65,33 @@ pub(super) struct MessageBody {
     /// `OUTPUT_SCHEMA_VIOLATION`.
     #[serde(default)]
     pub(super) response_format: Option<ResponseFormatBody>,
+    /// Where to POST the turn's end (completed, failed, interrupted, or
+    /// paused for an approval) as a signed Standard Webhooks event, at
+    /// least once from a durable outbox (docs/webhooks.md). Meant for
+    /// `Prefer: respond-async`; any turn may have one. A URL cadre may not
+    /// reach is 422 `WEBHOOK_REFUSED`.
+    #[serde(default)]
+    #[schema(max_length = 2048)]
+    pub(super) webhook: Option<String>,
 }
 
 impl MessageBody {
-    /// The turn's input: the text and the schema asked for, checked.
-    pub(super) fn into_input(self) -> Result<TurnInput, ApiError> {
+    /// The turn's input: the text, the schema asked for and the webhook
+    /// target, checked.
+    pub(super) async fn into_input(
+        self,
+        state: &AppState,
+        scope: &Scope,
+    ) -> Result<TurnInput, ApiError> {
+        let output_schema = output_schema(self.response_format)?;
+        let webhook = match self.webhook {
+            Some(url) => Some(state.webhooks.check(scope.name(), &url).await?),
+            None => None,
+        };
         Ok(TurnInput {
             content: self.content,
-            output_schema: output_schema(self.response_format)?,
+            output_schema,
+            webhook,
         })
     }
 }
@@ -198,7 +217,7 @@ async fn stream_message(
     let scope = caller.scope();
     state.sessions.get(&scope, &id).await?;
     let key = key.map(|Extension(IdempotencyKey(k))| k);
-    let input = body.into_input()?;
+    let input = body.into_input(&state, &scope).await?;
     stream_turn(&state, &scope, &quota, &id, input, key, turn_slot).await
 }
 

@@ -252,6 +252,12 @@ struct StartBody {
     #[serde(default)]
     wait: bool,
     user_id: Option<UserId>,
+    /// Where to POST the run's end (succeeded, failed, interrupted,
+    /// cancelled) as a signed Standard Webhooks event (docs/webhooks.md);
+    /// a URL cadre may not reach is 422 `WEBHOOK_REFUSED`.
+    #[serde(default)]
+    #[schema(max_length = 2048)]
+    webhook: Option<String>,
 }
 
 /// The run, if the caller's tenant owns it; else "not found".
@@ -302,6 +308,10 @@ async fn start(
     // A run's plan is the lower of the workflow's and the caller's
     // entitlement: a free key runs a premium workflow's calls as free.
     let ceiling = crate::tenants::config::plan_ceiling(&state.store, &caller).await?;
+    let webhook = match body.webhook {
+        Some(url) => Some(state.webhooks.check(&caller.tenant, &url).await?),
+        None => None,
+    };
     let run = state
         .workflows
         .start(
@@ -312,6 +322,7 @@ async fn start(
                 user_id: body.user_id.map(UserId::into_string),
                 parent_run,
                 plan_ceiling: Some(ceiling),
+                webhook,
             },
         )
         .await?;

@@ -341,6 +341,7 @@ impl Schedules {
                         user_id: schedule.user_id.clone(),
                         parent_run: None,
                         plan_ceiling: Some(ceiling),
+                        webhook: schedule.webhook.clone(),
                     },
                 )
                 .await
@@ -391,7 +392,11 @@ impl Schedules {
             .start_turn(
                 &scope,
                 session_id,
-                message.clone(),
+                crate::conversation::sessions::TurnInput {
+                    content: message.clone(),
+                    output_schema: None,
+                    webhook: schedule.webhook.clone(),
+                },
                 None,
                 Some(fire.turn_key()),
             )

@@ -80,9 +80,9 @@
 //!
 //! Bounds: [`MAX_PER_TENANT`] schedules per tenant, a message like any
 //! message ([`crate::conversation::sessions::MAX_CONTENT_BYTES`]), a
-//! workflow input of at most [`MAX_INPUT_BYTES`], a webhook URL of at most
-//! [`MAX_WEBHOOK_BYTES`] (stored; delivery is part 2 of the issue and not
-//! done here).
+//! workflow input of at most [`MAX_INPUT_BYTES`], a webhook URL checked
+//! like a message's ([`crate::webhooks::Webhooks::check`]: 422
+//! `WEBHOOK_REFUSED`); each fire's turn or run POSTs its end there.
 //!
 //! # Rights
 //! A schedule runs with the rights of the key that made it: its tenant and
@@ -125,8 +125,6 @@ pub use slots::{CatchUp, Timing, TimingError};
 pub const MAX_PER_TENANT: usize = 1_000;
 /// Largest workflow `input`, as JSON.
 pub const MAX_INPUT_BYTES: usize = 64 * 1024;
-/// Longest `webhook` URL.
-pub const MAX_WEBHOOK_BYTES: usize = 2_048;
 /// Fire records kept per schedule (the newest).
 pub const KEEP_RUNS: usize = 100;
 /// How often the loop reads every schedule again and looks for work a
@@ -151,6 +149,8 @@ pub enum ScheduleError {
     Invalid { message: String },
     #[error("the tenant has {max} schedules, the most allowed; delete one first")]
     TooMany { max: usize },
+    #[error(transparent)]
+    Webhook(#[from] crate::webhooks::WebhookRefused),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -182,6 +182,7 @@ impl PublicError for ScheduleError {
             ScheduleError::Invalid { .. } | ScheduleError::TooMany { .. } => {
                 ErrorCode::ValidationError
             }
+            ScheduleError::Webhook(w) => w.code(),
             ScheduleError::Store(s) => s.code(),
         }
     }
@@ -330,18 +331,26 @@ struct Inner {
     sessions: Sessions,
     workflows: Workflows,
     keys: KeyRing,
+    webhooks: crate::webhooks::Webhooks,
     /// Wakes the loop: a schedule changed on this node.
     changed: tokio::sync::Notify,
 }
 
 impl Schedules {
-    pub fn new(store: Store, sessions: Sessions, workflows: Workflows, keys: KeyRing) -> Self {
+    pub fn new(
+        store: Store,
+        sessions: Sessions,
+        workflows: Workflows,
+        keys: KeyRing,
+        webhooks: crate::webhooks::Webhooks,
+    ) -> Self {
         Schedules {
             inner: Arc::new(Inner {
                 store,
                 sessions,
                 workflows,
                 keys,
+                webhooks,
                 changed: tokio::sync::Notify::new(),
             }),
         }
@@ -649,8 +658,7 @@ impl Schedules {
             s.user_id = Some(user);
         }
         if let Some(url) = spec.webhook {
-            check_webhook(&url)?;
-            s.webhook = Some(url);
+            s.webhook = Some(self.inner.webhooks.check(&s.tenant, &url).await?);
         }
         let is_workflow = spec.workflow.is_some() || spec.input.is_some();
         let is_agent = spec.agent.is_some() || spec.message.is_some() || spec.session.is_some();
@@ -780,22 +788,6 @@ fn first_slot(s: &Schedule, now: Timestamp) -> Result<Timestamp, ScheduleError> 
     s.timing()?.next_after(now).ok_or(ScheduleError::Invalid {
         message: "the schedule has no slot to come".into(),
     })
-}
-
-fn check_webhook(url: &str) -> Result<(), ScheduleError> {
-    let invalid = || {
-        ScheduleError::invalid(format!(
-            "'webhook' must be an http or https URL of at most {MAX_WEBHOOK_BYTES} bytes"
-        ))
-    };
-    if url.len() > MAX_WEBHOOK_BYTES {
-        return Err(invalid());
-    }
-    let parsed = url::Url::parse(url).map_err(|_| invalid())?;
-    if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-        return Err(invalid());
-    }
-    Ok(())
 }
 
 fn delete_op(namespace: &str, key: &str) -> crate::store::WriteOp {

@@ -102,6 +102,12 @@ impl ReadCache {
                     self.docs.invalidate(&(namespace.clone(), key.clone()));
                     self.docs.invalidate(&(to_namespace.clone(), key.clone()));
                 }
+                WriteOp::PutDocsOnce { docs, .. } => {
+                    generation.get_or_insert_with(|| self.generation.lock().expect("cache lock"));
+                    for d in docs {
+                        self.docs.invalidate(&(d.namespace.clone(), d.key.clone()));
+                    }
+                }
                 WriteOp::DeleteSession { session_id, .. } => {
                     generation.get_or_insert_with(|| self.generation.lock().expect("cache lock"));
                     self.sessions.invalidate(session_id);

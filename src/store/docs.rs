@@ -71,6 +71,14 @@ impl<'t> DocTables<'t> {
         Ok(())
     }
 
+    /// Whether a document is there.
+    pub(super) fn contains(&mut self, namespace: &str, key: &str) -> Result<bool, StoreError> {
+        Ok(match self.own(namespace)? {
+            Some(t) => t.get(key)?.is_some(),
+            None => self.shared()?.get((namespace, key))?.is_some(),
+        })
+    }
+
     /// Removes a document; its bytes when it was there.
     pub(super) fn remove(
         &mut self,

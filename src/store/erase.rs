@@ -81,6 +81,10 @@ impl ErasedIds {
             | WriteOp::MarkRolledBack { session_id, .. }
             | WriteOp::LinkDoc { session_id, .. } => self.contains(session_id),
             WriteOp::PutTurn(w) => self.contains(&w.session_id),
+            WriteOp::PutDocsOnce {
+                session_id: Some(id),
+                ..
+            } => self.contains(id),
             WriteOp::RecordToolCall(rec) => rec
                 .conversation_id
                 .as_deref()

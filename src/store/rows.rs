@@ -248,6 +248,16 @@ pub struct ToolStats {
     pub total_execution_time_ms: u64,
 }
 
+/// A document to write with [`WriteOp::PutDocsOnce`].
+#[derive(Debug, Clone)]
+pub struct NewDoc {
+    pub namespace: String,
+    pub key: String,
+    pub value: Value,
+    /// Listed under this tenant ([`crate::store::DocReads::docs_of`]).
+    pub tenant: Option<String>,
+}
+
 /// One change the writer applies.
 #[derive(Debug)]
 pub enum WriteOp {
@@ -325,6 +335,15 @@ pub enum WriteOp {
         namespace: String,
         key: String,
         session_id: String,
+    },
+    /// Writes `docs` (each listed under its tenant) only if the first is
+    /// not there yet, and links them to `session_id` when given (erased
+    /// with it): an outbox entry is written at most once however often the
+    /// write that carries it is repeated ([`crate::store::DocReads::move_doc`]
+    /// then moves it along, so "not there" is also "delivered").
+    PutDocsOnce {
+        docs: Vec<NewDoc>,
+        session_id: Option<String>,
     },
     /// A turn's record ([`turns`]), in the batch of the step it records.
     PutTurn(Box<turns::TurnWrite>),

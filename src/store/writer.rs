@@ -553,6 +553,42 @@ fn commit_batch(
                         }
                     }
                 }
+                WriteOp::PutDocsOnce {
+                    docs: new_docs,
+                    session_id,
+                } => {
+                    let fresh = match new_docs.first() {
+                        Some(d) => !docs.contains(&d.namespace, &d.key)?,
+                        None => false,
+                    };
+                    if fresh {
+                        for d in new_docs {
+                            docs.insert(
+                                &d.namespace,
+                                &d.key,
+                                serde_json::to_vec(&d.value)?.as_slice(),
+                            )?;
+                            if let Some(tenant) = &d.tenant {
+                                listing::index_doc(
+                                    docs_by_tenant.open()?,
+                                    doc_tenants.open()?,
+                                    &d.namespace,
+                                    &d.key,
+                                    tenant,
+                                )?;
+                            }
+                            if let Some(session_id) = session_id {
+                                erase::link_doc(
+                                    docs_by_session.open()?,
+                                    doc_sessions.open()?,
+                                    &d.namespace,
+                                    &d.key,
+                                    session_id,
+                                )?;
+                            }
+                        }
+                    }
+                }
                 WriteOp::LinkDoc {
                     namespace,
                     key,

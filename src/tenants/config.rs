@@ -82,6 +82,13 @@ pub struct TenantConfig {
     /// same objects as an agent file's `[[guardrails]]`; docs/guardrails.md).
     #[schema(max_items = 64)]
     pub guardrails: Vec<crate::guardrails::GuardrailConfig>,
+    /// The secret the tenant's webhooks are signed with (`whsec_` and the
+    /// base64 of 24 to 128 bytes), instead of `[webhooks] secret`
+    /// (docs/webhooks.md).
+    #[schema(
+        pattern = "^whsec_(?:[A-Za-z0-9+/]{4}){8,42}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+    )]
+    pub webhook_secret: Option<String>,
 }
 
 /// `tool_quotas` as the document states it: at most 256 tool names of 1 to
@@ -118,6 +125,7 @@ impl Default for TenantConfig {
             max_storage_mb: None,
             monthly_token_budget: None,
             guardrails: Vec::new(),
+            webhook_secret: None,
         }
     }
 }
@@ -198,6 +206,11 @@ impl TenantConfig {
         }
         if let Err(e) = crate::guardrails::Guardrails::compile(&self.guardrails) {
             return bad(&format!("guardrails: {e}"));
+        }
+        if let Some(secret) = &self.webhook_secret
+            && let Err(e) = crate::webhooks::Secret::parse(secret)
+        {
+            return bad(&format!("webhook_secret: {e}"));
         }
         if self.response_delay_ms > 60_000 {
             return bad("response_delay_ms must be at most 60000");

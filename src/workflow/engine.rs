@@ -222,6 +222,9 @@ pub struct StartRun {
     /// its key's plan): the run's plan is the lower of it and the
     /// workflow's. `None`: no ceiling (the local operator's CLI).
     pub plan_ceiling: Option<crate::identity::Plan>,
+    /// Where the run's end is POSTed, already checked
+    /// ([`crate::webhooks::Webhooks::check`]).
+    pub webhook: Option<String>,
 }
 
 /// Which runs to list.
@@ -683,6 +686,7 @@ impl Workflows {
         run.parent_run = start.parent_run.filter(|_| depth > 0);
         run.node = self.inner.deps.store.node_id().map(str::to_string);
         run.plan = start.plan_ceiling.map(|c| c.min(workflow.plan));
+        run.webhook = start.webhook;
         let cache_ttl = self.cache_policy(&run.tenant).await;
         let live = self.claim(&run)?;
         // Stored, then claimed: the write that creates the run makes this

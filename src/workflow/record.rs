@@ -41,10 +41,46 @@ pub fn doc(run: &WorkflowRun) -> Value {
     doc
 }
 
+/// The webhook event of a run that ended, if it has a `webhook`: in the
+/// write of its final document, once ([`crate::webhooks`]); a resumed run
+/// that ends again sends another (its `resumes` tell them apart).
+fn webhook_op(run: &WorkflowRun) -> Option<WriteOp> {
+    let url = run.webhook.clone()?;
+    if !run.status.is_terminal() {
+        return None;
+    }
+    let status = run.status.as_str();
+    let mut data = serde_json::json!({
+        "run_id": run.id,
+        "workflow": run.workflow,
+        "status": status,
+    });
+    if let Some(output) = &run.output {
+        data["output"] = output.clone();
+    }
+    if let Some(error) = &run.error {
+        data["error"] = error.clone().into();
+    }
+    if let Some(user) = &run.user_id {
+        data["user_id"] = user.clone().into();
+    }
+    Some(crate::webhooks::outbox_op(crate::webhooks::Event {
+        tenant: run.tenant.clone(),
+        url,
+        event_type: format!("run.{status}"),
+        session_id: None,
+        turn_id: None,
+        run_id: Some(run.id.clone()),
+        distinct: run.resumes.to_string(),
+        anchor: run.created_at,
+        data,
+    }))
+}
+
 /// The writes of `run`: its document when `with_doc`, and the rows of the
 /// elements named in `items` (`(node, index)`).
 pub fn ops(run: &WorkflowRun, with_doc: bool, items: &[(String, usize)]) -> Vec<WriteOp> {
-    let mut ops = Vec::with_capacity(items.len() + 1);
+    let mut ops = Vec::with_capacity(items.len() + 2);
     if with_doc {
         ops.push(WriteOp::PutDoc {
             namespace: RUNS_NAMESPACE.into(),
@@ -52,6 +88,7 @@ pub fn ops(run: &WorkflowRun, with_doc: bool, items: &[(String, usize)]) -> Vec<
             value: doc(run),
             tenant: Some(run.tenant.clone()),
         });
+        ops.extend(webhook_op(run));
     }
     for (node, k) in items {
         let Some(item) = run

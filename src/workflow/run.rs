@@ -203,6 +203,10 @@ pub struct WorkflowRun {
     /// CLI), which runs with the workflow's plan.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::identity::Plan>,
+    /// Where the run's end is POSTed (the start request's `webhook`): an
+    /// event when it succeeds, fails, is interrupted or cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<String>,
 }
 
 fn default_tenant() -> String {

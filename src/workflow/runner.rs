@@ -184,7 +184,17 @@ impl WorkflowRunner {
             items,
             ..
         } = step;
-        let write = async move { store.write(ops, durable).await };
+        let wakes = ops
+            .iter()
+            .any(|op| matches!(op, crate::store::WriteOp::PutDocsOnce { .. }));
+        let write = async move {
+            let written = store.write(ops, durable).await;
+            if wakes && written.is_ok() {
+                // The run's end carries its webhook event.
+                crate::webhooks::wake();
+            }
+            written
+        };
         ctx.wait(write.into_actor(self).map(move |written, act, ctx| {
             if act.shutting_down() {
                 ctx.stop();

@@ -180,6 +180,7 @@ pub fn new_run(
         depth: 0,
         node: None,
         plan: None,
+        webhook: None,
     }
 }
 

@@ -374,6 +374,7 @@ fn is_planned(op: &WriteOp) -> bool {
     !matches!(
         op,
         WriteOp::MoveDoc { .. }
+            | WriteOp::PutDocsOnce { .. }
             | WriteOp::DeleteSession { .. }
             | WriteOp::EraseCallsOutsideSessions { .. }
             | WriteOp::MarkRolledBack { .. }
@@ -623,6 +624,7 @@ fn plan<'a>(op: &'a WriteOp, node: &'a str, with_session: bool) -> Option<Vec<St
             )]
         }
         WriteOp::MoveDoc { .. }
+        | WriteOp::PutDocsOnce { .. }
         | WriteOp::DeleteSession { .. }
         | WriteOp::EraseCallsOutsideSessions { .. }
         | WriteOp::MarkRolledBack { .. }
@@ -746,6 +748,31 @@ async fn apply(
             continue;
         }
         match op {
+            WriteOp::PutDocsOnce { docs, session_id } => {
+                // The first document decides: when it is there, nothing is
+                // written (the redb writer's rule).
+                for (i, d) in docs.iter().enumerate() {
+                    let home = DocHome::of(&d.namespace);
+                    let (t, (ns_col, ns_val)) = (home.table, home.ns_column(5));
+                    let value = Json(&d.value);
+                    let mut params: Vec<&(dyn ToSql + Sync)> =
+                        vec![&d.key, &value, &d.tenant, session_id];
+                    params.extend(home.ns_param());
+                    let rows = query(
+                        txn,
+                        &format!(
+                            "INSERT INTO {t} (key, body, tenant, session_id{ns_col}) VALUES ($1, $2, $3, $4{ns_val})
+                             ON CONFLICT {} DO NOTHING RETURNING key",
+                            home.conflict()
+                        ),
+                        &params,
+                    )
+                    .await?;
+                    if i == 0 && rows.is_empty() {
+                        break;
+                    }
+                }
+            }
             WriteOp::MoveDoc {
                 namespace,
                 key,
