@@ -285,7 +285,10 @@ async fn another_tenant_cannot_see_or_touch_a_schedule_and_a_revoked_key_stops_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_fields_are_422s_that_say_why() {
-    let app = spawn_app(AppOptions::offline());
+    // A signing secret, so a schedule may name a webhook (docs/webhooks.md).
+    let app = spawn_app(AppOptions::offline().config_toml(
+        "[webhooks]\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
+    ));
     let client = &app.client;
     let session = client.session("assistant").await;
     let ok = json!({"agent": "assistant", "message": "hi", "interval_s": 60});
@@ -332,7 +335,12 @@ async fn refused_fields_are_422s_that_say_why() {
             StatusCode::UNPROCESSABLE_ENTITY,
             "{body} -> {error}"
         );
-        assert_eq!(error["error"]["code"], "VALIDATION_ERROR");
+        let code = if says == "webhook" {
+            "WEBHOOK_REFUSED"
+        } else {
+            "VALIDATION_ERROR"
+        };
+        assert_eq!(error["error"]["code"], code, "{body} -> {error}");
         let message = error["error"]["message"].as_str().unwrap();
         assert!(message.contains(says), "{body}: {message}");
     }
@@ -343,14 +351,14 @@ async fn refused_fields_are_422s_that_say_why() {
         client,
         json!({"agent": "assistant", "message": "brief", "cron": "0 9 * * 1-5",
                "timezone": "Europe/Paris", "session": session, "catch_up": "none",
-               "webhook": "https://example.com/hook"}),
+               "webhook": "https://93.184.215.14/hook"}),
     )
     .await;
     let next: Timestamp = schedule["next_fire_at"].as_str().unwrap().parse().unwrap();
     assert!(next > Timestamp::now());
     let zoned = next.to_zoned(jiff::tz::TimeZone::get("Europe/Paris").unwrap());
     assert_eq!((zoned.hour(), zoned.minute()), (9, 0));
-    assert_eq!(schedule["webhook"], "https://example.com/hook");
+    assert_eq!(schedule["webhook"], "https://93.184.215.14/hook");
     let id = schedule["id"].as_str().unwrap();
     let (status, changed) = client
         .patch(&format!("/v1/schedules/{id}"), &json!({"interval_s": 3600}))

@@ -197,6 +197,7 @@ fn run_view((fire, status): (Fire, Option<String>)) -> ScheduleRun {
 
 error_responses!(
     CreateErrors:
+    WebhookRefused,
     ValidationError = "a field is missing, of the wrong type or refused (the message says which and why), or the tenant has 1,000 schedules",
     StorageUnavailable
 );
@@ -283,6 +284,7 @@ async fn show(
 error_responses!(
     UpdateErrors:
     ScheduleNotFound,
+    WebhookRefused,
     ValidationError = "a field is of the wrong type or refused (the message says which and why)",
     StorageUnavailable
 );

@@ -136,6 +136,7 @@ pub(super) fn output_schema(
 error_responses!(
     SendErrors:
     SessionNotFound,
+    WebhookRefused,
     ConversationBusy = "a turn is running and the agent rejects concurrent messages",
     ConversationQueueFull = "`[sessions] max_queued_turns` turns already wait in the session",
     TurnInterrupted = "a newer message cut this turn (`multitask` `interrupt` or `rollback`)",

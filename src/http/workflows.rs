@@ -272,6 +272,7 @@ async fn owned(state: &AppState, caller: &Principal, id: &str) -> Result<Workflo
 error_responses!(
     StartErrors:
     WorkflowNotFound,
+    WebhookRefused,
     ValidationError = "the input fails the workflow's schema (`details.validation_errors`: `{field, code, message}`), or an unknown field",
     WorkflowDepthExceeded,
     StorageUnavailable,
