@@ -321,6 +321,8 @@ struct ServerDir {
     data_dir: PathBuf,
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum SchedulesCommand {
     /// One line per schedule of the key's tenant: id, what it runs, when,
