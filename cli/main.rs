@@ -1,6 +1,7 @@
 //! The `cadre` command line: `serve` runs the HTTP server, `chat` runs one
 //! turn in-process, `tools` lists and checks tool definitions, `workflow`
-//! lists workflows and runs one in-process with a line per node event.
+//! lists workflows and runs one in-process with a line per node event,
+//! `schedules` lists, creates and deletes a running server's schedules.
 //! Thin: everything it does is the library's. With `--url` the read and run
 //! commands ask a running server instead (see `remote`).
 
@@ -137,6 +138,12 @@ enum Command {
     Sessions {
         #[command(subcommand)]
         command: SessionsCommand,
+    },
+    /// Schedules of a running server (`/v1/schedules`): with `--url`, or
+    /// the server that holds `--data-dir`.
+    Schedules {
+        #[command(subcommand)]
+        command: SchedulesCommand,
     },
     /// Tool call records, newest first.
     Calls {
@@ -305,6 +312,96 @@ enum SessionsCommand {
     },
 }
 
+/// The server a `schedules` command asks when no `--url` is given: the
+/// one holding this data dir (its `server.json`).
+#[derive(Args)]
+struct ServerDir {
+    /// The data dir of the server to ask when no --url is given.
+    #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+    data_dir: PathBuf,
+}
+
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+enum SchedulesCommand {
+    /// One line per schedule of the key's tenant: id, what it runs, when,
+    /// its next fire and its last run.
+    List {
+        #[command(flatten)]
+        server: ServerDir,
+    },
+    /// Create a schedule (an agent turn or a workflow run, on a cron
+    /// expression or an interval); prints its id, and what it is on stderr.
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["agent", "workflow"])))]
+    #[command(group(clap::ArgGroup::new("timing").required(true).args(["cron", "interval_s"])))]
+    Create {
+        /// The agent asked at each fire.
+        #[arg(long, requires = "message")]
+        agent: Option<String>,
+        /// What the agent is asked.
+        #[arg(long, requires = "agent")]
+        message: Option<String>,
+        /// `new` (default: a new session per fire) or a session id of the same agent.
+        #[arg(long, requires = "agent")]
+        session: Option<String>,
+        /// The workflow run at each fire.
+        #[arg(long)]
+        workflow: Option<String>,
+        /// The workflow run's input, as JSON.
+        #[arg(long, requires = "workflow")]
+        input: Option<String>,
+        /// A cron expression: 5 fields (`0 9 * * 1-5`), or 6 with seconds first.
+        #[arg(long)]
+        cron: Option<String>,
+        /// Every this many seconds.
+        #[arg(long)]
+        interval_s: Option<u64>,
+        /// The IANA time zone of --cron (default UTC).
+        #[arg(long, requires = "cron")]
+        timezone: Option<String>,
+        /// The user the turns or runs are for.
+        #[arg(long)]
+        user_id: Option<String>,
+        /// The schedule's webhook, an http(s) URL.
+        #[arg(long)]
+        webhook: Option<String>,
+        /// Slots missed while no server ran: one (default), none or all.
+        #[arg(long, value_parser = ["one", "none", "all"])]
+        catch_up: Option<String>,
+        #[command(flatten)]
+        server: ServerDir,
+    },
+    /// Delete a schedule: it fires no more.
+    Delete {
+        /// The schedule's id.
+        id: String,
+        #[command(flatten)]
+        server: ServerDir,
+    },
+    /// A schedule's fires, newest first.
+    Runs {
+        /// The schedule's id.
+        id: String,
+        /// At most this many (1 to 100).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[command(flatten)]
+        server: ServerDir,
+    },
+}
+
+impl SchedulesCommand {
+    fn data_dir(&self) -> &std::path::Path {
+        match self {
+            SchedulesCommand::List { server }
+            | SchedulesCommand::Create { server, .. }
+            | SchedulesCommand::Delete { server, .. }
+            | SchedulesCommand::Runs { server, .. } => &server.data_dir,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum ToolsCommand {
     /// List the tools a server with these agents would offer.
@@ -356,6 +453,7 @@ fn main() -> anyhow::Result<()> {
         | Command::Workflow { .. }
         | Command::Keys { .. }
         | Command::Sessions { .. }
+        | Command::Schedules { .. }
         | Command::Calls { .. }
         | Command::Stats { .. }
         | Command::Config { .. }
@@ -415,6 +513,10 @@ fn main() -> anyhow::Result<()> {
         } => config_check(path),
         Command::Keys { command } => keys(command),
         Command::Sessions { command } => sessions(command),
+        Command::Schedules { command } => bail!(
+            "no cadre server holds {}: schedules are kept and fired by a running server. Pass --url URL (env CADRE_URL) with --api-key, or --data-dir of the running `cadre serve`",
+            command.data_dir().display()
+        ),
         Command::Calls {
             session,
             tool,
@@ -518,6 +620,7 @@ fn data_dir_of(command: &Command) -> Option<&std::path::Path> {
         }
         | Command::Calls { data_dir, .. }
         | Command::Stats { data_dir } => Some(data_dir),
+        Command::Schedules { command } => Some(command.data_dir()),
         Command::Tools { .. }
         | Command::Config { .. }
         | Command::Completions { .. }

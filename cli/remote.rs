@@ -15,6 +15,11 @@
 //!   becomes the command's error, `CODE (HTTP status): message`, so it is
 //!   printed on stderr and the exit code is 1. A body that is not JSON is
 //!   shown as text; a server that cannot be reached names the URL.
+//! - `schedules list|create|delete|runs` exist only here: schedules are
+//!   kept and fired by a running server. Without `--url` they ask the
+//!   server that holds `--data-dir` (as every data-dir command does when a
+//!   server holds it) and fail, saying so, when none does. `list` asks each
+//!   schedule's newest run (`…/runs?limit=1`) for its "last" column.
 //! - `chat` streams the turn (`Accept: text/event-stream`, the same events
 //!   the in-process chat prints); `workflow run` starts the run, follows
 //!   its SSE events (a run that ends before the stream opens shows only its
@@ -30,7 +35,9 @@ use reqwest::{Method, RequestBuilder, Response};
 use serde_json::{Value, json};
 
 use crate::render;
-use crate::{Command, KeysCommand, SessionsCommand, ToolsCommand, WorkflowCommand};
+use crate::{
+    Command, KeysCommand, SchedulesCommand, SessionsCommand, ToolsCommand, WorkflowCommand,
+};
 use cadre::store::{Session, ToolCallRecord};
 use cadre::tenants::KeyInfo;
 use cadre::tools::ToolDefinition;
@@ -42,6 +49,7 @@ pub fn run(url: &str, api_key: Option<&str>, command: &Command) -> Option<anyhow
     let remote = matches!(
         command,
         Command::Sessions { .. }
+            | Command::Schedules { .. }
             | Command::Calls { .. }
             | Command::Stats { .. }
             | Command::Chat { .. }
@@ -258,6 +266,7 @@ impl Client {
                 ..
             } => self.chat(agent, plan, session.as_deref(), message.clone()),
             Command::Keys { command } => self.keys(command),
+            Command::Schedules { command } => self.schedules(command),
             _ => unreachable!("run() passes only remote commands"),
         }
     }
@@ -302,6 +311,77 @@ impl Client {
                 let path = format!("/v1/keys/{}", segment(key_id));
                 self.call(self.request(Method::DELETE, &path))?;
                 println!("revoked {key_id}");
+                Ok(())
+            }
+        }
+    }
+
+    fn schedules(&self, command: &SchedulesCommand) -> anyhow::Result<()> {
+        match command {
+            SchedulesCommand::List { .. } => {
+                let mut cursor: Option<String> = None;
+                loop {
+                    let mut query = vec![("limit", "1000".to_string())];
+                    query.extend(cursor.take().map(|c| ("cursor", c)));
+                    let body =
+                        self.call(self.request(Method::GET, "/v1/schedules").query(&query))?;
+                    for s in body["schedules"].as_array().into_iter().flatten() {
+                        let id = s["id"].as_str().context("a schedule without an id")?;
+                        let runs =
+                            self.get(&format!("/v1/schedules/{}/runs?limit=1", segment(id)))?;
+                        println!("{}", render::schedule_line(s, runs["runs"].get(0)));
+                    }
+                    match body["next"].as_str() {
+                        Some(next) => cursor = Some(next.to_string()),
+                        None => return Ok(()),
+                    }
+                }
+            }
+            SchedulesCommand::Create {
+                agent,
+                message,
+                session,
+                workflow,
+                input,
+                cron,
+                interval_s,
+                timezone,
+                user_id,
+                webhook,
+                catch_up,
+                ..
+            } => {
+                let input: Option<Value> = input
+                    .as_deref()
+                    .map(serde_json::from_str)
+                    .transpose()
+                    .context("--input must be a JSON object")?;
+                let mut body = json!({
+                    "agent": agent, "message": message, "session": session,
+                    "workflow": workflow, "input": input,
+                    "cron": cron, "interval_s": interval_s, "timezone": timezone,
+                    "user_id": user_id, "webhook": webhook, "catch_up": catch_up,
+                });
+                // Unset flags are left out, not sent as `null`.
+                if let Some(fields) = body.as_object_mut() {
+                    fields.retain(|_, v| !v.is_null());
+                }
+                render::created_schedule(&self.post("/v1/schedules", &body)?);
+                Ok(())
+            }
+            SchedulesCommand::Delete { id, .. } => {
+                let path = format!("/v1/schedules/{}", segment(id));
+                self.call(self.request(Method::DELETE, &path))?;
+                println!("deleted {id}");
+                Ok(())
+            }
+            SchedulesCommand::Runs { id, limit, .. } => {
+                let path = format!("/v1/schedules/{}/runs", segment(id));
+                let body =
+                    self.call(self.request(Method::GET, &path).query(&[("limit", limit)]))?;
+                for r in body["runs"].as_array().into_iter().flatten() {
+                    println!("{}", render::schedule_run_line(r));
+                }
                 Ok(())
             }
         }

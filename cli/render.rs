@@ -1,7 +1,8 @@
 //! What the read commands print, from the data both paths share: the
 //! store's records (`Session`, `StoredMessage`, `ToolCallRecord`,
 //! `ToolDefinition`, `WorkflowRun`) or the HTTP API's JSON documents
-//! (export, stats, workflow list, turn and workflow events). The local
+//! (export, stats, workflow list, turn and workflow events, schedules and
+//! their runs). The local
 //! path builds those documents with the same library functions the server
 //! uses, so `--url` changes where the data comes from, not what is printed.
 
@@ -64,6 +65,94 @@ pub fn created_key(key: &str, k: &KeyInfo) {
         k.tenant,
         k.plan.as_str()
     );
+}
+
+/// What a schedule runs: `agent:NAME` or `workflow:NAME`.
+fn schedule_target(s: &Value) -> String {
+    match (s["agent"].as_str(), s["workflow"].as_str()) {
+        (Some(agent), _) => format!("agent:{agent}"),
+        (None, Some(workflow)) => format!("workflow:{workflow}"),
+        (None, None) => "?".into(),
+    }
+}
+
+/// When a schedule fires: `cron "EXPR" ZONE` or `every Ns`.
+fn schedule_timing(s: &Value) -> String {
+    match (s["cron"].as_str(), s["interval_s"].as_u64()) {
+        (Some(cron), _) => format!("cron \"{cron}\" {}", text(&s["timezone"])),
+        (None, Some(n)) => format!("every {n}s"),
+        (None, None) => "?".into(),
+    }
+}
+
+/// `cadre schedules list`: one line per schedule: id, what it runs, when,
+/// its next fire (`firing` while a node fires it) and its newest run
+/// (when it fired, its state and, once known, its turn's or run's status).
+pub fn schedule_line(s: &Value, last: Option<&Value>) -> String {
+    let next = match s["next_fire_at"].as_str() {
+        Some(at) => at.to_string(),
+        None => "firing".into(),
+    };
+    let last = match last {
+        Some(r) => {
+            let status = r["status"]
+                .as_str()
+                .map(|st| format!(" {st}"))
+                .unwrap_or_default();
+            format!("{} {}{status}", text(&r["fired_at"]), text(&r["state"]))
+        }
+        None => "never".into(),
+    };
+    let inactive = if s["active"] == Value::Bool(false) {
+        "  inactive (its key is revoked or expired)"
+    } else {
+        ""
+    };
+    format!(
+        "{}  {:<24} {:<34} next {next}  last {last}{inactive}",
+        text(&s["id"]),
+        schedule_target(s),
+        schedule_timing(s)
+    )
+}
+
+/// `cadre schedules create`: the id alone on stdout (for `ID=$(…)`), what
+/// was made on stderr.
+pub fn created_schedule(s: &Value) {
+    println!("{}", text(&s["id"]));
+    let next = s["next_fire_at"]
+        .as_str()
+        .map(|at| format!(", next fire {at}"))
+        .unwrap_or_default();
+    eprintln!(
+        "schedule {}: {}, {}{next}",
+        text(&s["id"]),
+        schedule_target(s),
+        schedule_timing(s)
+    );
+}
+
+/// `cadre schedules runs`: one line per fire: slot, when it fired, state,
+/// status, and the session and turn (or workflow run) it started.
+pub fn schedule_run_line(r: &Value) -> String {
+    let started = match (r["session_id"].as_str(), r["run_id"].as_str()) {
+        (Some(session), _) => format!("session {session} turn {}", text(&r["turn_id"])),
+        (None, Some(run)) => format!("run {run}"),
+        (None, None) => String::new(),
+    };
+    let error = r["error"]
+        .as_str()
+        .map(|e| format!("  error: {e}"))
+        .unwrap_or_default();
+    format!(
+        "{}  fired {}  {:<8} {:<18} {started}{error}",
+        text(&r["slot"]),
+        text(&r["fired_at"]),
+        text(&r["state"]),
+        r["status"].as_str().unwrap_or("-")
+    )
+    .trim_end()
+    .to_string()
 }
 
 /// `cadre sessions show`: the session and its messages, from an export

@@ -1,6 +1,6 @@
 // The console's shell: sign-in, the hash router and the header.
 //
-// location.hash ──route──▶ one view module (sessions, conversation, workflows, tools, live)
+// location.hash ──route──▶ one view module (sessions, conversation, workflows, schedules, tools, live)
 //                              └──▶ api.js (v1 API, Bearer key from session storage)
 //
 // A view is `async (main, ...params) => cleanup?`; the cleanup (abort a
@@ -11,6 +11,7 @@ import { h, put, clear, errorBox, field } from "./dom.js";
 import { sessionsView } from "./sessions.js";
 import { conversationView } from "./conversation.js";
 import { workflowsView, workflowView, runView } from "./workflows.js";
+import { schedulesView } from "./schedules.js";
 import { toolsView, toolView } from "./tools.js";
 import { liveView } from "./live.js";
 
@@ -23,6 +24,7 @@ const routes = [
   [/^#\/workflows\/runs\/([^/]+)$/, runView],
   [/^#\/workflows\/([^/]+)$/, workflowView],
   [/^#\/workflows$/, workflowsView],
+  [/^#\/schedules$/, schedulesView],
   [/^#\/tools\/([^/]+)$/, toolView],
   [/^#\/tools$/, toolsView],
   [/^#\/live$/, liveView],
@@ -95,7 +97,10 @@ function signInView(message) {
   input.focus();
 }
 
-async function route() {
+/// Runs the current view's cleanup (its timers and streams stop): on a
+/// route change, and when the tab signs out (the view's timer would
+/// otherwise go on asking the API without a key).
+function leave() {
   if (cleanup) {
     try {
       cleanup();
@@ -104,6 +109,10 @@ async function route() {
     }
     cleanup = null;
   }
+}
+
+async function route() {
+  leave();
   const hash = location.hash || "#/sessions";
   for (const a of document.querySelectorAll("nav a")) {
     const current = hash.startsWith("#/" + a.dataset.view);
@@ -135,6 +144,7 @@ function showWho() {
 }
 
 window.addEventListener("cadre:unauthorized", () => {
+  leave();
   admitted = false;
   api.setKey("");
   showWho();
@@ -142,6 +152,7 @@ window.addEventListener("cadre:unauthorized", () => {
 });
 
 document.getElementById("signout").addEventListener("click", () => {
+  leave();
   admitted = false;
   api.setKey("");
   showWho();

@@ -3,7 +3,7 @@
 //! and the console itself driven in headless Chromium against the real
 //! server and the mock model.
 //!
-//! cargo test ──▶ cadre (keys for acme, globex, ops-admin) + mock model
+//! cargo test ──▶ cadre (keys for acme, globex, ops-admin; two schedules) + mock model
 //!            ──▶ node tests/console/drive.mjs ──playwright-core──▶ /usr/bin/chromium ──▶ /console
 //!
 //! The browser test installs what it needs when run as root (CI): Debian's
@@ -273,6 +273,52 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         .await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
 
+    // Schedules (#33): one of acme's that fires next New Year's Day, and
+    // one made with a key since revoked, firing every second: each fire is
+    // recorded `skipped` and asks the model nothing.
+    let (status, schedule) = acme
+        .post(
+            "/v1/schedules",
+            &json!({"agent": "assistant", "message": "Happy new year?", "cron": "0 0 1 1 *"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{schedule}");
+    assert!(schedule["next_fire_at"].is_string(), "{schedule}");
+    let admin = app.with_key(&keys[2]);
+    let (status, spare) = admin.post("/v1/keys", &json!({"tenant": "acme"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{spare}");
+    let (status, skipped) = app
+        .with_key(spare["key"].as_str().unwrap())
+        .post(
+            "/v1/schedules",
+            &json!({"agent": "assistant", "message": "tick", "cron": "0 0 1 1 *"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{skipped}");
+    let skipped_path = format!("/v1/schedules/{}", skipped["id"].as_str().unwrap());
+    let (status, _) = admin
+        .delete(&format!("/v1/keys/{}", spare["key_id"].as_str().unwrap()))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, body) = acme.get(&skipped_path).await;
+    assert_eq!(
+        (status, &body["active"]),
+        (StatusCode::OK, &json!(false)),
+        "{body}"
+    );
+    let (status, body) = acme.patch(&skipped_path, &json!({"interval_s": 1})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, runs) = acme.get(&format!("{skipped_path}/runs")).await;
+        if let Some(run) = runs["runs"].get(0) {
+            assert_eq!(run["state"], "skipped", "{runs}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no fire recorded");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // The model's side of the scenarios, in the order the browser plays them.
     model.push_all([
         Reply::tool_call("call_price", "get_price", r#"{"symbol":"AAPL"}"#),
@@ -304,6 +350,8 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
             "acme": keys[0], "globex": keys[1], "admin": keys[2],
             "acme_session": session["id"], "globex_session": other["id"],
             "lead_session": lead["id"], "typed_session": typed["id"],
+            "schedule": schedule["id"], "schedule_next": schedule["next_fire_at"],
+            "skipped_schedule": skipped["id"],
             "node_modules": node_modules, "screenshots": screenshots,
             "user_data_dir": profile.path(),
         })
@@ -335,6 +383,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         "ok a paused turn shows its confirmation; Approve resumes it",
         "ok Decline refuses a held call; the turn goes on without it",
         "ok start a workflow run; every node reaches its final state",
+        "ok schedules: listed with their next fire and last runs; one created with the form, then deleted",
         "ok globex's key does not see acme's sessions",
         "ok a delegation links to the asked agent's session, which links back",
         "ok a typed answer and a failed turn show in the conversation",
@@ -369,7 +418,20 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
     assert_eq!(names, ["get_price", "create_paper_order"], "{calls}");
     let (_, runs) = acme.get("/v1/workflows/runs?workflow=market-brief").await;
     assert_eq!(runs["runs"][0]["status"], "succeeded", "{runs}");
-    for shot in ["02-sessions", "03-conversation", "04-paused-turn", "07-run"] {
+    // The schedule made in the browser was deleted there.
+    let (_, listed) = acme.get("/v1/schedules").await;
+    assert_eq!(
+        listed["schedules"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+    for shot in [
+        "02-sessions",
+        "03-conversation",
+        "04-paused-turn",
+        "07-run",
+        "08b-schedules",
+    ] {
         assert!(
             screenshots.join(format!("{shot}.png")).exists(),
             "no screenshot {shot}"

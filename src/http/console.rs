@@ -81,6 +81,7 @@ const ASSETS: &[Asset] = &[
     asset!("sessions.js", JS),
     asset!("conversation.js", JS),
     asset!("workflows.js", JS),
+    asset!("schedules.js", JS),
     asset!("tools.js", JS),
     asset!("live.js", JS),
     asset!("schema_form.js", JS),

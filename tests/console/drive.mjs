@@ -5,6 +5,7 @@
 //   node drive.mjs <base-url> <scenario.json>
 //
 // scenario.json: {acme, globex, admin (keys), acme_session, globex_session, lead_session, typed_session,
+// schedule and schedule_next (one of acme's and its next fire), skipped_schedule (one whose key is revoked),
 // node_modules (where `npm ci` put playwright-core), screenshots (a dir),
 // user_data_dir (a fresh dir for Chromium's profile)}.
 //
@@ -208,6 +209,36 @@ try {
   await page.getByRole("button", { name: "Invoke" }).click();
   await page.locator("p.ok", { hasText: "HTTP 200: The call succeeded." }).waitFor();
   await shot("08-tool");
+  ok(step);
+
+  step = "schedules: listed with their next fire and last runs; one created with the form, then deleted";
+  await page.getByRole("link", { name: "Schedules", exact: true }).click();
+  const listed = page.locator(`table[aria-label=Schedules] tr[data-schedule="${s.schedule}"]`);
+  await listed.waitFor();
+  const next = await listed.locator("td.next-fire").getAttribute("data-next");
+  check(next === s.schedule_next, `the next fire is "${next}", the API says "${s.schedule_next}"`);
+  check((await listed.locator("td.next-fire time").innerText()).trim() !== "", "the next fire is not shown");
+  check((await listed.locator("td.last-runs").innerText()).includes("No runs yet."), "a schedule that never fired shows runs");
+  const revoked = page.locator(`table[aria-label=Schedules] tr[data-schedule="${s.skipped_schedule}"]`);
+  await revoked.locator("td.last-runs li[data-state=skipped]").first().waitFor();
+  check((await revoked.locator("td.next-fire").innerText()).includes("inactive"), "a revoked key's schedule is not shown inactive");
+  await shot("08b-schedules");
+  // A refusal of the API is shown with its code; the fixed form creates it.
+  await page.getByLabel("Message", { exact: true }).fill("The weekly digest, please.");
+  await page.getByLabel("Cron", { exact: true }).fill("every monday");
+  await page.getByRole("button", { name: "Create schedule" }).click();
+  await page.getByRole("alert").filter({ hasText: "VALIDATION_ERROR" }).waitFor();
+  await page.getByLabel("Cron", { exact: true }).fill("0 8 1 1 *");
+  await page.getByLabel("Time zone", { exact: true }).fill("Europe/Paris");
+  await page.getByRole("button", { name: "Create schedule" }).click();
+  const createdId = await page.locator("p.ok", { hasText: "Created" }).locator("code").innerText();
+  const made = page.locator(`table[aria-label=Schedules] tr[data-schedule="${createdId}"]`);
+  await made.waitFor();
+  check((await made.locator("td.next-fire").getAttribute("data-next")) !== "", "the new schedule has no next fire");
+  check((await made.innerText()).includes("Europe/Paris"), "the new schedule's time zone is not shown");
+  await page.getByRole("button", { name: "Delete schedule " + createdId }).click();
+  await made.waitFor({ state: "detached" });
+  await listed.waitFor();
   ok(step);
 
   step = "globex's key does not see acme's sessions";
