@@ -286,9 +286,10 @@ async fn another_tenant_cannot_see_or_touch_a_schedule_and_a_revoked_key_stops_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_fields_are_422s_that_say_why() {
     // A signing secret, so a schedule may name a webhook (docs/webhooks.md).
-    let app = spawn_app(AppOptions::offline().config_toml(
-        "[webhooks]\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n",
-    ));
+    let app = spawn_app(
+        AppOptions::offline()
+            .config_toml("[webhooks]\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"),
+    );
     let client = &app.client;
     let session = client.session("assistant").await;
     let ok = json!({"agent": "assistant", "message": "hi", "interval_s": 60});

@@ -212,6 +212,13 @@ async fn a_background_turns_end_is_posted_signed_and_a_500_is_retried_with_the_s
         .get(&format!("/v1/sessions/{session}/turns/{turn}"))
         .await;
     assert_eq!(record["webhook"], url.as_str());
+
+    // Erasing the session erases its events.
+    let (status, body) = client.delete(&format!("/v1/sessions/{session}")).await;
+    assert!(status.is_success(), "{status} {body}");
+    assert!(deliveries(client).await.is_empty());
+    let (status, _) = client.get(&format!("/v1/webhooks/deliveries/{id}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
 trait ReplaceFirst {
