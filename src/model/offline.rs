@@ -258,7 +258,8 @@ fn fill_schema(schema: &Value, name: &str, facts: &Facts<'_>, depth: usize) -> V
             .filter_map(Value::as_str)
             .find(|t| *t != "null")
             .unwrap_or("null"),
-        _ if schema.get("properties").is_some() => "object",
+        // The root of an answer is an object, whatever else its schema says.
+        _ if schema.get("properties").is_some() || depth == 0 => "object",
         _ => "string",
     };
     match kind {
@@ -1513,6 +1514,16 @@ mod tests {
             purpose: Purpose::Turn,
             response_format: None,
         })
+    }
+
+    #[test]
+    fn a_typed_answer_is_an_object_even_when_its_schema_names_no_type() {
+        // A schema of unknown keywords only (contract fuzzing sends these):
+        // any object matches it, a string does not.
+        let facts = Facts::new(&[], "q", "the answer");
+        let schema = json!({"": {"x": [null]}, "__main__": ["a"]});
+        assert_eq!(fill_schema(&schema, "", &facts, 0), json!({}));
+        assert_eq!(fill_schema(&json!({}), "field", &facts, 1), json!("the answer"));
     }
 
     #[test]
