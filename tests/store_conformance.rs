@@ -35,6 +35,7 @@ fn session(id: &str, tenant: &str) -> Session {
         plan: Plan::Free,
         metadata: json!({"k": id}),
         created_at: Timestamp::now(),
+        forked_from: None,
     }
 }
 
@@ -870,6 +871,7 @@ fn schema_2_data_dir(dir: &std::path::Path) {
 fn schema_2_message(seq: u64) -> StoredMessage {
     StoredMessage {
         created_at: "2025-01-02T03:04:05.5Z".parse().unwrap(),
+        forked_from: None,
         ..msg(seq, "from before the count")
     }
 }

@@ -119,8 +119,9 @@ pub const MIN_KEEP_H: u64 = 24;
 pub const MESSAGES_ROUTE: &str = "/v1/sessions/{id}/messages";
 
 /// The routes that take `Idempotency-Key` (all `POST`), as axum matches them.
-pub const ROUTES: [&str; 5] = [
+pub const ROUTES: [&str; 6] = [
     "/v1/sessions",
+    "/v1/sessions/{id}/fork",
     MESSAGES_ROUTE,
     "/v1/tools/{name}/invoke",
     "/v1/workflows/{name}/runs",
