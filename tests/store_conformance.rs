@@ -871,7 +871,6 @@ fn schema_2_data_dir(dir: &std::path::Path) {
 fn schema_2_message(seq: u64) -> StoredMessage {
     StoredMessage {
         created_at: "2025-01-02T03:04:05.5Z".parse().unwrap(),
-        forked_from: None,
         ..msg(seq, "from before the count")
     }
 }
