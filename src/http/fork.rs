@@ -55,7 +55,7 @@ struct ForkBody {
     agent: Option<String>,
 }
 
-/// The optional body: none (or only whitespace) is `{}`; anything else is
+/// The optional body: none (only whitespace, or `null`) is `{}`; anything else is
 /// held to [`ForkBody`]'s schema as every JSON body is.
 struct OptionalForkBody(ForkBody);
 
@@ -74,7 +74,7 @@ impl FromRequest<AppState> for OptionalForkBody {
                 };
                 ApiError::new(code, e.body_text())
             })?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        if bytes.iter().all(u8::is_ascii_whitespace) || bytes.trim_ascii() == b"null" {
             return Ok(OptionalForkBody(ForkBody::default()));
         }
         let req = Request::from_parts(parts, Body::from(bytes));

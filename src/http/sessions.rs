@@ -84,8 +84,8 @@ pub(super) struct SessionView {
     metadata: Value,
     created_at: Timestamp,
     /// The session and turn this one was forked from
-    /// (`POST /v1/sessions/{id}/fork`); `null` for a session that was not.
-    #[schema(required = true)]
+    /// (`POST /v1/sessions/{id}/fork`); absent for a session that was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
     forked_from: Option<ForkedFrom>,
 }
 
