@@ -37,6 +37,7 @@ fn session(tenant: &str, metadata: &Value) -> Session {
         plan: Default::default(),
         metadata: metadata.clone(),
         created_at: Timestamp::now(),
+        forked_from: None,
     }
 }
 

@@ -35,6 +35,7 @@ fn session(id: &str) -> Session {
         plan: Plan::Free,
         metadata: json!({}),
         created_at: Timestamp::now(),
+        forked_from: None,
     }
 }
 

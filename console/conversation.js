@@ -10,6 +10,9 @@
 // POST /v1/sessions/{id}/messages (Accept: text/event-stream) ──▶ live turn
 // POST /v1/confirmations/{id} ──▶ the paused turn resumes; its record is polled
 //
+// POST /v1/sessions/{id}/fork {turn_id} ──▶ "Fork from here" under each
+//   finished turn's last message; opens the new session (issue #34)
+//
 // Agents together (issue #31): an `ask_<agent>` call shows the asked agent
 // and links to its child session; a `transfer_to_<agent>` call shows the
 // handoff in the history; a child session's header links to its parent.
@@ -44,6 +47,18 @@ export async function conversationView(main, id) {
   const pending = h("section", { class: "pending", "aria-label": "Waiting for a decision", "aria-live": "polite" });
   const live = h("div", { class: "live-turn", "aria-live": "polite" });
 
+  // A new session with this one's history up to the end of the turn.
+  async function forkAt(turnId, button) {
+    button.disabled = true;
+    try {
+      const r = await api.post(base + "/fork", { turn_id: turnId });
+      location.hash = "#/sessions/" + encodeURIComponent(r.body.id);
+    } catch (e) {
+      button.disabled = false;
+      button.replaceWith(errorBox(e));
+    }
+  }
+
   async function refresh() {
     const [doc, summary, confirmations, turns] = await Promise.all([
       api.get(base + "/export"),
@@ -52,7 +67,7 @@ export async function conversationView(main, id) {
       api.get(base + "/turns?limit=1000").catch(() => ({ turns: [] })),
     ]);
     renderHeader(header, doc.session);
-    renderMessages(log, doc.messages || [], doc.calls || [], turns.turns || []);
+    renderMessages(log, doc.messages || [], doc.calls || [], turns.turns || [], forkAt);
     renderSide(side, summary);
     const asked = new Set();
     for (const m of doc.messages || []) for (const c of m.tool_calls || []) asked.add(c.id);
@@ -242,7 +257,8 @@ function renderHeader(el, s) {
       h("dd", {}, s.plan),
       h("dt", {}, "Created"),
       h("dd", {}, time(s.created_at)),
-      parentOf(s)
+      parentOf(s),
+      forkedFrom(s)
     )
   );
 }
@@ -256,6 +272,13 @@ function parentOf(s) {
   const by = s.metadata && s.metadata.delegated_by;
   if (!by || !by.session_id) return null;
   return [h("dt", {}, "Asked by"), h("dd", { class: "delegated-by" }, (by.agent || "an agent") + " in ", sessionLink(by.session_id))];
+}
+
+// A fork: the session and turn it was forked from, linked.
+function forkedFrom(s) {
+  const f = s.forked_from;
+  if (!f) return null;
+  return [h("dt", {}, "Forked from"), h("dd", { class: "forked-from" }, sessionLink(f.session_id), " after turn ", h("code", {}, f.turn_id))];
 }
 
 // What an agent tool did, from its record's outcome: the child asked
@@ -300,13 +323,14 @@ function failedTurn(t) {
   );
 }
 
-function renderMessages(el, messages, records, turns) {
+function renderMessages(el, messages, records, turns, onFork) {
   clear(el);
   const byCall = new Map(records.filter((r) => r.tool_call_id).map((r) => [r.tool_call_id, r]));
   // Each turn's messages run from its first_seq to the next turn's.
   const sorted = [...(turns || [])].sort((a, b) => a.first_seq - b.first_seq);
   const typed = new Map();
   const failed = [];
+  const forkAfter = new Map();
   sorted.forEach((t, i) => {
     const end = i + 1 < sorted.length ? sorted[i + 1].first_seq : Infinity;
     if (t.outcome && t.outcome.output !== undefined) {
@@ -314,16 +338,26 @@ function renderMessages(el, messages, records, turns) {
       if (last) typed.set(last.seq, t.outcome.output);
     }
     if (t.phase === "failed") failed.push(t);
+    // A finished turn can be forked after its last message.
+    const own = messages.filter((m) => m.seq >= t.first_seq && m.seq < end);
+    if (FINAL.has(t.phase) && own.length) forkAfter.set(own.at(-1).seq, t.turn_id);
   });
   const failedAfter = (seq, next) => failed.filter((t) => t.first_seq >= seq && t.first_seq < next);
   if (messages.length) for (const t of failedAfter(-Infinity, messages[0].seq)) put(el, failedTurn(t));
   messages.forEach((m, i) => {
     renderMessage(el, m, byCall, typed);
+    if (onFork && forkAfter.has(m.seq)) put(el, forkButton(forkAfter.get(m.seq), onFork));
     const next = i + 1 < messages.length ? messages[i + 1].seq : Infinity;
     for (const t of failedAfter(m.seq, next)) put(el, failedTurn(t));
   });
   if (!messages.length) for (const t of failed) put(el, failedTurn(t));
   if (!el.children.length) put(el, h("li", { class: "muted" }, "No messages yet: send the first one below."));
+}
+
+function forkButton(turnId, onFork) {
+  const button = h("button", { type: "button", class: "fork", title: "A new session with the history up to here" }, "Fork from here");
+  button.onclick = () => onFork(turnId, button);
+  return h("li", { class: "fork-point", dataset: { turn: turnId } }, button);
 }
 
 function renderMessage(el, m, byCall, typed) {

@@ -153,6 +153,8 @@ error_codes! {
         "a newer message in the session cut this turn (the agent's `multitask` is `interrupt` or `rollback`)";
     TurnNotFound = "TURN_NOT_FOUND", NOT_FOUND, false,
         "no turn with that id in this session";
+    TurnNotFinished = "TURN_NOT_FINISHED", CONFLICT, false,
+        "a fork names a turn that has not finished (it runs, or waits for an approval), or the session has no finished turn: only a finished turn can be forked";
     RunNotResumable = "RUN_NOT_RESUMABLE", CONFLICT, false,
         "only failed or interrupted workflow runs can be resumed";
     WorkflowDepthExceeded = "WORKFLOW_DEPTH_EXCEEDED", CONFLICT, false,

@@ -34,7 +34,7 @@
 //!   `cron` and `interval_s` be given (rules against the server's state
 //!   and between fields, stated in words).
 //!
-//! - `create_session`, `send_message`, `decide_confirmation`:
+//! - `create_session`, `send_message`, `decide_confirmation`, `fork_session`:
 //!   `positive_data_acceptance` also takes a 422. They take an
 //!   `Idempotency-Key` (so do `invoke_tool` and `start_run`, above), and
 //!   a key the run already sent with another body is 422
@@ -166,7 +166,7 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403",
 # IDEMPOTENCY_KEY_REUSED: the key's earlier use is state, not schema (the
 # other two keyed operations already take a 422 above).
 [[operations]]
-include-operation-id = ["create_session", "send_message", "decide_confirmation"]
+include-operation-id = ["create_session", "send_message", "decide_confirmation", "fork_session"]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 
 # A WebSocket upgrade's success is 101.

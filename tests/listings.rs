@@ -45,6 +45,7 @@ async fn hold(store: &Store, tenant: &str, n: usize) -> Held {
             plan: Default::default(),
             metadata: json!({"i": i}),
             created_at: Timestamp::now(),
+            forked_from: None,
         };
         let record = ToolCallRecord {
             guardrails: Vec::new(),

@@ -35,6 +35,7 @@ fn session(id: &str, tenant: &str) -> Session {
         plan: Plan::Free,
         metadata: json!({"k": id}),
         created_at: Timestamp::now(),
+        forked_from: None,
     }
 }
 

@@ -20,7 +20,9 @@
 //!
 //! - Only requests that reach a conversation are forwarded: `POST`,
 //!   `PUT`, `PATCH` and `DELETE` under `/v1/sessions/{id}`. Reads (history,
-//!   turns, summary) come from the shared store on any node.
+//!   turns, summary) come from the shared store on any node, and so does
+//!   a fork (`POST …/fork`: it reads finished turns and writes a new
+//!   session; claiming the parent would gain nothing).
 //! - A forwarded request carries `X-Cadre-Forwarded-By`; one that already
 //!   has it is never forwarded again (no loops): it gets 503
 //!   `SESSION_MOVED` with `Retry-After`, and the client retries with its
@@ -114,7 +116,10 @@ fn session_of(method: &Method, path: &str) -> Option<String> {
     {
         return None;
     }
-    if rest.ends_with("/ws-token") {
+    // A fork reads the shared store (exact for the finished turn it
+    // forks) and writes a new session: served where it arrives, with no
+    // claim on the parent (`conversation::fork`).
+    if rest.ends_with("/ws-token") || rest.ends_with("/fork") {
         return None;
     }
     let id = rest.split('/').next()?;
@@ -290,6 +295,7 @@ mod tests {
         assert_eq!(session_of(&Method::POST, "/v1/sessions/"), None);
         assert_eq!(session_of(&Method::POST, "/v1/tools/x/invoke"), None);
         assert_eq!(session_of(&Method::POST, "/v1/sessions/abc/ws-token"), None);
+        assert_eq!(session_of(&Method::POST, "/v1/sessions/abc/fork"), None);
         assert_eq!(
             run_of(&Method::POST, "/v1/workflows/runs/r1/cancel").as_deref(),
             Some("r1")

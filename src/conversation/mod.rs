@@ -13,6 +13,8 @@
 //!   [`visitor`]: the visitor/operator protocol on it (auto-response, operator messages).
 //! - [`delegation`]: an agent asks another (`ask_<agent>`): a turn of a
 //!   child conversation, linked to the parent, as the call's result.
+//! - [`fork`]: a new session from another's history up to one of its
+//!   turns, and the state after each turn (issue #34).
 //! - [`lineage`]: how the sessions of agents asking agents are linked.
 //! - [`handoff`]: an agent hands the conversation to another
 //!   (`transfer_to_<agent>`): the session's active agent from then on.
@@ -27,6 +29,7 @@ pub mod batch;
 pub mod budget;
 pub mod context;
 pub mod delegation;
+pub mod fork;
 pub mod handoff;
 pub mod lineage;
 pub mod machine;

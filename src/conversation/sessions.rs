@@ -118,6 +118,14 @@ pub enum SessionError {
     ContentTooLarge { max: usize },
     #[error("no turn '{turn}' in session '{session}'")]
     TurnNotFound { session: String, turn: String },
+    #[error("{}", match turn {
+        Some(t) => format!("turn '{t}' of session '{session}' has not finished (it runs or waits for an approval): only a finished turn can be forked"),
+        None => format!("session '{session}' has no finished turn to fork from"),
+    })]
+    TurnNotFinished {
+        session: String,
+        turn: Option<String>,
+    },
     #[error(
         "the stored config of tenant '{tenant}' cannot be read ({message}); nothing that depends on it \
          runs until an admin replaces it (POST /v1/tenants/{tenant}/config)"
@@ -139,6 +147,7 @@ impl PublicError for SessionError {
             SessionError::EmptyContent => ErrorCode::ValidationError,
             SessionError::ContentTooLarge { .. } => ErrorCode::PayloadTooLarge,
             SessionError::TurnNotFound { .. } => ErrorCode::TurnNotFound,
+            SessionError::TurnNotFinished { .. } => ErrorCode::TurnNotFinished,
             SessionError::TenantConfigUnreadable { .. } => ErrorCode::StorageUnavailable,
         }
     }
@@ -676,6 +685,7 @@ impl Sessions {
             plan: new.plan,
             metadata: new.metadata,
             created_at: Timestamp::now(),
+            forked_from: None,
         })
     }
 
@@ -941,7 +951,7 @@ impl Sessions {
     /// The store's gate of a message of `bytes` (its content as stored)
     /// about to be stored for `tenant`: its write share, then its storage
     /// quota ([`super::storage`]).
-    async fn admit_content(
+    pub(super) async fn admit_content(
         &self,
         tenant: &str,
         config: &TenantConfig,
@@ -1604,7 +1614,10 @@ impl Sessions {
             .await?
             .into_iter()
             .filter(|c| c.is_success)
-            .filter_map(|c| c.source_id);
+            .filter_map(|c| c.source_id)
+            // A fork's citations may name what its parent's calls returned
+            // before the fork point ([`super::fork`]).
+            .chain(super::fork::inherited_sources(&self.inner.store, &session).await?);
         // A turn taken up here runs under the tenant's settings as when
         // it started (its guardrails included); a config that cannot be
         // read leaves the agent's, and the next turn reads it again.

@@ -407,6 +407,7 @@ mod tests {
             plan: Default::default(),
             metadata: serde_json::Value::Null,
             created_at: jiff::Timestamp::now(),
+            forked_from: None,
         };
         store
             .write(vec![WriteOp::PutSession(session)], false)

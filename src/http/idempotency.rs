@@ -1,4 +1,4 @@
-//! Idempotent requests: `Idempotency-Key` on the five POSTs that do
+//! Idempotent requests: `Idempotency-Key` on the six POSTs that do
 //! something ([`ROUTES`]), with Stripe's rules.
 //!
 //! auth (tenant) ──▶ [`idempotent`] ──key + sha256(method, path?query, body)──▶ (tenant, key)
@@ -67,7 +67,7 @@
 //!   minimum): [`spawn_sweep`] deletes older ones every hour.
 //!   Erasing a tenant's sessions does not drop its keys.
 //!
-//! Owns: the five routes' key handling. Does not: dedup inside a turn
+//! Owns: the six routes' key handling. Does not: dedup inside a turn
 //! (the conversation does, with the key it is given).
 
 use std::collections::HashMap;
@@ -119,8 +119,9 @@ pub const MIN_KEEP_H: u64 = 24;
 pub const MESSAGES_ROUTE: &str = "/v1/sessions/{id}/messages";
 
 /// The routes that take `Idempotency-Key` (all `POST`), as axum matches them.
-pub const ROUTES: [&str; 5] = [
+pub const ROUTES: [&str; 6] = [
     "/v1/sessions",
+    "/v1/sessions/{id}/fork",
     MESSAGES_ROUTE,
     "/v1/tools/{name}/invoke",
     "/v1/workflows/{name}/runs",

@@ -37,6 +37,7 @@ pub mod console;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod fork;
 pub mod health;
 pub mod host;
 pub mod idempotency;
@@ -156,6 +157,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(health::routes())
         .merge(sessions::routes())
+        .merge(fork::routes())
         .merge(turn_stream::routes())
         .merge(agents::routes())
         .merge(tools::routes())

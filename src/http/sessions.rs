@@ -31,7 +31,7 @@ use crate::conversation::summary::ToolUsageSummary;
 use crate::conversation::{MAX_METADATA_BYTES, NewSession, SessionSummary};
 use crate::error_code::ErrorCode;
 use crate::identity::{Plan, UserId};
-use crate::store::{Session, SessionFilter, ShownCall, StoredMessage, StoredSummary};
+use crate::store::{ForkedFrom, Session, SessionFilter, ShownCall, StoredMessage, StoredSummary};
 use crate::tenants::Principal;
 use crate::tenants::config::entitled_plan;
 
@@ -83,6 +83,10 @@ pub(super) struct SessionView {
     #[schema(value_type = Option<std::collections::BTreeMap<String, Value>>, required = true)]
     metadata: Value,
     created_at: Timestamp,
+    /// The session and turn this one was forked from
+    /// (`POST /v1/sessions/{id}/fork`); absent for a session that was not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    forked_from: Option<ForkedFrom>,
 }
 
 view_of!(Session => SessionView {
@@ -93,6 +97,7 @@ view_of!(Session => SessionView {
     plan,
     metadata,
     created_at,
+    forked_from,
 });
 
 /// The 202 of a message whose turn runs on without the caller: accepted

@@ -380,6 +380,7 @@ impl Schedules {
                 plan,
                 metadata: serde_json::json!({"schedule_id": schedule.id, "slot": fire.slot}),
                 created_at: Timestamp::now(),
+                forked_from: None,
             };
             store
                 .write(vec![WriteOp::PutSession(session)], true)

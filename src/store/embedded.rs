@@ -870,6 +870,7 @@ mod tests {
             plan: Plan::Free,
             metadata: serde_json::json!({"v": 1}),
             created_at: Timestamp::now(),
+            forked_from: None,
         };
         assert_eq!(store.get_session("s").await.unwrap(), None);
         store
@@ -943,6 +944,7 @@ mod tests {
             plan: Plan::Free,
             metadata: Value::Null,
             created_at: Timestamp::now(),
+            forked_from: None,
         };
         let append = |seq: u64| WriteOp::AppendMessages {
             session_id: "s".into(),
@@ -1017,6 +1019,7 @@ mod tests {
             plan: Plan::Free,
             metadata: Value::Null,
             created_at: Timestamp::now(),
+            forked_from: None,
         };
         store
             .write(vec![WriteOp::PutSession(other)], false)

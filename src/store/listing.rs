@@ -355,6 +355,7 @@ mod tests {
             plan: Default::default(),
             metadata: Value::Null,
             created_at: jiff::Timestamp::now(),
+            forked_from: None,
         }
     }
 

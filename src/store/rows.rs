@@ -29,6 +29,18 @@ pub struct Session {
     #[serde(default)]
     pub metadata: Value,
     pub created_at: Timestamp,
+    /// The session and turn it was forked from (`POST
+    /// /v1/sessions/{id}/fork`); rows from before forks read `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// Where a forked session came from: its history is the parent's up to
+/// the end of this turn ([`crate::conversation::fork`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ForkedFrom {
+    pub session_id: String,
+    pub turn_id: String,
 }
 
 fn default_tenant() -> String {
