@@ -1523,7 +1523,10 @@ mod tests {
         let facts = Facts::new(&[], "q", "the answer");
         let schema = json!({"": {"x": [null]}, "__main__": ["a"]});
         assert_eq!(fill_schema(&schema, "", &facts, 0), json!({}));
-        assert_eq!(fill_schema(&json!({}), "field", &facts, 1), json!("the answer"));
+        assert_eq!(
+            fill_schema(&json!({}), "field", &facts, 1),
+            json!("the answer")
+        );
     }
 
     #[test]
