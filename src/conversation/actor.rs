@@ -529,8 +529,10 @@ pub struct Conversation {
     watchers: Vec<(String, TurnReply)>,
     /// The turn whose last commit (final or paused) is in flight: the
     /// machine is done with it but the store does not have its end yet,
-    /// so a watcher must wait here rather than read the store.
-    closing: Option<String>,
+    /// so a watcher must wait here rather than read the store. A
+    /// `Box<str>`: 8 bytes less than a `String` in every resident
+    /// conversation (the session row's `forked_from` took them).
+    closing: Option<Box<str>>,
     /// A turn cut by a restart, to take up once started. Boxed: a record
     /// is a few hundred bytes every resident conversation would carry.
     cut: Option<Box<(TurnRecord, CutTurn)>>,
@@ -1257,7 +1259,7 @@ impl Conversation {
     }
 
     fn finish(&mut self, outcome: TurnOutcome, record: Vec<WriteOp>, ctx: &mut Context<Self>) {
-        self.closing = Some(outcome.turn_id.clone());
+        self.closing = Some(outcome.turn_id.as_str().into());
         self.commit_turn(record, ctx, move |act, result, ctx| {
             let failed = result.is_err();
             act.closing = None;
@@ -1302,7 +1304,7 @@ impl Conversation {
     /// caller gets the paused outcome and the session stays held (see
     /// [`Self::start_next`]) until every held call has an outcome.
     fn pause(&mut self, outcome: TurnOutcome, record: Vec<WriteOp>, ctx: &mut Context<Self>) {
-        self.closing = Some(outcome.turn_id.clone());
+        self.closing = Some(outcome.turn_id.as_str().into());
         self.commit_turn(record, ctx, move |act, result, ctx| {
             act.closing = None;
             act.notify_watchers(&outcome.turn_id, result.as_ref().map(|_| &outcome));

@@ -270,10 +270,10 @@ impl Sessions {
             plan: parent.plan,
             metadata: parent.metadata.clone(),
         })?;
-        session.forked_from = Some(ForkedFrom {
+        session.forked_from = Some(Box::new(ForkedFrom {
             session_id: parent.id.clone(),
             turn_id: turn.turn_id.clone(),
-        });
+        }));
         let mut ops = vec![WriteOp::PutSession(session.clone())];
         if !messages.is_empty() {
             ops.push(WriteOp::AppendMessages {

@@ -86,7 +86,7 @@ pub(super) struct SessionView {
     /// The session and turn this one was forked from
     /// (`POST /v1/sessions/{id}/fork`); absent for a session that was not.
     #[serde(skip_serializing_if = "Option::is_none")]
-    forked_from: Option<ForkedFrom>,
+    forked_from: Option<Box<ForkedFrom>>,
 }
 
 view_of!(Session => SessionView {

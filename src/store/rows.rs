@@ -31,8 +31,10 @@ pub struct Session {
     pub created_at: Timestamp,
     /// The session and turn it was forked from (`POST
     /// /v1/sessions/{id}/fork`); rows from before forks read `None`.
+    /// Boxed: every resident conversation holds its session row, and most
+    /// sessions are not forks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forked_from: Option<ForkedFrom>,
+    pub forked_from: Option<Box<ForkedFrom>>,
 }
 
 /// Where a forked session came from: its history is the parent's up to

@@ -214,8 +214,9 @@ pub struct Delivery {
     pub next_attempt_at: Option<Timestamp>,
     #[schema(value_type = String, format = DateTime)]
     pub created_at: Timestamp,
-    /// The event as sent (the body of every attempt).
-    #[schema(value_type = Object)]
+    /// The event as sent (the body of every attempt): `{type, timestamp,
+    /// data}`.
+    #[schema(value_type = std::collections::BTreeMap<String, Value>)]
     pub event: Value,
 }
 
