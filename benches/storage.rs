@@ -33,7 +33,7 @@
 //! `CADRE_BENCH_STORES` (`redb,postgres`; `none` skips phase 1) change the
 //! defaults; `CADRE_BENCH_RETENTION=0` skips phase 2.
 
-#[allow(dead_code, unused_imports)]
+#[allow(unused_imports)]
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -253,7 +253,7 @@ fn anatomy(value: &str) -> String {
             }
         }
     }
-    fields.sort_by(|a, b| b.1.cmp(&a.1));
+    fields.sort_by_key(|f| std::cmp::Reverse(f.1));
     let top: Vec<String> = fields
         .iter()
         .filter(|f| f.1 >= 64)
@@ -422,7 +422,12 @@ fn old_session(i: usize, at: Timestamp) -> Vec<WriteOp> {
     vec![
         WriteOp::PutSession(Session {
             id: id.clone(),
-            tenant: if i % 2 == 0 { "acme" } else { "globex" }.into(),
+            tenant: if i.is_multiple_of(2) {
+                "acme"
+            } else {
+                "globex"
+            }
+            .into(),
             agent: "store".into(),
             user_id: None,
             plan: Plan::Free,

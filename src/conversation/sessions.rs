@@ -1587,7 +1587,7 @@ impl Sessions {
                 if tenant.is_some_and(|t| t != session.tenant) {
                     continue;
                 }
-                if !before(&session).is_some_and(|cut| last < cut) {
+                if before(&session).is_none_or(|cut| last >= cut) {
                     continue;
                 }
                 match self.delete(&Scope::runtime(), &session.id).await {
