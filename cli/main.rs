@@ -163,6 +163,13 @@ enum Command {
         #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
         data_dir: PathBuf,
     },
+    /// Give the space deletes freed back to the file system: compacts the
+    /// data dir's redb file (stop the server first).
+    Compact {
+        /// Where the redb database lives.
+        #[arg(long, default_value = "./data", env = "CADRE_DATA_DIR")]
+        data_dir: PathBuf,
+    },
     /// Per-tool call counters.
     Stats {
         /// Where the redb database lives.
@@ -456,6 +463,7 @@ fn main() -> anyhow::Result<()> {
         | Command::Schedules { .. }
         | Command::Calls { .. }
         | Command::Stats { .. }
+        | Command::Compact { .. }
         | Command::Config { .. }
         | Command::Completions { .. } => "warn",
         _ => "info,tower_http=warn",
@@ -534,6 +542,7 @@ fn main() -> anyhow::Result<()> {
             data_dir,
         ),
         Command::Stats { data_dir } => stats(data_dir),
+        Command::Compact { data_dir } => compact(data_dir),
         Command::Mcp {
             plan,
             confirmation_tools,
@@ -619,7 +628,8 @@ fn data_dir_of(command: &Command) -> Option<&std::path::Path> {
                 | SessionsCommand::Summary { data_dir, .. },
         }
         | Command::Calls { data_dir, .. }
-        | Command::Stats { data_dir } => Some(data_dir),
+        | Command::Stats { data_dir }
+        | Command::Compact { data_dir } => Some(data_dir),
         Command::Schedules { command } => Some(command.data_dir()),
         Command::Tools { .. }
         | Command::Config { .. }
@@ -1028,6 +1038,17 @@ fn calls(filter: cadre::store::CallFilter, data_dir: PathBuf) -> anyhow::Result<
         }
         Ok(())
     })
+}
+
+fn compact(data_dir: PathBuf) -> anyhow::Result<()> {
+    match cadre::store::RedbStore::compact(&data_dir)? {
+        None => println!("{}: no store to compact", data_dir.display()),
+        Some((before, after)) => println!(
+            "{}: {before} bytes -> {after} bytes",
+            data_dir.join("cadre.redb").display()
+        ),
+    }
+    Ok(())
 }
 
 fn stats(data_dir: PathBuf) -> anyhow::Result<()> {

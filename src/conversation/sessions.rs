@@ -55,11 +55,17 @@
 //! meanwhile) are stopped by the store: its writer drops writes under an
 //! id it erased ([`crate::store::erase`]).
 //!
-//! Retention (`[sessions] retain_days`, off by default): a sweep every
-//! [`SessionLimits::sweep_every`] reads one page of [`SWEEP_PAGE`] sessions
-//! (continuing where the last sweep stopped, wrapping around) and deletes
-//! those idle (no message, else created) longer than the setting; each
-//! sweep that deleted something logs how many.
+//! Retention (`[sessions] retain_days`, off by default; a tenant's config
+//! `retain_days` overrides it for its sessions, 0 keeping them forever):
+//! a sweep reads every session, [`SWEEP_PAGE`] at a time, and deletes
+//! those idle (no message, else created) longer than their tenant's
+//! retention; each sweep that deleted something logs how many. It runs
+//! every quarter of the shortest retention in force (server's or any
+//! tenant's; between 50 ms and an hour), at once when a tenant config
+//! changes ([`Sessions::retention_changed`]), and every
+//! [`RETENTION_RECHECK`] reads the tenant configs again when no retention
+//! is set anywhere. [`Sessions::delete_idle`] is the one path of the sweep
+//! and of `DELETE /v1/sessions?before=` (an admin's cut-off).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -467,13 +473,18 @@ impl SessionLimits {
     /// How often the retention sweep runs: a quarter of the retention,
     /// between 50 ms and an hour.
     pub fn sweep_every(&self) -> Option<Duration> {
-        self.retain
-            .map(|r| (r / 4).clamp(Duration::from_millis(50), Duration::from_secs(3600)))
+        self.retain.map(sweep_every)
     }
 }
 
-/// Sessions the retention sweep reads per run (and so deletes at most).
+/// Sessions the retention sweep (and `DELETE /v1/sessions?before=`) reads
+/// per store read.
 pub const SWEEP_PAGE: usize = 256;
+
+/// How often the retention sweep reads the tenant configs again while no
+/// retention is set anywhere (a change through this node's API wakes it at
+/// once; another node's within this).
+pub const RETENTION_RECHECK: Duration = Duration::from_secs(60);
 
 /// Sessions a tenant erase deletes per store read ([`Sessions::erase_tenant`]).
 pub const ERASE_BATCH: usize = 100;
@@ -485,6 +496,17 @@ pub struct TenantErase {
     pub deleted: u64,
     /// Sessions left because a turn was running in them: erase again.
     pub busy: u64,
+}
+
+/// How often a sweep for `retain` runs: a quarter of it, between 50 ms
+/// and an hour.
+fn sweep_every(retain: Duration) -> Duration {
+    (retain / 4).clamp(Duration::from_millis(50), Duration::from_secs(3600))
+}
+
+/// A retention in days as a duration: `None` for 0 (kept forever).
+pub fn retention_of_days(days: f64) -> Option<Duration> {
+    (days > 0.0).then(|| Duration::from_secs_f64(days * 86_400.0))
 }
 
 /// Whether a session last active at `last` is past the retention at `now`.
@@ -518,6 +540,8 @@ struct Inner {
     /// Ids being deleted: no actor starts for them. Locked after `live`.
     deleting: Mutex<HashSet<String>>,
     store: Store,
+    /// Wakes the retention sweep when a tenant config changed.
+    retention_changed: Arc<tokio::sync::Notify>,
     agents: Agents,
     registry: ToolRegistry,
     executor: ExecutorHandle,
@@ -595,6 +619,7 @@ impl Sessions {
             tenant_guardrails: Mutex::new(HashMap::new()),
             live: Mutex::new(HashMap::new()),
             deleting: Mutex::new(HashSet::new()),
+            retention_changed: Arc::new(tokio::sync::Notify::new()),
             store,
             agents,
             registry,
@@ -610,10 +635,7 @@ impl Sessions {
             .registry
             .delegate_slot()
             .set(Arc::downgrade(&inner.delegation));
-        if let Some(every) = limits.sweep_every() {
-            let weak = Arc::downgrade(&inner);
-            tokio::spawn(retention_sweeps(weak, every));
-        }
+        tokio::spawn(retention_sweeps(Arc::downgrade(&inner)));
         // One sweeper for every resident conversation: it drops the handles
         // of stopped ones and asks the others whether they are idle (an idle
         // one stops itself), every quarter of the idle timeout, so an idle
@@ -1540,6 +1562,71 @@ impl Sessions {
         Ok(done)
     }
 
+    /// Deletes every session (of `tenant`, else of every tenant) whose
+    /// last activity (its last message, else its creation) is before the
+    /// cut-off `before` gives for it (`None`: kept), reading
+    /// [`SWEEP_PAGE`] sessions at a time; sessions with a running turn are
+    /// left and counted as `busy`. The retention sweep and `DELETE
+    /// /v1/sessions?before=` call it.
+    pub async fn delete_idle(
+        &self,
+        tenant: Option<&str>,
+        before: impl Fn(&Session) -> Option<Timestamp>,
+    ) -> Result<TenantErase, SessionError> {
+        let mut done = TenantErase::default();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .inner
+                .store
+                .sessions_with_activity(after.clone(), SWEEP_PAGE)
+                .await?;
+            let full = page.len() == SWEEP_PAGE;
+            after = page.last().map(|(s, _)| s.id.clone());
+            for (session, last) in page {
+                if tenant.is_some_and(|t| t != session.tenant) {
+                    continue;
+                }
+                if before(&session).is_none_or(|cut| last >= cut) {
+                    continue;
+                }
+                match self.delete(&Scope::runtime(), &session.id).await {
+                    Ok(_) => done.deleted += 1,
+                    Err(SessionError::Busy { .. }) => done.busy += 1,
+                    Err(SessionError::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if !full {
+                return Ok(done);
+            }
+        }
+    }
+
+    /// Tells the retention sweep that a tenant config changed (its
+    /// `retain_days` may have): it reads them again at once.
+    pub fn retention_changed(&self) {
+        self.inner.retention_changed.notify_one();
+    }
+
+    /// The retention of each tenant whose config sets one (`None`: kept
+    /// forever), read from the store; a config that cannot be read keeps
+    /// the server's.
+    async fn tenant_retentions(&self) -> Result<HashMap<String, Option<Duration>>, StoreError> {
+        let docs = self
+            .inner
+            .store
+            .list_docs(crate::tenants::config::NAMESPACE, "")
+            .await?;
+        Ok(docs
+            .into_iter()
+            .filter_map(|(tenant, v)| {
+                let days = v.get("retain_days")?.as_f64()?;
+                Some((tenant, retention_of_days(days)))
+            })
+            .collect())
+    }
+
     /// Whether this session's conversation is in memory here.
     pub fn is_live(&self, id: &str) -> bool {
         self.inner
@@ -1710,58 +1797,59 @@ impl Drop for Unmark<'_> {
     }
 }
 
-/// Deletes the sessions idle past the retention, one page per `every`.
-async fn retention_sweeps(weak: std::sync::Weak<Inner>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut after: Option<String> = None;
+/// Deletes the sessions idle past their tenant's retention (the module
+/// doc), one pass over every session per run.
+async fn retention_sweeps(weak: std::sync::Weak<Inner>) {
+    let Some(changed) = weak.upgrade().map(|i| i.retention_changed.clone()) else {
+        return;
+    };
     loop {
-        tick.tick().await;
         let Some(inner) = weak.upgrade() else { break };
-        let Some(retain) = inner.limits.retain else {
-            break;
-        };
         let sessions = Sessions { inner };
-        let page = match sessions
-            .inner
-            .store
-            .sessions_with_activity(after.clone(), SWEEP_PAGE)
-            .await
-        {
-            Ok(page) => page,
+        let server = sessions.inner.limits.retain;
+        let wait = match sessions.tenant_retentions().await {
             Err(e) => {
-                tracing::warn!(error = %e, "retention sweep could not read sessions");
-                continue;
+                tracing::warn!(error = %e, "retention sweep could not read the tenant configs");
+                server.map_or(RETENTION_RECHECK, sweep_every)
             }
-        };
-        // A short page is the end: the next sweep starts over.
-        after = if page.len() < SWEEP_PAGE {
-            None
-        } else {
-            page.last().map(|(s, _)| s.id.clone())
-        };
-        let now = Timestamp::now();
-        let (mut deleted, mut busy) = (0u64, 0u64);
-        for (session, last) in page {
-            if !expired(last, now, retain) {
-                continue;
-            }
-            match sessions.delete(&Scope::runtime(), &session.id).await {
-                Ok(_) => deleted += 1,
-                Err(SessionError::Busy { .. }) => busy += 1,
-                Err(SessionError::NotFound { .. }) => {}
-                Err(e) => {
-                    tracing::warn!(session = %session.id, error = %e, "retention sweep could not delete a session");
+            Ok(tenants) => {
+                let shortest = tenants
+                    .values()
+                    .flatten()
+                    .chain(server.iter())
+                    .min()
+                    .copied();
+                if shortest.is_some() {
+                    let now = Timestamp::now();
+                    let cut = |retain: Duration| {
+                        jiff::SignedDuration::try_from(retain)
+                            .ok()
+                            .and_then(|r| now.checked_sub(r).ok())
+                    };
+                    let before = |session: &Session| {
+                        let retain = match tenants.get(&session.tenant) {
+                            Some(tenant) => *tenant,
+                            None => server,
+                        };
+                        retain.and_then(cut)
+                    };
+                    match sessions.delete_idle(None, before).await {
+                        Ok(done) if done.deleted > 0 || done.busy > 0 => tracing::info!(
+                            deleted = done.deleted,
+                            busy = done.busy,
+                            "retention sweep deleted idle sessions"
+                        ),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "retention sweep stopped"),
+                    }
                 }
+                shortest.map_or(RETENTION_RECHECK, sweep_every)
             }
-        }
-        if deleted > 0 || busy > 0 {
-            tracing::info!(
-                deleted,
-                busy,
-                retain_s = retain.as_secs_f64(),
-                "retention sweep deleted idle sessions"
-            );
+        };
+        drop(sessions);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = changed.notified() => {}
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Sessions over HTTP: create, list, read, send a message (one turn),
 //! history, summary, export (`cadre sessions … --url` reads these), and
 //! delete (everything stored under the session's id; 409 while a turn
-//! runs: see [`crate::conversation::Sessions::delete`]).
+//! runs: see [`crate::conversation::Sessions::delete`]); an admin deletes
+//! every session idle since a time (`DELETE /v1/sessions?before=`, the
+//! retention sweep's path: [`crate::conversation::Sessions::delete_idle`]).
 
 use axum::Extension;
 use axum::Json;
@@ -41,7 +43,7 @@ pub use crate::conversation::sessions::MAX_CONTENT_BYTES;
 
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(create, list))
+        .routes(routes!(create, list, delete_idle))
         .routes(routes!(show, delete_session))
         .routes(routes!(export))
         .routes(routes!(send, history))
@@ -295,6 +297,84 @@ async fn delete_session(
 ) -> Result<StatusCode, ApiError> {
     state.sessions.delete(&caller.scope(), &id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+error_responses!(
+    DeleteIdleErrors:
+    AdminRequired,
+    TenantNotFound = "not a valid tenant id",
+    ValidationError = "`before` missing or not an RFC 3339 time, or an unknown parameter",
+    StorageUnavailable
+);
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct DeleteIdleQuery {
+    /// Sessions whose last message (else their creation) is before this
+    /// time go (RFC 3339).
+    #[param(value_type = String, format = DateTime)]
+    before: Timestamp,
+    /// Only this tenant's sessions (default: every tenant's).
+    #[param(max_length = 64, pattern = "^[A-Za-z0-9_-]+$")]
+    tenant: Option<String>,
+}
+
+/// What `DELETE /v1/sessions?before=` did.
+#[derive(Serialize, ToSchema)]
+struct DeletedSessions {
+    /// Sessions deleted.
+    deleted: u64,
+    /// Sessions left because a turn was running in them: delete again.
+    busy: u64,
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions",
+    operation_id = "delete_idle_sessions",
+    summary = "Delete every session idle since a time (admin)",
+    description = "Every session (of every tenant, or of `tenant`) whose last message, else its \
+        creation, is before `before` goes as with `DELETE /v1/sessions/{id}`, one at a time: \
+        what the retention sweep does with a cut-off of its own. Sessions with a running turn \
+        are left and counted in `busy`. The file does not shrink: see docs/operations.md.",
+    tag = "sessions",
+    params(DeleteIdleQuery),
+    responses(
+        (status = 200, description = "What was deleted", body = DeletedSessions),
+        DeleteIdleErrors,
+    )
+)]
+async fn delete_idle(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Principal>,
+    ApiQuery(q): ApiQuery<DeleteIdleQuery>,
+) -> Result<Json<DeletedSessions>, ApiError> {
+    super::auth::require_admin(&caller)?;
+    if let Some(tenant) = &q.tenant
+        && !crate::tenants::valid_tenant_id(tenant)
+    {
+        return Err(ApiError::new(
+            ErrorCode::TenantNotFound,
+            "no such tenant id (letters, digits, '_' or '-', at most 64)",
+        ));
+    }
+    let before = q.before;
+    let done = state
+        .sessions
+        .delete_idle(q.tenant.as_deref(), |_| Some(before))
+        .await?;
+    tracing::info!(
+        before = %before,
+        tenant = q.tenant.as_deref().unwrap_or("*"),
+        deleted = done.deleted,
+        busy = done.busy,
+        "idle sessions deleted"
+    );
+    Ok(Json(DeletedSessions {
+        deleted: done.deleted,
+        busy: done.busy,
+    }))
 }
 
 /// The caller's sessions (`GET /v1/sessions`).

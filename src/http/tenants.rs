@@ -101,6 +101,8 @@ struct TenantConfigPatch {
         pattern = "^whsec_(?:[A-Za-z0-9+/]{4}){8,42}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
     )]
     webhook_secret: Option<String>,
+    #[schema(minimum = 0, maximum = 36500)]
+    retain_days: Option<f64>,
 }
 
 #[derive(ToSchema)]
@@ -187,6 +189,7 @@ async fn replace(
     check(&caller, &tenant)?;
     let config = TenantConfig::from_json(body)?;
     config.save(&state.store, &tenant).await?;
+    state.sessions.retention_changed();
     Ok(Json(TenantConfigView { tenant, config }))
 }
 
@@ -221,6 +224,7 @@ async fn patch(
     let current = TenantConfig::load(&state.store, &tenant).await?;
     let config = current.patched(&body)?;
     config.save(&state.store, &tenant).await?;
+    state.sessions.retention_changed();
     Ok(Json(TenantConfigView { tenant, config }))
 }
 

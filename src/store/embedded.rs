@@ -67,6 +67,27 @@ impl RedbStore {
         Self::start(db, path, Some(cache_bytes))
     }
 
+    /// Compacts `<data_dir>/cadre.redb` of a stopped server: the pages
+    /// deletes freed (a retention sweep, `DELETE /v1/sessions?before=`)
+    /// go back to the file system. The file's size before and after;
+    /// `None` when the dir holds no store. Refused (`Open`) while a
+    /// server holds the file.
+    pub fn compact(data_dir: &Path) -> Result<Option<(u64, u64)>, StoreError> {
+        let path = data_dir.join("cadre.redb");
+        let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let before = size(&path);
+        let mut db = Database::open(&path).map_err(|source| StoreError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        while db.compact().map_err(redb::Error::from)? {}
+        drop(db);
+        Ok(Some((before, size(&path))))
+    }
+
     /// A store in memory, gone when dropped: for listings and tests where a
     /// file adds nothing.
     pub fn open_in_memory() -> Result<RedbStore, StoreError> {

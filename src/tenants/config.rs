@@ -18,6 +18,9 @@
 //! `monthly_token_budget` caps the model tokens (prompt + completion) of
 //! the tenant's calendar month, UTC: once used up, turns are refused with
 //! 429 `BUDGET_EXCEEDED` until the month ends (see `conversation::budget`).
+//! `retain_days` sets how long the tenant's idle sessions are kept, instead
+//! of `[sessions] retain_days` (the retention sweep of
+//! `conversation::sessions`).
 //! PATCH is a JSON merge patch (RFC 7396) checked like a full config.
 //!
 //! The types derive their OpenAPI schema (`POST /v1/tenants/{id}/config`'s
@@ -36,7 +39,7 @@ use crate::tools::RateLimit;
 
 /// The store namespace of tenant configs: the `tenant_configs` table
 /// ([`crate::store::tables::TENANT_CONFIGS`]).
-const NAMESPACE: &str = "tenant_config";
+pub(crate) const NAMESPACE: &str = "tenant_config";
 /// Tools a tenant config may set quotas for.
 const MAX_TOOL_QUOTAS: usize = 256;
 
@@ -89,6 +92,12 @@ pub struct TenantConfig {
         pattern = "^whsec_(?:[A-Za-z0-9+/]{4}){8,42}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
     )]
     pub webhook_secret: Option<String>,
+    /// Days a session of the tenant is kept after its last message (else
+    /// its creation) before the retention sweep deletes it, instead of
+    /// `[sessions] retain_days`; 0 keeps them forever; `None`: the
+    /// server's. Fractions of a day are allowed.
+    #[schema(minimum = 0, maximum = 36500)]
+    pub retain_days: Option<f64>,
 }
 
 /// `tool_quotas` as the document states it: at most 256 tool names of 1 to
@@ -126,6 +135,7 @@ impl Default for TenantConfig {
             monthly_token_budget: None,
             guardrails: Vec::new(),
             webhook_secret: None,
+            retain_days: None,
         }
     }
 }
@@ -211,6 +221,11 @@ impl TenantConfig {
             && let Err(e) = crate::webhooks::Secret::parse(secret)
         {
             return bad(&format!("webhook_secret: {e}"));
+        }
+        if let Some(days) = self.retain_days
+            && !(0.0..=36_500.0).contains(&days)
+        {
+            return bad("retain_days must be between 0 (keep forever) and 36500");
         }
         if self.response_delay_ms > 60_000 {
             return bad("response_delay_ms must be at most 60000");
