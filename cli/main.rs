@@ -843,6 +843,7 @@ fn workflow_run(
         let mut events = workflows.subscribe();
         let start = StartRun {
             webhook: None,
+            id: None,
             input,
             user_id,
             ..StartRun::default()

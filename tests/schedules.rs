@@ -660,4 +660,44 @@ async fn a_workflow_schedule_starts_a_run_per_slot_with_its_input() {
     assert_eq!(body["input"]["timeframe"], "1M");
     let (status, _) = client.delete(&format!("/v1/schedules/{id}")).await;
     assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // The run's id is derived from the slot (a UUID v7 of the slot's
+    // time), so a start taken up after a crash rejoins it: starting that
+    // id again returns the run and starts nothing.
+    let uuid = uuid::Uuid::parse_str(run_id).unwrap();
+    let (secs, nanos) = uuid.get_timestamp().unwrap().to_unix();
+    assert_eq!(
+        i64::try_from(secs).unwrap() * 1000 + i64::from(nanos / 1_000_000),
+        slot(&run).as_millisecond(),
+        "{run}"
+    );
+    let count = || async {
+        let (_, body) = client
+            .get("/v1/workflows/runs?workflow=account-review&limit=1000")
+            .await;
+        body["runs"].as_array().unwrap().len()
+    };
+    let before = count().await;
+    let again = app
+        .runtime
+        .as_ref()
+        .unwrap()
+        .workflows()
+        .start(
+            "account-review",
+            cadre::workflow::StartRun {
+                input: json!({"timeframe": "1M"}),
+                tenant: String::new(),
+                user_id: None,
+                parent_run: None,
+                plan_ceiling: None,
+                webhook: None,
+                id: Some(run_id.to_string()),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.id, run_id);
+    assert_eq!(again.status.as_str(), "succeeded");
+    assert_eq!(count().await, before);
 }

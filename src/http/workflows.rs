@@ -324,6 +324,7 @@ async fn start(
                 parent_run,
                 plan_ceiling: Some(ceiling),
                 webhook,
+                id: None,
             },
         )
         .await?;

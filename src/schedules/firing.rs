@@ -342,6 +342,10 @@ impl Schedules {
                         parent_run: None,
                         plan_ceiling: Some(ceiling),
                         webhook: schedule.webhook.clone(),
+                        // The same run for the same slot: a start taken
+                        // up after a crash finds the run it may have
+                        // started.
+                        id: Some(run_for(&schedule.id, fire.slot)),
                     },
                 )
                 .await
@@ -494,25 +498,8 @@ impl Schedules {
             let schedule: Schedule = serde_json::from_value(schedule)?;
             tracing::info!(schedule = %fire.schedule_id, slot = %fire.slot, from = ?fire.node, "schedules: a fire left by a crash taken up");
             fire.node = me.clone();
-            if schedule.workflow.is_some() {
-                // No key to rejoin a run by: maybe started, not again.
-                fire.state = FireState::Unknown;
-                fire.error = Some("the node recording this fire stopped before it said whether the run started; not started again".into());
-                let value = serde_json::to_value(&fire)?;
-                store
-                    .write(
-                        vec![
-                            put(RUNS, &key, value),
-                            WriteOp::DeleteDoc {
-                                namespace: PENDING.into(),
-                                key: key.clone(),
-                            },
-                        ],
-                        true,
-                    )
-                    .await?;
-                continue;
-            }
+            // A turn rejoins by its key, a run by its id: both derived
+            // from the slot.
             self.start(&schedule, fire).await;
         }
         Ok(())
@@ -529,7 +516,18 @@ enum Failure {
 /// same for every node and every try (a UUID v7 of the slot's time whose
 /// random bits are a hash of schedule and slot).
 fn session_for(schedule: &str, slot: Timestamp) -> String {
-    let digest = Sha256::digest(format!("{schedule}:{}", slot.as_millisecond()).as_bytes());
+    derived_id(&format!("{schedule}:{}", slot.as_millisecond()), slot)
+}
+
+/// The workflow run a workflow schedule's fire of `slot` starts (see
+/// [`session_for`]).
+fn run_for(schedule: &str, slot: Timestamp) -> String {
+    derived_id(&format!("run:{schedule}:{}", slot.as_millisecond()), slot)
+}
+
+/// A UUID v7 of `slot`'s time whose random bits are a SHA-256 of `seed`.
+fn derived_id(seed: &str, slot: Timestamp) -> String {
+    let digest = Sha256::digest(seed.as_bytes());
     let mut bytes = [0u8; 10];
     bytes.copy_from_slice(&digest[..10]);
     let ms = u64::try_from(slot.as_millisecond()).unwrap_or(0);

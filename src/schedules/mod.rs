@@ -55,11 +55,10 @@
 //! forwards to the owner instead, which this layer, below it, cannot (a
 //! `Sessions` entry that does would be the hook).
 //!
-//! Workflow runs have no idempotency key yet (the engine makes a run's id
-//! when it starts): a crash between recording a workflow fire and
-//! starting its run is taken over as `unknown` (not started again), so a
-//! scheduled workflow run starts at most once; a hook in
-//! `workflow::engine` (a caller-chosen run id) would make it exactly once.
+//! A workflow run's id is derived from the schedule and the slot the
+//! same way ([`crate::workflow::StartRun::id`]): a start taken up after a
+//! crash finds the run a first start made and starts nothing, so a
+//! scheduled run starts exactly once too.
 //!
 //! # Catch-up, time, limits
 //! After downtime ([`CatchUp`]): `one` (the default) fires once, the
@@ -264,8 +263,9 @@ pub enum FireState {
     Failed,
     /// Not fired: the key that made the schedule is no longer active.
     Skipped,
-    /// A workflow run recorded but maybe not started before a crash (see
-    /// the module doc): not started again.
+    /// A workflow run recorded but maybe not started before a crash, by a
+    /// version that did not derive run ids (fires are taken up by
+    /// rejoining their run now); kept so such records still read.
     Unknown,
 }
 

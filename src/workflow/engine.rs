@@ -225,6 +225,11 @@ pub struct StartRun {
     /// Where the run's end is POSTed, already checked
     /// ([`crate::webhooks::Webhooks::check`]).
     pub webhook: Option<String>,
+    /// The run's id, chosen by the caller (a schedule's fire derives it
+    /// from its slot): a start with the id of a run that exists returns
+    /// that run and starts nothing, so starting again after a crash cannot
+    /// run it twice. `None`: a new UUID v7.
+    pub id: Option<String>,
 }
 
 /// Which runs to list.
@@ -670,7 +675,15 @@ impl Workflows {
                     workflow: name.into(),
                     errors,
                 })?;
-        let id = uuid::Uuid::now_v7().to_string();
+        if let Some(id) = &start.id
+            && let Some(run) = self.existing(id).await?
+        {
+            return Ok(run);
+        }
+        let id = start
+            .id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let tenant = if start.tenant.is_empty() {
             DEFAULT_TENANT.to_string()
         } else {
@@ -865,6 +878,19 @@ impl Workflows {
         match self.live_state(id) {
             Some(run) => Ok(run),
             None => self.stored(id).await,
+        }
+    }
+
+    /// The run with this caller-chosen id, if it was started already
+    /// (live on this node, or stored).
+    async fn existing(&self, id: &str) -> Result<Option<WorkflowRun>, WorkflowError> {
+        if let Some(run) = self.live_state(id) {
+            return Ok(Some(run));
+        }
+        match self.stored(id).await {
+            Ok(run) => Ok(Some(run)),
+            Err(WorkflowError::RunNotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
