@@ -467,3 +467,75 @@ fn a_delivery_waiting_for_a_retry_survives_kill_9_and_keeps_its_id() {
         assert_eq!(deliveries(&client).await.len(), 1);
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_on_one_postgresql_deliver_each_event_once() {
+    use support::cluster::{Cluster, ClusterOptions};
+    use support::postgres::Postgres;
+
+    let (receiver, url) = Receiver::start(&[]).await;
+    let pg = Postgres::shared();
+    let database = pg.database("webhooks_cluster");
+    let options = ClusterOptions::plain(3)
+        .node_args(move |i, addr| {
+            vec![
+                "--store".into(),
+                database.clone(),
+                "--node-id".into(),
+                format!("n{i}"),
+                "--advertise".into(),
+                format!("http://{addr}"),
+            ]
+        })
+        .env("CADRE_WEBHOOKS_SECRET", SECRET)
+        .env("CADRE_WEBHOOKS_ALLOW_PRIVATE", "true");
+    let cluster = Cluster::start(options).await;
+    let client = cluster.node_client(0);
+    // A turn a second, each in a new session, on whichever node fires it;
+    // every node's delivery loop races for every event.
+    let (status, schedule) = client
+        .post(
+            "/v1/schedules",
+            &json!({"agent": "assistant", "message": "what is 1 + 1?", "interval_s": 1, "webhook": url}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{schedule}");
+    receiver.wait_for(4, Duration::from_secs(30)).await;
+    let (status, _) = client
+        .delete(&format!(
+            "/v1/schedules/{}",
+            schedule["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // Every event written is delivered, each once: as many requests as
+    // events, as many distinct ids as requests.
+    // (A fire in flight when the schedule went may add one: wait until
+    // the records and the requests agree and stay so.)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = usize::MAX;
+    let records = loop {
+        let records = deliveries(&cluster.node_client(1)).await;
+        let settled = !records.is_empty()
+            && records.iter().all(|r| r["state"] == "delivered")
+            && receiver.got().len() == records.len();
+        if settled && records.len() == last {
+            break records;
+        }
+        last = if settled { records.len() } else { usize::MAX };
+        assert!(Instant::now() < deadline, "not all delivered: {records:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let got = receiver.got();
+    let ids: std::collections::BTreeSet<String> =
+        got.iter().map(|r| r.header("webhook-id")).collect();
+    assert_eq!(ids.len(), got.len(), "an event was sent twice");
+    assert_eq!(got.len(), records.len(), "{records:?}");
+    for r in &records {
+        assert_eq!(r["attempt_count"], 1, "{r}");
+    }
+    for r in &got {
+        r.verify(SECRET).unwrap();
+    }
+}
