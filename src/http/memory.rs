@@ -33,6 +33,28 @@ use super::openapi::error_responses;
 use crate::memory::{Found, SearchQuery, StoredItem, parse_dotted};
 use crate::tenants::Principal;
 
+/// A namespace segment: 1 to 128 characters, no `.`, no control characters.
+struct MemorySegment;
+
+impl utoipa::PartialSchema for MemorySegment {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some(
+                "A namespace segment: 1 to 128 characters, no `.`, no control characters.",
+            ))
+            .min_length(Some(1))
+            .max_length(Some(crate::memory::MAX_NAME_CHARS))
+            .pattern(Some(SEGMENT))
+            .into()
+    }
+}
+
+impl ToSchema for MemorySegment {}
+
+/// [`MemorySegment`] as a pattern.
+const SEGMENT: &str = "^[^.\\u0000-\\u001f\\u007f-\\u009f]{1,128}$";
+
 pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(put_item, get_item, delete_item))
@@ -44,11 +66,16 @@ pub fn routes() -> OpenApiRouter<AppState> {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 struct PutBody {
-    /// 1 to 8 segments, each 1 to 128 bytes, no `.`.
-    #[schema(example = json!(["users", "u1"]), min_items = 1, max_items = 8)]
+    /// 1 to 8 segments, each 1 to 128 characters, no `.`, no control characters.
+    #[schema(value_type = Vec<MemorySegment>, example = json!(["users", "u1"]), min_items = 1, max_items = 8)]
     namespace: Vec<String>,
-    /// 1 to 128 bytes.
-    #[schema(example = "prefs", min_length = 1, max_length = 128)]
+    /// 1 to 128 characters, no control characters.
+    #[schema(
+        example = "prefs",
+        min_length = 1,
+        max_length = 128,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]{1,128}$"
+    )]
     key: String,
     /// A JSON object of at most 64 KiB; its strings are what search reads.
     #[schema(value_type = std::collections::BTreeMap<String, Value>)]
@@ -89,10 +116,18 @@ impl From<StoredItem> for ItemOut {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct ItemQuery {
-    /// The namespace, segments joined with `.` (`users.u1`).
-    #[param(example = "users.u1")]
+    /// The namespace, segments joined with `.` (`users.u1`): 1 to 8
+    /// segments of 1 to 128 characters, no control characters.
+    #[param(
+        example = "users.u1",
+        pattern = "^[^.\\u0000-\\u001f\\u007f-\\u009f]{1,128}(\\.[^.\\u0000-\\u001f\\u007f-\\u009f]{1,128}){0,7}$"
+    )]
     namespace: String,
-    #[param(example = "prefs")]
+    /// 1 to 128 characters, no control characters.
+    #[param(
+        example = "prefs",
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]{1,128}$"
+    )]
     key: String,
 }
 
@@ -195,7 +230,7 @@ struct SearchBody {
     /// Only items whose namespace starts with these segments (default:
     /// all the tenant's).
     #[serde(default)]
-    #[schema(example = json!(["users"]), max_items = 8)]
+    #[schema(value_type = Vec<MemorySegment>, example = json!(["users"]), max_items = 8)]
     namespace_prefix: Vec<String>,
     /// Words to rank by (BM25 over the values' text); none or empty: newest first.
     #[schema(example = "what is the dog's name", max_length = 4096)]
@@ -296,7 +331,10 @@ async fn search(
 #[serde(deny_unknown_fields)]
 struct NamespacesQuery {
     /// Only namespaces under this one, segments joined with `.` (default: all).
-    #[param(example = "users")]
+    #[param(
+        example = "users",
+        pattern = "^([^.\\u0000-\\u001f\\u007f-\\u009f]{1,128}(\\.[^.\\u0000-\\u001f\\u007f-\\u009f]{1,128}){0,7})?$"
+    )]
     prefix: Option<String>,
     /// Cut each namespace to this many segments (1 to 8).
     #[param(minimum = 1, maximum = 8)]

@@ -45,8 +45,10 @@
 //! # Bounds and decisions
 //! - A value is a JSON object of at most [`MAX_VALUE_BYTES`]; a namespace
 //!   1 to [`MAX_DEPTH`] segments, each segment and each key 1 to
-//!   [`MAX_SEGMENT_BYTES`] bytes, no control characters, and no `.` in a
-//!   segment (the query string writes a namespace `users.u1`).
+//!   [`MAX_NAME_CHARS`] characters (the issue says bytes; characters are
+//!   what the document's `maxLength` counts, so the published schema and
+//!   the check agree: at most 512 bytes), no control characters, and no
+//!   `.` in a segment (the query string writes a namespace `users.u1`).
 //! - Per tenant, `[memory] max_items` items and `max_mb` MiB (the stored
 //!   documents' bytes); a put past either is 413 `STORAGE_QUOTA_EXCEEDED`.
 //!   Replacing an item counts its new size only.
@@ -91,8 +93,9 @@ pub const STAMPS: &str = "memory_stamp";
 pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 /// Most segments of a namespace.
 pub const MAX_DEPTH: usize = 8;
-/// Longest namespace segment or key, in bytes.
-pub const MAX_SEGMENT_BYTES: usize = 128;
+/// Longest namespace segment or key, in characters (what the document's
+/// `maxLength` counts; at most 512 bytes of UTF-8).
+pub const MAX_NAME_CHARS: usize = 128;
 /// Longest TTL: ten years.
 pub const MAX_TTL_S: u64 = 10 * 366 * 86_400;
 /// Most items a search returns at once.
@@ -215,9 +218,9 @@ pub fn check_namespace(namespace: &[String], min_depth: usize) -> Result<(), Mem
 }
 
 fn check_name(s: &str, what: &str) -> Result<(), MemoryError> {
-    if s.is_empty() || s.len() > MAX_SEGMENT_BYTES || s.chars().any(char::is_control) {
+    if s.is_empty() || s.chars().count() > MAX_NAME_CHARS || s.chars().any(char::is_control) {
         return Err(MemoryError::invalid(format!(
-            "{what} is 1 to {MAX_SEGMENT_BYTES} bytes, without control characters"
+            "{what} is 1 to {MAX_NAME_CHARS} characters, without control characters"
         )));
     }
     Ok(())
