@@ -390,3 +390,53 @@ async fn an_agent_remembers_a_user_across_sessions_and_never_another_users() {
     assert_eq!(recalled["items"], json!([]), "{recalled}");
     assert_eq!(model.overruns(), 0);
 }
+
+/// `cadre memory put|get|search|delete --url`: the real binary against
+/// the server; a missing item is the API's code on stderr, exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_puts_gets_searches_and_deletes() {
+    let app = spawn_app(AppOptions::offline());
+    let base = app.base.clone();
+    let cadre = move |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.extend(["--url".to_string(), base.clone()]);
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_cadre"))
+                .args(&all)
+                .env_remove("CADRE_URL")
+                .env_remove("CADRE_API_KEY")
+                .env_remove("CADRE_DATA_DIR")
+                .env("RUST_LOG", "warn")
+                .output()
+                .expect("the cadre binary runs")
+        })
+    };
+    let out = cadre(&[
+        "memory",
+        "put",
+        "users.u1",
+        "pet",
+        r#"{"text": "The dog is Rex."}"#,
+    ])
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cadre(&["memory", "get", "users.u1", "pet"]).await.unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("The dog is Rex."));
+    let out = cadre(&["memory", "search", "--prefix", "users", "--query", "dog"])
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("users.u1  pet"), "{stdout}");
+    let out = cadre(&["memory", "delete", "users.u1", "pet"])
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let out = cadre(&["memory", "get", "users.u1", "pet"]).await.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MEMORY_ITEM_NOT_FOUND"));
+}
