@@ -235,7 +235,8 @@ pub fn parse_dotted(s: &str) -> Vec<String> {
     }
 }
 
-fn store_key(tenant: &str, namespace: &[String], key: &str) -> String {
+/// The document key of an item under [`ITEMS`] (and [`TTLS`]).
+pub fn store_key(tenant: &str, namespace: &[String], key: &str) -> String {
     format!("{tenant}{SEP}{}{SEP}{key}", namespace.join("."))
 }
 
