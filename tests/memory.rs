@@ -440,3 +440,73 @@ async fn the_cli_puts_gets_searches_and_deletes() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("MEMORY_ITEM_NOT_FOUND"));
 }
+
+const TEAM_AGENT: &str = r#"
+name = "team"
+system_prompt = "You keep the team's notes."
+memory = { namespace = ["teams", "{tenant}"] }
+max_iterations = 3
+"#;
+
+/// `memory = { namespace = ["teams", "{tenant}"] }`: what one user
+/// remembers, another of the same tenant recalls; a session without a
+/// user under the default template gets a tool error, not another's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_namespace_is_the_tenants_and_a_session_without_a_user_remembers_nothing() {
+    let model = MockModel::start().await;
+    let dir = agents_dir(&[
+        ("team.toml", TEAM_AGENT),
+        ("keeper.toml", REMEMBERING_AGENT),
+    ]);
+    let app = spawn_app(AppOptions::with_model(&model).agents(dir.path()));
+    let c = &app.client;
+
+    model.push(Reply::tool_call(
+        "r1",
+        "remember",
+        r#"{"text": "Deploys happen on Tuesdays.", "key": "deploys"}"#,
+    ));
+    model.push(Reply::text("Noted."));
+    let alice = session_of(c, "team", "alice").await;
+    let (status, body) = c.say(&alice, "We deploy on Tuesdays.").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stored = search(c, json!({"namespace_prefix": ["teams"], "limit": 10})).await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0]["key"], "deploys");
+    assert_eq!(stored[0]["namespace"].as_array().unwrap().len(), 2);
+
+    model.push(Reply::tool_call(
+        "c1",
+        "recall",
+        r#"{"query": "when do we deploy"}"#,
+    ));
+    model.push(Reply::text("Tuesdays."));
+    let bob = session_of(c, "team", "bob").await;
+    let (status, body) = c.say(&bob, "When do we deploy?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        last_tool_result(&model)["items"][0]["text"],
+        "Deploys happen on Tuesdays."
+    );
+
+    // No user: the per-user template refuses, and nothing is stored.
+    model.push(Reply::tool_call(
+        "r2",
+        "remember",
+        r#"{"text": "anonymous fact"}"#,
+    ));
+    model.push(Reply::text("I cannot remember that."));
+    let nobody = c.session("keeper").await;
+    let (status, body) = c.say(&nobody, "Remember this.").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let result = last_tool_result(&model);
+    assert!(
+        result.to_string().contains("no user_id"),
+        "the model reads why: {result}"
+    );
+    assert!(
+        search(c, json!({"namespace_prefix": ["users"], "limit": 10}))
+            .await
+            .is_empty()
+    );
+}

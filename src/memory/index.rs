@@ -11,8 +11,10 @@
 //! Decided:
 //! - **Tokens**: lower-cased runs of letters and digits (Unicode), one
 //!   character runs dropped, a trailing `'s` dropped with the apostrophe
-//!   (`dog's` is `dog`); no stemming, no stop words (BM25's IDF makes
-//!   `the` and `is` worth almost nothing).
+//!   (`dog's` is `dog`), an English plural folded (`deploys` is `deploy`,
+//!   `stories` is `story`: a query and a note rarely agree on number); no
+//!   other stemming, no stop words (BM25's IDF makes `the` and `is` worth
+//!   almost nothing).
 //! - **BM25** with k1 = 1.2 and b = 0.75 (Lucene's defaults), IDF
 //!   `ln(1 + (N - n + 0.5) / (n + 0.5))` (never negative), over the
 //!   tenant's live items whatever the namespace prefix searched: a term's
@@ -32,7 +34,7 @@ pub fn tokens(text: &str) -> Vec<String> {
     let mut chars = text.chars().peekable();
     let flush = |word: &mut String, out: &mut Vec<String>| {
         if word.chars().count() > 1 {
-            out.push(std::mem::take(word));
+            out.push(plural_dropped(std::mem::take(word)));
         } else {
             word.clear();
         }
@@ -57,6 +59,19 @@ pub fn tokens(text: &str) -> Vec<String> {
     }
     flush(&mut word, &mut out);
     out
+}
+
+/// `stories` is `story`, `deploys` is `deploy`; `class`, `is` and `bus`
+/// stay (a plural `s` only after more than three letters, not after `s`).
+fn plural_dropped(mut word: String) -> String {
+    let n = word.chars().count();
+    if n > 4 && word.ends_with("ies") {
+        word.truncate(word.len() - 3);
+        word.push('y');
+    } else if n > 3 && word.ends_with('s') && !word.ends_with("ss") && !word.ends_with("us") {
+        word.pop();
+    }
+    word
 }
 
 /// What the index keeps of one item.
@@ -286,6 +301,10 @@ mod tests {
             ]
         );
         assert_eq!(tokens("o'sullivan"), ["osullivan"]);
+        assert_eq!(
+            tokens("Deploys stories class is bus"),
+            ["deploy", "story", "class", "is", "bus"]
+        );
     }
 
     #[test]
