@@ -2,6 +2,7 @@
 //! turn in-process, `tools` lists and checks tool definitions, `workflow`
 //! lists workflows and runs one in-process with a line per node event,
 //! `schedules` lists, creates and deletes a running server's schedules.
+//! `memory` searches, reads, stores and deletes a running server's memory items.
 //! Thin: everything it does is the library's. With `--url` the read and run
 //! commands ask a running server instead (see `remote`).
 
@@ -144,6 +145,12 @@ enum Command {
     Schedules {
         #[command(subcommand)]
         command: SchedulesCommand,
+    },
+    /// Memory of a running server (`/v1/memory`, docs/memory.md): with
+    /// `--url`, or the server that holds `--data-dir`.
+    Memory {
+        #[command(subcommand)]
+        command: MemoryCommand,
     },
     /// Tool call records, newest first.
     Calls {
@@ -398,6 +405,65 @@ enum SchedulesCommand {
     },
 }
 
+#[derive(Subcommand)]
+enum MemoryCommand {
+    /// Search the key's tenant's memory: one line per item (score,
+    /// namespace, key, value), best first for --query, else newest first.
+    Search {
+        /// Words to rank by (BM25).
+        #[arg(long)]
+        query: Option<String>,
+        /// Only items under this namespace, segments joined with `.` (`users.u1`).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// At most this many (1 to 100).
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+        #[command(flatten)]
+        server: ServerDir,
+    },
+    /// Print an item's value (JSON).
+    Get {
+        /// The namespace, segments joined with `.` (`users.u1`).
+        namespace: String,
+        key: String,
+        #[command(flatten)]
+        server: ServerDir,
+    },
+    /// Store an item (create or replace).
+    Put {
+        /// The namespace, segments joined with `.` (`users.u1`).
+        namespace: String,
+        key: String,
+        /// The value: a JSON object.
+        value: String,
+        /// Forget it this many seconds from now.
+        #[arg(long)]
+        ttl_s: Option<u64>,
+        #[command(flatten)]
+        server: ServerDir,
+    },
+    /// Delete an item.
+    Delete {
+        /// The namespace, segments joined with `.` (`users.u1`).
+        namespace: String,
+        key: String,
+        #[command(flatten)]
+        server: ServerDir,
+    },
+}
+
+impl MemoryCommand {
+    fn data_dir(&self) -> &std::path::Path {
+        match self {
+            MemoryCommand::Search { server, .. }
+            | MemoryCommand::Get { server, .. }
+            | MemoryCommand::Put { server, .. }
+            | MemoryCommand::Delete { server, .. } => &server.data_dir,
+        }
+    }
+}
+
 impl SchedulesCommand {
     fn data_dir(&self) -> &std::path::Path {
         match self {
@@ -461,6 +527,7 @@ fn main() -> anyhow::Result<()> {
         | Command::Keys { .. }
         | Command::Sessions { .. }
         | Command::Schedules { .. }
+        | Command::Memory { .. }
         | Command::Calls { .. }
         | Command::Stats { .. }
         | Command::Compact { .. }
@@ -523,6 +590,10 @@ fn main() -> anyhow::Result<()> {
         Command::Sessions { command } => sessions(command),
         Command::Schedules { command } => bail!(
             "no cadre server holds {}: schedules are kept and fired by a running server. Pass --url URL (env CADRE_URL) with --api-key, or --data-dir of the running `cadre serve`",
+            command.data_dir().display()
+        ),
+        Command::Memory { command } => bail!(
+            "no cadre server holds {}: memory is served by a running server. Pass --url URL (env CADRE_URL) with --api-key, or --data-dir of the running `cadre serve`",
             command.data_dir().display()
         ),
         Command::Calls {
@@ -631,6 +702,7 @@ fn data_dir_of(command: &Command) -> Option<&std::path::Path> {
         | Command::Stats { data_dir }
         | Command::Compact { data_dir } => Some(data_dir),
         Command::Schedules { command } => Some(command.data_dir()),
+        Command::Memory { command } => Some(command.data_dir()),
         Command::Tools { .. }
         | Command::Config { .. }
         | Command::Completions { .. }

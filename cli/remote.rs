@@ -20,6 +20,10 @@
 //!   server that holds `--data-dir` (as every data-dir command does when a
 //!   server holds it) and fail, saying so, when none does. `list` asks each
 //!   schedule's newest run (`…/runs?limit=1`) for its "last" column.
+//! - `memory search|get|put|delete` likewise (served by a running server;
+//!   docs/memory.md): namespaces are written `users.u1` as in the API's
+//!   query string; `search` prints one line per item (score, namespace,
+//!   key, value as JSON), `get` the value.
 //! - `chat` streams the turn (`Accept: text/event-stream`, the same events
 //!   the in-process chat prints); `workflow run` starts the run, follows
 //!   its SSE events (a run that ends before the stream opens shows only its
@@ -36,7 +40,8 @@ use serde_json::{Value, json};
 
 use crate::render;
 use crate::{
-    Command, KeysCommand, SchedulesCommand, SessionsCommand, ToolsCommand, WorkflowCommand,
+    Command, KeysCommand, MemoryCommand, SchedulesCommand, SessionsCommand, ToolsCommand,
+    WorkflowCommand,
 };
 use cadre::store::{Session, ToolCallRecord};
 use cadre::tenants::KeyInfo;
@@ -50,6 +55,7 @@ pub fn run(url: &str, api_key: Option<&str>, command: &Command) -> Option<anyhow
         command,
         Command::Sessions { .. }
             | Command::Schedules { .. }
+            | Command::Memory { .. }
             | Command::Calls { .. }
             | Command::Stats { .. }
             | Command::Chat { .. }
@@ -267,6 +273,7 @@ impl Client {
             } => self.chat(agent, plan, session.as_deref(), message.clone()),
             Command::Keys { command } => self.keys(command),
             Command::Schedules { command } => self.schedules(command),
+            Command::Memory { command } => self.memory(command),
             _ => unreachable!("run() passes only remote commands"),
         }
     }
@@ -311,6 +318,77 @@ impl Client {
                 let path = format!("/v1/keys/{}", segment(key_id));
                 self.call(self.request(Method::DELETE, &path))?;
                 println!("revoked {key_id}");
+                Ok(())
+            }
+        }
+    }
+
+    fn memory(&self, command: &MemoryCommand) -> anyhow::Result<()> {
+        let dotted = |namespace: &str| -> Vec<String> {
+            if namespace.is_empty() {
+                Vec::new()
+            } else {
+                namespace.split('.').map(str::to_string).collect()
+            }
+        };
+        match command {
+            MemoryCommand::Search {
+                query,
+                prefix,
+                limit,
+                ..
+            } => {
+                let body =
+                    json!({"namespace_prefix": dotted(prefix), "query": query, "limit": limit});
+                let found = self.post("/v1/memory/items/search", &body)?;
+                for item in found["items"].as_array().into_iter().flatten() {
+                    let namespace: Vec<&str> = item["namespace"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    println!(
+                        "{:.3}  {}  {}  {}",
+                        item["score"].as_f64().unwrap_or(0.0),
+                        namespace.join("."),
+                        item["key"].as_str().unwrap_or_default(),
+                        item["value"]
+                    );
+                }
+                Ok(())
+            }
+            MemoryCommand::Get { namespace, key, .. } => {
+                let item = self.call(
+                    self.request(Method::GET, "/v1/memory/items")
+                        .query(&[("namespace", namespace), ("key", key)]),
+                )?;
+                println!("{}", serde_json::to_string_pretty(&item["value"])?);
+                Ok(())
+            }
+            MemoryCommand::Put {
+                namespace,
+                key,
+                value,
+                ttl_s,
+                ..
+            } => {
+                let value: Value =
+                    serde_json::from_str(value).context("the value must be a JSON object")?;
+                let mut body = json!({"namespace": dotted(namespace), "key": key, "value": value});
+                if let Some(ttl) = ttl_s {
+                    body["ttl_s"] = json!(ttl);
+                }
+                self.call(self.request(Method::PUT, "/v1/memory/items").json(&body))?;
+                println!("stored {namespace} {key}");
+                Ok(())
+            }
+            MemoryCommand::Delete { namespace, key, .. } => {
+                self.call(
+                    self.request(Method::DELETE, "/v1/memory/items")
+                        .query(&[("namespace", namespace), ("key", key)]),
+                )?;
+                println!("deleted {namespace} {key}");
                 Ok(())
             }
         }

@@ -148,7 +148,40 @@ pub struct AgentFile {
     /// ([`crate::guardrails`]; a tenant's run before them).
     #[serde(default)]
     pub guardrails: Vec<crate::guardrails::GuardrailConfig>,
+    /// Memory across sessions: `true` offers the model `remember` and
+    /// `recall` on the namespace `["users", "{user_id}"]`; a table names
+    /// another namespace ([`MemoryEntry`]).
+    #[serde(default)]
+    pub memory: Option<MemoryEntry>,
 }
+
+/// `memory` as written: `true`/`false`, or `{ namespace = [...] }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum MemoryEntry {
+    On(bool),
+    Table(MemoryTable),
+}
+
+/// `memory = { namespace = ["teams", "{tenant}"] }`: the namespace the
+/// agent's `remember` and `recall` use, each segment a template where
+/// `{tenant}`, `{user_id}` and `{agent}` are replaced by the calling
+/// session's (a call whose session has no user is refused when the
+/// template names `{user_id}`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryTable {
+    #[serde(default = "default_memory_namespace")]
+    pub namespace: Vec<String>,
+}
+
+/// The namespace of `memory = true`: the session's user's.
+pub fn default_memory_namespace() -> Vec<String> {
+    vec!["users".into(), "{user_id}".into()]
+}
+
+/// The template variables a memory namespace segment may name.
+pub const MEMORY_VARIABLES: [&str; 3] = ["{tenant}", "{user_id}", "{agent}"];
 
 /// `output_schema` as written: an inline JSON Schema, or a file's path.
 #[derive(Debug, Clone, Deserialize)]
@@ -302,6 +335,9 @@ pub struct Agent {
     pub output_schema: Option<Arc<OutputSchema>>,
     /// Its guardrails, compiled (a tenant's run before them).
     pub guardrails: crate::guardrails::Guardrails,
+    /// The namespace template of its `remember` and `recall` tools; `None`:
+    /// no memory tools.
+    pub memory: Option<Vec<String>>,
 }
 
 impl Agent {
@@ -412,9 +448,33 @@ impl Agent {
                 )?))
             }
         };
-        let variables = match &file.site {
-            Some(site) => serde_json::json!({ "site": site }),
-            None => serde_json::Value::Null,
+        let memory = match &file.memory {
+            None | Some(MemoryEntry::On(false)) => None,
+            Some(MemoryEntry::On(true)) => Some(default_memory_namespace()),
+            Some(MemoryEntry::Table(t)) => Some(t.namespace.clone()),
+        };
+        if let Some(template) = &memory
+            && let Err(message) = check_memory_template(template)
+        {
+            return Err(ConfigError::Invalid {
+                agent: file.name,
+                message: format!("memory.namespace: {message}"),
+            });
+        }
+        let mut variables = serde_json::Map::new();
+        if let Some(site) = &file.site {
+            variables.insert("site".into(), serde_json::json!(site));
+        }
+        if let Some(template) = &memory {
+            variables.insert(
+                "memory".into(),
+                serde_json::json!({ "namespace": template, "agent": file.name }),
+            );
+        }
+        let variables = if variables.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::Value::Object(variables)
         };
         // A key variable that is not set: warned at every load and reload
         // (the variable named, never a value), and every turn refused.
@@ -459,6 +519,12 @@ impl Agent {
                     .iter()
                     .map(|a| crate::tools::delegate::transfer_name(a)),
             )
+            .chain(memory.iter().flat_map(|_| {
+                [
+                    crate::tools::memory::REMEMBER.to_string(),
+                    crate::tools::memory::RECALL.to_string(),
+                ]
+            }))
             .collect();
         Ok(Agent {
             name: file.name,
@@ -483,6 +549,7 @@ impl Agent {
             multitask: file.multitask,
             output_schema,
             guardrails,
+            memory,
         })
     }
 
@@ -491,6 +558,28 @@ impl Agent {
     pub fn tool_specs(&self, registry: &ToolRegistry, plan: Plan) -> std::sync::Arc<[ToolSpec]> {
         registry.specs_for(&self.offered, plan)
     }
+}
+
+/// Why a memory namespace template is refused: empty, deeper than 8
+/// segments, or a segment that is empty, holds a `.` or names a variable
+/// other than [`MEMORY_VARIABLES`].
+fn check_memory_template(template: &[String]) -> Result<(), String> {
+    if template.is_empty() || template.len() > 8 {
+        return Err("1 to 8 segments".into());
+    }
+    for segment in template {
+        let mut rest = segment.clone();
+        for v in MEMORY_VARIABLES {
+            rest = rest.replace(v, "x");
+        }
+        if rest.is_empty() || rest.contains(['.', '{', '}']) || rest.chars().any(char::is_control) {
+            return Err(format!(
+                "segment '{segment}': not empty, no '.', and only the variables {}",
+                MEMORY_VARIABLES.join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Why `agent` cannot serve beside the others of `known`: an agent it
@@ -569,6 +658,13 @@ pub fn publish_agent_tools(agents: &Agents, registry: &ToolRegistry, remote: &Re
             remote.prefetch(r);
             remote.ask_tool(r)
         }))
+        .chain(
+            map.values()
+                .any(|a| a.memory.is_some())
+                .then(|| crate::tools::memory::memory_tools(registry.memory_slot()))
+                .into_iter()
+                .flatten(),
+        )
         .collect();
     registry.set_agent_tools(tools);
 }

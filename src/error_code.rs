@@ -143,6 +143,8 @@ error_codes! {
         "no API key with that id";
     ScheduleNotFound = "SCHEDULE_NOT_FOUND", NOT_FOUND, false,
         "no schedule with that id (another tenant's schedule is answered the same)";
+    MemoryItemNotFound = "MEMORY_ITEM_NOT_FOUND", NOT_FOUND, false,
+        "no memory item with that namespace and key, or it expired (another tenant's is answered the same)";
     DeliveryNotFound = "DELIVERY_NOT_FOUND", NOT_FOUND, false,
         "no webhook event with that id for this tenant";
     MethodNotAllowed = "METHOD_NOT_ALLOWED", METHOD_NOT_ALLOWED, false,

@@ -30,6 +30,8 @@
 //!   expression or an interval, exactly once per slot.
 //! - [`webhooks`]: signed events when a background turn or a run ends,
 //!   delivered at least once from an outbox written with the turn's end.
+//! - [`memory`]: memory across sessions: a tenant's items by namespace
+//!   and key, BM25 search, TTL; what the `remember` and `recall` tools use.
 //! - [`events`]: the broadcast bus of runtime events.
 //! - [`agents`]: agent definitions (agent files); [`server_config`]: the
 //!   server's config file.
@@ -49,6 +51,7 @@
 //! workflow, mcp                   multi-agent DAGs; MCP in and out
 //! conversation                    session actors and their tool sub-agents
 //! agents                          agent definitions
+//! memory                          items across sessions: BM25 search, TTL
 //! executor                        the one gate of every tool call
 //! tenants                         API keys, per-tenant config
 //! webhooks                        signed events from a durable outbox
@@ -73,6 +76,7 @@ pub mod guardrails;
 pub mod http;
 pub mod identity;
 pub mod mcp;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod retry;

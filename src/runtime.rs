@@ -917,10 +917,13 @@ async fn serve(
         keys.clone(),
         webhooks.clone(),
     );
+    let memory = crate::memory::Memory::new(store.clone(), builder.config.memory.clone());
+    registry.memory_slot().set(memory.tools());
     let stop_schedules = tokio_util::sync::CancellationToken::new();
     if take_up {
         schedules.spawn_loop(stop_schedules.clone());
         webhooks.spawn_loop(stop_schedules.clone());
+        memory.spawn_sweep(stop_schedules.clone());
     }
     let _ = ready.send(Ok(Ready {
         addr,
@@ -963,6 +966,7 @@ async fn serve(
                         .collect(),
                     schedules,
                     webhooks,
+                    memory,
                 }),
                 api_limit,
                 failed_auths,
@@ -1053,6 +1057,7 @@ async fn serve(
                 keys,
                 schedules,
                 webhooks,
+                memory,
             ));
             shutdown.await;
         }

@@ -35,7 +35,8 @@ use crate::http::rate_limit::ApiLimitConfig;
 use crate::workflow::WorkflowLimits;
 
 /// The sections an environment override may address.
-const SECTIONS: [&str; 13] = [
+const SECTIONS: [&str; 14] = [
+    "memory",
     "webhooks",
     "agents",
     "tenants",
@@ -73,6 +74,9 @@ pub struct ServerConfig {
     /// `[webhooks]`: the signing secret and where events may go
     /// ([`crate::webhooks`]).
     pub webhooks: crate::webhooks::WebhookConfig,
+    /// `[memory]`: each tenant's memory quota and the TTL sweep
+    /// ([`crate::memory`]).
+    pub memory: crate::memory::MemoryConfig,
 }
 
 /// How agents work together (`[agents]`; [`crate::conversation::delegation`]).
@@ -542,6 +546,11 @@ impl ServerConfig {
         self.webhooks
             .check()
             .map_err(|e| format!("webhooks: {e}"))?;
+        if self.memory.max_items == 0 || self.memory.max_mb == 0 || self.memory.sweep_s == 0 {
+            return Err(
+                "memory.max_items, memory.max_mb and memory.sweep_s must be at least 1".into(),
+            );
+        }
         let grace = self.server.shutdown_grace_s;
         if grace.is_nan() || !(0.0..=3600.0).contains(&grace) {
             return Err("server.shutdown_grace_s must be between 0 and 3600".into());

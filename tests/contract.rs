@@ -42,6 +42,10 @@
 //!   the server, not something a request's schema can say. Generated keys
 //!   repeat (the shortest example is the same for every operation).
 //!
+//! - `put_memory_item`: `positive_data_acceptance` also takes a 422: a
+//!   value is at most 64 KiB of JSON, a bound the document states in
+//!   words (a JSON Schema has no size of an object).
+//!
 //! - `erase_tenant_sessions` is not run in open mode: there every caller
 //!   is an admin of tenant `default`, which owns every session the run
 //!   creates, so one erase would take the sessions later checks follow
@@ -160,6 +164,12 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403",
 [[operations]]
 include-operation-id = ["create_schedule", "update_schedule"]
 parameters = { "body.agent" = { dictionary = "agents", probability = 0.8 } }
+checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
+
+# A memory item's value is at most 64 KiB of JSON, a bound the document
+# states in words (a JSON Schema has no size of an object).
+[[operations]]
+include-operation-id = "put_memory_item"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "3xx", "401", "403", "404", "409", "422", "429", "5xx"]
 
 # An Idempotency-Key sent again with another body is 422

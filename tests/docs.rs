@@ -62,8 +62,9 @@ use support::repo_agents;
 use support::server::Server;
 
 /// The sections of `ServerConfig` (`src/server_config.rs`).
-const SERVER_SECTIONS: [&str; 9] = [
+const SERVER_SECTIONS: [&str; 10] = [
     "cluster",
+    "memory",
     "concurrency",
     "api_limit",
     "executor",

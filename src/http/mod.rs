@@ -43,6 +43,7 @@ pub mod host;
 pub mod idempotency;
 pub mod keys;
 pub mod limits;
+pub mod memory;
 pub mod openai;
 pub mod openapi;
 pub mod owner;
@@ -131,6 +132,8 @@ pub struct AppShared {
     pub schedules: crate::schedules::Schedules,
     /// `webhook` targets' checks, `/v1/webhooks/deliveries` ([`crate::webhooks`]).
     pub webhooks: crate::webhooks::Webhooks,
+    /// `/v1/memory` ([`crate::memory`]).
+    pub memory: crate::memory::Memory,
 }
 
 /// A dependency `/readyz` reports beside the store (cluster mode: Redis).
@@ -173,6 +176,7 @@ fn api_routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .merge(workflows::routes())
         .merge(schedules::routes())
         .merge(webhooks::routes())
+        .merge(memory::routes())
         .split_for_parts();
     idempotency::document(&mut doc);
     openapi::CommonErrors.modify(&mut doc);

@@ -101,6 +101,7 @@ pub fn is_public(path: &str) -> bool {
         (name = "workflows", description = "Multi-agent workflows and their runs"),
         (name = "schedules", description = "Agent turns and workflow runs on a clock, exactly once per slot"),
         (name = "webhooks", description = "Signed events when a background turn or a workflow run ends, and their delivery attempts"),
+        (name = "memory", description = "Memory across sessions: a tenant's items by namespace and key, BM25 search, TTL"),
         (name = "health", description = "Liveness"),
     )
 )]

@@ -13,6 +13,7 @@ pub mod definition;
 pub mod delegate;
 pub mod external;
 pub mod loader;
+pub mod memory;
 pub mod outcome;
 pub mod output_schema;
 pub mod process;

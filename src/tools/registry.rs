@@ -199,6 +199,8 @@ pub struct ToolRegistry {
     reloading: Arc<Mutex<()>>,
     /// Where the conversation layer plugs in what `ask_` tools do.
     delegate: super::delegate::DelegateSlot,
+    /// Where the runtime plugs in what `remember` and `recall` do.
+    memory: super::memory::MemorySlot,
 }
 
 impl Default for ToolRegistry {
@@ -221,6 +223,7 @@ impl ToolRegistry {
             strict,
             reloading: Arc::default(),
             delegate: Default::default(),
+            memory: Default::default(),
         }
     }
 
@@ -314,6 +317,11 @@ impl ToolRegistry {
     /// The slot the `ask_` tools' handlers call through.
     pub fn delegate_slot(&self) -> &super::delegate::DelegateSlot {
         &self.delegate
+    }
+
+    /// The slot the `remember` and `recall` tools' handlers call through.
+    pub fn memory_slot(&self) -> &super::memory::MemorySlot {
+        &self.memory
     }
 
     /// Replaces the `ask_` and `transfer_to_` tools (the agents reload

@@ -1,0 +1,512 @@
+//! Memory across sessions (issue #35), against the real server: put, get,
+//! delete and search over HTTP; the relevant item ranked first among 50
+//! distractors; TTL expiry; the per-tenant quota; another tenant neither
+//! gets nor finds; and agents with `memory = true` that `remember` in one
+//! session and `recall` in a new one of the same user, while another
+//! user's `recall` finds nothing. Runs on redb and, with
+//! `CADRE_TEST_STORE=postgres`, on PostgreSQL.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use support::{AppOptions, Client, MockModel, Reply, agents_dir, spawn_app};
+
+async fn put(client: &Client, body: Value) -> (StatusCode, Value) {
+    client
+        .send_raw(
+            Method::PUT,
+            "/v1/memory/items",
+            body.to_string().into_bytes(),
+        )
+        .await
+}
+
+async fn search(client: &Client, body: Value) -> Vec<Value> {
+    let (status, found) = client.post("/v1/memory/items/search", &body).await;
+    assert_eq!(status, StatusCode::OK, "{found}");
+    found["items"].as_array().unwrap().clone()
+}
+
+fn keys(items: &[Value]) -> Vec<&str> {
+    items.iter().map(|i| i["key"].as_str().unwrap()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn items_are_put_got_searched_listed_and_deleted() {
+    let app = spawn_app(AppOptions::offline());
+    let c = &app.client;
+    let (status, item) = put(
+        c,
+        json!({"namespace": ["users", "u1"], "key": "prefs", "value": {"theme": "dark", "note": "likes short answers"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{item}");
+    assert_eq!(item["namespace"], json!(["users", "u1"]));
+    assert!(item["expires_at"].is_null());
+    put(
+        c,
+        json!({"namespace": ["users", "u2"], "key": "prefs", "value": {"theme": "light"}}),
+    )
+    .await;
+    put(
+        c,
+        json!({"namespace": ["teams", "t1"], "key": "wiki", "value": {"text": "deploys on fridays"}}),
+    )
+    .await;
+
+    let (status, got) = c.get("/v1/memory/items?namespace=users.u1&key=prefs").await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    assert_eq!(got["value"]["theme"], "dark");
+    let (status, missing) = c.get("/v1/memory/items?namespace=users.u1&key=nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
+    assert_eq!(missing["error"]["code"], "MEMORY_ITEM_NOT_FOUND");
+
+    // Newest first without a query; a prefix and a filter narrow it.
+    let all = search(c, json!({"namespace_prefix": ["users"], "limit": 10})).await;
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0]["namespace"], json!(["users", "u2"]));
+    let dark = search(
+        c,
+        json!({"namespace_prefix": [], "filter": {"theme": "dark"}, "limit": 10}),
+    )
+    .await;
+    assert_eq!(dark.len(), 1);
+    assert_eq!(dark[0]["namespace"], json!(["users", "u1"]));
+    let paged = search(c, json!({"limit": 1, "offset": 1})).await;
+    assert_eq!(paged.len(), 1);
+
+    let (status, ns) = c.get("/v1/memory/namespaces?prefix=users").await;
+    assert_eq!(status, StatusCode::OK, "{ns}");
+    assert_eq!(ns["namespaces"], json!([["users", "u1"], ["users", "u2"]]));
+    let (_, ns) = c.get("/v1/memory/namespaces?max_depth=1").await;
+    assert_eq!(ns["namespaces"], json!([["teams"], ["users"]]));
+
+    // Replacing keeps one item, with the new value.
+    put(
+        c,
+        json!({"namespace": ["users", "u1"], "key": "prefs", "value": {"theme": "blue"}}),
+    )
+    .await;
+    let (_, got) = c.get("/v1/memory/items?namespace=users.u1&key=prefs").await;
+    assert_eq!(got["value"], json!({"theme": "blue"}));
+    assert_eq!(
+        search(c, json!({"namespace_prefix": ["users", "u1"], "limit": 10}))
+            .await
+            .len(),
+        1
+    );
+
+    let (status, _) = c
+        .delete("/v1/memory/items?namespace=users.u1&key=prefs")
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = c.get("/v1/memory/items?namespace=users.u1&key=prefs").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, gone) = c
+        .delete("/v1/memory/items?namespace=users.u1&key=prefs")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{gone}");
+    assert_eq!(
+        keys(&search(c, json!({"namespace_prefix": ["users"], "limit": 10})).await),
+        ["prefs"]
+    );
+
+    // Bounds: each refused with a 422 that says why.
+    let big = "x".repeat(70 * 1024);
+    for (body, why) in [
+        (
+            json!({"namespace": ["a"], "key": "k", "value": {"t": big}}),
+            "64 KiB",
+        ),
+        (
+            json!({"namespace": ["a","b","c","d","e","f","g","h","i"], "key": "k", "value": {}}),
+            "9 segments",
+        ),
+        (
+            json!({"namespace": ["a.b"], "key": "k", "value": {}}),
+            "a dot",
+        ),
+        (
+            json!({"namespace": ["a"], "key": "k".repeat(129), "value": {}}),
+            "a long key",
+        ),
+        (
+            json!({"namespace": ["a"], "key": "k", "value": "text"}),
+            "not an object",
+        ),
+        (
+            json!({"namespace": [], "key": "k", "value": {}}),
+            "no namespace",
+        ),
+    ] {
+        let (status, body) = put(c, body).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{why}: {body}");
+        assert_eq!(body["error"]["code"], "VALIDATION_ERROR", "{why}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relevant_item_ranks_first_among_fifty_distractors() {
+    let app = spawn_app(AppOptions::offline());
+    let c = &app.client;
+    let topics = [
+        "the weather in the mountains",
+        "a recipe for bread and butter",
+        "the train timetable on weekdays",
+        "the best way to learn the piano",
+        "a football match on the weekend",
+    ];
+    for i in 0..50 {
+        let (status, body) = put(
+            c,
+            json!({"namespace": ["users", "u1"], "key": format!("d{i}"),
+                   "value": {"text": format!("The user talked about {} (note {i}).", topics[i % topics.len()])}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    put(
+        c,
+        json!({"namespace": ["users", "u1"], "key": "pet",
+               "value": {"text": "The user's dog is called Rex and loves the beach."}}),
+    )
+    .await;
+    let found = search(
+        c,
+        json!({"namespace_prefix": ["users", "u1"], "query": "what is the dog's name", "limit": 5}),
+    )
+    .await;
+    assert_eq!(found[0]["key"], "pet", "{found:?}");
+    assert!(found[0]["score"].as_f64().unwrap() > 0.0);
+    if let Some(second) = found.get(1) {
+        assert!(found[0]["score"].as_f64() > second["score"].as_f64());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_with_a_ttl_is_gone_once_it_ends() {
+    let app = spawn_app(AppOptions::offline().config_toml("[memory]\nsweep_s = 1\n"));
+    let c = &app.client;
+    let (status, item) = put(
+        c,
+        json!({"namespace": ["users", "u1"], "key": "otp", "value": {"text": "one time code 4242"}, "ttl_s": 1}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{item}");
+    assert!(item["expires_at"].is_string());
+    put(
+        c,
+        json!({"namespace": ["users", "u1"], "key": "kept", "value": {"text": "code of conduct"}}),
+    )
+    .await;
+    let (status, _) = c.get("/v1/memory/items?namespace=users.u1&key=otp").await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = c.get("/v1/memory/items?namespace=users.u1&key=otp").await;
+        if status == StatusCode::NOT_FOUND {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the item outlived its TTL");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let found = search(
+        c,
+        json!({"namespace_prefix": ["users"], "query": "code", "limit": 10}),
+    )
+    .await;
+    assert_eq!(keys(&found), ["kept"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_has_a_quota() {
+    let app = spawn_app(AppOptions::offline().config_toml("[memory]\nmax_items = 3\n"));
+    let c = &app.client;
+    for k in ["a", "b", "c"] {
+        let (status, body) = put(
+            c,
+            json!({"namespace": ["n"], "key": k, "value": {"text": k}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (status, body) = put(c, json!({"namespace": ["n"], "key": "d", "value": {}})).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(body["error"]["code"], "STORAGE_QUOTA_EXCEEDED");
+    // Replacing an item is not one more.
+    let (status, body) = put(
+        c,
+        json!({"namespace": ["n"], "key": "a", "value": {"v": 2}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenant_neither_gets_nor_finds() {
+    let app = spawn_app(AppOptions::offline());
+    let open = &app.client;
+    let (status, admin) = open
+        .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{admin}");
+    let admin = open.with_key(admin["key"].as_str().unwrap());
+    let mut clients = Vec::new();
+    for tenant in ["acme", "globex"] {
+        let (status, key) = admin.post("/v1/keys", &json!({"tenant": tenant})).await;
+        assert_eq!(status, StatusCode::CREATED, "{key}");
+        clients.push(open.with_key(key["key"].as_str().unwrap()));
+    }
+    let (acme, globex) = (&clients[0], &clients[1]);
+    let (status, _) = put(
+        acme,
+        json!({"namespace": ["users", "u1"], "key": "secret", "value": {"text": "the vault code is 1234"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = globex
+        .get("/v1/memory/items?namespace=users.u1&key=secret")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(
+        search(globex, json!({"query": "vault code", "limit": 10}))
+            .await
+            .is_empty()
+    );
+    let (_, ns) = globex.get("/v1/memory/namespaces").await;
+    assert_eq!(ns["namespaces"], json!([]));
+    let (status, _) = globex
+        .delete("/v1/memory/items?namespace=users.u1&key=secret")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // The same namespace and key in another tenant is another item.
+    put(
+        globex,
+        json!({"namespace": ["users", "u1"], "key": "secret", "value": {"text": "globex's own"}}),
+    )
+    .await;
+    let (_, got) = acme
+        .get("/v1/memory/items?namespace=users.u1&key=secret")
+        .await;
+    assert_eq!(got["value"]["text"], "the vault code is 1234");
+    assert_eq!(
+        search(acme, json!({"query": "vault", "limit": 10}))
+            .await
+            .len(),
+        1
+    );
+}
+
+const REMEMBERING_AGENT: &str = r#"
+name = "keeper"
+description = "Remembers."
+system_prompt = "You remember things about the user."
+memory = true
+max_iterations = 3
+"#;
+
+/// A session of `agent` for `user`.
+async fn session_of(client: &Client, agent: &str, user: &str) -> String {
+    let (status, body) = client
+        .post("/v1/sessions", &json!({"agent": agent, "user_id": user}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["id"].as_str().unwrap().to_string()
+}
+
+/// The tool result the model was sent last.
+fn last_tool_result(model: &MockModel) -> Value {
+    let requests = model.requests();
+    let last = requests.last().expect("a model request");
+    let message = last["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "tool")
+        .expect("a tool message");
+    let content = message["content"].as_str().unwrap();
+    serde_json::from_str(content).unwrap_or(Value::String(content.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_remembers_a_user_across_sessions_and_never_another_users() {
+    let model = MockModel::start().await;
+    let dir = agents_dir(&[("keeper.toml", REMEMBERING_AGENT)]);
+    let app = spawn_app(AppOptions::with_model(&model).agents(dir.path()));
+    let c = &app.client;
+
+    // The tools are offered to the agent's model.
+    model.push(Reply::tool_call(
+        "r1",
+        "remember",
+        r#"{"text": "Alice's dog is called Rex."}"#,
+    ));
+    model.push(Reply::text("Noted."));
+    let first = session_of(c, "keeper", "alice").await;
+    let (status, body) = c.say(&first, "My dog is called Rex.").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let offered: Vec<String> = model.requests()[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert!(offered.contains(&"remember".to_string()), "{offered:?}");
+    assert!(offered.contains(&"recall".to_string()), "{offered:?}");
+    assert_eq!(last_tool_result(&model)["remembered"], true);
+
+    // Stored once, under the user's namespace.
+    let stored = search(
+        c,
+        json!({"namespace_prefix": ["users", "alice"], "limit": 10}),
+    )
+    .await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0]["value"]["text"], "Alice's dog is called Rex.");
+
+    // A new session of the same user recalls it.
+    model.push(Reply::tool_call("c1", "recall", r#"{"query": "dog name"}"#));
+    model.push(Reply::text("Your dog is Rex."));
+    let second = session_of(c, "keeper", "alice").await;
+    let (status, body) = c.say(&second, "What is my dog called?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let recalled = last_tool_result(&model);
+    assert_eq!(
+        recalled["items"][0]["text"], "Alice's dog is called Rex.",
+        "{recalled}"
+    );
+
+    // Another user's recall finds nothing of Alice's.
+    model.push(Reply::tool_call("c2", "recall", r#"{"query": "dog name"}"#));
+    model.push(Reply::text("I don't know."));
+    let bob = session_of(c, "keeper", "bob").await;
+    let (status, body) = c.say(&bob, "What is my dog called?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let recalled = last_tool_result(&model);
+    assert_eq!(recalled["items"], json!([]), "{recalled}");
+    assert_eq!(model.overruns(), 0);
+}
+
+/// `cadre memory put|get|search|delete --url`: the real binary against
+/// the server; a missing item is the API's code on stderr, exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_puts_gets_searches_and_deletes() {
+    let app = spawn_app(AppOptions::offline());
+    let base = app.base.clone();
+    let cadre = move |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.extend(["--url".to_string(), base.clone()]);
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_cadre"))
+                .args(&all)
+                .env_remove("CADRE_URL")
+                .env_remove("CADRE_API_KEY")
+                .env_remove("CADRE_DATA_DIR")
+                .env("RUST_LOG", "warn")
+                .output()
+                .expect("the cadre binary runs")
+        })
+    };
+    let out = cadre(&[
+        "memory",
+        "put",
+        "users.u1",
+        "pet",
+        r#"{"text": "The dog is Rex."}"#,
+    ])
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cadre(&["memory", "get", "users.u1", "pet"]).await.unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("The dog is Rex."));
+    let out = cadre(&["memory", "search", "--prefix", "users", "--query", "dog"])
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("users.u1  pet"), "{stdout}");
+    let out = cadre(&["memory", "delete", "users.u1", "pet"])
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let out = cadre(&["memory", "get", "users.u1", "pet"]).await.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("MEMORY_ITEM_NOT_FOUND"));
+}
+
+const TEAM_AGENT: &str = r#"
+name = "team"
+system_prompt = "You keep the team's notes."
+memory = { namespace = ["teams", "{tenant}"] }
+max_iterations = 3
+"#;
+
+/// `memory = { namespace = ["teams", "{tenant}"] }`: what one user
+/// remembers, another of the same tenant recalls; a session without a
+/// user under the default template gets a tool error, not another's memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_namespace_is_the_tenants_and_a_session_without_a_user_remembers_nothing() {
+    let model = MockModel::start().await;
+    let dir = agents_dir(&[
+        ("team.toml", TEAM_AGENT),
+        ("keeper.toml", REMEMBERING_AGENT),
+    ]);
+    let app = spawn_app(AppOptions::with_model(&model).agents(dir.path()));
+    let c = &app.client;
+
+    model.push(Reply::tool_call(
+        "r1",
+        "remember",
+        r#"{"text": "Deploys happen on Tuesdays.", "key": "deploys"}"#,
+    ));
+    model.push(Reply::text("Noted."));
+    let alice = session_of(c, "team", "alice").await;
+    let (status, body) = c.say(&alice, "We deploy on Tuesdays.").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stored = search(c, json!({"namespace_prefix": ["teams"], "limit": 10})).await;
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0]["key"], "deploys");
+    assert_eq!(stored[0]["namespace"].as_array().unwrap().len(), 2);
+
+    model.push(Reply::tool_call(
+        "c1",
+        "recall",
+        r#"{"query": "when do we deploy"}"#,
+    ));
+    model.push(Reply::text("Tuesdays."));
+    let bob = session_of(c, "team", "bob").await;
+    let (status, body) = c.say(&bob, "When do we deploy?").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        last_tool_result(&model)["items"][0]["text"],
+        "Deploys happen on Tuesdays."
+    );
+
+    // No user: the per-user template refuses, and nothing is stored.
+    model.push(Reply::tool_call(
+        "r2",
+        "remember",
+        r#"{"text": "anonymous fact"}"#,
+    ));
+    model.push(Reply::text("I cannot remember that."));
+    let nobody = c.session("keeper").await;
+    let (status, body) = c.say(&nobody, "Remember this.").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let result = last_tool_result(&model);
+    assert!(
+        result.to_string().contains("no user_id"),
+        "the model reads why: {result}"
+    );
+    assert!(
+        search(c, json!({"namespace_prefix": ["users"], "limit": 10}))
+            .await
+            .is_empty()
+    );
+}
