@@ -36,7 +36,7 @@
 //!   to the fork's, ids are time-ordered). The tool messages in the
 //!   copied history carry the outputs the model needs; the records serve
 //!   citations: a fork's conversation knows the sources its ancestors'
-//!   calls up to the fork point returned ([`inherited_sources`]). A
+//!   calls up to the fork point returned ([`super::lineage::inherited_sources`]). A
 //!   fork's export lists its own calls only.
 //! - **Storage.** The copied messages are stored again, under the new
 //!   session, and count toward the tenant's quota and write share like
@@ -190,38 +190,6 @@ async fn prefix(store: &Store, id: &str, until: u64) -> Result<Vec<StoredMessage
             return Ok(out);
         }
     }
-}
-
-/// The `source_id`s a forked session's conversation inherits: those of
-/// its ancestors' successful calls made up to each fork point.
-pub async fn inherited_sources(
-    store: &Store,
-    session: &Session,
-) -> Result<Vec<String>, SessionError> {
-    let mut out = Vec::new();
-    let mut link = session.forked_from.clone();
-    // A chain of forks is short; the bound keeps a cycle (a hand-edited
-    // row) from looping.
-    for _ in 0..64 {
-        let Some(from) = link.take() else { break };
-        let calls = store.calls_for_conversation(&from.session_id).await?;
-        out.extend(
-            calls
-                .into_iter()
-                .filter(|c| c.is_success)
-                .filter(|c| {
-                    c.turn_id
-                        .as_deref()
-                        .is_some_and(|t| t <= from.turn_id.as_str())
-                })
-                .filter_map(|c| c.source_id),
-        );
-        link = store
-            .get_session(&from.session_id)
-            .await?
-            .and_then(|s| s.forked_from);
-    }
-    Ok(out)
 }
 
 impl Sessions {

@@ -60,3 +60,35 @@ pub fn depth_of(session: &Session) -> u32 {
 pub fn parent_of(session: &Session) -> Option<&str> {
     session.metadata[DELEGATED_BY]["session_id"].as_str()
 }
+
+/// The `source_id`s a forked session's conversation inherits: those of
+/// its ancestors' successful calls made up to each fork point.
+pub async fn inherited_sources(
+    store: &Store,
+    session: &Session,
+) -> Result<Vec<String>, StoreError> {
+    let mut out = Vec::new();
+    let mut link = session.forked_from.clone();
+    // A chain of forks is short; the bound keeps a cycle (a hand-edited
+    // row) from looping.
+    for _ in 0..64 {
+        let Some(from) = link.take() else { break };
+        let calls = store.calls_for_conversation(&from.session_id).await?;
+        out.extend(
+            calls
+                .into_iter()
+                .filter(|c| c.is_success)
+                .filter(|c| {
+                    c.turn_id
+                        .as_deref()
+                        .is_some_and(|t| t <= from.turn_id.as_str())
+                })
+                .filter_map(|c| c.source_id),
+        );
+        link = store
+            .get_session(&from.session_id)
+            .await?
+            .and_then(|s| s.forked_from);
+    }
+    Ok(out)
+}

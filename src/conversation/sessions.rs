@@ -1704,7 +1704,7 @@ impl Sessions {
             .filter_map(|c| c.source_id)
             // A fork's citations may name what its parent's calls returned
             // before the fork point ([`super::fork`]).
-            .chain(super::fork::inherited_sources(&self.inner.store, &session).await?);
+            .chain(super::lineage::inherited_sources(&self.inner.store, &session).await?);
         // A turn taken up here runs under the tenant's settings as when
         // it started (its guardrails included); a config that cannot be
         // read leaves the agent's, and the next turn reads it again.
