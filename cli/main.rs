@@ -426,6 +426,7 @@ enum MemoryCommand {
     Get {
         /// The namespace, segments joined with `.` (`users.u1`).
         namespace: String,
+        /// The item's key within the namespace.
         key: String,
         #[command(flatten)]
         server: ServerDir,
@@ -434,6 +435,7 @@ enum MemoryCommand {
     Put {
         /// The namespace, segments joined with `.` (`users.u1`).
         namespace: String,
+        /// The item's key within the namespace.
         key: String,
         /// The value: a JSON object.
         value: String,
@@ -447,6 +449,7 @@ enum MemoryCommand {
     Delete {
         /// The namespace, segments joined with `.` (`users.u1`).
         namespace: String,
+        /// The item's key within the namespace.
         key: String,
         #[command(flatten)]
         server: ServerDir,
