@@ -528,9 +528,22 @@ fn setup(
     for (name, handler) in builder.handlers.drain(..) {
         registry.add_custom_handler(&name, handler);
     }
+    // What command tools and stdio MCP servers run in; none of them sees
+    // the data dir, the agents dir (but its own folder) or the config file.
+    let sandbox = crate::tools::sandbox::Sandbox {
+        mode: config.tools.sandbox,
+        limits: config.tools.sandbox_limits,
+        protected: [&builder.data_dir, &builder.agents_dir]
+            .into_iter()
+            .cloned()
+            .chain(config.file.clone())
+            .collect(),
+    };
+    sandbox.warn_if_off();
     registry.set_file_settings(crate::tools::loader::FileSettings {
         max_file_bytes: config.tools.max_file_bytes,
         http_allowlist: config.tools.http_allowlist.clone(),
+        sandbox: sandbox.clone(),
     });
     let report = registry.reload_dir(&builder.agents_dir.join("tools"));
     for e in &report.errors {
@@ -539,8 +552,11 @@ fn setup(
     registry.announce();
     // MCP servers are declared before the agents resolve, so an agent may
     // name their tools before they are listed.
-    let mcp =
-        crate::mcp::McpClients::start(crate::mcp::config::load(&builder.agents_dir)?, &registry);
+    let mcp = crate::mcp::McpClients::start(
+        crate::mcp::config::load(&builder.agents_dir)?,
+        &registry,
+        &sandbox,
+    );
     let agents = Agents::default();
     let agent_files = Arc::new(AgentFiles::new(&builder.agents_dir));
     let resolve = {

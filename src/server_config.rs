@@ -77,6 +77,9 @@ pub struct ServerConfig {
     /// `[memory]`: each tenant's memory quota and the TTL sweep
     /// ([`crate::memory`]).
     pub memory: crate::memory::MemoryConfig,
+    /// The file this was read from, if any: hidden from sandboxed tools.
+    #[serde(skip)]
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// How agents work together (`[agents]`; [`crate::conversation::delegation`]).
@@ -405,6 +408,13 @@ pub struct ToolsSection {
     pub http_allowlist: Vec<String>,
     /// Largest tool file loaded; a bigger one is refused, named in the log.
     pub max_file_bytes: u64,
+    /// `"on"`: command tools and stdio MCP servers run sandboxed (refused
+    /// when the kernel cannot); `"off"`: unsandboxed, a WARN at startup
+    /// ([`crate::tools::sandbox`]).
+    pub sandbox: crate::tools::sandbox::Mode,
+    /// What each sandboxed process may use (0: no limit); a tool file's or
+    /// server's `sandbox_limits` overrides keys of it.
+    pub sandbox_limits: crate::tools::sandbox::Limits,
 }
 
 impl Default for ToolsSection {
@@ -414,6 +424,8 @@ impl Default for ToolsSection {
             reload_interval_s: 5.0,
             http_allowlist: Vec::new(),
             max_file_bytes: crate::tools::loader::DEFAULT_MAX_FILE_BYTES,
+            sandbox: Default::default(),
+            sandbox_limits: Default::default(),
         }
     }
 }
@@ -486,7 +498,7 @@ impl ServerConfig {
         } else {
             format!("{origin} with {}", overridden.join(", "))
         };
-        let config: ServerConfig =
+        let mut config: ServerConfig =
             toml::Value::Table(table)
                 .try_into()
                 .map_err(|e: toml::de::Error| ServerConfigError::Invalid {
@@ -496,6 +508,7 @@ impl ServerConfig {
         config
             .validate()
             .map_err(|message| ServerConfigError::Invalid { origin, message })?;
+        config.file = path.map(Path::to_path_buf);
         Ok(config)
     }
 

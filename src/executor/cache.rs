@@ -201,6 +201,9 @@ mod tests {
             redirects: Default::default(),
             env: Vec::new(),
             env_set: Default::default(),
+            network: false,
+            paths: Vec::new(),
+            sandbox_limits: Default::default(),
         };
         let mcp = ToolEntry::Mcp {
             server: "s".into(),

@@ -93,6 +93,7 @@ use super::stdio::{ChildTransport, Groups};
 use crate::events::EventKind;
 use crate::model::wire_name;
 use crate::tools::definition::{CacheSpec, Entry};
+use crate::tools::sandbox::{Policy, Sandbox};
 use crate::tools::{
     ExecutionContext, SideEffects, ToolDefinition, ToolError, ToolHandler, ToolRegistry,
 };
@@ -117,6 +118,9 @@ struct Link {
     /// many arrive, which is the coalescing.
     list_changed: Notify,
     groups: Groups,
+    /// The sandbox a stdio server runs in (`None`: an HTTP server, or
+    /// `[tools] sandbox = "off"`).
+    sandbox: Option<Arc<Policy>>,
 }
 
 /// The connection of this number broke (a later one may be live already).
@@ -148,11 +152,41 @@ pub struct McpClients {
 impl McpClients {
     /// Declares every server in `registry` and starts its supervisor on the
     /// current tokio runtime.
-    pub fn start(configs: Vec<McpServerConfig>, registry: &ToolRegistry) -> McpClients {
+    /// A stdio server the kernel cannot sandbox (and `[tools] sandbox`
+    /// is not `"off"`) is refused: logged at ERROR, not started.
+    pub fn start(
+        configs: Vec<McpServerConfig>,
+        registry: &ToolRegistry,
+        sandbox: &Sandbox,
+    ) -> McpClients {
         let (stop, stopped) = watch::channel(false);
-        let servers = configs.iter().map(|c| c.name.clone()).collect();
+        let mut servers = Vec::new();
         let groups = Groups::default();
         for config in configs {
+            let policy = match &config.transport {
+                McpTransport::Stdio {
+                    command,
+                    args,
+                    network,
+                    paths,
+                    sandbox_limits,
+                    ..
+                } => sandbox.policy(
+                    &server_folders(command, args),
+                    paths,
+                    *network,
+                    sandbox_limits,
+                ),
+                McpTransport::Http { .. } => Ok(None),
+            };
+            let policy = match policy {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::error!(server = %config.name, "MCP server refused: {e}");
+                    continue;
+                }
+            };
+            servers.push(config.name.clone());
             registry.declare_mcp_server(&config.name);
             let (tx, rx) = mpsc::unbounded_channel();
             let link = Arc::new(Link {
@@ -161,6 +195,7 @@ impl McpClients {
                 broken: tx,
                 list_changed: Notify::new(),
                 groups: groups.clone(),
+                sandbox: policy,
             });
             tokio::spawn(supervise(link, rx, registry.clone(), stopped.clone()));
         }
@@ -219,6 +254,29 @@ enum Failure {
     Over(String),
 }
 
+/// A stdio server's own folders, readable in its sandbox: the folder of
+/// its command when that is a path, and of each argument that is an
+/// absolute path to a file (`python3 /srv/mcp/server.py`).
+fn server_folders(command: &str, args: &[String]) -> Vec<std::path::PathBuf> {
+    let mut folders = Vec::new();
+    let command = std::path::Path::new(command);
+    if command.components().count() > 1
+        && let Some(dir) = command.parent()
+    {
+        folders.push(std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf()));
+    }
+    for arg in args {
+        let path = std::path::Path::new(arg);
+        if path.is_absolute()
+            && path.is_file()
+            && let Some(dir) = path.parent()
+        {
+            folders.push(dir.to_path_buf());
+        }
+    }
+    folders
+}
+
 /// Connects and initializes within `init_timeout`.
 async fn connect(link: &Arc<Link>) -> Result<(Running, Why), Failure> {
     let deadline = link.config.limits.init_timeout;
@@ -236,17 +294,35 @@ async fn connect_now(link: &Arc<Link>) -> Result<(Running, Why), String> {
     let notifier = Notifier { link: link.clone() };
     let server = link.config.name.as_str();
     match &link.config.transport {
-        McpTransport::Stdio { command, args, env } => {
+        McpTransport::Stdio {
+            command, args, env, ..
+        } => {
             let mut cmd = tokio::process::Command::new(command);
             // A clean environment: PATH, HOME, LANG and its `env` table
-            // (`K = "${K}"` passes one of cadre's), nothing else of cadre's.
-            crate::tools::process::clean_env(&mut cmd, &[], env);
+            // (`K = "${K}"` passes one of cadre's), nothing else of cadre's;
+            // sandboxed, HOME and the working directory are the server's
+            // scratch dir, which lives as long as the process.
+            let jail = match &link.sandbox {
+                Some(policy) => {
+                    let jail = policy
+                        .prepare()
+                        .map_err(|e| format!("cannot prepare the sandbox of '{command}': {e}"))?;
+                    jail.command(&mut cmd, &[], env);
+                    cmd.current_dir(jail.scratch());
+                    Some(jail)
+                }
+                None => {
+                    crate::tools::process::clean_env(&mut cmd, &[], env);
+                    None
+                }
+            };
             cmd.args(args);
             let transport = ChildTransport::spawn(
                 &link.config.name,
                 cmd,
                 link.config.limits.max_message_bytes,
                 &link.groups,
+                jail,
             )
             .map_err(|e| format!("cannot start '{command}': {e}"))?;
             let transport = Bounded::new(server, transport);

@@ -54,6 +54,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::tools::sandbox::{LimitsOverride, PathGrant, check_grants};
 use crate::tools::{Plan, RateLimit, SideEffects};
 
 pub use crate::agents::MCP_FILE_NAME as FILE_NAME;
@@ -175,6 +176,15 @@ pub struct McpServerSpec {
     pub args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// stdio: the network is open to the server.
+    #[serde(default)]
+    pub network: bool,
+    /// stdio: paths beside the sandbox's own view (`{ path, write }`).
+    #[serde(default)]
+    pub paths: Vec<PathGrant>,
+    /// stdio: some of `[tools] sandbox_limits`, for this server.
+    #[serde(default)]
+    pub sandbox_limits: LimitsOverride,
     pub url: Option<String>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -230,6 +240,12 @@ pub enum McpTransport {
         command: String,
         args: Vec<String>,
         env: BTreeMap<String, String>,
+        /// The server may use the network (its sandbox gives it none otherwise).
+        network: bool,
+        /// Paths beside its sandbox's own view.
+        paths: Vec<PathGrant>,
+        /// Some of `[tools] sandbox_limits`, for this server.
+        sandbox_limits: LimitsOverride,
     },
     Http {
         url: String,
@@ -332,15 +348,26 @@ pub fn parse(
                 if !spec.headers.is_empty() {
                     return Err(fail("`headers` belong to a `url` server".into()));
                 }
+                check_grants(&spec.paths).map_err(fail)?;
                 McpTransport::Stdio {
                     command: command.clone(),
                     args: spec.args.clone(),
                     env: expand_all(&spec.env, env).map_err(fail)?,
+                    network: spec.network,
+                    paths: spec.paths.clone(),
+                    sandbox_limits: spec.sandbox_limits,
                 }
             }
             (None, Some(url)) => {
-                if !spec.args.is_empty() || !spec.env.is_empty() {
-                    return Err(fail("`args` and `env` belong to a `command` server".into()));
+                if !spec.args.is_empty()
+                    || !spec.env.is_empty()
+                    || spec.network
+                    || !spec.paths.is_empty()
+                    || !spec.sandbox_limits.is_empty()
+                {
+                    return Err(fail(
+                        "`args`, `env`, `network`, `paths` and `sandbox_limits` belong to a `command` server".into(),
+                    ));
                 }
                 let parsed = url::Url::parse(url).map_err(|e| fail(format!("url: {e}")))?;
                 if !matches!(parsed.scheme(), "http" | "https") {

@@ -94,6 +94,8 @@ pub struct ChildTransport {
     closed: bool,
     /// The group was killed (at most once).
     killed: bool,
+    /// The server's sandbox (its scratch dir), while the server runs.
+    _jail: Option<crate::tools::sandbox::Jail>,
 }
 
 impl ChildTransport {
@@ -103,6 +105,7 @@ impl ChildTransport {
         mut command: Command,
         max_line: usize,
         groups: &Groups,
+        jail: Option<crate::tools::sandbox::Jail>,
     ) -> std::io::Result<ChildTransport> {
         command
             .process_group(0)
@@ -125,6 +128,7 @@ impl ChildTransport {
             exited: None,
             closed: false,
             killed: false,
+            _jail: jail,
         })
     }
 

@@ -119,6 +119,20 @@ pub enum Entry {
         /// `command` entries: variables set to these values.
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
         env_set: std::collections::BTreeMap<String, String>,
+        /// `command` entries: the network is open to the command (the
+        /// sandbox gives it none otherwise, [`super::sandbox`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        network: bool,
+        /// `command` entries: paths beside the sandbox's own view, read-only
+        /// or (`write: true`) read-write.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        paths: Vec<super::sandbox::PathGrant>,
+        /// `command` entries: some of `[tools] sandbox_limits`, for this tool.
+        #[serde(
+            default,
+            skip_serializing_if = "super::sandbox::LimitsOverride::is_empty"
+        )]
+        sandbox_limits: super::sandbox::LimitsOverride,
     },
     /// A Rust handler registered through the library API, by name.
     Custom {

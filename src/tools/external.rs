@@ -40,6 +40,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 
 use reqwest::Method;
 use serde_json::Value;
@@ -50,6 +51,7 @@ use super::builtin::http::{IDEMPOTENCY_KEY, read_capped};
 use super::builtin::net_guard::{self, GuardedClient};
 use super::definition::Redirects;
 use super::process::GroupGuard;
+use super::sandbox::Policy;
 use super::{ExecutionContext, ToolError, ToolHandler};
 
 pub const DEFAULT_MAX_OUTPUT: usize = 1 << 20;
@@ -79,6 +81,8 @@ enum Target {
         pass: Vec<String>,
         /// Variables set (`env_set`).
         set: std::collections::BTreeMap<String, String>,
+        /// The sandbox each call runs in; `None`: `[tools] sandbox = "off"`.
+        sandbox: Option<Arc<Policy>>,
     },
     Http {
         url: Url,
@@ -103,6 +107,7 @@ impl ExternalHandler {
                 dir,
                 pass: Vec::new(),
                 set: Default::default(),
+                sandbox: None,
             },
             max_output,
         }
@@ -119,6 +124,16 @@ impl ExternalHandler {
         if let Target::Command { pass, set, .. } = &mut self.target {
             *pass = names;
             *set = values;
+        }
+        self
+    }
+
+    /// Runs each call of a command entry in `policy`'s sandbox
+    /// ([`super::sandbox`]); `None` runs it unsandboxed. No effect on an
+    /// HTTP entry.
+    pub fn sandboxed(mut self, policy: Option<Arc<Policy>>) -> Self {
+        if let Target::Command { sandbox, .. } = &mut self.target {
+            *sandbox = policy;
         }
         self
     }
@@ -151,6 +166,7 @@ impl ExternalHandler {
         argv: &[String],
         dir: &Path,
         (pass, set): (&[String], &std::collections::BTreeMap<String, String>),
+        sandbox: Option<&Arc<Policy>>,
         input: Vec<u8>,
     ) -> Result<Value, ToolError> {
         let (program, args) = argv
@@ -164,7 +180,20 @@ impl ExternalHandler {
             path.to_path_buf()
         };
         let mut command = tokio::process::Command::new(executable);
-        super::process::clean_env(&mut command, pass, set);
+        // Held to the end of the call: its scratch dir goes with it.
+        let jail = match sandbox {
+            Some(policy) => {
+                let jail = policy.prepare().map_err(|e| {
+                    ToolError::failed(format!("cannot prepare the sandbox of '{program}': {e}"))
+                })?;
+                jail.command(&mut command, pass, set);
+                Some(jail)
+            }
+            None => {
+                super::process::clean_env(&mut command, pass, set);
+                None
+            }
+        };
         command
             .args(args)
             .current_dir(dir)
@@ -240,6 +269,7 @@ impl ExternalHandler {
         let status = status
             .map_err(|e| ToolError::failed(format!("'{program}' could not be awaited: {e}")))?;
         drop(group);
+        drop(jail);
         if stdout.len() > self.max_output {
             return Err(ToolError::failed(format!(
                 "'{program}' printed more than {} bytes",
@@ -342,9 +372,16 @@ impl ToolHandler for ExternalHandler {
                 dir,
                 pass,
                 set,
+                sandbox,
             } => {
-                self.run_command(argv, dir, (pass, set), command_input(&params, ctx))
-                    .await
+                self.run_command(
+                    argv,
+                    dir,
+                    (pass, set),
+                    sandbox.as_ref(),
+                    command_input(&params, ctx),
+                )
+                .await
             }
             Target::Http {
                 url,

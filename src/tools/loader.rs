@@ -172,9 +172,13 @@ fn check(path: &Path, file: &ToolFile) -> Result<(), LoadError> {
         redirects,
         env,
         env_set,
+        network,
+        paths,
+        sandbox_limits,
         ..
     } = &file.entry
     {
+        super::sandbox::check_grants(paths).map_err(|m| LoadError::new(path, None, m))?;
         if let Some(bad) = env
             .iter()
             .chain(env_set.keys())
@@ -196,11 +200,17 @@ fn check(path: &Path, file: &ToolFile) -> Result<(), LoadError> {
                     ));
                 }
             }
-            (None, Some(_)) if !env.is_empty() || !env_set.is_empty() => {
+            (None, Some(_))
+                if !env.is_empty()
+                    || !env_set.is_empty()
+                    || *network
+                    || !paths.is_empty()
+                    || !sandbox_limits.is_empty() =>
+            {
                 return Err(LoadError::new(
                     path,
                     None,
-                    "`env` and `env_set` apply to `command` entries only",
+                    "`env`, `env_set`, `network`, `paths` and `sandbox_limits` apply to `command` entries only",
                 ));
             }
             (None, Some(u)) => {
@@ -253,6 +263,8 @@ pub struct FileSettings {
     /// `[tools] http_allowlist`: open to HTTP entries as to `http_request`,
     /// before each entry's own `allowlist`.
     pub http_allowlist: Vec<String>,
+    /// `[tools] sandbox` and `sandbox_limits`, and what no command may see.
+    pub sandbox: super::sandbox::Sandbox,
 }
 
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 1 << 20;
@@ -262,6 +274,7 @@ impl Default for FileSettings {
         FileSettings {
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             http_allowlist: Vec::new(),
+            sandbox: Default::default(),
         }
     }
 }
@@ -371,13 +384,24 @@ pub fn resolve(
             redirects,
             env,
             env_set,
+            network,
+            paths,
+            sandbox_limits,
         } => {
             let cap = max_output_bytes.unwrap_or(external::DEFAULT_MAX_OUTPUT);
             match (command, url) {
-                (Some(argv), _) => Arc::new(
-                    external::ExternalHandler::command(argv.clone(), command_dir(path), cap)
-                        .with_env(env.clone(), env_set.clone()),
-                ),
+                (Some(argv), _) => {
+                    let dir = command_dir(path);
+                    let policy = settings
+                        .sandbox
+                        .policy(std::slice::from_ref(&dir), paths, *network, sandbox_limits)
+                        .map_err(|e| LoadError::new(path, None, e.to_string()))?;
+                    Arc::new(
+                        external::ExternalHandler::command(argv.clone(), dir, cap)
+                            .with_env(env.clone(), env_set.clone())
+                            .sandboxed(policy),
+                    )
+                }
                 (None, Some(url)) => {
                     let url = url::Url::parse(url)
                         .map_err(|e| LoadError::new(path, None, format!("invalid url: {e}")))?;

@@ -19,6 +19,7 @@ pub mod output_schema;
 pub mod process;
 pub mod registry;
 pub mod remote_agent;
+pub mod sandbox;
 pub mod schema;
 pub mod validate;
 pub mod watch;

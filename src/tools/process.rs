@@ -9,8 +9,9 @@
 //! "${K}"` passes one of cadre's through). Nothing else of cadre's
 //! reaches it: a reference MCP server's `get-env` tool returned
 //! `CADRE_MODEL_API_KEY`, which then reached the model and the history.
-//! (The rest of a sandbox, filesystem, network and resource limits, is
-//! issue #36.)
+//! Sandboxed, `PATH`, `HOME` and `TMPDIR` are the sandbox's own
+//! ([`clean_env_with`]); the rest of the sandbox, filesystem, network and
+//! resource limits, is [`super::sandbox`].
 //!
 //! Each runs as the leader of its own process group, so what it forks
 //! goes with it: [`kill_group`] ends the whole group, and a
@@ -33,12 +34,30 @@ pub fn clean_env(
     pass: &[String],
     set: &std::collections::BTreeMap<String, String>,
 ) {
+    clean_env_with(command, &[], pass, set);
+}
+
+/// [`clean_env`] where `base` gives some of [`BASE_ENV`] (and others)
+/// their values instead of cadre's; `pass` and `set` still win.
+pub fn clean_env_with(
+    command: &mut tokio::process::Command,
+    base: &[(&str, &std::ffi::OsStr)],
+    pass: &[String],
+    set: &std::collections::BTreeMap<String, String>,
+) {
     command.env_clear();
-    for name in BASE_ENV
-        .iter()
-        .copied()
-        .chain(pass.iter().map(String::as_str))
-    {
+    for name in BASE_ENV {
+        if base.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        if let Some(value) = std::env::var_os(name) {
+            command.env(name, value);
+        }
+    }
+    for (name, value) in base {
+        command.env(name, value);
+    }
+    for name in pass {
         if let Some(value) = std::env::var_os(name) {
             command.env(name, value);
         }
