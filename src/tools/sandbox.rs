@@ -587,19 +587,20 @@ impl Jail {
         pass: &[String],
         set: &std::collections::BTreeMap<String, String>,
     ) {
-        let home = self.scratch.path().as_os_str();
         super::process::clean_env_with(
             command,
             &[
                 ("PATH", SANDBOX_PATH.as_ref()),
-                ("HOME", home),
-                ("TMPDIR", home),
+                ("HOME", "/tmp".as_ref()),
+                ("TMPDIR", "/tmp".as_ref()),
             ],
             pass,
             set,
         );
         let setup = Setup {
             ruleset: self.ruleset.as_raw_fd(),
+            scratch: CString::new(self.scratch.path().as_os_str().as_bytes())
+                .expect("a temp dir path has no NUL"),
             limits: self.policy.limits,
             root: is_root(),
             filter: self.policy.filter.clone(),
@@ -619,6 +620,8 @@ fn is_root() -> bool {
 
 struct Setup {
     ruleset: RawFd,
+    /// The scratch dir, bound on /tmp.
+    scratch: CString,
     limits: Limits,
     root: bool,
     filter: Arc<[libc::sock_filter]>,
@@ -629,6 +632,7 @@ struct Setup {
 enum Step {
     Uid = 1,
     UserNamespace,
+    Mount,
     Limits,
     NoNewPrivs,
     Landlock,
@@ -642,6 +646,7 @@ impl Step {
             Step::UserNamespace => {
                 "user namespaces (unshare(CLONE_NEWUSER) failed: see user.max_user_namespaces, kernel.unprivileged_userns_clone or AppArmor's apparmor_restrict_unprivileged_userns)"
             }
+            Step::Mount => "a bind mount in a mount namespace (the scratch dir on /tmp)",
             Step::Limits => "resource limits (setrlimit)",
             Step::NoNewPrivs => "no_new_privs (prctl)",
             Step::Landlock => "Landlock (landlock_restrict_self)",
@@ -662,8 +667,22 @@ fn enter_steps(setup: &Setup) -> Result<(), (Step, std::io::Error)> {
     if setup.root && unsafe { libc::setresuid(NOBODY, 0, 0) } != 0 {
         return Err(fail(Step::Uid));
     }
-    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC) } != 0 {
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC | libc::CLONE_NEWNS) } != 0 {
         return Err(fail(Step::UserNamespace));
+    }
+    // The scratch dir is its /tmp. The namespace's mounts are slaves of the
+    // host's (one made by a lesser user namespace): nothing propagates back.
+    if unsafe {
+        libc::mount(
+            setup.scratch.as_ptr(),
+            c"/tmp".as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    } != 0
+    {
+        return Err(fail(Step::Mount));
     }
     let l = setup.limits;
     let mb = 1024 * 1024;
@@ -773,6 +792,7 @@ fn probe() -> Result<u32, Unavailable> {
     let ruleset = ruleset(abi, false).map_err(|e| missing(format!("a Landlock ruleset ({e})")))?;
     let setup = Setup {
         ruleset: ruleset.as_raw_fd(),
+        scratch: c"/tmp".into(),
         limits: Limits::default(),
         root: is_root(),
         filter: filter(false),
@@ -802,6 +822,7 @@ fn probe() -> Result<u32, Unavailable> {
     let steps = [
         Step::Uid,
         Step::UserNamespace,
+        Step::Mount,
         Step::Limits,
         Step::NoNewPrivs,
         Step::Landlock,
@@ -950,7 +971,7 @@ mod tests {
     }
 
     /// Runs `script` with `sh -c` in a sandbox of `policy`; (exit code, stdout).
-    async fn run(policy: &Arc<Policy>, script: &str) -> (i32, String, PathBuf) {
+    async fn run(policy: &Arc<Policy>, script: &str) -> (i32, String, Jail) {
         let jail = policy.prepare().unwrap();
         let mut command = tokio::process::Command::new("sh");
         command.args(["-c", script]);
@@ -961,7 +982,7 @@ mod tests {
         (
             out.status.code().unwrap_or(-1),
             format!("{stdout}{stderr}"),
-            jail.scratch().to_path_buf(),
+            jail,
         )
     }
 
@@ -985,12 +1006,11 @@ mod tests {
             key = key,
             dir = secret.path()
         );
-        let (code, out, scratch) = run(&policy, &script).await;
+        let (code, out, jail) = run(&policy, &script).await;
+        let scratch = jail.scratch();
         assert_eq!(code, 0, "{out}");
-        assert!(
-            out.contains(&format!("home={}", scratch.display())),
-            "{out}"
-        );
+        assert!(out.contains("home=/tmp"), "{out}");
+        assert!(scratch.join("f").exists(), "its /tmp is the scratch dir");
         for word in ["wrote", "noread", "nowrite", "sys", "noshadow"] {
             assert!(out.contains(word), "{word} missing: {out}");
         }

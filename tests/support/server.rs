@@ -29,20 +29,49 @@ impl Server {
     /// `model_url`; `env` adds or overrides variables (server config keys).
     /// Returns once it printed its address.
     pub fn start(data_dir: &Path, agents: &Path, model_url: &str, env: &[(&str, &str)]) -> Server {
-        Self::spawn(data_dir, agents, Some(model_url), "127.0.0.1:0", &[], env)
+        Self::spawn(
+            data_dir,
+            agents,
+            Some(model_url),
+            "127.0.0.1:0",
+            &[],
+            env,
+            None,
+        )
     }
 
     /// Like [`Self::start`] with no model endpoint configured: the built-in
     /// offline provider answers, as for a newcomer's `cadre serve`.
     #[allow(dead_code)]
     pub fn start_offline(data_dir: &Path, agents: &Path) -> Server {
-        Self::spawn(data_dir, agents, None, "127.0.0.1:0", &[], &[])
+        Self::spawn(data_dir, agents, None, "127.0.0.1:0", &[], &[], None)
     }
 
     /// [`Self::start_offline`] with server config variables (`CADRE_*`).
     #[allow(dead_code)]
     pub fn start_offline_with(data_dir: &Path, agents: &Path, env: &[(&str, &str)]) -> Server {
-        Self::spawn(data_dir, agents, None, "127.0.0.1:0", &[], env)
+        Self::spawn(data_dir, agents, None, "127.0.0.1:0", &[], env, None)
+    }
+
+    /// [`Self::start_offline_with`], with `confine` run in the child before
+    /// `exec` (a seccomp filter that takes a kernel feature away). It runs
+    /// between `fork` and `exec`: bare syscalls only.
+    #[allow(dead_code)]
+    pub fn start_offline_confined(
+        data_dir: &Path,
+        agents: &Path,
+        env: &[(&str, &str)],
+        confine: fn() -> std::io::Result<()>,
+    ) -> Server {
+        Self::spawn(
+            data_dir,
+            agents,
+            None,
+            "127.0.0.1:0",
+            &[],
+            env,
+            Some(confine),
+        )
     }
 
     /// The general form, for a node of a cluster: listens on `addr` (a fixed
@@ -58,7 +87,7 @@ impl Server {
         args: &[String],
         env: &[(&str, &str)],
     ) -> Server {
-        Self::spawn(data_dir, agents, model_url, addr, args, env)
+        Self::spawn(data_dir, agents, model_url, addr, args, env, None)
     }
 
     fn spawn(
@@ -68,6 +97,7 @@ impl Server {
         addr: &str,
         args: &[String],
         env: &[(&str, &str)],
+        confine: Option<fn() -> std::io::Result<()>>,
     ) -> Server {
         let log = data_dir.with_extension("log");
         let stderr = File::create(&log).expect("create the server log");
@@ -104,9 +134,12 @@ impl Server {
         // SAFETY: between fork and exec only async-signal-safe calls are
         // allowed; signal(2) is one.
         unsafe {
-            command.pre_exec(|| {
+            command.pre_exec(move || {
                 libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-                Ok(())
+                match confine {
+                    Some(confine) => confine(),
+                    None => Ok(()),
+                }
             });
         }
         let mut child = command.spawn().expect("the cadre binary starts");

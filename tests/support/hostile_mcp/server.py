@@ -9,7 +9,8 @@ hostile part from the rest. Modes:
 
   good          nothing hostile
   env           good, and tool `env` answers the server's environment
-                (a JSON object) as text
+                (a JSON object) as text; tool `sh` runs `sh -c SCRIPT ARGS..`
+                (arguments `script`, `args`) and answers its stdout
   endless       tools/list always has another page (a new cursor each time)
   fat           endless, each page's tool with a COUNT-byte description
   repeat        tools/list always answers with the same next cursor
@@ -112,7 +113,7 @@ def tools_page(params):
     if MODE == "crash":
         tools.append(dict(OK, name="crash"))
     if MODE == "env":
-        tools.append(dict(OK, name="env"))
+        tools += [dict(OK, name="env"), dict(OK, name="sh")]
     if MODE == "names":
         tools += [dict(OK, name=n) for n in ["", "a.b", "a__b"]]
     if MODE == "many":
@@ -133,6 +134,12 @@ def call(mid, params):
         return
     if name == "env":
         answer(mid, {"content": [{"type": "text", "text": json.dumps(dict(os.environ))}]})
+        return
+    if name == "sh":
+        import subprocess
+        run = subprocess.run(["sh", "-c", arguments["script"], "sh"] + arguments.get("args", []),
+                             stdin=subprocess.DEVNULL, capture_output=True)
+        answer(mid, {"content": [{"type": "text", "text": run.stdout.decode()}]})
         return
     if name == "crash":
         fork_holding_stdout()
