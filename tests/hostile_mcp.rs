@@ -10,7 +10,7 @@
 
 mod support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cadre::events::EventKind;
@@ -27,11 +27,23 @@ const SCRIPT: &str = concat!(
     "/tests/support/hostile_mcp/server.py"
 );
 
-/// A `[servers.NAME]` table running the script in `mode` with `args`, plus `keys`.
+/// A `[servers.NAME]` table running the script in `mode` with `args`, plus
+/// `keys`. The folders of the absolute paths among `args` (its `--pids`
+/// and `--log` files) are declared writable in its sandbox.
 fn server(name: &str, mode: &str, args: &[&str], keys: &str) -> String {
     let mut all = vec![SCRIPT.to_string(), mode.to_string()];
     all.extend(args.iter().map(|a| a.to_string()));
-    format!("[servers.{name}]\ncommand = \"python3\"\nargs = {all:?}\n{keys}\n")
+    let paths: Vec<String> = args
+        .iter()
+        .map(Path::new)
+        .filter(|p| p.is_absolute())
+        .filter_map(|p| p.parent())
+        .map(|dir| format!("{{ path = {:?}, write = true }}", dir.display().to_string()))
+        .collect();
+    format!(
+        "[servers.{name}]\ncommand = \"python3\"\nargs = {all:?}\npaths = [{}]\n{keys}\n",
+        paths.join(", ")
+    )
 }
 
 struct Cadre {
@@ -587,7 +599,7 @@ async fn a_stdio_mcp_server_sees_only_the_environment_mcp_toml_gives_it() {
     assert_eq!(env["PASSED"], "passed-through", "{names:?}");
     for name in &names {
         assert!(
-            ["PATH", "HOME", "LANG", "GIVEN", "PASSED"].contains(name)
+            ["PATH", "HOME", "TMPDIR", "LANG", "GIVEN", "PASSED"].contains(name)
                 || set_by_the_interpreter(name),
             "the server saw {name} of cadre's environment: {names:?}"
         );

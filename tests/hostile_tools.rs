@@ -823,7 +823,7 @@ async fn a_command_tool_sees_only_the_environment_its_file_names() {
     assert!(env.contains_key("PATH"), "{names:?}");
     for name in &names {
         assert!(
-            ["PATH", "HOME", "LANG", "CADRE_TEST_PASSED", "GIVEN"].contains(name)
+            ["PATH", "HOME", "TMPDIR", "LANG", "CADRE_TEST_PASSED", "GIVEN"].contains(name)
                 // Set by the interpreter or its launcher (a pyenv shim is a
                 // shell script), not inherited from cadre.
                 || name.starts_with("PYENV")

@@ -14,6 +14,9 @@
 //! command = "mcp-server-filesystem"    # stdio: a child process
 //! args = ["/srv/data"]
 //! env = { LOG_LEVEL = "warn" }
+//! network = false                      # its sandbox: no network unless true
+//! paths = [{ path = "/srv/data", write = false }]  # beside the sandbox's view
+//! sandbox_limits = { cpu_s = 0 }       # keys of [tools] sandbox_limits
 //!
 //! [servers.search]                     # streamable HTTP
 //! url = "https://mcp.example.com/mcp"

@@ -3,7 +3,8 @@
 //! executor ──params (JSON)──▶ ExternalHandler ──stdin──▶ command ──stdout (JSON)──▶ output
 //!                                            └─POST──▶ GuardedClient ──▶ url ──JSON body──▶ output
 //!
-//! Commands run with a clean environment (`PATH`, `HOME`, `LANG`, and
+//! Commands run sandboxed ([`super::sandbox`]: a scratch dir per call,
+//! dropped with the call) with a clean environment (`PATH`, `HOME`, `LANG`, and
 //! what the tool file names: `env` by name, `env_set` by value;
 //! [`super::process`]), without a shell (argv as written), in their tool file's
 //! folder (so `["python3", "count.py"]` finds the script beside the file

@@ -14,6 +14,10 @@
 //! `side_effects` ([`SideEffects`]) is what the file says; unsaid, a
 //! `builtin` entry keeps its handler's own and anything else is
 //! `at_most_once` (a command or a URL may act, and cadre cannot tell).
+//! A command entry runs sandboxed ([`super::sandbox`]): its policy is
+//! built here, once per file, from `network`, `paths` and
+//! `sandbox_limits`; where the kernel cannot sandbox (and `[tools]
+//! sandbox` is not `"off"`) the file is refused with what is missing.
 //! A command entry gets the call's idempotency key in its JSON input as
 //! `idempotency_key` ([`super::external`]), so it may not declare a
 //! parameter of that name.

@@ -307,6 +307,24 @@ impl Sandbox {
             let access = if g.write { Access::Write } else { Access::Read };
             rules.push((PathBuf::from(&g.path), access));
         }
+        // What lies under /tmp is hidden by the scratch dir mounted there:
+        // the tool's folders and declared paths are bound back in place.
+        let mut tmp_binds = Vec::new();
+        for (path, access) in &rules {
+            let real = canonical(path);
+            if let Ok(rel) = real.strip_prefix("/tmp")
+                && !rel.as_os_str().is_empty()
+                && real.exists()
+            {
+                let source = CString::new(real.as_os_str().as_bytes()).expect("a path has no NUL");
+                tmp_binds.push(TmpBind {
+                    rel: rel.to_path_buf(),
+                    remount: matches!(access, Access::Read).then(|| read_only_remount(&source)),
+                    source,
+                    is_dir: real.is_dir(),
+                });
+            }
+        }
         // Opened once: a call only adds these fds to its ruleset.
         let mut opened = Vec::new();
         for (path, access) in rules {
@@ -320,6 +338,7 @@ impl Sandbox {
         }
         Ok(Some(Arc::new(Policy {
             rules: opened,
+            tmp_binds,
             abi,
             network,
             limits: limits.over(self.limits),
@@ -428,10 +447,47 @@ struct Rule {
     access: u64,
 }
 
+/// A folder or path under /tmp that the sandbox must still see.
+struct TmpBind {
+    /// Its path below /tmp.
+    rel: PathBuf,
+    source: CString,
+    is_dir: bool,
+    /// The flags to remount it read-only with (the scratch dir's rights
+    /// would reach it through the mount it sits in), or `None`.
+    remount: Option<libc::c_ulong>,
+}
+
+/// `MS_REMOUNT | MS_BIND | MS_RDONLY` plus the flags `path`'s mount has
+/// (a mount from the host's namespace has them locked: a remount that
+/// dropped one would fail).
+fn read_only_remount(path: &CString) -> libc::c_ulong {
+    let mut flags = libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY;
+    // SAFETY: a valid C string and a zeroed out-struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } == 0 {
+        for (st_flag, ms_flag) in [
+            (libc::ST_NOSUID, libc::MS_NOSUID),
+            (libc::ST_NODEV, libc::MS_NODEV),
+            (libc::ST_NOEXEC, libc::MS_NOEXEC),
+            (libc::ST_NOATIME, libc::MS_NOATIME),
+            (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+            (libc::ST_RELATIME, libc::MS_RELATIME),
+        ] {
+            if st.f_flag & st_flag != 0 {
+                flags |= ms_flag;
+            }
+        }
+    }
+    flags
+}
+
 /// What one tool's (or server's) processes may do, built once; each call
 /// makes a [`Jail`] of it.
 pub struct Policy {
     rules: Vec<Rule>,
+    /// Folders and paths under /tmp, bound back over the scratch dir.
+    tmp_binds: Vec<TmpBind>,
     abi: u32,
     network: bool,
     limits: Limits,
@@ -462,9 +518,28 @@ impl Policy {
         }
         let fd = open_path(&scratch.0).ok_or_else(std::io::Error::last_os_error)?;
         add_rule(&ruleset, fd.as_raw_fd(), fs_handled(self.abi))?;
+        // Mount points inside the scratch dir for what lies under /tmp.
+        let mut binds = Vec::new();
+        for bind in &self.tmp_binds {
+            let target = scratch.0.join(&bind.rel);
+            if bind.is_dir {
+                std::fs::create_dir_all(&target)?;
+            } else {
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::File::create(&target)?;
+            }
+            binds.push((
+                bind.source.clone(),
+                CString::new(target.as_os_str().as_bytes()).expect("a path has no NUL"),
+                bind.remount,
+            ));
+        }
         Ok(Jail {
             scratch,
             ruleset,
+            binds: binds.into(),
             policy: self.clone(),
         })
     }
@@ -569,6 +644,8 @@ impl Drop for Scratch {
 pub struct Jail {
     scratch: Scratch,
     ruleset: OwnedFd,
+    /// (source under /tmp, its mount point in the scratch dir, read-only remount flags).
+    binds: Arc<[(CString, CString, Option<libc::c_ulong>)]>,
     policy: Arc<Policy>,
 }
 
@@ -601,6 +678,7 @@ impl Jail {
             ruleset: self.ruleset.as_raw_fd(),
             scratch: CString::new(self.scratch.path().as_os_str().as_bytes())
                 .expect("a temp dir path has no NUL"),
+            binds: self.binds.clone(),
             limits: self.policy.limits,
             root: is_root(),
             filter: self.policy.filter.clone(),
@@ -622,6 +700,8 @@ struct Setup {
     ruleset: RawFd,
     /// The scratch dir, bound on /tmp.
     scratch: CString,
+    /// Bound into the scratch dir first: (source, target, read-only remount flags).
+    binds: Arc<[(CString, CString, Option<libc::c_ulong>)]>,
     limits: Limits,
     root: bool,
     filter: Arc<[libc::sock_filter]>,
@@ -670,14 +750,32 @@ fn enter_steps(setup: &Setup) -> Result<(), (Step, std::io::Error)> {
     if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC | libc::CLONE_NEWNS) } != 0 {
         return Err(fail(Step::UserNamespace));
     }
-    // The scratch dir is its /tmp. The namespace's mounts are slaves of the
-    // host's (one made by a lesser user namespace): nothing propagates back.
+    // The scratch dir is its /tmp, with what it must see under the host's
+    // /tmp bound back in place first. The namespace's mounts are slaves of
+    // the host's (one made by a lesser user namespace): nothing propagates
+    // back.
+    for (source, target, remount) in setup.binds.iter() {
+        let bind = |flags: libc::c_ulong, source: *const libc::c_char| unsafe {
+            libc::mount(
+                source,
+                target.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        if bind(libc::MS_BIND | libc::MS_REC, source.as_ptr()) != 0
+            || remount.is_some_and(|flags| bind(flags, std::ptr::null()) != 0)
+        {
+            return Err(fail(Step::Mount));
+        }
+    }
     if unsafe {
         libc::mount(
             setup.scratch.as_ptr(),
             c"/tmp".as_ptr(),
             std::ptr::null(),
-            libc::MS_BIND,
+            libc::MS_BIND | libc::MS_REC,
             std::ptr::null(),
         )
     } != 0
@@ -793,6 +891,7 @@ fn probe() -> Result<u32, Unavailable> {
     let setup = Setup {
         ruleset: ruleset.as_raw_fd(),
         scratch: c"/tmp".into(),
+        binds: Arc::new([]),
         limits: Limits::default(),
         root: is_root(),
         filter: filter(false),
@@ -1016,6 +1115,41 @@ mod tests {
         }
         assert!(!out.contains("s3cret"), "{out}");
         assert!(!secret.path().join("new").exists());
+    }
+
+    /// Paths under the host's /tmp (hidden by the scratch dir mounted
+    /// there) are bound back: a read grant read-only, a write grant writable.
+    #[tokio::test]
+    async fn declared_paths_under_tmp_are_seen_with_their_access() {
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let (ro, rw) = (dir.path().join("ro"), dir.path().join("rw"));
+        std::fs::create_dir_all(&ro).unwrap();
+        std::fs::create_dir_all(&rw).unwrap();
+        std::fs::write(ro.join("in"), "given").unwrap();
+        let grants = [
+            PathGrant {
+                path: ro.display().to_string(),
+                write: false,
+            },
+            PathGrant {
+                path: rw.display().to_string(),
+                write: true,
+            },
+        ];
+        let policy = Sandbox::default()
+            .policy(&[], &grants, false, &LimitsOverride::default())
+            .unwrap()
+            .unwrap();
+        let script = format!(
+            "cat {ro:?}/in; echo x > {ro:?}/out || echo ro-refused; echo y > {rw:?}/out && echo rw-written",
+        );
+        let (code, out, _jail) = run(&policy, &script).await;
+        assert_eq!(code, 0, "{out}");
+        for word in ["given", "ro-refused", "rw-written"] {
+            assert!(out.contains(word), "{word} missing: {out}");
+        }
+        assert!(!ro.join("out").exists());
+        assert_eq!(std::fs::read_to_string(rw.join("out")).unwrap(), "y\n");
     }
 
     #[test]
