@@ -509,7 +509,16 @@ async fn a_kill_inside_a_childs_batch_runs_no_finished_call_twice_and_the_keyed_
         ("worker.toml", &agent("worker", &["quick", "slow"], &[])),
     ]);
     counting_tools(agents.path());
-    let start = || support::server::Server::start(&data, agents.path(), &model.base_url(), &[]);
+    // The tools note runs beside themselves, in a folder the sandbox makes
+    // read-only; the sandbox is tests/sandbox.rs's subject.
+    let start = || {
+        support::server::Server::start(
+            &data,
+            agents.path(),
+            &model.base_url(),
+            &[("CADRE_TOOLS_SANDBOX", "off")],
+        )
+    };
     let mut server = start();
     let client = server.client();
     let session = client.session("lead").await;

@@ -138,6 +138,10 @@ async fn setup(multitask: &str) -> Setup {
 }
 
 fn start(s: &Setup, env: &[(&str, &str)]) -> Server {
+    // Its tools note runs beside themselves, in a folder the sandbox makes
+    // read-only; the sandbox is tests/sandbox.rs's subject.
+    let mut env = env.to_vec();
+    env.push(("CADRE_TOOLS_SANDBOX", "off"));
     let args: Vec<String> = match &s.store {
         Some(url) => vec![
             "--store".into(),
@@ -153,7 +157,7 @@ fn start(s: &Setup, env: &[(&str, &str)]) -> Server {
         Some(&s.model.base_url()),
         "127.0.0.1:0",
         &args,
-        env,
+        &env,
     )
 }
 

@@ -710,26 +710,33 @@ fn alive(pid: i32) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_tool_leaves_no_process_behind_and_cannot_stall_on_its_pipes() {
     let setup = Setup::new(&[]);
-    let forked = setup.dir.path().join("forked.pid");
-    let hung = setup.dir.path().join("hung.pid");
+    // The pid files' folder, declared writable in the tools' sandbox.
+    let pids = setup.dir.path().join("pids");
+    std::fs::create_dir_all(&pids).unwrap();
+    let declared = format!(
+        "paths = [{{ path = {:?}, write = true }}]\n",
+        pids.display().to_string()
+    );
+    let forked = pids.join("forked.pid");
+    let hung = pids.join("hung.pid");
     setup.put(
         "forks.toml",
-        &command_tool(
+        &(command_tool(
             "forks",
             &format!(
                 "sleep 300 & echo $! > {}; echo '{{\"ok\": 1}}'",
                 forked.display()
             ),
             20,
-        ),
+        ) + &declared),
     );
     setup.put(
         "hangs.toml",
-        &command_tool(
+        &(command_tool(
             "hangs",
             &format!("sleep 300 & echo $! > {}; wait", hung.display()),
             1,
-        ),
+        ) + &declared),
     );
     setup.put(
         "noisy.toml",

@@ -139,8 +139,16 @@ async fn a_stdio_mcp_server_is_listed_called_refreshed_and_restarted() {
         agents = inner_agents.path().display(),
         data = work.path().join("inner-data").display(),
     );
+    // Its sandbox: the work folder writable, the inner agents and the
+    // binary's folder readable, room for a tokio runtime's threads.
+    let bin_dir = Path::new(CADRE).parent().unwrap();
     let mcp_toml = format!(
-        "[servers.inner]\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nenv = {{ CADRE_TOOLS_RELOAD_INTERVAL_S = \"0.2\", RUST_LOG = \"warn\" }}\n"
+        "[servers.inner]\ncommand = \"sh\"\nargs = [\"-c\", {script:?}]\nenv = {{ CADRE_TOOLS_RELOAD_INTERVAL_S = \"0.2\", RUST_LOG = \"warn\" }}\n\
+         paths = [{{ path = {work:?}, write = true }}, {{ path = {inner:?} }}, {{ path = {bin:?} }}]\n\
+         sandbox_limits = {{ processes = 1024, memory_mb = 0 }}\n",
+        work = work.path().display().to_string(),
+        inner = inner_agents.path().display().to_string(),
+        bin = bin_dir.display().to_string(),
     );
     let outer_agents = support::agents_dir(&[
         ("user.toml", &agent_toml("user", &["inner.*"], 2)),

@@ -125,6 +125,9 @@ printf '{{"item": "%s"}}' "$item""#
             &[
                 ("NO_COLOR", "1"),
                 ("CADRE_SESSIONS_RESUME_WINDOW_S", resume_window_s),
+                // Its tools use fifos and logs in a work folder; the
+                // sandbox is tests/sandbox.rs's subject.
+                ("CADRE_TOOLS_SANDBOX", "off"),
             ],
         )
     }
@@ -439,6 +442,7 @@ async fn taking_up_many_cut_runs_at_start() {
             &agents,
             &[
                 ("CADRE_SESSIONS_RESUME_WINDOW_S", window),
+                ("CADRE_TOOLS_SANDBOX", "off"),
                 ("RUST_LOG", "warn"),
             ],
         );

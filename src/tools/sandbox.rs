@@ -220,6 +220,20 @@ pub struct Unavailable {
     pub missing: String,
 }
 
+/// Why a tool or server gets no sandbox, and so does not run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+    /// A declared path would open cadre's own files: one holding a
+    /// protected path (read or write), or a write inside one (a tool that
+    /// may write tool files may write itself a sandbox-free tool).
+    #[error(
+        "paths: `{path}` would open cadre's own files ({protected}) to the tool; declare a path outside them"
+    )]
+    Protected { path: String, protected: String },
+}
+
 /// The server-wide sandbox settings (`[tools] sandbox`, `sandbox_limits`)
 /// and the paths no sandboxed process may see.
 #[derive(Debug, Clone)]
@@ -274,7 +288,7 @@ impl Sandbox {
         grants: &[PathGrant],
         network: bool,
         limits: &LimitsOverride,
-    ) -> Result<Option<Arc<Policy>>, Unavailable> {
+    ) -> Result<Option<Arc<Policy>>, Refused> {
         if self.mode == Mode::Off {
             return Ok(None);
         }
@@ -287,6 +301,18 @@ impl Sandbox {
             .collect();
         protected.sort();
         protected.dedup();
+        for g in grants {
+            let real = canonical(Path::new(&g.path));
+            if let Some(p) = protected
+                .iter()
+                .find(|p| p.starts_with(&real) || (g.write && real.starts_with(p)))
+            {
+                return Err(Refused::Protected {
+                    path: g.path.clone(),
+                    protected: p.display().to_string(),
+                });
+            }
+        }
         let mut rules = Vec::new();
         let mut roots = Vec::new();
         for root in SYSTEM_READ {
@@ -1150,6 +1176,41 @@ mod tests {
         }
         assert!(!ro.join("out").exists());
         assert_eq!(std::fs::read_to_string(rw.join("out")).unwrap(), "y\n");
+    }
+
+    #[test]
+    fn a_declared_path_over_cadres_own_files_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let agents = root.path().join("agents");
+        std::fs::create_dir_all(agents.join("tools")).unwrap();
+        let sandbox = Sandbox {
+            protected: vec![agents.clone()],
+            ..Sandbox::default()
+        };
+        let grant = |path: &Path, write: bool| {
+            [PathGrant {
+                path: path.display().to_string(),
+                write,
+            }]
+        };
+        let none = LimitsOverride::default();
+        // Its parent, read or write; inside it, written.
+        for (path, write) in [
+            (root.path(), false),
+            (agents.as_path(), false),
+            (&agents.join("tools"), true),
+        ] {
+            let err = sandbox
+                .policy(&[], &grant(path, write), false, &none)
+                .unwrap_err();
+            assert!(matches!(err, Refused::Protected { .. }), "{err}");
+        }
+        // Read inside it is the operator's choice (agents/data).
+        assert!(
+            sandbox
+                .policy(&[], &grant(&agents.join("tools"), false), false, &none)
+                .is_ok()
+        );
     }
 
     #[test]

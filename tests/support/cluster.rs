@@ -142,12 +142,15 @@ impl Cluster {
 
     fn launch(&mut self, i: usize) {
         let model_url = self.model.as_ref().map(MockModel::base_url);
-        let env: Vec<(&str, &str)> = self
+        let mut env: Vec<(&str, &str)> = self
             .options
             .env
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
+        // The nodes' tools note runs beside themselves, in a folder the
+        // sandbox makes read-only; the sandbox is tests/sandbox.rs's subject.
+        env.push(("CADRE_TOOLS_SANDBOX", "off"));
         let node = &mut self.nodes[i];
         assert!(node.server.is_none(), "node {i} is already running");
         node.server = Some(Server::start_with_args(
