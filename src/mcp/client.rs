@@ -307,8 +307,7 @@ async fn connect_now(link: &Arc<Link>) -> Result<(Running, Why), String> {
                     let jail = policy
                         .prepare()
                         .map_err(|e| format!("cannot prepare the sandbox of '{command}': {e}"))?;
-                    jail.command(&mut cmd, &[], env);
-                    cmd.current_dir(jail.scratch());
+                    jail.command_in(&mut cmd, &[], env, true);
                     Some(jail)
                 }
                 None => {

@@ -23,12 +23,39 @@
 //!    process limit would not bind under root (CI runs as root). Files stay
 //!    reachable as before (tool folders under a 0700 temp dir included);
 //!    Landlock decides which.
-//! 2. `unshare(CLONE_NEWUSER | CLONE_NEWIPC)`: a user namespace of its
-//!    own, so it holds no capability over anything of the host (root's
-//!    included) and what `exec` gives is nothing; its own SysV IPC. Its
-//!    processes are counted in that namespace, so `RLIMIT_NPROC`, set
-//!    next, bounds this call's processes and threads, not every process of
-//!    the uid.
+//! 2. `unshare(CLONE_NEWUSER | CLONE_NEWIPC | CLONE_NEWNS)`: a user
+//!    namespace of its own, so it holds no capability over anything of the
+//!    host (root's included) and what `exec` gives is nothing; its own
+//!    SysV IPC; its own mounts, where the scratch dir is bound on `/tmp`
+//!    (what it must see under the host's `/tmp`, its tool folder or a
+//!    declared path, is bound back in place first, read-only ones
+//!    remounted read-only). Its processes are counted in that namespace,
+//!    so `RLIMIT_NPROC`, set next, bounds this call's processes and
+//!    threads, not every process of the uid. Under root the `exec` that
+//!    follows is a "secure" one (real uid 65534, effective 0): the
+//!    dynamic loader drops `LD_*` and `TMPDIR`, which is why `/tmp`
+//!    itself is the scratch dir.
+//!
+//!    Then **every mount of its namespace is made read-only**
+//!    (`mount_setattr(MOUNT_ATTR_RDONLY, AT_RECURSIVE)` on `/`), but for
+//!    detached writable clones (`open_tree(OPEN_TREE_CLONE)`, taken just
+//!    before) of the scratch dir and of each declared writable path
+//!    outside `/tmp` ([`MAX_WRITABLE`] at most), which `move_mount` puts
+//!    back in place. Landlock (step 4) does not cover `chmod`, `chown`,
+//!    `utimes`, extended attributes, nor `truncate` on an fd opened
+//!    before (nor any truncate below ABI 3): under root, whose files these
+//!    mostly are, a tool could otherwise make a file it may only read
+//!    world-writable or empty it; a read-only mount answers `EROFS` to
+//!    all of them. The working directory, set before, is looked up again
+//!    by name afterwards (else it would stay on the read-only mount under
+//!    a writable clone); an MCP server's is `/tmp`. Device nodes
+//!    (`/dev/null`) stay writable: a read-only mount does not cover them.
+//!    These calls need Linux 5.12 (`mount_setattr`), below the 6.12 that
+//!    Landlock ABI 6 needs, so they add no kernel requirement; the probe
+//!    ([`support`]) runs them like every other step, and their failure
+//!    refuses tools like any other missing piece: no weaker fallback,
+//!    decided because a sandbox that silently loses a guarantee on some
+//!    machines is worse than one that says it cannot start.
 //! 3. rlimits from [`Limits`]: `RLIMIT_DATA` (memory), `RLIMIT_CPU`,
 //!    `RLIMIT_NPROC`, `RLIMIT_NOFILE`, `RLIMIT_FSIZE`; `RLIMIT_CORE` 0.
 //! 4. `PR_SET_NO_NEW_PRIVS`, then `landlock_restrict_self`: the filesystem
@@ -55,11 +82,12 @@
 //! less the protected paths; `/proc` read (other processes' secrets in it
 //! are behind the ptrace rule); `/dev/null`, `/dev/zero`, `/dev/full`
 //! read-write, `/dev/random`, `/dev/urandom` read; the tool's own folder
-//! read and execute; a scratch directory (`$HOME` and `$TMPDIR`, under
-//! cadre's temp dir) read-write, one per call (per server for MCP),
-//! removed when the call ends; the entry's `paths` (read, or read-write
-//! with `write: true`). Nothing else: not `/tmp`, not `/home` or `/root`,
-//! not `/run`. The protected paths (cadre's data dir, agents dir, config
+//! read and execute; a scratch directory (made under cadre's temp dir,
+//! seen as `/tmp`, also `$HOME` and `$TMPDIR`) read-write, one per call
+//! (per server for MCP), removed when the call ends; the entry's `paths`
+//! (read, or read-write with `write: true`; one that holds a protected
+//! path, or a write inside one, is refused: [`Refused::Protected`]).
+//! Nothing else: not `/tmp`, not `/home` or `/root`, not `/run`. The protected paths (cadre's data dir, agents dir, config
 //! file, and [`SECRETS`] such as `/etc/shadow`) are cut out of the system
 //! part: a system folder that holds one is opened child by child instead
 //! ([`readable_roots`]). The tool's folder is the agents dir's `tools/`,
@@ -232,6 +260,8 @@ pub enum Refused {
         "paths: `{path}` would open cadre's own files ({protected}) to the tool; declare a path outside them"
     )]
     Protected { path: String, protected: String },
+    #[error("paths: {count} writable paths outside /tmp; at most 16")]
+    TooManyWritable { count: usize },
 }
 
 /// The server-wide sandbox settings (`[tools] sandbox`, `sandbox_limits`)
@@ -351,6 +381,18 @@ impl Sandbox {
                 });
             }
         }
+        let writable: Vec<CString> = grants
+            .iter()
+            .filter(|g| g.write)
+            .map(|g| canonical(Path::new(&g.path)))
+            .filter(|p| !p.starts_with("/tmp") && p.exists())
+            .map(|p| CString::new(p.as_os_str().as_bytes()).expect("a path has no NUL"))
+            .collect();
+        if writable.len() > MAX_WRITABLE {
+            return Err(Refused::TooManyWritable {
+                count: writable.len(),
+            });
+        }
         // Opened once: a call only adds these fds to its ruleset.
         let mut opened = Vec::new();
         for (path, access) in rules {
@@ -364,6 +406,7 @@ impl Sandbox {
         }
         Ok(Some(Arc::new(Policy {
             rules: opened,
+            writable: writable.into(),
             tmp_binds,
             abi,
             network,
@@ -512,6 +555,8 @@ fn read_only_remount(path: &CString) -> libc::c_ulong {
 /// makes a [`Jail`] of it.
 pub struct Policy {
     rules: Vec<Rule>,
+    /// Declared writable paths outside /tmp.
+    writable: Arc<[CString]>,
     /// Folders and paths under /tmp, bound back over the scratch dir.
     tmp_binds: Vec<TmpBind>,
     abi: u32,
@@ -690,6 +735,19 @@ impl Jail {
         pass: &[String],
         set: &std::collections::BTreeMap<String, String>,
     ) {
+        self.command_in(command, pass, set, false)
+    }
+
+    /// [`Self::command`], in /tmp (the scratch dir) as its working
+    /// directory when `chdir_tmp` (an MCP server's), else where
+    /// `command` says.
+    pub fn command_in(
+        &self,
+        command: &mut tokio::process::Command,
+        pass: &[String],
+        set: &std::collections::BTreeMap<String, String>,
+        chdir_tmp: bool,
+    ) {
         super::process::clean_env_with(
             command,
             &[
@@ -705,6 +763,8 @@ impl Jail {
             scratch: CString::new(self.scratch.path().as_os_str().as_bytes())
                 .expect("a temp dir path has no NUL"),
             binds: self.binds.clone(),
+            writable: self.policy.writable.clone(),
+            chdir_tmp,
             limits: self.policy.limits,
             root: is_root(),
             filter: self.policy.filter.clone(),
@@ -726,6 +786,11 @@ struct Setup {
     ruleset: RawFd,
     /// The scratch dir, bound on /tmp.
     scratch: CString,
+    /// Declared writable paths outside /tmp: writable clones over the
+    /// read-only tree.
+    writable: Arc<[CString]>,
+    /// The working directory is /tmp (an MCP server's), set after the mounts.
+    chdir_tmp: bool,
     /// Bound into the scratch dir first: (source, target, read-only remount flags).
     binds: Arc<[(CString, CString, Option<libc::c_ulong>)]>,
     limits: Limits,
@@ -733,12 +798,31 @@ struct Setup {
     filter: Arc<[libc::sock_filter]>,
 }
 
+// The new mount API (Linux 5.2; mount_setattr 5.12), from <linux/mount.h>.
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x04;
+const MOUNT_ATTR_RDONLY: u64 = 0x01;
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Most declared writable paths outside /tmp one tool may have (the child
+/// holds their clones in a fixed array: it may not allocate).
+pub const MAX_WRITABLE: usize = 16;
+
 /// Which step of [`enter`] failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Step {
     Uid = 1,
     UserNamespace,
     Mount,
+    ReadOnly,
     Limits,
     NoNewPrivs,
     Landlock,
@@ -752,7 +836,10 @@ impl Step {
             Step::UserNamespace => {
                 "user namespaces (unshare(CLONE_NEWUSER) failed: see user.max_user_namespaces, kernel.unprivileged_userns_clone or AppArmor's apparmor_restrict_unprivileged_userns)"
             }
-            Step::Mount => "a bind mount in a mount namespace (the scratch dir on /tmp)",
+            Step::Mount => {
+                "bind mounts in a mount namespace (open_tree and move_mount, Linux 5.2: the scratch dir on /tmp)"
+            }
+            Step::ReadOnly => "mount_setattr (Linux 5.12: every mount read-only)",
             Step::Limits => "resource limits (setrlimit)",
             Step::NoNewPrivs => "no_new_privs (prctl)",
             Step::Landlock => "Landlock (landlock_restrict_self)",
@@ -776,6 +863,11 @@ fn enter_steps(setup: &Setup) -> Result<(), (Step, std::io::Error)> {
     if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWIPC | libc::CLONE_NEWNS) } != 0 {
         return Err(fail(Step::UserNamespace));
     }
+    // The working directory (set before this runs) is held by its mount:
+    // once the writable clones are moved over it, it is looked up again
+    // by name, or it would stay on the read-only mount below them.
+    let mut cwd = [0 as libc::c_char; libc::PATH_MAX as usize];
+    let cwd_known = !unsafe { libc::getcwd(cwd.as_mut_ptr(), cwd.len()) }.is_null();
     // The scratch dir is its /tmp, with what it must see under the host's
     // /tmp bound back in place first. The namespace's mounts are slaves of
     // the host's (one made by a lesser user namespace): nothing propagates
@@ -796,17 +888,74 @@ fn enter_steps(setup: &Setup) -> Result<(), (Step, std::io::Error)> {
             return Err(fail(Step::Mount));
         }
     }
+    // Then every mount read-only (chmod, utimes, xattrs and truncate are
+    // not Landlock's: EROFS stops them), after detached writable clones
+    // of the scratch dir and of the declared writable paths were taken,
+    // which are then moved in place.
+    let clone = |path: &CString| unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
+        ) as libc::c_int
+    };
+    let scratch = clone(&setup.scratch);
+    if scratch < 0 {
+        return Err(fail(Step::Mount));
+    }
+    let mut clones = [-1; MAX_WRITABLE];
+    for (fd, path) in clones.iter_mut().zip(setup.writable.iter()) {
+        *fd = clone(path);
+        if *fd < 0 {
+            return Err(fail(Step::Mount));
+        }
+    }
+    let read_only = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
     if unsafe {
-        libc::mount(
-            setup.scratch.as_ptr(),
-            c"/tmp".as_ptr(),
-            std::ptr::null(),
-            libc::MS_BIND | libc::MS_REC,
-            std::ptr::null(),
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c"/".as_ptr(),
+            AT_RECURSIVE,
+            &read_only as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
         )
     } != 0
     {
+        return Err(fail(Step::ReadOnly));
+    }
+    let place = |fd: libc::c_int, target: &std::ffi::CStr| unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if place(scratch, c"/tmp") != 0 {
         return Err(fail(Step::Mount));
+    }
+    for (fd, path) in clones.iter().zip(setup.writable.iter()) {
+        if place(*fd, path) != 0 {
+            return Err(fail(Step::Mount));
+        }
+    }
+    if setup.chdir_tmp {
+        if unsafe { libc::chdir(c"/tmp".as_ptr()) } != 0 {
+            return Err(fail(Step::Mount));
+        }
+    } else if cwd_known {
+        // Not found under its name (a folder under the host's /tmp that
+        // is not bound back): it stays where it was, Landlock decides.
+        unsafe { libc::chdir(cwd.as_ptr()) };
     }
     let l = setup.limits;
     let mb = 1024 * 1024;
@@ -918,6 +1067,8 @@ fn probe() -> Result<u32, Unavailable> {
         ruleset: ruleset.as_raw_fd(),
         scratch: c"/tmp".into(),
         binds: Arc::new([]),
+        writable: Arc::new([]),
+        chdir_tmp: false,
         limits: Limits::default(),
         root: is_root(),
         filter: filter(false),
@@ -948,6 +1099,7 @@ fn probe() -> Result<u32, Unavailable> {
         Step::Uid,
         Step::UserNamespace,
         Step::Mount,
+        Step::ReadOnly,
         Step::Limits,
         Step::NoNewPrivs,
         Step::Landlock,
@@ -1097,9 +1249,17 @@ mod tests {
 
     /// Runs `script` with `sh -c` in a sandbox of `policy`; (exit code, stdout).
     async fn run(policy: &Arc<Policy>, script: &str) -> (i32, String, Jail) {
+        run_in(policy, script, None).await
+    }
+
+    /// [`run`], in `cwd` when given.
+    async fn run_in(policy: &Arc<Policy>, script: &str, cwd: Option<&Path>) -> (i32, String, Jail) {
         let jail = policy.prepare().unwrap();
         let mut command = tokio::process::Command::new("sh");
         command.args(["-c", script]);
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
         jail.command(&mut command, &[], &Default::default());
         let out = command.output().await.unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -1211,6 +1371,62 @@ mod tests {
                 .policy(&[], &grant(&agents.join("tools"), false), false, &none)
                 .is_ok()
         );
+    }
+
+    /// chmod, utimes and truncate are not Landlock's: every mount is
+    /// read-only but the scratch dir and the declared writable paths.
+    #[tokio::test]
+    async fn what_it_may_only_read_it_cannot_chmod_touch_or_truncate() {
+        // Outside /tmp, so the read-only tree (not a bind) is what is tested.
+        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        let (ro, rw) = (dir.path().join("ro"), dir.path().join("rw"));
+        std::fs::create_dir_all(&ro).unwrap();
+        std::fs::create_dir_all(&rw).unwrap();
+        std::fs::write(ro.join("f"), "keep").unwrap();
+        let grants = [
+            PathGrant {
+                path: ro.display().to_string(),
+                write: false,
+            },
+            PathGrant {
+                path: rw.display().to_string(),
+                write: true,
+            },
+        ];
+        let policy = Sandbox::default()
+            .policy(&[], &grants, false, &LimitsOverride::default())
+            .unwrap()
+            .unwrap();
+        let f = ro.join("f");
+        let script = format!(
+            "chmod 777 {f:?} || echo no-chmod; touch -d 2001-01-01 {f:?} || echo no-touch; \
+             truncate -s 0 {f:?} || echo no-truncate; echo y > {rw:?}/out && echo rw-written; \
+             echo z > /tmp/z && echo tmp-written",
+        );
+        let (code, out, _jail) = run(&policy, &script).await;
+        assert_eq!(code, 0, "{out}");
+        for word in [
+            "no-chmod",
+            "no-touch",
+            "no-truncate",
+            "rw-written",
+            "tmp-written",
+        ] {
+            assert!(out.contains(word), "{word} missing: {out}");
+        }
+        let meta = std::fs::metadata(&f).unwrap();
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "keep");
+        assert_ne!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+            0o777
+        );
+        assert_eq!(std::fs::read_to_string(rw.join("out")).unwrap(), "y\n");
+        // Run in a writable path, it writes there by a relative name (its
+        // working directory is the writable clone, not the mount below).
+        let (code, out, _jail) =
+            run_in(&policy, "echo r > rel && echo rel-written", Some(&rw)).await;
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(std::fs::read_to_string(rw.join("rel")).unwrap(), "r\n");
     }
 
     #[test]
