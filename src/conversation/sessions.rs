@@ -1179,13 +1179,13 @@ impl Sessions {
         if turn_id.len() > crate::identity::MAX_ID_BYTES {
             return Err(not_found());
         }
-        let value = self
+        let row = self
             .inner
             .store
             .turn(id, turn_id)
             .await?
             .ok_or_else(not_found)?;
-        serde_json::from_value(value).map_err(|e| SessionError::Store(e.into()))
+        Ok(super::turn_rows::read(&self.inner.store, row).await?)
     }
 
     /// A page of the turns of a session within reach, oldest first.
@@ -1197,7 +1197,11 @@ impl Sessions {
         limit: usize,
     ) -> Result<Page<Value>, SessionError> {
         self.get(scope, id).await?;
-        Ok(self.inner.store.turns_of(id, after, limit).await?)
+        let page = self.inner.store.turns_of(id, after, limit).await?;
+        Ok(Page {
+            items: super::turn_rows::read_all(&self.inner.store, page.items).await?,
+            ..page
+        })
     }
 
     /// Turn `turn_id` of a session within reach, as stored.
@@ -1673,7 +1677,7 @@ impl Sessions {
         // A turn left open (cut by a restart, or paused for an approval):
         // all its messages are loaded, whatever the bound.
         let cut: Option<TurnRecord> = match self.inner.store.open_turn_of(id).await? {
-            Some(v) => match serde_json::from_value(v) {
+            Some(row) => match super::turn_rows::read(&self.inner.store, row).await {
                 Ok(r) => Some(r),
                 Err(e) => {
                     tracing::error!(session = id, error = %e, "an unreadable turn record is left as it is");
