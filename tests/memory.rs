@@ -300,6 +300,77 @@ async fn another_tenant_neither_gets_nor_finds() {
     );
 }
 
+/// The tenant erase (`DELETE /v1/tenants/{id}/sessions`, admin) takes
+/// the tenant's memory with its sessions: every item (with a TTL or
+/// without), gone from reads, from the index and from the store's rows;
+/// another tenant's memory stays, and the erased tenant's next put starts
+/// afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_erase_takes_its_memory_and_no_other_tenants() {
+    let data = tempfile::tempdir().unwrap();
+    let mut app = spawn_app(AppOptions::offline().data_dir(data.path()));
+    let open = app.client.clone();
+    let (status, admin) = open
+        .post("/v1/keys", &json!({"tenant": "ops", "admin": true}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{admin}");
+    let admin = open.with_key(admin["key"].as_str().unwrap());
+    let mut clients = Vec::new();
+    for tenant in ["acme", "globex"] {
+        let (status, key) = admin.post("/v1/keys", &json!({"tenant": tenant})).await;
+        assert_eq!(status, StatusCode::CREATED, "{key}");
+        clients.push(open.with_key(key["key"].as_str().unwrap()));
+    }
+    let (acme, globex) = (&clients[0], &clients[1]);
+    let erased: Vec<String> = (0..3).map(|i| format!("erase-me-{i}")).collect();
+    for (i, key) in erased.iter().enumerate() {
+        let mut body = json!({"namespace": ["users", format!("u{i}")], "key": key, "value": {"text": "the quokka lives here"}});
+        if i == 0 {
+            body["ttl_s"] = json!(3600);
+        }
+        let (status, item) = put(acme, body).await;
+        assert_eq!(status, StatusCode::OK, "{item}");
+    }
+    let (status, _) = put(
+        globex,
+        json!({"namespace": ["users", "u0"], "key": "kept-globex", "value": {"text": "the quokka of globex"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    // The index is built and in use before the erase.
+    let quokka = json!({"query": "quokka", "limit": 10});
+    assert_eq!(search(acme, quokka.clone()).await.len(), 3);
+
+    let (status, body) = admin.delete("/v1/tenants/acme/sessions").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["memory_items"], 3, "{body}");
+
+    assert!(search(acme, quokka.clone()).await.is_empty());
+    let (_, ns) = acme.get("/v1/memory/namespaces").await;
+    assert_eq!(ns["namespaces"], json!([]), "{ns}");
+    let (status, _) = acme
+        .get("/v1/memory/items?namespace=users.u1&key=erase-me-1")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(keys(&search(globex, quokka.clone()).await), ["kept-globex"]);
+    // Erasing again finds nothing more.
+    let (_, body) = admin.delete("/v1/tenants/acme/sessions").await;
+    assert_eq!(body["memory_items"], 0, "{body}");
+    // The tenant's memory starts afresh.
+    let (status, _) = put(
+        acme,
+        json!({"namespace": ["users", "u9"], "key": "fresh", "value": {"text": "a new quokka"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(keys(&search(acme, quokka).await), ["fresh"]);
+
+    app.stop();
+    let left = support::store::rows_naming(data.path(), &erased);
+    assert!(left.is_empty(), "rows left behind:\n{}", left.join("\n"));
+    assert!(!support::store::rows_naming(data.path(), &["kept-globex".to_string()]).is_empty());
+}
+
 const REMEMBERING_AGENT: &str = r#"
 name = "keeper"
 description = "Remembers."

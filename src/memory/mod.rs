@@ -6,6 +6,7 @@
 //!                                     └──▶ [`index::TenantIndex`] (in RAM, per tenant: BM25 postings, sizes, expiry)
 //! agent turn ──remember / recall (executor)──▶ tools::memory ──MemorySlot──▶ [`Memory`] ([`tools`]: the namespace template)
 //! sweep loop (every `[memory] sweep_s`) ──▶ expired items deleted
+//! tenant erase (http) ──▶ [`Memory::erase_tenant`]: every item of the tenant, its index dropped
 //!
 //! # What is stored (documents, written once for both backends)
 //! - `memory_items/<tenant>\x1f<a.b.c>\x1f<key>`: the item ([`StoredItem`]:
@@ -614,6 +615,48 @@ impl Inner {
             *guard = None;
         }
         Ok(())
+    }
+
+    /// Deletes every item of `tenant` (the tenant erase), [`LOAD_PAGE`]
+    /// at a time (one transaction each), and drops its index on this
+    /// node; how many. Other nodes' indexes see the moved stamp and are
+    /// built again (empty) on next use. A put racing the erase on another
+    /// node may land after it, as a session created meanwhile does.
+    pub async fn erase_tenant(&self, tenant: &str) -> Result<u64, MemoryError> {
+        let slot = self.slot(tenant);
+        let mut guard = slot.write_owned().await;
+        let mut erased = 0;
+        loop {
+            let page = self
+                .store
+                .docs_of(ITEMS, tenant, None, LOAD_PAGE, false)
+                .await?;
+            if page.items.is_empty() {
+                break;
+            }
+            let mut ops = Vec::with_capacity(page.items.len() * 2);
+            for (key, _) in &page.items {
+                for ns in [ITEMS, TTLS] {
+                    ops.push(WriteOp::DeleteDoc {
+                        namespace: ns.into(),
+                        key: key.clone(),
+                    });
+                }
+            }
+            self.write_stamped(tenant, &TenantIndex::default(), ops)
+                .await?;
+            erased += page.items.len() as u64;
+        }
+        *guard = None;
+        drop(guard);
+        self.tenants
+            .lock()
+            .expect("memory tenants lock")
+            .remove(tenant);
+        if erased > 0 {
+            tracing::info!(tenant, items = erased, "tenant memory erased");
+        }
+        Ok(erased)
     }
 
     /// The items under a namespace prefix, best first for `query`, else
