@@ -6,6 +6,7 @@
 //!                                     └──▶ [`index::TenantIndex`] (in RAM, per tenant: BM25 postings, sizes, expiry)
 //! agent turn ──remember / recall (executor)──▶ tools::memory ──MemorySlot──▶ [`Memory`] ([`tools`]: the namespace template)
 //! sweep loop (every `[memory] sweep_s`) ──▶ expired items deleted
+//! turn start (`memory = { inject = true }`) ──▶ [`inject`]: the best items for the message, as the prompt's notes
 //! tenant erase (http) ──▶ [`Memory::erase_tenant`]: every item of the tenant, its index dropped
 //!
 //! # What is stored (documents, written once for both backends)
@@ -70,6 +71,7 @@
 //! check who may call (the HTTP layer's key ring).
 
 pub mod index;
+pub mod inject;
 pub mod tools;
 
 use std::collections::HashMap;
