@@ -546,11 +546,7 @@ impl ServerConfig {
         self.webhooks
             .check()
             .map_err(|e| format!("webhooks: {e}"))?;
-        if self.memory.max_items == 0 || self.memory.max_mb == 0 || self.memory.sweep_s == 0 {
-            return Err(
-                "memory.max_items, memory.max_mb and memory.sweep_s must be at least 1".into(),
-            );
-        }
+        self.memory.check().map_err(|e| format!("memory.{e}"))?;
         let grace = self.server.shutdown_grace_s;
         if grace.is_nan() || !(0.0..=3600.0).contains(&grace) {
             return Err("server.shutdown_grace_s must be between 0 and 3600".into());

@@ -708,6 +708,84 @@ async fn kill_9_between_remember_and_the_turns_end_stores_once() {
     assert_eq!(model.refusals(), Vec::<String>::new());
 }
 
+/// `[memory] embeddings_url`: the items' vectors from the mock's
+/// `/embeddings` (its words of one group mean the same), fused with BM25.
+/// A query that shares no word with an item finds it when they mean the
+/// same; the same items on a server without embeddings are not found by
+/// it; the vectors are stored beside the items, so a restarted server
+/// (its index built from the store) ranks the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semantic_ranking_finds_what_bm25_alone_does_not() {
+    let model = MockModel::start().await;
+    let items = [
+        ("rex", "Rex is a loyal canine."),
+        ("classes", "Puppy classes start in May."),
+        ("invoice", "The invoice is due on Friday."),
+        ("garage", "Bring the car to the garage."),
+    ];
+    let config = format!(
+        "[memory]\nembeddings_url = \"{}\"\nembeddings_model = \"mock-embed\"\n",
+        model.base_url()
+    );
+    let data = tempfile::tempdir().unwrap();
+    let plain = spawn_app(AppOptions::offline());
+    let mut semantic = spawn_app(
+        AppOptions::offline()
+            .data_dir(data.path())
+            .config_toml(&config),
+    );
+    for app in [&plain, &semantic] {
+        for (key, text) in items {
+            let (status, body) = put(
+                &app.client,
+                json!({"namespace": ["users", "u1"], "key": key, "value": {"text": text}}),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+        }
+    }
+    let query = json!({"namespace_prefix": ["users", "u1"], "query": "puppy", "limit": 10});
+    // BM25 alone: only the item with the word.
+    assert_eq!(
+        keys(&search(&plain.client, query.clone()).await),
+        ["classes"]
+    );
+    // Fused: the word's item first (first of both lists), then the one
+    // that means it; the others are not similar enough.
+    let found = search(&semantic.client, query.clone()).await;
+    assert_eq!(keys(&found), ["classes", "rex"], "{found:?}");
+    assert!(found[0]["score"].as_f64().unwrap() > found[1]["score"].as_f64().unwrap());
+    // A query with no word of any item: found by meaning alone.
+    let only_meaning = json!({"query": "hound", "limit": 10});
+    assert_eq!(
+        keys(&search(&semantic.client, only_meaning.clone()).await)[0],
+        "rex"
+    );
+    assert!(search(&plain.client, only_meaning.clone()).await.is_empty());
+
+    // The vectors are in the store: a new server ranks the same.
+    semantic.stop();
+    let again = spawn_app(
+        AppOptions::offline()
+            .data_dir(data.path())
+            .config_toml(&config),
+    );
+    assert_eq!(
+        keys(&search(&again.client, query).await),
+        ["classes", "rex"]
+    );
+    // Deleting an item takes its vector with it.
+    let (status, _) = again
+        .client
+        .delete("/v1/memory/items?namespace=users.u1&key=rex")
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        keys(&search(&again.client, only_meaning).await),
+        ["classes"]
+    );
+}
+
 /// `cadre memory put|get|search|delete --url`: the real binary against
 /// the server; a missing item is the API's code on stderr, exit 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! `memory = { inject = true }`: the few items of the agent's namespace
 //! that match the user's message best, as notes for the turn's prompt.
 //!
-//! Sessions::start_turn ──[`Memory::notes_for`] (the user's message)──▶ search
+//! Sessions::start_turn ──[`Memory::notes_for`] (the user's message)──▶ search (BM25, or fused: [`super::embed`])
 //!                      ◀── the notes, bounded ──┘ ──▶ TurnRules.memory ──▶ the machine's request: a fenced `user` message after the summary
 //!
 //! The notes go to the model as data, like the rolling summary: the
@@ -16,8 +16,10 @@
 //!   boundary, marked `…`) to what is left, and no item is added once
 //!   nothing is. So the layer costs a bounded share of the prompt
 //!   whatever was remembered.
-//! - Only items that match the message (a score above 0): a message with
-//!   no word in common with what was remembered gets no layer at all.
+//! - Only items that match the message (a score above 0: a word in
+//!   common, or with semantic ranking a cosine of at least
+//!   `embeddings_min_similarity`): a message that matches nothing
+//!   remembered gets no layer at all.
 //! - The namespace is the tools' (the same template and variables): a
 //!   session without a user under `{user_id}` gets no notes.
 //! - A failed search (the store unavailable) gives no notes and a warning:
