@@ -786,6 +786,27 @@ async fn semantic_ranking_finds_what_bm25_alone_does_not() {
     );
 }
 
+/// An embeddings endpoint that does not answer (nothing listens on its
+/// port) fails neither a put nor a search: the item is stored without a
+/// vector and found by BM25.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_embeddings_endpoint_leaves_bm25_working() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let app = spawn_app(AppOptions::offline().config_toml(&format!(
+        "[memory]\nembeddings_url = \"http://127.0.0.1:{port}/v1\"\n"
+    )));
+    let (status, body) = put(
+        &app.client,
+        json!({"namespace": ["users", "u1"], "key": "rex", "value": {"text": "Rex is a loyal canine."}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let found = search(&app.client, json!({"query": "canine", "limit": 10})).await;
+    assert_eq!(keys(&found), ["rex"]);
+}
+
 /// `cadre memory put|get|search|delete --url`: the real binary against
 /// the server; a missing item is the API's code on stderr, exit 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
