@@ -49,6 +49,9 @@
 //!   builds one from the request, so the mock answers forever without a
 //!   script (a tool call when the last message is the user's, text once it
 //!   is a tool result, say).
+//! * `POST /v1/embeddings` answers too, unscripted: deterministic vectors
+//!   ([`embedding_of`]: words of one of [`GROUPS`] share a dimension, so
+//!   `puppy` and `canine` are close), for memory's semantic ranking.
 //! * Other modes, all off by default: [`MockModel::set_latency`] (every
 //!   answer waits this long first), [`MockModel::set_strict`] (requests
 //!   are checked against OpenAI's rules first, see [`openai_message_rules`];
