@@ -573,6 +573,21 @@ async fn injected_memory_is_the_users_best_items_for_the_message() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(memory_notes(&model.requests()[3]), None);
 
+    // A session without a user under `["users", "{user_id}"]`: no layer
+    // (nobody's memory), not even the items of a namespace literally
+    // named after the template.
+    let (status, _) = put(
+        c,
+        json!({"namespace": ["users", "{user_id}"], "key": "trap", "value": {"text": "the dog trap"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    model.push(Reply::text("Who are you?"));
+    let nobody = c.session("concierge").await;
+    let (status, _) = c.say(&nobody, "What is my dog's name?").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(memory_notes(&model.requests()[4]), None);
+
     assert_eq!(model.overruns(), 0);
 }
 
