@@ -1254,10 +1254,13 @@ impl ConversationMachine {
             SUMMARY_AFTER_WINDOWS * s.history_window as usize,
             |(_, m)| m,
         );
-        let mut messages = Vec::with_capacity(3 + window.len() + turn.messages.len());
+        let mut messages = Vec::with_capacity(4 + window.len() + turn.messages.len());
         messages.push(ChatMessage::system(context::system_prompt(&layers)));
         if let Some(summary) = &self.summary {
             messages.push(context::summary_message(&summary.text));
+        }
+        if let Some(notes) = s.memory_notes() {
+            messages.push(context::memory_message(notes));
         }
         messages.extend(window);
         messages.extend(turn.messages.iter().map(|(_, m)| m.clone()));
