@@ -1,6 +1,6 @@
 // The console's shell: sign-in, the hash router and the header.
 //
-// location.hash ──route──▶ one view module (sessions, conversation, workflows, schedules, tools, live)
+// location.hash ──route──▶ one view module (sessions, conversation, workflows, schedules, memory, tools, live)
 //                              └──▶ api.js (v1 API, Bearer key from session storage)
 //
 // A view is `async (main, ...params) => cleanup?`; the cleanup (abort a
@@ -12,6 +12,7 @@ import { sessionsView } from "./sessions.js";
 import { conversationView } from "./conversation.js";
 import { workflowsView, workflowView, runView } from "./workflows.js";
 import { schedulesView } from "./schedules.js";
+import { memoryView } from "./memory.js";
 import { toolsView, toolView } from "./tools.js";
 import { liveView } from "./live.js";
 
@@ -25,6 +26,7 @@ const routes = [
   [/^#\/workflows\/([^/]+)$/, workflowView],
   [/^#\/workflows$/, workflowsView],
   [/^#\/schedules$/, schedulesView],
+  [/^#\/memory$/, memoryView],
   [/^#\/tools\/([^/]+)$/, toolView],
   [/^#\/tools$/, toolsView],
   [/^#\/live$/, liveView],

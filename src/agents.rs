@@ -167,12 +167,16 @@ pub enum MemoryEntry {
 /// agent's `remember` and `recall` use, each segment a template where
 /// `{tenant}`, `{user_id}` and `{agent}` are replaced by the calling
 /// session's (a call whose session has no user is refused when the
-/// template names `{user_id}`).
+/// template names `{user_id}`). `inject = true`: the items that match the
+/// user's message best go into the turn's prompt too
+/// ([`crate::memory::inject`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryTable {
     #[serde(default = "default_memory_namespace")]
     pub namespace: Vec<String>,
+    #[serde(default)]
+    pub inject: bool,
 }
 
 /// The namespace of `memory = true`: the session's user's.
@@ -338,6 +342,9 @@ pub struct Agent {
     /// The namespace template of its `remember` and `recall` tools; `None`:
     /// no memory tools.
     pub memory: Option<Vec<String>>,
+    /// `memory = { inject = true }`: the best items for the user's message
+    /// go into each turn's prompt.
+    pub memory_inject: bool,
 }
 
 impl Agent {
@@ -448,6 +455,7 @@ impl Agent {
                 )?))
             }
         };
+        let memory_inject = matches!(&file.memory, Some(MemoryEntry::Table(t)) if t.inject);
         let memory = match &file.memory {
             None | Some(MemoryEntry::On(false)) => None,
             Some(MemoryEntry::On(true)) => Some(default_memory_namespace()),
@@ -550,6 +558,7 @@ impl Agent {
             output_schema,
             guardrails,
             memory,
+            memory_inject,
         })
     }
 

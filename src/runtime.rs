@@ -457,6 +457,9 @@ struct Parts {
     workflows: Workflows,
     providers: Vec<String>,
     mcp: crate::mcp::McpClients,
+    /// Plugged into the registry's memory slot and the sessions before any
+    /// turn runs: a turn a restart resumes may call `remember`.
+    memory: crate::memory::Memory,
     /// Reads the agent files again (the watcher's reload).
     reload_agents: Arc<dyn Fn() + Send + Sync>,
 }
@@ -633,6 +636,9 @@ fn setup(
         config.session_limits(),
         metrics,
     );
+    let memory = crate::memory::Memory::new(store.clone(), config.memory.clone());
+    registry.memory_slot().set(memory.tools());
+    sessions.use_memory(memory.clone());
     let workflows = Workflows::new(WorkflowsDeps {
         dir: builder.agents_dir.join("workflows"),
         store: store.clone(),
@@ -651,6 +657,7 @@ fn setup(
         workflows,
         providers,
         mcp,
+        memory,
         reload_agents,
     })
 }
@@ -744,6 +751,7 @@ async fn serve(
         workflows,
         providers,
         mcp,
+        memory,
         reload_agents,
     } = match setup(&mut builder, &arbiters) {
         Ok(parts) => parts,
@@ -933,8 +941,6 @@ async fn serve(
         keys.clone(),
         webhooks.clone(),
     );
-    let memory = crate::memory::Memory::new(store.clone(), builder.config.memory.clone());
-    registry.memory_slot().set(memory.tools());
     let stop_schedules = tokio_util::sync::CancellationToken::new();
     if take_up {
         schedules.spawn_loop(stop_schedules.clone());

@@ -559,11 +559,7 @@ impl ServerConfig {
         self.webhooks
             .check()
             .map_err(|e| format!("webhooks: {e}"))?;
-        if self.memory.max_items == 0 || self.memory.max_mb == 0 || self.memory.sweep_s == 0 {
-            return Err(
-                "memory.max_items, memory.max_mb and memory.sweep_s must be at least 1".into(),
-            );
-        }
+        self.memory.check().map_err(|e| format!("memory.{e}"))?;
         let grace = self.server.shutdown_grace_s;
         if grace.is_nan() || !(0.0..=3600.0).contains(&grace) {
             return Err("server.shutdown_grace_s must be between 0 and 3600".into());
@@ -771,6 +767,43 @@ mod tests {
         assert_eq!(c.store.cache_mb, 256);
         let err = ServerConfig::load(None, env(&[("CADRE_STORE_CACHE_MB", "0")])).unwrap_err();
         assert!(err.to_string().contains("store.cache_mb"), "{err}");
+
+        // `[memory]`: semantic ranking's endpoint, model and least similarity.
+        for (var, value, key) in [
+            (
+                "CADRE_MEMORY_EMBEDDINGS_URL",
+                "ftp://x",
+                "memory.embeddings_url",
+            ),
+            (
+                "CADRE_MEMORY_EMBEDDINGS_MODEL",
+                " ",
+                "memory.embeddings_model",
+            ),
+            (
+                "CADRE_MEMORY_EMBEDDINGS_MIN_SIMILARITY",
+                "1.5",
+                "memory.embeddings_min_similarity",
+            ),
+            (
+                "CADRE_MEMORY_SWEEP_S",
+                "0",
+                "memory.max_items, max_mb and sweep_s",
+            ),
+        ] {
+            let err = ServerConfig::load(None, env(&[(var, value)])).unwrap_err();
+            assert!(err.to_string().contains(key), "{var}: {err}");
+        }
+        let c = ServerConfig::load(
+            None,
+            env(&[("CADRE_MEMORY_EMBEDDINGS_URL", "http://127.0.0.1:9/v1")]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.memory.embeddings_url.as_deref(),
+            Some("http://127.0.0.1:9/v1")
+        );
+        assert_eq!(ServerConfig::default().memory.embeddings_url, None);
     }
 
     #[test]

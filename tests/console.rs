@@ -3,7 +3,7 @@
 //! and the console itself driven in headless Chromium against the real
 //! server and the mock model.
 //!
-//! cargo test ──▶ cadre (keys for acme, globex, ops-admin; two schedules) + mock model
+//! cargo test ──▶ cadre (keys for acme, globex, ops-admin; two schedules; memory items) + mock model
 //!            ──▶ node tests/console/drive.mjs ──playwright-core──▶ /usr/bin/chromium ──▶ /console
 //!
 //! The browser test installs what it needs when run as root (CI): Debian's
@@ -319,6 +319,35 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // Memory (#35): acme's items in two namespaces, and globex's under the
+    // same namespace and key, which acme's view must not show.
+    for (client, namespace, key, text) in [
+        (&acme, "alice", "pet", "Alice's dog is called Rex."),
+        (&acme, "alice", "tea", "Alice takes her tea without sugar."),
+        (&globex, "alice", "pet", "Globex's dog is called Fido."),
+    ] {
+        let (status, body) = client
+            .send_raw(
+                reqwest::Method::PUT,
+                "/v1/memory/items",
+                json!({"namespace": ["users", namespace], "key": key, "value": {"text": text}})
+                    .to_string()
+                    .into_bytes(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let (status, body) = acme
+        .send_raw(
+            reqwest::Method::PUT,
+            "/v1/memory/items",
+            json!({"namespace": ["teams", "acme"], "key": "deploys", "value": {"text": "Deploys happen on Tuesdays."}})
+                .to_string()
+                .into_bytes(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
     // The model's side of the scenarios, in the order the browser plays them.
     model.push_all([
         Reply::tool_call("call_price", "get_price", r#"{"symbol":"AAPL"}"#),
@@ -384,6 +413,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         "ok Decline refuses a held call; the turn goes on without it",
         "ok start a workflow run; every node reaches its final state",
         "ok schedules: listed with their next fire and last runs; one created with the form, then deleted",
+        "ok memory: namespaces, items and a ranked search; an item deleted",
         "ok globex's key does not see acme's sessions",
         "ok a delegation links to the asked agent's session, which links back",
         "ok a typed answer and a failed turn show in the conversation",
@@ -418,6 +448,15 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
     assert_eq!(names, ["get_price", "create_paper_order"], "{calls}");
     let (_, runs) = acme.get("/v1/workflows/runs?workflow=market-brief").await;
     assert_eq!(runs["runs"][0]["status"], "succeeded", "{runs}");
+    // The memory item deleted in the browser is gone; the others stay.
+    let (status, _) = acme
+        .get("/v1/memory/items?namespace=users.alice&key=tea")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = acme
+        .get("/v1/memory/items?namespace=users.alice&key=pet")
+        .await;
+    assert_eq!(status, StatusCode::OK);
     // The schedule made in the browser was deleted there.
     let (_, listed) = acme.get("/v1/schedules").await;
     assert_eq!(
@@ -431,6 +470,7 @@ async fn the_console_drives_a_conversation_an_approval_and_a_workflow_in_chromiu
         "04-paused-turn",
         "07-run",
         "08b-schedules",
+        "08c-memory",
     ] {
         assert!(
             screenshots.join(format!("{shot}.png")).exists(),

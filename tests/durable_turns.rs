@@ -244,6 +244,36 @@ async fn a_turn_has_an_id_and_its_record_reads_back_as_the_reply() {
     assert_eq!(rest["count"], 1, "{rest}");
     assert_eq!(rest["turns"][0]["turn_id"], id, "{rest}");
     assert_eq!(rest["next"], Value::Null, "{rest}");
+    // The listing shows the calls whole, as the record does.
+    assert_eq!(page["turns"][0]["outcome"], reply, "{page}");
+
+    // Stored lean (issue #34): the row names the call's record instead of
+    // repeating its arguments and output, and keeps one list of calls; the
+    // reads above put them back.
+    drop(server);
+    let store = cadre::store::Store::open(&s.data).expect("open the stopped store");
+    let row = store
+        .turn(&session, &turn_id)
+        .await
+        .expect("read")
+        .expect("the row");
+    let call = &row["tool_calls"][0];
+    let record_id = call["record_id"]
+        .as_str()
+        .expect("the call names its record");
+    assert!(call.get("arguments").is_none(), "{row}");
+    assert!(call.get("output").is_none(), "{row}");
+    assert!(row["outcome"].get("tool_calls").is_none(), "{row}");
+    assert_eq!(call["is_success"], true, "{row}");
+    let records = store
+        .calls_by_id(vec![record_id.to_string()])
+        .await
+        .expect("read");
+    assert_eq!(records[0].params, reply["tool_calls"][0]["arguments"]);
+    assert_eq!(
+        records[0].output.as_ref(),
+        Some(&reply["tool_calls"][0]["output"])
+    );
 }
 
 /// A held order pauses the turn: 202, `awaiting_approval`, and nothing

@@ -372,7 +372,7 @@ async fn a_tenant_erase_deletes_all_its_sessions_in_batches_and_no_other_tenants
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         body,
-        json!({"tenant": "acme", "deleted": n, "busy": 0, "calls": 0})
+        json!({"tenant": "acme", "deleted": n, "busy": 0, "calls": 0, "memory_items": 0})
     );
     let (_, listed) = acme.get("/v1/sessions").await;
     assert_eq!(listed["sessions"], json!([]), "{listed}");

@@ -57,8 +57,10 @@ fn app_with_config(
     (spawn_app(options), dir)
 }
 
-/// Whether any file under `dir` holds `needle` (the redb file included).
+/// Whether any file under `dir` holds `needle` (the redb file included),
+/// as raw bytes or inside a row the store keeps compressed.
 fn data_dir_holds(dir: &std::path::Path, needle: &str) -> bool {
+    let holds = |bytes: &[u8]| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).unwrap().flatten() {
@@ -66,7 +68,10 @@ fn data_dir_holds(dir: &std::path::Path, needle: &str) -> bool {
             if path.is_dir() {
                 stack.push(path);
             } else if let Ok(bytes) = std::fs::read(&path)
-                && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+                && (holds(&bytes)
+                    || cadre::store::codec::frames_in(&bytes)
+                        .iter()
+                        .any(|f| holds(f)))
             {
                 return true;
             }

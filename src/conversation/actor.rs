@@ -833,7 +833,7 @@ impl Conversation {
             turn_id: record.turn_id.clone(),
             open: !record.is_final(),
             idempotency_key: record.idempotency_key.clone(),
-            record: serde_json::to_value(record).expect("turn records serialize"),
+            record: super::turn_rows::row(record),
         }))];
         ops.extend(self.webhook_op(record));
         ops

@@ -116,7 +116,10 @@ pub struct CallReport {
     pub id: String,
     pub name: String,
     /// Parsed arguments, or the raw string when they were not JSON.
-    #[schema(value_type = Value)]
+    /// (`default`: a stored turn read without its calls' records, as
+    /// `fork` reads phases, has none: see `turn_rows.rs`.)
+    #[schema(value_type = Value, required = true)]
+    #[serde(default)]
     pub arguments: Value,
     pub is_success: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -127,6 +130,17 @@ pub struct CallReport {
     pub error_type: Option<ErrorType>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_id: Option<String>,
+    /// The call's record (`record_id` in `GET /v1/calls`), when the
+    /// executor wrote one: its arguments and output are read from there
+    /// (a stored turn names it instead of repeating them: see
+    /// `turn_rows.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_id: Option<String>,
+    /// That record's `params` are these `arguments` as the model gave
+    /// them (no validation coerced them, no guardrail redacted them).
+    /// In memory only.
+    #[serde(skip)]
+    pub arguments_recorded: bool,
 }
 
 impl CallReport {
@@ -151,6 +165,8 @@ pub struct TurnOutcome {
     pub confirmations: Vec<Approval>,
     pub answer: String,
     /// Each tool call of the turn.
+    #[serde(default)]
+    #[schema(required = true)]
     pub tool_calls: Vec<CallReport>,
     /// A call held for confirmation is pending (not failed), a declined
     /// one declined.
@@ -1238,10 +1254,13 @@ impl ConversationMachine {
             SUMMARY_AFTER_WINDOWS * s.history_window as usize,
             |(_, m)| m,
         );
-        let mut messages = Vec::with_capacity(3 + window.len() + turn.messages.len());
+        let mut messages = Vec::with_capacity(4 + window.len() + turn.messages.len());
         messages.push(ChatMessage::system(context::system_prompt(&layers)));
         if let Some(summary) = &self.summary {
             messages.push(context::summary_message(&summary.text));
+        }
+        if let Some(notes) = s.memory_notes() {
+            messages.push(context::memory_message(notes));
         }
         messages.extend(window);
         messages.extend(turn.messages.iter().map(|(_, m)| m.clone()));
@@ -1281,6 +1300,8 @@ fn report(call: &ToolCall, arguments: ParsedArguments, result: &ToolExecutionRes
             .is_success
             .then(|| result.metadata.source_id.clone())
             .flatten(),
+        record_id: result.metadata.record_id.clone(),
+        arguments_recorded: result.metadata.record_id.is_some() && result.metadata.params_recorded,
     }
 }
 

@@ -39,6 +39,7 @@ pub mod sessions;
 pub mod settings;
 pub mod storage;
 pub mod summary;
+pub mod turn_rows;
 pub mod visitor;
 
 pub use actor::TurnError;

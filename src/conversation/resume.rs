@@ -193,6 +193,8 @@ pub fn from_record(r: &ToolCallRecord) -> ToolExecutionResult {
         metadata: ResultMetadata {
             attempts: r.attempts,
             source_id: r.source_id.clone(),
+            // Its output is the record's: the turn names it.
+            record_id: Some(r.record_id.clone()),
             ..ResultMetadata::default()
         },
     }

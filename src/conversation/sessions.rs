@@ -562,6 +562,10 @@ struct Inner {
     /// Each tenant's guardrails as compiled from its config, with the
     /// list they were compiled from (compiled again when it changes).
     tenant_guardrails: Mutex<HashMap<String, (Vec<GuardrailConfig>, Guardrails)>>,
+    /// Memory across sessions, for the notes of agents with `memory = {
+    /// inject = true }` (plugged in at start: the runtime makes it after
+    /// the sessions).
+    memory: std::sync::OnceLock<crate::memory::Memory>,
 }
 
 /// The conversation layer behind the `ask_` tools' seam.
@@ -617,6 +621,7 @@ impl Sessions {
             delegation: Arc::new(AskThrough(weak.clone())),
             opening_children: tokio::sync::Mutex::new(()),
             tenant_guardrails: Mutex::new(HashMap::new()),
+            memory: std::sync::OnceLock::new(),
             live: Mutex::new(HashMap::new()),
             deleting: Mutex::new(HashSet::new()),
             retention_changed: Arc::new(tokio::sync::Notify::new()),
@@ -1077,6 +1082,9 @@ impl Sessions {
         if let Some(url) = webhook {
             settings.with_webhook(url);
         }
+        if let Some(notes) = self.memory_notes(&session, &content).await {
+            settings.with_memory(notes);
+        }
         let handle = self.handle(id).await?;
         let accepted = match handle
             .submit_keyed(
@@ -1179,13 +1187,13 @@ impl Sessions {
         if turn_id.len() > crate::identity::MAX_ID_BYTES {
             return Err(not_found());
         }
-        let value = self
+        let row = self
             .inner
             .store
             .turn(id, turn_id)
             .await?
             .ok_or_else(not_found)?;
-        serde_json::from_value(value).map_err(|e| SessionError::Store(e.into()))
+        Ok(super::turn_rows::read(&self.inner.store, row).await?)
     }
 
     /// A page of the turns of a session within reach, oldest first.
@@ -1197,7 +1205,11 @@ impl Sessions {
         limit: usize,
     ) -> Result<Page<Value>, SessionError> {
         self.get(scope, id).await?;
-        Ok(self.inner.store.turns_of(id, after, limit).await?)
+        let page = self.inner.store.turns_of(id, after, limit).await?;
+        Ok(Page {
+            items: super::turn_rows::read_all(&self.inner.store, page.items).await?,
+            ..page
+        })
     }
 
     /// Turn `turn_id` of a session within reach, as stored.
@@ -1486,6 +1498,29 @@ impl Sessions {
             })
     }
 
+    /// Plugs in the memory the notes of `memory = { inject = true }` come
+    /// from; a second call is ignored.
+    pub fn use_memory(&self, memory: crate::memory::Memory) {
+        let _ = self.inner.memory.set(memory);
+    }
+
+    /// The memory notes for a turn of `session` on the user's `content`
+    /// (its agent says `memory = { inject = true }`), else `None`.
+    async fn memory_notes(&self, session: &Session, content: &str) -> Option<String> {
+        let memory = self.inner.memory.get()?;
+        let agent = self.agent_of(session).ok()?;
+        let template = agent.memory.as_ref().filter(|_| agent.memory_inject)?;
+        memory
+            .notes_for(
+                template,
+                &session.tenant,
+                session.user_id.as_deref(),
+                &agent.name,
+                content,
+            )
+            .await
+    }
+
     /// Deletes the session and everything stored under its id (see the
     /// module doc); refused with [`SessionError::Busy`] while a turn runs.
     pub async fn delete(&self, scope: &Scope, id: &str) -> Result<Erased, SessionError> {
@@ -1673,7 +1708,7 @@ impl Sessions {
         // A turn left open (cut by a restart, or paused for an approval):
         // all its messages are loaded, whatever the bound.
         let cut: Option<TurnRecord> = match self.inner.store.open_turn_of(id).await? {
-            Some(v) => match serde_json::from_value(v) {
+            Some(row) => match super::turn_rows::read(&self.inner.store, row).await {
                 Ok(r) => Some(r),
                 Err(e) => {
                     tracing::error!(session = id, error = %e, "an unreadable turn record is left as it is");

@@ -59,6 +59,9 @@ pub struct TurnRules {
     /// Where the turn's end is POSTed (a message's `webhook`;
     /// [`crate::webhooks`]).
     pub webhook: Option<String>,
+    /// The turn's memory notes (`memory = { inject = true }`), sent after
+    /// the summary ([`super::context::memory_message`]).
+    pub memory: Option<String>,
 }
 
 impl TurnRules {
@@ -72,6 +75,7 @@ impl TurnRules {
                 output_schema,
                 guardrails,
                 webhook: None,
+                memory: None,
             })
         })
     }
@@ -113,6 +117,18 @@ impl TurnSettings {
         let mut rules = self.rules.as_deref().cloned().unwrap_or_default();
         rules.webhook = Some(url);
         self.rules = Some(Arc::new(rules));
+    }
+
+    /// The same rules with `notes` as the turn's memory notes.
+    pub fn with_memory(&mut self, notes: String) {
+        let mut rules = self.rules.as_deref().cloned().unwrap_or_default();
+        rules.memory = Some(notes);
+        self.rules = Some(Arc::new(rules));
+    }
+
+    /// The turn's memory notes, if any.
+    pub fn memory_notes(&self) -> Option<&str> {
+        self.rules.as_ref().and_then(|r| r.memory.as_deref())
     }
 
     /// Where the turn's end is POSTed, if anywhere.

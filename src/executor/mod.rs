@@ -588,7 +588,23 @@ impl Handler<ExecuteTool> for Executor {
                     },
                 };
                 let attempts = result.metadata.attempts;
-                let result = result.with_elapsed(started.elapsed(), attempts);
+                let mut result = result.with_elapsed(started.elapsed(), attempts);
+                // The id the record is written under goes back with the
+                // outcome (a held call's, or an approved one's, is the
+                // held record's; else a new time-ordered one), and whether
+                // the record's params are the caller's arguments as given:
+                // a turn record then names the record instead of repeating
+                // them (`conversation::turn_rows`).
+                result.metadata.record_id = Some(
+                    msg.record_id
+                        .clone()
+                        .or_else(|| result.metadata.record_id.take())
+                        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
+                );
+                result.metadata.params_recorded = match &msg.arguments {
+                    Arguments::Parsed(p) => p.value == params,
+                    Arguments::Json(v) => *v == params,
+                };
                 record_to.record("latency_ms", result.execution_time_ms);
                 record_to.record("cadre.cached", result.metadata.cached);
                 if let Some(s) = &result.metadata.source_id {
@@ -984,10 +1000,11 @@ async fn record(
     };
     let rec = ToolCallRecord {
         guardrails,
-        record_id: msg
+        // Chosen by the caller above (`ResultMetadata::record_id`).
+        record_id: result
+            .metadata
             .record_id
             .clone()
-            .or_else(|| result.metadata.record_id.clone())
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string()),
         tool_name,
         tool_call_id: msg.tool_call_id.clone(),

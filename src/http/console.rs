@@ -82,6 +82,7 @@ const ASSETS: &[Asset] = &[
     asset!("conversation.js", JS),
     asset!("workflows.js", JS),
     asset!("schedules.js", JS),
+    asset!("memory.js", JS),
     asset!("tools.js", JS),
     asset!("live.js", JS),
     asset!("schema_form.js", JS),

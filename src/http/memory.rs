@@ -232,7 +232,8 @@ struct SearchBody {
     #[serde(default)]
     #[schema(value_type = Vec<MemorySegment>, example = json!(["users"]), max_items = 8)]
     namespace_prefix: Vec<String>,
-    /// Words to rank by (BM25 over the values' text); none or empty: newest first.
+    /// Words to rank by (BM25 over the values' text, fused with semantic
+    /// ranking when `[memory] embeddings_url` is set); none or empty: newest first.
     #[schema(example = "what is the dog's name", max_length = 4096)]
     query: Option<String>,
     /// Only items whose value has each of these fields equal to the value given.
@@ -254,7 +255,8 @@ struct FoundOut {
     key: String,
     #[schema(value_type = std::collections::BTreeMap<String, Value>)]
     value: Value,
-    /// BM25 relevance to the query (0 without one).
+    /// Relevance to the query: BM25, or with semantic ranking on the
+    /// fused score (docs/memory.md); 0 without a query.
     score: f64,
     created_at: Timestamp,
     updated_at: Timestamp,

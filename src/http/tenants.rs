@@ -9,7 +9,9 @@
 //!   (each as `DELETE /v1/sessions/{id}` does, one store transaction per
 //!   session, read [`crate::conversation::sessions::ERASE_BATCH`] at a
 //!   time). Sessions with a running turn are left and counted as `busy`:
-//!   the answer is 200 with the counts, and the caller erases again.
+//!   the answer is 200 with the counts, and the caller erases again. The
+//!   tenant's call records made outside sessions and its memory items
+//!   ([`crate::memory::Memory::erase_tenant`]) go with them.
 //!
 //! Every change is checked like a full config (unknown keys and bad values
 //! are 422) and stored durably before the reply; the next turn of the
@@ -239,6 +241,8 @@ struct ErasedSessions {
     /// Call records made outside any session (direct tool calls, workflow
     /// tool nodes) erased with them: they count in the tenant's storage.
     calls: u64,
+    /// The tenant's memory items erased with them (`/v1/memory`).
+    memory_items: u64,
 }
 
 error_responses!(
@@ -256,7 +260,8 @@ error_responses!(
     description = "Each session goes as with `DELETE /v1/sessions/{id}`, one at a time: \
         its messages, summary, tool calls and confirmations. Sessions with a running turn \
         are left and counted in `busy`. The tenant's call records made outside any session \
-        (direct tool calls, workflow tool nodes) go too, counted in `calls`.",
+        (direct tool calls, workflow tool nodes) go too, counted in `calls`, and so do \
+        the tenant's memory items (`/v1/memory`), counted in `memory_items`.",
     tag = "tenants",
     params(("id" = String, Path, description = "Tenant id")),
     responses(
@@ -275,11 +280,13 @@ async fn erase_sessions(
         .erase_tenant(&Scope::tenant(tenant.clone()))
         .await?;
     let calls = state.store.erase_calls_outside_sessions(&tenant).await?;
+    let memory_items = state.memory.erase_tenant(&tenant).await?;
     Ok(Json(ErasedSessions {
         tenant,
         deleted: done.deleted,
         busy: done.busy,
         calls,
+        memory_items,
     }))
 }
 

@@ -26,6 +26,15 @@ use std::collections::{BTreeSet, HashMap};
 
 const K1: f64 = 1.2;
 const B: f64 = 0.75;
+/// Reciprocal rank fusion's constant ([`super::embed`] says why).
+const RRF_K: f64 = 60.0;
+
+/// A query's vector and the least cosine an item needs to be ranked by it.
+#[derive(Debug, Clone, Copy)]
+pub struct Semantic<'a> {
+    pub vector: &'a [f32],
+    pub min_similarity: f32,
+}
 
 /// The terms of `text` ([`self`] says how it is cut).
 pub fn tokens(text: &str) -> Vec<String> {
@@ -88,6 +97,9 @@ pub struct Entry {
     /// Its distinct terms, each with its count, and how many terms in all.
     terms: Vec<(String, u32)>,
     len: u32,
+    /// Its unit vector, when semantic ranking is on and it has one
+    /// ([`super::embed`]).
+    pub vector: Option<std::sync::Arc<[f32]>>,
 }
 
 impl Entry {
@@ -112,6 +124,7 @@ impl Entry {
             updated_at,
             terms: counts.into_iter().collect(),
             len: all.len() as u32,
+            vector: None,
         }
     }
 
@@ -190,10 +203,65 @@ impl TenantIndex {
         Some(entry)
     }
 
+    /// Adds `vector` to the item under `store_key`, if it is there.
+    pub fn set_vector(&mut self, store_key: &str, vector: Vec<f32>) {
+        if let Some(&id) = self.by_key.get(store_key)
+            && let Some(e) = self.slots[id as usize].as_mut()
+        {
+            e.vector = Some(vector.into());
+        }
+    }
+
     /// The store keys of the live items under `prefix`, best first, with
     /// their scores: by BM25 for `query` (items matching no term left
-    /// out), else newest first with score 0.
-    pub fn ranked(&self, prefix: &[String], query: Option<&str>, now: i64) -> Vec<(String, f64)> {
+    /// out), else newest first with score 0. With `semantic` (and a
+    /// query), BM25's ranking fused with the items' cosines to the
+    /// query's vector ([`super::embed`]: reciprocal rank fusion).
+    pub fn ranked(
+        &self,
+        prefix: &[String],
+        query: Option<&str>,
+        semantic: Option<Semantic<'_>>,
+        now: i64,
+    ) -> Vec<(String, f64)> {
+        let bm25 = self.ranked_bm25(prefix, query, now);
+        let Some(semantic) = semantic.filter(|_| query.is_some()) else {
+            return bm25;
+        };
+        let mut by_vector: Vec<(&str, f32, i64)> = self
+            .by_key
+            .iter()
+            .filter_map(|(k, &id)| {
+                let e = self.slots[id as usize].as_ref()?;
+                if e.expired(now) || !under(&e.namespace, prefix) {
+                    return None;
+                }
+                let v = e.vector.as_ref()?;
+                if v.len() != semantic.vector.len() {
+                    return None;
+                }
+                let cos: f32 = v.iter().zip(semantic.vector).map(|(a, b)| a * b).sum();
+                (cos >= semantic.min_similarity).then_some((k.as_str(), cos, e.updated_at))
+            })
+            .collect();
+        by_vector.sort_by(|a, b| {
+            b.1.total_cmp(&a.1)
+                .then(b.2.cmp(&a.2))
+                .then_with(|| a.0.cmp(b.0))
+        });
+        let mut fused: HashMap<String, f64> = HashMap::new();
+        for (rank, (k, _)) in bm25.into_iter().enumerate() {
+            *fused.entry(k).or_default() += 1.0 / (RRF_K + rank as f64 + 1.0);
+        }
+        for (rank, (k, _, _)) in by_vector.into_iter().enumerate() {
+            *fused.entry(k.to_string()).or_default() += 1.0 / (RRF_K + rank as f64 + 1.0);
+        }
+        let mut out: Vec<(String, f64)> = fused.into_iter().collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        out
+    }
+
+    fn ranked_bm25(&self, prefix: &[String], query: Option<&str>, now: i64) -> Vec<(String, f64)> {
         let keys: HashMap<u32, &str> = self
             .by_key
             .iter()
@@ -321,12 +389,12 @@ mod tests {
             );
         }
         idx.upsert("dog", entry("users.u1", "dog", "the dog is named Rex"));
-        let ranked = idx.ranked(&ns("users"), Some("what is the dog's name"), 0);
+        let ranked = idx.ranked(&ns("users"), Some("what is the dog's name"), None, 0);
         assert_eq!(ranked[0].0, "dog");
         assert!(ranked[0].1 > ranked[1].1);
-        assert!(idx.ranked(&ns("teams"), Some("dog"), 0).is_empty());
+        assert!(idx.ranked(&ns("teams"), Some("dog"), None, 0).is_empty());
         idx.remove("dog");
-        assert!(idx.ranked(&[], Some("dog"), 0).is_empty());
+        assert!(idx.ranked(&[], Some("dog"), None, 0).is_empty());
         assert_eq!(idx.usage().0, 50);
     }
 
@@ -336,10 +404,35 @@ mod tests {
         let mut e = entry("a.b", "k", "hello there");
         e.expires_at = Some(10);
         idx.upsert("k", e);
-        assert_eq!(idx.ranked(&[], Some("hello"), 5).len(), 1);
-        assert!(idx.ranked(&[], Some("hello"), 10).is_empty());
+        assert_eq!(idx.ranked(&[], Some("hello"), None, 5).len(), 1);
+        assert!(idx.ranked(&[], Some("hello"), None, 10).is_empty());
         assert!(idx.namespaces(&[], None, 10).is_empty());
         assert_eq!(idx.expired(10), ["k"]);
+    }
+
+    #[test]
+    fn a_vector_finds_what_no_word_does_and_both_lists_rank_first() {
+        let mut idx = TenantIndex::default();
+        idx.upsert("rex", entry("u", "rex", "Rex is a loyal canine"));
+        idx.upsert("class", entry("u", "class", "puppy classes start in May"));
+        idx.upsert("bill", entry("u", "bill", "the invoice is due"));
+        idx.set_vector("rex", vec![1.0, 0.0]);
+        idx.set_vector("class", vec![0.8, 0.6]);
+        idx.set_vector("bill", vec![0.0, 1.0]);
+        let keys = |r: Vec<(String, f64)>| r.into_iter().map(|(k, _)| k).collect::<Vec<_>>();
+        assert_eq!(keys(idx.ranked(&[], Some("puppy"), None, 0)), ["class"]);
+        let q = Semantic {
+            vector: &[1.0, 0.0],
+            min_similarity: 0.3,
+        };
+        // `class` is first of BM25 and second of the vectors; `rex` first
+        // of the vectors only; `bill` is under the least similarity.
+        assert_eq!(
+            keys(idx.ranked(&[], Some("puppy"), Some(q), 0)),
+            ["class", "rex"]
+        );
+        // No query: no semantic ranking (newest first, as ever).
+        assert_eq!(idx.ranked(&[], None, Some(q), 0).len(), 3);
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //!                                     └──▶ [`index::TenantIndex`] (in RAM, per tenant: BM25 postings, sizes, expiry)
 //! agent turn ──remember / recall (executor)──▶ tools::memory ──MemorySlot──▶ [`Memory`] ([`tools`]: the namespace template)
 //! sweep loop (every `[memory] sweep_s`) ──▶ expired items deleted
+//! turn start (`memory = { inject = true }`) ──▶ [`inject`]: the best items for the message, as the prompt's notes
+//! tenant erase (http) ──▶ [`Memory::erase_tenant`]: every item of the tenant, its index dropped
 //!
 //! # What is stored (documents, written once for both backends)
 //! - `memory_items/<tenant>\x1f<a.b.c>\x1f<key>`: the item ([`StoredItem`]:
@@ -13,6 +15,8 @@
 //!   tenant (so a tenant's items are read back page by page).
 //! - `memory_ttl/<same key>`: `{tenant, expires_at}` for items with a TTL,
 //!   what the sweep reads (items without a TTL cost it nothing).
+//! - `memory_vectors/<same key>`: the item's vector, with semantic
+//!   ranking on ([`embed`]), listed under its tenant.
 //! - `memory_stamp/<tenant>`: `{stamp}`, changed by every write of the
 //!   tenant's memory, in the same transaction (see "Cluster mode").
 //!
@@ -61,14 +65,18 @@
 //!   equal to the given JSON value; it is applied while reading the
 //!   ranked items, so a very selective filter reads many.
 //! - `score` is the BM25 score (0 without a query, the items then newest
-//!   first).
-//! - Semantic ranking through an `/embeddings` endpoint is not built.
+//!   first); with semantic ranking on, the fused score ([`embed`]).
+//! - Semantic ranking through an OpenAI-compatible `/embeddings`
+//!   endpoint is optional and off by default ([`embed`]: vectors beside
+//!   the items, fused with BM25 by reciprocal rank).
 //!
 //! Owns: memory items, their index, the sweep. Does not: decide which
 //! namespace a tool call uses (the agent file's template, [`tools`]), or
 //! check who may call (the HTTP layer's key ring).
 
+pub mod embed;
 pub mod index;
+pub mod inject;
 pub mod tools;
 
 use std::collections::HashMap;
@@ -115,6 +123,18 @@ pub struct MemoryConfig {
     pub max_mb: u64,
     /// Seconds between sweeps of expired items.
     pub sweep_s: u64,
+    /// An OpenAI-compatible API (`https://api.openai.com/v1`): its
+    /// `/embeddings` gives the vectors of semantic ranking ([`embed`]);
+    /// unset (the default): BM25 alone, offline.
+    pub embeddings_url: Option<String>,
+    /// The embedding model asked for.
+    pub embeddings_model: String,
+    /// The environment variable holding the endpoint's key (sent as
+    /// `Authorization: Bearer`); unset: no key is sent.
+    pub embeddings_api_key_env: Option<String>,
+    /// The least cosine between an item and the query for the vectors to
+    /// rank it (-1 to 1).
+    pub embeddings_min_similarity: f32,
 }
 
 impl Default for MemoryConfig {
@@ -123,7 +143,32 @@ impl Default for MemoryConfig {
             max_items: 100_000,
             max_mb: 256,
             sweep_s: 60,
+            embeddings_url: None,
+            embeddings_model: "text-embedding-3-small".into(),
+            embeddings_api_key_env: None,
+            embeddings_min_similarity: 0.3,
         }
+    }
+}
+
+impl MemoryConfig {
+    /// Why the config is refused, if it is.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_items == 0 || self.max_mb == 0 || self.sweep_s == 0 {
+            return Err("max_items, max_mb and sweep_s must be at least 1".into());
+        }
+        if let Some(url) = &self.embeddings_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err("embeddings_url must be an http:// or https:// URL".into());
+        }
+        if self.embeddings_model.trim().is_empty() {
+            return Err("embeddings_model must name a model".into());
+        }
+        if !(-1.0..=1.0).contains(&self.embeddings_min_similarity) {
+            return Err("embeddings_min_similarity must be between -1 and 1".into());
+        }
+        Ok(())
     }
 }
 
@@ -302,6 +347,8 @@ impl std::ops::Deref for Memory {
 pub struct Inner {
     store: Store,
     config: MemoryConfig,
+    /// Semantic ranking's client, when `embeddings_url` is set.
+    embedder: Option<embed::Embedder>,
     tenants: Mutex<HashMap<String, Slot>>,
 }
 
@@ -309,6 +356,7 @@ impl Memory {
     pub fn new(store: Store, config: MemoryConfig) -> Self {
         Memory(Arc::new(Inner {
             store,
+            embedder: embed::Embedder::of(&config),
             config,
             tenants: Mutex::new(HashMap::new()),
         }))
@@ -377,7 +425,41 @@ impl Inner {
                 None => break,
             }
         }
+        if let Some(embedder) = &self.embedder {
+            let mut cursor = None;
+            loop {
+                let page = self
+                    .store
+                    .docs_of(embed::VECTORS, tenant, cursor, LOAD_PAGE, false)
+                    .await?;
+                for (key, doc) in page.items {
+                    if let Some(v) = embed::from_doc(&doc, embedder.model()) {
+                        index.set_vector(&key, v);
+                    }
+                }
+                match page.next {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+        }
         Ok(index)
+    }
+
+    /// The unit vector of `text` when semantic ranking is on; `None` when
+    /// it is off or the call failed (logged: the caller goes on without).
+    async fn vector_of(&self, text: &str) -> Option<Vec<f32>> {
+        let embedder = self.embedder.as_ref()?;
+        if text.trim().is_empty() {
+            return None;
+        }
+        match embedder.embed(text).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "no embedding: BM25 alone for this item or search");
+                None
+            }
+        }
     }
 
     /// `tenant`'s index, current, for reading.
@@ -480,6 +562,8 @@ impl Inner {
             )));
         }
         let skey = store_key(tenant, &namespace, &key);
+        // Asked before the tenant's lock: a slow endpoint holds no write.
+        let vector = self.vector_of(&text_of(&value)).await;
         let mut guard = self.write_index(tenant, self.slot(tenant)).await?;
         let index = guard.as_mut().expect("built by write_index");
         let now = Timestamp::now();
@@ -538,9 +622,25 @@ impl Inner {
                 key: skey.clone(),
             },
         });
+        // The vector beside the item, or none (a replaced item's old
+        // vector is not its text's).
+        ops.push(match (&vector, &self.embedder) {
+            (Some(v), Some(embedder)) => WriteOp::PutDoc {
+                namespace: embed::VECTORS.into(),
+                key: skey.clone(),
+                value: embed::to_doc(embedder.model(), v),
+                tenant: Some(tenant.into()),
+            },
+            _ => WriteOp::DeleteDoc {
+                namespace: embed::VECTORS.into(),
+                key: skey.clone(),
+            },
+        });
         let (stamp, current) = self.write_stamped(tenant, index, ops).await?;
         if current {
-            index.upsert(&skey, entry_of(&item, bytes));
+            let mut entry = entry_of(&item, bytes);
+            entry.vector = vector.map(Into::into);
+            index.upsert(&skey, entry);
             index.stamp = Some(stamp);
         } else {
             *guard = None;
@@ -597,7 +697,7 @@ impl Inner {
         };
         let mut ops = Vec::new();
         for k in &keys {
-            for ns in [ITEMS, TTLS] {
+            for ns in [ITEMS, TTLS, embed::VECTORS] {
                 ops.push(WriteOp::DeleteDoc {
                     namespace: ns.into(),
                     key: k.clone(),
@@ -616,6 +716,48 @@ impl Inner {
         Ok(())
     }
 
+    /// Deletes every item of `tenant` (the tenant erase), [`LOAD_PAGE`]
+    /// at a time (one transaction each), and drops its index on this
+    /// node; how many. Other nodes' indexes see the moved stamp and are
+    /// built again (empty) on next use. A put racing the erase on another
+    /// node may land after it, as a session created meanwhile does.
+    pub async fn erase_tenant(&self, tenant: &str) -> Result<u64, MemoryError> {
+        let slot = self.slot(tenant);
+        let mut guard = slot.write_owned().await;
+        let mut erased = 0;
+        loop {
+            let page = self
+                .store
+                .docs_of(ITEMS, tenant, None, LOAD_PAGE, false)
+                .await?;
+            if page.items.is_empty() {
+                break;
+            }
+            let mut ops = Vec::with_capacity(page.items.len() * 3);
+            for (key, _) in &page.items {
+                for ns in [ITEMS, TTLS, embed::VECTORS] {
+                    ops.push(WriteOp::DeleteDoc {
+                        namespace: ns.into(),
+                        key: key.clone(),
+                    });
+                }
+            }
+            self.write_stamped(tenant, &TenantIndex::default(), ops)
+                .await?;
+            erased += page.items.len() as u64;
+        }
+        *guard = None;
+        drop(guard);
+        self.tenants
+            .lock()
+            .expect("memory tenants lock")
+            .remove(tenant);
+        if erased > 0 {
+            tracing::info!(tenant, items = erased, "tenant memory erased");
+        }
+        Ok(erased)
+    }
+
     /// The items under a namespace prefix, best first for `query`, else
     /// newest first; `filter` keeps those whose value has each field equal.
     pub async fn search(&self, tenant: &str, q: SearchQuery) -> Result<Vec<Found>, MemoryError> {
@@ -624,11 +766,22 @@ impl Inner {
             return Err(MemoryError::invalid(format!("limit is 1 to {MAX_LIMIT}")));
         }
         let query = q.query.as_deref().filter(|s| !s.trim().is_empty());
+        let query_vector = match query {
+            Some(text) => self.vector_of(text).await,
+            None => None,
+        };
+        let semantic = query_vector
+            .as_deref()
+            .zip(self.embedder.as_ref())
+            .map(|(vector, e)| index::Semantic {
+                vector,
+                min_similarity: e.min_similarity,
+            });
         let now = Timestamp::now();
         let ranked = {
             let guard = self.read_index(tenant).await?;
             let index = guard.as_ref().expect("built by read_index");
-            index.ranked(&q.namespace_prefix, query, now.as_millisecond())
+            index.ranked(&q.namespace_prefix, query, semantic, now.as_millisecond())
         };
         let mut out = Vec::new();
         let mut skipped = 0;

@@ -42,16 +42,29 @@ pub fn namespace_of(ctx: &ExecutionContext) -> Result<(String, Vec<String>), Too
     let agent = ctx.variables["memory"]["agent"]
         .as_str()
         .unwrap_or_default();
+    let namespace =
+        resolve(&template, &tenant, ctx.user_id.as_deref(), agent).map_err(ToolError::failed)?;
+    Ok((tenant, namespace))
+}
+
+/// `template` with `{tenant}`, `{user_id}` and `{agent}` replaced; why
+/// not when it names `{user_id}` and there is no user.
+pub fn resolve(
+    template: &[String],
+    tenant: &str,
+    user_id: Option<&str>,
+    agent: &str,
+) -> Result<Vec<String>, &'static str> {
     let mut out = Vec::with_capacity(template.len());
     for segment in template {
         let mut s = segment
-            .replace("{tenant}", &tenant)
+            .replace("{tenant}", tenant)
             .replace("{agent}", agent);
         if s.contains("{user_id}") {
-            let Some(user) = ctx.user_id.as_deref().filter(|u| !u.is_empty()) else {
-                return Err(ToolError::failed(
+            let Some(user) = user_id.filter(|u| !u.is_empty()) else {
+                return Err(
                     "memory is per user and this session has no user_id: nothing is remembered or recalled",
-                ));
+                );
             };
             // A user id is within a segment: a '.' in it would split it
             // in two, so it is written `%2E` (and `%` as `%25`: one id, one
@@ -61,7 +74,7 @@ pub fn namespace_of(ctx: &ExecutionContext) -> Result<(String, Vec<String>), Too
         }
         out.push(s);
     }
-    Ok((tenant, out))
+    Ok(out)
 }
 
 fn tool_error(e: MemoryError) -> ToolError {

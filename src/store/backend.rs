@@ -223,6 +223,11 @@ pub trait CallReads: Writes {
     /// the most selective index is scanned (workflow, conversation, tool).
     async fn calls(&self, filter: CallFilter) -> Result<Vec<ToolCallRecord>, StoreError>;
 
+    /// The records with these ids that exist (in no particular order): a
+    /// stored turn's calls, which the turn names instead of repeating
+    /// their arguments and outputs (`conversation::turn_rows`).
+    async fn calls_by_id(&self, ids: Vec<String>) -> Result<Vec<ToolCallRecord>, StoreError>;
+
     /// Every tool call a conversation made, oldest first.
     async fn calls_for_conversation(
         &self,

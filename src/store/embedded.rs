@@ -318,7 +318,7 @@ impl SessionReads for RedbStore {
                 let txn = db.begin_read()?;
                 let table = txn.open_table(SESSIONS)?;
                 match table.get(id.as_str())? {
-                    Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                    Some(v) => Ok(Some(crate::store::codec::json(v.value())?)),
                     None => Ok(None),
                 }
             })
@@ -335,7 +335,7 @@ impl SessionReads for RedbStore {
             let txn = db.begin_read()?;
             let table = txn.open_table(SUMMARIES)?;
             match table.get(id.as_str())? {
-                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                Some(v) => Ok(Some(crate::store::codec::json(v.value())?)),
                 None => Ok(None),
             }
         })
@@ -367,7 +367,7 @@ impl SessionReads for RedbStore {
                 .take(max)
             {
                 let (_, v) = row?;
-                out.push(serde_json::from_slice::<StoredMessage>(v.value())?);
+                out.push(crate::store::codec::json::<StoredMessage>(v.value())?);
             }
             out.reverse();
             Ok((out, last_seq))
@@ -392,7 +392,7 @@ impl SessionReads for RedbStore {
                 .take(limit)
             {
                 let (_, v) = row?;
-                out.push(serde_json::from_slice(v.value())?);
+                out.push(crate::store::codec::json(v.value())?);
             }
             Ok(out)
         })
@@ -412,7 +412,7 @@ impl SessionReads for RedbStore {
             let mut out = Vec::new();
             for row in table.range((id.as_str(), after + 1)..=(id.as_str(), u64::MAX))? {
                 let (_, v) = row?;
-                out.push(serde_json::from_slice(v.value())?);
+                out.push(crate::store::codec::json(v.value())?);
             }
             Ok(out)
         })
@@ -440,7 +440,7 @@ impl SessionReads for RedbStore {
                 if out.len() == n {
                     break;
                 }
-                out.push(serde_json::from_slice::<StoredMessage>(v.value())?);
+                out.push(crate::store::codec::json::<StoredMessage>(v.value())?);
             }
             out.reverse();
             Ok((out, last_seq))
@@ -457,7 +457,7 @@ impl SessionReads for RedbStore {
             let mut stats = MessageStats::default();
             for row in table.range((id.as_str(), 1)..=(id.as_str(), u64::MAX))? {
                 let (_, v) = row?;
-                let m: StoredMessage = serde_json::from_slice(v.value())?;
+                let m: StoredMessage = crate::store::codec::json(v.value())?;
                 stats.count += 1;
                 if m.message.role == crate::model::Role::User {
                     stats.user_messages += 1;
@@ -507,13 +507,15 @@ impl SessionReads for RedbStore {
                 .take(limit)
             {
                 let (_, v) = row?;
-                let s: Session = serde_json::from_slice(v.value())?;
+                let s: Session = crate::store::codec::json(v.value())?;
                 let last = messages
                     .range((s.id.as_str(), 0)..=(s.id.as_str(), u64::MAX))?
                     .next_back()
                     .transpose()?;
                 let at = match last {
-                    Some((_, m)) => serde_json::from_slice::<StoredMessage>(m.value())?.created_at,
+                    Some((_, m)) => {
+                        crate::store::codec::json::<StoredMessage>(m.value())?.created_at
+                    }
                     None => s.created_at,
                 };
                 out.push((s, at));
@@ -539,6 +541,27 @@ impl CallReads for RedbStore {
         let tenant = tenant.to_string();
         self.read(move |db| listing::calls_page(db, &tenant, &filter, before.as_deref(), limit))
             .await
+    }
+
+    /// The records with these ids that exist: one read transaction.
+    async fn calls_by_id(&self, ids: Vec<String>) -> Result<Vec<ToolCallRecord>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let records = txn.open_table(TOOL_CALLS)?;
+            let mut out = Vec::with_capacity(ids.len());
+            for id in &ids {
+                if let Some(v) = records.get(id.as_str())?
+                    && let Some(r) = listed::<ToolCallRecord>(v.value(), "tool_calls", id)
+                {
+                    out.push(r);
+                }
+            }
+            Ok(out)
+        })
+        .await
     }
 
     /// Call records matching the filter, newest first, at most `limit`
@@ -625,7 +648,7 @@ impl CallReads for RedbStore {
             let mut out = Vec::new();
             for row in table.iter()? {
                 let (k, v) = row?;
-                out.push((k.value().to_string(), serde_json::from_slice(v.value())?));
+                out.push((k.value().to_string(), crate::store::codec::json(v.value())?));
             }
             Ok(out)
         })
@@ -638,7 +661,7 @@ impl CallReads for RedbStore {
             let txn = db.begin_read()?;
             let table = txn.open_table(TOOL_STATS)?;
             match table.get(tool.as_str())? {
-                Some(v) => Ok(serde_json::from_slice(v.value())?),
+                Some(v) => Ok(crate::store::codec::json(v.value())?),
                 None => Ok(ToolStats::default()),
             }
         })
@@ -666,7 +689,7 @@ impl DocReads for RedbStore {
                 let txn = db.begin_read()?;
                 let table = docs::DocsRead::open(&txn, &ns)?;
                 match table.get(&ns, &k)? {
-                    Some(v) => Ok(Some(serde_json::from_slice(&v)?)),
+                    Some(v) => Ok(Some(crate::store::codec::json(&v)?)),
                     None => Ok(None),
                 }
             })

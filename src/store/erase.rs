@@ -132,7 +132,7 @@ pub(super) fn delete_session(
     id: &str,
 ) -> Result<Option<Erased>, StoreError> {
     let session: Session = match t.sessions.remove(id)? {
-        Some(v) => serde_json::from_slice(v.value())?,
+        Some(v) => crate::store::codec::json(v.value())?,
         None => return Ok(None),
     };
     t.sessions_by_tenant.remove((session.tenant.as_str(), id))?;
@@ -162,7 +162,7 @@ pub(super) fn delete_session(
     for record in &records {
         t.by_conv.remove((id, record.as_str()))?;
         let rec: ToolCallRecord = match t.calls.remove(record.as_str())? {
-            Some(v) => serde_json::from_slice(v.value())?,
+            Some(v) => crate::store::codec::json(v.value())?,
             None => continue,
         };
         t.by_tool
@@ -235,8 +235,8 @@ pub(super) fn erase_calls_outside_sessions(
     let mut erased = super::CallsErased { calls: 0, next };
     for id in &seen {
         let (rec, bytes) = match t.calls.get(id.as_str())? {
-            Some(v) => match serde_json::from_slice::<ToolCallRecord>(v.value()) {
-                Ok(rec) => (rec, v.value().len() as u64),
+            Some(v) => match crate::store::codec::json::<ToolCallRecord>(v.value()) {
+                Ok(rec) => (rec, super::codec::plain_len(v.value())),
                 // Not decodable: not known to be outside a session.
                 Err(_) => continue,
             },
@@ -372,7 +372,10 @@ trait AsText {
 
 impl AsText for &[u8] {
     fn as_text(&self) -> String {
-        String::from_utf8_lossy(self).into_owned()
+        match super::codec::unpack(self) {
+            Ok(json) => String::from_utf8_lossy(&json).into_owned(),
+            Err(_) => String::from_utf8_lossy(self).into_owned(),
+        }
     }
 }
 

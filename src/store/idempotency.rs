@@ -60,7 +60,7 @@ impl IdempotencyRecords for RedbStore {
                 return Ok(None);
             };
             let (at, json) = row.value();
-            let mut record: IdempotencyRecord = serde_json::from_slice(json)?;
+            let mut record: IdempotencyRecord = crate::store::codec::json(json)?;
             record.stored_at = Timestamp::from_millisecond(i64::try_from(at).unwrap_or(i64::MAX))
                 .unwrap_or(Timestamp::UNIX_EPOCH);
             Ok(Some(record))

@@ -151,7 +151,7 @@ pub(super) fn migrate_v1(txn: &WriteTransaction) -> Result<(u64, u64), StoreErro
         let mut index = txn.open_table(SESSIONS_BY_TENANT)?;
         for row in sessions.iter()? {
             let (_, v) = row?;
-            let s: Session = serde_json::from_slice(v.value())?;
+            let s: Session = crate::store::codec::json(v.value())?;
             index_session(&mut index, &s)?;
             n_sessions += 1;
         }
@@ -161,7 +161,7 @@ pub(super) fn migrate_v1(txn: &WriteTransaction) -> Result<(u64, u64), StoreErro
         let mut index = txn.open_table(TOOL_CALLS_BY_TENANT)?;
         for row in calls.iter()? {
             let (_, v) = row?;
-            let rec: ToolCallRecord = serde_json::from_slice(v.value())?;
+            let rec: ToolCallRecord = crate::store::codec::json(v.value())?;
             index_call(&mut index, &rec)?;
             n_calls += 1;
         }
@@ -186,7 +186,7 @@ pub(super) fn index_namespace(
     }
     let mut found = Vec::new();
     for (key, v) in docs.with_prefix(namespace, "")? {
-        let value: Value = serde_json::from_slice(&v)?;
+        let value: Value = crate::store::codec::json(&v)?;
         if let Some(tenant) = tenant_of(&value) {
             found.push((key, tenant));
         }

@@ -63,6 +63,7 @@
 
 pub mod backend;
 mod cache;
+pub mod codec;
 mod docs;
 pub mod embedded;
 pub mod erase;

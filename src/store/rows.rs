@@ -419,7 +419,7 @@ pub(crate) fn listed<T: serde::de::DeserializeOwned>(
     table: &str,
     key: &str,
 ) -> Option<T> {
-    match serde_json::from_slice(bytes) {
+    match crate::store::codec::json(bytes) {
         Ok(v) => Some(v),
         Err(e) => {
             tracing::warn!(table, key = %key.chars().take(128).collect::<String>(), error = %e, "a stored row does not decode; listed without it");

@@ -50,7 +50,7 @@ pub(super) fn add(
     let Some(row) = sessions.get(session)? else {
         return Ok(());
     };
-    let tenant = serde_json::from_slice::<Session>(row.value())?.tenant;
+    let tenant = crate::store::codec::json::<Session>(row.value())?.tenant;
     bump(session_bytes, session, bytes as i128)?;
     bump(tenant_bytes, &tenant, bytes as i128)?;
     Ok(())
@@ -130,7 +130,7 @@ pub(super) fn migrate_v3(txn: &WriteTransaction) -> Result<u64, StoreError> {
     for row in messages.iter()? {
         let (k, v) = row?;
         let (id, _) = k.value();
-        let n = v.value().len() as u64;
+        let n = super::codec::plain_len(v.value());
         total += n;
         match &mut current {
             Some((cur, sum)) if cur == id => *sum += n,
@@ -151,10 +151,10 @@ pub(super) fn migrate_v4(txn: &WriteTransaction) -> Result<u64, StoreError> {
         let (_, v) = row?;
         // A record that does not decode counts for nobody (listings leave
         // it out too).
-        let Ok(rec) = serde_json::from_slice::<ToolCallRecord>(v.value()) else {
+        let Ok(rec) = crate::store::codec::json::<ToolCallRecord>(v.value()) else {
             continue;
         };
-        let n = v.value().len() as u64;
+        let n = super::codec::plain_len(v.value());
         if counted_call(&rec).is_some() {
             record_call(&mut tenant_bytes, &rec, n, 0)?;
             total += n;

@@ -39,8 +39,10 @@ pub(super) struct TurnTables<'a, 't> {
 
 pub(super) fn put(t: &mut TurnTables<'_, '_>, w: &TurnWrite) -> Result<(), StoreError> {
     let k = (w.session_id.as_str(), w.turn_id.as_str());
-    t.turns
-        .insert(k, serde_json::to_vec(&w.record)?.as_slice())?;
+    t.turns.insert(
+        k,
+        super::codec::pack(serde_json::to_vec(&w.record)?).as_slice(),
+    )?;
     if w.open {
         t.open.insert(k, ())?;
     } else {
@@ -76,7 +78,7 @@ impl TurnReads for RedbStore {
             let txn = db.begin_read()?;
             let table = txn.open_table(TURNS)?;
             match table.get((s.as_str(), t.as_str()))? {
-                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                Some(v) => Ok(Some(crate::store::codec::json(v.value())?)),
                 None => Ok(None),
             }
         })
@@ -110,7 +112,7 @@ impl TurnReads for RedbStore {
             let Some(turn) = last else { return Ok(None) };
             let turns = txn.open_table(TURNS)?;
             match turns.get((s.as_str(), turn.as_str()))? {
-                Some(v) => Ok(Some(serde_json::from_slice(v.value())?)),
+                Some(v) => Ok(Some(crate::store::codec::json(v.value())?)),
                 None => Ok(None),
             }
         })
@@ -142,7 +144,7 @@ impl TurnReads for RedbStore {
                     return Ok(super::Page { items, next: last });
                 }
                 last = Some(id.to_string());
-                items.push(serde_json::from_slice(v.value())?);
+                items.push(crate::store::codec::json(v.value())?);
             }
             Ok(super::Page { items, next: None })
         })

@@ -90,7 +90,7 @@ pub struct UsageDelta {
 
 fn decode(value: Option<redb::AccessGuard<'_, &[u8]>>) -> Result<TokenUsage, StoreError> {
     match value {
-        Some(v) => Ok(serde_json::from_slice(v.value())?),
+        Some(v) => Ok(crate::store::codec::json(v.value())?),
         None => Ok(TokenUsage::default()),
     }
 }
@@ -155,7 +155,7 @@ impl UsageReads for RedbStore {
                         tenant: tenant.clone(),
                         day: day.parse().map_err(|_| corrupt_day(day))?,
                         agent: agent.to_string(),
-                        usage: serde_json::from_slice(v.value())?,
+                        usage: crate::store::codec::json(v.value())?,
                     });
                 }
                 if only.is_none() {

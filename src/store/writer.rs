@@ -329,7 +329,7 @@ fn commit_batch(
                         bytes += row.len() as u64;
                         messages
                             .open()?
-                            .insert((session_id.as_str(), m.seq), row.as_slice())?;
+                            .insert((session_id.as_str(), m.seq), codec::pack(row).as_slice())?;
                     }
                     storage::add(
                         sessions.open()?,
@@ -342,11 +342,12 @@ fn commit_batch(
                 WriteOp::RecordToolCall(rec) => {
                     let id = rec.record_id.as_str();
                     let row = serde_json::to_vec(rec)?;
+                    let plain = row.len() as u64;
                     let old = calls
                         .open()?
-                        .insert(id, row.as_slice())?
-                        .map_or(0, |v| v.value().len() as u64);
-                    storage::record_call(tenant_bytes.open()?, rec, row.len() as u64, old)?;
+                        .insert(id, codec::pack(row).as_slice())?
+                        .map_or(0, |v| codec::plain_len(v.value()));
+                    storage::record_call(tenant_bytes.open()?, rec, plain, old)?;
                     listing::index_call(calls_by_tenant.open()?, rec)?;
                     if let Some(conv) = &rec.conversation_id {
                         by_conv.open()?.insert((conv.as_str(), id), ())?;
@@ -363,7 +364,7 @@ fn commit_batch(
                         continue;
                     }
                     let mut s: ToolStats = match stats.open()?.get(rec.tool_name.as_str())? {
-                        Some(v) => serde_json::from_slice(v.value())?,
+                        Some(v) => crate::store::codec::json(v.value())?,
                         None => ToolStats::default(),
                     };
                     s.total_calls += 1;
@@ -417,7 +418,7 @@ fn commit_batch(
                     moved,
                 } => {
                     let old = match docs.remove(namespace, key)? {
-                        Some(v) => Some(serde_json::from_slice::<Value>(&v)?),
+                        Some(v) => Some(crate::store::codec::json::<Value>(&v)?),
                         None => None,
                     };
                     if old.is_some() {
@@ -543,13 +544,13 @@ fn commit_batch(
                         let found = messages
                             .open()?
                             .get(key)?
-                            .map(|v| serde_json::from_slice::<StoredMessage>(v.value()))
+                            .map(|v| crate::store::codec::json::<StoredMessage>(v.value()))
                             .transpose()?;
                         if let Some(mut m) = found {
                             m.rolled_back = true;
                             messages
                                 .open()?
-                                .insert(key, serde_json::to_vec(&m)?.as_slice())?;
+                                .insert(key, codec::pack(serde_json::to_vec(&m)?).as_slice())?;
                         }
                     }
                 }

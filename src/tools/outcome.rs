@@ -305,6 +305,13 @@ pub struct ResultMetadata {
     /// answer.
     #[serde(skip)]
     pub record_id: Option<String>,
+    /// The call's record holds exactly the arguments the caller passed
+    /// (no validation coerced them, no guardrail redacted them): a turn
+    /// record may name the record instead of repeating them
+    /// (`conversation::turn_rows`). Set by the executor with
+    /// `record_id`. Not part of the answer.
+    #[serde(skip)]
+    pub params_recorded: bool,
 }
 
 /// The deepest nesting of a tool's output that is kept. Every output is

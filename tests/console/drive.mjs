@@ -6,6 +6,7 @@
 //
 // scenario.json: {acme, globex, admin (keys), acme_session, globex_session, lead_session, typed_session,
 // schedule and schedule_next (one of acme's and its next fire), skipped_schedule (one whose key is revoked),
+// (acme's memory: users.alice pet and tea, teams.acme deploys; globex's: users.alice pet),
 // node_modules (where `npm ci` put playwright-core), screenshots (a dir),
 // user_data_dir (a fresh dir for Chromium's profile)}.
 //
@@ -239,6 +240,30 @@ try {
   await page.getByRole("button", { name: "Delete schedule " + createdId }).click();
   await made.waitFor({ state: "detached" });
   await listed.waitFor();
+  ok(step);
+
+  step = "memory: namespaces, items and a ranked search; an item deleted";
+  await page.getByRole("link", { name: "Memory", exact: true }).click();
+  const items = page.locator("table[aria-label='Memory items'] tbody tr");
+  await page.locator("ul.namespaces button[data-namespace='users.alice']").waitFor();
+  await page.locator("ul.namespaces button[data-namespace='teams.acme']").waitFor();
+  await items.nth(2).waitFor();
+  check((await items.count()) === 3, `acme's three items are listed, not ${await items.count()}`);
+  check(!(await page.locator("main").innerText()).includes("Fido"), "globex's memory shown to acme");
+  await page.locator("ul.namespaces button[data-namespace='users.alice']").click();
+  await page.locator("table[aria-label='Memory items'] tr[data-namespace='teams.acme']").waitFor({ state: "detached" });
+  check((await items.count()) === 2, "the namespace does not narrow the list");
+  await page.getByLabel("Query", { exact: true }).fill("what is the dog called");
+  await page.getByRole("button", { name: "Search memory" }).click();
+  await page.locator("p.muted", { hasText: "best first" }).waitFor();
+  check((await items.first().getAttribute("data-key")) === "pet", "the dog's item is not ranked first");
+  check(Number(await items.first().locator("td.score").innerText()) > 0, "the ranked item has no score");
+  await page.getByLabel("Query", { exact: true }).fill("");
+  await page.getByRole("button", { name: "Search memory" }).click();
+  await page.locator("table[aria-label='Memory items'] tr[data-key='tea']").waitFor();
+  await shot("08c-memory");
+  await page.getByRole("button", { name: "Delete users.alice tea" }).click();
+  await page.locator("table[aria-label='Memory items'] tr[data-key='tea']").waitFor({ state: "detached" });
   ok(step);
 
   step = "globex's key does not see acme's sessions";

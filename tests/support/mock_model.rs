@@ -49,6 +49,9 @@
 //!   builds one from the request, so the mock answers forever without a
 //!   script (a tool call when the last message is the user's, text once it
 //!   is a tool result, say).
+//! * `POST /v1/embeddings` answers too, unscripted: deterministic vectors
+//!   ([`embedding_of`]: words of one of [`GROUPS`] share a dimension, so
+//!   `puppy` and `canine` are close), for memory's semantic ranking.
 //! * Other modes, all off by default: [`MockModel::set_latency`] (every
 //!   answer waits this long first), [`MockModel::set_strict`] (requests
 //!   are checked against OpenAI's rules first, see [`openai_message_rules`];
@@ -122,6 +125,8 @@ use tokio::sync::Notify;
 
 /// The path async-openai posts to when `base_url` is `http://HOST:PORT/v1`.
 const CHAT_PATH: &str = "/v1/chat/completions";
+/// Where the mock answers `/embeddings` ([`embedding_of`]).
+const EMBEDDINGS_PATH: &str = "/v1/embeddings";
 /// The error message of an overrun (a request that found the script empty).
 pub const SCRIPT_EXHAUSTED: &str = "mock model script exhausted";
 /// Characters per streamed content delta.
@@ -439,6 +444,7 @@ impl MockModel {
         });
         let app = Router::new()
             .route(CHAT_PATH, post(chat_completions))
+            .route(EMBEDDINGS_PATH, post(embeddings))
             .fallback(unknown_route)
             .layer(DefaultBodyLimit::disable())
             .with_state(shared.clone());
@@ -850,6 +856,78 @@ pub fn openai_message_rules(request: &Value) -> Result<(), String> {
             "the request ends with unanswered tool calls {open:?}"
         ))
     }
+}
+
+/// Dimensions of the mock's embeddings.
+pub const EMBEDDING_DIMENSIONS: usize = 64;
+
+/// Words the mock's embeddings treat as meaning the same: each group is
+/// one dimension, so `puppy` and `canine` are close while sharing no
+/// letter; every other word is a dimension of its own from
+/// [`GROUPS`]`.len()` on (by its FNV-1a hash), counted.
+pub const GROUPS: [&[&str]; 4] = [
+    &["dog", "dogs", "puppy", "puppies", "canine", "hound", "pet"],
+    &["car", "cars", "vehicle", "automobile", "truck"],
+    &["food", "meal", "dinner", "lunch", "eat"],
+    &["money", "invoice", "bill", "payment", "price"],
+];
+
+/// The mock's deterministic embedding of `text` (not normalised): the
+/// count of each word's dimension, words being lower-cased runs of
+/// letters and digits of two characters or more.
+pub fn embedding_of(text: &str) -> Vec<f32> {
+    let mut v = vec![0.0f32; EMBEDDING_DIMENSIONS];
+    let lower = text.to_lowercase();
+    for word in lower
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.chars().count() > 1)
+    {
+        let dim = match GROUPS.iter().position(|g| g.contains(&word)) {
+            Some(g) => g,
+            None => {
+                let hash = word.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                    (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+                });
+                GROUPS.len() + (hash % (EMBEDDING_DIMENSIONS - GROUPS.len()) as u64) as usize
+            }
+        };
+        v[dim] += 1.0;
+    }
+    v
+}
+
+/// `POST /v1/embeddings`, OpenAI-shaped: `input` a string or a list of
+/// them; the request is recorded with the chat requests' count untouched.
+async fn embeddings(axum::Json(body): axum::Json<Value>) -> Response {
+    let inputs: Vec<String> = match &body["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect(),
+        _ => {
+            return error_response(
+                400,
+                "invalid_request_error",
+                "input is required",
+                Some("input"),
+            );
+        }
+    };
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(
+            |(i, text)| json!({"object": "embedding", "index": i, "embedding": embedding_of(text)}),
+        )
+        .collect();
+    axum::Json(json!({
+        "object": "list",
+        "data": data,
+        "model": body["model"],
+        "usage": {"prompt_tokens": 1, "total_tokens": 1},
+    }))
+    .into_response()
 }
 
 async fn unknown_route(method: axum::http::Method, uri: axum::http::Uri) -> Response {

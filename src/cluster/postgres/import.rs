@@ -58,7 +58,8 @@ struct Chunk {
 }
 
 fn text(bytes: &[u8]) -> Result<String, StoreError> {
-    String::from_utf8(bytes.to_vec())
+    // A packed row (`store::codec`) goes to PostgreSQL as its JSON.
+    String::from_utf8(crate::store::codec::unpack(bytes)?.into_owned())
         .map_err(|e| StoreError::Corrupt(serde::de::Error::custom(e.to_string())))
 }
 

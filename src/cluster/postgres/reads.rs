@@ -366,6 +366,23 @@ impl CallReads for PgStore {
         self.calls_before(filter, None).await
     }
 
+    /// The records with these ids that exist: one query.
+    async fn calls_by_id(&self, ids: Vec<String>) -> Result<Vec<ToolCallRecord>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = ids.iter().map(|i| column(i)).collect();
+        self.run(move |c, _| async move {
+            let rows = sql!(
+                c,
+                "SELECT body FROM tool_calls WHERE record_id = ANY($1)",
+                &ids
+            );
+            bodies(&rows)
+        })
+        .await
+    }
+
     async fn record_count(&self) -> Result<u64, StoreError> {
         self.run(|c, _| async move {
             let rows = sql!(c, "SELECT count(*) FROM tool_calls",);
