@@ -903,7 +903,10 @@ def row_cadre(ctx, name, binary):
     os.makedirs(data)
     agents = os.path.join(ctx.work, "cadre-agents")
     shutil.rmtree(agents, ignore_errors=True)
-    os.makedirs(agents)
+    # tools/ and workflows/ present (empty), so cadre watches them instead of
+    # polling for their creation every 5 s during the measurement.
+    for sub in ("tools", "workflows"):
+        os.makedirs(os.path.join(agents, sub))
     shutil.copy(os.path.join(HERE, "cadre-agent.toml"), os.path.join(agents, "peers.toml"))
     port = free_port()
     env = ctx.child_env()
