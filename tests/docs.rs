@@ -893,6 +893,14 @@ async fn the_readmes_example_reply_is_what_cadre_answers() {
     assert!(status.is_success(), "{reply}");
     assert_eq!(shown["turn_id"], "…");
     shown["turn_id"] = reply["turn_id"].clone();
+    // Each call names its record (its `record_id` in `GET /v1/calls`):
+    // generated too.
+    let calls = shown["tool_calls"].as_array_mut().unwrap();
+    for (i, call) in calls.iter_mut().enumerate() {
+        assert_eq!(call["record_id"], "…", "{call}");
+        call["record_id"] = reply["tool_calls"][i]["record_id"].clone();
+        assert!(call["record_id"].is_string(), "{reply}");
+    }
     assert_eq!(shown, reply, "README.md's reply drifted from cadre's");
 }
 

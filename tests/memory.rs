@@ -624,6 +624,28 @@ where
     }
 }
 
+/// The real binary on `data` (or, under `CADRE_TEST_STORE=postgres`, on
+/// that data dir's database), restartable on the same store.
+fn start_server(data: &std::path::Path, agents: &std::path::Path, model: &MockModel) -> Server {
+    let args: Vec<String> = match support::store::database_of(data) {
+        Some(url) => vec![
+            "--store".into(),
+            url.clone(),
+            "--node-id".into(),
+            support::store::node_id(&url),
+        ],
+        None => Vec::new(),
+    };
+    Server::start_with_args(
+        data,
+        agents,
+        Some(&model.base_url()),
+        "127.0.0.1:0",
+        &args,
+        &[],
+    )
+}
+
 /// `kill -9` after `remember` stored its item and before the turn's end
 /// (the batch's other call still runs): the restarted server takes the
 /// turn up, and the item exists once. On redb the call's record is
@@ -639,25 +661,7 @@ async fn kill_9_between_remember_and_the_turns_end_stores_once() {
     let agent = format!("{}memory = true\n", agent_toml("keeper", &["slow"], 3));
     let agents = agents_dir(&[("keeper.toml", &agent)]);
     slow_tool(agents.path());
-    let args: Vec<String> = match support::store::database_of(&data) {
-        Some(url) => vec![
-            "--store".into(),
-            url.clone(),
-            "--node-id".into(),
-            support::store::node_id(&url),
-        ],
-        None => Vec::new(),
-    };
-    let start = || {
-        Server::start_with_args(
-            &data,
-            agents.path(),
-            Some(&model.base_url()),
-            "127.0.0.1:0",
-            &args,
-            &[],
-        )
-    };
+    let start = || start_server(&data, agents.path(), &model);
     let runs = || std::fs::read_to_string(agents.path().join("tools/runs.log")).unwrap_or_default();
     let alice = json!({"namespace_prefix": ["users", "alice"], "limit": 10});
 
@@ -720,6 +724,84 @@ async fn kill_9_between_remember_and_the_turns_end_stores_once() {
         .unwrap()
         .to_string();
     assert!(result.contains("remembered"), "{result}");
+    assert_eq!(model.refusals(), Vec::<String>::new());
+}
+
+/// A turn of an injecting agent cut by `kill -9` while a tool runs: the
+/// restarted server takes it up, and its next model call gets the notes
+/// the turn started with (kept in the turn's record), not none and not
+/// notes chosen again from what was remembered since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_turn_sends_the_notes_it_started_with() {
+    let model = MockModel::start().await;
+    model.set_strict(true);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let agent = format!(
+        "{}memory = {{ inject = true }}\n",
+        agent_toml("concierge", &["slow"], 3)
+    );
+    let agents = agents_dir(&[("concierge.toml", &agent)]);
+    slow_tool(agents.path());
+    let runs = || std::fs::read_to_string(agents.path().join("tools/runs.log")).unwrap_or_default();
+    let dog = |text: &str| json!({"namespace": ["users", "alice"], "key": "dog", "value": {"text": text}});
+
+    let mut server = start_server(&data, agents.path(), &model);
+    let client = server.client();
+    let (status, body) = put(&client, dog("Alice's dog is called Rex.")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let session = session_of(&client, "concierge", "alice").await;
+    model.push(Reply::tool_calls(&[("s1", "slow", "{}")]));
+    let response = client
+        .request(Method::POST, &format!("/v1/sessions/{session}/messages"))
+        .header("prefer", "respond-async")
+        .json(&json!({"content": "Walk my dog, please."}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    let turn_id = response.json::<Value>().await.unwrap()["turn_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eventually("slow started", || async { runs().contains("slow") }).await;
+    let first = memory_notes(&model.requests()[0]).expect("notes on the first call");
+    assert_eq!(first, "- Alice's dog is called Rex.");
+    // Remembered anew while the turn waits: not what this turn sees.
+    let (status, body) = put(&client, dog("Alice's dog is called Max now.")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    server.kill_9();
+
+    std::fs::write(agents.path().join("tools/release"), "").unwrap();
+    model.push(Reply::text("Done."));
+    let server = start_server(&data, agents.path(), &model);
+    let client = server.client();
+    let turn_path = format!("/v1/sessions/{session}/turns/{turn_id}");
+    eventually("the turn completed", || {
+        let (client, turn_path) = (client.clone(), turn_path.clone());
+        async move {
+            let (status, turn) = client.get(&turn_path).await;
+            status == StatusCode::OK && turn["phase"] == "completed"
+        }
+    })
+    .await;
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2, "one call before the kill, one after");
+    // The resumed call ends with the tool's result, not the user's message.
+    let resumed: Vec<&Value> = requests[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| {
+            m["content"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("Remembered from earlier conversations"))
+        })
+        .collect();
+    assert_eq!(resumed.len(), 1, "{}", requests[1]);
+    let text = resumed[0]["content"].as_str().unwrap();
+    assert!(text.contains(&format!("\n<memory>\n{first}\n</memory>")), "{text}");
+    assert!(!text.contains("Max"), "{text}");
     assert_eq!(model.refusals(), Vec::<String>::new());
 }
 

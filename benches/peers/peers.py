@@ -9,10 +9,16 @@ against it, one row at a time, and prints/writes the table.
                         ├─ in-process rows: rows/row_*.py in their venv,
                         │  target/.../adk/release/peers-adk; each runs its
                         │  own session loop (rows/driver.py) and writes JSON
-                        └─ server rows: `cadre serve`, `langgraph dev`; the
-                           session loop is this process's HTTP client (its
-                           CPU is not the server's); the server's CPU and
-                           VmHWM are read from /proc/<pid>
+                        ├─ server rows: `cadre serve`, `langgraph dev`,
+                        │  peers-adk-server (adk-server), rows/lgserver_pg.py
+                        │  (langgraph-api + langgraph-runtime-pg); the
+                        │  session loop is this process's HTTP client (its
+                        │  CPU is not the server's); the server's CPU and
+                        │  VmHWM are read from /proc/<pid>
+                        └─ one PostgreSQL (target/peers/pg) and one Redis
+                           (target/peers/redis) for the run, started when a
+                           row first needs them; their CPU and bytes written
+                           are measured apart from the row's
 
 One session, every row: the user asks (`[s:ID] What is 2+3? ...`), the model
 asks for `calculator {"expression": "2+3"}`, the tool runs, the model
@@ -24,8 +30,11 @@ Figures (per row): overhead, 1 at a time = p50 over sessions of (the
 session's wall time at its client − the mock's own time for that session's
 two requests); CPU per session = the framework process's user+sys CPU over
 a phase / the sessions started in it (1 at a time, then C at once); peak
-RSS = VmHWM of that process at the end. Decisions, limits and what each row
-does and does not do: benches/peers/README.md.
+RSS = VmHWM of that process at the end; for the rows on a database server,
+that server's CPU per session apart; bytes written per session and, on
+PostgreSQL, WAL per session; what each durable row kept, counted in its
+database. Decisions, limits and what each row does and does not do:
+benches/peers/README.md.
 """
 
 import argparse
@@ -53,16 +62,36 @@ PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 # name, label, kind, venv/requirements name
 ROWS = [
     ("lgserver", "LangGraph Server (`langgraph dev`, in-memory, HTTP)", "lgserver", "lgserver"),
+    (
+        "lgserver-pg",
+        (
+            "LangGraph's API server (stock langgraph-api, HTTP) on the open PostgreSQL + Redis runtime "
+            "langgraph-runtime-pg (third-party, MIT; not LangGraph Platform)"
+        ),
+        "lgserverpg",
+        "lgserver-pg",
+    ),
     ("langgraph", "LangGraph (prebuilt ReAct agent, in-process)", "python", "langgraph"),
     ("agents", "OpenAI Agents SDK (in-process)", "python", "agents"),
     ("autogen", "AutoGen AgentChat (in-process)", "python", "autogen"),
     ("bare", "bare `openai` SDK loop (in-process)", "python", "bare"),
     ("adk", "ADK-Rust (in-process, in-memory sessions)", "adk", None),
+    (
+        "adk-sqlite",
+        "ADK-Rust's server (adk-server, HTTP), SQLite sessions (adk-session, sqlx; WAL, one connection)",
+        "adkserver",
+        None,
+    ),
+    ("adk-pg", "ADK-Rust's server (adk-server, HTTP), PostgreSQL sessions (adk-session, sqlx)", "adkserver", None),
     ("cadre-disk", "cadre over HTTP, durable, data dir on disk", "cadre", None),
     ("cadre-tmpfs", "cadre over HTTP, data dir on tmpfs (/dev/shm)", "cadre", None),
+    ("cadre-pg", "cadre over HTTP, one node on PostgreSQL (`--store`)", "cadre", None),
 ]
+# `--only` names that stand for several rows
+ALIASES = {"cadre": {"cadre-disk", "cadre-tmpfs", "cadre-pg"}, "adk-server": {"adk-sqlite", "adk-pg"}}
 VERSION_KEYS = {
     "lgserver": ["langgraph-api", "langgraph-cli", "langgraph"],
+    "lgserver-pg": ["langgraph-api", "langgraph-runtime-pg", "langgraph-checkpoint-postgres", "langgraph"],
     "langgraph": ["langgraph", "langchain-openai"],
     "agents": ["openai-agents", "openai"],
     "autogen": ["autogen-agentchat", "autogen-ext"],
@@ -119,11 +148,14 @@ def cargo_build(manifest, target_dir, extra, logfile):
     run_logged(["cargo", "build", "--release", "--locked", "--manifest-path", manifest] + extra, logfile, env=env)
 
 
-def ensure_adk(ctx):
+def ensure_adk(ctx, binary="peers-adk"):
+    """Both ADK-Rust programs (one package, its own Cargo.lock): built once per run."""
     target = os.path.join(ctx.target, "peers", "adk")
-    log(f"adk: cargo build --release (target {target})")
-    cargo_build(os.path.join(HERE, "adk", "Cargo.toml"), target, [], os.path.join(ctx.logs, "setup-adk.log"))
-    return os.path.join(target, "release", "peers-adk")
+    if not getattr(ctx, "adk_built", False):
+        log(f"adk: cargo build --release (target {target})")
+        cargo_build(os.path.join(HERE, "adk", "Cargo.toml"), target, [], os.path.join(ctx.logs, "setup-adk.log"))
+        ctx.adk_built = True
+    return os.path.join(target, "release", binary)
 
 
 def ensure_cadre(ctx):
@@ -167,6 +199,47 @@ def tree_cpu_s(pid):
         except OSError:
             pass
     return total / CLK_TCK
+
+
+def tree_cpu_reaped_s(pid):
+    """tree_cpu_s plus the CPU of the descendants already reaped (cutime,
+    cstime): for a database server, whose backends come and go."""
+    total = 0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        except OSError:
+            pass
+    return total / CLK_TCK
+
+
+def tree_write_bytes(pid):
+    """write_bytes of /proc/<pid>/io over pid's live tree: the bytes its
+    processes sent (or, buffered, dirtied) to a block device; 0 on tmpfs."""
+    total = 0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/io") as f:
+                for line in f:
+                    if line.startswith("write_bytes:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total
+
+
+def dir_bytes(path):
+    """Bytes allocated to the files under path (st_blocks), as `du` counts."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
 
 
 def tree_hwm_kb(pid):
@@ -272,6 +345,191 @@ class Mock:
 
 
 # ---------------------------------------------------------------------------
+# PostgreSQL (rows adk-pg, cadre-pg): one server for the run, from the
+# machine's binaries, started the first time a row needs it
+# ---------------------------------------------------------------------------
+
+
+def pg_bin_dir():
+    """/usr/lib/postgresql/<newest>/bin, else initdb on PATH (as tests/support/postgres.rs)."""
+    versions = []
+    for v in os.listdir("/usr/lib/postgresql") if os.path.isdir("/usr/lib/postgresql") else []:
+        b = os.path.join("/usr/lib/postgresql", v, "bin")
+        if v.isdigit() and os.path.exists(os.path.join(b, "initdb")):
+            versions.append((int(v), b))
+    if versions:
+        return max(versions)[1]
+    initdb = shutil.which("initdb")
+    if initdb and os.path.exists(os.path.join(os.path.dirname(initdb), "postgres")):
+        return os.path.dirname(initdb)
+    raise RowFailed(
+        "PostgreSQL's server binaries (initdb, postgres) are not in /usr/lib/postgresql/*/bin or on PATH "
+        "(Debian: apt-get install postgresql)"
+    )
+
+
+class Postgres:
+    """initdb in target/peers/pg (as the `postgres` user when run as root:
+    PostgreSQL refuses root), then `postgres` with its defaults (fsync on,
+    synchronous_commit on) but for the address, the socket directory and
+    max_connections; every row gets a database of its own."""
+
+    SETTINGS = ("server_version", "synchronous_commit", "fsync", "wal_sync_method", "full_page_writes",
+                "shared_buffers", "max_connections")  # fmt: skip
+
+    def __init__(self, ctx):
+        self.bin = pg_bin_dir()
+        self.dir = os.path.join(ctx.work, "pg")
+        self.data = os.path.join(self.dir, "data")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.user = {}
+        if os.geteuid() == 0:
+            import pwd
+
+            try:
+                pw = pwd.getpwnam("postgres")
+            except KeyError:
+                raise RowFailed(
+                    "running as root, and PostgreSQL refuses root: the `postgres` user is missing"
+                ) from None
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            self.user = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        logfile = os.path.join(ctx.logs, "postgres.log")
+        with open(logfile, "ab") as f:
+            rc = subprocess.call(
+                [os.path.join(self.bin, "initdb"), "-D", self.data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
+                 "--locale=C", "--no-sync"],
+                stdout=f, stderr=subprocess.STDOUT, cwd=self.dir, **self.user,
+            )  # fmt: skip
+        if rc != 0:
+            raise RowFailed(f"initdb failed (exit {rc}); see {logfile}")
+        self.port = free_port()
+        with open(logfile, "ab") as log_f:
+            self.proc = subprocess.Popen(
+                [os.path.join(self.bin, "postgres"), "-D", self.data, "-p", str(self.port),
+                 "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
+                 "-c", "max_connections=500"],
+                stdout=log_f, stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True, **self.user,
+            )  # fmt: skip
+        deadline = time.time() + 60
+        while subprocess.call(
+            [os.path.join(self.bin, "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port)]
+        ):  # fmt: skip
+            if self.proc.poll() is not None or time.time() > deadline:
+                stop(self.proc)
+                raise RowFailed(f"PostgreSQL did not start; see {logfile}")
+            time.sleep(0.1)
+        self.settings = {k: self.sql(f"SHOW {k}") for k in self.SETTINGS}
+
+    def sql(self, query, db="postgres"):
+        out = subprocess.run(
+            [os.path.join(self.bin, "psql"), "-X", "-q", "-A", "-t", "-h", "127.0.0.1", "-p", str(self.port),
+             "-U", "postgres", "-d", db, "-v", "ON_ERROR_STOP=1", "-c", query],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise RowFailed(f"psql {query!r}: {out.stderr.strip()}")
+        return out.stdout.strip()
+
+    def stop(self):
+        """A fast shutdown (SIGINT), then SIGKILL to its process group."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def counters(self):
+        """The cluster's WAL insert position in bytes: the WAL the phases wrote
+        (every database's, autovacuum's too) is its difference."""
+        return {"pg_wal_bytes": int(self.sql("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint"))}
+
+    def database(self, name):
+        """A fresh database for a row; its URL."""
+        db = name.replace("-", "_")
+        self.sql(f"DROP DATABASE IF EXISTS {db}")
+        self.sql(f"CREATE DATABASE {db}")
+        return f"postgres://postgres@127.0.0.1:{self.port}/{db}"
+
+
+def postgres(ctx):
+    if getattr(ctx, "pg", None) is None:
+        ctx.pg = Postgres(ctx)
+        log(f"PostgreSQL {ctx.pg.settings['server_version']} at 127.0.0.1:{ctx.pg.port} (pid {ctx.pg.proc.pid})")
+    return ctx.pg
+
+
+class Redis:
+    """The machine's `redis-server` (row lgserver-pg), in target/peers/redis,
+    with its defaults (RDB snapshots `save 3600 1 300 100 60 10000`, no AOF)
+    but for the address and the directory. Missing, it is installed as the
+    tests install it (scripts/test-packages, Debian, as root)."""
+
+    SETTINGS = ("redis_version", "save", "appendonly", "appendfsync")
+
+    def __init__(self, ctx):
+        if not shutil.which("redis-server"):
+            subprocess.call([os.path.join(REPO, "scripts", "test-packages"), "redis-server"])
+            if not shutil.which("redis-server"):
+                raise RowFailed("`redis-server` is not on PATH (Debian: apt-get install redis-server)")
+        self.dir = os.path.join(ctx.work, "redis")
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.port = free_port()
+        logfile = os.path.join(ctx.logs, "redis.log")
+        with open(logfile, "ab") as log_f:
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir],
+                stdout=log_f, stderr=subprocess.STDOUT, cwd=self.dir, start_new_session=True,
+            )  # fmt: skip
+        deadline = time.time() + 20
+        while self.cmd("PING").strip() != "+PONG":
+            if self.proc.poll() is not None or time.time() > deadline:
+                stop(self.proc)
+                raise RowFailed(f"redis-server did not start; see {logfile}")
+            time.sleep(0.1)
+        info = self.cmd("INFO server")
+        version = next((x.split(":", 1)[1] for x in info.split("\r\n") if x.startswith("redis_version:")), "?")
+        self.settings = {"redis_version": version}
+        for k in self.SETTINGS[1:]:
+            reply = self.cmd(f"CONFIG GET {k}").split("\r\n")
+            self.settings[k] = reply[4] if len(reply) > 4 else "?"  # *2 $n key $m value
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def cmd(self, line):
+        """One inline command; its raw reply ('' when it cannot connect)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+                s.sendall(line.encode() + b"\r\nQUIT\r\n")
+                data = b""
+                while chunk := s.recv(1 << 16):
+                    data += chunk
+        except OSError:
+            return ""
+        text = data.decode(errors="replace")
+        return text.removesuffix("+OK\r\n")
+
+    def stop(self):
+        stop(self.proc)
+
+
+def databases_cpu_s(ctx):
+    """The CPU of the run's PostgreSQL and Redis so far (0 before they start):
+    the benchmark's own processes, not "other processes"."""
+    return sum(tree_cpu_reaped_s(db.proc.pid) for db in (ctx.pg, ctx.redis) if db is not None)
+
+
+def redis(ctx):
+    if getattr(ctx, "redis", None) is None:
+        ctx.redis = Redis(ctx)
+        log(f"Redis {ctx.redis.settings['redis_version']} at 127.0.0.1:{ctx.redis.port} (pid {ctx.redis.proc.pid})")
+    return ctx.redis
+
+
+# ---------------------------------------------------------------------------
 # HTTP client for the server rows (stdlib asyncio, keep-alive, one
 # connection per session loop, as independent clients would hold)
 # ---------------------------------------------------------------------------
@@ -345,6 +603,31 @@ async def cadre_session(conn, sid):
     return r.get("answer") or ""
 
 
+def adk_texts_and_tools(events):
+    """The text parts of the agent's events and the calculator's answers in them."""
+    texts, results = [], []
+    for ev in events or []:
+        content = ev.get("content") or (ev.get("llm_response") or {}).get("content") or {}
+        for part in content.get("parts") or []:
+            if part.get("text"):
+                texts.append(part["text"])
+            resp = part.get("functionResponse") or part.get("function_response")
+            if resp and resp.get("name") == "calculator":
+                results.append(resp.get("response"))
+    return texts, results
+
+
+async def adkserver_session(conn, sid):
+    ids = {"appName": "assistant", "userId": "user", "sessionId": sid}
+    await conn.request("POST", "/api/sessions", ids)
+    message = {"role": "user", "parts": [{"text": f"[s:{sid}] {QUESTION}"}]}
+    events = await conn.request("POST", "/api/run", dict(ids, newMessage=message))
+    texts, results = adk_texts_and_tools(events)
+    if len(results) != 1 or not isinstance(results[0], dict) or results[0].get("result") != 5:
+        raise RuntimeError(f"calculator results {results!r} in {str(events)[:300]}")
+    return texts[-1] if texts else ""
+
+
 async def lgserver_session(conn, sid):
     t = await conn.request("POST", "/threads", {})
     out = await conn.request(
@@ -353,14 +636,40 @@ async def lgserver_session(conn, sid):
         {"assistant_id": "agent", "input": {"messages": [{"role": "user", "content": f"[s:{sid}] {QUESTION}"}]}},
     )
     messages = (out or {}).get("messages") or []
-    if not any(m.get("type") == "tool" for m in messages):
-        raise RuntimeError(f"no tool message in the run's state: {str(out)[:300]}")
+    tools = [m.get("content") for m in messages if m.get("type") == "tool"]
+    try:
+        result = json.loads(tools[0]).get("result") if len(tools) == 1 else None
+    except (TypeError, ValueError, AttributeError):
+        result = None
+    if result != 5:
+        raise RuntimeError(f"calculator results {tools!r} in the run's state: {str(out)[:300]}")
     return messages[-1].get("content") if messages else ""
 
 
-async def http_phases(ctx, row, port, pid, session):
-    """The phases of rows/driver.py, over HTTP, CPU and VmHWM of `pid`'s tree."""
+async def http_phases(ctx, row, port, pid, session, dbs=None, data_dir=None, probe=None, logfile=None):
+    """The phases of rows/driver.py, over HTTP, CPU and VmHWM of `pid`'s tree;
+    the CPU of each database server's tree (`dbs`: name -> pid; reaped
+    backends too) apart; over the measured phases (warm-up excluded): the
+    bytes every tree writes (less the server's own log, `logfile`, which
+    it writes too), `data_dir`'s growth and the database's own counters
+    (`probe()`: name -> number, e.g. PostgreSQL's WAL position)."""
     errors = []
+    dbs = dbs or {}
+
+    def counters():
+        out = dict(probe() if probe else {})
+        out["log_bytes"] = os.path.getsize(logfile) if logfile and os.path.exists(logfile) else 0
+        out["data_dir_bytes"] = dir_bytes(data_dir) if data_dir else 0
+        return out
+
+    def db_cpu():
+        return {k: tree_cpu_reaped_s(p) for k, p in dbs.items()}
+
+    def writes():
+        return dict({k: tree_write_bytes(p) for k, p in dbs.items()}, server=tree_write_bytes(pid))
+
+    def minus(a, b):
+        return {k: a[k] - b[k] for k in a}
 
     async def one(conn, sid):
         t0 = time.perf_counter()
@@ -379,7 +688,8 @@ async def http_phases(ctx, row, port, pid, session):
     for i in range(ctx.warmup):
         await one(conn, f"{row}-w-{i}")
     seq = {}
-    c0, t0 = tree_cpu_s(pid), time.perf_counter()
+    w0, k0 = writes(), counters()
+    c0, d0, t0 = tree_cpu_s(pid), db_cpu(), time.perf_counter()
     n = 0
     for i in range(ctx.seq):
         n += 1
@@ -389,7 +699,7 @@ async def http_phases(ctx, row, port, pid, session):
             seq[sid] = wall
         if time.perf_counter() - t0 > ctx.seq_cap_s:
             break
-    seq_cpu, seq_elapsed = tree_cpu_s(pid) - c0, time.perf_counter() - t0
+    seq_cpu, seq_db, seq_elapsed = tree_cpu_s(pid) - c0, minus(db_cpu(), d0), time.perf_counter() - t0
     await conn.close()
 
     started, conc = [0], {}
@@ -405,20 +715,38 @@ async def http_phases(ctx, row, port, pid, session):
                 conc[sid] = wall
         await c.close()
 
-    c1, t1 = tree_cpu_s(pid), time.perf_counter()
+    c1, d1, t1 = tree_cpu_s(pid), db_cpu(), time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(ctx.conc)))
-    conc_cpu, conc_elapsed = tree_cpu_s(pid) - c1, time.perf_counter() - t1
+    conc_cpu, conc_db, conc_elapsed = tree_cpu_s(pid) - c1, minus(db_cpu(), d1), time.perf_counter() - t1
+    w1, k1 = writes(), counters()
     return {
         "warmup": ctx.warmup,
-        "seq": {"n": n, "ok": len(seq), "cpu_s": seq_cpu, "elapsed_s": seq_elapsed, "wall_s": seq},
+        "seq": {
+            "n": n,
+            "ok": len(seq),
+            "cpu_s": seq_cpu,
+            "db_cpu_s": sum(seq_db.values()) if dbs else None,
+            "db_cpu_by_server_s": seq_db,
+            "elapsed_s": seq_elapsed,
+            "wall_s": seq,
+        },
         "conc": {
             "n": started[0],
             "ok": len(conc),
             "concurrency": ctx.conc,
             "cpu_s": conc_cpu,
+            "db_cpu_s": sum(conc_db.values()) if dbs else None,
+            "db_cpu_by_server_s": conc_db,
             "elapsed_s": conc_elapsed,
             "wall_s": conc,
         },
+        "storage": {
+            "sessions": n + started[0],
+            "write_bytes": minus(w1, w0),
+            "data_dir": data_dir,
+            "counters": minus(k1, k0),
+        },
+        "db_processes": sorted(dbs),
         "errors": errors[:20],
         "error_count": len(errors),
         "vm_hwm_kb": tree_hwm_kb(pid),
@@ -462,13 +790,99 @@ def row_adk(ctx, name, binary):
     return run_inprocess(ctx, name, [binary], ctx.work)
 
 
-def serve_and_measure(ctx, name, cmd, env, cwd, port, ready_path, session, startup_s):
+# adk-sqlite's pool, where it differs from SqliteSessionService::new's (None:
+# as new opens it: sqlx's default pool, SQLite's rollback journal `delete`).
+# As shipped, 200 sessions at once fail most session creations with
+# "database is locked" (SQLITE_BUSY at once, not after sqlx's 5 s busy
+# timeout: adk-session's transactions read, then write, and SQLite refuses
+# a second connection's upgrade to a writer), in either journal mode. One
+# connection serialises them, as SQLite serialises writers anyway; WAL is
+# the journal SQLite offers for a server. `synchronous` stays FULL.
+ADK_SQLITE = {"journal-mode": "wal", "max-connections": "1"}
+
+
+def kept(ctx, name, tables, sqlite_path=None):
+    """Rows in `tables` of the row's database once the row has run: what it
+    kept, counted in the database itself (SQLite file or the row's
+    PostgreSQL database), not taken from the server."""
+    out = {}
+    for t in tables:
+        try:
+            if sqlite_path:
+                import sqlite3
+
+                with sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True) as c:
+                    out[t] = c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+            else:
+                out[t] = int(ctx.pg.sql(f"SELECT count(*) FROM {t}", db=name.replace("-", "_")))
+        except Exception as e:  # noqa: BLE001 - reported with the row
+            out[t] = f"cannot count: {e}"[:200]
+    return out
+
+
+def row_adkserver(ctx, name, binary):
+    port = free_port()
+    info = os.path.join(ctx.work, "results", f"{name}-info.json")
+    if os.path.exists(info):
+        os.remove(info)
+    dbs, extra = None, []
+    if name == "adk-pg":
+        pg = postgres(ctx)
+        url, dbs, data = pg.database(name), {"postgres": pg.proc.pid}, pg.data
+    else:
+        data = os.path.join(ctx.work, "adk-sqlite")
+        shutil.rmtree(data, ignore_errors=True)
+        os.makedirs(data)
+        url = f"sqlite://{data}/sessions.db?mode=rwc"
+        extra = [x for k, v in ADK_SQLITE.items() if v for x in (f"--sqlite-{k}", v)]
+    cmd = [
+        binary,
+        "--base-url",
+        ctx.mock.base_url,
+        "--addr",
+        f"127.0.0.1:{port}",
+        "--sessions",
+        url,
+        "--info-out",
+        info,
+    ] + extra
+    result = serve_and_measure(
+        ctx, name, cmd, ctx.child_env(), ctx.work, port, "/api/health", adkserver_session, 60, dbs, data,
+        ctx.pg.counters if dbs else None,
+    )  # fmt: skip
+    about = {}
+    if os.path.exists(info):
+        with open(info) as f:
+            about = json.load(f)
+    result["versions"] = about.get("versions", {})
+    result["kept"] = kept(ctx, name, ["sessions", "events"], None if dbs else os.path.join(data, "sessions.db"))
+    if name == "adk-pg":
+        result["durability"] = dict(ctx.pg.settings, database="PostgreSQL (its own server process)")
+    else:
+        sq = about.get("sqlite", {})
+        sync = {"0": "OFF", "1": "NORMAL", "2": "FULL", "3": "EXTRA"}.get(
+            str(sq.get("synchronous")), sq.get("synchronous")
+        )
+        result["durability"] = {
+            "database": f"SQLite {sq.get('sqlite_version', '?')} (in the server process)",
+            "journal_mode": sq.get("journal_mode"),
+            "synchronous": sync,
+            "pool": f"sqlx, at most {ADK_SQLITE['max-connections']} connection(s)"
+            if ADK_SQLITE.get("max-connections")
+            else "sqlx's default",
+        }
+    return result
+
+
+def serve_and_measure(
+    ctx, name, cmd, env, cwd, port, ready_path, session, startup_s, dbs=None, data_dir=None, probe=None
+):
     logfile = os.path.join(ctx.logs, f"{name}.log")
     with open(logfile, "wb") as f:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_http(port, ready_path, proc, startup_s, name)
-        result = asyncio.run(http_phases(ctx, name, port, proc.pid, session))
+        result = asyncio.run(http_phases(ctx, name, port, proc.pid, session, dbs, data_dir, probe, logfile))
         if proc.poll() is not None:
             raise RowFailed(f"{name} exited with {proc.returncode} during the run")
         return result
@@ -481,13 +895,18 @@ def serve_and_measure(ctx, name, cmd, env, cwd, port, ready_path, session, start
 def row_cadre(ctx, name, binary):
     if name == "cadre-tmpfs":
         data = f"/dev/shm/cadre-peers-{os.getpid()}"
+    elif name == "cadre-pg":
+        data = os.path.join(ctx.work, "cadre-pg-data")
     else:
         data = os.path.join(ctx.work, "cadre-data")
     shutil.rmtree(data, ignore_errors=True)
     os.makedirs(data)
     agents = os.path.join(ctx.work, "cadre-agents")
     shutil.rmtree(agents, ignore_errors=True)
-    os.makedirs(agents)
+    # tools/ and workflows/ present (empty), so cadre watches them instead of
+    # polling for their creation every 5 s during the measurement.
+    for sub in ("tools", "workflows"):
+        os.makedirs(os.path.join(agents, sub))
     shutil.copy(os.path.join(HERE, "cadre-agent.toml"), os.path.join(agents, "peers.toml"))
     port = free_port()
     env = ctx.child_env()
@@ -511,28 +930,50 @@ def row_cadre(ctx, name, binary):
         }
     )
     cmd = [binary, "serve", "--addr", f"127.0.0.1:{port}", "--data-dir", data, "--agents", agents]
+    dbs, measured_dir = None, data
+    if name == "cadre-pg":
+        pg = postgres(ctx)
+        cmd += ["--store", pg.database(name), "--node-id", "n0", "--advertise", f"http://127.0.0.1:{port}"]
+        dbs, measured_dir = {"postgres": pg.proc.pid}, pg.data
     try:
-        result = serve_and_measure(ctx, name, cmd, env, ctx.work, port, "/healthz", cadre_session, 60)
+        result = serve_and_measure(
+            ctx, name, cmd, env, ctx.work, port, "/healthz", cadre_session, 60, dbs, measured_dir,
+            ctx.pg.counters if dbs else None,
+        )  # fmt: skip
     finally:
         fs = subprocess.run(["stat", "-f", "-c", "%T", data], capture_output=True, text=True).stdout.strip()
         if name == "cadre-tmpfs":
             shutil.rmtree(data, ignore_errors=True)
     result["data_dir"] = {"path": data, "fs": fs}
+    if name == "cadre-pg":
+        result["kept"] = kept(ctx, name, ["sessions", "messages"])
+        result["durability"] = dict(
+            ctx.pg.settings,
+            database="PostgreSQL (its own server process)",
+            cadre="as on redb, the turn's durable commit waits for its WAL flush; the other commits (a batch "
+            "without a durable request) `SET LOCAL synchronous_commit = off`",
+        )
+    else:
+        result["durability"] = {"database": f"redb, in the server process ({fs})", "fsync": "on the durable commits"}
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
     rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     result["versions"] = {"cadre": (version.split()[-1] if version else "?") + f" ({rev.stdout.strip() or 'no git'})"}
     return result
 
 
-def row_lgserver(ctx, name, py):
-    # `langgraph dev` keeps its in-memory state under ./.langgraph_api of
-    # its working directory: run it in target/, never in the source tree.
-    cwd = os.path.join(ctx.work, "lgserver")
+def lgserver_dir(ctx, name, extra=()):
+    """target/peers/<name> with the graph's files: the server runs there,
+    never in the source tree (`langgraph dev` keeps its state in its working
+    directory's .langgraph_api)."""
+    cwd = os.path.join(ctx.work, name)
     shutil.rmtree(cwd, ignore_errors=True)
     os.makedirs(cwd)
-    for f in ("langgraph.json", "lg_graph.py", "driver.py"):
+    for f in ("langgraph.json", "lg_graph.py", "driver.py") + tuple(extra):
         shutil.copy(os.path.join(HERE, "rows", f), cwd)
-    port = free_port()
+    return cwd
+
+
+def lgserver_env(ctx):
     env = ctx.child_env()
     env.update(
         {
@@ -544,8 +985,15 @@ def row_lgserver(ctx, name, py):
             "LANGCHAIN_TRACING_V2": "false",
             "LANGSMITH_API_KEY": "",
             "LANGCHAIN_API_KEY": "",
+            # run_server's check for a newer langgraph-api on PyPI
+            "LANGGRAPH_NO_VERSION_CHECK": "1",
         }
     )
+    return env
+
+
+def row_lgserver(ctx, name, py):
+    cwd, port, env = lgserver_dir(ctx, name), free_port(), lgserver_env(ctx)
     cmd = [
         os.path.join(os.path.dirname(py), "langgraph"), "dev", "--no-browser", "--no-reload",
         "--host", "127.0.0.1", "--port", str(port), "--config", "langgraph.json",
@@ -553,6 +1001,31 @@ def row_lgserver(ctx, name, py):
     ]  # fmt: skip
     result = serve_and_measure(ctx, name, cmd, env, cwd, port, "/ok", lgserver_session, 120)
     result["versions"] = pip_versions(py, VERSION_KEYS[name])
+    result["durability"] = {
+        "database": "none: in memory, pickled to .langgraph_api/ every 10 s (no fsync)",
+    }
+    return result
+
+
+def row_lgserver_pg(ctx, name, py):
+    """rows/lgserver_pg.py: langgraph_api.cli.run_server with the runtime
+    edition `pg` on the run's PostgreSQL (a database of its own) and Redis;
+    as `langgraph dev`, `--n-jobs-per-worker` = the concurrency."""
+    pg, rd = postgres(ctx), redis(ctx)
+    cwd, port, env = lgserver_dir(ctx, name, ["lgserver_pg.py"]), free_port(), lgserver_env(ctx)
+    cmd = [
+        py, "lgserver_pg.py", "--port", str(port), "--database-uri", pg.database(name),
+        "--redis-uri", rd.url, "--n-jobs", str(ctx.conc),
+    ]  # fmt: skip
+    dbs = {"postgres": pg.proc.pid, "redis": rd.proc.pid}
+    result = serve_and_measure(ctx, name, cmd, env, cwd, port, "/ok", lgserver_session, 180, dbs, pg.data, pg.counters)
+    result["versions"] = pip_versions(py, VERSION_KEYS[name])
+    result["kept"] = kept(ctx, name, ["threads", "runs", "checkpoints"])
+    result["durability"] = dict(
+        pg.settings,
+        database="PostgreSQL (its own server process) + Redis (its own process)",
+        redis=", ".join(f"{k} {v!r}" for k, v in rd.settings.items()),
+    )
     return result
 
 
@@ -586,6 +1059,9 @@ def figures(result, mock_stats):
             "ok": len(over),
             "not_2_model_calls": bad,
             "cpu_ms_per_session": 1e3 * result[p]["cpu_s"] / n if n else None,
+            "db_cpu_ms_per_session": 1e3 * result[p]["db_cpu_s"] / n
+            if n and result[p].get("db_cpu_s") is not None
+            else None,
             "overhead_ms_p50": 1e3 * statistics.median(over) if over else None,
             "overhead_ms_mean": 1e3 * statistics.fmean(over) if over else None,
             "wall_ms_p50": 1e3 * statistics.median(walls.values()) if walls else None,
@@ -600,6 +1076,15 @@ def figures(result, mock_stats):
     expected = result["warmup"] + result["seq"]["n"] + result["conc"]["n"]
     if "tool_calls" in result and result["tool_calls"] != expected:
         f["tool_call_mismatch"] = f"{result['tool_calls']} tool calls for {expected} sessions"
+    st = result.get("storage")
+    if st and st["sessions"]:
+        written = sum(st["write_bytes"].values()) - st["counters"].get("log_bytes", 0)
+        f["storage"] = {
+            "write_bytes_per_session": max(0, written) / st["sessions"],
+            "pg_wal_bytes_per_session": st["counters"]["pg_wal_bytes"] / st["sessions"]
+            if "pg_wal_bytes" in st["counters"]
+            else None,
+        }  # fmt: skip
     f["untagged_model_requests"] = mock_stats.get("untagged", 0)
     f["streamed_model_requests"] = mock_stats.get("streamed", 0)
     return f
@@ -613,6 +1098,28 @@ def fmt_ms(v):
     if v >= 10:
         return f"{v:.1f} ms"
     return f"{v:.2f} ms"
+
+
+def fmt_bytes(v):
+    if v is None:
+        return "–"
+    if v >= 1 << 20:
+        return f"{v / (1 << 20):.1f} MiB"
+    if v >= 1 << 10:
+        return f"{v / (1 << 10):.1f} KiB"
+    return f"{v:.0f} B"
+
+
+# The settings of a row's `durability` shown in the report, in this order.
+DURABILITY_KEYS = ("journal_mode", "synchronous", "pool", "synchronous_commit", "fsync", "wal_sync_method", "full_page_writes",
+                   "cadre", "redis")  # fmt: skip
+
+
+def durability_text(r, kind):
+    d = r.get("durability")
+    if not d:
+        return "nothing: in memory, for the process's life" if kind in ("python", "adk") else "–"
+    return "; ".join([d.get("database", "?")] + [f"{k}: {d[k]}" for k in DURABILITY_KEYS if k in d])
 
 
 def ratio(v, ref):
@@ -711,18 +1218,61 @@ def report(ctx, results):
             f"{fmt_ms(s['mock_ms_per_session'])} | {c['n']} | {c['sessions_per_s']:.0f} | {fmt_ms(c['wall_ms_p50'])} | {f['streamed_model_requests']} | "
             f"{others:.2f} cores over {r['row_elapsed_s']:.1f} s | {'; '.join(problems) or 'none'} |"
         )
+    lines += [
+        "",
+        (
+            "What each row keeps and what its database costs (DB CPU = the CPU of the database servers' process "
+            "trees (PostgreSQL with its backends, Redis), measured apart from the row's CPU above, per session; "
+            "row + DB = both; bytes written = what the row's server and its database servers wrote to the block "
+            "device over the measured phases (`write_bytes` of /proc/<pid>/io, less the server's own log file), "
+            "per session, 0 on tmpfs; PostgreSQL WAL = the WAL the cluster inserted over the phases, per session):"
+        ),
+        "",
+        (
+            f"| row | in front | what it keeps, durability | DB CPU per session, 1 at a time / {ctx.conc} at once | "
+            f"row + DB CPU per session, 1 at a time / {ctx.conc} at once | bytes written per session | "
+            "PostgreSQL WAL per session | kept in its database after the run (counted there) |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, _label, kind, _venv in ROWS:
+        if name not in results or "error" in results[name]:
+            continue
+        r = results[name]
+        f = r["figures"]
+        s, c = f["seq"], f["conc"]
+        st = f.get("storage") or {}
+        if s.get("db_cpu_ms_per_session") is not None:
+            db = f"{fmt_ms(s['db_cpu_ms_per_session'])} / {fmt_ms(c['db_cpu_ms_per_session'])}"
+            both = (
+                f"{fmt_ms(s['cpu_ms_per_session'] + s['db_cpu_ms_per_session'])} / "
+                f"{fmt_ms(c['cpu_ms_per_session'] + c['db_cpu_ms_per_session'])}"
+            )
+        else:
+            db = "– (in the row's process)" if kind in ("adkserver", "cadre") else "–"
+            both = "–"
+        front = "in-process" if kind in ("python", "adk") else "HTTP"
+        written, wal = fmt_bytes(st.get("write_bytes_per_session")), fmt_bytes(st.get("pg_wal_bytes_per_session"))
+        run = r["warmup"] + s["n"] + c["n"]
+        kept_rows = ", ".join(f"{v} {k}" for k, v in (r.get("kept") or {}).items())
+        kept_text = f"{kept_rows} (of {run} sessions run)" if kept_rows else "–"
+        lines.append(
+            f"| {name} | {front} | {durability_text(r, kind)} | {db} | {both} | {written} | {wal} | {kept_text} |"
+        )
     failed = [n for n in results if "error" in results[n]]
     if failed:
         lines += ["", "Rows that did not run:", ""]
         for n in failed:
             lines.append(f"- {n}: {results[n]['error']}".replace("\n", "\n  "))
-    if "cadre-disk" in results and "data_dir" in results["cadre-disk"]:
-        d1 = results["cadre-disk"]["data_dir"]
-        d2 = results.get("cadre-tmpfs", {}).get("data_dir", {})
-        lines += [
-            "",
-            f"cadre's data dirs: disk `{d1['path']}` ({d1['fs']}); tmpfs `{d2.get('path', '–')}` ({d2.get('fs', '–')}).",
-        ]
+    dirs = []
+    for name, *_ in ROWS:
+        r = results.get(name, {})
+        path = (r.get("storage") or {}).get("data_dir")
+        d = r.get("data_dir") if isinstance(r.get("data_dir"), dict) else {}
+        if path:
+            dirs.append(f"{name} `{path}`" + (f" ({d['fs']})" if d.get("path") == path else ""))
+    if dirs:
+        lines += ["", "Data dirs (kept after the run, but for tmpfs): " + "; ".join(dirs) + "."]
     return "\n".join(lines) + "\n", m
 
 
@@ -736,7 +1286,9 @@ class Ctx:
 def main():
     ap = argparse.ArgumentParser(description="benches/peers: one tool-calling session, side by side")
     ap.add_argument(
-        "--only", help="comma-separated rows (" + ",".join(r[0] for r in ROWS) + "; `cadre` = both cadre rows)"
+        "--only",
+        help="comma-separated rows (" + ",".join(r[0] for r in ROWS) + "; `cadre` = the three cadre rows, "
+        "`adk-server` = adk-sqlite,adk-pg)",
     )
     ap.add_argument("--quick", action="store_true", help="smoke run: 5 warm-up, 50 one at a time, 400 at 200")
     ap.add_argument("--warmup", type=int)
@@ -759,6 +1311,7 @@ def main():
     ctx.work = os.path.join(REPO, "target", "peers")
     ctx.logs = os.path.join(ctx.work, "logs")
     ctx.cadre_bin = a.cadre_bin
+    ctx.pg = ctx.redis = None
     for d in (ctx.work, ctx.logs, os.path.join(ctx.work, "results")):
         os.makedirs(d, exist_ok=True)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "LANGSMITH_", "LANGCHAIN_"))}
@@ -772,7 +1325,7 @@ def main():
         wanted = set()
         for w in a.only.split(","):
             w = w.strip()
-            wanted |= {"cadre-disk", "cadre-tmpfs"} if w == "cadre" else {w}
+            wanted |= ALIASES.get(w, {w})
         unknown = wanted - {r[0] for r in ROWS}
         if unknown:
             raise SystemExit(f"unknown rows: {', '.join(sorted(unknown))}")
@@ -782,10 +1335,12 @@ def main():
     results, prepared = {}, {}
     for name, label, kind, venv in rows:
         try:
-            if kind in ("python", "lgserver"):
+            if kind in ("python", "lgserver", "lgserverpg"):
                 prepared[name] = ensure_venv(venv, ctx)
             elif kind == "adk":
                 prepared[name] = ensure_adk(ctx)
+            elif kind == "adkserver":
+                prepared[name] = ensure_adk(ctx, "peers-adk-server")
             else:
                 prepared[name] = ensure_cadre(ctx)
         except Exception as e:  # noqa: BLE001 - reported in the table, the other rows go on
@@ -805,12 +1360,20 @@ def main():
             log(f"{name}: {label}")
             ctx.mock.reset()
             busy0, t0, own0, mock0 = machine_busy_s(), time.time(), own_cpu_s(), tree_cpu_s(ctx.mock.proc.pid)
+            db0 = databases_cpu_s(ctx)
             try:
-                run_row = {"python": row_python, "adk": row_adk, "cadre": row_cadre, "lgserver": row_lgserver}[kind]
+                run_row = {
+                    "python": row_python,
+                    "adk": row_adk,
+                    "adkserver": row_adkserver,
+                    "cadre": row_cadre,
+                    "lgserver": row_lgserver,
+                    "lgserverpg": row_lgserver_pg,
+                }[kind]
                 r = run_row(ctx, name, prepared[name])
                 r["figures"] = figures(r, ctx.mock.stats())
                 elapsed = time.time() - t0
-                ours = own_cpu_s() - own0 + tree_cpu_s(ctx.mock.proc.pid) - mock0
+                ours = own_cpu_s() - own0 + tree_cpu_s(ctx.mock.proc.pid) - mock0 + databases_cpu_s(ctx) - db0
                 r["row_elapsed_s"] = elapsed
                 r["others_cpu_s"] = max(0.0, machine_busy_s() - busy0 - ours)
                 f = r["figures"]
@@ -828,6 +1391,9 @@ def main():
             results[name] = r
     finally:
         stop(ctx.mock.proc)
+        for db in (ctx.pg, ctx.redis):
+            if db is not None:
+                db.stop()
 
     text, m = report(ctx, results)
     with open(os.path.join(ctx.work, "report.md"), "w") as f:

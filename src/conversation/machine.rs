@@ -283,6 +283,12 @@ pub struct TurnRecord {
     /// when it completes, fails, is interrupted or pauses for an approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<String>,
+    /// The memory notes the turn's model calls see (`memory = { inject =
+    /// true }`), chosen once for the user's message when the turn started
+    /// and kept here, so a turn resumed after a restart or continued by
+    /// another agent after a handoff sends the same notes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_notes: Option<String>,
     /// Tokens of the turn's model calls so far.
     #[serde(default, skip_serializing_if = "TurnTokens::is_zero")]
     pub usage: TurnTokens,
@@ -451,6 +457,8 @@ struct Turn {
     /// The answer missed it once; the next miss fails the turn.
     output_retried: bool,
     webhook: Option<String>,
+    /// The memory notes of every model call of the turn.
+    memory: Option<String>,
     usage: TurnTokens,
 }
 
@@ -674,6 +682,7 @@ impl ConversationMachine {
             output: self.settings.output_schema().cloned(),
             output_retried: false,
             webhook: self.settings.webhook().map(str::to_string),
+            memory: self.settings.memory_notes().map(str::to_string),
             usage: TurnTokens::default(),
         }));
         let request = self.request();
@@ -710,6 +719,7 @@ impl ConversationMachine {
             response_format: None,
             output_retried: false,
             webhook: None,
+            memory_notes: None,
             usage: TurnTokens::default(),
             started_at: now,
             updated_at: now,
@@ -1083,6 +1093,7 @@ impl ConversationMachine {
             },
             output_retried: record.output_retried,
             webhook: record.webhook,
+            memory: record.memory_notes,
             usage: record.usage,
         };
         if let Phase::AwaitingTools { calls } | Phase::AwaitingApproval { calls, .. } =
@@ -1259,7 +1270,7 @@ impl ConversationMachine {
         if let Some(summary) = &self.summary {
             messages.push(context::summary_message(&summary.text));
         }
-        if let Some(notes) = s.memory_notes() {
+        if let Some(notes) = &turn.memory {
             messages.push(context::memory_message(notes));
         }
         messages.extend(window);
@@ -1326,6 +1337,7 @@ fn snapshot(turn: &Turn, phase: Phase, now: Timestamp) -> TurnRecord {
             .map(|o| (*o.format).clone()),
         output_retried: turn.output_retried,
         webhook: turn.webhook.clone(),
+        memory_notes: turn.memory.clone(),
         usage: turn.usage,
         started_at: turn.started_at,
         updated_at: now,

@@ -32,7 +32,14 @@
 //! - **Failures**: an embedding call that fails (5 s timeout, a non-2xx,
 //!   a malformed answer) never fails the put or the search: the item is
 //!   stored without a vector, the search ranks by BM25 alone, and a
-//!   warning is logged. Texts are cut to [`MAX_INPUT_CHARS`].
+//!   warning is logged. Texts are cut to [`MAX_INPUT_CHARS`]; an answer
+//!   is read up to [`MAX_ANSWER_BYTES`] (an 8,192-dimension vector in JSON
+//!   is ~200 KB) and one longer is a failed call, so a broken or hostile
+//!   endpoint costs at most that much memory per call.
+//! - **The endpoint is the operator's**, like `[model] base_url`: it is
+//!   not passed through the outbound guard of `http_request` (a local
+//!   embedding server on loopback or a private address is the common
+//!   case), and no tenant or model chooses it. Redirects are not followed.
 
 use std::time::Duration;
 
@@ -48,6 +55,8 @@ pub const MAX_INPUT_CHARS: usize = 8_000;
 const TIMEOUT: Duration = Duration::from_secs(5);
 /// Most dimensions accepted from the endpoint.
 const MAX_DIMENSIONS: usize = 8_192;
+/// Most bytes of an answer read from the endpoint.
+pub const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 /// The client of the `/embeddings` endpoint.
 #[derive(Clone)]
@@ -110,7 +119,15 @@ impl Embedder {
         if !status.is_success() {
             return Err(format!("the embeddings endpoint answered {status}"));
         }
-        let body: Value = response.json().await.map_err(|e| e.to_string())?;
+        let (bytes, over) = crate::tools::builtin::http::read_capped(response, MAX_ANSWER_BYTES)
+            .await
+            .map_err(|e| e.to_string())?;
+        if over {
+            return Err(format!(
+                "the endpoint's answer is over {MAX_ANSWER_BYTES} bytes"
+            ));
+        }
+        let body: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
         let vector: Vec<f32> = body["data"][0]["embedding"]
             .as_array()
             .ok_or("the answer has no data[0].embedding")?
@@ -173,5 +190,60 @@ mod tests {
         assert_eq!(from_doc(&doc, "m").unwrap(), v);
         assert_eq!(from_doc(&doc, "other"), None);
         assert_eq!(normalised(vec![0.0, 0.0]), None);
+    }
+
+    /// An endpoint on loopback that answers every request with `body`.
+    async fn endpoint(body: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    // The headers and the small JSON body, then the answer.
+                    while let Ok(n) = socket.read(&mut buf).await {
+                        request.extend_from_slice(&buf[..n]);
+                        if n == 0 || request.ends_with(b"}") {
+                            break;
+                        }
+                    }
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = socket.write_all(head.as_bytes()).await;
+                    let _ = socket.write_all(&body).await;
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    fn embedder(url: String) -> Embedder {
+        let config = crate::memory::MemoryConfig {
+            embeddings_url: Some(url),
+            ..Default::default()
+        };
+        Embedder::of(&config).unwrap()
+    }
+
+    /// A well-formed answer is read; the same answer padded past
+    /// [`MAX_ANSWER_BYTES`] is a failed call, not a buffer that grows with
+    /// whatever the endpoint sends.
+    #[tokio::test]
+    async fn an_answer_over_the_cap_is_a_failed_call() {
+        let answer = br#"{"data": [{"embedding": [3.0, 4.0]}]}"#.to_vec();
+        let ok = embedder(endpoint(answer.clone()).await);
+        assert_eq!(ok.embed("dog").await.unwrap(), [0.6, 0.8]);
+
+        let mut padded = b"{\"pad\": \"".to_vec();
+        padded.extend(std::iter::repeat_n(b'x', MAX_ANSWER_BYTES));
+        padded.extend_from_slice(br#"", "data": [{"embedding": [3.0, 4.0]}]}"#);
+        let big = embedder(endpoint(padded).await);
+        let err = big.embed("dog").await.unwrap_err();
+        assert!(err.contains("over"), "{err}");
     }
 }

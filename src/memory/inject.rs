@@ -24,6 +24,11 @@
 //!   session without a user under `{user_id}` gets no notes.
 //! - A failed search (the store unavailable) gives no notes and a warning:
 //!   the turn runs without them rather than fail.
+//! - Chosen once, when the turn starts, and kept in the turn's record
+//!   (`memory_notes`): every model call of the turn sends the same notes,
+//!   a call after a restart resumed it or after a handoff to another
+//!   agent included (the notes are the user's message's, not the agent's).
+//!   What is remembered meanwhile reaches the next turn.
 
 use super::{Memory, SearchQuery};
 

@@ -16,6 +16,8 @@
 //! `#[tokio::main]`'s default (one worker per core), as an ADK-Rust app
 //! would start it.
 
+mod agent;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,75 +27,10 @@ use adk_rust::StreamingMode;
 use adk_rust::prelude::*;
 use adk_rust::session::{CreateRequest, SessionService};
 use futures::StreamExt;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const QUESTION: &str = "What is 2+3? Use the calculator.";
-const SYSTEM: &str =
-    "You are a helpful assistant. Use the calculator for any arithmetic and report its result.";
 const APP: &str = "peers";
-
-static TOOL_CALLS: AtomicU64 = AtomicU64::new(0);
-
-#[derive(Serialize, Deserialize, JsonSchema)]
-struct CalculatorArgs {
-    /// The arithmetic expression, e.g. '(2+3)*4'
-    expression: String,
-}
-
-/// `+ - * /`, parentheses, unary minus: enough for the workload's `2+3`.
-fn evaluate(s: &str) -> Option<f64> {
-    fn expr(b: &[u8], i: &mut usize) -> Option<f64> {
-        let mut v = term(b, i)?;
-        while let Some(&c) = b.get(*i) {
-            if c != b'+' && c != b'-' {
-                break;
-            }
-            *i += 1;
-            let r = term(b, i)?;
-            v = if c == b'+' { v + r } else { v - r };
-        }
-        Some(v)
-    }
-    fn term(b: &[u8], i: &mut usize) -> Option<f64> {
-        let mut v = atom(b, i)?;
-        while let Some(&c) = b.get(*i) {
-            if c != b'*' && c != b'/' {
-                break;
-            }
-            *i += 1;
-            let r = atom(b, i)?;
-            v = if c == b'*' { v * r } else { v / r };
-        }
-        Some(v)
-    }
-    fn atom(b: &[u8], i: &mut usize) -> Option<f64> {
-        match b.get(*i)? {
-            b'(' => {
-                *i += 1;
-                let v = expr(b, i)?;
-                (b.get(*i) == Some(&b')')).then(|| *i += 1)?;
-                Some(v)
-            }
-            b'-' => {
-                *i += 1;
-                Some(-atom(b, i)?)
-            }
-            _ => {
-                let start = *i;
-                while b.get(*i).is_some_and(|c| c.is_ascii_digit() || *c == b'.') {
-                    *i += 1;
-                }
-                std::str::from_utf8(&b[start..*i]).ok()?.parse().ok()
-            }
-        }
-    }
-    let b: Vec<u8> = s.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-    let mut i = 0;
-    let v = expr(&b, &mut i)?;
-    (i == b.len()).then_some(v)
-}
 
 fn cpu_s() -> f64 {
     let mut r: libc::rusage = unsafe { std::mem::zeroed() };
@@ -206,32 +143,11 @@ async fn one(bench: &Bench, sid: String, outcome: &std::sync::Mutex<Outcome>) ->
 #[tokio::main]
 async fn main() {
     let a = args();
-    let model = OpenAIClient::new(OpenAIConfig::compatible("peers", &a.base_url, "mock-model"))
-        .expect("OpenAI-compatible client");
-    let calculator = FunctionTool::new(
-        "calculator",
-        "Evaluate an arithmetic expression: + - * / % ^ and parentheses.",
-        |_ctx, args: Value| async move {
-            TOOL_CALLS.fetch_add(1, Ordering::Relaxed);
-            let expression = args["expression"].as_str().unwrap_or_default().to_string();
-            match evaluate(&expression) {
-                Some(v) => Ok(json!({"expression": expression, "result": v})),
-                None => Ok(json!({"error": format!("cannot evaluate {expression:?}")})),
-            }
-        },
-    )
-    .with_parameters_schema::<CalculatorArgs>();
-    let agent = LlmAgentBuilder::new("assistant")
-        .description("The peers benchmark's agent: one calculator call per session.")
-        .instruction(SYSTEM)
-        .model(Arc::new(model))
-        .tool(Arc::new(calculator))
-        .build()
-        .expect("agent");
+    let assistant = agent::build(&a.base_url);
     let sessions: Arc<dyn SessionService> = Arc::new(InMemorySessionService::new());
     let runner = Runner::builder()
         .app_name(APP)
-        .agent(Arc::new(agent))
+        .agent(Arc::new(assistant))
         .session_service(sessions.clone())
         .run_config(
             RunConfig::builder()
@@ -306,7 +222,7 @@ async fn main() {
                  "elapsed_s": conc_elapsed, "wall_s": conc},
         "errors": outcome.errors,
         "error_count": outcome.error_count,
-        "tool_calls": TOOL_CALLS.load(Ordering::Relaxed),
+        "tool_calls": agent::TOOL_CALLS.load(Ordering::Relaxed),
         "vm_hwm_kb": vm_hwm_kb(),
         "measured": "process (in-process framework + this loop)",
     });
