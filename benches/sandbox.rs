@@ -9,9 +9,11 @@
 //! The handler is the one a tool file's `command: ["echo", "{}"]` gets
 //! (`cadre::tools::external`), so the figure is what a call pays: a
 //! sandboxed call adds its scratch dir (made and removed), its Landlock
-//! ruleset (a rule per opened system path), and in the child the uid
-//! change (root), the user and mount namespaces, the bind mount, the
-//! rlimits, Landlock and seccomp. Runs alternate by block (plain, then
+//! ruleset (each allowed path opened and added as a rule: a few hundred
+//! here, `/etc` being opened child by child), and in the child the uid
+//! change (root), the user and mount namespaces, the mounts (the scratch
+//! dir on `/tmp`, every other mount read-only), the rlimits, Landlock
+//! and seccomp. Runs alternate by block (plain, then
 //! sandboxed, `BLOCK` calls each) so drift hits both; the first block of
 //! each is a warm-up and not counted.
 //!

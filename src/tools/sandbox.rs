@@ -393,19 +393,22 @@ impl Sandbox {
                 count: writable.len(),
             });
         }
-        // Opened once: a call only adds these fds to its ruleset.
-        let mut opened = Vec::new();
-        for (path, access) in rules {
-            if let Some(fd) = open_path(&path) {
-                let is_dir = std::fs::metadata(&path).is_ok_and(|m| m.is_dir());
-                opened.push(Rule {
-                    fd,
+        // Kept as paths, opened by each call's `prepare` for the time of
+        // its ruleset: an fd held per rule would keep a few hundred open
+        // per tool (`/etc` is opened child by child), enough to starve a
+        // server of files.
+        let rules = rules
+            .into_iter()
+            .filter_map(|(path, access)| {
+                let is_dir = std::fs::metadata(&path).ok()?.is_dir();
+                Some(Rule {
+                    path: CString::new(path.as_os_str().as_bytes()).ok()?,
                     access: access.rights(abi, is_dir),
-                });
-            }
-        }
+                })
+            })
+            .collect();
         Ok(Some(Arc::new(Policy {
-            rules: opened,
+            rules,
             writable: writable.into(),
             tmp_binds,
             abi,
@@ -444,7 +447,10 @@ pub fn readable_roots(root: &Path, protected: &[PathBuf], out: &mut Vec<PathBuf>
 }
 
 fn open_path(path: &Path) -> Option<OwnedFd> {
-    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+    open_cpath(&CString::new(path.as_os_str().as_bytes()).ok()?)
+}
+
+fn open_cpath(c: &CString) -> Option<OwnedFd> {
     // SAFETY: a valid C string; the fd returned is owned below.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
     // SAFETY: a fresh fd we own.
@@ -512,7 +518,7 @@ struct PathBeneathAttr {
 }
 
 struct Rule {
-    fd: OwnedFd,
+    path: CString,
     access: u64,
 }
 
@@ -585,7 +591,10 @@ impl Policy {
         let scratch = Scratch::new()?;
         let ruleset = ruleset(self.abi, self.network)?;
         for rule in &self.rules {
-            add_rule(&ruleset, rule.fd.as_raw_fd(), rule.access)?;
+            // Gone since the policy was built: nothing to allow.
+            if let Some(fd) = open_cpath(&rule.path) {
+                add_rule(&ruleset, fd.as_raw_fd(), rule.access)?;
+            }
         }
         let fd = open_path(&scratch.0).ok_or_else(std::io::Error::last_os_error)?;
         add_rule(&ruleset, fd.as_raw_fd(), fs_handled(self.abi))?;
