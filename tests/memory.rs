@@ -591,22 +591,30 @@ async fn injected_memory_is_the_users_best_items_for_the_message() {
     assert_eq!(model.overruns(), 0);
 }
 
-/// A tool-file command, `slow`, that appends a line to `runs.log` in its
-/// folder and waits for a file `release` there.
-fn slow_tool(agents: &std::path::Path) {
+/// A tool-file command, `slow`, that appends a line to `runs.log` in
+/// `work` and waits for a file `release` there; `work` is declared
+/// writable in its sandbox (its own folder is read-only).
+fn slow_tool(agents: &std::path::Path, work: &std::path::Path) {
     let tools = agents.join("tools");
     std::fs::create_dir_all(&tools).unwrap();
+    std::fs::create_dir_all(work).unwrap();
+    let work = work.display().to_string();
     std::fs::write(
         tools.join("run.sh"),
-        "#!/bin/sh\ncat > /dev/null\necho slow >> runs.log\n\
-         while [ ! -e release ]; do sleep 0.02; done\n\
-         echo '{\"done\": \"slow\"}'\n",
+        format!(
+            "#!/bin/sh\ncat > /dev/null\necho slow >> '{work}/runs.log'\n\
+             while [ ! -e '{work}/release' ]; do sleep 0.02; done\n\
+             echo '{{\"done\": \"slow\"}}'\n"
+        ),
     )
     .unwrap();
     std::fs::write(
         tools.join("slow.yaml"),
-        "name: slow\ndescription: waits\ncategory: custom\nparameters: []\n\
-         side_effects: idempotent\nentry: { type: external, command: [\"sh\", \"run.sh\"] }\n",
+        format!(
+            "name: slow\ndescription: waits\ncategory: custom\nparameters: []\n\
+             side_effects: idempotent\nentry: {{ type: external, command: [\"sh\", \"run.sh\"], \
+             paths: [{{ path: {work:?}, write: true }}] }}\n"
+        ),
     )
     .unwrap();
 }
@@ -660,9 +668,10 @@ async fn kill_9_between_remember_and_the_turns_end_stores_once() {
     let data = dir.path().join("data");
     let agent = format!("{}memory = true\n", agent_toml("keeper", &["slow"], 3));
     let agents = agents_dir(&[("keeper.toml", &agent)]);
-    slow_tool(agents.path());
+    let work = dir.path().join("work");
+    slow_tool(agents.path(), &work);
     let start = || start_server(&data, agents.path(), &model);
-    let runs = || std::fs::read_to_string(agents.path().join("tools/runs.log")).unwrap_or_default();
+    let runs = || std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
     let alice = json!({"namespace_prefix": ["users", "alice"], "limit": 10});
 
     let mut server = start();
@@ -696,7 +705,7 @@ async fn kill_9_between_remember_and_the_turns_end_stores_once() {
     .await;
     server.kill_9();
 
-    std::fs::write(agents.path().join("tools/release"), "").unwrap();
+    std::fs::write(work.join("release"), "").unwrap();
     model.push(Reply::text("Noted."));
     let server = start();
     let client = server.client();
@@ -742,8 +751,9 @@ async fn a_resumed_turn_sends_the_notes_it_started_with() {
         agent_toml("concierge", &["slow"], 3)
     );
     let agents = agents_dir(&[("concierge.toml", &agent)]);
-    slow_tool(agents.path());
-    let runs = || std::fs::read_to_string(agents.path().join("tools/runs.log")).unwrap_or_default();
+    let work = dir.path().join("work");
+    slow_tool(agents.path(), &work);
+    let runs = || std::fs::read_to_string(work.join("runs.log")).unwrap_or_default();
     let dog = |text: &str| json!({"namespace": ["users", "alice"], "key": "dog", "value": {"text": text}});
 
     let mut server = start_server(&data, agents.path(), &model);
@@ -772,7 +782,7 @@ async fn a_resumed_turn_sends_the_notes_it_started_with() {
     assert_eq!(status, StatusCode::OK, "{body}");
     server.kill_9();
 
-    std::fs::write(agents.path().join("tools/release"), "").unwrap();
+    std::fs::write(work.join("release"), "").unwrap();
     model.push(Reply::text("Done."));
     let server = start_server(&data, agents.path(), &model);
     let client = server.client();
@@ -800,7 +810,10 @@ async fn a_resumed_turn_sends_the_notes_it_started_with() {
         .collect();
     assert_eq!(resumed.len(), 1, "{}", requests[1]);
     let text = resumed[0]["content"].as_str().unwrap();
-    assert!(text.contains(&format!("\n<memory>\n{first}\n</memory>")), "{text}");
+    assert!(
+        text.contains(&format!("\n<memory>\n{first}\n</memory>")),
+        "{text}"
+    );
     assert!(!text.contains("Max"), "{text}");
     assert_eq!(model.refusals(), Vec::<String>::new());
 }
