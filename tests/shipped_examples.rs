@@ -89,6 +89,12 @@ fn the_server_config_example_loads_and_sets_every_key_to_its_default() {
     let path = examples().join("cadre.toml");
     let loaded = ServerConfig::load(Some(&path), Vec::new())
         .unwrap_or_else(|e| panic!("examples/cadre.toml does not load: {e}"));
+    // Where it was read from (hidden from sandboxed tools) is no setting.
+    assert_eq!(loaded.file.as_deref(), Some(path.as_path()));
+    let loaded = ServerConfig {
+        file: None,
+        ..loaded
+    };
     assert_eq!(
         format!("{loaded:?}"),
         format!("{:?}", ServerConfig::default()),
