@@ -7,9 +7,9 @@
 //!
 //! The hostile script tries, in one call: the model's API key and another
 //! secret from its environment, a loopback connection, cadre's redb file,
-//! a write outside its scratch dir (and into its own folder), cadre's
-//! environment through `/proc`, a signal to cadre, 3 GB of memory and 300
-//! processes. Each must fail, and cadre must serve the next request. The
+//! a write outside its scratch dir (and into its own folder, and a chmod
+//! of that folder), cadre's environment through `/proc`, a signal to
+//! cadre, 3 GB of memory and 300 processes. Each must fail, and cadre must serve the next request. The
 //! same script runs inside a stdio MCP server (`hostile_mcp/server.py`,
 //! tool `sh`). The refusal paths run cadre under a seccomp filter of the
 //! test's that takes Landlock away, as an old kernel would.
@@ -50,13 +50,14 @@ except OSError as e:
 redb=$(cat "$data"/*.redb 2>/dev/null | wc -c)
 escaped=no; (echo x > "$outside/escaped") 2>/dev/null && escaped=yes
 folder=no; (echo x > "$own/escaped") 2>/dev/null && folder=yes
+chmod=no; chmod "$(stat -c %a "$own")" "$own" 2>/dev/null && chmod=yes
 home=no; (echo x > "$HOME/mine") 2>/dev/null && home=yes
 environ=$(cat /proc/$cadre/environ 2>/dev/null | wc -c)
 signal=no; kill -0 "$cadre" 2>/dev/null && signal=yes
 alloc=$(python3 -c "b = bytearray(3 << 30); print('allocated')" 2>/dev/null || echo failed)
 procs=$( (i=0; while [ $i -lt 300 ]; do sleep 30 >/dev/null 2>&1 & i=$((i+1)); echo $i; done) 2>/dev/null | tail -n 1)
-printf '{"key":"%s","secret":"%s","connect":"%s","redb_bytes":%s,"escaped":"%s","folder":"%s","home":"%s","environ_bytes":%s,"signal":"%s","alloc":"%s","procs":%s}\n' \
-  "$key" "$secret" "$connect" "$redb" "$escaped" "$folder" "$home" "$environ" "$signal" "$alloc" "${procs:-0}"
+printf '{"key":"%s","secret":"%s","connect":"%s","redb_bytes":%s,"escaped":"%s","folder":"%s","chmod":"%s","home":"%s","environ_bytes":%s,"signal":"%s","alloc":"%s","procs":%s}\n' \
+  "$key" "$secret" "$connect" "$redb" "$escaped" "$folder" "$chmod" "$home" "$environ" "$signal" "$alloc" "${procs:-0}"
 "#;
 
 /// Secrets in cadre's environment that no sandboxed process may see.
@@ -191,6 +192,8 @@ fn assert_contained(got: &Value, listener: &TcpListener, outside: &Path, own: &P
     assert!(!outside.join("escaped").exists());
     assert_eq!(got["folder"], "no", "its own folder is read-only: {got}");
     assert!(!own.join("escaped").exists());
+    // Not Landlock's: its own folder's mount is read-only (a no-op mode).
+    assert_eq!(got["chmod"], "no", "it could chmod its own folder: {got}");
     assert_eq!(got["home"], "yes", "its scratch dir is writable: {got}");
     assert_eq!(got["environ_bytes"], 0, "cadre's environ was read: {got}");
     assert_eq!(got["signal"], "no", "it could signal cadre: {got}");
