@@ -1386,8 +1386,9 @@ mod tests {
     /// read-only but the scratch dir and the declared writable paths.
     #[tokio::test]
     async fn what_it_may_only_read_it_cannot_chmod_touch_or_truncate() {
-        // Outside /tmp, so the read-only tree (not a bind) is what is tested.
-        let dir = tempfile::tempdir_in(env!("CARGO_MANIFEST_DIR")).unwrap();
+        // Outside /tmp, so the read-only tree (not a bind) is what is
+        // tested; /var/tmp, so any user can run it.
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
         let (ro, rw) = (dir.path().join("ro"), dir.path().join("rw"));
         std::fs::create_dir_all(&ro).unwrap();
         std::fs::create_dir_all(&rw).unwrap();
