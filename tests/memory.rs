@@ -632,6 +632,35 @@ where
     }
 }
 
+/// Sends `content` with `Prefer: respond-async`: the turn's id (202).
+async fn send_async(client: &Client, session: &str, content: &str) -> String {
+    let response = client
+        .request(Method::POST, &format!("/v1/sessions/{session}/messages"))
+        .header("prefer", "respond-async")
+        .json(&json!({ "content": content }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    response.json::<Value>().await.unwrap()["turn_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Waits until the session's turn `turn_id` is `completed`.
+async fn completes(client: &Client, session: &str, turn_id: &str) {
+    let turn_path = format!("/v1/sessions/{session}/turns/{turn_id}");
+    eventually("the turn completed", || {
+        let (client, turn_path) = (client.clone(), turn_path.clone());
+        async move {
+            let (status, turn) = client.get(&turn_path).await;
+            status == StatusCode::OK && turn["phase"] == "completed"
+        }
+    })
+    .await;
+}
+
 /// The real binary on `data` (or, under `CADRE_TEST_STORE=postgres`, on
 /// that data dir's database), restartable on the same store.
 fn start_server(data: &std::path::Path, agents: &std::path::Path, model: &MockModel) -> Server {
@@ -685,18 +714,7 @@ async fn kill_9_between_remember_and_the_turns_end_stores_once() {
         ),
         ("s1", "slow", "{}"),
     ]));
-    let response = client
-        .request(Method::POST, &format!("/v1/sessions/{session}/messages"))
-        .header("prefer", "respond-async")
-        .json(&json!({"content": "My dog is called Rex."}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::ACCEPTED);
-    let turn_id = response.json::<Value>().await.unwrap()["turn_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let turn_id = send_async(&client, &session, "My dog is called Rex.").await;
     eventually("slow started", || async { runs().contains("slow") }).await;
     eventually("the item stored", || {
         let (client, alice) = (client.clone(), alice.clone());
@@ -709,15 +727,7 @@ async fn kill_9_between_remember_and_the_turns_end_stores_once() {
     model.push(Reply::text("Noted."));
     let server = start();
     let client = server.client();
-    let turn_path = format!("/v1/sessions/{session}/turns/{turn_id}");
-    eventually("the turn completed", || {
-        let (client, turn_path) = (client.clone(), turn_path.clone());
-        async move {
-            let (status, turn) = client.get(&turn_path).await;
-            status == StatusCode::OK && turn["phase"] == "completed"
-        }
-    })
-    .await;
+    completes(&client, &session, &turn_id).await;
     let stored = search(&client, alice).await;
     assert_eq!(stored.len(), 1, "stored once: {stored:?}");
     assert_eq!(stored[0]["value"]["text"], "Alice's dog is called Rex.");
@@ -762,18 +772,7 @@ async fn a_resumed_turn_sends_the_notes_it_started_with() {
     assert_eq!(status, StatusCode::OK, "{body}");
     let session = session_of(&client, "concierge", "alice").await;
     model.push(Reply::tool_calls(&[("s1", "slow", "{}")]));
-    let response = client
-        .request(Method::POST, &format!("/v1/sessions/{session}/messages"))
-        .header("prefer", "respond-async")
-        .json(&json!({"content": "Walk my dog, please."}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::ACCEPTED);
-    let turn_id = response.json::<Value>().await.unwrap()["turn_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let turn_id = send_async(&client, &session, "Walk my dog, please.").await;
     eventually("slow started", || async { runs().contains("slow") }).await;
     let first = memory_notes(&model.requests()[0]).expect("notes on the first call");
     assert_eq!(first, "- Alice's dog is called Rex.");
@@ -786,15 +785,7 @@ async fn a_resumed_turn_sends_the_notes_it_started_with() {
     model.push(Reply::text("Done."));
     let server = start_server(&data, agents.path(), &model);
     let client = server.client();
-    let turn_path = format!("/v1/sessions/{session}/turns/{turn_id}");
-    eventually("the turn completed", || {
-        let (client, turn_path) = (client.clone(), turn_path.clone());
-        async move {
-            let (status, turn) = client.get(&turn_path).await;
-            status == StatusCode::OK && turn["phase"] == "completed"
-        }
-    })
-    .await;
+    completes(&client, &session, &turn_id).await;
     let requests = model.requests();
     assert_eq!(requests.len(), 2, "one call before the kill, one after");
     // The resumed call ends with the tool's result, not the user's message.
