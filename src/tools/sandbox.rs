@@ -1312,15 +1312,13 @@ mod tests {
         assert!(!secret.path().join("new").exists());
     }
 
-    /// Paths under the host's /tmp (hidden by the scratch dir mounted
-    /// there) are bound back: a read grant read-only, a write grant writable.
-    #[tokio::test]
-    async fn declared_paths_under_tmp_are_seen_with_their_access() {
-        let dir = tempfile::tempdir_in("/tmp").unwrap();
-        let (ro, rw) = (dir.path().join("ro"), dir.path().join("rw"));
+    /// Folders `ro` (holding `file` with `content`) and `rw` under
+    /// `parent`, and a policy that grants the first read, the second write.
+    fn ro_and_rw(parent: &Path, file: &str, content: &str) -> (PathBuf, PathBuf, Arc<Policy>) {
+        let (ro, rw) = (parent.join("ro"), parent.join("rw"));
         std::fs::create_dir_all(&ro).unwrap();
         std::fs::create_dir_all(&rw).unwrap();
-        std::fs::write(ro.join("in"), "given").unwrap();
+        std::fs::write(ro.join(file), content).unwrap();
         let grants = [
             PathGrant {
                 path: ro.display().to_string(),
@@ -1335,6 +1333,15 @@ mod tests {
             .policy(&[], &grants, false, &LimitsOverride::default())
             .unwrap()
             .unwrap();
+        (ro, rw, policy)
+    }
+
+    /// Paths under the host's /tmp (hidden by the scratch dir mounted
+    /// there) are bound back: a read grant read-only, a write grant writable.
+    #[tokio::test]
+    async fn declared_paths_under_tmp_are_seen_with_their_access() {
+        let dir = tempfile::tempdir_in("/tmp").unwrap();
+        let (ro, rw, policy) = ro_and_rw(dir.path(), "in", "given");
         let script = format!(
             "cat {ro:?}/in; echo x > {ro:?}/out || echo ro-refused; echo y > {rw:?}/out && echo rw-written",
         );
@@ -1389,24 +1396,7 @@ mod tests {
         // Outside /tmp, so the read-only tree (not a bind) is what is
         // tested; /var/tmp, so any user can run it.
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        let (ro, rw) = (dir.path().join("ro"), dir.path().join("rw"));
-        std::fs::create_dir_all(&ro).unwrap();
-        std::fs::create_dir_all(&rw).unwrap();
-        std::fs::write(ro.join("f"), "keep").unwrap();
-        let grants = [
-            PathGrant {
-                path: ro.display().to_string(),
-                write: false,
-            },
-            PathGrant {
-                path: rw.display().to_string(),
-                write: true,
-            },
-        ];
-        let policy = Sandbox::default()
-            .policy(&[], &grants, false, &LimitsOverride::default())
-            .unwrap()
-            .unwrap();
+        let (ro, rw, policy) = ro_and_rw(dir.path(), "f", "keep");
         let f = ro.join("f");
         let script = format!(
             "chmod 777 {f:?} || echo no-chmod; touch -d 2001-01-01 {f:?} || echo no-touch; \
