@@ -626,7 +626,7 @@ fn setup(
         metrics: metrics.clone(),
     };
     let (executor_arbiter, conversation_arbiters) = arbiters.split_first().expect("arbiters");
-    let executor = ExecutorHandle::start(executor_arbiter, shared);
+    let executor = ExecutorHandle::start(executor_arbiter, conversation_arbiters, shared);
     let sessions = Sessions::new(
         store.clone(),
         agents,

@@ -47,7 +47,14 @@
 //! verdict, so a call with bad arguments spends its cells as any other, on
 //! one node and on many. The tool body runs in a spawned tokio task, so a
 //! slow tool never stalls admission and a panicking one fails only its own
-//! call (`TOOL_EXECUTION_ERROR`). The actor runs under an actix `Supervisor`: if
+//! call (`TOOL_EXECUTION_ERROR`); a built-in that only computes and is
+//! bounded by its schema (`calculator`, `echo`:
+//! [`crate::tools::ToolHandler::runs_inline`]) runs in place, its panic
+//! caught the same way. There is one executor actor per arbiter: a call
+//! made on a conversation's arbiter is admitted by the executor of that
+//! thread, everyone else's by the executor's own arbiter
+//! ([`ExecutorHandle::start`]); they share every handle, so which one
+//! admits a call is not observable. The actor runs under an actix `Supervisor`: if
 //! admission itself panics, the caller gets an `TOOL_EXECUTION_ERROR` and the
 //! actor stops so the supervisor restarts it; limits, pool and cache live in
 //! shared handles and survive the restart. Callers reach it through
@@ -72,8 +79,9 @@ pub mod guarded;
 pub mod limits;
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -290,10 +298,21 @@ pub struct ExecutorShared {
 
 struct Executor {
     shared: ExecutorShared,
+    /// Set for an executor beside conversations: the thread of its
+    /// arbiter, learnt when it starts, so [`ExecutorHandle::execute`] can
+    /// send a call to the executor of the thread it is made on.
+    thread: Option<Arc<OnceLock<ThreadId>>>,
 }
 
 impl Actor for Executor {
     type Context = Context<Self>;
+
+    fn started(&mut self, _ctx: &mut Context<Self>) {
+        if let Some(slot) = &self.thread {
+            // Set once: a supervisor's restart starts it on the same arbiter.
+            let _ = slot.set(std::thread::current().id());
+        }
+    }
 }
 
 impl Supervised for Executor {
@@ -953,6 +972,16 @@ async fn run_once(
     timeout: Duration,
 ) -> Result<Value, RunFailure> {
     let handler = tool.handler.clone();
+    if handler.runs_inline() {
+        // Pure and bounded (`ToolHandler::runs_inline`): no task, no timer.
+        return match AssertUnwindSafe(handler.call(params, ctx))
+            .catch_unwind()
+            .await
+        {
+            Err(panic) => Err(RunFailure::Panicked(panic_message(&panic))),
+            Ok(result) => result.map_err(RunFailure::Tool),
+        };
+    }
     let ctx = ctx.clone();
     let task = tokio::spawn(async move {
         AssertUnwindSafe(handler.call(params, &ctx))
@@ -1044,19 +1073,58 @@ async fn record(
 }
 
 /// How the rest of cadre reaches the executor. Every resident conversation
-/// holds one: the shared parts sit behind one `Arc` (inline they were 368
-/// bytes per conversation).
+/// holds one: everything sits behind one `Arc` (inline the shared parts
+/// were 368 bytes per conversation).
 #[derive(Clone)]
 pub struct ExecutorHandle {
-    addr: Addr<Executor>,
-    shared: Arc<ExecutorShared>,
+    inner: Arc<HandleInner>,
+}
+
+struct HandleInner {
+    /// On the executor's own arbiter: callers on no arbiter of cadre's
+    /// (HTTP handlers, MCP, schedules) and fault injection.
+    home: Addr<Executor>,
+    /// One beside each conversation arbiter, with the thread it runs on
+    /// (set once it started).
+    beside: Vec<(Arc<OnceLock<ThreadId>>, Addr<Executor>)>,
+    shared: ExecutorShared,
 }
 
 impl ExecutorHandle {
-    /// Starts the executor under a supervisor on the given arbiter.
-    pub fn start(arbiter: &actix::dev::ArbiterHandle, shared: ExecutorShared) -> Self {
+    /// Starts the executor under a supervisor on the given arbiter, and
+    /// one more beside each of `beside` (the conversations' arbiters).
+    ///
+    /// Every instance is the same gate: the limits, the pool, the cache
+    /// and the confirmations are shared handles (`ExecutorShared`), and
+    /// the actor keeps no state of its own, so which instance admits a
+    /// call changes nothing but the thread it runs on. A call made on a
+    /// conversation's arbiter (its tool sub-agent's) goes to the executor
+    /// of that arbiter: admission, the rate limits, the record and the
+    /// reply then stay on the thread, where the old single executor cost
+    /// two thread wake-ups per call (issue #37). Each instance has its own
+    /// mailbox and supervisor; a panic in admission restarts only it.
+    pub fn start(
+        arbiter: &actix::dev::ArbiterHandle,
+        beside: &[actix::dev::ArbiterHandle],
+        shared: ExecutorShared,
+    ) -> Self {
         let for_actor = shared.clone();
-        let addr = Supervisor::start_in_arbiter(arbiter, move |_| Executor { shared: for_actor });
+        let home = Supervisor::start_in_arbiter(arbiter, move |_| Executor {
+            shared: for_actor,
+            thread: None,
+        });
+        let beside = beside
+            .iter()
+            .map(|arbiter| {
+                let slot: Arc<OnceLock<ThreadId>> = Arc::default();
+                let (for_actor, thread) = (shared.clone(), slot.clone());
+                let addr = Supervisor::start_in_arbiter(arbiter, move |_| Executor {
+                    shared: for_actor,
+                    thread: Some(thread),
+                });
+                (slot, addr)
+            })
+            .collect();
         let (limiter, tenant_limiter) = (shared.limiter.clone(), shared.tenant_limiter.clone());
         // Keyed limiter state grows with users: trim it now and then.
         tokio::spawn(async move {
@@ -1068,23 +1136,37 @@ impl ExecutorHandle {
             }
         });
         ExecutorHandle {
-            addr,
-            shared: Arc::new(shared),
+            inner: Arc::new(HandleInner {
+                home,
+                beside,
+                shared,
+            }),
         }
     }
 
     pub fn shared(&self) -> &ExecutorShared {
-        &self.shared
+        &self.inner.shared
     }
 
-    /// How often the supervisor has restarted the executor.
+    /// The executor of the thread this runs on, else the home one.
+    fn here(&self) -> &Addr<Executor> {
+        let here = std::thread::current().id();
+        self.inner
+            .beside
+            .iter()
+            .find(|(thread, _)| thread.get() == Some(&here))
+            .map_or(&self.inner.home, |(_, addr)| addr)
+    }
+
+    /// How often the supervisors have restarted an executor.
     pub fn restarts(&self) -> u64 {
-        self.shared.restarts.load(Ordering::Relaxed)
+        self.inner.shared.restarts.load(Ordering::Relaxed)
     }
 
     #[doc(hidden)]
     pub async fn inject_fault(&self) -> Result<(), String> {
-        self.addr
+        self.inner
+            .home
             .send(InjectFault)
             .await
             .map_err(|e| format!("the executor is unavailable: {e}"))?
@@ -1106,6 +1188,7 @@ impl ExecutorHandle {
             confirmations::Decision::Denied
         };
         let pending = self
+            .inner
             .shared
             .confirmations
             .decide(id, tenant, decision)
@@ -1151,7 +1234,7 @@ impl ExecutorHandle {
                 .unwrap_or(crate::identity::DEFAULT_TENANT);
             // The store's read cache answers this without IO on every call
             // but the first after a config change.
-            match TenantConfig::load(&self.shared.store, tenant).await {
+            match TenantConfig::load(&self.inner.shared.store, tenant).await {
                 Ok(config) => call.tenant_quota = config.tool_quotas.get(&name).copied(),
                 Err(e) => {
                     // Fail closed: a ceiling that cannot be read is not
@@ -1167,7 +1250,7 @@ impl ExecutorHandle {
                 }
             }
         }
-        match self.addr.send(call).await {
+        match self.here().send(call).await {
             Ok(result) => result,
             Err(e) => ToolExecutionResult::failure(
                 &name,
@@ -1175,5 +1258,107 @@ impl ExecutorHandle {
                 format!("the executor is unavailable: {e}"),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::{ToolDefinition, ToolHandler};
+    use std::sync::Mutex;
+    use std::thread::ThreadId;
+
+    /// Notes the thread it ran on. It runs in place (`runs_inline`), so
+    /// that is the thread of the executor that admitted the call.
+    struct WhereRan(Arc<Mutex<Vec<ThreadId>>>);
+
+    #[async_trait::async_trait]
+    impl ToolHandler for WhereRan {
+        async fn call(&self, _: Value, _: &ExecutionContext) -> Result<Value, ToolError> {
+            self.0.lock().unwrap().push(std::thread::current().id());
+            Ok(json!({}))
+        }
+
+        fn runs_inline(&self) -> bool {
+            true
+        }
+    }
+
+    fn call() -> ExecuteTool {
+        ExecuteTool::new(
+            "where",
+            Arguments::Json(json!({})),
+            ExecutionContext::new(CallerType::ConversationAgent, "u"),
+        )
+    }
+
+    /// What runs a future on `arbiter` and hands back its output.
+    async fn on<T: Send + 'static>(
+        arbiter: &actix::dev::ArbiterHandle,
+        f: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        assert!(arbiter.spawn(async move {
+            let _ = tx.send(f.await);
+        }));
+        rx.await.expect("the arbiter ran it")
+    }
+
+    /// A call made on a conversation's arbiter is admitted (and an inline
+    /// tool run) on that thread, by the executor beside it; a call from
+    /// anywhere else goes to the executor's own arbiter. Without the
+    /// executors beside the conversations, both would run on the home
+    /// arbiter's thread (two thread hops per call, issue #37).
+    #[test]
+    fn a_call_is_admitted_on_the_arbiter_it_is_made_on() {
+        let dir = tempfile::tempdir().unwrap();
+        actix::System::new().block_on(async move {
+            let (home, beside) = (Arbiter::new(), Arbiter::new());
+            let store = Store::open(dir.path()).unwrap();
+            let registry = ToolRegistry::new();
+            let ran = Arc::new(Mutex::new(Vec::new()));
+            registry
+                .register(
+                    ToolDefinition::new("where", "where it ran", json!({"type": "object"}))
+                        .with_side_effects(SideEffects::None)
+                        .with_cache_ttl(0),
+                    Arc::new(WhereRan(ran.clone())),
+                )
+                .unwrap();
+            let shared = ExecutorShared {
+                registry,
+                store: store.clone(),
+                limiter: Arc::new(limits::RateLimiter::new()),
+                tenant_limiter: Arc::new(limits::RateLimiter::new()),
+                concurrency: Arc::new(ConcurrencyController::new(Default::default())),
+                cache: ResultCache::new(),
+                confirmations: Confirmations::new(store, Duration::from_secs(60)),
+                events: EventBus::new(),
+                config: ExecutorConfig::default(),
+                restarts: Arc::default(),
+                metrics: Arc::default(),
+            };
+            let handle = ExecutorHandle::start(&home.handle(), &[beside.handle()], shared);
+            let home_thread = on(&home.handle(), async { std::thread::current().id() }).await;
+            let beside_thread = on(&beside.handle(), async { std::thread::current().id() }).await;
+            assert_ne!(home_thread, beside_thread);
+            // The executor beside has started (it learns its thread then).
+            for _ in 0..1000 {
+                if handle.inner.beside[0].0.get().is_some() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(handle.inner.beside[0].0.get(), Some(&beside_thread));
+
+            let h = handle.clone();
+            let result = on(&beside.handle(), async move { h.execute(call()).await }).await;
+            assert!(result.is_success, "{result:?}");
+            let result = handle.execute(call()).await;
+            assert!(result.is_success, "{result:?}");
+            assert_eq!(*ran.lock().unwrap(), [beside_thread, home_thread]);
+            home.stop();
+            beside.stop();
+        });
     }
 }

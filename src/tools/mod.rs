@@ -81,6 +81,16 @@ impl ToolError {
 #[async_trait::async_trait]
 pub trait ToolHandler: Send + Sync + 'static {
     async fn call(&self, params: Value, ctx: &ExecutionContext) -> Result<Value, ToolError>;
+
+    /// True for a body that only computes, never waits, and is bounded by
+    /// its schema (`calculator`, `echo`): the executor then runs it where
+    /// the call was admitted instead of in a task of its own, which saves
+    /// two thread wake-ups per call. Its panic is still caught; a timeout
+    /// cannot cut it (it never yields), which is why only built-ins whose
+    /// input the schema bounds say so.
+    fn runs_inline(&self) -> bool {
+        false
+    }
 }
 
 /// Any `Fn(Value) -> Future<Output = Result<Value, ToolError>>` is a handler,

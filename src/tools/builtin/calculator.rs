@@ -57,4 +57,9 @@ impl ToolHandler for Calculator {
             "formatted": calc_eval::format_number(value),
         }))
     }
+
+    /// Bounded by its schema's `maxLength`, pure: run where admitted.
+    fn runs_inline(&self) -> bool {
+        true
+    }
 }

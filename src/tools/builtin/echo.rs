@@ -28,4 +28,9 @@ impl ToolHandler for Echo {
     async fn call(&self, params: Value, _ctx: &ExecutionContext) -> Result<Value, ToolError> {
         Ok(json!({"message": params["message"]}))
     }
+
+    /// Bounded by its schema's `maxLength`, pure: run where admitted.
+    fn runs_inline(&self) -> bool {
+        true
+    }
 }
