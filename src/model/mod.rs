@@ -1,11 +1,12 @@
 //! Model: how a conversation talks to a language model.
 //!
-//! conversation ──ChatRequest──▶ ChatModel ──▶ OpenAI-compatible endpoint (async-openai)
+//! conversation ──ChatRequest──▶ ChatModel ──▶ OpenAI-compatible endpoint (reqwest)
 //!      ▲                          │           or the offline intent router
 //!      └──── ChatResponse ────────┘
 //!
-//! The types here are cadre's own; async-openai's types never leave
-//! [`openai`]. A [`ChatMessage`] is both what the model sees and what the
+//! The types here are cadre's own, and they are what goes on the wire
+//! (`request_body` borrows them; async-openai's types are only the
+//! reference its tests compare with). A [`ChatMessage`] is both what the model sees and what the
 //! store keeps, so history needs no translation on its way back to the model.
 //! Each reply carries the call's token [`Usage`] as the provider reported
 //! it; the conversation records it (see `store::usage`).
@@ -13,6 +14,7 @@
 
 pub mod offline;
 pub mod openai;
+mod request_body;
 
 use std::sync::Arc;
 use std::time::Duration;

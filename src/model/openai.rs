@@ -1,10 +1,11 @@
 //! The OpenAI-compatible model client (OpenAI, Groq, vLLM, llama.cpp, Ollama...).
 //!
 //! conversation ──ChatRequest──▶ OpenAiModel ──reqwest──▶ endpoint
-//!                                   │ request: async-openai's types, serialised
+//!                                   │ request: serialised from cadre's own types ([`super::request_body`])
 //!                                   │ reply:   read capped, parsed leniently here
 //!
-//! async-openai builds the request body; the reply is read and parsed here,
+//! The request body borrows cadre's request (async-openai's types are the
+//! reference it is tested against); the reply is read and parsed here,
 //! because an endpoint is not trusted to answer what OpenAI would: every
 //! reply is read through a byte cap and parsed into cadre's own lenient
 //! shapes ([`wire`]). Decisions:
@@ -59,13 +60,17 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+#[cfg(test)]
 use async_openai::types::chat as oa;
 use eventsource_stream::{EventStreamError, Eventsource};
 use futures::{Stream, StreamExt};
 
+use super::request_body::RequestBody;
+#[cfg(test)]
+use super::{ChatMessage, Role, ToolChoice};
 use super::{
-    ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, FinishReason, ModelEndpoint,
-    ModelError, Role, StructuredOutput, ToolCall, ToolChoice, Usage,
+    ChatModel, ChatRequest, ChatResponse, DeltaSink, FinishReason, ModelEndpoint, ModelError,
+    StructuredOutput, ToolCall, Usage,
 };
 use crate::retry::Backoff;
 
@@ -150,10 +155,7 @@ impl OpenAiModel {
     }
 
     /// Sends the request; a non-2xx answer is classified here.
-    async fn send(
-        &self,
-        request: &oa::CreateChatCompletionRequest,
-    ) -> Result<reqwest::Response, Failure> {
+    async fn send(&self, request: &RequestBody<'_>) -> Result<reqwest::Response, Failure> {
         let response = self
             .http
             .post(&self.url)
@@ -200,10 +202,7 @@ impl OpenAiModel {
         .into_failure())
     }
 
-    async fn attempt(
-        &self,
-        request: &oa::CreateChatCompletionRequest,
-    ) -> Result<ChatResponse, Failure> {
+    async fn attempt(&self, request: &RequestBody<'_>) -> Result<ChatResponse, Failure> {
         let response = self.send(request).await?;
         let cap = self.options.max_reply_bytes;
         if response.content_length().is_some_and(|n| n > cap as u64) {
@@ -279,13 +278,13 @@ fn check_calls(calls: &[ToolCall]) -> Result<(), Failure> {
 }
 
 impl OpenAiModel {
-    fn wire(&self, request: &ChatRequest) -> oa::CreateChatCompletionRequest {
-        let model = if request.model.is_empty() {
-            self.model.clone()
-        } else {
-            request.model.clone()
-        };
-        to_wire(request, model, self.options.structured_output)
+    /// The schema instruction a prompt-mode client appends for `request`'s
+    /// `response_format` (none in native mode or without one).
+    fn instruction(&self, request: &ChatRequest) -> Option<String> {
+        match (&request.response_format, self.options.structured_output) {
+            (Some(f), StructuredOutput::Prompt) => Some(super::schema_instruction(f)),
+            _ => None,
+        }
     }
 
     /// Runs `attempt` until it succeeds, fails for good, or the retries
@@ -345,7 +344,7 @@ impl OpenAiModel {
     /// tool calls are assembled by their `index` from their pieces.
     async fn attempt_stream(
         &self,
-        request: &oa::CreateChatCompletionRequest,
+        request: &RequestBody<'_>,
         on_delta: DeltaSink<'_>,
         emitted: &AtomicBool,
     ) -> Result<ChatResponse, Failure> {
@@ -443,7 +442,13 @@ impl OpenAiModel {
 #[async_trait::async_trait]
 impl ChatModel for OpenAiModel {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        let wire = self.wire(&request);
+        let instruction = self.instruction(&request);
+        let wire = RequestBody::new(
+            &request,
+            &self.model,
+            self.options.structured_output,
+            instruction.as_deref(),
+        );
         self.retrying(|| self.attempt(&wire))
             .await
             .map(|r| from_wire_names(r, &request))
@@ -454,13 +459,14 @@ impl ChatModel for OpenAiModel {
         request: ChatRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ModelError> {
-        let mut wire = self.wire(&request);
-        wire.stream = Some(true);
-        // Without it, a stream carries no usage and the call would count no tokens.
-        wire.stream_options = Some(oa::ChatCompletionStreamOptions {
-            include_usage: Some(true),
-            include_obfuscation: None,
-        });
+        let instruction = self.instruction(&request);
+        let wire = RequestBody::new(
+            &request,
+            &self.model,
+            self.options.structured_output,
+            instruction.as_deref(),
+        )
+        .streamed();
         let emitted = AtomicBool::new(false);
         let wire = &wire;
         let emitted = &emitted;
@@ -751,6 +757,9 @@ fn from_wire_names(mut response: ChatResponse, request: &ChatRequest) -> ChatRes
     response
 }
 
+/// The request as async-openai's types would send it: the reference
+/// [`RequestBody`] is tested against.
+#[cfg(test)]
 fn to_wire(
     request: &ChatRequest,
     model: String,
@@ -812,6 +821,7 @@ fn to_wire(
     }
 }
 
+#[cfg(test)]
 fn message_to_wire(m: &ChatMessage) -> oa::ChatCompletionRequestMessage {
     let text = m.content.clone().unwrap_or_default();
     match m.role {
@@ -846,6 +856,139 @@ fn message_to_wire(m: &ChatMessage) -> oa::ChatCompletionRequestMessage {
             tool_call_id: m.tool_call_id.clone().unwrap_or_default(),
         }
         .into(),
+    }
+}
+
+#[cfg(test)]
+mod request_body_tests {
+    use super::*;
+    use crate::model::{ResponseFormat, ToolSpec};
+    use std::sync::Arc;
+
+    /// Every kind of message, tool and option, both ways of asking for an
+    /// answer schema, streamed and not: `RequestBody` writes the JSON
+    /// async-openai's types would.
+    #[test]
+    fn the_body_is_what_async_openai_would_send() {
+        let call = |id: &str, name: &str| ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: format!("{{\"x\":\"{id}\"}}"),
+        };
+        let messages = vec![
+            ChatMessage::system("be brief"),
+            ChatMessage::user("what is 2+3? \u{1F600} \"quoted\""),
+            ChatMessage::assistant_tool_calls(
+                None,
+                vec![call("c1", "calculator"), call("c2", "files.read")],
+            ),
+            ChatMessage::assistant_tool_calls(Some("thinking".into()), vec![call("c3", "echo")]),
+            ChatMessage::tool_result(&call("c1", "calculator"), "{\"result\":5}"),
+            ChatMessage {
+                role: Role::Tool,
+                content: None,
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+                name: None,
+            },
+            ChatMessage {
+                role: Role::User,
+                content: None,
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+                name: None,
+            },
+            ChatMessage::assistant("2+3 = 5"),
+            ChatMessage {
+                role: Role::Assistant,
+                content: None,
+                tool_calls: Vec::new(),
+                tool_call_id: None,
+                name: None,
+            },
+        ];
+        let tools: Arc<[ToolSpec]> = vec![
+            ToolSpec {
+                name: "calculator".into(),
+                description: "Evaluate".into(),
+                parameters: serde_json::json!({"type": "object", "properties": {"expression": {"type": "string"}}}),
+            },
+            ToolSpec {
+                name: "files.read".into(),
+                description: String::new(),
+                parameters: serde_json::json!({"type": "object"}),
+            },
+        ]
+        .into();
+        let format = |description: Option<&str>, strict| {
+            Some(Arc::new(ResponseFormat {
+                name: "answer".into(),
+                description: description.map(Into::into),
+                schema: serde_json::json!({"type": "object", "required": ["a"]}),
+                strict,
+            }))
+        };
+        let base = ChatRequest {
+            model: String::new(),
+            messages,
+            tools,
+            tool_choice: ToolChoice::Auto,
+            temperature: None,
+            max_tokens: None,
+            purpose: Default::default(),
+            response_format: None,
+        };
+        let mut cases = vec![base.clone()];
+        cases.push(ChatRequest {
+            model: "named-model".into(),
+            tools: Vec::new().into(),
+            temperature: Some(0.25),
+            max_tokens: Some(77),
+            ..base.clone()
+        });
+        cases.push(ChatRequest {
+            tool_choice: ToolChoice::None,
+            response_format: format(Some("the answer"), Some(true)),
+            ..base.clone()
+        });
+        cases.push(ChatRequest {
+            response_format: format(None, None),
+            ..base.clone()
+        });
+        for (n, request) in cases.iter().enumerate() {
+            for structured in [StructuredOutput::Native, StructuredOutput::Prompt] {
+                let instruction = match (&request.response_format, structured) {
+                    (Some(f), StructuredOutput::Prompt) => {
+                        Some(crate::model::schema_instruction(f))
+                    }
+                    _ => None,
+                };
+                let model = if request.model.is_empty() {
+                    "default-model"
+                } else {
+                    request.model.as_str()
+                };
+                let reference = to_wire(request, model.into(), structured);
+                let body =
+                    RequestBody::new(request, "default-model", structured, instruction.as_deref());
+                assert_eq!(
+                    serde_json::to_value(&body).unwrap(),
+                    serde_json::to_value(&reference).unwrap(),
+                    "case {n}, {structured:?}"
+                );
+                let mut reference = reference;
+                reference.stream = Some(true);
+                reference.stream_options = Some(oa::ChatCompletionStreamOptions {
+                    include_usage: Some(true),
+                    include_obfuscation: None,
+                });
+                assert_eq!(
+                    serde_json::to_value(body.streamed()).unwrap(),
+                    serde_json::to_value(&reference).unwrap(),
+                    "case {n}, {structured:?}, streamed"
+                );
+            }
+        }
     }
 }
 
