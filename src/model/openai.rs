@@ -278,15 +278,6 @@ fn check_calls(calls: &[ToolCall]) -> Result<(), Failure> {
 }
 
 impl OpenAiModel {
-    /// The schema instruction a prompt-mode client appends for `request`'s
-    /// `response_format` (none in native mode or without one).
-    fn instruction(&self, request: &ChatRequest) -> Option<String> {
-        match (&request.response_format, self.options.structured_output) {
-            (Some(f), StructuredOutput::Prompt) => Some(super::schema_instruction(f)),
-            _ => None,
-        }
-    }
-
     /// Runs `attempt` until it succeeds, fails for good, or the retries
     /// are spent, waiting between tries as the module doc says.
     async fn retrying<F, Fut>(&self, mut attempt: F) -> Result<ChatResponse, ModelError>
@@ -442,13 +433,7 @@ impl OpenAiModel {
 #[async_trait::async_trait]
 impl ChatModel for OpenAiModel {
     async fn complete(&self, request: ChatRequest) -> Result<ChatResponse, ModelError> {
-        let instruction = self.instruction(&request);
-        let wire = RequestBody::new(
-            &request,
-            &self.model,
-            self.options.structured_output,
-            instruction.as_deref(),
-        );
+        let wire = RequestBody::new(&request, &self.model, self.options.structured_output);
         self.retrying(|| self.attempt(&wire))
             .await
             .map(|r| from_wire_names(r, &request))
@@ -459,14 +444,8 @@ impl ChatModel for OpenAiModel {
         request: ChatRequest,
         on_delta: DeltaSink<'_>,
     ) -> Result<ChatResponse, ModelError> {
-        let instruction = self.instruction(&request);
-        let wire = RequestBody::new(
-            &request,
-            &self.model,
-            self.options.structured_output,
-            instruction.as_deref(),
-        )
-        .streamed();
+        let wire =
+            RequestBody::new(&request, &self.model, self.options.structured_output).streamed();
         let emitted = AtomicBool::new(false);
         let wire = &wire;
         let emitted = &emitted;
@@ -957,20 +936,13 @@ mod request_body_tests {
         });
         for (n, request) in cases.iter().enumerate() {
             for structured in [StructuredOutput::Native, StructuredOutput::Prompt] {
-                let instruction = match (&request.response_format, structured) {
-                    (Some(f), StructuredOutput::Prompt) => {
-                        Some(crate::model::schema_instruction(f))
-                    }
-                    _ => None,
-                };
                 let model = if request.model.is_empty() {
                     "default-model"
                 } else {
                     request.model.as_str()
                 };
                 let reference = to_wire(request, model.into(), structured);
-                let body =
-                    RequestBody::new(request, "default-model", structured, instruction.as_deref());
+                let body = RequestBody::new(request, "default-model", structured);
                 assert_eq!(
                     serde_json::to_value(&body).unwrap(),
                     serde_json::to_value(&reference).unwrap(),

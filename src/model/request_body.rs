@@ -25,8 +25,7 @@ use serde_json::Value;
 
 use super::{ChatMessage, ChatRequest, Role, StructuredOutput, ToolChoice, ToolSpec};
 
-/// The request body. `extra_system` is the schema instruction a
-/// `StructuredOutput::Prompt` client appends as a last system message.
+/// The request body.
 #[derive(Serialize)]
 pub(super) struct RequestBody<'a> {
     model: &'a str,
@@ -49,13 +48,13 @@ pub(super) struct RequestBody<'a> {
 
 impl<'a> RequestBody<'a> {
     /// The body of `request` for `model` (the endpoint's default when the
-    /// request names none); `schema_instruction` is the text a
-    /// prompt-mode client adds for the request's `response_format`.
+    /// request names none). A `StructuredOutput::Prompt` client sends the
+    /// request's `response_format` as a last system message instead of
+    /// the field.
     pub(super) fn new(
         request: &'a ChatRequest,
         model: &'a str,
         structured: StructuredOutput,
-        schema_instruction: Option<&'a str>,
     ) -> Self {
         let (response_format, extra_system) = match (&request.response_format, structured) {
             (None, _) => (None, None),
@@ -71,7 +70,7 @@ impl<'a> RequestBody<'a> {
                 }),
                 None,
             ),
-            (Some(_), StructuredOutput::Prompt) => (None, schema_instruction),
+            (Some(f), StructuredOutput::Prompt) => (None, Some(super::schema_instruction(f))),
         };
         let offers_tools = !request.tools.is_empty();
         RequestBody {
@@ -132,7 +131,8 @@ struct JsonSchemaBody<'a> {
 
 struct Messages<'a> {
     messages: &'a [ChatMessage],
-    extra_system: Option<&'a str>,
+    /// The answer schema's instruction, in prompt mode.
+    extra_system: Option<String>,
 }
 
 impl Serialize for Messages<'_> {
@@ -143,7 +143,7 @@ impl Serialize for Messages<'_> {
         for m in self.messages {
             seq.serialize_element(&Message::of(m))?;
         }
-        if let Some(text) = self.extra_system {
+        if let Some(text) = &self.extra_system {
             seq.serialize_element(&Message::Plain {
                 role: "system",
                 content: text,
