@@ -865,6 +865,64 @@ mod tests {
         }
     }
 
+    /// A commit holding several records of one turn (its steps sent
+    /// behind, then its end) leaves what applying each would: the last
+    /// record, the last open/closed state, every idempotency key; and the
+    /// turns of other sessions in the same commit untouched.
+    #[tokio::test]
+    async fn a_turn_written_three_times_in_one_commit_leaves_its_last_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let put = |session: &str, turn: &str, phase: &str, open: bool, key: Option<&str>| {
+            WriteOp::PutTurn(Box::new(crate::store::turns::TurnWrite {
+                session_id: session.into(),
+                turn_id: turn.into(),
+                open,
+                idempotency_key: key.map(Into::into),
+                record: serde_json::json!({"phase": phase}),
+            }))
+        };
+        store
+            .write(
+                vec![
+                    put("s", "t1", "awaiting_model", true, Some("k-start")),
+                    put("other", "t9", "awaiting_model", true, None),
+                    put("s", "t1", "awaiting_tools", true, Some("k-start")),
+                    put("s", "t1", "completed", false, Some("k-end")),
+                    put("s", "t2", "awaiting_model", true, None),
+                    put("s", "t2", "awaiting_tools", true, None),
+                ],
+                true,
+            )
+            .await
+            .unwrap();
+        let phase = |v: Option<Value>| v.unwrap()["phase"].as_str().unwrap().to_string();
+        assert_eq!(phase(store.turn("s", "t1").await.unwrap()), "completed");
+        assert_eq!(
+            phase(store.turn("s", "t2").await.unwrap()),
+            "awaiting_tools"
+        );
+        assert_eq!(
+            phase(store.turn("other", "t9").await.unwrap()),
+            "awaiting_model"
+        );
+        let mut open = store.open_turns().await.unwrap();
+        open.sort();
+        assert_eq!(
+            open,
+            [
+                ("other".to_string(), "t9".to_string()),
+                ("s".to_string(), "t2".to_string())
+            ]
+        );
+        for key in ["k-start", "k-end"] {
+            assert_eq!(
+                store.turn_by_key("s", key).await.unwrap().as_deref(),
+                Some("t1")
+            );
+        }
+    }
+
     #[tokio::test]
     async fn messages_come_back_in_order_per_session_and_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();

@@ -48,9 +48,51 @@ pub(super) fn put(t: &mut TurnTables<'_, '_>, w: &TurnWrite) -> Result<(), Store
     } else {
         t.open.remove(k)?;
     }
+    put_key(t.keys, w)
+}
+
+/// The turn writes of one commit that a later write of the same turn in
+/// it overwrites, by their place in `ops` (the batch's ops in order).
+///
+/// A turn sends its steps behind and its end durably, so one commit often
+/// holds two or three records of the same turn (at one session: the
+/// start, the tool calls and the answer). The commit leaves only the last
+/// one's row, and the last one's open/closed state, so the others need not
+/// be serialised, packed and inserted (issue #37). Their idempotency key
+/// is still indexed ([`put_key`]), so the result is the same as applying
+/// every write.
+pub fn superseded<'a>(
+    ops: impl Iterator<Item = &'a super::WriteOp>,
+) -> std::collections::HashSet<usize> {
+    let writes: Vec<(usize, &TurnWrite)> = ops
+        .enumerate()
+        .filter_map(|(i, op)| match op {
+            super::WriteOp::PutTurn(w) => Some((i, &**w)),
+            _ => None,
+        })
+        .collect();
+    if writes.len() < 2 {
+        return Default::default();
+    }
+    let last: std::collections::HashMap<(&str, &str), usize> = writes
+        .iter()
+        .map(|(i, w)| ((w.session_id.as_str(), w.turn_id.as_str()), *i))
+        .collect();
+    writes
+        .into_iter()
+        .filter(|(i, w)| last[&(w.session_id.as_str(), w.turn_id.as_str())] != *i)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The idempotency-key index of a write whose row a later write of the
+/// same commit replaces ([`superseded`]).
+pub(super) fn put_key(
+    keys: &mut Table<'_, (&'static str, &'static str), &'static str>,
+    w: &TurnWrite,
+) -> Result<(), StoreError> {
     if let Some(key) = &w.idempotency_key {
-        t.keys
-            .insert((w.session_id.as_str(), key.as_str()), w.turn_id.as_str())?;
+        keys.insert((w.session_id.as_str(), key.as_str()), w.turn_id.as_str())?;
     }
     Ok(())
 }

@@ -305,7 +305,9 @@ fn commit_batch(
         let mut tenant_bytes = Lazy::new(&txn, TENANT_BYTES);
         // Erased by this batch: a later op of the batch is late too.
         let mut erased_now = erase::ErasedIds::default();
-        for op in batch.iter().flat_map(|r| r.ops.iter()) {
+        // Turn records a later write of the same turn in this batch replaces.
+        let superseded = turns::superseded(batch.iter().flat_map(|r| r.ops.iter()));
+        for (i, op) in batch.iter().flat_map(|r| r.ops.iter()).enumerate() {
             if erased_ids.drops(op) || erased_now.drops(op) {
                 tracing::debug!("a write under an erased session was dropped");
                 continue;
@@ -529,6 +531,11 @@ fn commit_batch(
                         erase::erase_calls_outside_sessions(&mut tables, tenant, after.as_deref())?;
                     // Assigned, not set once (see MoveDoc).
                     *erased.lock().expect("erase slot") = Some(done);
+                }
+                WriteOp::PutTurn(w) if superseded.contains(&i) => {
+                    if w.idempotency_key.is_some() {
+                        turns::put_key(turn_keys.open()?, w)?;
+                    }
                 }
                 WriteOp::PutTurn(w) => {
                     let mut t = turns::TurnTables {

@@ -278,13 +278,25 @@ impl Writer {
     ) -> Result<(), tokio_postgres::Error> {
         let node = self.shared.node.id.as_str();
         let mut stmts = Vec::new();
-        for op in batch.iter().flat_map(|r| r.ops.iter()) {
+        // All or nothing here, so a turn's record that a later write of
+        // the same turn in this batch replaces need not be sent: only its
+        // idempotency key's statement is (`store::turns::superseded`). The
+        // one-by-one path below sends every write: a request of it may be
+        // refused while another commits.
+        let superseded = crate::store::turns::superseded(batch.iter().flat_map(|r| r.ops.iter()));
+        for (i, op) in batch.iter().flat_map(|r| r.ops.iter()).enumerate() {
             if self.erased.drops(op) {
                 continue;
             }
             let with_session = !matches!(op, WriteOp::RecordUsage(d)
                 if d.session_id.as_deref().is_some_and(|id| self.erased.contains(id)));
-            stmts.extend(plan(op, node, with_session).unwrap_or_default());
+            let planned = plan(op, node, with_session).unwrap_or_default();
+            if superseded.contains(&i) {
+                // The turn's row is the first statement, its key the second.
+                stmts.extend(planned.into_iter().skip(1));
+            } else {
+                stmts.extend(planned);
+            }
         }
         let mut prepared = Vec::with_capacity(stmts.len());
         for st in &stmts {
