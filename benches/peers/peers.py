@@ -956,8 +956,13 @@ def row_cadre(ctx, name, binary):
     else:
         result["durability"] = {"database": f"redb, in the server process ({fs})", "fsync": "on the durable commits"}
     version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
-    rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    result["versions"] = {"cadre": (version.split()[-1] if version else "?") + f" ({rev.stdout.strip() or 'no git'})"}
+    if ctx.cadre_bin_given:
+        # Built elsewhere: the checkout's commit need not be the binary's.
+        built = f"the binary {binary}"
+    else:
+        rev = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        built = rev.stdout.strip() or "no git"
+    result["versions"] = {"cadre": (version.split()[-1] if version else "?") + f" ({built})"}
     return result
 
 
@@ -1311,6 +1316,7 @@ def main():
     ctx.work = os.path.join(REPO, "target", "peers")
     ctx.logs = os.path.join(ctx.work, "logs")
     ctx.cadre_bin = a.cadre_bin
+    ctx.cadre_bin_given = bool(a.cadre_bin)
     ctx.pg = ctx.redis = None
     for d in (ctx.work, ctx.logs, os.path.join(ctx.work, "results")):
         os.makedirs(d, exist_ok=True)
