@@ -246,26 +246,16 @@ fn allow(host: &str) -> String {
     format!("  allowlist: [\"{host}\"]\n")
 }
 
-async fn invoke(server: &Server, tool: &str, params: Value) -> (StatusCode, Value) {
-    server
-        .client()
-        .post(
-            &format!("/v1/tools/{tool}/invoke"),
-            &json!({"params": params, "user_id": "u1"}),
-        )
-        .await
-}
-
 /// The error text of a failed call.
 async fn failure(server: &Server, tool: &str) -> String {
-    let (status, body) = invoke(server, tool, json!({"title": "t"})).await;
+    let (status, body) = server.invoke(tool, json!({"title": "t"})).await;
     assert_ne!(status, StatusCode::OK, "{tool} succeeded: {body}");
     assert_eq!(body["is_success"], false, "{body}");
     body["error"].as_str().unwrap_or_default().to_string()
 }
 
 async fn success(server: &Server, tool: &str) -> Value {
-    let (status, body) = invoke(server, tool, json!({"title": "t"})).await;
+    let (status, body) = server.invoke(tool, json!({"title": "t"})).await;
     assert_eq!(status, StatusCode::OK, "{tool}: {body}");
     body
 }
@@ -399,7 +389,7 @@ async fn an_http_entry_stops_reading_at_its_cap_and_does_not_wait_for_the_rest()
     );
     let server = setup.start(&[]);
 
-    let (status, body) = invoke(&server, "endless", json!({"title": "t"})).await;
+    let (status, body) = server.invoke("endless", json!({"title": "t"})).await;
     assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
     assert_eq!(body["error_type"], "TOOL_EXECUTION_ERROR", "{body}");
     let error = body["error"].as_str().unwrap();
@@ -485,7 +475,7 @@ async fn an_mcp_tool_whose_wire_name_a_tool_file_holds_is_not_served_and_calls_g
     let names = listed(&server).await;
     assert!(names.contains(&"names__count".to_string()), "{names:?}");
     assert!(!names.contains(&"names.count".to_string()), "{names:?}");
-    let (status, body) = invoke(&server, "names.count", json!({})).await;
+    let (status, body) = server.invoke("names.count", json!({})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     // The tool list says what was withheld and why, not only the log.
     let (status, list) = server.client().get("/v1/tools").await;
@@ -589,7 +579,7 @@ async fn a_reload_reading_the_tool_files_does_not_start_another_reload() {
 }
 
 async fn success_echo(server: &Server) -> Value {
-    let (status, body) = invoke(server, "stamp", json!({"message": "hi"})).await;
+    let (status, body) = server.invoke("stamp", json!({"message": "hi"})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     body
 }
@@ -820,7 +810,7 @@ async fn a_command_tool_sees_only_the_environment_its_file_names() {
         ("CADRE_TEST_PASSED", "passed-through"),
         ("CADRE_TEST_SECRET", "hidden"),
     ]);
-    let (status, body) = invoke(&server, "envdump", json!({})).await;
+    let (status, body) = server.invoke("envdump", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let env = body["output"].as_object().expect("an object").clone();
     let mut names: Vec<&str> = env.keys().map(String::as_str).collect();
@@ -849,6 +839,6 @@ async fn a_command_tool_sees_only_the_environment_its_file_names() {
         "name: badenv\ndescription: d\nparameters: { type: object, properties: {} }\n\
          entry: { type: external, command: [\"true\"], env: [\"A=B\"] }\n",
     );
-    let (status, body) = invoke(&server, "badenv", json!({})).await;
+    let (status, body) = server.invoke("badenv", json!({})).await;
     assert_ne!(status, StatusCode::OK, "{body}");
 }

@@ -473,18 +473,25 @@ memory = { inject = true }
 max_iterations = 3
 "#;
 
-/// The memory notes of a request: the text inside the `<memory>` fence of
-/// its labelled `user` message, if it has one.
-fn memory_notes(request: &Value) -> Option<String> {
-    let messages = request["messages"].as_array().unwrap();
-    let notes: Vec<&Value> = messages
+/// The messages of a request that carry memory notes.
+fn note_messages(request: &Value) -> Vec<&Value> {
+    request["messages"]
+        .as_array()
+        .unwrap()
         .iter()
         .filter(|m| {
             m["content"]
                 .as_str()
                 .is_some_and(|c| c.starts_with("Remembered from earlier conversations"))
         })
-        .collect();
+        .collect()
+}
+
+/// The memory notes of a request: the text inside the `<memory>` fence of
+/// its labelled `user` message, if it has one.
+fn memory_notes(request: &Value) -> Option<String> {
+    let messages = request["messages"].as_array().unwrap();
+    let notes = note_messages(request);
     assert!(notes.len() <= 1, "{request}");
     let note = notes.first()?;
     assert_eq!(note["role"], "user", "notes are data, not instructions");
@@ -789,16 +796,7 @@ async fn a_resumed_turn_sends_the_notes_it_started_with() {
     let requests = model.requests();
     assert_eq!(requests.len(), 2, "one call before the kill, one after");
     // The resumed call ends with the tool's result, not the user's message.
-    let resumed: Vec<&Value> = requests[1]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| {
-            m["content"]
-                .as_str()
-                .is_some_and(|c| c.starts_with("Remembered from earlier conversations"))
-        })
-        .collect();
+    let resumed = note_messages(&requests[1]);
     assert_eq!(resumed.len(), 1, "{}", requests[1]);
     let text = resumed[0]["content"].as_str().unwrap();
     assert!(

@@ -142,22 +142,12 @@ fn reached(listener: &TcpListener) -> bool {
     }
 }
 
-async fn invoke(server: &Server, tool: &str, params: Value) -> (StatusCode, Value) {
-    server
-        .client()
-        .post(
-            &format!("/v1/tools/{tool}/invoke"),
-            &json!({"params": params, "user_id": "u1"}),
-        )
-        .await
-}
-
 /// Invokes `tool` until it answers 200 (an MCP server lists its tools
 /// after cadre started).
 async fn until_served(server: &Server, tool: &str, params: Value) -> Value {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let (status, body) = invoke(server, tool, params.clone()).await;
+        let (status, body) = server.invoke(tool, params.clone()).await;
         if status == StatusCode::OK {
             return body;
         }
@@ -244,7 +234,7 @@ async fn a_hostile_command_tool_gets_nothing_and_cadre_serves_on() {
         assert!(!text.contains(secret), "{text}");
     }
     // cadre serves on.
-    let (status, body) = invoke(&server, "parrot", json!({"a": 1})).await;
+    let (status, body) = server.invoke("parrot", json!({"a": 1})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["output"]["a"], 1, "{body}");
     // The call's scratch dir went with it.
@@ -276,7 +266,7 @@ async fn a_hostile_stdio_mcp_server_gets_nothing_and_cadre_serves_on() {
     let got = &body["output"];
     assert_contained(got, &listener, &setup.outside(), own);
     // Its environment: what mcp.toml gives, and the sandbox's own.
-    let (status, body) = invoke(&server, "box.env", json!({})).await;
+    let (status, body) = server.invoke("box.env", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let env = body["output"].as_object().expect("an object");
     assert_eq!(env["GIVEN"], "set-by-mcp-toml");
@@ -286,7 +276,7 @@ async fn a_hostile_stdio_mcp_server_gets_nothing_and_cadre_serves_on() {
     );
     assert_eq!(env["HOME"], "/tmp", "its /tmp is its scratch dir");
     // cadre serves on.
-    let (status, body) = invoke(&server, "parrot", json!({"b": 2})).await;
+    let (status, body) = server.invoke("parrot", json!({"b": 2})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
@@ -310,7 +300,7 @@ async fn a_tool_that_declares_network_and_env_gets_exactly_those() {
         ),
     );
     let server = setup.start(&[("CADRE_TEST_GIVEN", "given")]);
-    let (status, body) = invoke(&server, "netenv", json!({})).await;
+    let (status, body) = server.invoke("netenv", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{body}\n{}", server.log_tail());
     assert!(reached(&listener), "network: true reaches loopback");
     let env = body["output"].as_object().expect("an object");
@@ -388,7 +378,7 @@ async fn without_landlock_command_tools_and_stdio_servers_are_refused() {
     let mut env = SECRETS.to_vec();
     env.push(("NO_COLOR", "1"));
     let server = Server::start_offline_confined(&setup.data(), &setup.agents(), &env, no_landlock);
-    let (status, body) = invoke(&server, "parrot", json!({"a": 1})).await;
+    let (status, body) = server.invoke("parrot", json!({"a": 1})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     let log = setup.log();
     assert!(
@@ -413,7 +403,7 @@ async fn sandbox_off_runs_them_unsandboxed_with_a_warning() {
     let mut env = SECRETS.to_vec();
     env.extend([("NO_COLOR", "1"), ("CADRE_TOOLS_SANDBOX", "off")]);
     let server = Server::start_offline_confined(&setup.data(), &setup.agents(), &env, no_landlock);
-    let (status, body) = invoke(&server, "parrot", json!({"a": 1})).await;
+    let (status, body) = server.invoke("parrot", json!({"a": 1})).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     until_served(&server, "box.ok", json!({"text": "hi"})).await;
     let log = setup.log();

@@ -169,6 +169,20 @@ impl Server {
         super::Client::new(&self.base)
     }
 
+    /// `POST /v1/tools/{tool}/invoke` with `params`, as user `u1`, no key.
+    pub async fn invoke(
+        &self,
+        tool: &str,
+        params: serde_json::Value,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        self.client()
+            .post(
+                &format!("/v1/tools/{tool}/invoke"),
+                &serde_json::json!({"params": params, "user_id": "u1"}),
+            )
+            .await
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }
